@@ -1,0 +1,104 @@
+/*
+ * YAML configuration of the two daemons (design §9), read with libyaml. Loading starts from
+ * the defaults below, so a daemon runs with no file at all; every key a file names must be
+ * known and well-typed, else loading fails with "file:line:column: key 'a.b': why".
+ * The structs own their strings; free them with config_*_free.
+ */
+#ifndef DEVCOORD_COMMON_CONFIG_H
+#define DEVCOORD_COMMON_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "devcoord/types.h"
+#include "validate.h"
+
+enum log_format { LOG_FORMAT_TEXT = 0, LOG_FORMAT_JSON };
+enum log_level { LOG_DEBUG = 0, LOG_INFO, LOG_WARN, LOG_ERROR };
+
+struct config_log {
+    enum log_level level;   /* log.level: debug | info | warn | error (default info) */
+    enum log_format format; /* log.format: text | json (default text) */
+};
+
+struct config_tls {
+    char *cert; /* tls.cert: PEM file, NULL when unset */
+    char *key;  /* tls.key */
+    char *ca;   /* tls.ca */
+    bool require_client_cert;
+};
+
+struct config_coordinator {
+    char *listen;                /* default "tcp://127.0.0.1:7400" */
+    char *http;                  /* "host:port"; default "127.0.0.1:7480"; "" disables */
+    enum autodiff_policy autodiff; /* default strip */
+    uint32_t heartbeat_interval_ms; /* heartbeat.interval_ms, default 1000 */
+    uint32_t dead_after_ms;         /* heartbeat.dead_after_ms, default 5000 */
+    uint64_t max_message_bytes;     /* limits.max_message_bytes, default 4194304 */
+    uint32_t max_group_devices;     /* limits.max_group_devices, default 4096 */
+    uint32_t op_timeout_ms;         /* limits.op_timeout_ms, default 30000 */
+    uint32_t op_history;            /* limits.op_history: finished ops kept, default 1024 */
+    char *tokens_file;              /* auth.tokens_file, NULL: auth off */
+    char *state_dir;                /* state_dir, NULL: operator intent not persisted */
+    struct config_tls tls;
+    struct config_log log;
+};
+
+struct config_device {
+    dc_device device;      /* parsed with dc_device_ref_parse; a worker prefix is refused */
+    uint64_t memory_bytes; /* "80GiB", "512MiB", "1000000" (bytes); default 0 */
+    bool healthy;          /* default true */
+};
+
+struct config_label {
+    char *key;
+    char *value;
+};
+
+struct config_worker {
+    char *name;        /* default: the host name, made a valid worker name */
+    char *coordinator; /* default "tcp://127.0.0.1:7400" */
+    char *listen;      /* default "tcp://127.0.0.1:7500" */
+    char *advertise;   /* default: listen */
+    char *http;        /* default "" (off) */
+    char *token_file;  /* NULL: no token */
+    char *executor;    /* default "host" */
+    struct config_label *labels; /* labels: {k: v, ...} */
+    size_t n_labels;
+    struct config_device *devices; /* default one cpu:0 device */
+    size_t n_devices;
+    /* collectives: [cuda, remote, ...] backends the executor runs collectives for;
+     * default (key absent): every backend. */
+    bool collectives[DC_BACKEND_COUNT];
+    uint64_t max_message_bytes; /* limits.max_message_bytes, default 4194304 */
+    struct config_tls tls;
+    struct config_log log;
+};
+
+/* Fills cfg with the defaults; what cfg held before is overwritten, not freed. */
+dc_code config_coordinator_defaults(struct config_coordinator *cfg, dc_status *st);
+dc_code config_worker_defaults(struct config_worker *cfg, dc_status *st);
+
+/* Loads path over the defaults. On error cfg is left freed-and-defaulted and st holds
+ * "path:line:column: key 'k': reason" (DC_INVALID_ARGUMENT; DC_NOT_FOUND when the file
+ * cannot be opened). cfg must hold a configuration (from config_*_defaults or an earlier
+ * load) or be all zero: whatever it holds is freed first, so a load may follow the defaults
+ * or replace an earlier load. */
+dc_code config_coordinator_load(const char *path, struct config_coordinator *cfg, dc_status *st);
+dc_code config_worker_load(const char *path, struct config_worker *cfg, dc_status *st);
+
+/* The same, from a buffer; `name` stands for the path in messages (fuzzing, tests). */
+dc_code config_coordinator_parse(const char *name, const char *data, size_t len,
+                                 struct config_coordinator *cfg, dc_status *st);
+dc_code config_worker_parse(const char *name, const char *data, size_t len,
+                            struct config_worker *cfg, dc_status *st);
+
+void config_coordinator_free(struct config_coordinator *cfg);
+void config_worker_free(struct config_worker *cfg);
+
+/* "80GiB" -> 85899345920. Units B, KB, MB, GB, TB (powers of 1000), KiB, MiB, GiB, TiB;
+ * no unit means bytes. false on junk or overflow. */
+bool config_parse_size(const char *text, uint64_t *out);
+
+#endif
