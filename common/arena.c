@@ -1,0 +1,136 @@
+#include "arena.h"
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define ARENA_ALIGN     16
+#define ARENA_CHUNK_MIN 16384
+
+struct arena_chunk {
+    struct arena_chunk *next;
+    size_t size;
+    size_t used;
+    _Alignas(ARENA_ALIGN) unsigned char data[];
+};
+
+struct arena {
+    struct arena_chunk *chunks;
+    size_t budget;
+    size_t spent;
+    bool exhausted;
+};
+
+static atomic_uint fail_countdown;
+
+void
+arena_fail_after(unsigned n)
+{
+    atomic_store(&fail_countdown, n);
+}
+
+/* True when a test asked for this allocation to fail. */
+static bool
+arena_injected_failure(void)
+{
+    unsigned n = atomic_load(&fail_countdown);
+    while (n > 0) {
+        if (atomic_compare_exchange_weak(&fail_countdown, &n, n - 1)) {
+            return n == 1;
+        }
+    }
+    return false;
+}
+
+struct arena *
+arena_new(size_t budget)
+{
+    struct arena *a;
+
+    if (arena_injected_failure() || (a = calloc(1, sizeof(*a))) == NULL) {
+        return NULL;
+    }
+    a->budget = budget;
+    return a;
+}
+
+void
+arena_free(struct arena *a)
+{
+    struct arena_chunk *c, *next;
+
+    if (a == NULL) {
+        return;
+    }
+    for (c = a->chunks; c != NULL; c = next) {
+        next = c->next;
+        free(c);
+    }
+    free(a);
+}
+
+void *
+arena_alloc(struct arena *a, size_t size)
+{
+    struct arena_chunk *c = a->chunks;
+    size_t want;
+
+    if (size == 0) {
+        size = 1;
+    }
+    if (size > SIZE_MAX - ARENA_ALIGN) {
+        a->exhausted = true;
+        return NULL;
+    }
+    want = (size + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
+    if (want > a->budget - a->spent || arena_injected_failure()) {
+        a->exhausted = true;
+        return NULL;
+    }
+    if (c == NULL || c->size - c->used < want) {
+        size_t csize = want > ARENA_CHUNK_MIN ? want : ARENA_CHUNK_MIN;
+        if ((c = malloc(sizeof(*c) + csize)) == NULL) {
+            a->exhausted = true;
+            return NULL;
+        }
+        c->size = csize;
+        c->used = 0;
+        /* Keep the chunk with room in front; a big one-off goes behind it. */
+        if (a->chunks != NULL && want > ARENA_CHUNK_MIN) {
+            c->next         = a->chunks->next;
+            a->chunks->next = c;
+        } else {
+            c->next   = a->chunks;
+            a->chunks = c;
+        }
+    }
+    a->spent += want;
+    c->used += want;
+    return c->data + c->used - want;
+}
+
+bool
+arena_exhausted(const struct arena *a)
+{
+    return a->exhausted;
+}
+
+static void *
+arena_pb_alloc(void *data, size_t size)
+{
+    return arena_alloc(data, size);
+}
+
+static void
+arena_pb_free(void *data, void *ptr)
+{
+    (void)data;
+    (void)ptr;
+}
+
+ProtobufCAllocator
+arena_allocator(struct arena *a)
+{
+    ProtobufCAllocator alloc = { .alloc = arena_pb_alloc, .free = arena_pb_free, .allocator_data = a };
+    return alloc;
+}

@@ -1,0 +1,84 @@
+#include "log.h"
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+static atomic_int log_threshold = LOG_INFO;
+static atomic_int log_fmt       = LOG_FORMAT_TEXT;
+static char log_component[32]   = "devcoord";
+
+static const char *const level_names[] = { "debug", "info", "warn", "error" };
+
+int
+log_level_from_name(const char *name)
+{
+    for (int i = 0; i < 4; i++) {
+        if (strcmp(level_names[i], name) == 0) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+void
+log_configure(enum log_level level, enum log_format format, const char *component)
+{
+    atomic_store(&log_threshold, (int)level);
+    atomic_store(&log_fmt, (int)format);
+    snprintf(log_component, sizeof(log_component), "%s", component);
+}
+
+/* Appends s to out as the inside of a JSON string. */
+static size_t
+json_escape(char *out, size_t cap, const char *s)
+{
+    size_t n = 0;
+
+    for (; *s != '\0' && n + 7 < cap; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') {
+            out[n++] = '\\';
+            out[n++] = (char)c;
+        } else if (c == '\n') {
+            out[n++] = '\\';
+            out[n++] = 'n';
+        } else if (c < 0x20) {
+            n += (size_t)snprintf(out + n, cap - n, "\\u%04x", c);
+        } else {
+            out[n++] = (char)c;
+        }
+    }
+    out[n] = '\0';
+    return n;
+}
+
+void
+log_msg(enum log_level level, const char *fmt, ...)
+{
+    char msg[2048], esc[4200], ts[40];
+    struct timespec now;
+    struct tm tm;
+    va_list ap;
+
+    if ((int)level < atomic_load(&log_threshold)) {
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+
+    clock_gettime(CLOCK_REALTIME, &now);
+    gmtime_r(&now.tv_sec, &tm);
+    strftime(ts, sizeof(ts) - 8, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(ts + strlen(ts), 8, ".%03uZ", (unsigned)(now.tv_nsec / 1000000) % 1000u);
+    if (atomic_load(&log_fmt) == LOG_FORMAT_JSON) {
+        json_escape(esc, sizeof(esc), msg);
+        fprintf(stderr, "{\"ts\":\"%s\",\"level\":\"%s\",\"component\":\"%s\",\"msg\":\"%s\"}\n",
+                ts, level_names[level], log_component, esc);
+    } else {
+        fprintf(stderr, "%s %-5s %s: %s\n", ts, level_names[level], log_component, msg);
+    }
+}

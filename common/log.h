@@ -1,0 +1,24 @@
+/*
+ * Logging for the daemons: one line per event on stderr, as readable text or as one JSON
+ * object per line (log.format), filtered by log.level. Thread-safe. Never pass a secret
+ * (a token) to it.
+ */
+#ifndef DEVCOORD_COMMON_LOG_H
+#define DEVCOORD_COMMON_LOG_H
+
+#include "config.h"
+
+/* Sets the threshold, the format and the component name printed with every line. */
+void log_configure(enum log_level level, enum log_format format, const char *component);
+
+void log_msg(enum log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define log_debug(...) log_msg(LOG_DEBUG, __VA_ARGS__)
+#define log_info(...)  log_msg(LOG_INFO, __VA_ARGS__)
+#define log_warn(...)  log_msg(LOG_WARN, __VA_ARGS__)
+#define log_error(...) log_msg(LOG_ERROR, __VA_ARGS__)
+
+/* "debug" ... "error"; -1 for anything else. */
+int log_level_from_name(const char *name);
+
+#endif

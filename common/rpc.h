@@ -1,0 +1,161 @@
+/*
+ * gRPC-style unary calls over nng req0/rep0 (design §6).
+ *
+ * Server: requests arrive on many nng contexts at once; nng's callbacks only queue them, and
+ * the server's own threads decode them (bounded by a budgeted arena), check the deadline
+ * and the token, and dispatch through the protobuf-c service descriptor to the handler. A
+ * handler answers by calling the closure it was given, at once or later from any thread;
+ * until then it may keep the input message. Contexts are added under load up to a cap, so
+ * long-running calls never starve short ones.
+ *
+ * Client: one handle shared by many threads; each call gets its own nng context, a deadline,
+ * and no silent resend (at most once): a call whose connection drops fails with UNAVAILABLE
+ * at once. The dialer reconnects with backoff, so a client may start before its server.
+ */
+#ifndef DEVCOORD_COMMON_RPC_H
+#define DEVCOORD_COMMON_RPC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <nng/nng.h>
+#include <nng/supplemental/tls/tls.h>
+#include <protobuf-c/protobuf-c.h>
+
+#include "status.h"
+
+/* Default limits (design §9 limits.max_message_bytes). */
+#define RPC_DEFAULT_MAX_MESSAGE (4u * 1024 * 1024)
+/* Room a frame needs besides its attachment: envelope and body of a chunk message. */
+#define RPC_FRAME_OVERHEAD (16u * 1024)
+
+/* ---- server ---------------------------------------------------------------------------- */
+
+struct rpc_server;
+struct rpc_call;
+
+/* Decides whether `token` may call `method`: DC_OK, DC_UNAUTHENTICATED or
+ * DC_PERMISSION_DENIED (with a message in st). */
+typedef dc_code (*rpc_authorize_fn)(void *arg, const ProtobufCMethodDescriptor *method,
+                                    const char *token, dc_status *st);
+/* Told of every answered call: method (NULL when the request named none we know), final
+ * code and time from arrival to reply. Runs on any thread; must not block. */
+typedef void (*rpc_observe_fn)(void *arg, const ProtobufCMethodDescriptor *method, dc_code code,
+                               uint64_t elapsed_us);
+
+struct rpc_server_opts {
+    const char *url;
+    ProtobufCService *service; /* every handler set; must outlive the server */
+    size_t max_message_bytes;  /* 0: RPC_DEFAULT_MAX_MESSAGE */
+    unsigned contexts;         /* contexts armed at start (0: 16) */
+    unsigned max_contexts;     /* cap when growing under load (0: 4096) */
+    unsigned threads;          /* handler threads (0: 2) */
+    rpc_authorize_fn authorize;
+    void *authorize_arg;
+    rpc_observe_fn observe;
+    void *observe_arg;
+    nng_tls_config *tls; /* for tls+tcp:// urls; the server takes a hold on it */
+};
+
+dc_code rpc_server_start(const struct rpc_server_opts *opts, struct rpc_server **out,
+                         dc_status *st);
+
+/* The TCP port the server listens on (useful with port 0), or 0. */
+int rpc_server_port(const struct rpc_server *s);
+
+/* Stops taking new calls; calls already taken still get their answers. */
+void rpc_server_close(struct rpc_server *s);
+
+/* Waits until every taken call has been answered, then frees everything. The owner must
+ * make its handlers answer (fail in-flight work) before calling this. */
+void rpc_server_free(struct rpc_server *s);
+
+/* The call's status: a handler fills it (status_set) and then calls closure(NULL, call) to
+ * answer with an error, or closure(msg, call) to answer with a body (and the status, if it
+ * set one: a refused SubmitOp still carries its body). */
+dc_status *rpc_call_status(struct rpc_call *call);
+/* Bytes that came after the request body (chunk data); valid until the call is answered. */
+const void *rpc_call_attachment(struct rpc_call *call, size_t *len);
+/* Bytes to send after the reply body; copied when the closure runs, so they must stay valid
+ * until then. */
+void rpc_call_set_reply_attachment(struct rpc_call *call, const void *data, size_t len);
+/* Absolute deadline on the monotonic clock in ms (rpc_now_ms), or 0 for none. */
+uint64_t rpc_call_deadline_ms(const struct rpc_call *call);
+/* The method being served. */
+const ProtobufCMethodDescriptor *rpc_call_method(const struct rpc_call *call);
+
+/* ---- client ---------------------------------------------------------------------------- */
+
+struct rpc_client;
+
+struct rpc_client_opts {
+    const char *url;
+    size_t max_message_bytes; /* largest reply accepted; 0: RPC_DEFAULT_MAX_MESSAGE */
+    uint32_t reconnect_min_ms;    /* 0: 100 */
+    uint32_t reconnect_max_ms;    /* 0: 2000 */
+    /* Fail rpc_client_open with UNAVAILABLE when the server cannot be reached now
+     * (a CLI wants that); otherwise keep dialing in the background (daemons). */
+    bool connect_now;
+    const char *token; /* sent with every call; copied */
+    nng_tls_config *tls;
+    /* Told when the connection comes up (true) or drops (false); nng thread, no blocking. */
+    void (*on_connection)(void *arg, bool up);
+    void *on_connection_arg;
+};
+
+dc_code rpc_client_open(const struct rpc_client_opts *opts, struct rpc_client **out,
+                        dc_status *st);
+/* Fails calls still in flight with CANCELLED and frees the client. Must not be called from
+ * a completion callback. */
+void rpc_client_close(struct rpc_client *c);
+bool rpc_client_connected(const struct rpc_client *c);
+const char *rpc_client_url(const struct rpc_client *c);
+
+/* A decoded reply. body is NULL when the server sent none. Free with rpc_reply_free. */
+struct rpc_reply {
+    ProtobufCMessage *body;
+    const uint8_t *attachment;
+    size_t attachment_len;
+    nng_msg *msg;        /* internal */
+    struct arena *arena; /* internal */
+};
+
+void rpc_reply_free(struct rpc_reply *r);
+
+/* Calls method number `method` of service `svc` and waits for the reply, at most
+ * timeout_ms (0: none). Returns the call's code, with st telling why; on return *reply holds
+ * whatever body the server sent, even with an error code. */
+dc_code rpc_call(struct rpc_client *c, const ProtobufCServiceDescriptor *svc, unsigned method,
+                 const ProtobufCMessage *request, const void *attachment, size_t attachment_len,
+                 uint32_t timeout_ms, struct rpc_reply *reply, dc_status *st);
+
+/* Completion of an asynchronous call; runs on an nng thread and must not block. The callee
+ * owns `reply` only for the duration of the callback unless it sets *keep = true, in which
+ * case it frees it later with rpc_reply_free. */
+typedef void (*rpc_done_fn)(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply,
+                            bool *keep);
+
+/* Starts a call; done runs exactly once (unless this returns an error, in which case it
+ * never runs). */
+dc_code rpc_call_async(struct rpc_client *c, const ProtobufCServiceDescriptor *svc,
+                       unsigned method, const ProtobufCMessage *request, const void *attachment,
+                       size_t attachment_len, uint32_t timeout_ms, rpc_done_fn done, void *arg,
+                       dc_status *st);
+
+/* ---- helpers ----------------------------------------------------------------------------- */
+
+uint64_t rpc_now_ms(void);
+uint64_t rpc_now_us(void);
+
+/* "/devcoord.v1.Coordinator/SubmitOp" into buf. */
+void rpc_method_path(const ProtobufCServiceDescriptor *svc, unsigned method, char *buf,
+                     size_t cap);
+
+/* Decode budget for a message of len bytes: what its unpacked form may cost. */
+size_t rpc_decode_budget(size_t len);
+
+/* Sets the receive limit and the at-most-once options on a socket. */
+int rpc_socket_limits(nng_socket sock, size_t max_message_bytes);
+
+#endif

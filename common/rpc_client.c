@@ -1,0 +1,441 @@
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+
+#include "arena.h"
+#include "devcoord/v1/devcoord.pb-c.h"
+#include "rpc.h"
+#include "wire.h"
+
+/* A reusable nng context and aio for one call at a time. Slots go back to a free list when
+ * their call completes and are freed only with the client, never inside their callback. */
+struct rpc_slot {
+    struct rpc_client *client;
+    nng_ctx ctx;
+    nng_aio *aio;
+    bool receiving;
+    uint64_t request_id;
+    uint64_t deadline_ms;
+    uint32_t timeout_ms;
+    const ProtobufCMethodDescriptor *method;
+    rpc_done_fn done;
+    void *arg;
+    struct rpc_slot *next_free;
+};
+
+struct rpc_client {
+    nng_socket sock;
+    nng_dialer dialer;
+    char url[256];
+    char *token;
+    size_t max_message;
+    void (*on_connection)(void *, bool);
+    void *on_connection_arg;
+    atomic_int pipes;
+    atomic_ullong next_id;
+
+    pthread_mutex_t mtx;
+    struct rpc_slot *free_slots;
+    struct rpc_slot **slots;
+    size_t n_slots, cap_slots;
+};
+
+static void rpc_slot_cb(void *arg);
+
+void
+rpc_reply_free(struct rpc_reply *r)
+{
+    if (r == NULL) {
+        return;
+    }
+    arena_free(r->arena);
+    if (r->msg != NULL) {
+        nng_msg_free(r->msg);
+    }
+    memset(r, 0, sizeof(*r));
+}
+
+static void
+rpc_client_pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
+{
+    struct rpc_client *c = arg;
+    int before;
+
+    (void)pipe;
+    if (ev == NNG_PIPE_EV_ADD_POST) {
+        before = atomic_fetch_add(&c->pipes, 1);
+        if (before == 0 && c->on_connection != NULL) {
+            c->on_connection(c->on_connection_arg, true);
+        }
+    } else if (ev == NNG_PIPE_EV_REM_POST) {
+        before = atomic_fetch_sub(&c->pipes, 1);
+        if (before == 1 && c->on_connection != NULL) {
+            c->on_connection(c->on_connection_arg, false);
+        }
+    }
+}
+
+bool
+rpc_client_connected(const struct rpc_client *c)
+{
+    return atomic_load(&c->pipes) > 0;
+}
+
+const char *
+rpc_client_url(const struct rpc_client *c)
+{
+    return c->url;
+}
+
+dc_code
+rpc_client_open(const struct rpc_client_opts *opts, struct rpc_client **out, dc_status *st)
+{
+    struct rpc_client *c;
+    char what[300];
+    dc_code code;
+    int rv;
+
+    if ((c = calloc(1, sizeof(*c))) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    pthread_mutex_init(&c->mtx, NULL);
+    snprintf(c->url, sizeof(c->url), "%s", opts->url);
+    c->max_message       = opts->max_message_bytes ? opts->max_message_bytes : RPC_DEFAULT_MAX_MESSAGE;
+    c->on_connection     = opts->on_connection;
+    c->on_connection_arg = opts->on_connection_arg;
+    atomic_store(&c->next_id, ((uint64_t)rpc_now_us() << 16) ^ (uint64_t)(uintptr_t)c);
+    if (opts->token != NULL && (c->token = strdup(opts->token)) == NULL) {
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        goto fail;
+    }
+    snprintf(what, sizeof(what), "cannot reach %s", opts->url);
+    if ((rv = nng_req0_open(&c->sock)) != 0) {
+        code = wire_nng_status(rv, "req socket", st);
+        goto fail;
+    }
+    /* At most once: never resend a request by ourselves. */
+    if ((rv = nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)) != 0 ||
+        (rv = rpc_socket_limits(c->sock, c->max_message)) != 0 ||
+        (rv = nng_pipe_notify(c->sock, NNG_PIPE_EV_ADD_POST, rpc_client_pipe_cb, c)) != 0 ||
+        (rv = nng_pipe_notify(c->sock, NNG_PIPE_EV_REM_POST, rpc_client_pipe_cb, c)) != 0 ||
+        (rv = nng_dialer_create(&c->dialer, c->sock, opts->url)) != 0 ||
+        (rv = nng_dialer_set_ms(c->dialer, NNG_OPT_RECONNMINT,
+                                opts->reconnect_min_ms ? opts->reconnect_min_ms : 100)) != 0 ||
+        (rv = nng_dialer_set_ms(c->dialer, NNG_OPT_RECONNMAXT,
+                                opts->reconnect_max_ms ? opts->reconnect_max_ms : 2000)) != 0 ||
+        (rv = nng_dialer_set_size(c->dialer, NNG_OPT_RECVMAXSZ,
+                                  c->max_message + RPC_FRAME_OVERHEAD)) != 0 ||
+        (opts->tls != NULL &&
+         (rv = nng_dialer_set_ptr(c->dialer, NNG_OPT_TLS_CONFIG, opts->tls)) != 0) ||
+        (rv = nng_dialer_start(c->dialer, opts->connect_now ? 0 : NNG_FLAG_NONBLOCK)) != 0) {
+        code = wire_nng_status(rv, what, st);
+        if (code == DC_INVALID_ARGUMENT) {
+            snprintf(what, sizeof(what), "bad address '%s'", opts->url);
+            wire_nng_status(rv, what, st);
+        }
+        nng_close(c->sock);
+        goto fail;
+    }
+    *out = c;
+    return DC_OK;
+fail:
+    free(c->token);
+    pthread_mutex_destroy(&c->mtx);
+    free(c);
+    return code;
+}
+
+void
+rpc_client_close(struct rpc_client *c)
+{
+    if (c == NULL) {
+        return;
+    }
+    /* Closing the socket completes every pending aio with NNG_ECLOSED; nng_aio_free then
+     * waits for those callbacks before the slot goes. */
+    nng_close(c->sock);
+    for (size_t i = 0; i < c->n_slots; i++) {
+        nng_aio_free(c->slots[i]->aio);
+        free(c->slots[i]);
+    }
+    free(c->slots);
+    free(c->token);
+    pthread_mutex_destroy(&c->mtx);
+    free(c);
+}
+
+static struct rpc_slot *
+rpc_slot_get(struct rpc_client *c)
+{
+    struct rpc_slot *s;
+
+    pthread_mutex_lock(&c->mtx);
+    if ((s = c->free_slots) != NULL) {
+        c->free_slots = s->next_free;
+        pthread_mutex_unlock(&c->mtx);
+        return s;
+    }
+    if (c->n_slots == c->cap_slots) {
+        size_t cap             = c->cap_slots ? c->cap_slots * 2 : 16;
+        struct rpc_slot **grow = realloc(c->slots, cap * sizeof(*grow));
+        if (grow == NULL) {
+            goto fail;
+        }
+        c->slots     = grow;
+        c->cap_slots = cap;
+    }
+    if ((s = calloc(1, sizeof(*s))) == NULL) {
+        goto fail;
+    }
+    s->client = c;
+    if (nng_aio_alloc(&s->aio, rpc_slot_cb, s) != 0) {
+        free(s);
+        goto fail;
+    }
+    if (nng_ctx_open(&s->ctx, c->sock) != 0) {
+        nng_aio_free(s->aio);
+        free(s);
+        goto fail;
+    }
+    c->slots[c->n_slots++] = s;
+    pthread_mutex_unlock(&c->mtx);
+    return s;
+fail:
+    pthread_mutex_unlock(&c->mtx);
+    return NULL;
+}
+
+static void
+rpc_slot_put(struct rpc_slot *s)
+{
+    struct rpc_client *c = s->client;
+
+    pthread_mutex_lock(&c->mtx);
+    s->next_free  = c->free_slots;
+    c->free_slots = s;
+    pthread_mutex_unlock(&c->mtx);
+}
+
+/* Time left before the slot's deadline, as an nng duration. */
+static nng_duration
+rpc_slot_remaining(const struct rpc_slot *s)
+{
+    uint64_t now;
+
+    if (s->deadline_ms == 0) {
+        return NNG_DURATION_INFINITE;
+    }
+    now = rpc_now_ms();
+    return now >= s->deadline_ms ? 1 : (nng_duration)(s->deadline_ms - now);
+}
+
+/* Decodes a reply message into r and st; takes msg. */
+static dc_code
+rpc_slot_decode(struct rpc_slot *s, nng_msg *msg, struct rpc_reply *r, dc_status *st)
+{
+    Devcoord__V1__ReplyHeader *hdr;
+    ProtobufCAllocator alloc;
+    struct wire_frame f;
+    dc_code code;
+
+    memset(r, 0, sizeof(*r));
+    r->msg = msg;
+    if (wire_split(nng_msg_body(msg), nng_msg_len(msg), &f, st) != DC_OK) {
+        status_prefix(st, "undecodable reply");
+        st->code = DC_INTERNAL;
+        return DC_INTERNAL;
+    }
+    if ((r->arena = arena_new(rpc_decode_budget(f.header_len + f.body_len))) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory decoding a reply");
+    }
+    alloc = arena_allocator(r->arena);
+    hdr   = devcoord__v1__reply_header__unpack(&alloc, f.header_len, f.header);
+    if (hdr == NULL || hdr->status == NULL) {
+        return status_set(st, DC_INTERNAL, "undecodable reply header from %s", s->client->url);
+    }
+    if (hdr->request_id != s->request_id && hdr->request_id != 0) {
+        return status_set(st, DC_INTERNAL, "reply to another request from %s", s->client->url);
+    }
+    code = ((int)hdr->status->code >= 0 && (int)hdr->status->code <= (int)DC_UNAUTHENTICATED)
+               ? (dc_code)hdr->status->code
+               : DC_UNKNOWN;
+    status_set(st, code, "%s", hdr->status->message);
+    if (hdr->status->detail_case == DEVCOORD__V1__STATUS__DETAIL_DEVICE_INDEX &&
+        hdr->status->device_index <= INT32_MAX) {
+        st->device_index = (int32_t)hdr->status->device_index;
+    }
+    status_set_worker(st, hdr->status->worker);
+    if (f.body_len > 0) {
+        r->body = protobuf_c_message_unpack(s->method->output, &alloc, f.body_len, f.body);
+        if (r->body == NULL) {
+            return status_set(st, DC_INTERNAL, "undecodable %s reply from %s", s->method->name,
+                              s->client->url);
+        }
+    }
+    r->attachment     = f.attachment;
+    r->attachment_len = f.attachment_len;
+    return code;
+}
+
+static void
+rpc_slot_finish(struct rpc_slot *s, dc_code code, const dc_status *st, struct rpc_reply *r)
+{
+    rpc_done_fn done = s->done;
+    void *arg        = s->arg;
+    bool keep        = false;
+
+    done(arg, code, st, r, &keep);
+    if (!keep) {
+        rpc_reply_free(r);
+    }
+    rpc_slot_put(s);
+}
+
+static void
+rpc_slot_cb(void *arg)
+{
+    struct rpc_slot *s   = arg;
+    struct rpc_client *c = s->client;
+    int rv               = nng_aio_result(s->aio);
+    struct rpc_reply r   = { 0 };
+    dc_status st;
+    dc_code code;
+
+    status_clear(&st);
+    if (!s->receiving) {
+        if (rv != 0) {
+            nng_msg_free(nng_aio_get_msg(s->aio));
+            nng_aio_set_msg(s->aio, NULL);
+            if (rv == NNG_ETIMEDOUT && !rpc_client_connected(c)) {
+                code = status_set(&st, DC_UNAVAILABLE, "cannot reach %s: not connected", c->url);
+            } else {
+                code = wire_nng_status(rv, c->url, &st);
+            }
+            rpc_slot_finish(s, code, &st, &r);
+            return;
+        }
+        s->receiving = true;
+        nng_aio_set_timeout(s->aio, rpc_slot_remaining(s));
+        nng_ctx_recv(s->ctx, s->aio);
+        return;
+    }
+    if (rv == NNG_ETIMEDOUT) {
+        code = status_set(&st, DC_DEADLINE_EXCEEDED, "%s: no reply from %s within %u ms",
+                          s->method->name, c->url, s->timeout_ms);
+    } else if (rv == NNG_ECONNRESET || rv == NNG_ECONNSHUT || rv == NNG_ECLOSED) {
+        code = status_set(&st, rv == NNG_ECLOSED ? DC_CANCELLED : DC_UNAVAILABLE,
+                          "%s: connection to %s lost", s->method->name, c->url);
+    } else if (rv != 0) {
+        code = wire_nng_status(rv, c->url, &st);
+    } else {
+        nng_msg *msg = nng_aio_get_msg(s->aio);
+        nng_aio_set_msg(s->aio, NULL);
+        code = rpc_slot_decode(s, msg, &r, &st);
+    }
+    rpc_slot_finish(s, code, &st, &r);
+}
+
+dc_code
+rpc_call_async(struct rpc_client *c, const ProtobufCServiceDescriptor *svc, unsigned method,
+               const ProtobufCMessage *request, const void *attachment, size_t attachment_len,
+               uint32_t timeout_ms, rpc_done_fn done, void *arg, dc_status *st)
+{
+    Devcoord__V1__RequestHeader hdr = DEVCOORD__V1__REQUEST_HEADER__INIT;
+    char path[160];
+    struct rpc_slot *s;
+    nng_msg *msg;
+    int rv;
+
+    if (method >= svc->n_methods) {
+        return status_set(st, DC_INTERNAL, "method %u outside %s", method, svc->name);
+    }
+    rpc_method_path(svc, method, path, sizeof(path));
+    hdr.request_id = atomic_fetch_add(&c->next_id, 1);
+    hdr.method     = path;
+    hdr.timeout_ms = timeout_ms;
+    hdr.token      = c->token != NULL ? c->token : "";
+    if ((rv = wire_pack(&msg, &hdr.base, request, attachment, attachment_len,
+                        c->max_message + RPC_FRAME_OVERHEAD)) != 0) {
+        if (rv == NNG_EMSGSIZE) {
+            return status_set(st, DC_RESOURCE_EXHAUSTED,
+                              "%s request over the %zu-byte message limit",
+                              svc->methods[method].name, c->max_message);
+        }
+        return wire_nng_status(rv, "packing a request", st);
+    }
+    if ((s = rpc_slot_get(c)) == NULL) {
+        nng_msg_free(msg);
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory starting a call");
+    }
+    s->receiving   = false;
+    s->request_id  = hdr.request_id;
+    s->timeout_ms  = timeout_ms;
+    s->deadline_ms = timeout_ms ? rpc_now_ms() + timeout_ms : 0;
+    s->method      = &svc->methods[method];
+    s->done        = done;
+    s->arg         = arg;
+    nng_aio_set_msg(s->aio, msg);
+    nng_aio_set_timeout(s->aio, rpc_slot_remaining(s));
+    nng_ctx_send(s->ctx, s->aio);
+    return DC_OK;
+}
+
+/* A synchronous call waits on one of these. */
+struct rpc_waiter {
+    pthread_mutex_t mtx;
+    pthread_cond_t cv;
+    bool done;
+    dc_code code;
+    dc_status st;
+    struct rpc_reply reply;
+};
+
+static void
+rpc_waiter_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, bool *keep)
+{
+    struct rpc_waiter *w = arg;
+
+    pthread_mutex_lock(&w->mtx);
+    w->code  = code;
+    w->st    = *st;
+    w->reply = *reply;
+    *keep    = true;
+    w->done  = true;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mtx);
+}
+
+dc_code
+rpc_call(struct rpc_client *c, const ProtobufCServiceDescriptor *svc, unsigned method,
+         const ProtobufCMessage *request, const void *attachment, size_t attachment_len,
+         uint32_t timeout_ms, struct rpc_reply *reply, dc_status *st)
+{
+    struct rpc_waiter w = { .done = false };
+    dc_code code;
+
+    memset(reply, 0, sizeof(*reply));
+    pthread_mutex_init(&w.mtx, NULL);
+    pthread_cond_init(&w.cv, NULL);
+    code = rpc_call_async(c, svc, method, request, attachment, attachment_len, timeout_ms,
+                          rpc_waiter_done, &w, st);
+    if (code == DC_OK) {
+        pthread_mutex_lock(&w.mtx);
+        while (!w.done) {
+            pthread_cond_wait(&w.cv, &w.mtx);
+        }
+        pthread_mutex_unlock(&w.mtx);
+        code   = w.code;
+        *reply = w.reply;
+        if (st != NULL) {
+            *st = w.st;
+        }
+    }
+    pthread_cond_destroy(&w.cv);
+    pthread_mutex_destroy(&w.mtx);
+    return code;
+}

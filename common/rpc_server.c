@@ -1,0 +1,545 @@
+#include <arpa/inet.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+
+#include "arena.h"
+#include "devcoord/v1/devcoord.pb-c.h"
+#include "log.h"
+#include "rpc.h"
+#include "wire.h"
+
+/* One nng context and the call it is serving. A context cycles RECV -> WORK -> SEND -> RECV;
+ * in WORK the request is decoded and dispatched on a server thread, and the handler holds
+ * the context until it calls the closure. */
+struct rpc_call {
+    struct rpc_server *server;
+    nng_ctx ctx;
+    nng_aio *aio;
+    bool sending;
+    nng_msg *req; /* the received message, kept until the reply is sent */
+    struct arena *arena;
+    struct wire_frame frame;
+    const ProtobufCMethodDescriptor *method;
+    uint64_t request_id;
+    uint64_t arrived_us;
+    uint64_t deadline_ms;
+    const void *reply_att;
+    size_t reply_att_len;
+    dc_status status;
+    struct rpc_call *next; /* work queue */
+};
+
+struct rpc_server {
+    nng_socket sock;
+    nng_listener listener;
+    ProtobufCService *service;
+    char prefix[128]; /* "/devcoord.v1.Coordinator/" */
+    size_t prefix_len;
+    size_t max_message;
+    rpc_authorize_fn authorize;
+    void *authorize_arg;
+    rpc_observe_fn observe;
+    void *observe_arg;
+
+    pthread_mutex_t mtx;
+    pthread_cond_t cv;   /* work queued, or a call answered */
+    struct rpc_call *head, *tail;
+    bool closing;
+    bool threads_exit;
+    unsigned busy;       /* calls taken and not yet answered */
+    struct rpc_call **calls;
+    unsigned n_calls, max_calls;
+    atomic_uint receiving; /* contexts waiting for a request */
+
+    pthread_t *threads;
+    unsigned n_threads;
+};
+
+static void rpc_call_cb(void *arg);
+
+uint64_t
+rpc_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+uint64_t
+rpc_now_ms(void)
+{
+    return rpc_now_us() / 1000u;
+}
+
+size_t
+rpc_decode_budget(size_t len)
+{
+    /* protobuf-c's unpacked form of a message costs at most a few dozen times its encoding
+     * (an empty submessage: 2 bytes on the wire, a struct and a pointer in memory). */
+    return 64 * 1024 + 16 * len;
+}
+
+void
+rpc_method_path(const ProtobufCServiceDescriptor *svc, unsigned method, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "/%s/%s", svc->name, svc->methods[method].name);
+}
+
+int
+rpc_socket_limits(nng_socket sock, size_t max_message_bytes)
+{
+    return nng_socket_set_size(sock, NNG_OPT_RECVMAXSZ, max_message_bytes + RPC_FRAME_OVERHEAD);
+}
+
+dc_status *
+rpc_call_status(struct rpc_call *call)
+{
+    return &call->status;
+}
+
+const void *
+rpc_call_attachment(struct rpc_call *call, size_t *len)
+{
+    *len = call->frame.attachment_len;
+    return call->frame.attachment;
+}
+
+void
+rpc_call_set_reply_attachment(struct rpc_call *call, const void *data, size_t len)
+{
+    call->reply_att     = data;
+    call->reply_att_len = len;
+}
+
+uint64_t
+rpc_call_deadline_ms(const struct rpc_call *call)
+{
+    return call->deadline_ms;
+}
+
+const ProtobufCMethodDescriptor *
+rpc_call_method(const struct rpc_call *call)
+{
+    return call->method;
+}
+
+/* Arms a context to receive. Called with mtx held. */
+static void
+rpc_call_arm(struct rpc_call *call)
+{
+    call->sending = false;
+    atomic_fetch_add(&call->server->receiving, 1);
+    nng_ctx_recv(call->ctx, call->aio);
+}
+
+static void
+rpc_call_reset(struct rpc_call *call)
+{
+    if (call->req != NULL) {
+        nng_msg_free(call->req);
+        call->req = NULL;
+    }
+    arena_free(call->arena);
+    call->arena         = NULL;
+    call->method        = NULL;
+    call->request_id    = 0;
+    call->deadline_ms   = 0;
+    call->reply_att     = NULL;
+    call->reply_att_len = 0;
+    memset(&call->frame, 0, sizeof(call->frame));
+    status_clear(&call->status);
+}
+
+/* The closure every handler answers through. */
+static void
+rpc_call_answer(const ProtobufCMessage *body, void *data)
+{
+    struct rpc_call *call     = data;
+    struct rpc_server *s      = call->server;
+    Devcoord__V1__ReplyHeader hdr = DEVCOORD__V1__REPLY_HEADER__INIT;
+    Devcoord__V1__Status status   = DEVCOORD__V1__STATUS__INIT;
+    nng_msg *reply;
+    int rv;
+
+    status.code    = (Devcoord__V1__Code)call->status.code;
+    status.message = call->status.message;
+    status.worker  = call->status.worker;
+    if (call->status.device_index >= 0) {
+        status.detail_case  = DEVCOORD__V1__STATUS__DETAIL_DEVICE_INDEX;
+        status.device_index = (uint32_t)call->status.device_index;
+    }
+    hdr.request_id = call->request_id;
+    hdr.status     = &status;
+    if (body == NULL && call->status.code == DC_OK) {
+        status.code    = DEVCOORD__V1__CODE__INTERNAL;
+        status.message = "handler answered without a reply";
+    }
+    rv = wire_pack(&reply, &hdr.base, body, call->reply_att, call->reply_att_len,
+                   s->max_message + RPC_FRAME_OVERHEAD);
+    if (rv != 0) {
+        /* The reply does not fit: say so instead. */
+        status.code    = DEVCOORD__V1__CODE__RESOURCE_EXHAUSTED;
+        status.message = "reply too large";
+        rv             = wire_pack(&reply, &hdr.base, NULL, NULL, 0, SIZE_MAX);
+    }
+    if (s->observe != NULL) {
+        s->observe(s->observe_arg, call->method, (dc_code)status.code,
+                   rpc_now_us() - call->arrived_us);
+    }
+    rpc_call_reset(call);
+    if (rv != 0) {
+        /* Not even an error reply could be built: drop the request; the client times out. */
+        pthread_mutex_lock(&s->mtx);
+        s->busy--;
+        pthread_cond_broadcast(&s->cv);
+        if (!s->closing) {
+            rpc_call_arm(call);
+        }
+        pthread_mutex_unlock(&s->mtx);
+        return;
+    }
+    call->sending = true;
+    nng_aio_set_msg(call->aio, reply);
+    nng_ctx_send(call->ctx, call->aio);
+}
+
+static void __attribute__((format(printf, 3, 4)))
+rpc_call_fail(struct rpc_call *call, dc_code code, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(call->status.message, sizeof(call->status.message), fmt, ap);
+    va_end(ap);
+    call->status.code = code;
+    rpc_call_answer(NULL, call);
+}
+
+/* Decodes and dispatches one request on a server thread. */
+static void
+rpc_call_dispatch(struct rpc_call *call)
+{
+    struct rpc_server *s = call->server;
+    Devcoord__V1__RequestHeader *hdr;
+    ProtobufCAllocator alloc;
+    ProtobufCMessage *input;
+    const char *name;
+    dc_status st;
+
+    if (wire_split(nng_msg_body(call->req), nng_msg_len(call->req), &call->frame, &st) != DC_OK) {
+        rpc_call_fail(call, DC_INVALID_ARGUMENT, "undecodable request: %s", st.message);
+        return;
+    }
+    call->arena = arena_new(rpc_decode_budget(call->frame.header_len + call->frame.body_len));
+    if (call->arena == NULL) {
+        rpc_call_fail(call, DC_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    alloc = arena_allocator(call->arena);
+    hdr   = devcoord__v1__request_header__unpack(&alloc, call->frame.header_len, call->frame.header);
+    if (hdr == NULL) {
+        rpc_call_fail(call, DC_INVALID_ARGUMENT, "undecodable request header");
+        return;
+    }
+    call->request_id = hdr->request_id;
+    if (hdr->timeout_ms > 0) {
+        call->deadline_ms = call->arrived_us / 1000 + hdr->timeout_ms;
+    }
+    name = hdr->method;
+    if (strncmp(name, s->prefix, s->prefix_len) != 0 ||
+        (call->method = protobuf_c_service_descriptor_get_method_by_name(
+             s->service->descriptor, name + s->prefix_len)) == NULL) {
+        rpc_call_fail(call, DC_UNIMPLEMENTED, "unknown method '%.200s'", name);
+        return;
+    }
+    if (s->closing) {
+        rpc_call_fail(call, DC_UNAVAILABLE, "server shutting down");
+        return;
+    }
+    if (call->deadline_ms != 0 && rpc_now_ms() >= call->deadline_ms) {
+        rpc_call_fail(call, DC_DEADLINE_EXCEEDED, "deadline passed before %s started",
+                      call->method->name);
+        return;
+    }
+    if (s->authorize != NULL &&
+        s->authorize(s->authorize_arg, call->method, hdr->token, &call->status) != DC_OK) {
+        rpc_call_answer(NULL, call);
+        return;
+    }
+    input = protobuf_c_message_unpack(call->method->input, &alloc, call->frame.body_len,
+                                      call->frame.body);
+    if (input == NULL) {
+        if (arena_exhausted(call->arena)) {
+            rpc_call_fail(call, DC_RESOURCE_EXHAUSTED, "%s request too costly to decode",
+                          call->method->name);
+        } else {
+            rpc_call_fail(call, DC_INVALID_ARGUMENT, "undecodable %s request",
+                          call->method->name);
+        }
+        return;
+    }
+    s->service->invoke(s->service, (unsigned)(call->method - s->service->descriptor->methods),
+                       input, rpc_call_answer, call);
+}
+
+/* Opens one more context and arms it; false at the cap or out of memory. */
+static bool
+rpc_server_add_context(struct rpc_server *s)
+{
+    struct rpc_call *call;
+    bool ok = false;
+
+    pthread_mutex_lock(&s->mtx);
+    if (s->closing || s->n_calls >= s->max_calls || (call = calloc(1, sizeof(*call))) == NULL) {
+        goto out;
+    }
+    call->server = s;
+    status_clear(&call->status);
+    if (nng_aio_alloc(&call->aio, rpc_call_cb, call) != 0) {
+        free(call);
+    } else if (nng_ctx_open(&call->ctx, s->sock) != 0) {
+        nng_aio_free(call->aio);
+        free(call);
+    } else {
+        s->calls[s->n_calls++] = call;
+        rpc_call_arm(call);
+        ok = true;
+    }
+out:
+    pthread_mutex_unlock(&s->mtx);
+    return ok;
+}
+
+/* Adds a context when few are left waiting, so calls held by long handlers never leave the
+ * server deaf. */
+static void
+rpc_server_grow(struct rpc_server *s)
+{
+    if (atomic_load(&s->receiving) < 2) {
+        rpc_server_add_context(s);
+    }
+}
+
+static void *
+rpc_server_thread(void *arg)
+{
+    struct rpc_server *s = arg;
+    struct rpc_call *call;
+
+    for (;;) {
+        pthread_mutex_lock(&s->mtx);
+        while (s->head == NULL && !s->threads_exit) {
+            pthread_cond_wait(&s->cv, &s->mtx);
+        }
+        if ((call = s->head) == NULL) {
+            pthread_mutex_unlock(&s->mtx);
+            return NULL;
+        }
+        s->head = call->next;
+        if (s->head == NULL) {
+            s->tail = NULL;
+        }
+        pthread_mutex_unlock(&s->mtx);
+        rpc_server_grow(s);
+        rpc_call_dispatch(call);
+    }
+}
+
+/* nng callback: a request arrived, or a reply went out. Never blocks: requests are queued
+ * for the server threads. */
+static void
+rpc_call_cb(void *arg)
+{
+    struct rpc_call *call = arg;
+    struct rpc_server *s  = call->server;
+    int rv                = nng_aio_result(call->aio);
+
+    if (call->sending) {
+        if (rv != 0) {
+            nng_msg_free(nng_aio_get_msg(call->aio));
+        }
+        pthread_mutex_lock(&s->mtx);
+        s->busy--;
+        pthread_cond_broadcast(&s->cv);
+        if (!s->closing) {
+            rpc_call_arm(call);
+        }
+        pthread_mutex_unlock(&s->mtx);
+        return;
+    }
+    atomic_fetch_sub(&s->receiving, 1);
+    if (rv != 0) {
+        /* Closed or cancelled: the context stays idle. Anything else: listen again. */
+        pthread_mutex_lock(&s->mtx);
+        if (!s->closing && rv != NNG_ECLOSED && rv != NNG_ECANCELED) {
+            rpc_call_arm(call);
+        }
+        pthread_mutex_unlock(&s->mtx);
+        return;
+    }
+    call->req        = nng_aio_get_msg(call->aio);
+    call->arrived_us = rpc_now_us();
+    nng_aio_set_msg(call->aio, NULL);
+    pthread_mutex_lock(&s->mtx);
+    s->busy++;
+    call->next = NULL;
+    if (s->tail != NULL) {
+        s->tail->next = call;
+    } else {
+        s->head = call;
+    }
+    s->tail = call;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mtx);
+}
+
+dc_code
+rpc_server_start(const struct rpc_server_opts *opts, struct rpc_server **out, dc_status *st)
+{
+    struct rpc_server *s;
+    unsigned initial;
+    dc_code code = DC_OK;
+    int rv;
+
+    if ((s = calloc(1, sizeof(*s))) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    pthread_mutex_init(&s->mtx, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->service       = opts->service;
+    s->max_message   = opts->max_message_bytes ? opts->max_message_bytes : RPC_DEFAULT_MAX_MESSAGE;
+    s->authorize     = opts->authorize;
+    s->authorize_arg = opts->authorize_arg;
+    s->observe       = opts->observe;
+    s->observe_arg   = opts->observe_arg;
+    s->max_calls     = opts->max_contexts ? opts->max_contexts : 4096;
+    s->n_threads     = opts->threads ? opts->threads : 2;
+    initial          = opts->contexts ? opts->contexts : 16;
+    if (initial > s->max_calls) {
+        initial = s->max_calls;
+    }
+    snprintf(s->prefix, sizeof(s->prefix), "/%s/", s->service->descriptor->name);
+    s->prefix_len = strlen(s->prefix);
+
+    s->calls   = calloc(s->max_calls, sizeof(*s->calls));
+    s->threads = calloc(s->n_threads, sizeof(*s->threads));
+    if (s->calls == NULL || s->threads == NULL) {
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        goto fail;
+    }
+    if ((rv = nng_rep0_open(&s->sock)) != 0) {
+        code = wire_nng_status(rv, "rep socket", st);
+        goto fail;
+    }
+    if ((rv = rpc_socket_limits(s->sock, s->max_message)) != 0 ||
+        (rv = nng_listener_create(&s->listener, s->sock, opts->url)) != 0 ||
+        (opts->tls != NULL &&
+         (rv = nng_listener_set_ptr(s->listener, NNG_OPT_TLS_CONFIG, opts->tls)) != 0) ||
+        (rv = nng_listener_set_size(s->listener, NNG_OPT_RECVMAXSZ,
+                                    s->max_message + RPC_FRAME_OVERHEAD)) != 0 ||
+        (rv = nng_listener_start(s->listener, 0)) != 0) {
+        char what[300];
+        snprintf(what, sizeof(what), "listen on %s", opts->url);
+        code = wire_nng_status(rv, what, st);
+        goto fail_sock;
+    }
+    for (unsigned i = 0; i < s->n_threads; i++) {
+        if (pthread_create(&s->threads[i], NULL, rpc_server_thread, s) != 0) {
+            s->n_threads = i;
+            code         = status_set(st, DC_RESOURCE_EXHAUSTED, "cannot start server threads");
+            goto fail_threads;
+        }
+    }
+    for (unsigned i = 0; i < initial; i++) {
+        rpc_server_add_context(s);
+    }
+    if (s->n_calls == 0) {
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "cannot open server contexts");
+        goto fail_threads;
+    }
+    *out = s;
+    return DC_OK;
+
+fail_threads:
+    rpc_server_close(s);
+    rpc_server_free(s);
+    return code;
+fail_sock:
+    nng_close(s->sock);
+fail:
+    free(s->calls);
+    free(s->threads);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mtx);
+    free(s);
+    return code;
+}
+
+int
+rpc_server_port(const struct rpc_server *s)
+{
+    nng_sockaddr sa;
+
+    if (nng_listener_get_addr(s->listener, NNG_OPT_LOCADDR, &sa) != 0) {
+        return 0;
+    }
+    if (sa.s_family == NNG_AF_INET) {
+        return ntohs(sa.s_in.sa_port);
+    }
+    if (sa.s_family == NNG_AF_INET6) {
+        return ntohs(sa.s_in6.sa_port);
+    }
+    return 0;
+}
+
+void
+rpc_server_close(struct rpc_server *s)
+{
+    pthread_mutex_lock(&s->mtx);
+    s->closing = true;
+    pthread_mutex_unlock(&s->mtx);
+    /* Idle contexts stop waiting; busy ones finish their call and then stay idle. */
+    nng_listener_close(s->listener);
+}
+
+void
+rpc_server_free(struct rpc_server *s)
+{
+    unsigned n;
+
+    if (s == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&s->mtx);
+    s->closing = true;
+    /* Calls already queued or in a handler are answered first. */
+    while (s->busy > 0) {
+        pthread_cond_wait(&s->cv, &s->mtx);
+    }
+    s->threads_exit = true;
+    pthread_cond_broadcast(&s->cv);
+    n = s->n_threads;
+    pthread_mutex_unlock(&s->mtx);
+    for (unsigned i = 0; i < n; i++) {
+        pthread_join(s->threads[i], NULL);
+    }
+    nng_close(s->sock);
+    for (unsigned i = 0; i < s->n_calls; i++) {
+        nng_aio_free(s->calls[i]->aio);
+        rpc_call_reset(s->calls[i]);
+        free(s->calls[i]);
+    }
+    free(s->calls);
+    free(s->threads);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mtx);
+    free(s);
+}

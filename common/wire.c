@@ -1,0 +1,121 @@
+#include "wire.h"
+
+#include <string.h>
+
+static uint32_t
+get_u32(const uint8_t *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static void
+put_u32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+dc_code
+wire_split(const void *buf, size_t len, struct wire_frame *f, dc_status *st)
+{
+    const uint8_t *p = buf;
+    size_t rest      = len;
+    uint32_t n;
+
+    memset(f, 0, sizeof(*f));
+    if (rest < 4) {
+        return status_set(st, DC_INVALID_ARGUMENT, "truncated frame: %zu bytes", len);
+    }
+    n = get_u32(p);
+    p += 4;
+    rest -= 4;
+    if (n > WIRE_HEADER_MAX || n > rest) {
+        return status_set(st, DC_INVALID_ARGUMENT, "bad frame: header of %u bytes in %zu", n,
+                          rest);
+    }
+    f->header     = p;
+    f->header_len = n;
+    p += n;
+    rest -= n;
+    if (rest < 4) {
+        return status_set(st, DC_INVALID_ARGUMENT, "truncated frame: no body length");
+    }
+    n = get_u32(p);
+    p += 4;
+    rest -= 4;
+    if (n > rest) {
+        return status_set(st, DC_INVALID_ARGUMENT, "bad frame: body of %u bytes in %zu", n, rest);
+    }
+    f->body           = p;
+    f->body_len       = n;
+    f->attachment     = p + n;
+    f->attachment_len = rest - n;
+    return DC_OK;
+}
+
+int
+wire_pack(nng_msg **out, const ProtobufCMessage *header, const ProtobufCMessage *body,
+          const void *attachment, size_t attachment_len, size_t limit)
+{
+    size_t hlen = protobuf_c_message_get_packed_size(header);
+    size_t blen = body != NULL ? protobuf_c_message_get_packed_size(body) : 0;
+    uint8_t *p;
+    nng_msg *m;
+    int rv;
+
+    if (hlen > WIRE_HEADER_MAX || blen > UINT32_MAX || 8 + hlen + blen > limit ||
+        attachment_len > limit - 8 - hlen - blen) {
+        return NNG_EMSGSIZE;
+    }
+    if ((rv = nng_msg_alloc(&m, 8 + hlen + blen + attachment_len)) != 0) {
+        return rv;
+    }
+    p = nng_msg_body(m);
+    put_u32(p, (uint32_t)hlen);
+    protobuf_c_message_pack(header, p + 4);
+    put_u32(p + 4 + hlen, (uint32_t)blen);
+    if (body != NULL) {
+        protobuf_c_message_pack(body, p + 8 + hlen);
+    }
+    if (attachment_len > 0) {
+        memcpy(p + 8 + hlen + blen, attachment, attachment_len);
+    }
+    *out = m;
+    return 0;
+}
+
+dc_code
+wire_nng_status(int rv, const char *what, dc_status *st)
+{
+    dc_code code;
+
+    switch (rv) {
+    case 0:
+        return DC_OK;
+    case NNG_ETIMEDOUT:
+        code = DC_DEADLINE_EXCEEDED;
+        break;
+    case NNG_ECANCELED:
+        code = DC_CANCELLED;
+        break;
+    case NNG_ENOMEM:
+    case NNG_EMSGSIZE:
+        code = DC_RESOURCE_EXHAUSTED;
+        break;
+    case NNG_EINVAL:
+    case NNG_EADDRINVAL:
+    case NNG_ENOTSUP:
+        code = DC_INVALID_ARGUMENT;
+        break;
+    case NNG_EPEERAUTH:
+    case NNG_ECRYPTO:
+        code = DC_UNAUTHENTICATED;
+        break;
+    default:
+        code = DC_UNAVAILABLE;
+        break;
+    }
+    return status_set(st, code, "%s: %s", what, nng_strerror(rv));
+}

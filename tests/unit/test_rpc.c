@@ -1,0 +1,704 @@
+/* The RPC layer over real nng sockets on 127.0.0.1: calls, errors, deadlines, reconnects,
+ * and hostile input (garbage, truncated and oversized frames, unknown methods, a budget-
+ * busting message, a non-SP peer). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <nng/protocol/reqrep0/req.h>
+
+#include "devcoord/v1/devcoord.pb-c.h"
+#include "rpc.h"
+#include "wire.h"
+
+#define SVC (&devcoord__v1__coordinator__descriptor)
+
+static void
+sleep_ms(unsigned ms)
+{
+    struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L };
+    nanosleep(&ts, NULL);
+}
+/* Method numbers: declaration order in devcoord.proto. */
+enum { M_LIST_WORKERS = 3, M_LIST_DEVICES = 4, M_GET_DEVICE = 5, M_SUBMIT_OP = 6 };
+
+/* ---- a test service -------------------------------------------------------------------- */
+
+static void
+t_unimplemented(void *closure_data, ProtobufCClosure closure)
+{
+    status_set(rpc_call_status(closure_data), DC_UNIMPLEMENTED, "not in this test");
+    closure(NULL, closure_data);
+}
+
+#define UNIMPL(name, Req, Closure)                                                                \
+    static void t_##name(Devcoord__V1__Coordinator_Service *svc, const Req *in, Closure closure,  \
+                         void *cd)                                                                \
+    {                                                                                             \
+        (void)svc;                                                                                \
+        (void)in;                                                                                 \
+        t_unimplemented(cd, (ProtobufCClosure)closure);                                           \
+    }
+
+UNIMPL(register_worker, Devcoord__V1__RegisterWorkerRequest,
+       Devcoord__V1__RegisterWorkerResponse_Closure)
+UNIMPL(heartbeat, Devcoord__V1__HeartbeatRequest, Devcoord__V1__HeartbeatResponse_Closure)
+UNIMPL(deregister_worker, Devcoord__V1__DeregisterWorkerRequest,
+       Devcoord__V1__DeregisterWorkerResponse_Closure)
+UNIMPL(get_op, Devcoord__V1__GetOpRequest, Devcoord__V1__GetOpResponse_Closure)
+UNIMPL(list_ops, Devcoord__V1__ListOpsRequest, Devcoord__V1__ListOpsResponse_Closure)
+UNIMPL(cordon_worker, Devcoord__V1__WorkerNameRequest, Devcoord__V1__WorkerNameResponse_Closure)
+UNIMPL(uncordon_worker, Devcoord__V1__WorkerNameRequest, Devcoord__V1__WorkerNameResponse_Closure)
+UNIMPL(drain_worker, Devcoord__V1__WorkerNameRequest, Devcoord__V1__WorkerNameResponse_Closure)
+UNIMPL(get_cluster_status, Devcoord__V1__GetClusterStatusRequest,
+       Devcoord__V1__GetClusterStatusResponse_Closure)
+
+/* GetDevice echoes: the name back, the attachment back; "boom" fails with detail. */
+static void
+t_get_device(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__GetDeviceRequest *in,
+             Devcoord__V1__GetDeviceResponse_Closure closure, void *cd)
+{
+    Devcoord__V1__GetDeviceResponse resp = DEVCOORD__V1__GET_DEVICE_RESPONSE__INIT;
+    Devcoord__V1__DeviceInfo info        = DEVCOORD__V1__DEVICE_INFO__INIT;
+    size_t alen;
+    const void *att = rpc_call_attachment(cd, &alen);
+
+    (void)svc;
+    if (strcmp(in->name, "boom") == 0) {
+        status_set_index(rpc_call_status(cd), DC_NOT_FOUND, 7, "unknown device: devices[7] = x");
+        status_set_worker(rpc_call_status(cd), "node-z");
+        closure(NULL, cd);
+        return;
+    }
+    info.name   = in->name;
+    resp.device = &info;
+    rpc_call_set_reply_attachment(cd, att, alen);
+    closure(&resp, cd);
+}
+
+/* ListWorkers answers later, from another thread, after the number of ms in its deadline
+ * budget plus 300: a slow handler. */
+struct later {
+    Devcoord__V1__ListWorkersResponse_Closure closure;
+    void *cd;
+    unsigned ms;
+};
+
+static void *
+t_later_thread(void *arg)
+{
+    struct later *l                       = arg;
+    Devcoord__V1__ListWorkersResponse resp = DEVCOORD__V1__LIST_WORKERS_RESPONSE__INIT;
+
+    sleep_ms(l->ms);
+    l->closure(&resp, l->cd);
+    free(l);
+    return NULL;
+}
+
+static void
+t_list_workers(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__ListWorkersRequest *in,
+               Devcoord__V1__ListWorkersResponse_Closure closure, void *cd)
+{
+    struct later *l = malloc(sizeof(*l));
+    pthread_t t;
+
+    (void)svc;
+    (void)in;
+    assert_non_null(l);
+    l->closure = closure;
+    l->cd      = cd;
+    l->ms      = 300;
+    assert_int_equal(pthread_create(&t, NULL, t_later_thread, l), 0);
+    pthread_detach(t);
+}
+
+/* ListDevices answers with page_size devices: a large reply. */
+static void
+t_list_devices(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__ListDevicesRequest *in,
+               Devcoord__V1__ListDevicesResponse_Closure closure, void *cd)
+{
+    Devcoord__V1__ListDevicesResponse resp = DEVCOORD__V1__LIST_DEVICES_RESPONSE__INIT;
+    Devcoord__V1__DeviceInfo *infos        = calloc(in->page_size, sizeof(*infos));
+    Devcoord__V1__DeviceInfo **ptrs        = calloc(in->page_size, sizeof(*ptrs));
+
+    (void)svc;
+    for (uint32_t i = 0; i < in->page_size; i++) {
+        devcoord__v1__device_info__init(&infos[i]);
+        infos[i].name = "node-a/cuda:0";
+        ptrs[i]       = &infos[i];
+    }
+    resp.n_devices = in->page_size;
+    resp.devices   = ptrs;
+    closure(&resp, cd);
+    free(infos);
+    free(ptrs);
+}
+
+static void
+t_submit_op(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__SubmitOpRequest *in,
+            Devcoord__V1__SubmitOpResponse_Closure closure, void *cd)
+{
+    Devcoord__V1__SubmitOpResponse resp = DEVCOORD__V1__SUBMIT_OP_RESPONSE__INIT;
+
+    (void)svc;
+    (void)in;
+    closure(&resp, cd);
+}
+
+static Devcoord__V1__Coordinator_Service test_service = DEVCOORD__V1__COORDINATOR__INIT(t_);
+
+/* ---- helpers --------------------------------------------------------------------------- */
+
+struct fixture {
+    struct rpc_server *server;
+    struct rpc_client *client;
+    char url[64];
+};
+
+static void
+start_server(struct fixture *f, const char *url)
+{
+    struct rpc_server_opts so = { .url = url, .service = &test_service.base, .threads = 2 };
+    dc_status st;
+
+    if (rpc_server_start(&so, &f->server, &st) != DC_OK) {
+        fail_msg("server: %s", st.message);
+    }
+    snprintf(f->url, sizeof(f->url), "tcp://127.0.0.1:%d", rpc_server_port(f->server));
+}
+
+static void
+open_client(struct fixture *f, bool connect_now)
+{
+    struct rpc_client_opts co = { .url = f->url, .connect_now = connect_now,
+                                  .reconnect_min_ms = 20, .reconnect_max_ms = 100 };
+    dc_status st;
+
+    if (rpc_client_open(&co, &f->client, &st) != DC_OK) {
+        fail_msg("client: %s", st.message);
+    }
+}
+
+static int
+setup(void **state)
+{
+    struct fixture *f = calloc(1, sizeof(*f));
+
+    start_server(f, "tcp://127.0.0.1:0");
+    open_client(f, true);
+    *state = f;
+    return 0;
+}
+
+static int
+teardown(void **state)
+{
+    struct fixture *f = *state;
+
+    rpc_client_close(f->client);
+    if (f->server != NULL) {
+        rpc_server_close(f->server);
+        rpc_server_free(f->server);
+    }
+    free(f);
+    return 0;
+}
+
+static dc_code
+get_device(struct rpc_client *c, const char *name, const void *att, size_t alen,
+           uint32_t timeout_ms, struct rpc_reply *r, dc_status *st)
+{
+    Devcoord__V1__GetDeviceRequest req = DEVCOORD__V1__GET_DEVICE_REQUEST__INIT;
+
+    req.name = (char *)name;
+    return rpc_call(c, SVC, M_GET_DEVICE, &req.base, att, alen, timeout_ms, r, st);
+}
+
+/* Sends raw bytes with a bare req socket and returns the reply status code, or -rv. */
+static int
+raw_call(const char *url, const void *bytes, size_t len, char *message, size_t cap)
+{
+    nng_socket s;
+    nng_msg *m;
+    struct wire_frame f;
+    dc_status st;
+    int rv;
+
+    assert_int_equal(nng_req0_open(&s), 0);
+    nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 5000);
+    nng_socket_set_size(s, NNG_OPT_RECVMAXSZ, 0);
+    assert_int_equal(nng_dial(s, url, NULL, 0), 0);
+    assert_int_equal(nng_msg_alloc(&m, 0), 0);
+    assert_int_equal(nng_msg_append(m, bytes, len), 0);
+    assert_int_equal(nng_sendmsg(s, m, 0), 0);
+    if ((rv = nng_recvmsg(s, &m, 0)) != 0) {
+        nng_close(s);
+        return -rv;
+    }
+    assert_int_equal(wire_split(nng_msg_body(m), nng_msg_len(m), &f, &st), DC_OK);
+    {
+        Devcoord__V1__ReplyHeader *h =
+            devcoord__v1__reply_header__unpack(NULL, f.header_len, f.header);
+        assert_non_null(h);
+        rv = (int)h->status->code;
+        snprintf(message, cap, "%s", h->status->message);
+        devcoord__v1__reply_header__free_unpacked(h, NULL);
+    }
+    nng_msg_free(m);
+    nng_close(s);
+    return rv;
+}
+
+/* A frame with the given method and body bytes. */
+static size_t
+frame(uint8_t *buf, size_t cap, const char *method, const void *body, size_t blen)
+{
+    Devcoord__V1__RequestHeader h = DEVCOORD__V1__REQUEST_HEADER__INIT;
+    size_t hlen;
+
+    h.request_id = 1;
+    h.method     = (char *)method;
+    hlen         = devcoord__v1__request_header__get_packed_size(&h);
+    assert_true(8 + hlen + blen <= cap);
+    buf[0] = buf[1] = 0;
+    buf[2]          = (uint8_t)(hlen >> 8);
+    buf[3]          = (uint8_t)hlen;
+    devcoord__v1__request_header__pack(&h, buf + 4);
+    buf[4 + hlen] = (uint8_t)(blen >> 24);
+    buf[5 + hlen] = (uint8_t)(blen >> 16);
+    buf[6 + hlen] = (uint8_t)(blen >> 8);
+    buf[7 + hlen] = (uint8_t)blen;
+    memcpy(buf + 8 + hlen, body, blen);
+    return 8 + hlen + blen;
+}
+
+static void
+assert_still_serving(struct fixture *f)
+{
+    struct rpc_reply r;
+    dc_status st;
+
+    assert_int_equal(get_device(f->client, "still-here", NULL, 0, 5000, &r, &st), DC_OK);
+    assert_string_equal(((Devcoord__V1__GetDeviceResponse *)r.body)->device->name, "still-here");
+    rpc_reply_free(&r);
+}
+
+/* ---- tests ----------------------------------------------------------------------------- */
+
+static void
+test_call_and_attachment(void **state)
+{
+    struct fixture *f = *state;
+    struct rpc_reply r;
+    dc_status st;
+    static uint8_t att[1 << 20];
+
+    for (size_t i = 0; i < sizeof(att); i++) {
+        att[i] = (uint8_t)(i * 7);
+    }
+    assert_int_equal(get_device(f->client, "node-a/cuda:0", att, sizeof(att), 5000, &r, &st),
+                     DC_OK);
+    assert_int_equal(st.code, DC_OK);
+    assert_string_equal(((Devcoord__V1__GetDeviceResponse *)r.body)->device->name,
+                        "node-a/cuda:0");
+    assert_int_equal(r.attachment_len, sizeof(att));
+    assert_memory_equal(r.attachment, att, sizeof(att));
+    rpc_reply_free(&r);
+}
+
+static void
+test_error_status_and_detail(void **state)
+{
+    struct fixture *f = *state;
+    struct rpc_reply r;
+    dc_status st;
+
+    assert_int_equal(get_device(f->client, "boom", NULL, 0, 5000, &r, &st), DC_NOT_FOUND);
+    assert_int_equal(st.code, DC_NOT_FOUND);
+    assert_string_equal(st.message, "unknown device: devices[7] = x");
+    assert_int_equal(st.device_index, 7);
+    assert_string_equal(st.worker, "node-z");
+    assert_null(r.body);
+    rpc_reply_free(&r);
+
+    assert_int_equal(rpc_call(f->client, SVC, 0, NULL, NULL, 0, 5000, &r, &st), DC_UNIMPLEMENTED);
+    assert_string_equal(st.message, "not in this test");
+    rpc_reply_free(&r);
+}
+
+static void
+test_deadline(void **state)
+{
+    struct fixture *f = *state;
+    Devcoord__V1__ListWorkersRequest req = DEVCOORD__V1__LIST_WORKERS_REQUEST__INIT;
+    struct rpc_reply r;
+    dc_status st;
+
+    assert_int_equal(rpc_call(f->client, SVC, M_LIST_WORKERS, &req.base, NULL, 0, 100, &r, &st),
+                     DC_DEADLINE_EXCEEDED);
+    assert_non_null(strstr(st.message, "no reply"));
+    rpc_reply_free(&r);
+    /* The slow handler answers later into nothing; the server goes on. */
+    assert_int_equal(rpc_call(f->client, SVC, M_LIST_WORKERS, &req.base, NULL, 0, 5000, &r, &st),
+                     DC_OK);
+    rpc_reply_free(&r);
+}
+
+struct hammer {
+    struct rpc_client *client;
+    int id;
+    int ok;
+};
+
+static void *
+hammer_thread(void *arg)
+{
+    struct hammer *h = arg;
+    char name[32];
+
+    for (int i = 0; i < 200; i++) {
+        struct rpc_reply r;
+        dc_status st;
+        snprintf(name, sizeof(name), "t%d-%d", h->id, i);
+        if (get_device(h->client, name, name, strlen(name), 10000, &r, &st) == DC_OK &&
+            strcmp(((Devcoord__V1__GetDeviceResponse *)r.body)->device->name, name) == 0 &&
+            r.attachment_len == strlen(name) && memcmp(r.attachment, name, r.attachment_len) == 0) {
+            h->ok++;
+        }
+        rpc_reply_free(&r);
+    }
+    return NULL;
+}
+
+/* One client, many threads, every reply to its own request. */
+static void
+test_many_threads_one_client(void **state)
+{
+    struct fixture *f = *state;
+    struct hammer h[16];
+    pthread_t t[16];
+
+    for (int i = 0; i < 16; i++) {
+        h[i] = (struct hammer){ .client = f->client, .id = i };
+        assert_int_equal(pthread_create(&t[i], NULL, hammer_thread, &h[i]), 0);
+    }
+    for (int i = 0; i < 16; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(h[i].ok, 200);
+    }
+}
+
+static int slow_done;
+static pthread_mutex_t slow_mtx = PTHREAD_MUTEX_INITIALIZER;
+
+static void
+slow_cb(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, bool *keep)
+{
+    (void)arg;
+    (void)st;
+    (void)reply;
+    (void)keep;
+    pthread_mutex_lock(&slow_mtx);
+    if (code == DC_OK) {
+        slow_done++;
+    }
+    pthread_mutex_unlock(&slow_mtx);
+}
+
+static void
+test_slow_calls_hold_contexts(void **state)
+{
+    struct fixture *f = *state;
+    Devcoord__V1__ListWorkersRequest req = DEVCOORD__V1__LIST_WORKERS_REQUEST__INIT;
+    dc_status st;
+    uint64_t t0;
+    int done = 0;
+
+    slow_done = 0;
+    for (int i = 0; i < 64; i++) {
+        assert_int_equal(rpc_call_async(f->client, SVC, M_LIST_WORKERS, &req.base, NULL, 0, 10000,
+                                        slow_cb, NULL, &st),
+                         DC_OK);
+    }
+        /* 64 slow calls are in handlers now (16 contexts at start): a fast call still gets in. */
+    sleep_ms(100);
+    assert_still_serving(f);
+    t0 = rpc_now_ms();
+    while (done < 64 && rpc_now_ms() - t0 < 10000) {
+        sleep_ms(10);
+        pthread_mutex_lock(&slow_mtx);
+        done = slow_done;
+        pthread_mutex_unlock(&slow_mtx);
+    }
+    assert_int_equal(done, 64);
+}
+
+static void
+test_unknown_method_and_garbage(void **state)
+{
+    struct fixture *f = *state;
+    uint8_t buf[4096];
+    char msg[256];
+    size_t n;
+    static const uint8_t junk[] = { 0xde, 0xad, 0xbe, 0xef, 0x00, 0x01 };
+
+    n = frame(buf, sizeof(buf), "/devcoord.v1.Coordinator/Nope", "", 0);
+    assert_int_equal(raw_call(f->url, buf, n, msg, sizeof(msg)), DC_UNIMPLEMENTED);
+    assert_non_null(strstr(msg, "unknown method '/devcoord.v1.Coordinator/Nope'"));
+    /* A Worker method at the coordinator is unknown too. */
+    n = frame(buf, sizeof(buf), "/devcoord.v1.Worker/Execute", "", 0);
+    assert_int_equal(raw_call(f->url, buf, n, msg, sizeof(msg)), DC_UNIMPLEMENTED);
+
+    assert_int_equal(raw_call(f->url, junk, sizeof(junk), msg, sizeof(msg)), DC_INVALID_ARGUMENT);
+    assert_int_equal(raw_call(f->url, junk, 2, msg, sizeof(msg)), DC_INVALID_ARGUMENT);
+    assert_int_equal(raw_call(f->url, "", 0, msg, sizeof(msg)), DC_INVALID_ARGUMENT);
+
+    /* A good header, then a body that is not a GetDeviceRequest. */
+    n = frame(buf, sizeof(buf), "/devcoord.v1.Coordinator/GetDevice", "\xff\xff\xff", 3);
+    assert_int_equal(raw_call(f->url, buf, n, msg, sizeof(msg)), DC_INVALID_ARGUMENT);
+    assert_non_null(strstr(msg, "undecodable GetDevice request"));
+    /* Truncated: the body length says more than there is. */
+    assert_int_equal(raw_call(f->url, buf, n - 2, msg, sizeof(msg)), DC_INVALID_ARGUMENT);
+
+    /* Random bytes, many times. */
+    srand(7);
+    for (int i = 0; i < 300; i++) {
+        size_t len = (size_t)(rand() % 64);
+        for (size_t k = 0; k < len; k++) {
+            buf[k] = (uint8_t)rand();
+        }
+        int rv = raw_call(f->url, buf, len, msg, sizeof(msg));
+        assert_true(rv == DC_INVALID_ARGUMENT || rv == DC_UNIMPLEMENTED);
+    }
+    assert_still_serving(f);
+}
+
+/* 1M empty DeviceRef entries: 2 MB on the wire, ~60 MB unpacked. The budget says no. */
+static void
+test_decode_budget(void **state)
+{
+    struct fixture *f = *state;
+    size_t entries    = 1000000;
+    uint8_t *body     = malloc(entries * 2);
+    uint8_t *buf      = malloc(entries * 2 + 4096);
+    char msg[256];
+    size_t n;
+
+    for (size_t i = 0; i < entries; i++) {
+        body[2 * i]     = (4 << 3) | 2; /* field 4 (devices), length-delimited */
+        body[2 * i + 1] = 0;
+    }
+    n = frame(buf, entries * 2 + 4096, "/devcoord.v1.Coordinator/SubmitOp", body, entries * 2);
+    assert_int_equal(raw_call(f->url, buf, n, msg, sizeof(msg)), DC_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(msg, "SubmitOp request too costly to decode"));
+    free(body);
+    free(buf);
+    assert_still_serving(f);
+}
+
+/* Over the receive limit: nng drops the connection; the server serves the next caller. */
+static void
+test_oversize_message(void **state)
+{
+    struct fixture *f = *state;
+    size_t big        = 64u << 20;
+    uint8_t *buf      = calloc(1, big);
+    char msg[64];
+
+    assert_int_equal(raw_call(f->url, buf, big, msg, sizeof(msg)), -NNG_ECONNRESET);
+    free(buf);
+    assert_still_serving(f);
+}
+
+/* Something that is not an SP peer (an HTTP request) on the RPC port. */
+static void
+test_http_on_rpc_port(void **state)
+{
+    struct fixture *f = *state;
+    struct sockaddr_in sa = { .sin_family = AF_INET };
+    const char req[]      = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+    char buf[64];
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+    sa.sin_port        = htons((uint16_t)rpc_server_port(f->server));
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(write(fd, req, sizeof(req) - 1), (ssize_t)(sizeof(req) - 1));
+    /* The SP handshake fails: the server closes (read sees EOF or a reset after its header). */
+    while (read(fd, buf, sizeof(buf)) > 0) {
+    }
+    close(fd);
+    assert_still_serving(f);
+}
+
+static void
+test_connect_now_fails_fast(void **state)
+{
+    struct rpc_client_opts co = { .url = "tcp://127.0.0.1:1", .connect_now = true };
+    struct rpc_client *c;
+    dc_status st;
+
+    (void)state;
+    assert_int_equal(rpc_client_open(&co, &c, &st), DC_UNAVAILABLE);
+    assert_non_null(strstr(st.message, "cannot reach tcp://127.0.0.1:1"));
+    co.url = "nonsense://x";
+    assert_int_not_equal(rpc_client_open(&co, &c, &st), DC_OK);
+}
+
+/* A client started before its server: calls wait, then go through once it is up. A call
+ * with no server at all fails UNAVAILABLE at its deadline. */
+static void
+test_client_before_server(void **state)
+{
+    struct fixture f = { 0 };
+    struct rpc_reply r;
+    dc_status st;
+    int port;
+
+    (void)state;
+    /* Learn a free port, then let it go. */
+    start_server(&f, "tcp://127.0.0.1:0");
+    port = rpc_server_port(f.server);
+    rpc_server_close(f.server);
+    rpc_server_free(f.server);
+    f.server = NULL;
+
+    open_client(&f, false);
+    assert_int_equal(get_device(f.client, "x", NULL, 0, 200, &r, &st), DC_UNAVAILABLE);
+    assert_non_null(strstr(st.message, "not connected"));
+    rpc_reply_free(&r);
+
+    {
+        char url[64];
+        snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
+        start_server(&f, url);
+    }
+    assert_int_equal(get_device(f.client, "late", NULL, 0, 5000, &r, &st), DC_OK);
+    rpc_reply_free(&r);
+    rpc_client_close(f.client);
+    rpc_server_close(f.server);
+    rpc_server_free(f.server);
+}
+
+/* The server goes away while a call is in flight: UNAVAILABLE at once, not at the deadline
+ * (at most once: no resend to whoever comes back on that address). */
+static void
+lost_cb(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, bool *keep)
+{
+    dc_code *out = arg;
+
+    (void)st;
+    (void)reply;
+    (void)keep;
+    *out = code;
+}
+
+static void
+test_connection_lost_code(void **state)
+{
+    nng_socket rep;
+    nng_listener l;
+    nng_sockaddr sa;
+    nng_msg *m;
+    struct rpc_client *c;
+    struct rpc_client_opts co = { .connect_now = true };
+    Devcoord__V1__GetDeviceRequest req = DEVCOORD__V1__GET_DEVICE_REQUEST__INIT;
+    dc_status st;
+    char url[64];
+    volatile dc_code code = DC_OK;
+    uint64_t t0;
+
+    (void)state;
+    assert_int_equal(nng_rep0_open(&rep), 0);
+    assert_int_equal(nng_listen(rep, "tcp://127.0.0.1:0", &l, 0), 0);
+    assert_int_equal(nng_listener_get_addr(l, NNG_OPT_LOCADDR, &sa), 0);
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", ntohs(sa.s_in.sa_port));
+    co.url = url;
+    assert_int_equal(rpc_client_open(&co, &c, &st), DC_OK);
+    req.name = "x";
+    assert_int_equal(rpc_call_async(c, SVC, M_GET_DEVICE, &req.base, NULL, 0, 10000, lost_cb,
+                                    (void *)&code, &st),
+                     DC_OK);
+    assert_int_equal(nng_recvmsg(rep, &m, 0), 0);
+    nng_msg_free(m);
+    t0 = rpc_now_ms();
+    nng_close(rep);
+    while (code == DC_OK && rpc_now_ms() - t0 < 5000) {
+        sleep_ms(1);
+    }
+    assert_int_equal(code, DC_UNAVAILABLE);
+    assert_true(rpc_now_ms() - t0 < 1000);
+    rpc_client_close(c);
+}
+
+static void
+test_large_reply(void **state)
+{
+    struct fixture *f = *state;
+    Devcoord__V1__ListDevicesRequest req = DEVCOORD__V1__LIST_DEVICES_REQUEST__INIT;
+    struct rpc_reply r;
+    dc_status st;
+
+    req.page_size = 10000;
+    assert_int_equal(rpc_call(f->client, SVC, M_LIST_DEVICES, &req.base, NULL, 0, 5000, &r, &st),
+                     DC_OK);
+    assert_int_equal(((Devcoord__V1__ListDevicesResponse *)r.body)->n_devices, 10000);
+    rpc_reply_free(&r);
+    /* A reply over the limit is refused by the server with a clear code. */
+    req.page_size = 400000;
+    assert_int_equal(rpc_call(f->client, SVC, M_LIST_DEVICES, &req.base, NULL, 0, 10000, &r, &st),
+                     DC_RESOURCE_EXHAUSTED);
+    assert_string_equal(st.message, "reply too large");
+    rpc_reply_free(&r);
+}
+
+static void
+test_method_numbers_match_descriptor(void **state)
+{
+    char path[128];
+
+    (void)state;
+    assert_string_equal(SVC->methods[M_GET_DEVICE].name, "GetDevice");
+    assert_string_equal(SVC->methods[M_SUBMIT_OP].name, "SubmitOp");
+    rpc_method_path(SVC, M_SUBMIT_OP, path, sizeof(path));
+    assert_string_equal(path, "/devcoord.v1.Coordinator/SubmitOp");
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_method_numbers_match_descriptor),
+        cmocka_unit_test_setup_teardown(test_call_and_attachment, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_error_status_and_detail, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_deadline, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_many_threads_one_client, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_slow_calls_hold_contexts, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unknown_method_and_garbage, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_decode_budget, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_oversize_message, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_http_on_rpc_port, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_large_reply, setup, teardown),
+        cmocka_unit_test(test_connect_now_fails_fast),
+        cmocka_unit_test(test_client_before_server),
+        cmocka_unit_test(test_connection_lost_code),
+    };
+    int rv = cmocka_run_group_tests(tests, NULL, NULL);
+    nng_fini();
+    return rv;
+}
