@@ -1,0 +1,33 @@
+/*
+ * The coordinator daemon's state: its config, the registry, the operations in flight and
+ * the RPC server that serves the Coordinator service. main.c owns one; service.c answers
+ * calls against it.
+ */
+#ifndef DEVCOORD_COORDINATOR_H
+#define DEVCOORD_COORDINATOR_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "config.h"
+#include "devcoord/v1/devcoord.pb-c.h"
+#include "registry.h"
+#include "rpc.h"
+
+struct ops;
+
+struct coordinator {
+    /* First member: handlers get &service and find the rest from it. */
+    Devcoord__V1__Coordinator_Service service;
+    struct config_coordinator cfg;
+    struct registry *registry;
+    struct ops *ops;
+    struct rpc_server *rpc;
+    atomic_bool ready;
+};
+
+/* The Coordinator service's handlers (service.c). */
+void coordinator_service_init(struct coordinator *c);
+
+#endif

@@ -1,0 +1,164 @@
+/* devcoord-server: the coordinator daemon. Loads its config, serves the Coordinator
+ * service, declares silent workers dead, and on SIGTERM/SIGINT fails in-flight ops cleanly
+ * and exits. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nng/nng.h>
+
+#include "coordinator.h"
+#include "daemon.h"
+#include "log.h"
+#include "ops.h"
+
+static const char usage[] =
+    "usage: devcoord-server [--config FILE] [--listen ADDR] [--http HOST:PORT]\n"
+    "\n"
+    "The devcoord coordinator: holds the device registry, validates and plans distributed\n"
+    "operations and fans them out to the workers.\n"
+    "\n"
+    "  --config FILE      YAML config (design §9); without it the defaults apply:\n"
+    "                     listen tcp://127.0.0.1:7400, autodiff strip, heartbeat 1000 ms,\n"
+    "                     dead after 5000 ms\n"
+    "  --listen ADDR      RPC address, overriding the config (tcp://, tls+tcp://, ipc://)\n"
+    "  --http HOST:PORT   health and metrics address, overriding the config (\"\" = off)\n"
+    "  --version          print the version\n"
+    "  -h, --help         this text\n";
+
+static const char *const gone_words[] = {
+    [GONE_DEAD]         = "is dead (no heartbeat)",
+    [GONE_DEREGISTERED] = "deregistered",
+    [GONE_REPLACED]     = "restarted (registered again)",
+};
+
+static void
+on_worker_gone(void *arg, const char *name, uint64_t epoch, enum registry_gone why)
+{
+    struct coordinator *c = arg;
+
+    if (why == GONE_DEAD) {
+        log_warn("worker %s %s for %u ms", name, gone_words[why], c->cfg.dead_after_ms);
+    }
+    if (c->ops != NULL) {
+        ops_worker_gone(c->ops, name, epoch, why);
+    }
+}
+
+/* Declares silent workers dead, a few times per heartbeat interval. */
+static void
+sweep_until_signal(struct coordinator *c)
+{
+    int tick = (int)(c->cfg.heartbeat_interval_ms / 4);
+
+    if (tick < 10) {
+        tick = 10;
+    }
+    if (tick > 100) {
+        tick = 100;
+    }
+    for (;;) {
+        int sig = daemon_wait_signal(tick);
+        if (sig != 0) {
+            log_info("signal %d: shutting down", sig);
+            return;
+        }
+        registry_sweep(c->registry, rpc_now_ms());
+    }
+}
+
+static int
+coordinator_load_config(struct coordinator *c, const struct daemon_args *args)
+{
+    dc_status st;
+    char *copy;
+
+    if (config_coordinator_defaults(&c->cfg, &st) != DC_OK ||
+        (args->config != NULL && config_coordinator_load(args->config, &c->cfg, &st) != DC_OK)) {
+        fprintf(stderr, "devcoord-server: %s\n", st.message);
+        return 2;
+    }
+    if (args->listen != NULL) {
+        if ((copy = strdup(args->listen)) == NULL) {
+            return 1;
+        }
+        free(c->cfg.listen);
+        c->cfg.listen = copy;
+    }
+    if (args->http != NULL) {
+        if ((copy = strdup(args->http)) == NULL) {
+            return 1;
+        }
+        free(c->cfg.http);
+        c->cfg.http = copy;
+    }
+    return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+    struct coordinator *c;
+    struct daemon_args args;
+    struct rpc_server_opts so = { 0 };
+    struct registry_opts ro   = { 0 };
+    dc_status st;
+    int rv;
+
+    if ((rv = daemon_parse_args(argc, argv, usage, &args)) >= 0) {
+        return rv;
+    }
+    if (args.name != NULL || args.coordinator != NULL) {
+        fprintf(stderr, "devcoord-server: --name and --coordinator are worker options\n");
+        return 2;
+    }
+    daemon_block_signals();
+    if ((c = calloc(1, sizeof(*c))) == NULL) {
+        return 1;
+    }
+    if ((rv = coordinator_load_config(c, &args)) != 0) {
+        config_coordinator_free(&c->cfg);
+        free(c);
+        return rv;
+    }
+    log_configure(c->cfg.log.level, c->cfg.log.format, "coordinator");
+
+    ro.heartbeat_interval_ms = c->cfg.heartbeat_interval_ms;
+    ro.dead_after_ms         = c->cfg.dead_after_ms;
+    ro.events.worker_gone    = on_worker_gone;
+    ro.events.arg            = c;
+    rv                       = 1;
+    if ((c->registry = registry_new(&ro)) == NULL || (c->ops = ops_new(c->registry, &c->cfg)) == NULL) {
+        log_error("out of memory");
+        goto out;
+    }
+    coordinator_service_init(c);
+    so.url               = c->cfg.listen;
+    so.service           = &c->service.base;
+    so.max_message_bytes = c->cfg.max_message_bytes;
+    so.threads           = 2;
+    if (rpc_server_start(&so, &c->rpc, &st) != DC_OK) {
+        log_error("%s", st.message);
+        goto out;
+    }
+    atomic_store(&c->ready, true);
+    log_info("devcoord-server %s listening on %s (autodiff %s, heartbeat %u ms, dead after %u ms)",
+             DEVCOORD_VERSION, c->cfg.listen, autodiff_policy_name(c->cfg.autodiff),
+             c->cfg.heartbeat_interval_ms, c->cfg.dead_after_ms);
+
+    sweep_until_signal(c);
+
+    atomic_store(&c->ready, false);
+    rpc_server_close(c->rpc);
+    ops_shutdown(c->ops);
+    rpc_server_free(c->rpc);
+    rv = 0;
+out:
+    ops_free(c->ops);
+    registry_free(c->registry);
+    config_coordinator_free(&c->cfg);
+    free(c);
+    nng_fini();
+    log_info("stopped");
+    return rv;
+}

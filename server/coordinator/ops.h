@@ -1,0 +1,36 @@
+/*
+ * Operations on the coordinator: SubmitOp validates (design §4) and plans a request, queues
+ * it behind earlier ops on any of its devices, fans the plan out to the workers (Execute)
+ * and answers the caller once every worker has answered, at the first failure or at the
+ * deadline; failures abort the other workers. GetOp/ListOps read the in-flight ops and a
+ * bounded history. Everything here is asynchronous: no handler thread waits for a worker.
+ */
+#ifndef DEVCOORD_COORDINATOR_OPS_H
+#define DEVCOORD_COORDINATOR_OPS_H
+
+#include <stdint.h>
+
+#include "config.h"
+#include "devcoord/v1/devcoord.pb-c.h"
+#include "registry.h"
+
+struct ops;
+
+struct ops *ops_new(struct registry *registry, const struct config_coordinator *cfg);
+/* Fails every op still in flight (UNAVAILABLE, "coordinator shutting down") and waits
+ * until their callers have been answered. */
+void ops_shutdown(struct ops *o);
+void ops_free(struct ops *o);
+
+void ops_submit(struct ops *o, const Devcoord__V1__SubmitOpRequest *in,
+                Devcoord__V1__SubmitOpResponse_Closure closure, void *cd);
+void ops_get(struct ops *o, const Devcoord__V1__GetOpRequest *in,
+             Devcoord__V1__GetOpResponse_Closure closure, void *cd);
+void ops_list(struct ops *o, const Devcoord__V1__ListOpsRequest *in,
+              Devcoord__V1__ListOpsResponse_Closure closure, void *cd);
+void ops_counts(struct ops *o, uint64_t *in_flight, uint64_t *done, uint64_t *failed);
+
+/* The registry says an epoch of a worker ended: its in-flight ops fail with UNAVAILABLE. */
+void ops_worker_gone(struct ops *o, const char *name, uint64_t epoch, enum registry_gone why);
+
+#endif

@@ -1,0 +1,1002 @@
+#include "registry.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "device.h"
+#include "status.h"
+#include "strmap.h"
+
+struct reg_device {
+    struct reg_worker *worker;
+    dc_device device;
+    uint64_t memory_bytes;
+    bool healthy;
+};
+
+struct reg_label {
+    char *key;
+    char *value;
+};
+
+struct reg_worker {
+    char name[DC_WORKER_NAME_MAX + 1];
+    char *address;
+    char *executor;
+    struct reg_label *labels;
+    size_t n_labels;
+    struct reg_device *devices;
+    size_t n_devices;
+    bool collectives[DC_BACKEND_COUNT];
+    uint64_t epoch;
+    uint64_t last_heartbeat_ms;
+    bool alive;
+};
+
+/* Workers that own one concrete device name ("cuda:0"), to resolve unqualified refs. */
+struct owners {
+    size_t n, cap;
+    struct reg_device **devs;
+};
+
+struct registry {
+    pthread_rwlock_t lock;
+    struct registry_opts opts;
+    struct strmap workers;     /* name -> reg_worker */
+    struct reg_worker **order; /* by name, for listing and paging */
+    size_t n_order, cap_order;
+    struct strmap devices; /* "worker/concrete" -> reg_device */
+    struct strmap owners;  /* "concrete" -> owners */
+    struct strmap intents; /* name -> (uintptr_t)enum registry_intent */
+    uint64_t last_epoch;
+};
+
+static uint64_t
+unix_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+struct registry *
+registry_new(const struct registry_opts *opts)
+{
+    struct registry *r = calloc(1, sizeof(*r));
+
+    if (r == NULL) {
+        return NULL;
+    }
+    pthread_rwlock_init(&r->lock, NULL);
+    r->opts = *opts;
+    strmap_init(&r->workers);
+    strmap_init(&r->devices);
+    strmap_init(&r->owners);
+    strmap_init(&r->intents);
+    return r;
+}
+
+static void
+reg_worker_free(struct reg_worker *w)
+{
+    if (w == NULL) {
+        return;
+    }
+    free(w->address);
+    free(w->executor);
+    for (size_t i = 0; i < w->n_labels; i++) {
+        free(w->labels[i].key);
+        free(w->labels[i].value);
+    }
+    free(w->labels);
+    free(w->devices);
+    free(w);
+}
+
+void
+registry_free(struct registry *r)
+{
+    const char *k;
+    void *v;
+
+    if (r == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < r->n_order; i++) {
+        reg_worker_free(r->order[i]);
+    }
+    for (size_t i = 0; strmap_next(&r->owners, &i, &k, &v);) {
+        struct owners *o = v;
+        free(o->devs);
+        free(o);
+    }
+    free(r->order);
+    strmap_fini(&r->workers);
+    strmap_fini(&r->devices);
+    strmap_fini(&r->owners);
+    strmap_fini(&r->intents);
+    pthread_rwlock_destroy(&r->lock);
+    free(r);
+}
+
+static enum registry_intent
+intent_of(const struct registry *r, const char *name)
+{
+    return (enum registry_intent)(uintptr_t)strmap_get(&r->intents, name);
+}
+
+static dc_worker_state
+worker_state(const struct registry *r, const struct reg_worker *w)
+{
+    if (!w->alive) {
+        return DC_WORKER_DEAD;
+    }
+    switch (intent_of(r, w->name)) {
+    case INTENT_CORDON:
+        return DC_WORKER_CORDONED;
+    case INTENT_DRAIN:
+        return DC_WORKER_DRAINING;
+    default:
+        return DC_WORKER_ALIVE;
+    }
+}
+
+static dc_device_state
+device_state(const struct reg_device *d)
+{
+    if (!d->worker->alive) {
+        return DC_DEVICE_DEAD;
+    }
+    return d->healthy ? DC_DEVICE_HEALTHY : DC_DEVICE_UNHEALTHY;
+}
+
+/* Position of the first worker whose name is >= name in r->order. */
+static size_t
+order_lower_bound(const struct registry *r, const char *name)
+{
+    size_t lo = 0, hi = r->n_order;
+
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (strcmp(r->order[mid]->name, name) < 0) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+/* ---- indexes ----------------------------------------------------------------------------- */
+
+static void
+owners_remove(struct registry *r, const char *concrete, struct reg_device *d)
+{
+    struct owners *o = strmap_get(&r->owners, concrete);
+
+    if (o == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < o->n; i++) {
+        if (o->devs[i] == d) {
+            o->devs[i] = o->devs[--o->n];
+            break;
+        }
+    }
+    if (o->n == 0) {
+        strmap_del(&r->owners, concrete);
+        free(o->devs);
+        free(o);
+    }
+}
+
+static bool
+owners_add(struct registry *r, const char *concrete, struct reg_device *d)
+{
+    struct owners *o = strmap_get(&r->owners, concrete);
+
+    if (o == NULL) {
+        if ((o = calloc(1, sizeof(*o))) == NULL) {
+            return false;
+        }
+        if (!strmap_put(&r->owners, concrete, o)) {
+            free(o);
+            return false;
+        }
+    }
+    if (o->n == o->cap) {
+        size_t cap               = o->cap ? o->cap * 2 : 2;
+        struct reg_device **grow = realloc(o->devs, cap * sizeof(*grow));
+        if (grow == NULL) {
+            if (o->n == 0) {
+                strmap_del(&r->owners, concrete);
+                free(o);
+            }
+            return false;
+        }
+        o->devs = grow;
+        o->cap  = cap;
+    }
+    o->devs[o->n++] = d;
+    return true;
+}
+
+/* Takes w out of every index (not freed). */
+static void
+registry_unlink(struct registry *r, struct reg_worker *w)
+{
+    char name[DC_DEVICE_TEXT_SIZE];
+    size_t at;
+
+    for (size_t i = 0; i < w->n_devices; i++) {
+        device_cluster_name(w->name, &w->devices[i].device, name, sizeof(name));
+        strmap_del(&r->devices, name);
+        dc_device_format(&w->devices[i].device, name, sizeof(name));
+        owners_remove(r, name, &w->devices[i]);
+    }
+    strmap_del(&r->workers, w->name);
+    at = order_lower_bound(r, w->name);
+    if (at < r->n_order && r->order[at] == w) {
+        memmove(&r->order[at], &r->order[at + 1], (r->n_order - at - 1) * sizeof(*r->order));
+        r->n_order--;
+    }
+}
+
+/* Puts w into every index; on failure leaves none of it in. */
+static bool
+registry_link(struct registry *r, struct reg_worker *w)
+{
+    char name[DC_DEVICE_TEXT_SIZE];
+    size_t at, linked = 0;
+
+    if (r->n_order == r->cap_order) {
+        size_t cap               = r->cap_order ? r->cap_order * 2 : 64;
+        struct reg_worker **grow = realloc(r->order, cap * sizeof(*grow));
+        if (grow == NULL) {
+            return false;
+        }
+        r->order     = grow;
+        r->cap_order = cap;
+    }
+    if (!strmap_put(&r->workers, w->name, w)) {
+        return false;
+    }
+    for (; linked < w->n_devices; linked++) {
+        struct reg_device *d = &w->devices[linked];
+        device_cluster_name(w->name, &d->device, name, sizeof(name));
+        if (!strmap_put(&r->devices, name, d)) {
+            break;
+        }
+        dc_device_format(&d->device, name, sizeof(name));
+        if (!owners_add(r, name, d)) {
+            device_cluster_name(w->name, &d->device, name, sizeof(name));
+            strmap_del(&r->devices, name);
+            break;
+        }
+    }
+    if (linked < w->n_devices) {
+        size_t n     = w->n_devices;
+        w->n_devices = linked;
+        registry_unlink(r, w);
+        w->n_devices = n;
+        return false;
+    }
+    at = order_lower_bound(r, w->name);
+    memmove(&r->order[at + 1], &r->order[at], (r->n_order - at) * sizeof(*r->order));
+    r->order[at] = w;
+    r->n_order++;
+    return true;
+}
+
+/* ---- membership -------------------------------------------------------------------------- */
+
+static bool
+address_valid(const char *a)
+{
+    static const char *const schemes[] = { "tcp://", "tls+tcp://", "ipc://", "inproc://",
+                                           "tcp4://", "tcp6://" };
+    size_t len = strnlen(a, REGISTRY_MAX_ADDRESS_LEN + 1);
+
+    if (len == 0 || len > REGISTRY_MAX_ADDRESS_LEN) {
+        return false;
+    }
+    for (size_t i = 0; i < sizeof(schemes) / sizeof(schemes[0]); i++) {
+        if (strncmp(a, schemes[i], strlen(schemes[i])) == 0 && len > strlen(schemes[i])) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Builds a worker from a registration, checking every field a peer sent. */
+static dc_code
+reg_worker_from_request(const Devcoord__V1__RegisterWorkerRequest *req, struct reg_worker **out,
+                        dc_status *st)
+{
+    struct reg_worker *w;
+    size_t nlen = strnlen(req->name, DC_WORKER_NAME_MAX + 1);
+    dc_code code;
+
+    *out = NULL;
+    if (!device_worker_name_valid(req->name, nlen)) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "invalid worker name (expected [A-Za-z0-9][A-Za-z0-9._-]{0,62})");
+    }
+    if (!address_valid(req->address)) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "invalid data address for worker %s (expected tcp://, tls+tcp://, "
+                          "ipc:// or inproc://, at most %d bytes)",
+                          req->name, REGISTRY_MAX_ADDRESS_LEN);
+    }
+    if (req->n_devices == 0 || req->n_devices > REGISTRY_MAX_DEVICES_PER_WORKER) {
+        return status_set(st, DC_INVALID_ARGUMENT, "worker %s registers %zu devices (1 to %d)",
+                          req->name, req->n_devices, REGISTRY_MAX_DEVICES_PER_WORKER);
+    }
+    if (req->n_labels > REGISTRY_MAX_LABELS) {
+        return status_set(st, DC_INVALID_ARGUMENT, "worker %s has %zu labels (at most %d)",
+                          req->name, req->n_labels, REGISTRY_MAX_LABELS);
+    }
+    if ((w = calloc(1, sizeof(*w))) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    memcpy(w->name, req->name, nlen);
+    w->address  = strdup(req->address);
+    w->executor = strndup(req->executor, 31);
+    w->labels   = calloc(req->n_labels ? req->n_labels : 1, sizeof(*w->labels));
+    w->devices  = calloc(req->n_devices, sizeof(*w->devices));
+    if (w->address == NULL || w->executor == NULL || w->labels == NULL || w->devices == NULL) {
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < req->n_labels; i++) {
+        const Devcoord__V1__Label *l = req->labels[i];
+        if (strlen(l->key) == 0 || strlen(l->key) > REGISTRY_MAX_LABEL_LEN ||
+            strlen(l->value) > REGISTRY_MAX_LABEL_LEN || strchr(l->key, '=') != NULL) {
+            code = status_set(st, DC_INVALID_ARGUMENT,
+                              "worker %s: label %zu invalid (key 1 to %d bytes without '=', "
+                              "value at most %d)",
+                              w->name, i, REGISTRY_MAX_LABEL_LEN, REGISTRY_MAX_LABEL_LEN);
+            goto fail;
+        }
+        w->labels[i].key   = strdup(l->key);
+        w->labels[i].value = strdup(l->value);
+        w->n_labels        = i + 1;
+        if (w->labels[i].key == NULL || w->labels[i].value == NULL) {
+            code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+            goto fail;
+        }
+    }
+    for (size_t i = 0; i < req->n_devices; i++) {
+        struct reg_device *d = &w->devices[i];
+        if (req->devices[i] == NULL) {
+            code = status_set(st, DC_INVALID_ARGUMENT, "worker %s: device %zu missing", w->name, i);
+            goto fail;
+        }
+        if ((code = device_from_pb(req->devices[i]->device, &d->device, st)) != DC_OK) {
+            status_prefix(st, "invalid device");
+            goto fail;
+        }
+        d->worker       = w;
+        d->memory_bytes = req->devices[i]->memory_bytes;
+        d->healthy      = req->devices[i]->healthy;
+    }
+    for (size_t i = 0; i < req->n_collective_backends; i++) {
+        int b = (int)req->collective_backends[i];
+        if (b <= DC_BACKEND_NONE || b >= DC_BACKEND_COUNT) {
+            code = status_set(st, DC_INVALID_ARGUMENT, "worker %s: unknown collective backend %d",
+                              w->name, b);
+            goto fail;
+        }
+        w->collectives[b] = true;
+    }
+    w->n_devices = req->n_devices;
+    *out         = w;
+    return DC_OK;
+fail:
+    reg_worker_free(w);
+    return code;
+}
+
+static int
+device_cmp(const void *a, const void *b)
+{
+    const struct reg_device *x = a, *y = b;
+    dc_device_ref rx = { .device = x->device }, ry = { .device = y->device };
+    return device_ref_compare_concrete(&rx, &ry);
+}
+
+dc_code
+registry_register(struct registry *r, const Devcoord__V1__RegisterWorkerRequest *req,
+                  uint64_t now_ms, uint64_t *epoch, dc_status *st)
+{
+    struct reg_worker *w, *old;
+    uint64_t old_epoch = 0;
+    bool old_alive     = false;
+    dc_code code;
+
+    if ((code = reg_worker_from_request(req, &w, st)) != DC_OK) {
+        return code;
+    }
+    /* Devices in canonical order, so listings and pages are stable; a device named twice is
+     * refused. */
+    qsort(w->devices, w->n_devices, sizeof(*w->devices), device_cmp);
+    for (size_t i = 1; i < w->n_devices; i++) {
+        if (device_cmp(&w->devices[i - 1], &w->devices[i]) == 0) {
+            char text[DC_DEVICE_TEXT_SIZE];
+            dc_device_format(&w->devices[i].device, text, sizeof(text));
+            reg_worker_free(w);
+            return status_set(st, DC_INVALID_ARGUMENT, "worker %s registers %s twice", req->name,
+                              text);
+        }
+    }
+    w->last_heartbeat_ms = now_ms;
+    w->alive             = true;
+
+    pthread_rwlock_wrlock(&r->lock);
+    if ((old = strmap_get(&r->workers, w->name)) != NULL) {
+        old_epoch = old->epoch;
+        old_alive = old->alive;
+        registry_unlink(r, old);
+    }
+    /* Epochs are wall-clock milliseconds when that is larger, so they keep growing across
+     * coordinator restarts. */
+    w->epoch      = r->last_epoch + 1 > unix_ms() ? r->last_epoch + 1 : unix_ms();
+    r->last_epoch = w->epoch;
+    if (!registry_link(r, w)) {
+        if (old != NULL && !registry_link(r, old)) {
+            reg_worker_free(old);
+            old = NULL;
+        }
+        pthread_rwlock_unlock(&r->lock);
+        reg_worker_free(w);
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory registering a worker");
+    }
+    *epoch = w->epoch;
+    pthread_rwlock_unlock(&r->lock);
+
+    if (old != NULL) {
+        reg_worker_free(old);
+        if (old_alive && r->opts.events.worker_gone != NULL) {
+            r->opts.events.worker_gone(r->opts.events.arg, req->name, old_epoch, GONE_REPLACED);
+        }
+    }
+    return DC_OK;
+}
+
+dc_code
+registry_heartbeat(struct registry *r, const Devcoord__V1__HeartbeatRequest *req, uint64_t now_ms,
+                   dc_worker_state *state, dc_status *st)
+{
+    struct reg_worker *w;
+
+    pthread_rwlock_wrlock(&r->lock);
+    if ((w = strmap_get(&r->workers, req->name)) == NULL) {
+        pthread_rwlock_unlock(&r->lock);
+        return status_set(st, DC_NOT_FOUND, "worker %.64s is not registered: register again",
+                          req->name);
+    }
+    if (w->epoch != req->epoch) {
+        uint64_t cur = w->epoch;
+        pthread_rwlock_unlock(&r->lock);
+        return status_set(st, DC_FAILED_PRECONDITION,
+                          "stale epoch %llu of worker %s: epoch %llu registered since",
+                          (unsigned long long)req->epoch, req->name, (unsigned long long)cur);
+    }
+    w->last_heartbeat_ms = now_ms;
+    w->alive             = true;
+    for (size_t i = 0; i < req->n_devices; i++) {
+        dc_device dev;
+        if (req->devices[i] == NULL ||
+            device_from_pb(req->devices[i]->device, &dev, NULL) != DC_OK) {
+            continue;
+        }
+        for (size_t k = 0; k < w->n_devices; k++) {
+            dc_device_ref a = { .device = dev }, b = { .device = w->devices[k].device };
+            if (device_ref_compare_concrete(&a, &b) == 0) {
+                w->devices[k].healthy = req->devices[i]->healthy;
+            }
+        }
+    }
+    *state = worker_state(r, w);
+    pthread_rwlock_unlock(&r->lock);
+    return DC_OK;
+}
+
+dc_code
+registry_deregister(struct registry *r, const char *name, uint64_t epoch, dc_status *st)
+{
+    struct reg_worker *w;
+    bool was_alive;
+
+    pthread_rwlock_wrlock(&r->lock);
+    if ((w = strmap_get(&r->workers, name)) == NULL) {
+        pthread_rwlock_unlock(&r->lock);
+        return status_set(st, DC_NOT_FOUND, "worker %.64s is not registered", name);
+    }
+    if (w->epoch != epoch) {
+        pthread_rwlock_unlock(&r->lock);
+        return status_set(st, DC_FAILED_PRECONDITION, "stale epoch %llu of worker %s",
+                          (unsigned long long)epoch, name);
+    }
+    was_alive = w->alive;
+    registry_unlink(r, w);
+    pthread_rwlock_unlock(&r->lock);
+    reg_worker_free(w);
+    if (was_alive && r->opts.events.worker_gone != NULL) {
+        r->opts.events.worker_gone(r->opts.events.arg, name, epoch, GONE_DEREGISTERED);
+    }
+    return DC_OK;
+}
+
+size_t
+registry_sweep(struct registry *r, uint64_t now_ms)
+{
+    struct died {
+        char name[DC_WORKER_NAME_MAX + 1];
+        uint64_t epoch;
+    } *died = NULL;
+    size_t n    = 0;
+
+    pthread_rwlock_wrlock(&r->lock);
+    for (size_t i = 0; i < r->n_order; i++) {
+        struct reg_worker *w = r->order[i];
+        if (w->alive && now_ms - w->last_heartbeat_ms > r->opts.dead_after_ms) {
+            struct died *grow = realloc(died, (n + 1) * sizeof(*died));
+            w->alive          = false;
+            if (grow == NULL) {
+                continue; /* still dead; only the notice is lost */
+            }
+            died = grow;
+            memcpy(died[n].name, w->name, sizeof(died[n].name));
+            died[n++].epoch = w->epoch;
+        }
+    }
+    pthread_rwlock_unlock(&r->lock);
+    for (size_t i = 0; i < n && r->opts.events.worker_gone != NULL; i++) {
+        r->opts.events.worker_gone(r->opts.events.arg, died[i].name, died[i].epoch, GONE_DEAD);
+    }
+    free(died);
+    return n;
+}
+
+/* ---- responses --------------------------------------------------------------------------- */
+
+static char *
+arena_strdup(struct arena *a, const char *s)
+{
+    size_t len = strlen(s);
+    char *p    = arena_alloc(a, len + 1);
+
+    if (p != NULL) {
+        memcpy(p, s, len + 1);
+    }
+    return p;
+}
+
+static Devcoord__V1__WorkerInfo *
+worker_info(const struct registry *r, const struct reg_worker *w, uint64_t now_ms,
+            struct arena *a)
+{
+    Devcoord__V1__WorkerInfo *wi = arena_alloc(a, sizeof(*wi));
+    size_t nc                    = 0;
+
+    if (wi == NULL) {
+        return NULL;
+    }
+    devcoord__v1__worker_info__init(wi);
+    wi->name               = arena_strdup(a, w->name);
+    wi->address            = arena_strdup(a, w->address);
+    wi->executor           = arena_strdup(a, w->executor);
+    wi->state              = (Devcoord__V1__WorkerState)worker_state(r, w);
+    wi->epoch              = w->epoch;
+    wi->device_count       = (uint32_t)w->n_devices;
+    wi->since_heartbeat_ms = now_ms - w->last_heartbeat_ms;
+    wi->labels             = arena_alloc(a, (w->n_labels + 1) * sizeof(*wi->labels));
+    wi->collective_backends =
+        arena_alloc(a, DC_BACKEND_COUNT * sizeof(*wi->collective_backends));
+    if (wi->name == NULL || wi->address == NULL || wi->executor == NULL || wi->labels == NULL ||
+        wi->collective_backends == NULL) {
+        return NULL;
+    }
+    for (size_t i = 0; i < w->n_labels; i++) {
+        Devcoord__V1__Label *l = arena_alloc(a, sizeof(*l));
+        if (l == NULL) {
+            return NULL;
+        }
+        devcoord__v1__label__init(l);
+        l->key   = arena_strdup(a, w->labels[i].key);
+        l->value = arena_strdup(a, w->labels[i].value);
+        if (l->key == NULL || l->value == NULL) {
+            return NULL;
+        }
+        wi->labels[i] = l;
+    }
+    wi->n_labels = w->n_labels;
+    for (int b = 1; b < DC_BACKEND_COUNT; b++) {
+        if (w->collectives[b]) {
+            wi->collective_backends[nc++] = (Devcoord__V1__Backend)b;
+        }
+    }
+    wi->n_collective_backends = nc;
+    return wi;
+}
+
+static Devcoord__V1__DeviceInfo *
+device_info(const struct reg_device *d, struct arena *a)
+{
+    Devcoord__V1__DeviceInfo *di = arena_alloc(a, sizeof(*di));
+    Devcoord__V1__Device *dev    = arena_alloc(a, sizeof(*dev));
+    char name[DC_DEVICE_TEXT_SIZE];
+
+    if (di == NULL || dev == NULL) {
+        return NULL;
+    }
+    devcoord__v1__device_info__init(di);
+    device_to_pb(&d->device, dev);
+    device_cluster_name(d->worker->name, &d->device, name, sizeof(name));
+    di->name         = arena_strdup(a, name);
+    di->worker       = arena_strdup(a, d->worker->name);
+    di->device       = dev;
+    di->state        = (Devcoord__V1__DeviceState)device_state(d);
+    di->memory_bytes = d->memory_bytes;
+    return di->name != NULL && di->worker != NULL ? di : NULL;
+}
+
+dc_code
+registry_list_workers(struct registry *r, uint64_t now_ms, struct arena *a,
+                      Devcoord__V1__ListWorkersResponse *out, dc_status *st)
+{
+    dc_code code = DC_OK;
+
+    devcoord__v1__list_workers_response__init(out);
+    pthread_rwlock_rdlock(&r->lock);
+    out->workers = arena_alloc(a, (r->n_order + 1) * sizeof(*out->workers));
+    for (size_t i = 0; out->workers != NULL && i < r->n_order; i++) {
+        if ((out->workers[i] = worker_info(r, r->order[i], now_ms, a)) == NULL) {
+            break;
+        }
+        out->n_workers = i + 1;
+    }
+    if (out->workers == NULL || out->n_workers != r->n_order) {
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory listing workers");
+    }
+    pthread_rwlock_unlock(&r->lock);
+    return code;
+}
+
+static bool
+worker_has_label(const struct reg_worker *w, const char *kv)
+{
+    const char *eq = strchr(kv, '=');
+    size_t klen    = eq != NULL ? (size_t)(eq - kv) : strlen(kv);
+
+    for (size_t i = 0; i < w->n_labels; i++) {
+        if (strlen(w->labels[i].key) == klen && memcmp(w->labels[i].key, kv, klen) == 0 &&
+            (eq == NULL || strcmp(w->labels[i].value, eq + 1) == 0)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static bool
+device_matches(const Devcoord__V1__ListDevicesRequest *req, const struct reg_device *d)
+{
+    if (req->backend != DEVCOORD__V1__BACKEND__BACKEND_UNSPECIFIED &&
+        (int)req->backend != (int)d->device.backend) {
+        return false;
+    }
+    if (req->state != DEVCOORD__V1__DEVICE_STATE__DEVICE_STATE_UNSPECIFIED &&
+        (int)req->state != (int)device_state(d)) {
+        return false;
+    }
+    return req->label[0] == '\0' || worker_has_label(d->worker, req->label);
+}
+
+/* Page tokens are "<worker>/<n>": resume at that worker, after its first n devices. */
+static bool
+page_token_parse(const char *token, char worker[DC_WORKER_NAME_MAX + 1], size_t *skip)
+{
+    const char *slash = strrchr(token, '/');
+    char *end;
+    unsigned long long n;
+
+    if (slash == NULL || slash == token || (size_t)(slash - token) > DC_WORKER_NAME_MAX) {
+        return false;
+    }
+    n = strtoull(slash + 1, &end, 10);
+    if (*end != '\0' || end == slash + 1 || n > REGISTRY_MAX_DEVICES_PER_WORKER) {
+        return false;
+    }
+    memcpy(worker, token, (size_t)(slash - token));
+    worker[slash - token] = '\0';
+    *skip                 = (size_t)n;
+    return true;
+}
+
+dc_code
+registry_list_devices(struct registry *r, const Devcoord__V1__ListDevicesRequest *req,
+                      struct arena *a, Devcoord__V1__ListDevicesResponse *out, dc_status *st)
+{
+    size_t page = req->page_size ? req->page_size : REGISTRY_DEFAULT_PAGE;
+    size_t first = 0, last, skip = 0;
+    char resume[DC_WORKER_NAME_MAX + 1] = "";
+    dc_code code                        = DC_OK;
+
+    devcoord__v1__list_devices_response__init(out);
+    if (page > REGISTRY_DEFAULT_PAGE) {
+        page = REGISTRY_DEFAULT_PAGE;
+    }
+    if (req->page_token[0] != '\0' && !page_token_parse(req->page_token, resume, &skip)) {
+        return status_set(st, DC_INVALID_ARGUMENT, "invalid page token");
+    }
+    if ((out->devices = arena_alloc(a, page * sizeof(*out->devices))) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory listing devices");
+    }
+    pthread_rwlock_rdlock(&r->lock);
+    last = r->n_order;
+    if (req->worker[0] != '\0') {
+        first = order_lower_bound(r, req->worker);
+        last  = first < r->n_order && strcmp(r->order[first]->name, req->worker) == 0 ? first + 1
+                                                                                      : first;
+    }
+    if (resume[0] != '\0') {
+        size_t at = order_lower_bound(r, resume);
+        if (at > first) {
+            first = at;
+        }
+        if (first < r->n_order && strcmp(r->order[first]->name, resume) != 0) {
+            skip = 0; /* that worker left: carry on with the next */
+        }
+    }
+    for (size_t i = first; i < last && code == DC_OK; i++, skip = 0) {
+        struct reg_worker *w = r->order[i];
+        for (size_t k = skip; k < w->n_devices; k++) {
+            if (!device_matches(req, &w->devices[k])) {
+                continue;
+            }
+            if (out->n_devices == page) {
+                char token[DC_WORKER_NAME_MAX + 24];
+                snprintf(token, sizeof(token), "%s/%zu", w->name, k);
+                out->next_page_token = arena_strdup(a, token);
+                goto done;
+            }
+            if ((out->devices[out->n_devices] = device_info(&w->devices[k], a)) == NULL) {
+                code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory listing devices");
+                break;
+            }
+            out->n_devices++;
+        }
+    }
+done:
+    pthread_rwlock_unlock(&r->lock);
+    if (out->next_page_token == NULL) {
+        out->next_page_token = (char *)protobuf_c_empty_string;
+    }
+    return code;
+}
+
+dc_code
+registry_get_device(struct registry *r, const char *name, struct arena *a,
+                    Devcoord__V1__DeviceInfo **out, dc_status *st)
+{
+    dc_device_ref ref;
+    char key[DC_DEVICE_TEXT_SIZE];
+    struct reg_device *d = NULL;
+    dc_code code;
+
+    if ((code = dc_device_ref_parse(name, strnlen(name, DC_DEVICE_TEXT_MAX + 1), &ref, st)) !=
+        DC_OK) {
+        status_prefix(st, "invalid device name");
+        return code;
+    }
+    if (ref.autodiff_depth > 0) {
+        return status_set(st, DC_INVALID_ARGUMENT, "a device name has no autodiff: %.256s", name);
+    }
+    pthread_rwlock_rdlock(&r->lock);
+    if (ref.worker[0] != '\0') {
+        device_cluster_name(ref.worker, &ref.device, key, sizeof(key));
+        d = strmap_get(&r->devices, key);
+    } else {
+        struct owners *o;
+        dc_device_format(&ref.device, key, sizeof(key));
+        if ((o = strmap_get(&r->owners, key)) != NULL && o->n > 1) {
+            pthread_rwlock_unlock(&r->lock);
+            return status_set(st, DC_INVALID_ARGUMENT,
+                              "device %s is on %zu workers: name one as worker/%s", key, o->n,
+                              key);
+        }
+        d = o != NULL ? o->devs[0] : NULL;
+    }
+    if (d == NULL) {
+        pthread_rwlock_unlock(&r->lock);
+        return status_set(st, DC_NOT_FOUND, "unknown device %.256s", name);
+    }
+    *out = device_info(d, a);
+    pthread_rwlock_unlock(&r->lock);
+    return *out != NULL ? DC_OK : status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+}
+
+void
+registry_counts(struct registry *r, uint32_t by_state[DC_WORKER_STATE_COUNT], uint64_t *devices)
+{
+    memset(by_state, 0, DC_WORKER_STATE_COUNT * sizeof(*by_state));
+    *devices = 0;
+    pthread_rwlock_rdlock(&r->lock);
+    for (size_t i = 0; i < r->n_order; i++) {
+        by_state[worker_state(r, r->order[i])]++;
+        *devices += r->order[i]->n_devices;
+    }
+    pthread_rwlock_unlock(&r->lock);
+}
+
+void
+registry_cluster_status(struct registry *r, struct arena *a,
+                        Devcoord__V1__GetClusterStatusResponse *out)
+{
+    uint32_t by_backend[DC_BACKEND_COUNT] = { 0 };
+    size_t n                              = 0;
+
+    pthread_rwlock_rdlock(&r->lock);
+    for (size_t i = 0; i < r->n_order; i++) {
+        struct reg_worker *w = r->order[i];
+        switch (worker_state(r, w)) {
+        case DC_WORKER_DEAD:
+            out->workers_dead++;
+            continue; /* its devices are counted as gone */
+        case DC_WORKER_CORDONED:
+            out->workers_cordoned++;
+            break;
+        case DC_WORKER_DRAINING:
+            out->workers_draining++;
+            break;
+        default:
+            out->workers_alive++;
+            break;
+        }
+        for (size_t k = 0; k < w->n_devices; k++) {
+            by_backend[w->devices[k].device.backend]++;
+        }
+    }
+    pthread_rwlock_unlock(&r->lock);
+    out->devices = arena_alloc(a, DC_BACKEND_COUNT * sizeof(*out->devices));
+    for (int b = 1; out->devices != NULL && b < DC_BACKEND_COUNT; b++) {
+        Devcoord__V1__BackendCount *bc;
+        if (by_backend[b] == 0 || (bc = arena_alloc(a, sizeof(*bc))) == NULL) {
+            continue;
+        }
+        devcoord__v1__backend_count__init(bc);
+        bc->backend          = (Devcoord__V1__Backend)b;
+        bc->count            = by_backend[b];
+        out->devices[n++] = bc;
+    }
+    out->n_devices = n;
+}
+
+/* ---- intent ------------------------------------------------------------------------------ */
+
+dc_code
+registry_set_intent(struct registry *r, const char *name, enum registry_intent intent,
+                    uint64_t now_ms, struct arena *a, Devcoord__V1__WorkerInfo **out,
+                    dc_status *st)
+{
+    struct reg_worker *w;
+    bool ok;
+
+    pthread_rwlock_wrlock(&r->lock);
+    if ((w = strmap_get(&r->workers, name)) == NULL) {
+        pthread_rwlock_unlock(&r->lock);
+        return status_set(st, DC_NOT_FOUND, "worker %.64s is not registered", name);
+    }
+    if (intent == INTENT_NONE) {
+        strmap_del(&r->intents, name);
+        ok = true;
+    } else {
+        ok = strmap_put(&r->intents, name, (void *)(uintptr_t)intent);
+    }
+    if (ok && out != NULL) {
+        *out = worker_info(r, w, now_ms, a);
+        ok   = *out != NULL;
+    }
+    pthread_rwlock_unlock(&r->lock);
+    if (!ok) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    if (r->opts.events.intent_changed != NULL) {
+        r->opts.events.intent_changed(r->opts.events.arg);
+    }
+    return DC_OK;
+}
+
+bool
+registry_restore_intent(struct registry *r, const char *name, enum registry_intent intent)
+{
+    bool ok = true;
+
+    pthread_rwlock_wrlock(&r->lock);
+    if (intent != INTENT_NONE) {
+        ok = strmap_put(&r->intents, name, (void *)(uintptr_t)intent);
+    }
+    pthread_rwlock_unlock(&r->lock);
+    return ok;
+}
+
+void
+registry_each_intent(struct registry *r,
+                     void (*fn)(void *arg, const char *name, enum registry_intent intent),
+                     void *arg)
+{
+    const char *k;
+    void *v;
+
+    pthread_rwlock_rdlock(&r->lock);
+    for (size_t i = 0; strmap_next(&r->intents, &i, &k, &v);) {
+        fn(arg, k, (enum registry_intent)(uintptr_t)v);
+    }
+    pthread_rwlock_unlock(&r->lock);
+}
+
+/* ---- validation -------------------------------------------------------------------------- */
+
+static void
+registry_find(void *arg, const dc_device_ref *ref, struct validate_device_info *info)
+{
+    struct registry *r = arg;
+    char key[DC_DEVICE_TEXT_SIZE];
+    struct reg_device *d = NULL;
+
+    memset(info, 0, sizeof(*info));
+    if (ref->worker[0] != '\0') {
+        device_cluster_name(ref->worker, &ref->device, key, sizeof(key));
+        d = strmap_get(&r->devices, key);
+        info->matches = d != NULL;
+    } else {
+        struct owners *o;
+        dc_device_format(&ref->device, key, sizeof(key));
+        if ((o = strmap_get(&r->owners, key)) != NULL) {
+            info->matches = (uint32_t)o->n;
+            d             = o->devs[0];
+        }
+    }
+    if (d == NULL) {
+        return;
+    }
+    memcpy(info->worker, d->worker->name, sizeof(info->worker));
+    info->worker_state = worker_state(r, d->worker);
+    info->healthy      = d->healthy;
+    info->collectives  = d->worker->collectives[d->device.backend];
+}
+
+dc_code
+registry_validate(struct registry *r, const struct op_spec *op,
+                  const struct validate_limits *limits, dc_device_ref *out,
+                  char group_id[VALIDATE_GROUP_ID_SIZE], dc_status *st)
+{
+    struct validate_lookup lookup = { registry_find, r };
+    dc_code code;
+
+    pthread_rwlock_rdlock(&r->lock);
+    code = validate_op(op, limits, &lookup, out, group_id, st);
+    pthread_rwlock_unlock(&r->lock);
+    return code;
+}
+
+bool
+registry_worker_address(struct registry *r, const char *name, char *address, size_t cap,
+                        uint64_t *epoch)
+{
+    struct reg_worker *w;
+    bool ok = false;
+
+    pthread_rwlock_rdlock(&r->lock);
+    if ((w = strmap_get(&r->workers, name)) != NULL && w->alive) {
+        snprintf(address, cap, "%s", w->address);
+        *epoch = w->epoch;
+        ok     = true;
+    }
+    pthread_rwlock_unlock(&r->lock);
+    return ok;
+}

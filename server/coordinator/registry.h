@@ -1,0 +1,112 @@
+/*
+ * The coordinator's registry: workers (name, data address, labels, epoch, liveness, operator
+ * intent) and the devices they own, indexed for the lookups validation and queries need.
+ * One read-write lock guards it; every function takes it itself. Responses are built with
+ * their strings copied into the caller's arena, so they outlive the lock.
+ */
+#ifndef DEVCOORD_COORDINATOR_REGISTRY_H
+#define DEVCOORD_COORDINATOR_REGISTRY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "arena.h"
+#include "devcoord/types.h"
+#include "devcoord/v1/devcoord.pb-c.h"
+#include "validate.h"
+
+#define REGISTRY_MAX_DEVICES_PER_WORKER 65536
+#define REGISTRY_MAX_LABELS             64
+#define REGISTRY_MAX_LABEL_LEN          256
+#define REGISTRY_MAX_ADDRESS_LEN        255
+#define REGISTRY_DEFAULT_PAGE           32768
+
+/* Operator intent for a worker; it outlives the worker's registrations. */
+enum registry_intent {
+    INTENT_NONE = 0,
+    INTENT_CORDON,
+    INTENT_DRAIN,
+};
+
+/* Why a worker's current epoch ends. */
+enum registry_gone {
+    GONE_DEAD,         /* silent past dead_after */
+    GONE_DEREGISTERED, /* said goodbye */
+    GONE_REPLACED,     /* registered again: a restart */
+};
+
+struct registry_events {
+    /* Called (outside the lock) when an epoch of a worker ends. */
+    void (*worker_gone)(void *arg, const char *name, uint64_t epoch, enum registry_gone why);
+    /* Called (outside the lock) when operator intent changes, to persist it. */
+    void (*intent_changed)(void *arg);
+    void *arg;
+};
+
+struct registry_opts {
+    uint32_t heartbeat_interval_ms;
+    uint32_t dead_after_ms;
+    struct registry_events events;
+};
+
+struct registry;
+
+struct registry *registry_new(const struct registry_opts *opts);
+void registry_free(struct registry *r);
+
+/* Registers (or re-registers, ending the old epoch) a worker; *epoch gets the new epoch,
+ * higher than any before even across coordinator restarts. now_ms: monotonic clock. */
+dc_code registry_register(struct registry *r, const Devcoord__V1__RegisterWorkerRequest *req,
+                          uint64_t now_ms, uint64_t *epoch, dc_status *st);
+
+/* NOT_FOUND for an unknown worker (it should register again), FAILED_PRECONDITION for an
+ * epoch that is not the current one. A dead worker heartbeating its current epoch is alive
+ * again. *state: the worker's state afterwards. */
+dc_code registry_heartbeat(struct registry *r, const Devcoord__V1__HeartbeatRequest *req,
+                           uint64_t now_ms, dc_worker_state *state, dc_status *st);
+
+dc_code registry_deregister(struct registry *r, const char *name, uint64_t epoch, dc_status *st);
+
+/* Marks workers silent past dead_after as dead; returns how many it marked. */
+size_t registry_sweep(struct registry *r, uint64_t now_ms);
+
+/* Records operator intent (and applies it to the worker if registered). NOT_FOUND when no
+ * such worker is registered. out (may be NULL) gets the worker afterwards. */
+dc_code registry_set_intent(struct registry *r, const char *name, enum registry_intent intent,
+                            uint64_t now_ms, struct arena *a, Devcoord__V1__WorkerInfo **out,
+                            dc_status *st);
+
+/* Intent of every worker that has one, for persisting: calls fn for each. */
+void registry_each_intent(struct registry *r,
+                          void (*fn)(void *arg, const char *name, enum registry_intent intent),
+                          void *arg);
+
+/* Restores intent without notifying intent_changed (loading persisted state). */
+bool registry_restore_intent(struct registry *r, const char *name, enum registry_intent intent);
+
+dc_code registry_list_workers(struct registry *r, uint64_t now_ms, struct arena *a,
+                              Devcoord__V1__ListWorkersResponse *out, dc_status *st);
+dc_code registry_list_devices(struct registry *r, const Devcoord__V1__ListDevicesRequest *req,
+                              struct arena *a, Devcoord__V1__ListDevicesResponse *out,
+                              dc_status *st);
+dc_code registry_get_device(struct registry *r, const char *name, struct arena *a,
+                            Devcoord__V1__DeviceInfo **out, dc_status *st);
+void registry_cluster_status(struct registry *r, struct arena *a,
+                             Devcoord__V1__GetClusterStatusResponse *out);
+
+/* Validation against the registry (design §4 rules 6-8): validate_op with the registry as
+ * lookup, under the read lock. */
+dc_code registry_validate(struct registry *r, const struct op_spec *op,
+                          const struct validate_limits *limits, dc_device_ref *out,
+                          char group_id[VALIDATE_GROUP_ID_SIZE], dc_status *st);
+
+/* The data address and epoch of a registered, live worker; false otherwise. */
+bool registry_worker_address(struct registry *r, const char *name, char *address, size_t cap,
+                             uint64_t *epoch);
+
+/* Worker counts by state, for metrics. */
+void registry_counts(struct registry *r, uint32_t by_state[DC_WORKER_STATE_COUNT],
+                     uint64_t *devices);
+
+#endif

@@ -1,0 +1,251 @@
+/* The Coordinator service: one handler per RPC method of design §6. Registry methods answer
+ * at once; SubmitOp hands the call to the ops module, which answers when the op ends. */
+#include <string.h>
+
+#include "arena.h"
+#include "coordinator.h"
+#include "log.h"
+#include "ops.h"
+#include "status.h"
+
+#define COORD(svc) ((struct coordinator *)(void *)(svc))
+
+/* Responses are built in an arena freed once the closure has packed them. */
+#define RESPONSE_ARENA_BUDGET ((size_t)1 << 30)
+
+static struct arena *
+response_arena(void *cd, ProtobufCClosure closure)
+{
+    struct arena *a = arena_new(RESPONSE_ARENA_BUDGET);
+
+    if (a == NULL) {
+        status_set(rpc_call_status(cd), DC_RESOURCE_EXHAUSTED, "out of memory");
+        closure(NULL, cd);
+    }
+    return a;
+}
+
+static void
+answer_error(void *cd, ProtobufCClosure closure, dc_code code, const dc_status *st)
+{
+    dc_status *out = rpc_call_status(cd);
+    *out           = *st;
+    out->code      = code;
+    closure(NULL, cd);
+}
+
+static void
+c_register_worker(Devcoord__V1__Coordinator_Service *svc,
+                  const Devcoord__V1__RegisterWorkerRequest *in,
+                  Devcoord__V1__RegisterWorkerResponse_Closure closure, void *cd)
+{
+    struct coordinator *c                    = COORD(svc);
+    Devcoord__V1__RegisterWorkerResponse out = DEVCOORD__V1__REGISTER_WORKER_RESPONSE__INIT;
+    dc_status st;
+    dc_code code;
+
+    status_clear(&st);
+    if ((code = registry_register(c->registry, in, rpc_now_ms(), &out.epoch, &st)) != DC_OK) {
+        log_warn("registration of worker '%.64s' refused: %s", in->name, st.message);
+        answer_error(cd, (ProtobufCClosure)closure, code, &st);
+        return;
+    }
+    log_info("worker %s registered at %s with %zu devices (epoch %llu)", in->name, in->address,
+             in->n_devices, (unsigned long long)out.epoch);
+    out.heartbeat_interval_ms = c->cfg.heartbeat_interval_ms;
+    out.dead_after_ms         = c->cfg.dead_after_ms;
+    closure(&out, cd);
+}
+
+static void
+c_heartbeat(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__HeartbeatRequest *in,
+            Devcoord__V1__HeartbeatResponse_Closure closure, void *cd)
+{
+    struct coordinator *c               = COORD(svc);
+    Devcoord__V1__HeartbeatResponse out = DEVCOORD__V1__HEARTBEAT_RESPONSE__INIT;
+    dc_worker_state state;
+    dc_status st;
+    dc_code code;
+
+    status_clear(&st);
+    if ((code = registry_heartbeat(c->registry, in, rpc_now_ms(), &state, &st)) != DC_OK) {
+        answer_error(cd, (ProtobufCClosure)closure, code, &st);
+        return;
+    }
+    out.state = (Devcoord__V1__WorkerState)state;
+    closure(&out, cd);
+}
+
+static void
+c_deregister_worker(Devcoord__V1__Coordinator_Service *svc,
+                    const Devcoord__V1__DeregisterWorkerRequest *in,
+                    Devcoord__V1__DeregisterWorkerResponse_Closure closure, void *cd)
+{
+    struct coordinator *c                      = COORD(svc);
+    Devcoord__V1__DeregisterWorkerResponse out = DEVCOORD__V1__DEREGISTER_WORKER_RESPONSE__INIT;
+    dc_status st;
+    dc_code code;
+
+    status_clear(&st);
+    if ((code = registry_deregister(c->registry, in->name, in->epoch, &st)) != DC_OK) {
+        answer_error(cd, (ProtobufCClosure)closure, code, &st);
+        return;
+    }
+    log_info("worker %s deregistered (epoch %llu)", in->name, (unsigned long long)in->epoch);
+    closure(&out, cd);
+}
+
+static void
+c_list_workers(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__ListWorkersRequest *in,
+               Devcoord__V1__ListWorkersResponse_Closure closure, void *cd)
+{
+    Devcoord__V1__ListWorkersResponse out;
+    struct arena *a = response_arena(cd, (ProtobufCClosure)closure);
+    dc_status st;
+    dc_code code;
+
+    (void)in;
+    if (a == NULL) {
+        return;
+    }
+    if ((code = registry_list_workers(COORD(svc)->registry, rpc_now_ms(), a, &out, &st)) != DC_OK) {
+        answer_error(cd, (ProtobufCClosure)closure, code, &st);
+    } else {
+        closure(&out, cd);
+    }
+    arena_free(a);
+}
+
+static void
+c_list_devices(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__ListDevicesRequest *in,
+               Devcoord__V1__ListDevicesResponse_Closure closure, void *cd)
+{
+    Devcoord__V1__ListDevicesResponse out;
+    struct arena *a = response_arena(cd, (ProtobufCClosure)closure);
+    dc_status st;
+    dc_code code;
+
+    if (a == NULL) {
+        return;
+    }
+    if ((code = registry_list_devices(COORD(svc)->registry, in, a, &out, &st)) != DC_OK) {
+        answer_error(cd, (ProtobufCClosure)closure, code, &st);
+    } else {
+        closure(&out, cd);
+    }
+    arena_free(a);
+}
+
+static void
+c_get_device(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__GetDeviceRequest *in,
+             Devcoord__V1__GetDeviceResponse_Closure closure, void *cd)
+{
+    Devcoord__V1__GetDeviceResponse out = DEVCOORD__V1__GET_DEVICE_RESPONSE__INIT;
+    struct arena *a                     = response_arena(cd, (ProtobufCClosure)closure);
+    dc_status st;
+    dc_code code;
+
+    if (a == NULL) {
+        return;
+    }
+    if ((code = registry_get_device(COORD(svc)->registry, in->name, a, &out.device, &st)) !=
+        DC_OK) {
+        answer_error(cd, (ProtobufCClosure)closure, code, &st);
+    } else {
+        closure(&out, cd);
+    }
+    arena_free(a);
+}
+
+static void
+set_intent(struct coordinator *c, const char *name, enum registry_intent intent,
+           Devcoord__V1__WorkerNameResponse_Closure closure, void *cd)
+{
+    static const char *const verbs[] = { "uncordoned", "cordoned", "set draining" };
+    Devcoord__V1__WorkerNameResponse out = DEVCOORD__V1__WORKER_NAME_RESPONSE__INIT;
+    struct arena *a                      = response_arena(cd, (ProtobufCClosure)closure);
+    dc_status st;
+    dc_code code;
+
+    if (a == NULL) {
+        return;
+    }
+    code = registry_set_intent(c->registry, name, intent, rpc_now_ms(), a, &out.worker, &st);
+    if (code != DC_OK) {
+        answer_error(cd, (ProtobufCClosure)closure, code, &st);
+    } else {
+        log_info("worker %s %s by an operator", name, verbs[intent]);
+        closure(&out, cd);
+    }
+    arena_free(a);
+}
+
+static void
+c_cordon_worker(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__WorkerNameRequest *in,
+                Devcoord__V1__WorkerNameResponse_Closure closure, void *cd)
+{
+    set_intent(COORD(svc), in->name, INTENT_CORDON, closure, cd);
+}
+
+static void
+c_uncordon_worker(Devcoord__V1__Coordinator_Service *svc,
+                  const Devcoord__V1__WorkerNameRequest *in,
+                  Devcoord__V1__WorkerNameResponse_Closure closure, void *cd)
+{
+    set_intent(COORD(svc), in->name, INTENT_NONE, closure, cd);
+}
+
+static void
+c_drain_worker(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__WorkerNameRequest *in,
+               Devcoord__V1__WorkerNameResponse_Closure closure, void *cd)
+{
+    set_intent(COORD(svc), in->name, INTENT_DRAIN, closure, cd);
+}
+
+static void
+c_get_cluster_status(Devcoord__V1__Coordinator_Service *svc,
+                     const Devcoord__V1__GetClusterStatusRequest *in,
+                     Devcoord__V1__GetClusterStatusResponse_Closure closure, void *cd)
+{
+    struct coordinator *c                      = COORD(svc);
+    Devcoord__V1__GetClusterStatusResponse out = DEVCOORD__V1__GET_CLUSTER_STATUS_RESPONSE__INIT;
+    struct arena *a                            = response_arena(cd, (ProtobufCClosure)closure);
+
+    (void)in;
+    if (a == NULL) {
+        return;
+    }
+    registry_cluster_status(c->registry, a, &out);
+    ops_counts(c->ops, &out.ops_in_flight, &out.ops_done, &out.ops_failed);
+    out.ready = atomic_load(&c->ready);
+    closure(&out, cd);
+    arena_free(a);
+}
+
+static void
+c_submit_op(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__SubmitOpRequest *in,
+            Devcoord__V1__SubmitOpResponse_Closure closure, void *cd)
+{
+    ops_submit(COORD(svc)->ops, in, closure, cd);
+}
+
+static void
+c_get_op(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__GetOpRequest *in,
+         Devcoord__V1__GetOpResponse_Closure closure, void *cd)
+{
+    ops_get(COORD(svc)->ops, in, closure, cd);
+}
+
+static void
+c_list_ops(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__ListOpsRequest *in,
+           Devcoord__V1__ListOpsResponse_Closure closure, void *cd)
+{
+    ops_list(COORD(svc)->ops, in, closure, cd);
+}
+
+void
+coordinator_service_init(struct coordinator *c)
+{
+    Devcoord__V1__Coordinator_Service svc = DEVCOORD__V1__COORDINATOR__INIT(c_);
+    c->service                            = svc;
+}

@@ -1,0 +1,135 @@
+/* devcoord-worker: one per node. Serves the Worker service (tensors and collectives) on its
+ * listen address, registers its devices with the coordinator and heartbeats; on SIGTERM or
+ * SIGINT it deregisters and exits. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <nng/nng.h>
+
+#include "daemon.h"
+#include "device.h"
+#include "log.h"
+#include "worker.h"
+
+static const char usage[] =
+    "usage: devcoord-worker [--config FILE] [--name NAME] [--coordinator ADDR]\n"
+    "                       [--listen ADDR] [--http HOST:PORT]\n"
+    "\n"
+    "A devcoord worker: owns the devices of its config, registers them with the coordinator\n"
+    "and runs the collectives the coordinator sends it with its peers.\n"
+    "\n"
+    "  --config FILE       YAML config (design §9); without it: one cpu:0 device, the host\n"
+    "                      name as worker name, coordinator tcp://127.0.0.1:7400,\n"
+    "                      listening on tcp://127.0.0.1:7500\n"
+    "  --name NAME         worker name, overriding the config\n"
+    "  --coordinator ADDR  coordinator address, overriding the config\n"
+    "  --listen ADDR       data-plane address, overriding the config (advertised as-is\n"
+    "                      unless the config sets advertise)\n"
+    "  --http HOST:PORT    health and metrics address (\"\" = off)\n"
+    "  --version           print the version\n"
+    "  -h, --help          this text\n";
+
+static void
+on_fenced(void *arg)
+{
+    (void)arg;
+    kill(getpid(), SIGTERM);
+}
+
+/* Replaces *slot with a copy of value. */
+static int
+override(char **slot, const char *value)
+{
+    char *copy;
+
+    if (value == NULL) {
+        return 0;
+    }
+    if ((copy = strdup(value)) == NULL) {
+        return -1;
+    }
+    free(*slot);
+    *slot = copy;
+    return 0;
+}
+
+static int
+worker_load_config(struct worker *w, const struct daemon_args *args)
+{
+    bool advertise_follows;
+    dc_status st;
+
+    if (config_worker_defaults(&w->cfg, &st) != DC_OK ||
+        (args->config != NULL && config_worker_load(args->config, &w->cfg, &st) != DC_OK)) {
+        fprintf(stderr, "devcoord-worker: %s\n", st.message);
+        return 2;
+    }
+    advertise_follows = strcmp(w->cfg.advertise, w->cfg.listen) == 0;
+    if (override(&w->cfg.name, args->name) != 0 ||
+        override(&w->cfg.coordinator, args->coordinator) != 0 ||
+        override(&w->cfg.listen, args->listen) != 0 || override(&w->cfg.http, args->http) != 0 ||
+        (advertise_follows && override(&w->cfg.advertise, w->cfg.listen) != 0)) {
+        return 1;
+    }
+    if (args->name != NULL && !device_worker_name_valid(args->name, strlen(args->name))) {
+        fprintf(stderr, "devcoord-worker: invalid --name '%s'\n", args->name);
+        return 2;
+    }
+    return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+    struct worker *w;
+    struct daemon_args args;
+    struct rpc_server_opts so = { 0 };
+    dc_status st;
+    int rv;
+
+    if ((rv = daemon_parse_args(argc, argv, usage, &args)) >= 0) {
+        return rv;
+    }
+    daemon_block_signals();
+    if ((w = calloc(1, sizeof(*w))) == NULL) {
+        return 1;
+    }
+    if ((rv = worker_load_config(w, &args)) != 0) {
+        config_worker_free(&w->cfg);
+        free(w);
+        return rv;
+    }
+    log_configure(w->cfg.log.level, w->cfg.log.format, w->cfg.name);
+
+    rv = 1;
+    worker_service_init(w);
+    so.url               = w->cfg.listen;
+    so.service           = &w->service.base;
+    so.max_message_bytes = w->cfg.max_message_bytes;
+    so.threads           = 2;
+    if (rpc_server_start(&so, &w->rpc, &st) != DC_OK) {
+        log_error("%s", st.message);
+        goto out;
+    }
+    log_info("devcoord-worker %s serving %zu devices on %s (advertised as %s)", DEVCOORD_VERSION,
+             w->cfg.n_devices, w->cfg.listen, w->cfg.advertise);
+    if ((w->membership = membership_start(&w->cfg, on_fenced, w)) == NULL) {
+        goto out_rpc;
+    }
+    while (daemon_wait_signal(-1) == 0) {
+    }
+    rv = 0;
+    log_info("shutting down");
+    membership_stop(w->membership);
+out_rpc:
+    rpc_server_close(w->rpc);
+    rpc_server_free(w->rpc);
+out:
+    config_worker_free(&w->cfg);
+    free(w);
+    nng_fini();
+    return rv;
+}

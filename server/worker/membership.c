@@ -1,0 +1,254 @@
+#include "membership.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "devcoord/v1/devcoord.pb-c.h"
+#include "device.h"
+#include "log.h"
+#include "rpc.h"
+
+enum { M_REGISTER = 0, M_HEARTBEAT = 1, M_DEREGISTER = 2 };
+#define SVC (&devcoord__v1__coordinator__descriptor)
+
+struct membership {
+    const struct config_worker *cfg;
+    struct rpc_client *client;
+    void (*on_fenced)(void *);
+    void *arg;
+    pthread_t thread;
+    pthread_mutex_t mtx;
+    pthread_cond_t cv;
+    bool stop;
+    atomic_ullong epoch;
+    uint32_t interval_ms;
+};
+
+uint64_t
+membership_epoch(const struct membership *m)
+{
+    return atomic_load(&m->epoch);
+}
+
+/* Sleeps up to ms; true when asked to stop. */
+static bool
+membership_sleep(struct membership *m, uint32_t ms)
+{
+    struct timespec ts;
+    bool stop;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&m->mtx);
+    while (!m->stop && pthread_cond_timedwait(&m->cv, &m->mtx, &ts) == 0) {
+    }
+    stop = m->stop;
+    pthread_mutex_unlock(&m->mtx);
+    return stop;
+}
+
+static dc_code
+membership_register(struct membership *m, dc_status *st)
+{
+    const struct config_worker *cfg          = m->cfg;
+    Devcoord__V1__RegisterWorkerRequest req  = DEVCOORD__V1__REGISTER_WORKER_REQUEST__INIT;
+    Devcoord__V1__DeviceSpec *specs          = calloc(cfg->n_devices, sizeof(*specs));
+    Devcoord__V1__DeviceSpec **spec_ptrs     = calloc(cfg->n_devices, sizeof(*spec_ptrs));
+    Devcoord__V1__Device *devs               = calloc(cfg->n_devices, sizeof(*devs));
+    Devcoord__V1__Label *labels              = calloc(cfg->n_labels + 1, sizeof(*labels));
+    Devcoord__V1__Label **label_ptrs         = calloc(cfg->n_labels + 1, sizeof(*label_ptrs));
+    Devcoord__V1__Backend backends[DC_BACKEND_COUNT];
+    struct rpc_reply reply;
+    dc_code code = DC_RESOURCE_EXHAUSTED;
+
+    status_set(st, code, "out of memory");
+    if (specs == NULL || spec_ptrs == NULL || devs == NULL || labels == NULL ||
+        label_ptrs == NULL) {
+        goto out;
+    }
+    req.name     = cfg->name;
+    req.address  = cfg->advertise;
+    req.executor = cfg->executor;
+    for (size_t i = 0; i < cfg->n_devices; i++) {
+        devcoord__v1__device_spec__init(&specs[i]);
+        device_to_pb(&cfg->devices[i].device, &devs[i]);
+        specs[i].device       = &devs[i];
+        specs[i].memory_bytes = cfg->devices[i].memory_bytes;
+        specs[i].healthy      = cfg->devices[i].healthy;
+        spec_ptrs[i]          = &specs[i];
+    }
+    req.devices   = spec_ptrs;
+    req.n_devices = cfg->n_devices;
+    for (size_t i = 0; i < cfg->n_labels; i++) {
+        devcoord__v1__label__init(&labels[i]);
+        labels[i].key   = cfg->labels[i].key;
+        labels[i].value = cfg->labels[i].value;
+        label_ptrs[i]   = &labels[i];
+    }
+    req.labels   = label_ptrs;
+    req.n_labels = cfg->n_labels;
+    for (int b = 1; b < DC_BACKEND_COUNT; b++) {
+        if (cfg->collectives[b]) {
+            backends[req.n_collective_backends++] = (Devcoord__V1__Backend)b;
+        }
+    }
+    req.collective_backends = backends;
+
+    code = rpc_call(m->client, SVC, M_REGISTER, &req.base, NULL, 0, 2000, &reply, st);
+    if (code == DC_OK && reply.body != NULL) {
+        Devcoord__V1__RegisterWorkerResponse *resp = (void *)reply.body;
+        m->interval_ms = resp->heartbeat_interval_ms ? resp->heartbeat_interval_ms : 1000;
+        atomic_store(&m->epoch, resp->epoch);
+        log_info("registered with %s as %s (epoch %llu, %zu devices, heartbeat every %u ms)",
+                 cfg->coordinator, cfg->name, (unsigned long long)resp->epoch, cfg->n_devices,
+                 m->interval_ms);
+    } else if (code == DC_OK) {
+        code = status_set(st, DC_INTERNAL, "registration reply without a body");
+    }
+    rpc_reply_free(&reply);
+out:
+    free(specs);
+    free(spec_ptrs);
+    free(devs);
+    free(labels);
+    free(label_ptrs);
+    return code;
+}
+
+static dc_code
+membership_heartbeat(struct membership *m, dc_status *st)
+{
+    Devcoord__V1__HeartbeatRequest req = DEVCOORD__V1__HEARTBEAT_REQUEST__INIT;
+    struct rpc_reply reply;
+    dc_code code;
+
+    req.name  = m->cfg->name;
+    req.epoch = atomic_load(&m->epoch);
+    code = rpc_call(m->client, SVC, M_HEARTBEAT, &req.base, NULL, 0, m->interval_ms, &reply, st);
+    rpc_reply_free(&reply);
+    return code;
+}
+
+static void *
+membership_thread(void *arg)
+{
+    struct membership *m = arg;
+    bool unreachable     = false;
+    dc_status st;
+
+    for (;;) {
+        dc_code code;
+        uint32_t wait;
+
+        if (atomic_load(&m->epoch) == 0) {
+            code = membership_register(m, &st);
+            wait = code == DC_OK ? m->interval_ms : (m->interval_ms < 500 ? m->interval_ms : 500);
+            if (code == DC_INVALID_ARGUMENT || code == DC_UNAUTHENTICATED ||
+                code == DC_PERMISSION_DENIED) {
+                log_error("registration refused: %s: %s", dc_status_name(code), st.message);
+                m->on_fenced(m->arg);
+                return NULL;
+            }
+        } else {
+            code = membership_heartbeat(m, &st);
+            wait = m->interval_ms;
+            if (code == DC_NOT_FOUND) {
+                log_info("the coordinator does not know us (%s): registering again", st.message);
+                atomic_store(&m->epoch, 0);
+                continue;
+            }
+            if (code == DC_FAILED_PRECONDITION) {
+                log_error("fenced: %s; stopping", st.message);
+                atomic_store(&m->epoch, 0);
+                m->on_fenced(m->arg);
+                return NULL;
+            }
+        }
+        if (code != DC_OK && !unreachable) {
+            log_warn("coordinator %s: %s: %s (retrying)", m->cfg->coordinator,
+                     dc_status_name(code), st.message);
+        } else if (code == DC_OK && unreachable) {
+            log_info("coordinator %s reachable again", m->cfg->coordinator);
+        }
+        unreachable = code != DC_OK;
+        if (membership_sleep(m, wait)) {
+            return NULL;
+        }
+    }
+}
+
+struct membership *
+membership_start(const struct config_worker *cfg, void (*on_fenced)(void *), void *arg)
+{
+    struct membership *m = calloc(1, sizeof(*m));
+    struct rpc_client_opts co = { 0 };
+    dc_status st;
+
+    if (m == NULL) {
+        return NULL;
+    }
+    m->cfg         = cfg;
+    m->on_fenced   = on_fenced;
+    m->arg         = arg;
+    m->interval_ms = 1000;
+    pthread_mutex_init(&m->mtx, NULL);
+    pthread_cond_init(&m->cv, NULL);
+    co.url               = cfg->coordinator;
+    co.max_message_bytes = cfg->max_message_bytes;
+    co.reconnect_min_ms  = 50;
+    /* Reconnect at least once per heartbeat so a restarted coordinator hears from us
+     * within two heartbeats. */
+    co.reconnect_max_ms = 1000;
+    if (rpc_client_open(&co, &m->client, &st) != DC_OK) {
+        log_error("coordinator %s: %s", cfg->coordinator, st.message);
+        goto fail;
+    }
+    if (pthread_create(&m->thread, NULL, membership_thread, m) != 0) {
+        rpc_client_close(m->client);
+        goto fail;
+    }
+    return m;
+fail:
+    pthread_cond_destroy(&m->cv);
+    pthread_mutex_destroy(&m->mtx);
+    free(m);
+    return NULL;
+}
+
+void
+membership_stop(struct membership *m)
+{
+    Devcoord__V1__DeregisterWorkerRequest req = DEVCOORD__V1__DEREGISTER_WORKER_REQUEST__INIT;
+    struct rpc_reply reply;
+    dc_status st;
+
+    if (m == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&m->mtx);
+    m->stop = true;
+    pthread_cond_signal(&m->cv);
+    pthread_mutex_unlock(&m->mtx);
+    pthread_join(m->thread, NULL);
+    if ((req.epoch = atomic_load(&m->epoch)) != 0) {
+        req.name = m->cfg->name;
+        if (rpc_call(m->client, SVC, M_DEREGISTER, &req.base, NULL, 0, 1000, &reply, &st) ==
+            DC_OK) {
+            log_info("deregistered from %s", m->cfg->coordinator);
+        } else {
+            log_warn("could not deregister: %s", st.message);
+        }
+        rpc_reply_free(&reply);
+    }
+    rpc_client_close(m->client);
+    pthread_cond_destroy(&m->cv);
+    pthread_mutex_destroy(&m->mtx);
+    free(m);
+}
