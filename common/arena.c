@@ -131,6 +131,8 @@ arena_pb_free(void *data, void *ptr)
 ProtobufCAllocator
 arena_allocator(struct arena *a)
 {
-    ProtobufCAllocator alloc = { .alloc = arena_pb_alloc, .free = arena_pb_free, .allocator_data = a };
+    ProtobufCAllocator alloc = { .alloc          = arena_pb_alloc,
+                                 .free           = arena_pb_free,
+                                 .allocator_data = a };
     return alloc;
 }

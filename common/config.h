@@ -30,9 +30,9 @@ struct config_tls {
 };
 
 struct config_coordinator {
-    char *listen;                /* default "tcp://127.0.0.1:7400" */
-    char *http;                  /* "host:port"; default "127.0.0.1:7480"; "" disables */
-    enum autodiff_policy autodiff; /* default strip */
+    char *listen;                   /* default "tcp://127.0.0.1:7400" */
+    char *http;                     /* "host:port"; default "127.0.0.1:7480"; "" disables */
+    enum autodiff_policy autodiff;  /* default strip */
     uint32_t heartbeat_interval_ms; /* heartbeat.interval_ms, default 1000 */
     uint32_t dead_after_ms;         /* heartbeat.dead_after_ms, default 5000 */
     uint64_t max_message_bytes;     /* limits.max_message_bytes, default 4194304 */
@@ -57,13 +57,13 @@ struct config_label {
 };
 
 struct config_worker {
-    char *name;        /* default: the host name, made a valid worker name */
-    char *coordinator; /* default "tcp://127.0.0.1:7400" */
-    char *listen;      /* default "tcp://127.0.0.1:7500" */
-    char *advertise;   /* default: listen */
-    char *http;        /* default "" (off) */
-    char *token_file;  /* NULL: no token */
-    char *executor;    /* default "host" */
+    char *name;                  /* default: the host name, made a valid worker name */
+    char *coordinator;           /* default "tcp://127.0.0.1:7400" */
+    char *listen;                /* default "tcp://127.0.0.1:7500" */
+    char *advertise;             /* default: listen */
+    char *http;                  /* default "" (off) */
+    char *token_file;            /* NULL: no token */
+    char *executor;              /* default "host" */
     struct config_label *labels; /* labels: {k: v, ...} */
     size_t n_labels;
     struct config_device *devices; /* default one cpu:0 device */

@@ -8,10 +8,10 @@
 #include <stdbool.h>
 
 struct daemon_args {
-    const char *config; /* --config FILE */
-    const char *listen; /* --listen ADDR: overrides the config's listen */
-    const char *http;   /* --http HOST:PORT: overrides the config's http ("" turns it off) */
-    const char *name;   /* --name NAME: overrides the worker's name */
+    const char *config;      /* --config FILE */
+    const char *listen;      /* --listen ADDR: overrides the config's listen */
+    const char *http;        /* --http HOST:PORT: overrides the config's http ("" turns it off) */
+    const char *name;        /* --name NAME: overrides the worker's name */
     const char *coordinator; /* --coordinator ADDR: overrides the worker's coordinator */
 };
 

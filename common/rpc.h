@@ -91,9 +91,9 @@ struct rpc_client;
 
 struct rpc_client_opts {
     const char *url;
-    size_t max_message_bytes; /* largest reply accepted; 0: RPC_DEFAULT_MAX_MESSAGE */
-    uint32_t reconnect_min_ms;    /* 0: 100 */
-    uint32_t reconnect_max_ms;    /* 0: 2000 */
+    size_t max_message_bytes;  /* largest reply accepted; 0: RPC_DEFAULT_MAX_MESSAGE */
+    uint32_t reconnect_min_ms; /* 0: 100 */
+    uint32_t reconnect_max_ms; /* 0: 2000 */
     /* Fail rpc_client_open with UNAVAILABLE when the server cannot be reached now
      * (a CLI wants that); otherwise keep dialing in the background (daemons). */
     bool connect_now;
@@ -104,8 +104,7 @@ struct rpc_client_opts {
     void *on_connection_arg;
 };
 
-dc_code rpc_client_open(const struct rpc_client_opts *opts, struct rpc_client **out,
-                        dc_status *st);
+dc_code rpc_client_open(const struct rpc_client_opts *opts, struct rpc_client **out, dc_status *st);
 /* Fails calls still in flight with CANCELLED and frees the client. Must not be called from
  * a completion callback. */
 void rpc_client_close(struct rpc_client *c);
@@ -138,8 +137,8 @@ typedef void (*rpc_done_fn)(void *arg, dc_code code, const dc_status *st, struct
 
 /* Starts a call; done runs exactly once (unless this returns an error, in which case it
  * never runs). */
-dc_code rpc_call_async(struct rpc_client *c, const ProtobufCServiceDescriptor *svc,
-                       unsigned method, const ProtobufCMessage *request, const void *attachment,
+dc_code rpc_call_async(struct rpc_client *c, const ProtobufCServiceDescriptor *svc, unsigned method,
+                       const ProtobufCMessage *request, const void *attachment,
                        size_t attachment_len, uint32_t timeout_ms, rpc_done_fn done, void *arg,
                        dc_status *st);
 
@@ -149,8 +148,7 @@ uint64_t rpc_now_ms(void);
 uint64_t rpc_now_us(void);
 
 /* "/devcoord.v1.Coordinator/SubmitOp" into buf. */
-void rpc_method_path(const ProtobufCServiceDescriptor *svc, unsigned method, char *buf,
-                     size_t cap);
+void rpc_method_path(const ProtobufCServiceDescriptor *svc, unsigned method, char *buf, size_t cap);
 
 /* Decode budget for a message of len bytes: what its unpacked form may cost. */
 size_t rpc_decode_budget(size_t len);

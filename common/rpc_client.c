@@ -105,8 +105,8 @@ rpc_client_open(const struct rpc_client_opts *opts, struct rpc_client **out, dc_
     }
     pthread_mutex_init(&c->mtx, NULL);
     snprintf(c->url, sizeof(c->url), "%s", opts->url);
-    c->max_message       = opts->max_message_bytes ? opts->max_message_bytes : RPC_DEFAULT_MAX_MESSAGE;
-    c->on_connection     = opts->on_connection;
+    c->max_message   = opts->max_message_bytes ? opts->max_message_bytes : RPC_DEFAULT_MAX_MESSAGE;
+    c->on_connection = opts->on_connection;
     c->on_connection_arg = opts->on_connection_arg;
     atomic_store(&c->next_id, ((uint64_t)rpc_now_us() << 16) ^ (uint64_t)(uintptr_t)c);
     if (opts->token != NULL && (c->token = strdup(opts->token)) == NULL) {

@@ -50,11 +50,11 @@ struct rpc_server {
     void *observe_arg;
 
     pthread_mutex_t mtx;
-    pthread_cond_t cv;   /* work queued, or a call answered */
+    pthread_cond_t cv; /* work queued, or a call answered */
     struct rpc_call *head, *tail;
     bool closing;
     bool threads_exit;
-    unsigned busy;       /* calls taken and not yet answered */
+    unsigned busy; /* calls taken and not yet answered */
     struct rpc_call **calls;
     unsigned n_calls, max_calls;
     atomic_uint receiving; /* contexts waiting for a request */
@@ -162,8 +162,8 @@ rpc_call_reset(struct rpc_call *call)
 static void
 rpc_call_answer(const ProtobufCMessage *body, void *data)
 {
-    struct rpc_call *call     = data;
-    struct rpc_server *s      = call->server;
+    struct rpc_call *call         = data;
+    struct rpc_server *s          = call->server;
     Devcoord__V1__ReplyHeader hdr = DEVCOORD__V1__REPLY_HEADER__INIT;
     Devcoord__V1__Status status   = DEVCOORD__V1__STATUS__INIT;
     nng_msg *reply;
@@ -244,7 +244,7 @@ rpc_call_dispatch(struct rpc_call *call)
         return;
     }
     alloc = arena_allocator(call->arena);
-    hdr   = devcoord__v1__request_header__unpack(&alloc, call->frame.header_len, call->frame.header);
+    hdr = devcoord__v1__request_header__unpack(&alloc, call->frame.header_len, call->frame.header);
     if (hdr == NULL) {
         rpc_call_fail(call, DC_INVALID_ARGUMENT, "undecodable request header");
         return;
@@ -281,8 +281,7 @@ rpc_call_dispatch(struct rpc_call *call)
             rpc_call_fail(call, DC_RESOURCE_EXHAUSTED, "%s request too costly to decode",
                           call->method->name);
         } else {
-            rpc_call_fail(call, DC_INVALID_ARGUMENT, "undecodable %s request",
-                          call->method->name);
+            rpc_call_fail(call, DC_INVALID_ARGUMENT, "undecodable %s request", call->method->name);
         }
         return;
     }

@@ -32,8 +32,7 @@ wire_split(const void *buf, size_t len, struct wire_frame *f, dc_status *st)
     p += 4;
     rest -= 4;
     if (n > WIRE_HEADER_MAX || n > rest) {
-        return status_set(st, DC_INVALID_ARGUMENT, "bad frame: header of %u bytes in %zu", n,
-                          rest);
+        return status_set(st, DC_INVALID_ARGUMENT, "bad frame: header of %u bytes in %zu", n, rest);
     }
     f->header     = p;
     f->header_len = n;

@@ -128,7 +128,8 @@ main(int argc, char **argv)
     ro.events.worker_gone    = on_worker_gone;
     ro.events.arg            = c;
     rv                       = 1;
-    if ((c->registry = registry_new(&ro)) == NULL || (c->ops = ops_new(c->registry, &c->cfg)) == NULL) {
+    if ((c->registry = registry_new(&ro)) == NULL ||
+        (c->ops = ops_new(c->registry, &c->cfg)) == NULL) {
         log_error("out of memory");
         goto out;
     }

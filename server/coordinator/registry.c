@@ -296,9 +296,9 @@ registry_link(struct registry *r, struct reg_worker *w)
 static bool
 address_valid(const char *a)
 {
-    static const char *const schemes[] = { "tcp://", "tls+tcp://", "ipc://", "inproc://",
-                                           "tcp4://", "tcp6://" };
-    size_t len = strnlen(a, REGISTRY_MAX_ADDRESS_LEN + 1);
+    static const char *const schemes[] = { "tcp://",    "tls+tcp://", "ipc://",
+                                           "inproc://", "tcp4://",    "tcp6://" };
+    size_t len                         = strnlen(a, REGISTRY_MAX_ADDRESS_LEN + 1);
 
     if (len == 0 || len > REGISTRY_MAX_ADDRESS_LEN) {
         return false;
@@ -537,8 +537,8 @@ registry_sweep(struct registry *r, uint64_t now_ms)
     struct died {
         char name[DC_WORKER_NAME_MAX + 1];
         uint64_t epoch;
-    } *died = NULL;
-    size_t n    = 0;
+    } *died  = NULL;
+    size_t n = 0;
 
     pthread_rwlock_wrlock(&r->lock);
     for (size_t i = 0; i < r->n_order; i++) {
@@ -577,8 +577,7 @@ arena_strdup(struct arena *a, const char *s)
 }
 
 static Devcoord__V1__WorkerInfo *
-worker_info(const struct registry *r, const struct reg_worker *w, uint64_t now_ms,
-            struct arena *a)
+worker_info(const struct registry *r, const struct reg_worker *w, uint64_t now_ms, struct arena *a)
 {
     Devcoord__V1__WorkerInfo *wi = arena_alloc(a, sizeof(*wi));
     size_t nc                    = 0;
@@ -587,16 +586,15 @@ worker_info(const struct registry *r, const struct reg_worker *w, uint64_t now_m
         return NULL;
     }
     devcoord__v1__worker_info__init(wi);
-    wi->name               = arena_strdup(a, w->name);
-    wi->address            = arena_strdup(a, w->address);
-    wi->executor           = arena_strdup(a, w->executor);
-    wi->state              = (Devcoord__V1__WorkerState)worker_state(r, w);
-    wi->epoch              = w->epoch;
-    wi->device_count       = (uint32_t)w->n_devices;
-    wi->since_heartbeat_ms = now_ms - w->last_heartbeat_ms;
-    wi->labels             = arena_alloc(a, (w->n_labels + 1) * sizeof(*wi->labels));
-    wi->collective_backends =
-        arena_alloc(a, DC_BACKEND_COUNT * sizeof(*wi->collective_backends));
+    wi->name                = arena_strdup(a, w->name);
+    wi->address             = arena_strdup(a, w->address);
+    wi->executor            = arena_strdup(a, w->executor);
+    wi->state               = (Devcoord__V1__WorkerState)worker_state(r, w);
+    wi->epoch               = w->epoch;
+    wi->device_count        = (uint32_t)w->n_devices;
+    wi->since_heartbeat_ms  = now_ms - w->last_heartbeat_ms;
+    wi->labels              = arena_alloc(a, (w->n_labels + 1) * sizeof(*wi->labels));
+    wi->collective_backends = arena_alloc(a, DC_BACKEND_COUNT * sizeof(*wi->collective_backends));
     if (wi->name == NULL || wi->address == NULL || wi->executor == NULL || wi->labels == NULL ||
         wi->collective_backends == NULL) {
         return NULL;
@@ -721,7 +719,7 @@ dc_code
 registry_list_devices(struct registry *r, const Devcoord__V1__ListDevicesRequest *req,
                       struct arena *a, Devcoord__V1__ListDevicesResponse *out, dc_status *st)
 {
-    size_t page = req->page_size ? req->page_size : REGISTRY_DEFAULT_PAGE;
+    size_t page  = req->page_size ? req->page_size : REGISTRY_DEFAULT_PAGE;
     size_t first = 0, last, skip = 0;
     char resume[DC_WORKER_NAME_MAX + 1] = "";
     dc_code code                        = DC_OK;
@@ -806,8 +804,7 @@ registry_get_device(struct registry *r, const char *name, struct arena *a,
         if ((o = strmap_get(&r->owners, key)) != NULL && o->n > 1) {
             pthread_rwlock_unlock(&r->lock);
             return status_set(st, DC_INVALID_ARGUMENT,
-                              "device %s is on %zu workers: name one as worker/%s", key, o->n,
-                              key);
+                              "device %s is on %zu workers: name one as worker/%s", key, o->n, key);
         }
         d = o != NULL ? o->devs[0] : NULL;
     }
@@ -869,8 +866,8 @@ registry_cluster_status(struct registry *r, struct arena *a,
             continue;
         }
         devcoord__v1__backend_count__init(bc);
-        bc->backend          = (Devcoord__V1__Backend)b;
-        bc->count            = by_backend[b];
+        bc->backend       = (Devcoord__V1__Backend)b;
+        bc->count         = by_backend[b];
         out->devices[n++] = bc;
     }
     out->n_devices = n;
@@ -880,8 +877,7 @@ registry_cluster_status(struct registry *r, struct arena *a,
 
 dc_code
 registry_set_intent(struct registry *r, const char *name, enum registry_intent intent,
-                    uint64_t now_ms, struct arena *a, Devcoord__V1__WorkerInfo **out,
-                    dc_status *st)
+                    uint64_t now_ms, struct arena *a, Devcoord__V1__WorkerInfo **out, dc_status *st)
 {
     struct reg_worker *w;
     bool ok;
@@ -951,7 +947,7 @@ registry_find(void *arg, const dc_device_ref *ref, struct validate_device_info *
     memset(info, 0, sizeof(*info));
     if (ref->worker[0] != '\0') {
         device_cluster_name(ref->worker, &ref->device, key, sizeof(key));
-        d = strmap_get(&r->devices, key);
+        d             = strmap_get(&r->devices, key);
         info->matches = d != NULL;
     } else {
         struct owners *o;

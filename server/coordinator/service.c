@@ -161,7 +161,7 @@ static void
 set_intent(struct coordinator *c, const char *name, enum registry_intent intent,
            Devcoord__V1__WorkerNameResponse_Closure closure, void *cd)
 {
-    static const char *const verbs[] = { "uncordoned", "cordoned", "set draining" };
+    static const char *const verbs[]     = { "uncordoned", "cordoned", "set draining" };
     Devcoord__V1__WorkerNameResponse out = DEVCOORD__V1__WORKER_NAME_RESPONSE__INIT;
     struct arena *a                      = response_arena(cd, (ProtobufCClosure)closure);
     dc_status st;
@@ -188,8 +188,7 @@ c_cordon_worker(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__Work
 }
 
 static void
-c_uncordon_worker(Devcoord__V1__Coordinator_Service *svc,
-                  const Devcoord__V1__WorkerNameRequest *in,
+c_uncordon_worker(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__WorkerNameRequest *in,
                   Devcoord__V1__WorkerNameResponse_Closure closure, void *cd)
 {
     set_intent(COORD(svc), in->name, INTENT_NONE, closure, cd);
