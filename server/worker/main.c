@@ -9,9 +9,13 @@
 
 #include <nng/nng.h>
 
+#include <malloc.h>
+
+#include "collective.h"
 #include "daemon.h"
 #include "device.h"
 #include "log.h"
+#include "tensors.h"
 #include "worker.h"
 
 static const char usage[] =
@@ -81,6 +85,23 @@ worker_load_config(struct worker *w, const struct daemon_args *args)
     return 0;
 }
 
+static struct executor *
+worker_executor_new(const struct config_worker *cfg)
+{
+    dc_device *devs = calloc(cfg->n_devices, sizeof(*devs));
+    struct executor *ex;
+
+    if (devs == NULL) {
+        return NULL;
+    }
+    for (size_t i = 0; i < cfg->n_devices; i++) {
+        devs[i] = cfg->devices[i].device;
+    }
+    ex = host_executor_new(devs, cfg->n_devices);
+    free(devs);
+    return ex;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -104,7 +125,22 @@ main(int argc, char **argv)
     }
     log_configure(w->cfg.log.level, w->cfg.log.format, w->cfg.name);
 
+    /* Chunk-sized buffers come and go on the data plane: keep them off mmap, which would map
+     * and zero-fill pages on every allocation. */
+    mallopt(M_MMAP_THRESHOLD, 256 * 1024 * 1024);
+    mallopt(M_TRIM_THRESHOLD, 512 * 1024 * 1024);
+
     rv = 1;
+    if ((w->executor = worker_executor_new(&w->cfg)) == NULL ||
+        (w->tensors = tensors_new(w->executor, w->cfg.max_message_bytes)) == NULL) {
+        log_error("out of memory");
+        goto out;
+    }
+    if ((w->membership = membership_new(&w->cfg, on_fenced, w)) == NULL ||
+        (w->collectives = collectives_new(&w->cfg, w->executor, w->membership)) == NULL) {
+        log_error("cannot start");
+        goto out;
+    }
     worker_service_init(w);
     so.url               = w->cfg.listen;
     so.service           = &w->service.base;
@@ -116,18 +152,29 @@ main(int argc, char **argv)
     }
     log_info("devcoord-worker %s serving %zu devices on %s (advertised as %s)", DEVCOORD_VERSION,
              w->cfg.n_devices, w->cfg.listen, w->cfg.advertise);
-    if ((w->membership = membership_start(&w->cfg, on_fenced, w)) == NULL) {
+    if (!membership_run(w->membership)) {
+        log_error("cannot start the membership thread");
         goto out_rpc;
     }
     while (daemon_wait_signal(-1) == 0) {
     }
     rv = 0;
     log_info("shutting down");
+    /* Leave the cluster first so no new op names us, then fail what runs and stop serving. */
     membership_stop(w->membership);
+    w->membership = NULL;
 out_rpc:
     rpc_server_close(w->rpc);
+    collectives_free(w->collectives);
+    w->collectives = NULL;
     rpc_server_free(w->rpc);
 out:
+    collectives_free(w->collectives);
+    membership_stop(w->membership);
+    tensors_free(w->tensors);
+    if (w->executor != NULL) {
+        w->executor->ops->destroy(w->executor);
+    }
     config_worker_free(&w->cfg);
     free(w);
     nng_fini();

@@ -19,6 +19,7 @@ struct membership {
     void (*on_fenced)(void *);
     void *arg;
     pthread_t thread;
+    bool running;
     pthread_mutex_t mtx;
     pthread_cond_t cv;
     bool stop;
@@ -57,13 +58,13 @@ membership_sleep(struct membership *m, uint32_t ms)
 static dc_code
 membership_register(struct membership *m, dc_status *st)
 {
-    const struct config_worker *cfg          = m->cfg;
-    Devcoord__V1__RegisterWorkerRequest req  = DEVCOORD__V1__REGISTER_WORKER_REQUEST__INIT;
-    Devcoord__V1__DeviceSpec *specs          = calloc(cfg->n_devices, sizeof(*specs));
-    Devcoord__V1__DeviceSpec **spec_ptrs     = calloc(cfg->n_devices, sizeof(*spec_ptrs));
-    Devcoord__V1__Device *devs               = calloc(cfg->n_devices, sizeof(*devs));
-    Devcoord__V1__Label *labels              = calloc(cfg->n_labels + 1, sizeof(*labels));
-    Devcoord__V1__Label **label_ptrs         = calloc(cfg->n_labels + 1, sizeof(*label_ptrs));
+    const struct config_worker *cfg         = m->cfg;
+    Devcoord__V1__RegisterWorkerRequest req = DEVCOORD__V1__REGISTER_WORKER_REQUEST__INIT;
+    Devcoord__V1__DeviceSpec *specs         = calloc(cfg->n_devices, sizeof(*specs));
+    Devcoord__V1__DeviceSpec **spec_ptrs    = calloc(cfg->n_devices, sizeof(*spec_ptrs));
+    Devcoord__V1__Device *devs              = calloc(cfg->n_devices, sizeof(*devs));
+    Devcoord__V1__Label *labels             = calloc(cfg->n_labels + 1, sizeof(*labels));
+    Devcoord__V1__Label **label_ptrs        = calloc(cfg->n_labels + 1, sizeof(*label_ptrs));
     Devcoord__V1__Backend backends[DC_BACKEND_COUNT];
     struct rpc_reply reply;
     dc_code code = DC_RESOURCE_EXHAUSTED;
@@ -172,8 +173,8 @@ membership_thread(void *arg)
             }
         }
         if (code != DC_OK && !unreachable) {
-            log_warn("coordinator %s: %s: %s (retrying)", m->cfg->coordinator,
-                     dc_status_name(code), st.message);
+            log_warn("coordinator %s: %s: %s (retrying)", m->cfg->coordinator, dc_status_name(code),
+                     st.message);
         } else if (code == DC_OK && unreachable) {
             log_info("coordinator %s reachable again", m->cfg->coordinator);
         }
@@ -185,9 +186,9 @@ membership_thread(void *arg)
 }
 
 struct membership *
-membership_start(const struct config_worker *cfg, void (*on_fenced)(void *), void *arg)
+membership_new(const struct config_worker *cfg, void (*on_fenced)(void *), void *arg)
 {
-    struct membership *m = calloc(1, sizeof(*m));
+    struct membership *m      = calloc(1, sizeof(*m));
     struct rpc_client_opts co = { 0 };
     dc_status st;
 
@@ -210,16 +211,19 @@ membership_start(const struct config_worker *cfg, void (*on_fenced)(void *), voi
         log_error("coordinator %s: %s", cfg->coordinator, st.message);
         goto fail;
     }
-    if (pthread_create(&m->thread, NULL, membership_thread, m) != 0) {
-        rpc_client_close(m->client);
-        goto fail;
-    }
     return m;
 fail:
     pthread_cond_destroy(&m->cv);
     pthread_mutex_destroy(&m->mtx);
     free(m);
     return NULL;
+}
+
+bool
+membership_run(struct membership *m)
+{
+    m->running = pthread_create(&m->thread, NULL, membership_thread, m) == 0;
+    return m->running;
 }
 
 void
@@ -236,7 +240,9 @@ membership_stop(struct membership *m)
     m->stop = true;
     pthread_cond_signal(&m->cv);
     pthread_mutex_unlock(&m->mtx);
-    pthread_join(m->thread, NULL);
+    if (m->running) {
+        pthread_join(m->thread, NULL);
+    }
     if ((req.epoch = atomic_load(&m->epoch)) != 0) {
         req.name = m->cfg->name;
         if (rpc_call(m->client, SVC, M_DEREGISTER, &req.base, NULL, 0, 1000, &reply, &st) ==

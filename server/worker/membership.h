@@ -14,12 +14,16 @@
 
 struct membership;
 
-/* Starts the membership thread for cfg (which must outlive it). on_fenced runs (on that
- * thread) when another instance took over this worker's name; the daemon should stop. */
-struct membership *membership_start(const struct config_worker *cfg, void (*on_fenced)(void *),
-                                    void *arg);
+/* Membership for cfg (which must outlive it), not yet running. on_fenced runs (on the
+ * membership thread) when another instance took over this worker's name; the daemon should
+ * stop. */
+struct membership *membership_new(const struct config_worker *cfg, void (*on_fenced)(void *),
+                                  void *arg);
 
-/* Deregisters (best effort, bounded wait) and stops the thread. */
+/* Starts registering and heartbeating (once the worker serves its address). */
+bool membership_run(struct membership *m);
+
+/* Deregisters (best effort, bounded wait), stops the thread and frees m. */
 void membership_stop(struct membership *m);
 
 /* Current epoch, 0 while not registered. */

@@ -1,26 +1,59 @@
-/* The Worker service (design §6): tensors, Execute, Abort and peer Exchange. */
-#include "status.h"
+/* The Worker service (design §6): tensors for clients, Execute and Abort for the
+ * coordinator, Exchange for peers. */
+#include "collective.h"
+#include "tensors.h"
 #include "worker.h"
 
-#define UNIMPLEMENTED(fn, Req, Closure)                                                           \
-    static void w_##fn(Devcoord__V1__Worker_Service *svc, const Req *in, Closure closure,         \
-                       void *cd)                                                                  \
-    {                                                                                             \
-        (void)svc;                                                                                \
-        (void)in;                                                                                 \
-        status_set(rpc_call_status(cd), DC_UNIMPLEMENTED, #fn " is not implemented yet");         \
-        closure(NULL, cd);                                                                        \
-    }
+#define WORKER(svc) ((struct worker *)(void *)(svc))
 
-UNIMPLEMENTED(execute, Devcoord__V1__ExecuteRequest, Devcoord__V1__ExecuteResponse_Closure)
-UNIMPLEMENTED(abort, Devcoord__V1__AbortRequest, Devcoord__V1__AbortResponse_Closure)
-UNIMPLEMENTED(exchange, Devcoord__V1__ExchangeRequest, Devcoord__V1__ExchangeResponse_Closure)
-UNIMPLEMENTED(put_tensor, Devcoord__V1__PutTensorRequest, Devcoord__V1__PutTensorResponse_Closure)
-UNIMPLEMENTED(get_tensor, Devcoord__V1__GetTensorRequest, Devcoord__V1__GetTensorResponse_Closure)
-UNIMPLEMENTED(delete_tensor, Devcoord__V1__DeleteTensorRequest,
-              Devcoord__V1__DeleteTensorResponse_Closure)
-UNIMPLEMENTED(list_tensors, Devcoord__V1__ListTensorsRequest,
-              Devcoord__V1__ListTensorsResponse_Closure)
+static void
+w_execute(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__ExecuteRequest *in,
+          Devcoord__V1__ExecuteResponse_Closure closure, void *cd)
+{
+    collectives_execute(WORKER(svc)->collectives, in, closure, cd);
+}
+
+static void
+w_abort(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__AbortRequest *in,
+        Devcoord__V1__AbortResponse_Closure closure, void *cd)
+{
+    collectives_abort(WORKER(svc)->collectives, in, closure, cd);
+}
+
+static void
+w_exchange(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__ExchangeRequest *in,
+           Devcoord__V1__ExchangeResponse_Closure closure, void *cd)
+{
+    collectives_exchange(WORKER(svc)->collectives, in, closure, cd);
+}
+
+static void
+w_put_tensor(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__PutTensorRequest *in,
+             Devcoord__V1__PutTensorResponse_Closure closure, void *cd)
+{
+    tensors_put(WORKER(svc)->tensors, in, closure, cd);
+}
+
+static void
+w_get_tensor(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__GetTensorRequest *in,
+             Devcoord__V1__GetTensorResponse_Closure closure, void *cd)
+{
+    tensors_get(WORKER(svc)->tensors, in, closure, cd);
+}
+
+static void
+w_delete_tensor(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__DeleteTensorRequest *in,
+                Devcoord__V1__DeleteTensorResponse_Closure closure, void *cd)
+{
+    tensors_delete(WORKER(svc)->tensors, in, closure, cd);
+}
+
+static void
+w_list_tensors(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__ListTensorsRequest *in,
+               Devcoord__V1__ListTensorsResponse_Closure closure, void *cd)
+{
+    tensors_list(WORKER(svc)->tensors, in, closure, cd);
+}
 
 void
 worker_service_init(struct worker *w)

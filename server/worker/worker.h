@@ -10,11 +10,18 @@
 #include "membership.h"
 #include "rpc.h"
 
+struct executor;
+struct tensors;
+struct collectives;
+
 struct worker {
     /* First member: handlers get &service and find the rest from it. */
     Devcoord__V1__Worker_Service service;
     struct config_worker cfg;
     struct membership *membership;
+    struct executor *executor;
+    struct tensors *tensors;
+    struct collectives *collectives;
     struct rpc_server *rpc;
 };
 

@@ -1,0 +1,1270 @@
+#include "collective.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device.h"
+#include "log.h"
+#include "reduce.h"
+#include "rpc.h"
+
+#define WORKER_SVC (&devcoord__v1__worker__descriptor)
+enum { M_EXCHANGE = 2 };
+
+#define CHUNK_BYTES      (1u << 20) /* bytes per Exchange call */
+#define SEND_WINDOW      8          /* Exchange calls in flight per op */
+#define ORPHAN_MAX_BYTES ((size_t)256 << 20)
+#define ORPHAN_MAX_MS    10000
+#define RECENT_OPS       512
+#define OP_ID_MAX        64
+#define PLAN_MAX_WORKERS 4096
+#define PLAN_MAX_DEVICES (1u << 20)
+
+/* An Exchange call waiting for its op to start (or to be ready for data). */
+struct parked {
+    const Devcoord__V1__ExchangeRequest *in;
+    Devcoord__V1__ExchangeResponse_Closure closure;
+    void *cd;
+    size_t bytes;
+    uint64_t expires_ms;
+    struct parked *next;
+};
+
+struct peer {
+    char address[256];
+    struct rpc_client *client;
+};
+
+enum cop_phase { PHASE_STARTING, PHASE_READY, PHASE_DONE };
+
+/* One op in flight on this worker. */
+struct cop {
+    struct collectives *co;
+    char id[OP_ID_MAX + 1];
+    const Devcoord__V1__ExecuteRequest *req;
+    Devcoord__V1__ExecuteResponse_Closure closure;
+    void *cd;
+    uint64_t started_us;
+
+    uint32_t self, W, N;
+    dc_device_ref *devices; /* plan devices, rank order */
+    uint32_t *owner;        /* rank -> worker index */
+    size_t n_local;
+    uint32_t *local_ranks;
+    struct tensor **tensors; /* per local rank */
+    struct peer **peers;     /* per worker index (NULL for self) */
+
+    dc_dtype dtype;
+    size_t elements, esize, bytes;
+    uint8_t *buf; /* the op's data (a tensor's storage or owned) */
+    bool buf_owned;
+    uint8_t *gather; /* all-gather output, N * bytes */
+
+    size_t n_steps;
+    uint64_t *expected, *received;
+    uint64_t *expected_from, *received_from; /* per worker, for the many-to-one step */
+    size_t multi_step;                       /* that step, or SIZE_MAX */
+
+    pthread_mutex_t mtx;
+    pthread_cond_t cv;
+    enum cop_phase phase;
+    bool failed;
+    dc_status fail;
+    unsigned inflight;
+    uint64_t deadline_ms;
+    uint64_t bytes_sent, bytes_received;
+    struct parked *parked;
+
+    int refs; /* guarded by co->mtx: the op thread and each handler applying data */
+    struct cop *next;
+};
+
+struct collectives {
+    const struct config_worker *cfg;
+    struct executor *ex;
+    struct membership *m;
+    size_t chunk;
+
+    pthread_mutex_t mtx;
+    pthread_cond_t cv; /* an op released a reference or ended */
+    struct cop *ops;
+    struct parked *orphans;
+    size_t orphan_bytes;
+    char recent[RECENT_OPS][OP_ID_MAX + 1];
+    size_t recent_next;
+    struct peer **peers;
+    size_t n_peers;
+    unsigned threads; /* op threads running */
+    bool stopping;
+    pthread_t reaper;
+    struct collectives_stats stats;
+};
+
+/* ---- small helpers ----------------------------------------------------------------------- */
+
+static void
+cop_device_name(const struct cop *op, uint32_t rank, char *buf, size_t cap)
+{
+    dc_device_ref_format(&op->devices[rank], buf, cap);
+}
+
+/* Segment i of W of the op's buffer (elements split as evenly as they go). */
+static void
+cop_segment(const struct cop *op, uint32_t i, size_t *start, size_t *end)
+{
+    *start = (size_t)((uint64_t)i * op->elements / op->W) * op->esize;
+    *end   = (size_t)((uint64_t)(i + 1) * op->elements / op->W) * op->esize;
+}
+
+static uint32_t
+ring_mod(int64_t v, uint32_t w)
+{
+    int64_t m = v % (int64_t)w;
+    return (uint32_t)(m < 0 ? m + w : m);
+}
+
+/* Records the first failure; later ones are dropped. Call with op->mtx held. */
+static void
+cop_fail_locked(struct cop *op, const dc_status *st)
+{
+    if (!op->failed) {
+        op->failed = true;
+        op->fail   = *st;
+    }
+    pthread_cond_broadcast(&op->cv);
+}
+
+static bool
+cop_failed(struct cop *op)
+{
+    bool failed;
+
+    pthread_mutex_lock(&op->mtx);
+    failed = op->failed;
+    pthread_mutex_unlock(&op->mtx);
+    return failed;
+}
+
+static bool
+recent_has(const struct collectives *co, const char *id)
+{
+    for (size_t i = 0; i < RECENT_OPS; i++) {
+        if (strcmp(co->recent[i], id) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Remembers an op id that ended (or was aborted before it began). co->mtx held. */
+static void
+recent_add(struct collectives *co, const char *id)
+{
+    snprintf(co->recent[co->recent_next], sizeof(co->recent[0]), "%s", id);
+    co->recent_next = (co->recent_next + 1) % RECENT_OPS;
+}
+
+static struct cop *
+cop_find_locked(struct collectives *co, const char *id)
+{
+    for (struct cop *op = co->ops; op != NULL; op = op->next) {
+        if (strcmp(op->id, id) == 0) {
+            return op;
+        }
+    }
+    return NULL;
+}
+
+static void
+answer_exchange(struct parked *p, dc_code code, const char *message)
+{
+    Devcoord__V1__ExchangeResponse out = DEVCOORD__V1__EXCHANGE_RESPONSE__INIT;
+
+    if (code != DC_OK) {
+        status_set(rpc_call_status(p->cd), code, "%s", message);
+        p->closure(NULL, p->cd);
+    } else {
+        p->closure(&out, p->cd);
+    }
+}
+
+/* The client for a peer's data address, opened on first use and kept. */
+static struct peer *
+peer_get(struct collectives *co, const char *address, dc_status *st)
+{
+    struct rpc_client_opts opts = { 0 };
+    struct peer *p              = NULL, **grow;
+
+    pthread_mutex_lock(&co->mtx);
+    for (size_t i = 0; i < co->n_peers; i++) {
+        if (strcmp(co->peers[i]->address, address) == 0) {
+            p = co->peers[i];
+            goto out;
+        }
+    }
+    if ((grow = realloc(co->peers, (co->n_peers + 1) * sizeof(*grow))) == NULL ||
+        (p = calloc(1, sizeof(*p))) == NULL) {
+        if (grow != NULL) {
+            co->peers = grow;
+        }
+        status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    co->peers = grow;
+    snprintf(p->address, sizeof(p->address), "%s", address);
+    opts.url               = address;
+    opts.max_message_bytes = co->cfg->max_message_bytes;
+    opts.reconnect_min_ms  = 20;
+    opts.reconnect_max_ms  = 500;
+    opts.token             = NULL;
+    if (rpc_client_open(&opts, &p->client, st) != DC_OK) {
+        free(p);
+        p = NULL;
+        goto out;
+    }
+    co->peers[co->n_peers++] = p;
+out:
+    pthread_mutex_unlock(&co->mtx);
+    return p;
+}
+
+/* ---- receiving --------------------------------------------------------------------------- */
+
+enum apply_mode { APPLY_REDUCE, APPLY_COPY };
+
+/* Where a chunk of `step` lands: the buffer, the byte range it must fall in and how it is
+ * applied. false when this worker expects nothing at that step. */
+static bool
+cop_step_target(const struct cop *op, uint32_t step, uint32_t rank, uint8_t **base, size_t *start,
+                size_t *end, enum apply_mode *mode)
+{
+    uint32_t W = op->W, rs_steps = W - 1;
+    dc_op_kind kind = (dc_op_kind)op->req->kind;
+
+    *base = op->buf;
+    if ((kind == DC_OP_ALL_REDUCE || kind == DC_OP_REDUCE) && step < rs_steps) {
+        cop_segment(op, ring_mod((int64_t)op->self - 1 - step, W), start, end);
+        *mode = APPLY_REDUCE;
+        return true;
+    }
+    if (kind == DC_OP_ALL_REDUCE && step < 2 * rs_steps) {
+        cop_segment(op, ring_mod((int64_t)op->self - (step - rs_steps), W), start, end);
+        *mode = APPLY_COPY;
+        return true;
+    }
+    *mode = APPLY_COPY;
+    if (kind == DC_OP_REDUCE && step == rs_steps) {
+        *start = 0;
+        *end   = op->bytes;
+        return op->self == op->owner[op->req->root];
+    }
+    if (kind == DC_OP_BROADCAST && step == 0) {
+        *start = 0;
+        *end   = op->bytes;
+        return op->self != op->owner[op->req->root];
+    }
+    if (kind == DC_OP_ALL_GATHER && step == 0 && rank < op->N && op->owner[rank] != op->self) {
+        *base  = op->gather;
+        *start = (size_t)rank * op->bytes;
+        *end   = *start + op->bytes;
+        return true;
+    }
+    return false;
+}
+
+/* Applies one received chunk to a ready op. Runs on a server thread, without op->mtx while
+ * the bytes move: chunks of one op never overlap (see cop_step_target). */
+static dc_code
+cop_apply(struct cop *op, const Devcoord__V1__ExchangeRequest *in, const uint8_t *data, size_t len,
+          dc_status *st)
+{
+    uint8_t *base;
+    size_t start, end;
+    enum apply_mode mode;
+    char mine[DC_DEVICE_TEXT_SIZE], theirs[DC_DEVICE_TEXT_SIZE];
+
+    if (in->from >= op->W || in->from == op->self || in->rank >= op->N ||
+        op->owner[in->rank] != in->from) {
+        return status_set(st, DC_INVALID_ARGUMENT, "exchange from a worker outside op %s", op->id);
+    }
+    if ((dc_dtype)in->dtype != op->dtype || in->elements != op->elements) {
+        cop_device_name(op, op->local_ranks[0], mine, sizeof(mine));
+        cop_device_name(op, in->rank, theirs, sizeof(theirs));
+        return status_set(st, DC_FAILED_PRECONDITION,
+                          "tensor '%s' on %s is %s with %llu elements, but on %s it is %s with "
+                          "%zu elements",
+                          op->req->tensor, theirs,
+                          dc_dtype_name((dc_dtype)in->dtype) ? dc_dtype_name((dc_dtype)in->dtype)
+                                                             : "of no known dtype",
+                          (unsigned long long)in->elements, mine, dc_dtype_name(op->dtype),
+                          op->elements);
+    }
+    if (in->step >= op->n_steps ||
+        !cop_step_target(op, in->step, in->rank, &base, &start, &end, &mode) ||
+        in->offset < start || in->offset > end || len > end - in->offset || len % op->esize != 0 ||
+        in->offset % op->esize != 0) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "exchange chunk outside op %s (step %u, offset %llu, %zu bytes)", op->id,
+                          in->step, (unsigned long long)in->offset, len);
+    }
+    if (mode == APPLY_REDUCE) {
+        reduce_into(op->dtype, (dc_reduce_op)op->req->reduce, base + in->offset, data,
+                    len / op->esize);
+    } else {
+        memcpy(base + in->offset, data, len);
+    }
+    pthread_mutex_lock(&op->mtx);
+    op->received[in->step] += len;
+    if (in->step == op->multi_step) {
+        op->received_from[in->from] += len;
+    }
+    if (op->received[in->step] > op->expected[in->step]) {
+        dc_status dup;
+        status_set(&dup, DC_INVALID_ARGUMENT, "op %s received more data than expected at step %u",
+                   op->id, in->step);
+        cop_fail_locked(op, &dup);
+    }
+    op->bytes_received += len;
+    pthread_cond_broadcast(&op->cv);
+    pthread_mutex_unlock(&op->mtx);
+    return DC_OK;
+}
+
+/* Applies a parked or fresh chunk and answers its call; a failure also fails the op. */
+static void
+cop_take(struct cop *op, struct parked *p)
+{
+    size_t len;
+    const uint8_t *data = rpc_call_attachment(p->cd, &len);
+    dc_status st;
+
+    status_clear(&st);
+    if (cop_apply(op, p->in, data, len, &st) != DC_OK) {
+        pthread_mutex_lock(&op->mtx);
+        cop_fail_locked(op, &st);
+        pthread_mutex_unlock(&op->mtx);
+        answer_exchange(p, st.code, st.message);
+        return;
+    }
+    answer_exchange(p, DC_OK, NULL);
+}
+
+void
+collectives_exchange(struct collectives *co, const Devcoord__V1__ExchangeRequest *in,
+                     Devcoord__V1__ExchangeResponse_Closure closure, void *cd)
+{
+    struct parked p = { .in = in, .closure = closure, .cd = cd }, *copy;
+    struct cop *op;
+    char message[160];
+
+    rpc_call_attachment(cd, &p.bytes);
+    pthread_mutex_lock(&co->mtx);
+    if ((op = cop_find_locked(co, in->op_id)) != NULL) {
+        pthread_mutex_lock(&op->mtx);
+        if (op->phase == PHASE_READY && !op->failed) {
+            pthread_mutex_unlock(&op->mtx);
+            op->refs++;
+            pthread_mutex_unlock(&co->mtx);
+            cop_take(op, &p);
+            pthread_mutex_lock(&co->mtx);
+            op->refs--;
+            pthread_cond_broadcast(&co->cv);
+            pthread_mutex_unlock(&co->mtx);
+            return;
+        }
+        if (op->phase == PHASE_STARTING && (copy = malloc(sizeof(*copy))) != NULL) {
+            *copy      = p;
+            copy->next = op->parked;
+            op->parked = copy;
+            pthread_mutex_unlock(&op->mtx);
+            pthread_mutex_unlock(&co->mtx);
+            return;
+        }
+        snprintf(message, sizeof(message), "op %.64s is ending on this worker", in->op_id);
+        pthread_mutex_unlock(&op->mtx);
+        pthread_mutex_unlock(&co->mtx);
+        answer_exchange(&p, DC_ABORTED, message);
+        return;
+    }
+    if (recent_has(co, in->op_id) || co->stopping) {
+        pthread_mutex_unlock(&co->mtx);
+        snprintf(message, sizeof(message), "op %.64s is not running on this worker", in->op_id);
+        answer_exchange(&p, DC_ABORTED, message);
+        return;
+    }
+    /* The peer is ahead of us: hold the chunk until our Execute arrives. */
+    if (co->orphan_bytes + p.bytes > ORPHAN_MAX_BYTES || (copy = malloc(sizeof(*copy))) == NULL) {
+        pthread_mutex_unlock(&co->mtx);
+        answer_exchange(&p, DC_RESOURCE_EXHAUSTED, "too much data waiting for ops not started");
+        return;
+    }
+    *copy            = p;
+    copy->expires_ms = rpc_now_ms() + ORPHAN_MAX_MS;
+    if (rpc_call_deadline_ms(cd) != 0 && rpc_call_deadline_ms(cd) < copy->expires_ms) {
+        copy->expires_ms = rpc_call_deadline_ms(cd);
+    }
+    copy->next  = co->orphans;
+    co->orphans = copy;
+    co->orphan_bytes += p.bytes;
+    pthread_mutex_unlock(&co->mtx);
+}
+
+/* Answers orphans whose op never came. */
+static void *
+collectives_reaper(void *arg)
+{
+    struct collectives *co = arg;
+
+    pthread_mutex_lock(&co->mtx);
+    while (!co->stopping) {
+        struct timespec ts;
+        struct parked *expired = NULL, **pp = &co->orphans;
+        uint64_t now = rpc_now_ms();
+
+        while (*pp != NULL) {
+            struct parked *p = *pp;
+            if (p->expires_ms <= now) {
+                *pp     = p->next;
+                p->next = expired;
+                expired = p;
+                co->orphan_bytes -= p->bytes;
+            } else {
+                pp = &p->next;
+            }
+        }
+        pthread_mutex_unlock(&co->mtx);
+        while (expired != NULL) {
+            struct parked *p = expired;
+            char message[160];
+            expired = p->next;
+            snprintf(message, sizeof(message), "no op %.64s on this worker", p->in->op_id);
+            answer_exchange(p, DC_NOT_FOUND, message);
+            free(p);
+        }
+        pthread_mutex_lock(&co->mtx);
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&co->cv, &co->mtx, &ts);
+    }
+    pthread_mutex_unlock(&co->mtx);
+    return NULL;
+}
+
+/* ---- sending ----------------------------------------------------------------------------- */
+
+static void
+cop_sent(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, bool *keep)
+{
+    struct cop *op = arg;
+
+    (void)reply;
+    (void)keep;
+    pthread_mutex_lock(&op->mtx);
+    op->inflight--;
+    if (code != DC_OK) {
+        cop_fail_locked(op, st);
+    }
+    pthread_cond_broadcast(&op->cv);
+    pthread_mutex_unlock(&op->mtx);
+}
+
+/* Waits on op->cv until the deadline; false (and the op failed) once it has passed.
+ * op->mtx held. */
+static bool
+cop_wait_locked(struct cop *op, const char *waiting_for)
+{
+    struct timespec ts;
+    uint64_t now = rpc_now_ms(), left;
+
+    if (now >= op->deadline_ms) {
+        dc_status st;
+        status_set(&st, DC_DEADLINE_EXCEEDED, "%s within %llu ms", waiting_for,
+                   (unsigned long long)op->req->timeout_ms);
+        cop_fail_locked(op, &st);
+        return false;
+    }
+    left = op->deadline_ms - now;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += (time_t)(left / 1000);
+    ts.tv_nsec += (long)(left % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&op->cv, &op->mtx, &ts);
+    return true;
+}
+
+/* Sends bytes [start, end) of base to worker `to` as chunks of `step`. */
+static bool
+cop_send(struct cop *op, uint32_t to, uint32_t step, const uint8_t *base, size_t start, size_t end,
+         uint32_t rank)
+{
+    Devcoord__V1__ExchangeRequest req = DEVCOORD__V1__EXCHANGE_REQUEST__INIT;
+    char waiting[96];
+
+    req.op_id    = op->id;
+    req.from     = op->self;
+    req.step     = step;
+    req.dtype    = (Devcoord__V1__DType)op->dtype;
+    req.elements = op->elements;
+    req.rank     = rank;
+    snprintf(waiting, sizeof(waiting), "no room to send to worker %.64s",
+             op->req->plan->workers[to]->name);
+    for (size_t off = start; off < end;) {
+        size_t len = end - off < op->co->chunk ? end - off : op->co->chunk;
+        uint64_t left;
+        dc_status st;
+
+        pthread_mutex_lock(&op->mtx);
+        while (!op->failed && op->inflight >= SEND_WINDOW && cop_wait_locked(op, waiting)) {
+        }
+        if (op->failed) {
+            pthread_mutex_unlock(&op->mtx);
+            return false;
+        }
+        op->inflight++;
+        pthread_mutex_unlock(&op->mtx);
+
+        left       = op->deadline_ms > rpc_now_ms() ? op->deadline_ms - rpc_now_ms() : 1;
+        req.offset = off;
+        if (rpc_call_async(op->peers[to]->client, WORKER_SVC, M_EXCHANGE, &req.base, base + off,
+                           len, (uint32_t)left, cop_sent, op, &st) != DC_OK) {
+            pthread_mutex_lock(&op->mtx);
+            op->inflight--;
+            cop_fail_locked(op, &st);
+            pthread_mutex_unlock(&op->mtx);
+            return false;
+        }
+        op->bytes_sent += len;
+        off += len;
+    }
+    return true;
+}
+
+/* Waits until everything expected at `step` has arrived. */
+static bool
+cop_wait_step(struct cop *op, uint32_t step)
+{
+    char waiting[200];
+    bool ok;
+
+    pthread_mutex_lock(&op->mtx);
+    while (!op->failed && op->received[step] < op->expected[step]) {
+        const char *from = op->req->plan->workers[ring_mod((int64_t)op->self - 1, op->W)]->name;
+        if (step == op->multi_step || (dc_op_kind)op->req->kind == DC_OP_BROADCAST) {
+            for (uint32_t w = 0; w < op->W; w++) {
+                if (op->received_from[w] < op->expected_from[w]) {
+                    from = op->req->plan->workers[w]->name;
+                    break;
+                }
+            }
+        }
+        snprintf(waiting, sizeof(waiting), "worker %.64s did not send its data for op %.64s", from,
+                 op->id);
+        if (!cop_wait_locked(op, waiting)) {
+            break;
+        }
+    }
+    ok = !op->failed;
+    pthread_mutex_unlock(&op->mtx);
+    return ok;
+}
+
+/* ---- the algorithms ---------------------------------------------------------------------- */
+
+static bool
+cop_send_segment(struct cop *op, uint32_t to, uint32_t step, uint32_t seg)
+{
+    size_t start, end;
+
+    cop_segment(op, seg, &start, &end);
+    return cop_send(op, to, step, op->buf, start, end, op->local_ranks[0]);
+}
+
+/* Ring reduce-scatter: afterwards this worker holds the full reduction of segment self+1. */
+static bool
+cop_reduce_scatter(struct cop *op)
+{
+    uint32_t next = (op->self + 1) % op->W;
+
+    for (uint32_t s = 0; s + 1 < op->W; s++) {
+        if (!cop_send_segment(op, next, s, ring_mod((int64_t)op->self - s, op->W)) ||
+            !cop_wait_step(op, s)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool
+cop_all_reduce(struct cop *op)
+{
+    uint32_t next = (op->self + 1) % op->W, rs = op->W - 1;
+
+    if (!cop_reduce_scatter(op)) {
+        return false;
+    }
+    for (uint32_t s = 0; s < rs; s++) {
+        if (!cop_send_segment(op, next, rs + s, ring_mod((int64_t)op->self + 1 - s, op->W)) ||
+            !cop_wait_step(op, rs + s)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool
+cop_reduce(struct cop *op)
+{
+    uint32_t root_worker = op->owner[op->req->root];
+
+    if (!cop_reduce_scatter(op)) {
+        return false;
+    }
+    if (op->self != root_worker) {
+        return cop_send_segment(op, root_worker, op->W - 1, (op->self + 1) % op->W);
+    }
+    return cop_wait_step(op, op->W - 1);
+}
+
+static bool
+cop_broadcast(struct cop *op)
+{
+    uint32_t root_worker = op->owner[op->req->root];
+
+    if (op->self != root_worker) {
+        return cop_wait_step(op, 0);
+    }
+    for (uint32_t w = 0; w < op->W; w++) {
+        if (w != op->self && !cop_send(op, w, 0, op->buf, 0, op->bytes, op->req->root)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool
+cop_all_gather(struct cop *op)
+{
+    for (uint32_t w = 0; w < op->W; w++) {
+        for (size_t i = 0; w != op->self && i < op->n_local; i++) {
+            size_t at = (size_t)op->local_ranks[i] * op->bytes;
+            if (!cop_send(op, w, 0, op->gather, at, at + op->bytes, op->local_ranks[i])) {
+                return false;
+            }
+        }
+    }
+    return cop_wait_step(op, 0);
+}
+
+/* ---- an op from start to end ------------------------------------------------------------- */
+
+/* Looks up the op's tensor on every local device and checks they agree. */
+static dc_code
+cop_local_tensors(struct cop *op, dc_status *st)
+{
+    struct executor *ex = op->co->ex;
+    char a[DC_DEVICE_TEXT_SIZE], b[DC_DEVICE_TEXT_SIZE];
+
+    for (size_t i = 0; i < op->n_local; i++) {
+        uint32_t r = op->local_ranks[i];
+        if (ex->ops->lookup(ex, &op->devices[r].device, op->req->tensor, &op->tensors[i], st) !=
+            DC_OK) {
+            cop_device_name(op, r, a, sizeof(a));
+            return status_set(st, DC_FAILED_PRECONDITION, "no tensor '%s' on %s", op->req->tensor,
+                              a);
+        }
+        if (op->tensors[i]->dtype != op->tensors[0]->dtype ||
+            op->tensors[i]->elements != op->tensors[0]->elements) {
+            cop_device_name(op, r, a, sizeof(a));
+            cop_device_name(op, op->local_ranks[0], b, sizeof(b));
+            return status_set(st, DC_FAILED_PRECONDITION,
+                              "tensor '%s' on %s is %s with %zu elements, but on %s it is %s with "
+                              "%zu elements",
+                              op->req->tensor, a, dc_dtype_name(op->tensors[i]->dtype),
+                              op->tensors[i]->elements, b, dc_dtype_name(op->tensors[0]->dtype),
+                              op->tensors[0]->elements);
+        }
+    }
+    op->dtype    = op->tensors[0]->dtype;
+    op->elements = op->tensors[0]->elements;
+    op->esize    = dc_dtype_size(op->dtype);
+    op->bytes    = op->tensors[0]->size_bytes;
+    return DC_OK;
+}
+
+/* Index of the local rank r in op->local_ranks. */
+static size_t
+cop_local_index(const struct cop *op, uint32_t r)
+{
+    for (size_t i = 0; i < op->n_local; i++) {
+        if (op->local_ranks[i] == r) {
+            return i;
+        }
+    }
+    return 0;
+}
+
+/* What each step expects to receive. */
+static void
+cop_plan_steps(struct cop *op)
+{
+    dc_op_kind kind = (dc_op_kind)op->req->kind;
+    uint8_t *base;
+    size_t start, end;
+    enum apply_mode mode;
+
+    for (uint32_t s = 0; s < op->n_steps && kind != DC_OP_ALL_GATHER; s++) {
+        if (cop_step_target(op, s, 0, &base, &start, &end, &mode)) {
+            op->expected[s] = end - start;
+        }
+    }
+    if (kind == DC_OP_REDUCE && op->self == op->owner[op->req->root]) {
+        size_t own_start, own_end;
+        cop_segment(op, (op->self + 1) % op->W, &own_start, &own_end);
+        op->multi_step = op->W - 1;
+        op->expected[op->W - 1] -= own_end - own_start;
+        for (uint32_t w = 0; w < op->W; w++) {
+            cop_segment(op, (w + 1) % op->W, &start, &end);
+            op->expected_from[w] = w == op->self ? 0 : end - start;
+        }
+    } else if (kind == DC_OP_ALL_GATHER) {
+        op->multi_step  = 0;
+        op->expected[0] = (uint64_t)(op->N - op->n_local) * op->bytes;
+        for (uint32_t r = 0; r < op->N; r++) {
+            if (op->owner[r] != op->self) {
+                op->expected_from[op->owner[r]] += op->bytes;
+            }
+        }
+    } else if (kind == DC_OP_BROADCAST && op->self != op->owner[op->req->root]) {
+        op->multi_step                              = 0;
+        op->expected_from[op->owner[op->req->root]] = op->bytes;
+    }
+}
+
+/* Everything before data moves: tensors, buffers, the local part of the reduction. */
+static dc_code
+cop_prepare(struct cop *op, dc_status *st)
+{
+    dc_op_kind kind = (dc_op_kind)op->req->kind;
+    dc_code code;
+
+    if (kind == DC_OP_BARRIER) {
+        return DC_OK;
+    }
+    if ((code = cop_local_tensors(op, st)) != DC_OK) {
+        return code;
+    }
+    switch (kind) {
+    case DC_OP_ALL_REDUCE:
+        op->buf = op->tensors[0]->data; /* in place: every device gets the result */
+        for (size_t i = 1; i < op->n_local; i++) {
+            reduce_into(op->dtype, (dc_reduce_op)op->req->reduce, op->buf, op->tensors[i]->data,
+                        op->elements);
+        }
+        break;
+    case DC_OP_REDUCE:
+        /* Only the root changes: work on a copy. */
+        if ((op->buf = malloc(op->bytes ? op->bytes : 1)) == NULL) {
+            return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory for op %s", op->id);
+        }
+        op->buf_owned = true;
+        memcpy(op->buf, op->tensors[0]->data, op->bytes);
+        for (size_t i = 1; i < op->n_local; i++) {
+            reduce_into(op->dtype, (dc_reduce_op)op->req->reduce, op->buf, op->tensors[i]->data,
+                        op->elements);
+        }
+        break;
+    case DC_OP_BROADCAST:
+        op->buf = op->self == op->owner[op->req->root]
+                      ? op->tensors[cop_local_index(op, op->req->root)]->data
+                      : op->tensors[0]->data;
+        break;
+    case DC_OP_ALL_GATHER:
+        if (op->bytes != 0 && op->N > SIZE_MAX / op->bytes) {
+            return status_set(st, DC_RESOURCE_EXHAUSTED, "all-gather output too large");
+        }
+        if ((op->gather = malloc((size_t)op->N * op->bytes + 1)) == NULL) {
+            return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory for op %s", op->id);
+        }
+        for (size_t i = 0; i < op->n_local; i++) {
+            memcpy(op->gather + (size_t)op->local_ranks[i] * op->bytes, op->tensors[i]->data,
+                   op->bytes);
+        }
+        break;
+    default:
+        break;
+    }
+    cop_plan_steps(op);
+    return DC_OK;
+}
+
+/* Writes the results to the local devices. */
+static dc_code
+cop_finish(struct cop *op, dc_status *st)
+{
+    dc_op_kind kind     = (dc_op_kind)op->req->kind;
+    struct executor *ex = op->co->ex;
+    bool mean           = (dc_reduce_op)op->req->reduce == DC_REDUCE_MEAN;
+
+    switch (kind) {
+    case DC_OP_ALL_REDUCE:
+        if (mean) {
+            reduce_finish_mean(op->dtype, op->buf, op->elements, op->N);
+        }
+        for (size_t i = 1; i < op->n_local; i++) {
+            memcpy(op->tensors[i]->data, op->buf, op->bytes);
+        }
+        break;
+    case DC_OP_REDUCE:
+        if (op->self == op->owner[op->req->root]) {
+            if (mean) {
+                reduce_finish_mean(op->dtype, op->buf, op->elements, op->N);
+            }
+            memcpy(op->tensors[cop_local_index(op, op->req->root)]->data, op->buf, op->bytes);
+        }
+        break;
+    case DC_OP_BROADCAST:
+        for (size_t i = 0; i < op->n_local; i++) {
+            if (op->tensors[i]->data != op->buf) {
+                memcpy(op->tensors[i]->data, op->buf, op->bytes);
+            }
+        }
+        break;
+    case DC_OP_ALL_GATHER: {
+        uint64_t shape[DC_TENSOR_MAX_DIMS];
+        const struct tensor *t0 = op->tensors[0];
+
+        if (t0->ndim + 1 > DC_TENSOR_MAX_DIMS) {
+            return status_set(st, DC_INVALID_ARGUMENT,
+                              "all-gather of a %zu-dimensional tensor exceeds %d dimensions",
+                              t0->ndim, DC_TENSOR_MAX_DIMS);
+        }
+        shape[0] = op->N;
+        memcpy(shape + 1, t0->shape, t0->ndim * sizeof(*shape));
+        for (size_t i = 0; i < op->n_local; i++) {
+            struct tensor *out;
+            dc_code code = ex->ops->create(ex, op->dtype, shape, t0->ndim + 1, &out, st);
+            if (code != DC_OK) {
+                return code;
+            }
+            memcpy(out->data, op->gather, (size_t)op->N * op->bytes);
+            code = ex->ops->store(ex, &op->devices[op->local_ranks[i]].device,
+                                  op->req->output_tensor, out, st);
+            tensor_release(out);
+            if (code != DC_OK) {
+                return code;
+            }
+        }
+        break;
+    }
+    default:
+        break;
+    }
+    return DC_OK;
+}
+
+static void
+cop_free(struct cop *op)
+{
+    for (size_t i = 0; op->tensors != NULL && i < op->n_local; i++) {
+        tensor_release(op->tensors[i]);
+    }
+    if (op->buf_owned) {
+        free(op->buf);
+    }
+    free(op->gather);
+    free(op->tensors);
+    free(op->local_ranks);
+    free(op->devices);
+    free(op->owner);
+    free(op->peers);
+    free(op->expected);
+    free(op->received);
+    free(op->expected_from);
+    free(op->received_from);
+    pthread_cond_destroy(&op->cv);
+    pthread_mutex_destroy(&op->mtx);
+    free(op);
+}
+
+static void *
+cop_thread(void *arg)
+{
+    struct cop *op                    = arg;
+    struct collectives *co            = op->co;
+    Devcoord__V1__ExecuteResponse out = DEVCOORD__V1__EXECUTE_RESPONSE__INIT;
+    struct parked *parked;
+    dc_status st;
+    bool ok = true;
+
+    status_clear(&st);
+    if (cop_prepare(op, &st) != DC_OK) {
+        pthread_mutex_lock(&op->mtx);
+        cop_fail_locked(op, &st);
+        pthread_mutex_unlock(&op->mtx);
+    }
+    /* Data may flow now: take what arrived early. */
+    pthread_mutex_lock(&co->mtx);
+    pthread_mutex_lock(&op->mtx);
+    op->phase  = PHASE_READY;
+    parked     = op->parked;
+    op->parked = NULL;
+    pthread_mutex_unlock(&op->mtx);
+    pthread_mutex_unlock(&co->mtx);
+    while (parked != NULL) {
+        struct parked *p = parked;
+        parked           = p->next;
+        if (cop_failed(op)) {
+            answer_exchange(p, DC_ABORTED, "op failed on the receiving worker");
+        } else {
+            cop_take(op, p);
+        }
+        free(p);
+    }
+    if (!cop_failed(op) && op->W > 1) {
+        switch ((dc_op_kind)op->req->kind) {
+        case DC_OP_ALL_REDUCE:
+            ok = cop_all_reduce(op);
+            break;
+        case DC_OP_REDUCE:
+            ok = cop_reduce(op);
+            break;
+        case DC_OP_BROADCAST:
+            ok = cop_broadcast(op);
+            break;
+        case DC_OP_ALL_GATHER:
+            ok = cop_all_gather(op);
+            break;
+        default:
+            break;
+        }
+    }
+    /* Every chunk we sent has been answered before we touch the result or answer. */
+    pthread_mutex_lock(&op->mtx);
+    while (op->inflight > 0) {
+        pthread_cond_wait(&op->cv, &op->mtx);
+    }
+    ok = ok && !op->failed;
+    pthread_mutex_unlock(&op->mtx);
+    if (ok && cop_finish(op, &st) != DC_OK) {
+        pthread_mutex_lock(&op->mtx);
+        cop_fail_locked(op, &st);
+        pthread_mutex_unlock(&op->mtx);
+        ok = false;
+    }
+
+    /* Leave the table, wait for handlers still applying data, answer, go. */
+    pthread_mutex_lock(&co->mtx);
+    for (struct cop **pp = &co->ops; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == op) {
+            *pp = op->next;
+            break;
+        }
+    }
+    recent_add(co, op->id);
+    pthread_mutex_lock(&op->mtx);
+    op->phase  = PHASE_DONE;
+    parked     = op->parked;
+    op->parked = NULL;
+    pthread_mutex_unlock(&op->mtx);
+    while (op->refs > 1) {
+        pthread_cond_wait(&co->cv, &co->mtx);
+    }
+    if (ok) {
+        co->stats.ops_done++;
+    } else {
+        co->stats.ops_failed++;
+    }
+    co->stats.bytes_sent += op->bytes_sent;
+    co->stats.bytes_received += op->bytes_received;
+    pthread_mutex_unlock(&co->mtx);
+    while (parked != NULL) {
+        struct parked *p = parked;
+        parked           = p->next;
+        answer_exchange(p, DC_ABORTED, "op ended on the receiving worker");
+        free(p);
+    }
+
+    out.elapsed_us = rpc_now_us() - op->started_us;
+    out.bytes_sent = op->bytes_sent;
+    if (!ok) {
+        *rpc_call_status(op->cd) = op->fail;
+        log_info("op %s failed: %s: %s", op->id, dc_status_name(op->fail.code), op->fail.message);
+    }
+    op->closure(&out, op->cd);
+    cop_free(op);
+
+    pthread_mutex_lock(&co->mtx);
+    co->threads--;
+    pthread_cond_broadcast(&co->cv);
+    pthread_mutex_unlock(&co->mtx);
+    return NULL;
+}
+
+/* Checks an Execute request against itself and this worker, and builds the op. */
+static dc_code
+cop_new(struct collectives *co, const Devcoord__V1__ExecuteRequest *in, struct cop **out,
+        dc_status *st)
+{
+    const Devcoord__V1__Plan *plan = in->plan;
+    uint64_t epoch                 = membership_epoch(co->m);
+    struct cop *op;
+    dc_code code = DC_INVALID_ARGUMENT;
+
+    *out = NULL;
+    if (plan == NULL || plan->n_workers == 0 || plan->n_workers > PLAN_MAX_WORKERS ||
+        plan->n_devices == 0 || plan->n_devices > PLAN_MAX_DEVICES || in->self >= plan->n_workers) {
+        return status_set(st, DC_INVALID_ARGUMENT, "execute: malformed plan");
+    }
+    if (strlen(in->op_id) == 0 || strlen(in->op_id) > OP_ID_MAX || strlen(in->tensor) == 0 ||
+        strlen(in->tensor) > TENSOR_NAME_MAX || strlen(in->output_tensor) > TENSOR_NAME_MAX) {
+        return status_set(st, DC_INVALID_ARGUMENT, "execute: bad op id or tensor name");
+    }
+    if (dc_op_kind_name((dc_op_kind)in->kind) == NULL ||
+        ((in->kind == DEVCOORD__V1__OP_KIND__OP_ALL_REDUCE ||
+          in->kind == DEVCOORD__V1__OP_KIND__OP_REDUCE) &&
+         dc_reduce_op_name((dc_reduce_op)in->reduce) == NULL) ||
+        in->root >= plan->n_devices ||
+        (in->kind == DEVCOORD__V1__OP_KIND__OP_ALL_GATHER && strlen(in->output_tensor) == 0)) {
+        return status_set(st, DC_INVALID_ARGUMENT, "execute: invalid operation");
+    }
+    if (strcmp(plan->workers[in->self]->name, co->cfg->name) != 0) {
+        return status_set(st, DC_FAILED_PRECONDITION, "execute: plan is for worker %.64s, not %s",
+                          plan->workers[in->self]->name, co->cfg->name);
+    }
+    if (in->epoch != epoch) {
+        return status_set(st, DC_FAILED_PRECONDITION,
+                          "execute: stale epoch %llu (this worker is at epoch %llu)",
+                          (unsigned long long)in->epoch, (unsigned long long)epoch);
+    }
+    if ((op = calloc(1, sizeof(*op))) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    pthread_mutex_init(&op->mtx, NULL);
+    pthread_cond_init(&op->cv, NULL);
+    op->co          = co;
+    op->req         = in;
+    op->self        = in->self;
+    op->W           = (uint32_t)plan->n_workers;
+    op->N           = (uint32_t)plan->n_devices;
+    op->multi_step  = SIZE_MAX;
+    op->started_us  = rpc_now_us();
+    op->deadline_ms = rpc_now_ms() + (in->timeout_ms ? in->timeout_ms : 30000);
+    snprintf(op->id, sizeof(op->id), "%s", in->op_id);
+    op->n_steps       = 2 * (size_t)op->W;
+    op->devices       = calloc(op->N, sizeof(*op->devices));
+    op->owner         = calloc(op->N, sizeof(*op->owner));
+    op->peers         = calloc(op->W, sizeof(*op->peers));
+    op->expected      = calloc(op->n_steps, sizeof(*op->expected));
+    op->received      = calloc(op->n_steps, sizeof(*op->received));
+    op->expected_from = calloc(op->W, sizeof(*op->expected_from));
+    op->received_from = calloc(op->W, sizeof(*op->received_from));
+    op->local_ranks   = calloc(op->N, sizeof(*op->local_ranks));
+    op->tensors       = calloc(op->N, sizeof(*op->tensors));
+    if (op->devices == NULL || op->owner == NULL || op->peers == NULL || op->expected == NULL ||
+        op->received == NULL || op->expected_from == NULL || op->received_from == NULL ||
+        op->local_ranks == NULL || op->tensors == NULL) {
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        goto fail;
+    }
+    for (uint32_t r = 0; r < op->N; r++) {
+        if (device_ref_from_pb(plan->devices[r], &op->devices[r], st) != DC_OK) {
+            status_prefix(st, "execute: plan device");
+            goto fail;
+        }
+        op->owner[r] = UINT32_MAX;
+    }
+    for (uint32_t w = 0; w < op->W; w++) {
+        const Devcoord__V1__PlanWorker *pw = plan->workers[w];
+        for (size_t i = 0; i < pw->n_ranks; i++) {
+            uint32_t r = pw->ranks[i];
+            if (r >= op->N || op->owner[r] != UINT32_MAX ||
+                strcmp(op->devices[r].worker, pw->name) != 0) {
+                code = status_set(st, DC_INVALID_ARGUMENT, "execute: plan ranks inconsistent");
+                goto fail;
+            }
+            op->owner[r] = w;
+            if (w == op->self) {
+                op->local_ranks[op->n_local++] = r;
+            }
+        }
+        if (w != op->self && (op->peers[w] = peer_get(co, pw->address, st)) == NULL) {
+            code = st->code;
+            goto fail;
+        }
+    }
+    for (uint32_t r = 0; r < op->N; r++) {
+        if (op->owner[r] == UINT32_MAX) {
+            code = status_set(st, DC_INVALID_ARGUMENT, "execute: rank %u has no worker", r);
+            goto fail;
+        }
+    }
+    if (op->n_local == 0) {
+        code = status_set(st, DC_INVALID_ARGUMENT, "execute: no device of this worker in the plan");
+        goto fail;
+    }
+    *out = op;
+    return DC_OK;
+fail:
+    cop_free(op);
+    return code;
+}
+
+void
+collectives_execute(struct collectives *co, const Devcoord__V1__ExecuteRequest *in,
+                    Devcoord__V1__ExecuteResponse_Closure closure, void *cd)
+{
+    struct cop *op;
+    pthread_attr_t attr;
+    pthread_t thread;
+    dc_status *st = rpc_call_status(cd);
+
+    if (cop_new(co, in, &op, st) != DC_OK) {
+        closure(NULL, cd);
+        return;
+    }
+    op->closure = closure;
+    op->cd      = cd;
+    op->refs    = 1;
+
+    pthread_mutex_lock(&co->mtx);
+    if (co->stopping || cop_find_locked(co, op->id) != NULL || recent_has(co, op->id)) {
+        pthread_mutex_unlock(&co->mtx);
+        status_set(st, DC_ABORTED, "op %s already ran, was aborted, or the worker is stopping",
+                   op->id);
+        cop_free(op);
+        closure(NULL, cd);
+        return;
+    }
+    /* Chunks that came before us are ours now. */
+    for (struct parked **pp = &co->orphans; *pp != NULL;) {
+        struct parked *p = *pp;
+        if (strcmp(p->in->op_id, op->id) == 0) {
+            *pp        = p->next;
+            p->next    = op->parked;
+            op->parked = p;
+            co->orphan_bytes -= p->bytes;
+        } else {
+            pp = &p->next;
+        }
+    }
+    op->next = co->ops;
+    co->ops  = op;
+    co->threads++;
+    pthread_mutex_unlock(&co->mtx);
+
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&thread, &attr, cop_thread, op) != 0) {
+        /* Run it here instead: slower to answer, never lost. */
+        cop_thread(op);
+    }
+    pthread_attr_destroy(&attr);
+}
+
+void
+collectives_abort(struct collectives *co, const Devcoord__V1__AbortRequest *in,
+                  Devcoord__V1__AbortResponse_Closure closure, void *cd)
+{
+    Devcoord__V1__AbortResponse out = DEVCOORD__V1__ABORT_RESPONSE__INIT;
+    struct cop *op;
+
+    pthread_mutex_lock(&co->mtx);
+    if ((op = cop_find_locked(co, in->op_id)) != NULL) {
+        dc_status st;
+        status_set(&st, DC_ABORTED, "op %.64s aborted by the coordinator: %.400s", in->op_id,
+                   in->reason != NULL ? in->reason->message : "no reason given");
+        pthread_mutex_lock(&op->mtx);
+        cop_fail_locked(op, &st);
+        pthread_mutex_unlock(&op->mtx);
+    } else if (!recent_has(co, in->op_id) && strlen(in->op_id) <= OP_ID_MAX) {
+        recent_add(co, in->op_id); /* its Execute, if it comes late, is refused */
+    }
+    pthread_mutex_unlock(&co->mtx);
+    closure(&out, cd);
+}
+
+struct collectives *
+collectives_new(const struct config_worker *cfg, struct executor *ex, struct membership *m)
+{
+    struct collectives *co = calloc(1, sizeof(*co));
+
+    if (co == NULL) {
+        return NULL;
+    }
+    co->cfg   = cfg;
+    co->ex    = ex;
+    co->m     = m;
+    co->chunk = CHUNK_BYTES;
+    if (co->chunk + RPC_FRAME_OVERHEAD > cfg->max_message_bytes) {
+        co->chunk = cfg->max_message_bytes > 2 * RPC_FRAME_OVERHEAD
+                        ? cfg->max_message_bytes - RPC_FRAME_OVERHEAD
+                        : RPC_FRAME_OVERHEAD;
+    }
+    pthread_mutex_init(&co->mtx, NULL);
+    pthread_cond_init(&co->cv, NULL);
+    if (pthread_create(&co->reaper, NULL, collectives_reaper, co) != 0) {
+        pthread_cond_destroy(&co->cv);
+        pthread_mutex_destroy(&co->mtx);
+        free(co);
+        return NULL;
+    }
+    return co;
+}
+
+void
+collectives_free(struct collectives *co)
+{
+    struct parked *orphans;
+
+    if (co == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&co->mtx);
+    co->stopping = true;
+    for (struct cop *op = co->ops; op != NULL; op = op->next) {
+        dc_status st;
+        status_set(&st, DC_UNAVAILABLE, "worker %s is shutting down", co->cfg->name);
+        pthread_mutex_lock(&op->mtx);
+        cop_fail_locked(op, &st);
+        pthread_mutex_unlock(&op->mtx);
+    }
+    while (co->threads > 0) {
+        pthread_cond_wait(&co->cv, &co->mtx);
+    }
+    orphans     = co->orphans;
+    co->orphans = NULL;
+    pthread_cond_broadcast(&co->cv);
+    pthread_mutex_unlock(&co->mtx);
+    pthread_join(co->reaper, NULL);
+    while (orphans != NULL) {
+        struct parked *p = orphans;
+        orphans          = p->next;
+        answer_exchange(p, DC_UNAVAILABLE, "worker shutting down");
+        free(p);
+    }
+    for (size_t i = 0; i < co->n_peers; i++) {
+        rpc_client_close(co->peers[i]->client);
+        free(co->peers[i]);
+    }
+    free(co->peers);
+    pthread_cond_destroy(&co->cv);
+    pthread_mutex_destroy(&co->mtx);
+    free(co);
+}
+
+void
+collectives_stats(struct collectives *co, struct collectives_stats *out)
+{
+    pthread_mutex_lock(&co->mtx);
+    *out = co->stats;
+    pthread_mutex_unlock(&co->mtx);
+}

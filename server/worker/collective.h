@@ -1,0 +1,43 @@
+/*
+ * The collective engine of a worker: runs the part of an operation the coordinator sent it
+ * (Execute) among its peers, on a thread of its own per op.
+ *
+ * Each op first reduces or gathers across the worker's own devices, then moves data
+ * worker-to-worker with Exchange calls: a ring reduce-scatter then all-gather for
+ * all-reduce, reduce-scatter then a gather to the root's worker for reduce, root-to-all for
+ * broadcast, all-to-all blocks for all-gather; barrier needs no data. Chunks are applied to
+ * the op's buffer by the Exchange handler as they arrive (directly from the received
+ * message); chunks for an op not started yet wait, bounded in time and bytes.
+ */
+#ifndef DEVCOORD_WORKER_COLLECTIVE_H
+#define DEVCOORD_WORKER_COLLECTIVE_H
+
+#include <stdint.h>
+
+#include "config.h"
+#include "devcoord/v1/devcoord.pb-c.h"
+#include "executor.h"
+#include "membership.h"
+
+struct collectives;
+
+struct collectives_stats {
+    uint64_t ops_done, ops_failed;
+    uint64_t bytes_sent, bytes_received;
+};
+
+struct collectives *collectives_new(const struct config_worker *cfg, struct executor *ex,
+                                    struct membership *m);
+/* Aborts what is running, answers every waiting call and frees everything. */
+void collectives_free(struct collectives *co);
+
+void collectives_execute(struct collectives *co, const Devcoord__V1__ExecuteRequest *in,
+                         Devcoord__V1__ExecuteResponse_Closure closure, void *cd);
+void collectives_abort(struct collectives *co, const Devcoord__V1__AbortRequest *in,
+                       Devcoord__V1__AbortResponse_Closure closure, void *cd);
+void collectives_exchange(struct collectives *co, const Devcoord__V1__ExchangeRequest *in,
+                          Devcoord__V1__ExchangeResponse_Closure closure, void *cd);
+
+void collectives_stats(struct collectives *co, struct collectives_stats *out);
+
+#endif

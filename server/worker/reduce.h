@@ -1,0 +1,17 @@
+/*
+ * Element-wise reduction kernels of the collectives: dst[i] = op(dst[i], src[i]) for the
+ * four dtypes and five reduce ops. src may be unaligned (it points into a received
+ * message); dst is aligned for its dtype. MEAN reduces as SUM; reduce_finish_mean divides by
+ * the number of contributions at the end (integer dtypes truncate toward zero).
+ */
+#ifndef DEVCOORD_WORKER_REDUCE_H
+#define DEVCOORD_WORKER_REDUCE_H
+
+#include <stddef.h>
+
+#include "devcoord/types.h"
+
+void reduce_into(dc_dtype dtype, dc_reduce_op op, void *dst, const void *src, size_t count);
+void reduce_finish_mean(dc_dtype dtype, void *buf, size_t count, size_t contributions);
+
+#endif

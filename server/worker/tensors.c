@@ -1,0 +1,345 @@
+#include "tensors.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena.h"
+#include "device.h"
+#include "rpc.h"
+#include "status.h"
+
+/* One upload in progress. */
+struct upload {
+    uint64_t id;
+    dc_device device;
+    char name[TENSOR_NAME_MAX + 1];
+    struct tensor *tensor;
+    size_t received;
+    uint64_t touched_ms;
+};
+
+struct tensors {
+    struct executor *ex;
+    size_t chunk; /* largest attachment a reply may carry */
+    pthread_mutex_t mtx;
+    struct upload uploads[UPLOADS_MAX];
+};
+
+struct tensors *
+tensors_new(struct executor *ex, size_t max_message_bytes)
+{
+    struct tensors *t = calloc(1, sizeof(*t));
+
+    if (t == NULL) {
+        return NULL;
+    }
+    t->ex    = ex;
+    t->chunk = max_message_bytes > 2 * RPC_FRAME_OVERHEAD ? max_message_bytes - RPC_FRAME_OVERHEAD
+                                                          : RPC_FRAME_OVERHEAD;
+    pthread_mutex_init(&t->mtx, NULL);
+    return t;
+}
+
+void
+tensors_free(struct tensors *t)
+{
+    if (t == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < UPLOADS_MAX; i++) {
+        tensor_release(t->uploads[i].tensor);
+    }
+    pthread_mutex_destroy(&t->mtx);
+    free(t);
+}
+
+static void
+fail(void *cd, ProtobufCClosure closure, const dc_status *st)
+{
+    *rpc_call_status(cd) = *st;
+    closure(NULL, cd);
+}
+
+static dc_code
+tensor_name_check(const char *name, dc_status *st)
+{
+    size_t len = strnlen(name, TENSOR_NAME_MAX + 1);
+
+    if (len == 0 || len > TENSOR_NAME_MAX) {
+        return status_set(st, DC_INVALID_ARGUMENT, "tensor names are 1 to %d bytes",
+                          TENSOR_NAME_MAX);
+    }
+    return DC_OK;
+}
+
+/* Finds the upload `id` for (device, name), or makes room for it (dropping idle ones).
+ * t->mtx held. */
+static struct upload *
+upload_slot(struct tensors *t, uint64_t id, uint64_t now)
+{
+    struct upload *free_slot = NULL;
+
+    for (size_t i = 0; i < UPLOADS_MAX; i++) {
+        struct upload *u = &t->uploads[i];
+        if (u->tensor != NULL && u->id == id) {
+            return u;
+        }
+        if (u->tensor != NULL && now - u->touched_ms > UPLOAD_IDLE_MS) {
+            tensor_release(u->tensor);
+            u->tensor = NULL;
+        }
+        if (u->tensor == NULL && free_slot == NULL) {
+            free_slot = u;
+        }
+    }
+    return free_slot;
+}
+
+void
+tensors_put(struct tensors *t, const Devcoord__V1__PutTensorRequest *in,
+            Devcoord__V1__PutTensorResponse_Closure closure, void *cd)
+{
+    Devcoord__V1__PutTensorResponse out = DEVCOORD__V1__PUT_TENSOR_RESPONSE__INIT;
+    struct executor *ex                 = t->ex;
+    struct tensor *done                 = NULL;
+    struct upload *u;
+    dc_device dev;
+    size_t len, elements, bytes;
+    const uint8_t *data = rpc_call_attachment(cd, &len);
+    uint64_t now        = rpc_now_ms();
+    dc_status st;
+
+    status_clear(&st);
+    if (device_from_pb(in->device, &dev, &st) != DC_OK ||
+        tensor_name_check(in->name, &st) != DC_OK) {
+        fail(cd, (ProtobufCClosure)closure, &st);
+        return;
+    }
+    if (in->n_shape > DC_TENSOR_MAX_DIMS ||
+        !tensor_size((dc_dtype)in->dtype, in->shape, in->n_shape, &elements, &bytes) ||
+        bytes > TENSOR_MAX_BYTES) {
+        status_set(&st, DC_INVALID_ARGUMENT,
+                   "invalid tensor: a dtype (f32, f64, i32, i64), at most %d dimensions and at "
+                   "most %llu bytes",
+                   DC_TENSOR_MAX_DIMS, (unsigned long long)TENSOR_MAX_BYTES);
+        fail(cd, (ProtobufCClosure)closure, &st);
+        return;
+    }
+    if (in->offset > bytes || len > bytes - in->offset) {
+        status_set(&st, DC_OUT_OF_RANGE, "chunk [%llu, +%zu) outside a %zu-byte tensor",
+                   (unsigned long long)in->offset, len, bytes);
+        fail(cd, (ProtobufCClosure)closure, &st);
+        return;
+    }
+
+    pthread_mutex_lock(&t->mtx);
+    if ((u = upload_slot(t, in->upload_id, now)) == NULL) {
+        pthread_mutex_unlock(&t->mtx);
+        status_set(&st, DC_RESOURCE_EXHAUSTED, "%d uploads in progress already", UPLOADS_MAX);
+        fail(cd, (ProtobufCClosure)closure, &st);
+        return;
+    }
+    if (u->tensor == NULL) {
+        if (ex->ops->create(ex, (dc_dtype)in->dtype, in->shape, in->n_shape, &u->tensor, &st) !=
+            DC_OK) {
+            pthread_mutex_unlock(&t->mtx);
+            fail(cd, (ProtobufCClosure)closure, &st);
+            return;
+        }
+        u->id       = in->upload_id;
+        u->device   = dev;
+        u->received = 0;
+        snprintf(u->name, sizeof(u->name), "%s", in->name);
+    } else if (u->tensor->size_bytes != bytes || u->tensor->dtype != (dc_dtype)in->dtype ||
+               strcmp(u->name, in->name) != 0) {
+        pthread_mutex_unlock(&t->mtx);
+        status_set(&st, DC_INVALID_ARGUMENT, "chunk does not match upload %llu",
+                   (unsigned long long)in->upload_id);
+        fail(cd, (ProtobufCClosure)closure, &st);
+        return;
+    }
+    /* Chunks of one upload cover disjoint ranges, so the copy needs no lock; the count
+     * decides completion. */
+    tensor_retain(u->tensor);
+    done = u->tensor;
+    pthread_mutex_unlock(&t->mtx);
+    memcpy((uint8_t *)done->data + in->offset, data, len);
+    pthread_mutex_lock(&t->mtx);
+    if (u->tensor == done && u->id == in->upload_id) {
+        u->received += len;
+        u->touched_ms      = now;
+        out.received_bytes = u->received;
+        if (u->received >= bytes) {
+            out.complete = true;
+            u->tensor    = NULL;
+            tensor_release(done); /* the slot's reference; ours goes to the store */
+        }
+    } else {
+        status_set(&st, DC_ABORTED, "upload %llu expired", (unsigned long long)in->upload_id);
+    }
+    pthread_mutex_unlock(&t->mtx);
+    if (st.code == DC_OK && out.complete &&
+        ex->ops->store(ex, &dev, in->name, done, &st) != DC_OK) {
+        out.complete = false;
+    }
+    tensor_release(done);
+    if (st.code != DC_OK) {
+        fail(cd, (ProtobufCClosure)closure, &st);
+        return;
+    }
+    closure(&out, cd);
+}
+
+static void
+tensor_info(Devcoord__V1__TensorInfo *info, Devcoord__V1__Device *dev_pb, const dc_device *dev,
+            const char *name, const struct tensor *tn)
+{
+    devcoord__v1__tensor_info__init(info);
+    device_to_pb(dev, dev_pb);
+    info->device     = dev_pb;
+    info->name       = (char *)name;
+    info->dtype      = (Devcoord__V1__DType)tn->dtype;
+    info->shape      = (uint64_t *)tn->shape;
+    info->n_shape    = tn->ndim;
+    info->size_bytes = tn->size_bytes;
+}
+
+void
+tensors_get(struct tensors *t, const Devcoord__V1__GetTensorRequest *in,
+            Devcoord__V1__GetTensorResponse_Closure closure, void *cd)
+{
+    Devcoord__V1__GetTensorResponse out = DEVCOORD__V1__GET_TENSOR_RESPONSE__INIT;
+    Devcoord__V1__TensorInfo info;
+    Devcoord__V1__Device dev_pb;
+    struct tensor *tn;
+    dc_device dev;
+    size_t len;
+    dc_status st;
+
+    status_clear(&st);
+    if (device_from_pb(in->device, &dev, &st) != DC_OK ||
+        tensor_name_check(in->name, &st) != DC_OK ||
+        t->ex->ops->lookup(t->ex, &dev, in->name, &tn, &st) != DC_OK) {
+        fail(cd, (ProtobufCClosure)closure, &st);
+        return;
+    }
+    if (in->offset > tn->size_bytes) {
+        tensor_release(tn);
+        status_set(&st, DC_OUT_OF_RANGE, "offset %llu past the end of a %zu-byte tensor",
+                   (unsigned long long)in->offset, tn->size_bytes);
+        fail(cd, (ProtobufCClosure)closure, &st);
+        return;
+    }
+    len = tn->size_bytes - in->offset;
+    if (len > t->chunk) {
+        len = t->chunk;
+    }
+    if (in->max_bytes != 0 && len > in->max_bytes) {
+        len = in->max_bytes;
+    }
+    tensor_info(&info, &dev_pb, &dev, in->name, tn);
+    out.tensor = &info;
+    out.offset = in->offset;
+    rpc_call_set_reply_attachment(cd, (const uint8_t *)tn->data + in->offset, len);
+    closure(&out, cd);
+    tensor_release(tn);
+}
+
+void
+tensors_delete(struct tensors *t, const Devcoord__V1__DeleteTensorRequest *in,
+               Devcoord__V1__DeleteTensorResponse_Closure closure, void *cd)
+{
+    Devcoord__V1__DeleteTensorResponse out = DEVCOORD__V1__DELETE_TENSOR_RESPONSE__INIT;
+    dc_device dev;
+    dc_status st;
+
+    status_clear(&st);
+    if (device_from_pb(in->device, &dev, &st) != DC_OK ||
+        tensor_name_check(in->name, &st) != DC_OK ||
+        t->ex->ops->remove(t->ex, &dev, in->name, &st) != DC_OK) {
+        fail(cd, (ProtobufCClosure)closure, &st);
+        return;
+    }
+    closure(&out, cd);
+}
+
+struct list_ctx {
+    struct arena *arena;
+    const dc_device *dev;
+    Devcoord__V1__ListTensorsResponse *out;
+    size_t cap;
+    bool oom;
+};
+
+static void
+list_one(void *arg, const char *name, const struct tensor *tn)
+{
+    struct list_ctx *l = arg;
+    Devcoord__V1__TensorInfo *info;
+    Devcoord__V1__Device *dev_pb;
+    char *name_copy;
+    uint64_t *shape;
+
+    if (l->oom) {
+        return;
+    }
+    if (l->out->n_tensors == l->cap) {
+        size_t cap                      = l->cap ? l->cap * 2 : 16;
+        Devcoord__V1__TensorInfo **grow = arena_alloc(l->arena, cap * sizeof(*grow));
+        if (grow == NULL) {
+            l->oom = true;
+            return;
+        }
+        if (l->out->n_tensors > 0) {
+            memcpy(grow, l->out->tensors, l->out->n_tensors * sizeof(*grow));
+        }
+        l->out->tensors = grow;
+        l->cap          = cap;
+    }
+    info      = arena_alloc(l->arena, sizeof(*info));
+    dev_pb    = arena_alloc(l->arena, sizeof(*dev_pb));
+    name_copy = arena_alloc(l->arena, strlen(name) + 1);
+    shape     = arena_alloc(l->arena, (tn->ndim + 1) * sizeof(*shape));
+    if (info == NULL || dev_pb == NULL || name_copy == NULL || shape == NULL) {
+        l->oom = true;
+        return;
+    }
+    memcpy(name_copy, name, strlen(name) + 1);
+    memcpy(shape, tn->shape, tn->ndim * sizeof(*shape));
+    tensor_info(info, dev_pb, l->dev, name_copy, tn);
+    info->shape                          = shape;
+    l->out->tensors[l->out->n_tensors++] = info;
+}
+
+void
+tensors_list(struct tensors *t, const Devcoord__V1__ListTensorsRequest *in,
+             Devcoord__V1__ListTensorsResponse_Closure closure, void *cd)
+{
+    Devcoord__V1__ListTensorsResponse out = DEVCOORD__V1__LIST_TENSORS_RESPONSE__INIT;
+    struct list_ctx l                     = { .out = &out };
+    dc_device dev;
+    dc_status st;
+
+    status_clear(&st);
+    if (device_from_pb(in->device, &dev, &st) != DC_OK) {
+        fail(cd, (ProtobufCClosure)closure, &st);
+        return;
+    }
+    if ((l.arena = arena_new((size_t)1 << 30)) == NULL) {
+        status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        fail(cd, (ProtobufCClosure)closure, &st);
+        return;
+    }
+    l.dev = &dev;
+    if (t->ex->ops->list(t->ex, &dev, list_one, &l, &st) != DC_OK) {
+        fail(cd, (ProtobufCClosure)closure, &st);
+    } else if (l.oom) {
+        status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory listing tensors");
+        fail(cd, (ProtobufCClosure)closure, &st);
+    } else {
+        closure(&out, cd);
+    }
+    arena_free(l.arena);
+}
