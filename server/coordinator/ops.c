@@ -784,10 +784,10 @@ ops_submit(struct ops *o, const Devcoord__V1__SubmitOpRequest *in,
     }
     if (code == DC_OK) {
         op->n_devices = in->n_devices;
-        if (op->kind != DC_OP_BARRIER && op->tensor[0] == '\0') {
+        if (!in->dry_run && op->kind != DC_OP_BARRIER && op->tensor[0] == '\0') {
             code = status_set(&st, DC_INVALID_ARGUMENT, "invalid operation: %s needs --tensor",
                               dc_op_kind_name(op->kind));
-        } else if (op->kind == DC_OP_ALL_GATHER && op->output[0] == '\0') {
+        } else if (!in->dry_run && op->kind == DC_OP_ALL_GATHER && op->output[0] == '\0') {
             code = status_set(&st, DC_INVALID_ARGUMENT, "invalid operation: no output tensor");
         } else {
             code = op_plan_workers(o, op, &st);

@@ -1024,7 +1024,8 @@ cop_new(struct collectives *co, const Devcoord__V1__ExecuteRequest *in, struct c
         plan->n_devices == 0 || plan->n_devices > PLAN_MAX_DEVICES || in->self >= plan->n_workers) {
         return status_set(st, DC_INVALID_ARGUMENT, "execute: malformed plan");
     }
-    if (strlen(in->op_id) == 0 || strlen(in->op_id) > OP_ID_MAX || strlen(in->tensor) == 0 ||
+    if (strlen(in->op_id) == 0 || strlen(in->op_id) > OP_ID_MAX ||
+        (strlen(in->tensor) == 0 && in->kind != DEVCOORD__V1__OP_KIND__OP_BARRIER) ||
         strlen(in->tensor) > TENSOR_NAME_MAX || strlen(in->output_tensor) > TENSOR_NAME_MAX) {
         return status_set(st, DC_INVALID_ARGUMENT, "execute: bad op id or tensor name");
     }
