@@ -1,0 +1,1192 @@
+/*
+ * libdevcoord's connection, registry and operation calls: each public call builds its wire
+ * request, makes one synchronous RPC to the coordinator and copies the reply into the
+ * caller's types, checking every string and count that came over the wire.
+ */
+#include "client.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device.h"
+#include "status.h"
+
+#define STR_(x) #x
+#define STR(x)  STR_(x)
+
+/* Pages of ListDevices a single listing may take: a guard against a server that never ends
+ * its token chain. */
+#define LIST_DEVICES_MAX_PAGES 65536
+#define PAGE_TOKEN_MAX         4096
+#define TOKEN_LINE_MAX         4096
+
+/* A submit waits for the op itself: its deadline is the op's plus this much, so the
+ * coordinator's answer (even a DEADLINE_EXCEEDED one) arrives before ours runs out. */
+#define SUBMIT_MARGIN_MS      5000u
+#define OP_DEFAULT_TIMEOUT_MS 30000u
+
+const char *
+dc_version(void)
+{
+    return STR(DC_VERSION_MAJOR) "." STR(DC_VERSION_MINOR) "." STR(DC_VERSION_PATCH);
+}
+
+const char *
+dc_op_state_name(dc_op_state state)
+{
+    switch (state) {
+    case DC_OP_STATE_QUEUED:
+        return "queued";
+    case DC_OP_STATE_RUNNING:
+        return "running";
+    case DC_OP_STATE_DONE:
+        return "done";
+    case DC_OP_STATE_FAILED:
+        return "failed";
+    default:
+        return NULL;
+    }
+}
+
+/* ---- helpers ------------------------------------------------------------------------- */
+
+dc_code
+client_copy_field(char *dst, size_t cap, const char *src, const char *what, dc_status *st)
+{
+    size_t n = src != NULL ? strnlen(src, cap) : 0;
+
+    if (n == cap) {
+        dst[0] = '\0';
+        return status_set(st, DC_INTERNAL, "malformed reply: %s longer than %zu bytes", what,
+                          cap - 1);
+    }
+    if (n > 0) {
+        memcpy(dst, src, n);
+    }
+    dst[n] = '\0';
+    return DC_OK;
+}
+
+/* Rewrites st as `prefix: <message>` with a new code; st may be NULL. */
+static dc_code
+status_recode(dc_status *st, dc_code code, const char *prefix)
+{
+    status_prefix(st, prefix);
+    if (st != NULL) {
+        st->code = code;
+    }
+    return code;
+}
+
+static dc_code
+need_client(const dc_client *c, dc_status *st)
+{
+    if (c == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "client is NULL");
+    }
+    return DC_OK;
+}
+
+static dc_code
+coord_call(dc_client *c, unsigned method, const ProtobufCMessage *req, struct rpc_reply *r,
+           dc_status *st)
+{
+    return rpc_call(c->coord, COORD_SVC, method, req, NULL, 0, c->timeout_ms, r, st);
+}
+
+static void
+status_from_pb(const Devcoord__V1__Status *pb, dc_status *out)
+{
+    status_clear(out);
+    if (pb == NULL) {
+        return;
+    }
+    out->code = ((int)pb->code >= 0 && (int)pb->code <= (int)DC_UNAUTHENTICATED) ? (dc_code)pb->code
+                                                                                 : DC_UNKNOWN;
+    snprintf(out->message, sizeof(out->message), "%s", pb->message != NULL ? pb->message : "");
+    if (pb->detail_case == DEVCOORD__V1__STATUS__DETAIL_DEVICE_INDEX &&
+        pb->device_index <= INT32_MAX) {
+        out->device_index = (int32_t)pb->device_index;
+    }
+    status_set_worker(out, pb->worker != NULL ? pb->worker : "");
+}
+
+/* ---- connection ---------------------------------------------------------------------- */
+
+const char *
+client_address(const char *address)
+{
+    const char *env;
+
+    if (address != NULL && address[0] != '\0') {
+        return address;
+    }
+    env = getenv("DEVCOORD_ADDR");
+    if (env != NULL && env[0] != '\0') {
+        return env;
+    }
+    return CLIENT_DEFAULT_ADDR;
+}
+
+/* The first line of `path` without its line end and surrounding blanks. */
+static dc_code
+token_from_file(const char *path, char **out, dc_status *st)
+{
+    FILE *f   = fopen(path, "r");
+    char *buf = NULL;
+    size_t len, start = 0;
+    int ch;
+    dc_code code = DC_OK;
+
+    if (f == NULL) {
+        char err[128];
+        strerror_r(errno, err, sizeof(err));
+        return status_set(st, DC_INVALID_ARGUMENT, "cannot read token file '%s': %s", path, err);
+    }
+    if ((buf = malloc(TOKEN_LINE_MAX + 1)) == NULL) {
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    len = 0;
+    while ((ch = fgetc(f)) != EOF && ch != '\n') {
+        if (len == TOKEN_LINE_MAX) {
+            code = status_set(st, DC_INVALID_ARGUMENT,
+                              "token file '%s': first line longer than %d bytes", path,
+                              TOKEN_LINE_MAX);
+            goto out;
+        }
+        buf[len++] = (char)ch;
+    }
+    if (ferror(f)) {
+        code = status_set(st, DC_INVALID_ARGUMENT, "cannot read token file '%s'", path);
+        goto out;
+    }
+    while (len > 0 && (buf[len - 1] == '\r' || buf[len - 1] == ' ' || buf[len - 1] == '\t')) {
+        len--;
+    }
+    while (start < len && (buf[start] == ' ' || buf[start] == '\t')) {
+        start++;
+    }
+    if (start == len) {
+        code = status_set(st, DC_INVALID_ARGUMENT, "token file '%s' has no token on its first line",
+                          path);
+        goto out;
+    }
+    memmove(buf, buf + start, len - start);
+    buf[len - start] = '\0';
+    *out             = buf;
+    buf              = NULL;
+out:
+    free(buf);
+    fclose(f);
+    return code;
+}
+
+static dc_code
+client_token(const dc_client_options *opts, char **out, dc_status *st)
+{
+    const char *env;
+
+    *out = NULL;
+    if (opts != NULL && opts->token != NULL) {
+        if ((*out = strdup(opts->token)) == NULL) {
+            return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        return DC_OK;
+    }
+    if (opts != NULL && opts->token_file != NULL) {
+        return token_from_file(opts->token_file, out, st);
+    }
+    env = getenv("DEVCOORD_TOKEN");
+    if (env != NULL && env[0] != '\0' && (*out = strdup(env)) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    return DC_OK;
+}
+
+dc_code
+dc_client_open(const char *address, const dc_client_options *opts, dc_client **out, dc_status *st)
+{
+    struct rpc_client_opts ro = { 0 };
+    const char *addr          = client_address(address);
+    dc_client *c              = NULL;
+    dc_code code;
+
+    status_clear(st);
+    if (out == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "out is NULL");
+    }
+    *out = NULL;
+    if (opts != NULL && (opts->tls_ca != NULL || opts->tls_cert != NULL || opts->tls_key != NULL ||
+                         opts->tls_server_name != NULL)) {
+        return status_set(st, DC_UNIMPLEMENTED, "TLS is not supported yet");
+    }
+    if (strncmp(addr, "tls+", 4) == 0) {
+        return status_set(st, DC_UNIMPLEMENTED, "TLS is not supported yet (address %s)", addr);
+    }
+    if (strlen(addr) > CLIENT_ADDRESS_MAX) {
+        return status_set(st, DC_INVALID_ARGUMENT, "address longer than %d bytes",
+                          CLIENT_ADDRESS_MAX);
+    }
+    if ((c = calloc(1, sizeof(*c))) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    pthread_mutex_init(&c->mtx, NULL);
+    c->timeout_ms =
+        (opts != NULL && opts->timeout_ms != 0) ? opts->timeout_ms : CLIENT_DEFAULT_TIMEOUT_MS;
+    if ((code = client_token(opts, &c->token, st)) != DC_OK) {
+        goto fail;
+    }
+    ro.url         = addr;
+    ro.connect_now = opts != NULL && opts->fail_fast;
+    ro.token       = c->token;
+    if ((code = rpc_client_open(&ro, &c->coord, st)) != DC_OK) {
+        goto fail;
+    }
+    *out = c;
+    return DC_OK;
+fail:
+    free(c->token);
+    pthread_mutex_destroy(&c->mtx);
+    free(c);
+    return code;
+}
+
+void
+dc_client_close(dc_client *c)
+{
+    if (c == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < c->n_workers; i++) {
+        rpc_client_close(c->workers[i]->rpc);
+        free(c->workers[i]);
+    }
+    free(c->workers);
+    rpc_client_close(c->coord);
+    free(c->token);
+    pthread_mutex_destroy(&c->mtx);
+    free(c);
+}
+
+static struct worker_conn *
+worker_conn_find(dc_client *c, const char *address)
+{
+    for (size_t i = 0; i < c->n_workers; i++) {
+        if (strcmp(c->workers[i]->address, address) == 0) {
+            return c->workers[i];
+        }
+    }
+    return NULL;
+}
+
+dc_code
+client_worker_conn(dc_client *c, const char *address, struct worker_conn **out, dc_status *st)
+{
+    struct rpc_client_opts ro = { .url = address, .connect_now = true, .token = c->token };
+    struct worker_conn *w, *found;
+    dc_code code;
+
+    if (strlen(address) > CLIENT_ADDRESS_MAX) {
+        return status_set(st, DC_INTERNAL, "worker address longer than %d bytes",
+                          CLIENT_ADDRESS_MAX);
+    }
+    pthread_mutex_lock(&c->mtx);
+    found = worker_conn_find(c, address);
+    pthread_mutex_unlock(&c->mtx);
+    if (found != NULL) {
+        *out = found;
+        return DC_OK;
+    }
+    /* Dial without the lock: a slow or dead worker must not hold up calls to the others. */
+    if ((w = calloc(1, sizeof(*w))) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    snprintf(w->address, sizeof(w->address), "%s", address);
+    atomic_init(&w->chunk, TENSOR_CHUNK_MAX);
+    if ((code = rpc_client_open(&ro, &w->rpc, st)) != DC_OK) {
+        free(w);
+        return code;
+    }
+    pthread_mutex_lock(&c->mtx);
+    if ((found = worker_conn_find(c, address)) == NULL) {
+        if (c->n_workers == c->cap_workers) {
+            size_t cap                = c->cap_workers ? c->cap_workers * 2 : 4;
+            struct worker_conn **grow = realloc(c->workers, cap * sizeof(*grow));
+            if (grow == NULL) {
+                pthread_mutex_unlock(&c->mtx);
+                rpc_client_close(w->rpc);
+                free(w);
+                return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+            }
+            c->workers     = grow;
+            c->cap_workers = cap;
+        }
+        c->workers[c->n_workers++] = w;
+        found                      = w;
+        w                          = NULL;
+    }
+    pthread_mutex_unlock(&c->mtx);
+    if (w != NULL) {
+        /* Another thread cached this worker meanwhile; keep one connection. */
+        rpc_client_close(w->rpc);
+        free(w);
+    }
+    *out = found;
+    return DC_OK;
+}
+
+/* ---- registry ------------------------------------------------------------------------ */
+
+void
+dc_worker_info_clear(dc_worker_info *w)
+{
+    if (w == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < w->n_labels; i++) {
+        free(w->labels[i].key);
+        free(w->labels[i].value);
+    }
+    free(w->labels);
+    memset(w, 0, sizeof(*w));
+}
+
+static dc_code
+worker_info_from_pb(const Devcoord__V1__WorkerInfo *pb, dc_worker_info *out, dc_status *st)
+{
+    dc_code code;
+
+    memset(out, 0, sizeof(*out));
+    if (pb == NULL) {
+        return status_set(st, DC_INTERNAL, "malformed reply: worker missing");
+    }
+    if ((code = client_copy_field(out->name, sizeof(out->name), pb->name, "worker name", st)) !=
+            DC_OK ||
+        (code = client_copy_field(out->address, sizeof(out->address), pb->address, "worker address",
+                                  st)) != DC_OK) {
+        return code;
+    }
+    /* The executor name is only shown; a long one may be cut. */
+    snprintf(out->executor, sizeof(out->executor), "%s", pb->executor != NULL ? pb->executor : "");
+    out->state =
+        (unsigned)pb->state < DC_WORKER_STATE_COUNT ? (dc_worker_state)pb->state : DC_WORKER_NONE;
+    out->epoch              = pb->epoch;
+    out->device_count       = pb->device_count;
+    out->since_heartbeat_ms = pb->since_heartbeat_ms;
+    if (pb->n_labels > 0) {
+        if ((out->labels = calloc(pb->n_labels, sizeof(*out->labels))) == NULL) {
+            return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        for (size_t i = 0; i < pb->n_labels; i++) {
+            const Devcoord__V1__Label *l = pb->labels[i];
+            if (l == NULL) {
+                code = status_set(st, DC_INTERNAL, "malformed reply: label missing");
+                goto fail;
+            }
+            out->labels[i].key   = strdup(l->key != NULL ? l->key : "");
+            out->labels[i].value = strdup(l->value != NULL ? l->value : "");
+            out->n_labels        = i + 1;
+            if (out->labels[i].key == NULL || out->labels[i].value == NULL) {
+                code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+                goto fail;
+            }
+        }
+    }
+    return DC_OK;
+fail:
+    dc_worker_info_clear(out);
+    return code;
+}
+
+void
+dc_worker_list_free(dc_worker_list *list)
+{
+    if (list == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < list->n; i++) {
+        dc_worker_info_clear(&list->workers[i]);
+    }
+    free(list->workers);
+    free(list);
+}
+
+dc_code
+dc_list_workers(dc_client *c, dc_worker_list **out, dc_status *st)
+{
+    static const Devcoord__V1__ListWorkersResponse empty =
+        DEVCOORD__V1__LIST_WORKERS_RESPONSE__INIT;
+    Devcoord__V1__ListWorkersRequest req = DEVCOORD__V1__LIST_WORKERS_REQUEST__INIT;
+    const Devcoord__V1__ListWorkersResponse *resp;
+    struct rpc_reply r   = { 0 };
+    dc_worker_list *list = NULL;
+    dc_code code;
+
+    status_clear(st);
+    if (out == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "out is NULL");
+    }
+    *out = NULL;
+    if ((code = need_client(c, st)) != DC_OK) {
+        return code;
+    }
+    if ((code = coord_call(c, M_COORD_LIST_WORKERS, &req.base, &r, st)) != DC_OK) {
+        goto out;
+    }
+    resp = r.body != NULL ? (const Devcoord__V1__ListWorkersResponse *)r.body : &empty;
+    if ((list = calloc(1, sizeof(*list))) == NULL ||
+        (resp->n_workers > 0 &&
+         (list->workers = calloc(resp->n_workers, sizeof(*list->workers))) == NULL)) {
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < resp->n_workers; i++) {
+        if ((code = worker_info_from_pb(resp->workers[i], &list->workers[i], st)) != DC_OK) {
+            goto out;
+        }
+        list->n = i + 1;
+    }
+    *out = list;
+    list = NULL;
+out:
+    dc_worker_list_free(list);
+    rpc_reply_free(&r);
+    return code;
+}
+
+static dc_code
+device_info_from_pb(const Devcoord__V1__DeviceInfo *pb, dc_device_info *out, dc_status *st)
+{
+    dc_code code;
+
+    memset(out, 0, sizeof(*out));
+    if (pb == NULL) {
+        return status_set(st, DC_INTERNAL, "malformed reply: device missing");
+    }
+    if ((code = client_copy_field(out->worker, sizeof(out->worker), pb->worker, "worker name",
+                                  st)) != DC_OK) {
+        return code;
+    }
+    if (device_from_pb(pb->device, &out->device, st) != DC_OK) {
+        return status_recode(st, DC_INTERNAL, "malformed reply");
+    }
+    if (pb->name != NULL && pb->name[0] != '\0') {
+        if ((code = client_copy_field(out->name, sizeof(out->name), pb->name, "device name", st)) !=
+            DC_OK) {
+            return code;
+        }
+    } else {
+        device_cluster_name(out->worker, &out->device, out->name, sizeof(out->name));
+    }
+    out->state =
+        (unsigned)pb->state < DC_DEVICE_STATE_COUNT ? (dc_device_state)pb->state : DC_DEVICE_NONE;
+    out->memory_bytes = pb->memory_bytes;
+    return DC_OK;
+}
+
+void
+dc_device_list_free(dc_device_list *list)
+{
+    if (list == NULL) {
+        return;
+    }
+    free(list->devices);
+    free(list);
+}
+
+/* Worker, then backend, kind and index as numbers, so cuda:2 sorts before cuda:10. */
+static int
+device_info_compare(const void *pa, const void *pb)
+{
+    const dc_device_info *a = pa, *b = pb;
+    int c = strcmp(a->worker, b->worker);
+
+    if (c != 0) {
+        return c;
+    }
+    if (a->device.backend != b->device.backend) {
+        return a->device.backend < b->device.backend ? -1 : 1;
+    }
+    if (a->device.kind != b->device.kind) {
+        return a->device.kind < b->device.kind ? -1 : 1;
+    }
+    if (a->device.index != b->device.index) {
+        return a->device.index < b->device.index ? -1 : 1;
+    }
+    return strcmp(a->name, b->name);
+}
+
+dc_code
+dc_list_devices(dc_client *c, const dc_device_filter *filter, dc_device_list **out, dc_status *st)
+{
+    static const Devcoord__V1__ListDevicesResponse empty =
+        DEVCOORD__V1__LIST_DEVICES_RESPONSE__INIT;
+    Devcoord__V1__ListDevicesRequest req = DEVCOORD__V1__LIST_DEVICES_REQUEST__INIT;
+    struct rpc_reply r                   = { 0 };
+    dc_device_list *list                 = NULL;
+    size_t cap                           = 0;
+    char *page_token                     = NULL;
+    dc_code code;
+
+    status_clear(st);
+    if (out == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "out is NULL");
+    }
+    *out = NULL;
+    if ((code = need_client(c, st)) != DC_OK) {
+        return code;
+    }
+    if (filter != NULL) {
+        if ((unsigned)filter->backend >= DC_BACKEND_COUNT ||
+            (unsigned)filter->state >= DC_DEVICE_STATE_COUNT) {
+            return status_set(st, DC_INVALID_ARGUMENT, "filter names an unknown %s",
+                              (unsigned)filter->backend >= DC_BACKEND_COUNT ? "backend" : "state");
+        }
+        req.backend = (Devcoord__V1__Backend)filter->backend;
+        req.worker  = (char *)(filter->worker != NULL ? filter->worker : "");
+        req.state   = (Devcoord__V1__DeviceState)filter->state;
+        req.label   = (char *)(filter->label != NULL ? filter->label : "");
+    }
+    if ((list = calloc(1, sizeof(*list))) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (unsigned page = 0;; page++) {
+        const Devcoord__V1__ListDevicesResponse *resp;
+        const char *next;
+
+        if (page == LIST_DEVICES_MAX_PAGES) {
+            code = status_set(st, DC_INTERNAL, "device listing did not end after %d pages",
+                              LIST_DEVICES_MAX_PAGES);
+            goto out;
+        }
+        req.page_token = page_token != NULL ? page_token : "";
+        if ((code = coord_call(c, M_COORD_LIST_DEVICES, &req.base, &r, st)) != DC_OK) {
+            goto out;
+        }
+        resp = r.body != NULL ? (const Devcoord__V1__ListDevicesResponse *)r.body : &empty;
+        if (resp->n_devices > cap - list->n) {
+            size_t want = list->n + resp->n_devices;
+            dc_device_info *grow;
+            if (want < list->n || want > SIZE_MAX / sizeof(*grow) ||
+                (grow = realloc(list->devices, want * sizeof(*grow))) == NULL) {
+                code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+                goto out;
+            }
+            list->devices = grow;
+            cap           = want;
+        }
+        for (size_t i = 0; i < resp->n_devices; i++) {
+            if ((code = device_info_from_pb(resp->devices[i], &list->devices[list->n], st)) !=
+                DC_OK) {
+                goto out;
+            }
+            list->n++;
+        }
+        next = resp->next_page_token != NULL ? resp->next_page_token : "";
+        if (next[0] == '\0') {
+            break;
+        }
+        if (strnlen(next, PAGE_TOKEN_MAX + 1) > PAGE_TOKEN_MAX ||
+            (page_token != NULL && strcmp(page_token, next) == 0)) {
+            code = status_set(st, DC_INTERNAL, "malformed reply: bad next_page_token");
+            goto out;
+        }
+        free(page_token);
+        if ((page_token = strdup(next)) == NULL) {
+            code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+            goto out;
+        }
+        rpc_reply_free(&r);
+    }
+    if (list->n > 1) {
+        qsort(list->devices, list->n, sizeof(*list->devices), device_info_compare);
+    }
+    *out = list;
+    list = NULL;
+out:
+    dc_device_list_free(list);
+    free(page_token);
+    rpc_reply_free(&r);
+    return code;
+}
+
+dc_code
+dc_get_device(dc_client *c, const char *name, dc_device_info *out, dc_status *st)
+{
+    Devcoord__V1__GetDeviceRequest req = DEVCOORD__V1__GET_DEVICE_REQUEST__INIT;
+    const Devcoord__V1__GetDeviceResponse *resp;
+    struct rpc_reply r = { 0 };
+    dc_device_ref ref;
+    char canonical[DC_DEVICE_TEXT_SIZE];
+    dc_code code;
+
+    status_clear(st);
+    if (out == NULL || name == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "%s is NULL", out == NULL ? "out" : "name");
+    }
+    memset(out, 0, sizeof(*out));
+    if ((code = need_client(c, st)) != DC_OK) {
+        return code;
+    }
+    /* Parsed here so a typo is refused with the character it failed at, and sent in
+     * canonical form ("node-a/cuda" as "node-a/cuda:0"); autodiff(x) is the device x. */
+    if ((code = dc_device_ref_parse(name, strlen(name), &ref, st)) != DC_OK) {
+        char prefix[DC_DEVICE_TEXT_SIZE + 16];
+        snprintf(prefix, sizeof(prefix), "device '%.*s'", DC_DEVICE_TEXT_MAX, name);
+        status_prefix(st, prefix);
+        return code;
+    }
+    ref.autodiff_depth = 0;
+    dc_device_ref_format(&ref, canonical, sizeof(canonical));
+    req.name = canonical;
+    if ((code = coord_call(c, M_COORD_GET_DEVICE, &req.base, &r, st)) != DC_OK) {
+        goto out;
+    }
+    resp = (const Devcoord__V1__GetDeviceResponse *)r.body;
+    if (resp == NULL || resp->device == NULL) {
+        code = status_set(st, DC_INTERNAL, "malformed reply: GetDevice without a device");
+        goto out;
+    }
+    code = device_info_from_pb(resp->device, out, st);
+out:
+    rpc_reply_free(&r);
+    return code;
+}
+
+static dc_code
+worker_steer(dc_client *c, unsigned method, const char *name, dc_worker_info *out, dc_status *st)
+{
+    Devcoord__V1__WorkerNameRequest req = DEVCOORD__V1__WORKER_NAME_REQUEST__INIT;
+    const Devcoord__V1__WorkerNameResponse *resp;
+    struct rpc_reply r = { 0 };
+    dc_code code;
+
+    status_clear(st);
+    if (out != NULL) {
+        memset(out, 0, sizeof(*out));
+    }
+    if ((code = need_client(c, st)) != DC_OK) {
+        return code;
+    }
+    if (name == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "worker name is NULL");
+    }
+    req.name = (char *)name;
+    if ((code = coord_call(c, method, &req.base, &r, st)) != DC_OK || out == NULL) {
+        goto out;
+    }
+    resp = (const Devcoord__V1__WorkerNameResponse *)r.body;
+    if (resp == NULL || resp->worker == NULL) {
+        code = status_set(st, DC_INTERNAL, "malformed reply: no worker in the answer");
+        goto out;
+    }
+    code = worker_info_from_pb(resp->worker, out, st);
+out:
+    rpc_reply_free(&r);
+    return code;
+}
+
+dc_code
+dc_cordon_worker(dc_client *c, const char *name, dc_worker_info *out, dc_status *st)
+{
+    return worker_steer(c, M_COORD_CORDON_WORKER, name, out, st);
+}
+
+dc_code
+dc_uncordon_worker(dc_client *c, const char *name, dc_worker_info *out, dc_status *st)
+{
+    return worker_steer(c, M_COORD_UNCORDON_WORKER, name, out, st);
+}
+
+dc_code
+dc_drain_worker(dc_client *c, const char *name, dc_worker_info *out, dc_status *st)
+{
+    return worker_steer(c, M_COORD_DRAIN_WORKER, name, out, st);
+}
+
+dc_code
+dc_cluster_status_get(dc_client *c, dc_cluster_status *out, dc_status *st)
+{
+    static const Devcoord__V1__GetClusterStatusResponse empty =
+        DEVCOORD__V1__GET_CLUSTER_STATUS_RESPONSE__INIT;
+    Devcoord__V1__GetClusterStatusRequest req = DEVCOORD__V1__GET_CLUSTER_STATUS_REQUEST__INIT;
+    const Devcoord__V1__GetClusterStatusResponse *resp;
+    struct rpc_reply r = { 0 };
+    dc_code code;
+
+    status_clear(st);
+    if (out == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "out is NULL");
+    }
+    memset(out, 0, sizeof(*out));
+    if ((code = need_client(c, st)) != DC_OK) {
+        return code;
+    }
+    if ((code = coord_call(c, M_COORD_GET_CLUSTER_STATUS, &req.base, &r, st)) != DC_OK) {
+        goto out;
+    }
+    resp = r.body != NULL ? (const Devcoord__V1__GetClusterStatusResponse *)r.body : &empty;
+    out->workers_alive    = resp->workers_alive;
+    out->workers_dead     = resp->workers_dead;
+    out->workers_cordoned = resp->workers_cordoned;
+    out->workers_draining = resp->workers_draining;
+    for (size_t i = 0; i < resp->n_devices; i++) {
+        const Devcoord__V1__BackendCount *bc = resp->devices[i];
+        /* Backends this client does not know of (a newer server) are left out. */
+        if (bc != NULL && (unsigned)bc->backend < DC_BACKEND_COUNT) {
+            uint32_t *slot = &out->devices_by_backend[bc->backend];
+            *slot          = bc->count > UINT32_MAX - *slot ? UINT32_MAX : *slot + bc->count;
+        }
+    }
+    out->ops_in_flight = resp->ops_in_flight;
+    out->ops_done      = resp->ops_done;
+    out->ops_failed    = resp->ops_failed;
+    out->ready         = resp->ready;
+out:
+    rpc_reply_free(&r);
+    return code;
+}
+
+dc_code
+dc_health(dc_client *c, dc_status *st)
+{
+    dc_cluster_status cs;
+    dc_code code;
+
+    if ((code = dc_cluster_status_get(c, &cs, st)) != DC_OK) {
+        return code;
+    }
+    if (!cs.ready) {
+        return status_set(st, DC_UNAVAILABLE, "coordinator not ready");
+    }
+    return DC_OK;
+}
+
+/* ---- operations ---------------------------------------------------------------------- */
+
+static void
+op_result_clear(dc_op_result *r)
+{
+    for (size_t i = 0; i < r->n_plan_workers; i++) {
+        free(r->plan_workers[i].ranks);
+    }
+    free(r->plan_workers);
+    free(r->devices);
+    free(r->results);
+    free(r->waiting_on);
+    memset(r, 0, sizeof(*r));
+}
+
+void
+dc_op_result_free(dc_op_result *r)
+{
+    if (r == NULL) {
+        return;
+    }
+    op_result_clear(r);
+    free(r);
+}
+
+void
+dc_op_list_free(dc_op_list *list)
+{
+    if (list == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < list->n; i++) {
+        op_result_clear(&list->ops[i]);
+    }
+    free(list->ops);
+    free(list);
+}
+
+static dc_code
+plan_from_pb(const Devcoord__V1__Plan *pb, dc_op_result *out, dc_status *st)
+{
+    dc_code code;
+
+    if ((code = client_copy_field(out->group_id, sizeof(out->group_id), pb->group_id,
+                                  "plan group id", st)) != DC_OK) {
+        return code;
+    }
+    if (pb->n_devices > 0 &&
+        (out->devices = calloc(pb->n_devices, sizeof(*out->devices))) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (size_t i = 0; i < pb->n_devices; i++) {
+        if (device_ref_from_pb(pb->devices[i], &out->devices[i], st) != DC_OK) {
+            return status_recode(st, DC_INTERNAL, "malformed reply: plan device");
+        }
+        out->n_devices = i + 1;
+    }
+    if (pb->n_workers > 0 &&
+        (out->plan_workers = calloc(pb->n_workers, sizeof(*out->plan_workers))) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (size_t i = 0; i < pb->n_workers; i++) {
+        const Devcoord__V1__PlanWorker *w = pb->workers[i];
+        dc_plan_worker *pw                = &out->plan_workers[i];
+
+        out->n_plan_workers = i + 1;
+        if (w == NULL) {
+            return status_set(st, DC_INTERNAL, "malformed reply: plan worker missing");
+        }
+        if ((code = client_copy_field(pw->name, sizeof(pw->name), w->name, "plan worker name",
+                                      st)) != DC_OK ||
+            (code = client_copy_field(pw->address, sizeof(pw->address), w->address,
+                                      "plan worker address", st)) != DC_OK) {
+            return code;
+        }
+        if (w->n_ranks > 0 && (pw->ranks = calloc(w->n_ranks, sizeof(*pw->ranks))) == NULL) {
+            return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        for (size_t k = 0; k < w->n_ranks; k++) {
+            if (w->ranks[k] >= out->n_devices) {
+                return status_set(st, DC_INTERNAL,
+                                  "malformed reply: plan worker %s has rank %u of %zu devices",
+                                  pw->name, w->ranks[k], out->n_devices);
+            }
+            pw->ranks[k] = w->ranks[k];
+        }
+        pw->n_ranks = w->n_ranks;
+    }
+    return DC_OK;
+}
+
+/* Fills out from an OpInfo; on failure out holds what was filled so far (clear it). */
+static dc_code
+op_result_from_pb(const Devcoord__V1__OpInfo *pb, dc_op_result *out, dc_status *st)
+{
+    dc_code code;
+
+    memset(out, 0, sizeof(*out));
+    status_clear(&out->status);
+    if ((code = client_copy_field(out->op_id, sizeof(out->op_id), pb->op_id, "op id", st)) !=
+            DC_OK ||
+        (code = client_copy_field(out->tensor, sizeof(out->tensor), pb->tensor, "tensor name",
+                                  st)) != DC_OK ||
+        (code = client_copy_field(out->output_tensor, sizeof(out->output_tensor), pb->output_tensor,
+                                  "output tensor name", st)) != DC_OK) {
+        return code;
+    }
+    out->kind = (unsigned)pb->kind < DC_OP_COUNT ? (dc_op_kind)pb->kind : DC_OP_NONE;
+    out->reduce =
+        (unsigned)pb->reduce < DC_REDUCE_COUNT ? (dc_reduce_op)pb->reduce : DC_REDUCE_NONE;
+    out->root = pb->root;
+    out->state =
+        (unsigned)pb->state <= DC_OP_STATE_FAILED ? (dc_op_state)pb->state : DC_OP_STATE_NONE;
+    status_from_pb(pb->status, &out->status);
+    if (pb->plan != NULL && (code = plan_from_pb(pb->plan, out, st)) != DC_OK) {
+        return code;
+    }
+    if (pb->n_workers > 0 &&
+        (out->results = calloc(pb->n_workers, sizeof(*out->results))) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (size_t i = 0; i < pb->n_workers; i++) {
+        const Devcoord__V1__WorkerResult *w = pb->workers[i];
+        dc_worker_result *res               = &out->results[i];
+        dc_status ws;
+
+        if (w == NULL) {
+            return status_set(st, DC_INTERNAL, "malformed reply: worker result missing");
+        }
+        if ((code = client_copy_field(res->name, sizeof(res->name), w->name, "worker result name",
+                                      st)) != DC_OK) {
+            return code;
+        }
+        status_from_pb(w->status, &ws);
+        res->code = ws.code;
+        snprintf(res->message, sizeof(res->message), "%s", ws.message);
+        res->elapsed_us = w->elapsed_us;
+        out->n_results  = i + 1;
+    }
+    if (pb->n_waiting_on > 0 &&
+        (out->waiting_on = calloc(pb->n_waiting_on, sizeof(*out->waiting_on))) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (size_t i = 0; i < pb->n_waiting_on; i++) {
+        if ((code = client_copy_field(out->waiting_on[i], sizeof(out->waiting_on[i]),
+                                      pb->waiting_on[i], "waiting worker name", st)) != DC_OK) {
+            return code;
+        }
+        out->n_waiting = i + 1;
+    }
+    out->submitted_unix_ms = pb->submitted_unix_ms;
+    out->elapsed_us        = pb->elapsed_us;
+    return DC_OK;
+}
+
+static dc_code
+op_result_new(const Devcoord__V1__OpInfo *pb, dc_op_result **out, dc_status *st)
+{
+    dc_op_result *r = calloc(1, sizeof(*r));
+    dc_code code;
+
+    if (r == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    if ((code = op_result_from_pb(pb, r, st)) != DC_OK) {
+        dc_op_result_free(r);
+        return code;
+    }
+    *out = r;
+    return DC_OK;
+}
+
+dc_code
+dc_submit(dc_client *c, const dc_op_request *req, dc_op_result **out, dc_status *st)
+{
+    Devcoord__V1__SubmitOpRequest pb = DEVCOORD__V1__SUBMIT_OP_REQUEST__INIT;
+    const Devcoord__V1__SubmitOpResponse *resp;
+    Devcoord__V1__DeviceRef *refs  = NULL;
+    Devcoord__V1__Device *devs     = NULL;
+    Devcoord__V1__DeviceRef **ptrs = NULL;
+    dc_device_ref *copy            = NULL;
+    struct rpc_reply r             = { 0 };
+    uint32_t op_ms, call_ms;
+    dc_status call_st;
+    dc_code code, conv;
+
+    status_clear(st);
+    if (out == NULL || req == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "%s is NULL", out == NULL ? "out" : "req");
+    }
+    *out = NULL;
+    if ((code = need_client(c, st)) != DC_OK) {
+        return code;
+    }
+    if (req->n_devices > 0 && req->devices == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "devices is NULL");
+    }
+    if (req->n_devices > 0) {
+        /* device_ref_to_pb points the message into the refs, which need to be writable. */
+        if ((copy = calloc(req->n_devices, sizeof(*copy))) == NULL ||
+            (refs = calloc(req->n_devices, sizeof(*refs))) == NULL ||
+            (devs = calloc(req->n_devices, sizeof(*devs))) == NULL ||
+            (ptrs = calloc(req->n_devices, sizeof(*ptrs))) == NULL) {
+            code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+            goto out;
+        }
+        memcpy(copy, req->devices, req->n_devices * sizeof(*copy));
+        for (size_t i = 0; i < req->n_devices; i++) {
+            copy[i].worker[DC_WORKER_NAME_MAX] = '\0';
+            device_ref_to_pb(&copy[i], &refs[i], &devs[i]);
+            ptrs[i] = &refs[i];
+        }
+    }
+    pb.kind          = (Devcoord__V1__OpKind)req->kind;
+    pb.reduce        = (Devcoord__V1__ReduceOp)req->reduce;
+    pb.root          = req->root;
+    pb.n_devices     = req->n_devices;
+    pb.devices       = ptrs;
+    pb.tensor        = (char *)(req->tensor != NULL ? req->tensor : "");
+    pb.output_tensor = (char *)(req->output_tensor != NULL ? req->output_tensor : "");
+    pb.dry_run       = req->dry_run;
+    pb.timeout_ms    = req->timeout_ms;
+
+    op_ms   = req->timeout_ms != 0 ? req->timeout_ms : OP_DEFAULT_TIMEOUT_MS;
+    call_ms = op_ms > UINT32_MAX - SUBMIT_MARGIN_MS ? UINT32_MAX : op_ms + SUBMIT_MARGIN_MS;
+    if (call_ms < c->timeout_ms) {
+        call_ms = c->timeout_ms;
+    }
+    code =
+        rpc_call(c->coord, COORD_SVC, M_COORD_SUBMIT_OP, &pb.base, NULL, 0, call_ms, &r, &call_st);
+    if (st != NULL) {
+        *st = call_st;
+    }
+    resp = (const Devcoord__V1__SubmitOpResponse *)r.body;
+    if (resp != NULL && resp->op != NULL) {
+        if ((conv = op_result_new(resp->op, out, st)) != DC_OK) {
+            code = conv;
+            goto out;
+        }
+        /* The op's own status speaks when the call itself went through. */
+        if (code == DC_OK && (*out)->status.code != DC_OK) {
+            code = (*out)->status.code;
+            if (st != NULL) {
+                *st = (*out)->status;
+            }
+        } else if (code != DC_OK && (*out)->status.code == DC_OK) {
+            (*out)->status = call_st;
+        }
+    } else if (r.msg != NULL) {
+        /* The coordinator answered without an op (refused before one existed): the result
+         * still tells the caller what it said. */
+        if ((*out = calloc(1, sizeof(**out))) == NULL) {
+            code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+            goto out;
+        }
+        (*out)->kind   = req->kind;
+        (*out)->reduce = req->reduce;
+        (*out)->root   = req->root;
+        (*out)->status = call_st;
+        if (code == DC_OK) {
+            code = status_set(&call_st, DC_INTERNAL, "malformed reply: SubmitOp without an op");
+            (*out)->status = call_st;
+            if (st != NULL) {
+                *st = call_st;
+            }
+        }
+    }
+out:
+    rpc_reply_free(&r);
+    free(copy);
+    free(refs);
+    free(devs);
+    free(ptrs);
+    return code;
+}
+
+dc_code
+dc_get_op(dc_client *c, const char *op_id, dc_op_result **out, dc_status *st)
+{
+    Devcoord__V1__GetOpRequest req = DEVCOORD__V1__GET_OP_REQUEST__INIT;
+    const Devcoord__V1__GetOpResponse *resp;
+    struct rpc_reply r = { 0 };
+    dc_code code;
+
+    status_clear(st);
+    if (out == NULL || op_id == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "%s is NULL", out == NULL ? "out" : "op_id");
+    }
+    *out = NULL;
+    if ((code = need_client(c, st)) != DC_OK) {
+        return code;
+    }
+    req.op_id = (char *)op_id;
+    if ((code = coord_call(c, M_COORD_GET_OP, &req.base, &r, st)) != DC_OK) {
+        goto out;
+    }
+    resp = (const Devcoord__V1__GetOpResponse *)r.body;
+    if (resp == NULL || resp->op == NULL) {
+        code = status_set(st, DC_INTERNAL, "malformed reply: GetOp without an op");
+        goto out;
+    }
+    code = op_result_new(resp->op, out, st);
+out:
+    rpc_reply_free(&r);
+    return code;
+}
+
+dc_code
+dc_list_ops(dc_client *c, uint32_t limit, dc_op_list **out, dc_status *st)
+{
+    static const Devcoord__V1__ListOpsResponse empty = DEVCOORD__V1__LIST_OPS_RESPONSE__INIT;
+    Devcoord__V1__ListOpsRequest req                 = DEVCOORD__V1__LIST_OPS_REQUEST__INIT;
+    const Devcoord__V1__ListOpsResponse *resp;
+    struct rpc_reply r = { 0 };
+    dc_op_list *list   = NULL;
+    dc_code code;
+
+    status_clear(st);
+    if (out == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "out is NULL");
+    }
+    *out = NULL;
+    if ((code = need_client(c, st)) != DC_OK) {
+        return code;
+    }
+    req.limit = limit;
+    if ((code = coord_call(c, M_COORD_LIST_OPS, &req.base, &r, st)) != DC_OK) {
+        goto out;
+    }
+    resp = r.body != NULL ? (const Devcoord__V1__ListOpsResponse *)r.body : &empty;
+    if ((list = calloc(1, sizeof(*list))) == NULL ||
+        (resp->n_ops > 0 && (list->ops = calloc(resp->n_ops, sizeof(*list->ops))) == NULL)) {
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < resp->n_ops; i++) {
+        if (resp->ops[i] == NULL) {
+            code = status_set(st, DC_INTERNAL, "malformed reply: op missing");
+            goto out;
+        }
+        /* Counted before filling so a half-filled entry is freed with the list. */
+        list->n = i + 1;
+        if ((code = op_result_from_pb(resp->ops[i], &list->ops[i], st)) != DC_OK) {
+            goto out;
+        }
+    }
+    *out = list;
+    list = NULL;
+out:
+    dc_op_list_free(list);
+    rpc_reply_free(&r);
+    return code;
+}
+
+/* ---- device lists -------------------------------------------------------------------- */
+
+static bool
+is_blank(char ch)
+{
+    return ch == ' ' || ch == '\t';
+}
+
+dc_code
+dc_device_list_parse(const char *text, dc_device_ref **out, size_t *n, dc_status *st)
+{
+    dc_device_ref *refs = NULL;
+    size_t count = 1, i = 0, len;
+    const char *p;
+    dc_code code;
+
+    status_clear(st);
+    if (text == NULL || out == NULL || n == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "NULL argument");
+    }
+    *out = NULL;
+    *n   = 0;
+    len  = strlen(text);
+    for (p = text; *p != '\0' && is_blank(*p); p++) {
+    }
+    if (*p == '\0') {
+        /* No devices at all: the coordinator refuses that itself ("empty device list"). */
+        if ((*out = calloc(1, sizeof(**out))) == NULL) {
+            return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        return DC_OK;
+    }
+    for (p = text; (p = memchr(p, ',', len - (size_t)(p - text))) != NULL; p++) {
+        count++;
+    }
+    if ((refs = calloc(count, sizeof(*refs))) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (p = text; i < count; i++) {
+        const char *end = memchr(p, ',', len - (size_t)(p - text));
+        const char *e   = end != NULL ? end : text + len;
+        const char *b   = p;
+
+        /* Blanks around an entry ("a, b") are the list's, not the device's. */
+        while (b < e && is_blank(*b)) {
+            b++;
+        }
+        while (e > b && is_blank(e[-1])) {
+            e--;
+        }
+        if ((code = dc_device_ref_parse(b, (size_t)(e - b), &refs[i], st)) != DC_OK) {
+            char prefix[DC_DEVICE_TEXT_MAX + 64];
+            size_t elen = (size_t)(e - b);
+            int shown   = elen > DC_DEVICE_TEXT_MAX ? DC_DEVICE_TEXT_MAX : (int)elen;
+            snprintf(prefix, sizeof(prefix), "devices[%zu] = '%.*s%s'", i, shown, b,
+                     elen > DC_DEVICE_TEXT_MAX ? "..." : "");
+            status_prefix(st, prefix);
+            if (st != NULL) {
+                st->device_index = i <= INT32_MAX ? (int32_t)i : -1;
+            }
+            free(refs);
+            return code;
+        }
+        if (end != NULL) {
+            p = end + 1;
+        }
+    }
+    *out = refs;
+    *n   = count;
+    return DC_OK;
+}

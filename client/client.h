@@ -1,0 +1,85 @@
+/*
+ * Inside libdevcoord: what a dc_client holds (the coordinator's RPC client and a cache of one
+ * RPC client per worker data address) and the helpers client.c and tensor.c share. The
+ * dc_client owns every cached worker connection; they live until dc_client_close.
+ */
+#ifndef DEVCOORD_CLIENT_CLIENT_H
+#define DEVCOORD_CLIENT_CLIENT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "devcoord/devcoord.h"
+#include "devcoord/v1/devcoord.pb-c.h"
+#include "rpc.h"
+
+#define CLIENT_DEFAULT_ADDR       "tcp://127.0.0.1:7400"
+#define CLIENT_DEFAULT_TIMEOUT_MS 30000u
+#define CLIENT_ADDRESS_MAX        255
+
+#define COORD_SVC  (&devcoord__v1__coordinator__descriptor)
+#define WORKER_SVC (&devcoord__v1__worker__descriptor)
+
+/* Method numbers: declaration order of the services in devcoord.proto (a unit test checks
+ * them against the descriptors). */
+enum {
+    M_COORD_LIST_WORKERS       = 3,
+    M_COORD_LIST_DEVICES       = 4,
+    M_COORD_GET_DEVICE         = 5,
+    M_COORD_SUBMIT_OP          = 6,
+    M_COORD_GET_OP             = 7,
+    M_COORD_LIST_OPS           = 8,
+    M_COORD_CORDON_WORKER      = 9,
+    M_COORD_UNCORDON_WORKER    = 10,
+    M_COORD_DRAIN_WORKER       = 11,
+    M_COORD_GET_CLUSTER_STATUS = 12,
+};
+enum {
+    M_WORKER_PUT_TENSOR    = 3,
+    M_WORKER_GET_TENSOR    = 4,
+    M_WORKER_DELETE_TENSOR = 5,
+    M_WORKER_LIST_TENSORS  = 6,
+};
+
+/* Bytes of tensor data per call: the default message limit less the envelope, until a
+ * worker shows (by refusing or dropping a chunk) that its limit is smaller. */
+#define TENSOR_CHUNK_MAX ((size_t)RPC_DEFAULT_MAX_MESSAGE - RPC_FRAME_OVERHEAD)
+#define TENSOR_CHUNK_MIN ((size_t)64 * 1024)
+
+struct worker_conn {
+    char address[CLIENT_ADDRESS_MAX + 1];
+    struct rpc_client *rpc;
+    atomic_size_t chunk;
+};
+
+struct dc_client {
+    struct rpc_client *coord;
+    char *token;
+    uint32_t timeout_ms;
+
+    pthread_mutex_t mtx; /* guards the worker cache */
+    struct worker_conn **workers;
+    size_t n_workers, cap_workers;
+};
+
+/* The address dc_client_open uses for `address`: itself when set, then $DEVCOORD_ADDR, then
+ * CLIENT_DEFAULT_ADDR. */
+const char *client_address(const char *address);
+
+/* The cached connection to the worker at `address`, opened (and connected: a data-plane call
+ * follows at once) on first use. Owned by c. */
+dc_code client_worker_conn(dc_client *c, const char *address, struct worker_conn **out,
+                           dc_status *st);
+
+/* Copies a wire string into a fixed buffer; DC_INTERNAL naming `what` when it does not fit,
+ * since a truncated name would silently designate something else. */
+dc_code client_copy_field(char *dst, size_t cap, const char *src, const char *what, dc_status *st);
+
+/* Bytes a tensor of this dtype and shape takes, with overflow checks; DC_INVALID_ARGUMENT
+ * for an unknown dtype, too many dimensions or a size that does not fit in size_t. */
+dc_code tensor_expected_bytes(dc_dtype dtype, const uint64_t *shape, size_t ndim, size_t *out,
+                              dc_status *st);
+
+#endif

@@ -1,0 +1,1939 @@
+/*
+ * devcoordctl: the operator CLI of devcoord (design §10). It uses only libdevcoord's public
+ * API. Everything that can be checked without a server (options, device lists, values) is
+ * checked before connecting; then one command runs and prints a table or one JSON document.
+ * Exit codes: 0 ok, 1 the server said no, 2 usage error, 3 cannot reach the server.
+ */
+#include <errno.h>
+#include <float.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "devcoord/devcoord.h"
+#include "json.h"
+
+enum {
+    EXIT_REFUSED     = 1,
+    EXIT_USAGE       = 2,
+    EXIT_UNREACHABLE = 3,
+};
+
+#define MAX_POSITIONAL 8
+
+static const char usage_text[] =
+    "Usage: devcoordctl [-s ADDR] [--token-file F] [-o table|json] COMMAND ...\n"
+    "\n"
+    "Commands:\n"
+    "  status                      cluster summary (workers by state, devices by backend, ops)\n"
+    "  workers list | show NAME | cordon NAME | uncordon NAME | drain NAME\n"
+    "  devices list [--backend B] [--worker W] [--state healthy|unhealthy|dead]\n"
+    "               [--label KEY=VALUE]\n"
+    "  ops list [--limit N] | show ID\n"
+    "  plan   --op KIND [--reduce OP] [--root I] --devices REF,REF,...       (dry run)\n"
+    "  submit --op KIND [--reduce OP] [--root I] --tensor NAME --devices REF,REF,...\n"
+    "         [--timeout-ms N] [--output-tensor NAME]\n"
+    "  tensor put DEVICE NAME --dtype T (--values 1,2,3 | --file F) [--shape 2,3]\n"
+    "  tensor get DEVICE NAME | list DEVICE | delete DEVICE NAME\n"
+    "  health                      exit 0 when the coordinator is ready\n"
+    "\n"
+    "Options:\n"
+    "  -s, --server ADDR     coordinator (default $DEVCOORD_ADDR, then tcp://127.0.0.1:7400)\n"
+    "  --token-file F        file whose first line is the bearer token (default\n"
+    "                        $DEVCOORD_TOKEN)\n"
+    "  -o, --output FORMAT   table (default) or json\n"
+    "  -h, --help            this text\n"
+    "  --version             the version\n"
+    "\n"
+    "KIND: all-reduce reduce broadcast all-gather barrier.  OP: sum mean min max prod.\n"
+    "T: f32 f64 i32 i64.  REF: [worker/]device, e.g. node-a/cuda:0, node-a/autodiff(rocm:1).\n"
+    "--file holds raw values in this machine's byte order; without --shape a tensor is 1-D.\n"
+    "Exit codes: 0 ok, 1 the server said no, 2 usage error, 3 cannot reach the server.\n";
+
+/* ---- command line -------------------------------------------------------------------- */
+
+enum opt {
+    O_SERVER,
+    O_TOKEN_FILE,
+    O_OUTPUT,
+    O_HELP,
+    O_VERSION,
+    O_BACKEND,
+    O_WORKER,
+    O_STATE,
+    O_LABEL,
+    O_LIMIT,
+    O_OP,
+    O_REDUCE,
+    O_ROOT,
+    O_DEVICES,
+    O_TENSOR,
+    O_TIMEOUT,
+    O_OUTPUT_TENSOR,
+    O_DTYPE,
+    O_VALUES,
+    O_FILE,
+    O_SHAPE,
+    O_COUNT
+};
+
+#define OPT(o) (1u << (o))
+#define GLOBAL_OPTS \
+    (OPT(O_SERVER) | OPT(O_TOKEN_FILE) | OPT(O_OUTPUT) | OPT(O_HELP) | OPT(O_VERSION))
+
+struct opt_def {
+    const char *name;
+    char short_name;
+    bool has_arg;
+};
+
+static const struct opt_def opt_defs[O_COUNT] = {
+    [O_SERVER]        = { "server", 's', true },
+    [O_TOKEN_FILE]    = { "token-file", 0, true },
+    [O_OUTPUT]        = { "output", 'o', true },
+    [O_HELP]          = { "help", 'h', false },
+    [O_VERSION]       = { "version", 0, false },
+    [O_BACKEND]       = { "backend", 0, true },
+    [O_WORKER]        = { "worker", 0, true },
+    [O_STATE]         = { "state", 0, true },
+    [O_LABEL]         = { "label", 0, true },
+    [O_LIMIT]         = { "limit", 0, true },
+    [O_OP]            = { "op", 0, true },
+    [O_REDUCE]        = { "reduce", 0, true },
+    [O_ROOT]          = { "root", 0, true },
+    [O_DEVICES]       = { "devices", 0, true },
+    [O_TENSOR]        = { "tensor", 0, true },
+    [O_TIMEOUT]       = { "timeout-ms", 0, true },
+    [O_OUTPUT_TENSOR] = { "output-tensor", 0, true },
+    [O_DTYPE]         = { "dtype", 0, true },
+    [O_VALUES]        = { "values", 0, true },
+    [O_FILE]          = { "file", 0, true },
+    [O_SHAPE]         = { "shape", 0, true },
+};
+
+enum command {
+    CMD_STATUS,
+    CMD_WORKERS_LIST,
+    CMD_WORKERS_SHOW,
+    CMD_WORKERS_CORDON,
+    CMD_WORKERS_UNCORDON,
+    CMD_WORKERS_DRAIN,
+    CMD_DEVICES_LIST,
+    CMD_OPS_LIST,
+    CMD_OPS_SHOW,
+    CMD_PLAN,
+    CMD_SUBMIT,
+    CMD_TENSOR_PUT,
+    CMD_TENSOR_GET,
+    CMD_TENSOR_LIST,
+    CMD_TENSOR_DELETE,
+    CMD_HEALTH,
+};
+
+struct command_def {
+    enum command id;
+    const char *group;
+    const char *sub; /* NULL: a one-word command */
+    int n_args;      /* positional arguments after the command words */
+    const char *args;
+    unsigned opts;
+};
+
+#define OP_OPTS (OPT(O_OP) | OPT(O_REDUCE) | OPT(O_ROOT) | OPT(O_DEVICES))
+
+static const struct command_def commands[] = {
+    { CMD_STATUS, "status", NULL, 0, "", 0 },
+    { CMD_WORKERS_LIST, "workers", "list", 0, "", 0 },
+    { CMD_WORKERS_SHOW, "workers", "show", 1, " NAME", 0 },
+    { CMD_WORKERS_CORDON, "workers", "cordon", 1, " NAME", 0 },
+    { CMD_WORKERS_UNCORDON, "workers", "uncordon", 1, " NAME", 0 },
+    { CMD_WORKERS_DRAIN, "workers", "drain", 1, " NAME", 0 },
+    { CMD_DEVICES_LIST, "devices", "list", 0, "",
+      OPT(O_BACKEND) | OPT(O_WORKER) | OPT(O_STATE) | OPT(O_LABEL) },
+    { CMD_OPS_LIST, "ops", "list", 0, "", OPT(O_LIMIT) },
+    { CMD_OPS_SHOW, "ops", "show", 1, " ID", 0 },
+    { CMD_PLAN, "plan", NULL, 0, "", OP_OPTS },
+    { CMD_SUBMIT, "submit", NULL, 0, "",
+      OP_OPTS | OPT(O_TENSOR) | OPT(O_TIMEOUT) | OPT(O_OUTPUT_TENSOR) },
+    { CMD_TENSOR_PUT, "tensor", "put", 2, " DEVICE NAME",
+      OPT(O_DTYPE) | OPT(O_VALUES) | OPT(O_FILE) | OPT(O_SHAPE) },
+    { CMD_TENSOR_GET, "tensor", "get", 2, " DEVICE NAME", 0 },
+    { CMD_TENSOR_LIST, "tensor", "list", 1, " DEVICE", 0 },
+    { CMD_TENSOR_DELETE, "tensor", "delete", 2, " DEVICE NAME", 0 },
+    { CMD_HEALTH, "health", NULL, 0, "", 0 },
+};
+
+#define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+struct cli {
+    const char *val[O_COUNT];
+    bool seen[O_COUNT];
+    const char *pos[MAX_POSITIONAL];
+    int n_pos;
+    const struct command_def *cmd;
+    const char *const *args; /* the command's positional arguments */
+    bool json;
+};
+
+/* Prints a usage error (one line, with the hint) and returns the usage exit code. */
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int
+usage_error(const char *fmt, ...)
+{
+    va_list ap;
+
+    fputs("devcoordctl: INVALID_ARGUMENT: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputs(" (see 'devcoordctl --help')\n", stderr);
+    return EXIT_USAGE;
+}
+
+static int
+opt_find_long(const char *name, size_t len)
+{
+    for (int o = 0; o < O_COUNT; o++) {
+        if (strlen(opt_defs[o].name) == len && memcmp(opt_defs[o].name, name, len) == 0) {
+            return o;
+        }
+    }
+    return -1;
+}
+
+static int
+opt_find_short(char c)
+{
+    for (int o = 0; o < O_COUNT; o++) {
+        if (opt_defs[o].short_name != 0 && opt_defs[o].short_name == c) {
+            return o;
+        }
+    }
+    return -1;
+}
+
+/* Options may come anywhere (before or after the command); "--" ends them. Returns 0 or an
+ * exit code. */
+static int
+cli_parse_argv(struct cli *cli, int argc, char **argv)
+{
+    bool opts_done = false;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a     = argv[i];
+        const char *value = NULL;
+        int o;
+
+        if (!opts_done && strcmp(a, "--") == 0) {
+            opts_done = true;
+            continue;
+        }
+        if (!opts_done && a[0] == '-' && a[1] == '-') {
+            const char *eq = strchr(a + 2, '=');
+            size_t len     = eq != NULL ? (size_t)(eq - (a + 2)) : strlen(a + 2);
+            if ((o = opt_find_long(a + 2, len)) < 0) {
+                return usage_error("unknown option '%.*s'", (int)(len + 2), a);
+            }
+            if (opt_defs[o].has_arg) {
+                if (eq != NULL) {
+                    value = eq + 1;
+                } else if (i + 1 < argc) {
+                    value = argv[++i];
+                } else {
+                    return usage_error("option --%s needs a value", opt_defs[o].name);
+                }
+            } else if (eq != NULL) {
+                return usage_error("option --%s takes no value", opt_defs[o].name);
+            }
+        } else if (!opts_done && a[0] == '-' && a[1] != '\0') {
+            if ((o = opt_find_short(a[1])) < 0) {
+                return usage_error("unknown option '-%c'", a[1]);
+            }
+            if (opt_defs[o].has_arg) {
+                if (a[2] != '\0') {
+                    value = a + 2;
+                } else if (i + 1 < argc) {
+                    value = argv[++i];
+                } else {
+                    return usage_error("option -%c needs a value", a[1]);
+                }
+            } else if (a[2] != '\0') {
+                return usage_error("option -%c takes no value", a[1]);
+            }
+        } else {
+            if (cli->n_pos == MAX_POSITIONAL) {
+                return usage_error("too many arguments");
+            }
+            cli->pos[cli->n_pos++] = a;
+            continue;
+        }
+        cli->seen[o] = true;
+        cli->val[o]  = value;
+    }
+    return 0;
+}
+
+static int
+cli_find_command(struct cli *cli)
+{
+    const char *group = cli->pos[0];
+    const char *sub   = cli->n_pos > 1 ? cli->pos[1] : NULL;
+    bool group_known  = false;
+    int words;
+
+    for (size_t i = 0; i < N_COMMANDS; i++) {
+        const struct command_def *d = &commands[i];
+        if (strcmp(d->group, group) != 0) {
+            continue;
+        }
+        group_known = true;
+        if (d->sub == NULL || (sub != NULL && strcmp(d->sub, sub) == 0)) {
+            cli->cmd = d;
+            break;
+        }
+    }
+    if (cli->cmd == NULL) {
+        if (!group_known) {
+            return usage_error("unknown command '%s'", group);
+        }
+        if (sub == NULL) {
+            return usage_error("'%s' needs a subcommand", group);
+        }
+        return usage_error("unknown command '%s %s'", group, sub);
+    }
+    words = cli->cmd->sub != NULL ? 2 : 1;
+    if (cli->n_pos - words != cli->cmd->n_args) {
+        return usage_error("'%s%s%s' takes %s", cli->cmd->group, cli->cmd->sub ? " " : "",
+                           cli->cmd->sub ? cli->cmd->sub : "",
+                           cli->cmd->n_args > 0 ? cli->cmd->args + 1 : "no arguments");
+    }
+    cli->args = cli->pos + words;
+    for (int o = 0; o < O_COUNT; o++) {
+        if (cli->seen[o] && !((GLOBAL_OPTS | cli->cmd->opts) & OPT(o))) {
+            return usage_error("option --%s does not apply to '%s%s%s'", opt_defs[o].name,
+                               cli->cmd->group, cli->cmd->sub ? " " : "",
+                               cli->cmd->sub ? cli->cmd->sub : "");
+        }
+    }
+    return 0;
+}
+
+/* An unsigned decimal in [0, max]: no sign, no blanks, no trailing characters. */
+static bool
+parse_u64(const char *s, uint64_t max, uint64_t *out)
+{
+    unsigned long long v;
+    char *end;
+
+    if (s[0] < '0' || s[0] > '9') {
+        return false;
+    }
+    errno = 0;
+    v     = strtoull(s, &end, 10);
+    if (errno != 0 || *end != '\0' || v > max) {
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static int
+parse_u32_opt(const struct cli *cli, enum opt o, uint32_t *out)
+{
+    uint64_t v;
+
+    if (!cli->seen[o]) {
+        return 0;
+    }
+    if (!parse_u64(cli->val[o], UINT32_MAX, &v)) {
+        return usage_error("--%s wants a number from 0 to %u, not '%s'", opt_defs[o].name,
+                           UINT32_MAX, cli->val[o]);
+    }
+    *out = (uint32_t)v;
+    return 0;
+}
+
+/* ---- output helpers ------------------------------------------------------------------ */
+
+/* Whether a failure is the transport's (no answer from the server) rather than a refusal:
+ * the RPC layer says "cannot reach ...", "...: connection to ... lost", or names the
+ * address ("tcp://...: Connection refused"). */
+static bool
+is_connection_failure(const dc_status *st)
+{
+    const char *m = st->message;
+    const char *scheme_end;
+
+    if (st->code != DC_UNAVAILABLE) {
+        return false;
+    }
+    if (strncmp(m, "cannot reach ", 13) == 0 || strstr(m, ": connection to ") != NULL) {
+        return true;
+    }
+    scheme_end = strstr(m, "://");
+    if (scheme_end == NULL || scheme_end == m) {
+        return false;
+    }
+    for (const char *p = m; p < scheme_end; p++) {
+        if (!((*p >= 'a' && *p <= 'z') || *p == '+')) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* One line: control characters a server may have put in a message become spaces. */
+static void
+print_sanitized(FILE *f, const char *s)
+{
+    for (; *s != '\0'; s++) {
+        fputc((unsigned char)*s < 0x20 ? ' ' : *s, f);
+    }
+}
+
+static void
+print_error(const dc_status *st)
+{
+    fprintf(stderr, "devcoordctl: %s: ", dc_status_name(st->code));
+    print_sanitized(stderr, st->message[0] != '\0' ? st->message : "(no message)");
+    fputc('\n', stderr);
+}
+
+/* Reports a failed call; the exit code tells a refusal from an unreachable server. */
+static int
+fail(const dc_status *st)
+{
+    print_error(st);
+    return is_connection_failure(st) ? EXIT_UNREACHABLE : EXIT_REFUSED;
+}
+
+static int
+json_print(struct json *j)
+{
+    const char *text = json_text(j);
+
+    if (text == NULL) {
+        fputs("devcoordctl: RESOURCE_EXHAUSTED: out of memory writing JSON\n", stderr);
+        return EXIT_REFUSED;
+    }
+    fputs(text, stdout);
+    fputc('\n', stdout);
+    return 0;
+}
+
+static const char *
+or_dash(const char *s)
+{
+    return s != NULL && s[0] != '\0' ? s : "-";
+}
+
+/* Rows of strings printed with every column as wide as its widest cell. */
+struct table {
+    size_t ncols, nrows, cap;
+    char **cells;
+    bool failed;
+};
+
+static void
+table_add(struct table *t, const char *const *row)
+{
+    if (t->failed) {
+        return;
+    }
+    if (t->nrows == t->cap) {
+        size_t cap = t->cap ? t->cap * 2 : 16;
+        char **grow;
+        if (cap > SIZE_MAX / t->ncols / sizeof(*grow) ||
+            (grow = realloc(t->cells, cap * t->ncols * sizeof(*grow))) == NULL) {
+            t->failed = true;
+            return;
+        }
+        t->cells = grow;
+        t->cap   = cap;
+    }
+    for (size_t c = 0; c < t->ncols; c++) {
+        char *cell = strdup(row[c] != NULL ? row[c] : "");
+        if (cell == NULL) {
+            for (size_t k = 0; k < c; k++) {
+                free(t->cells[t->nrows * t->ncols + k]);
+            }
+            t->failed = true;
+            return;
+        }
+        t->cells[t->nrows * t->ncols + c] = cell;
+    }
+    t->nrows++;
+}
+
+static void
+table_init(struct table *t, size_t ncols, const char *const *header)
+{
+    memset(t, 0, sizeof(*t));
+    t->ncols = ncols;
+    table_add(t, header);
+}
+
+static void
+table_free(struct table *t)
+{
+    for (size_t i = 0; i < t->nrows * t->ncols; i++) {
+        free(t->cells[i]);
+    }
+    free(t->cells);
+    memset(t, 0, sizeof(*t));
+}
+
+static int
+table_print(struct table *t)
+{
+    size_t width[16] = { 0 };
+
+    if (t->failed || t->ncols > 16) {
+        table_free(t);
+        fputs("devcoordctl: RESOURCE_EXHAUSTED: out of memory writing a table\n", stderr);
+        return EXIT_REFUSED;
+    }
+    for (size_t r = 0; r < t->nrows; r++) {
+        for (size_t c = 0; c < t->ncols; c++) {
+            size_t len = strlen(t->cells[r * t->ncols + c]);
+            width[c]   = len > width[c] ? len : width[c];
+        }
+    }
+    for (size_t r = 0; r < t->nrows; r++) {
+        for (size_t c = 0; c < t->ncols; c++) {
+            const char *cell = t->cells[r * t->ncols + c];
+            print_sanitized(stdout, cell);
+            if (c + 1 < t->ncols) {
+                for (size_t pad = strlen(cell); pad < width[c] + 2; pad++) {
+                    fputc(' ', stdout);
+                }
+            }
+        }
+        fputc('\n', stdout);
+    }
+    table_free(t);
+    return 0;
+}
+
+static void
+fmt_u64(char *buf, size_t cap, uint64_t v)
+{
+    snprintf(buf, cap, "%" PRIu64, v);
+}
+
+static void
+fmt_shape(char *buf, size_t cap, const uint64_t *shape, size_t ndim)
+{
+    size_t n = 0;
+
+    n += (size_t)snprintf(buf, cap, "[");
+    for (size_t i = 0; i < ndim && n < cap; i++) {
+        n += (size_t)snprintf(buf + n, cap - n, "%s%" PRIu64, i ? "," : "", shape[i]);
+    }
+    if (n < cap) {
+        snprintf(buf + n, cap - n, "]");
+    }
+}
+
+/* ---- registry commands --------------------------------------------------------------- */
+
+static void
+json_worker(struct json *j, const dc_worker_info *w)
+{
+    json_object_begin(j);
+    json_key(j, "name");
+    json_string(j, w->name);
+    json_key(j, "address");
+    json_string(j, w->address);
+    json_key(j, "state");
+    json_string(j, dc_worker_state_name(w->state));
+    json_key(j, "epoch");
+    json_uint(j, w->epoch);
+    json_key(j, "devices");
+    json_uint(j, w->device_count);
+    json_key(j, "labels");
+    json_object_begin(j);
+    for (size_t i = 0; i < w->n_labels; i++) {
+        json_key(j, w->labels[i].key);
+        json_string(j, w->labels[i].value);
+    }
+    json_object_end(j);
+    json_key(j, "executor");
+    json_string(j, w->executor);
+    json_key(j, "since_heartbeat_ms");
+    json_uint(j, w->since_heartbeat_ms);
+    json_object_end(j);
+}
+
+static void
+worker_labels_text(const dc_worker_info *w, char *buf, size_t cap)
+{
+    size_t n = 0;
+
+    buf[0] = '\0';
+    for (size_t i = 0; i < w->n_labels && n < cap; i++) {
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s=%s", i ? "," : "", w->labels[i].key,
+                              w->labels[i].value);
+    }
+}
+
+static const char *const worker_header[] = { "NAME",    "ADDRESS",  "STATE",      "EPOCH",
+                                             "DEVICES", "EXECUTOR", "LAST_HB_MS", "LABELS" };
+
+static void
+worker_row(struct table *t, const dc_worker_info *w)
+{
+    char epoch[24], devices[24], hb[24], labels[1024];
+    const char *row[8];
+
+    fmt_u64(epoch, sizeof(epoch), w->epoch);
+    fmt_u64(devices, sizeof(devices), w->device_count);
+    fmt_u64(hb, sizeof(hb), w->since_heartbeat_ms);
+    worker_labels_text(w, labels, sizeof(labels));
+    row[0] = w->name;
+    row[1] = or_dash(w->address);
+    row[2] = or_dash(dc_worker_state_name(w->state));
+    row[3] = epoch;
+    row[4] = devices;
+    row[5] = or_dash(w->executor);
+    row[6] = hb;
+    row[7] = or_dash(labels);
+    table_add(t, row);
+}
+
+static int
+print_workers(const struct cli *cli, const dc_worker_info *workers, size_t n)
+{
+    if (cli->json) {
+        struct json j;
+        int rc;
+        json_init(&j);
+        json_object_begin(&j);
+        json_key(&j, "workers");
+        json_array_begin(&j);
+        for (size_t i = 0; i < n; i++) {
+            json_worker(&j, &workers[i]);
+        }
+        json_array_end(&j);
+        json_object_end(&j);
+        rc = json_print(&j);
+        json_free(&j);
+        return rc;
+    } else {
+        struct table t;
+        table_init(&t, 8, worker_header);
+        for (size_t i = 0; i < n; i++) {
+            worker_row(&t, &workers[i]);
+        }
+        return table_print(&t);
+    }
+}
+
+static void
+json_device(struct json *j, const dc_device_info *d)
+{
+    char concrete[DC_DEVICE_TEXT_SIZE];
+
+    dc_device_format(&d->device, concrete, sizeof(concrete));
+    json_object_begin(j);
+    json_key(j, "name");
+    json_string(j, d->name);
+    json_key(j, "worker");
+    json_string(j, d->worker);
+    json_key(j, "device");
+    json_string(j, concrete);
+    json_key(j, "backend");
+    json_string(j, dc_backend_name(d->device.backend));
+    json_key(j, "state");
+    json_string(j, dc_device_state_name(d->state));
+    json_key(j, "memory_bytes");
+    json_uint(j, d->memory_bytes);
+    json_object_end(j);
+}
+
+static const char *const device_header[] = { "NAME",    "WORKER", "DEVICE",
+                                             "BACKEND", "STATE",  "MEMORY_BYTES" };
+
+static void
+device_rows(struct table *t, const dc_device_list *list)
+{
+    for (size_t i = 0; i < list->n; i++) {
+        const dc_device_info *d = &list->devices[i];
+        char concrete[DC_DEVICE_TEXT_SIZE], mem[24];
+        const char *row[6];
+
+        dc_device_format(&d->device, concrete, sizeof(concrete));
+        fmt_u64(mem, sizeof(mem), d->memory_bytes);
+        row[0] = d->name;
+        row[1] = d->worker;
+        row[2] = concrete;
+        row[3] = or_dash(dc_backend_name(d->device.backend));
+        row[4] = or_dash(dc_device_state_name(d->state));
+        row[5] = mem;
+        table_add(t, row);
+    }
+}
+
+static void
+json_devices(struct json *j, const dc_device_list *list)
+{
+    json_array_begin(j);
+    for (size_t i = 0; i < list->n; i++) {
+        json_device(j, &list->devices[i]);
+    }
+    json_array_end(j);
+}
+
+static int
+cmd_status(const struct cli *cli, dc_client *c)
+{
+    static const char *const header[] = { "SECTION", "NAME", "COUNT" };
+    dc_cluster_status cs;
+    dc_status st;
+    char buf[24];
+
+    if (dc_cluster_status_get(c, &cs, &st) != DC_OK) {
+        return fail(&st);
+    }
+    if (cli->json) {
+        struct json j;
+        int rc;
+        json_init(&j);
+        json_object_begin(&j);
+        json_key(&j, "workers");
+        json_object_begin(&j);
+        json_key(&j, "alive");
+        json_uint(&j, cs.workers_alive);
+        json_key(&j, "dead");
+        json_uint(&j, cs.workers_dead);
+        json_key(&j, "cordoned");
+        json_uint(&j, cs.workers_cordoned);
+        json_key(&j, "draining");
+        json_uint(&j, cs.workers_draining);
+        json_object_end(&j);
+        json_key(&j, "devices");
+        json_object_begin(&j);
+        for (int b = 1; b < DC_BACKEND_COUNT; b++) {
+            if (cs.devices_by_backend[b] > 0) {
+                json_key(&j, dc_backend_name((dc_backend)b));
+                json_uint(&j, cs.devices_by_backend[b]);
+            }
+        }
+        json_object_end(&j);
+        json_key(&j, "ops");
+        json_object_begin(&j);
+        json_key(&j, "in_flight");
+        json_uint(&j, cs.ops_in_flight);
+        json_key(&j, "done");
+        json_uint(&j, cs.ops_done);
+        json_key(&j, "failed");
+        json_uint(&j, cs.ops_failed);
+        json_object_end(&j);
+        json_key(&j, "ready");
+        json_bool(&j, cs.ready);
+        json_object_end(&j);
+        rc = json_print(&j);
+        json_free(&j);
+        return rc;
+    } else {
+        struct table t;
+        const struct {
+            const char *section, *name;
+            uint64_t n;
+        } rows[] = {
+            { "workers", "alive", cs.workers_alive },
+            { "workers", "dead", cs.workers_dead },
+            { "workers", "cordoned", cs.workers_cordoned },
+            { "workers", "draining", cs.workers_draining },
+            { "ops", "in_flight", cs.ops_in_flight },
+            { "ops", "done", cs.ops_done },
+            { "ops", "failed", cs.ops_failed },
+        };
+        table_init(&t, 3, header);
+        for (size_t i = 0; i < 4; i++) {
+            const char *row[3] = { rows[i].section, rows[i].name, buf };
+            fmt_u64(buf, sizeof(buf), rows[i].n);
+            table_add(&t, row);
+        }
+        for (int b = 1; b < DC_BACKEND_COUNT; b++) {
+            if (cs.devices_by_backend[b] > 0) {
+                const char *row[3] = { "devices", dc_backend_name((dc_backend)b), buf };
+                fmt_u64(buf, sizeof(buf), cs.devices_by_backend[b]);
+                table_add(&t, row);
+            }
+        }
+        for (size_t i = 4; i < sizeof(rows) / sizeof(rows[0]); i++) {
+            const char *row[3] = { rows[i].section, rows[i].name, buf };
+            fmt_u64(buf, sizeof(buf), rows[i].n);
+            table_add(&t, row);
+        }
+        {
+            const char *row[3] = { "coordinator", "ready", cs.ready ? "yes" : "no" };
+            table_add(&t, row);
+        }
+        return table_print(&t);
+    }
+}
+
+static int
+cmd_workers_list(const struct cli *cli, dc_client *c)
+{
+    dc_worker_list *list = NULL;
+    dc_status st;
+    int rc;
+
+    if (dc_list_workers(c, &list, &st) != DC_OK) {
+        return fail(&st);
+    }
+    rc = print_workers(cli, list->workers, list->n);
+    dc_worker_list_free(list);
+    return rc;
+}
+
+static int
+cmd_workers_show(const struct cli *cli, dc_client *c)
+{
+    const char *name        = cli->args[0];
+    dc_worker_list *workers = NULL;
+    dc_device_list *devices = NULL;
+    dc_device_filter filter = { .worker = name };
+    const dc_worker_info *w = NULL;
+    dc_status st;
+    int rc;
+
+    if (dc_list_workers(c, &workers, &st) != DC_OK) {
+        return fail(&st);
+    }
+    for (size_t i = 0; i < workers->n; i++) {
+        if (strcmp(workers->workers[i].name, name) == 0) {
+            w = &workers->workers[i];
+        }
+    }
+    if (w == NULL) {
+        snprintf(st.message, sizeof(st.message), "worker %s is not registered", name);
+        st.code = DC_NOT_FOUND;
+        rc      = fail(&st);
+        goto out;
+    }
+    if (dc_list_devices(c, &filter, &devices, &st) != DC_OK) {
+        rc = fail(&st);
+        goto out;
+    }
+    if (cli->json) {
+        struct json j;
+        json_init(&j);
+        json_object_begin(&j);
+        json_key(&j, "worker");
+        json_worker(&j, w);
+        json_key(&j, "devices");
+        json_devices(&j, devices);
+        json_object_end(&j);
+        rc = json_print(&j);
+        json_free(&j);
+    } else {
+        struct table t;
+        table_init(&t, 8, worker_header);
+        worker_row(&t, w);
+        if ((rc = table_print(&t)) != 0) {
+            goto out;
+        }
+        fputc('\n', stdout);
+        table_init(&t, 6, device_header);
+        device_rows(&t, devices);
+        rc = table_print(&t);
+    }
+out:
+    dc_device_list_free(devices);
+    dc_worker_list_free(workers);
+    return rc;
+}
+
+static int
+cmd_workers_steer(const struct cli *cli, dc_client *c)
+{
+    dc_worker_info w;
+    dc_status st;
+    dc_code code;
+    int rc;
+
+    switch (cli->cmd->id) {
+    case CMD_WORKERS_CORDON:
+        code = dc_cordon_worker(c, cli->args[0], &w, &st);
+        break;
+    case CMD_WORKERS_UNCORDON:
+        code = dc_uncordon_worker(c, cli->args[0], &w, &st);
+        break;
+    default:
+        code = dc_drain_worker(c, cli->args[0], &w, &st);
+        break;
+    }
+    if (code != DC_OK) {
+        return fail(&st);
+    }
+    if (cli->json) {
+        struct json j;
+        json_init(&j);
+        json_object_begin(&j);
+        json_key(&j, "worker");
+        json_worker(&j, &w);
+        json_object_end(&j);
+        rc = json_print(&j);
+        json_free(&j);
+    } else {
+        rc = print_workers(cli, &w, 1);
+    }
+    dc_worker_info_clear(&w);
+    return rc;
+}
+
+struct devices_args {
+    dc_device_filter filter;
+};
+
+static int
+devices_prepare(const struct cli *cli, struct devices_args *a)
+{
+    memset(a, 0, sizeof(*a));
+    if (cli->seen[O_BACKEND] &&
+        (a->filter.backend = dc_backend_from_name(cli->val[O_BACKEND])) == DC_BACKEND_NONE) {
+        return usage_error("unknown backend '%s'", cli->val[O_BACKEND]);
+    }
+    if (cli->seen[O_STATE] &&
+        (a->filter.state = dc_device_state_from_name(cli->val[O_STATE])) == DC_DEVICE_NONE) {
+        return usage_error("--state wants healthy, unhealthy or dead, not '%s'", cli->val[O_STATE]);
+    }
+    if (cli->seen[O_LABEL]) {
+        const char *eq = strchr(cli->val[O_LABEL], '=');
+        if (eq == NULL || eq == cli->val[O_LABEL]) {
+            return usage_error("--label wants KEY=VALUE, not '%s'", cli->val[O_LABEL]);
+        }
+        a->filter.label = cli->val[O_LABEL];
+    }
+    a->filter.worker = cli->val[O_WORKER];
+    return 0;
+}
+
+static int
+cmd_devices_list(const struct cli *cli, dc_client *c, const struct devices_args *a)
+{
+    dc_device_list *list = NULL;
+    dc_status st;
+    int rc;
+
+    if (dc_list_devices(c, &a->filter, &list, &st) != DC_OK) {
+        return fail(&st);
+    }
+    if (cli->json) {
+        struct json j;
+        json_init(&j);
+        json_object_begin(&j);
+        json_key(&j, "devices");
+        json_devices(&j, list);
+        json_object_end(&j);
+        rc = json_print(&j);
+        json_free(&j);
+    } else {
+        struct table t;
+        table_init(&t, 6, device_header);
+        device_rows(&t, list);
+        rc = table_print(&t);
+    }
+    dc_device_list_free(list);
+    return rc;
+}
+
+/* ---- operations ---------------------------------------------------------------------- */
+
+static void
+ref_text(const dc_device_ref *ref, char *buf, size_t cap)
+{
+    dc_device_ref_format(ref, buf, cap);
+}
+
+/* The document of an op (plan, submit, ops show): status from `st`, the rest from r, which
+ * may be NULL when nothing was planned. */
+static void
+json_op(struct json *j, const dc_op_result *r, const dc_status *st, bool with_results)
+{
+    char text[DC_DEVICE_TEXT_SIZE];
+
+    json_object_begin(j);
+    json_key(j, "op_id");
+    json_string(j, r != NULL ? r->op_id : "");
+    json_key(j, "status");
+    json_string(j, dc_status_name(st->code));
+    json_key(j, "message");
+    json_string(j, st->message);
+    if (st->device_index >= 0) {
+        json_key(j, "device_index");
+        json_int(j, st->device_index);
+    }
+    if (st->worker[0] != '\0') {
+        json_key(j, "worker");
+        json_string(j, st->worker);
+    }
+    json_key(j, "plan");
+    if (r == NULL || (r->n_devices == 0 && r->n_plan_workers == 0 && r->group_id[0] == '\0')) {
+        json_null(j);
+    } else {
+        json_object_begin(j);
+        json_key(j, "group_id");
+        json_string(j, r->group_id);
+        json_key(j, "devices");
+        json_array_begin(j);
+        for (size_t i = 0; i < r->n_devices; i++) {
+            ref_text(&r->devices[i], text, sizeof(text));
+            json_string(j, text);
+        }
+        json_array_end(j);
+        json_key(j, "workers");
+        json_array_begin(j);
+        for (size_t i = 0; i < r->n_plan_workers; i++) {
+            const dc_plan_worker *pw = &r->plan_workers[i];
+            json_object_begin(j);
+            json_key(j, "name");
+            json_string(j, pw->name);
+            json_key(j, "address");
+            json_string(j, pw->address);
+            json_key(j, "devices");
+            json_array_begin(j);
+            for (size_t k = 0; k < pw->n_ranks; k++) {
+                ref_text(&r->devices[pw->ranks[k]], text, sizeof(text));
+                json_string(j, text);
+            }
+            json_array_end(j);
+            json_key(j, "ranks");
+            json_array_begin(j);
+            for (size_t k = 0; k < pw->n_ranks; k++) {
+                json_uint(j, pw->ranks[k]);
+            }
+            json_array_end(j);
+            json_object_end(j);
+        }
+        json_array_end(j);
+        json_object_end(j);
+    }
+    if (r != NULL) {
+        json_key(j, "kind");
+        json_string(j, dc_op_kind_name(r->kind));
+        json_key(j, "reduce");
+        json_string(j, dc_reduce_op_name(r->reduce));
+        json_key(j, "root");
+        json_uint(j, r->root);
+    }
+    if (with_results && r != NULL) {
+        json_key(j, "tensor");
+        json_string(j, r->tensor);
+        json_key(j, "output_tensor");
+        json_string(j, r->output_tensor);
+        json_key(j, "state");
+        json_string(j, dc_op_state_name(r->state));
+        json_key(j, "workers");
+        json_array_begin(j);
+        for (size_t i = 0; i < r->n_results; i++) {
+            const dc_worker_result *w = &r->results[i];
+            json_object_begin(j);
+            json_key(j, "name");
+            json_string(j, w->name);
+            json_key(j, "status");
+            json_string(j, dc_status_name(w->code));
+            json_key(j, "message");
+            json_string(j, w->message);
+            json_key(j, "elapsed_us");
+            json_uint(j, w->elapsed_us);
+            json_object_end(j);
+        }
+        json_array_end(j);
+        json_key(j, "waiting_on");
+        json_array_begin(j);
+        for (size_t i = 0; i < r->n_waiting; i++) {
+            json_string(j, r->waiting_on[i]);
+        }
+        json_array_end(j);
+        json_key(j, "submitted_unix_ms");
+        json_uint(j, r->submitted_unix_ms);
+        json_key(j, "elapsed_us");
+        json_uint(j, r->elapsed_us);
+    }
+    json_object_end(j);
+}
+
+static int
+print_op_json(const dc_op_result *r, const dc_status *st, bool with_results)
+{
+    struct json j;
+    int rc;
+
+    json_init(&j);
+    json_op(&j, r, st, with_results);
+    rc = json_print(&j);
+    json_free(&j);
+    return rc;
+}
+
+static int
+print_op_table(const dc_op_result *r, const dc_status *st, bool with_results)
+{
+    static const char *const kv_header[]   = { "FIELD", "VALUE" };
+    static const char *const plan_header[] = { "RANK", "DEVICE", "WORKER", "ADDRESS" };
+    static const char *const res_header[]  = { "WORKER", "STATUS", "ELAPSED_US", "MESSAGE" };
+    char text[DC_DEVICE_TEXT_SIZE], num[24];
+    struct table t;
+    int rc;
+
+    table_init(&t, 2, kv_header);
+    {
+        const char *rows[][2] = {
+            { "op_id", or_dash(r->op_id) },
+            { "kind", or_dash(dc_op_kind_name(r->kind)) },
+            { "reduce", or_dash(dc_reduce_op_name(r->reduce)) },
+            { "status", dc_status_name(st->code) },
+            { "message", or_dash(st->message) },
+            { "group_id", or_dash(r->group_id) },
+        };
+        for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+            table_add(&t, rows[i]);
+        }
+    }
+    if (with_results) {
+        const char *state[2]   = { "state", or_dash(dc_op_state_name(r->state)) };
+        const char *tensor[2]  = { "tensor", or_dash(r->tensor) };
+        const char *elapsed[2] = { "elapsed_us", num };
+        char waiting[1024];
+        const char *wait_row[2] = { "waiting_on", waiting };
+        size_t n                = 0;
+
+        fmt_u64(num, sizeof(num), r->elapsed_us);
+        table_add(&t, state);
+        table_add(&t, tensor);
+        table_add(&t, elapsed);
+        waiting[0] = '\0';
+        for (size_t i = 0; i < r->n_waiting && n < sizeof(waiting); i++) {
+            n += (size_t)snprintf(waiting + n, sizeof(waiting) - n, "%s%s", i ? "," : "",
+                                  r->waiting_on[i]);
+        }
+        wait_row[1] = or_dash(waiting);
+        table_add(&t, wait_row);
+    }
+    if ((rc = table_print(&t)) != 0) {
+        return rc;
+    }
+    if (r->n_devices > 0) {
+        fputc('\n', stdout);
+        table_init(&t, 4, plan_header);
+        for (size_t i = 0; i < r->n_devices; i++) {
+            const char *worker = r->devices[i].worker, *address = "";
+            const char *row[4] = { num, text, worker, NULL };
+            for (size_t w = 0; w < r->n_plan_workers; w++) {
+                for (size_t k = 0; k < r->plan_workers[w].n_ranks; k++) {
+                    if (r->plan_workers[w].ranks[k] == i) {
+                        worker  = r->plan_workers[w].name;
+                        address = r->plan_workers[w].address;
+                    }
+                }
+            }
+            snprintf(num, sizeof(num), "%zu", i);
+            ref_text(&r->devices[i], text, sizeof(text));
+            row[2] = or_dash(worker);
+            row[3] = or_dash(address);
+            table_add(&t, row);
+        }
+        if ((rc = table_print(&t)) != 0) {
+            return rc;
+        }
+    }
+    if (with_results && r->n_results > 0) {
+        fputc('\n', stdout);
+        table_init(&t, 4, res_header);
+        for (size_t i = 0; i < r->n_results; i++) {
+            const dc_worker_result *w = &r->results[i];
+            const char *row[4] = { w->name, dc_status_name(w->code), num, or_dash(w->message) };
+            fmt_u64(num, sizeof(num), w->elapsed_us);
+            table_add(&t, row);
+        }
+        rc = table_print(&t);
+    }
+    return rc;
+}
+
+struct op_args {
+    dc_op_request req;
+    dc_device_ref *devices;
+    dc_status parse_st; /* the device list's parse failure, if any */
+    bool parse_failed;
+};
+
+static int
+op_prepare(const struct cli *cli, struct op_args *a)
+{
+    size_t n = 0;
+    int rc;
+
+    memset(a, 0, sizeof(*a));
+    if (!cli->seen[O_OP]) {
+        return usage_error("%s needs --op KIND", cli->cmd->group);
+    }
+    if ((a->req.kind = dc_op_kind_from_name(cli->val[O_OP])) == DC_OP_NONE) {
+        return usage_error("--op wants all-reduce, reduce, broadcast, all-gather or barrier, "
+                           "not '%s'",
+                           cli->val[O_OP]);
+    }
+    if (cli->seen[O_REDUCE] &&
+        (a->req.reduce = dc_reduce_op_from_name(cli->val[O_REDUCE])) == DC_REDUCE_NONE) {
+        return usage_error("--reduce wants sum, mean, min, max or prod, not '%s'",
+                           cli->val[O_REDUCE]);
+    }
+    if ((rc = parse_u32_opt(cli, O_ROOT, &a->req.root)) != 0 ||
+        (rc = parse_u32_opt(cli, O_TIMEOUT, &a->req.timeout_ms)) != 0) {
+        return rc;
+    }
+    if (!cli->seen[O_DEVICES]) {
+        return usage_error("%s needs --devices REF,REF,...", cli->cmd->group);
+    }
+    /* A barrier moves no data; everything else names the tensor it works on. */
+    if (cli->cmd->id == CMD_SUBMIT && !cli->seen[O_TENSOR] && a->req.kind != DC_OP_BARRIER) {
+        return usage_error("submit needs --tensor NAME");
+    }
+    a->req.tensor        = cli->val[O_TENSOR];
+    a->req.output_tensor = cli->val[O_OUTPUT_TENSOR];
+    a->req.dry_run       = cli->cmd->id == CMD_PLAN;
+    /* A list that does not parse is a refusal like the server's, not a usage error. */
+    if (dc_device_list_parse(cli->val[O_DEVICES], &a->devices, &n, &a->parse_st) != DC_OK) {
+        a->parse_failed = true;
+        return 0;
+    }
+    a->req.devices   = a->devices;
+    a->req.n_devices = n;
+    return 0;
+}
+
+/* A refused op: its document on stdout with -o json, the error on stderr. */
+static int
+op_refused(const struct cli *cli, const dc_op_result *r, const dc_status *st)
+{
+    if (cli->json) {
+        print_op_json(r, st, cli->cmd->id == CMD_SUBMIT);
+    }
+    print_error(st);
+    return r == NULL && is_connection_failure(st) ? EXIT_UNREACHABLE : EXIT_REFUSED;
+}
+
+static int
+cmd_op(const struct cli *cli, dc_client *c, struct op_args *a)
+{
+    bool submit       = cli->cmd->id == CMD_SUBMIT;
+    dc_op_result *res = NULL;
+    dc_status st;
+    dc_code code;
+    int rc;
+
+    code = dc_submit(c, &a->req, &res, &st);
+    if (code != DC_OK) {
+        rc = op_refused(cli, res, &st);
+    } else if (res == NULL) {
+        st.code = DC_INTERNAL;
+        snprintf(st.message, sizeof(st.message), "no op in the coordinator's answer");
+        rc = op_refused(cli, NULL, &st);
+    } else if (cli->json) {
+        rc = print_op_json(res, &st, submit);
+    } else {
+        rc = print_op_table(res, &st, submit);
+    }
+    dc_op_result_free(res);
+    return rc;
+}
+
+static int
+cmd_ops_list(const struct cli *cli, dc_client *c)
+{
+    static const char *const header[] = { "OP_ID",   "KIND",   "STATE",      "STATUS",
+                                          "DEVICES", "TENSOR", "ELAPSED_US", "WAITING_ON" };
+    dc_op_list *list                  = NULL;
+    uint32_t limit                    = 0;
+    dc_status st;
+    int rc;
+
+    if ((rc = parse_u32_opt(cli, O_LIMIT, &limit)) != 0) {
+        return rc;
+    }
+    if (dc_list_ops(c, limit, &list, &st) != DC_OK) {
+        return fail(&st);
+    }
+    if (cli->json) {
+        struct json j;
+        json_init(&j);
+        json_object_begin(&j);
+        json_key(&j, "ops");
+        json_array_begin(&j);
+        for (size_t i = 0; i < list->n; i++) {
+            json_op(&j, &list->ops[i], &list->ops[i].status, true);
+        }
+        json_array_end(&j);
+        json_object_end(&j);
+        rc = json_print(&j);
+        json_free(&j);
+    } else {
+        struct table t;
+        table_init(&t, 8, header);
+        for (size_t i = 0; i < list->n; i++) {
+            const dc_op_result *r = &list->ops[i];
+            char ndev[24], elapsed[24], waiting[512];
+            const char *row[8];
+            size_t n = 0;
+
+            waiting[0] = '\0';
+            for (size_t k = 0; k < r->n_waiting && n < sizeof(waiting); k++) {
+                n += (size_t)snprintf(waiting + n, sizeof(waiting) - n, "%s%s", k ? "," : "",
+                                      r->waiting_on[k]);
+            }
+            snprintf(ndev, sizeof(ndev), "%zu", r->n_devices);
+            fmt_u64(elapsed, sizeof(elapsed), r->elapsed_us);
+            row[0] = or_dash(r->op_id);
+            row[1] = or_dash(dc_op_kind_name(r->kind));
+            row[2] = or_dash(dc_op_state_name(r->state));
+            row[3] = dc_status_name(r->status.code);
+            row[4] = ndev;
+            row[5] = or_dash(r->tensor);
+            row[6] = elapsed;
+            row[7] = or_dash(waiting);
+            table_add(&t, row);
+        }
+        rc = table_print(&t);
+    }
+    dc_op_list_free(list);
+    return rc;
+}
+
+static int
+cmd_ops_show(const struct cli *cli, dc_client *c)
+{
+    dc_op_result *r = NULL;
+    dc_status st;
+    int rc;
+
+    if (dc_get_op(c, cli->args[0], &r, &st) != DC_OK) {
+        return fail(&st);
+    }
+    rc = cli->json ? print_op_json(r, &r->status, true) : print_op_table(r, &r->status, true);
+    dc_op_result_free(r);
+    return rc;
+}
+
+/* ---- tensors ------------------------------------------------------------------------- */
+
+struct put_args {
+    dc_dtype dtype;
+    uint64_t shape[DC_TENSOR_MAX_DIMS];
+    size_t ndim;
+    void *data;
+    size_t bytes;
+};
+
+static bool
+is_blank(char ch)
+{
+    return ch == ' ' || ch == '\t';
+}
+
+/* Parses one value of --values (between b and e) per dtype into slot. */
+static bool
+parse_value(const char *b, const char *e, dc_dtype dtype, unsigned char *slot)
+{
+    char buf[128];
+    char *end;
+    size_t len = (size_t)(e - b);
+
+    while (len > 0 && is_blank(*b)) {
+        b++;
+        len--;
+    }
+    while (len > 0 && is_blank(b[len - 1])) {
+        len--;
+    }
+    if (len == 0 || len >= sizeof(buf)) {
+        return false;
+    }
+    memcpy(buf, b, len);
+    buf[len] = '\0';
+    errno    = 0;
+    if (dtype == DC_DTYPE_F32 || dtype == DC_DTYPE_F64) {
+        double v = strtod(buf, &end);
+        if (*end != '\0' || (errno == ERANGE && isinf(v)) ||
+            (dtype == DC_DTYPE_F32 && isfinite(v) && fabs(v) > FLT_MAX)) {
+            return false;
+        }
+        if (dtype == DC_DTYPE_F32) {
+            float f = (float)v;
+            memcpy(slot, &f, sizeof(f));
+        } else {
+            memcpy(slot, &v, sizeof(v));
+        }
+    } else {
+        long long v = strtoll(buf, &end, 10);
+        if (*end != '\0' || errno == ERANGE) {
+            return false;
+        }
+        if (dtype == DC_DTYPE_I32) {
+            int32_t i;
+            if (v < INT32_MIN || v > INT32_MAX) {
+                return false;
+            }
+            i = (int32_t)v;
+            memcpy(slot, &i, sizeof(i));
+        } else {
+            int64_t i = (int64_t)v;
+            memcpy(slot, &i, sizeof(i));
+        }
+    }
+    return true;
+}
+
+static int
+parse_values(const char *text, struct put_args *a, size_t *count)
+{
+    size_t esize = dc_dtype_size(a->dtype);
+    size_t n = 1, i = 0;
+    const char *p;
+
+    for (p = text; is_blank(*p); p++) {
+    }
+    if (*p == '\0') {
+        *count = 0;
+        return 0;
+    }
+    for (p = text; *p != '\0'; p++) {
+        n += *p == ',';
+    }
+    if (n > SIZE_MAX / esize || (a->data = malloc(n * esize)) == NULL) {
+        return usage_error("--values: too many values");
+    }
+    for (p = text; i < n; i++) {
+        const char *e = strchr(p, ',');
+        if (e == NULL) {
+            e = p + strlen(p);
+        }
+        if (!parse_value(p, e, a->dtype, (unsigned char *)a->data + i * esize)) {
+            return usage_error("--values: entry %zu '%.*s' is not a valid %s value", i,
+                               (int)(e - p > 64 ? 64 : e - p), p, dc_dtype_name(a->dtype));
+        }
+        p = *e == ',' ? e + 1 : e;
+    }
+    a->bytes = n * esize;
+    *count   = n;
+    return 0;
+}
+
+static int
+read_file(const char *path, void **out, size_t *len)
+{
+    FILE *f            = fopen(path, "rb");
+    unsigned char *buf = NULL;
+    size_t n = 0, cap = 0;
+
+    if (f == NULL) {
+        return usage_error("cannot read --file '%s': %s", path, strerror(errno));
+    }
+    for (;;) {
+        size_t got;
+        if (n == cap) {
+            unsigned char *grow;
+            cap = cap ? cap * 2 : 65536;
+            if (cap < n || (grow = realloc(buf, cap)) == NULL) {
+                free(buf);
+                fclose(f);
+                return usage_error("--file '%s' is too large to read", path);
+            }
+            buf = grow;
+        }
+        got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) {
+            break;
+        }
+    }
+    if (ferror(f)) {
+        free(buf);
+        fclose(f);
+        return usage_error("cannot read --file '%s'", path);
+    }
+    fclose(f);
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+static int
+put_prepare(const struct cli *cli, struct put_args *a)
+{
+    size_t esize, count = 0;
+    uint64_t elems = 1;
+    int rc;
+
+    memset(a, 0, sizeof(*a));
+    if (!cli->seen[O_DTYPE]) {
+        return usage_error("tensor put needs --dtype f32|f64|i32|i64");
+    }
+    if ((a->dtype = dc_dtype_from_name(cli->val[O_DTYPE])) == DC_DTYPE_NONE) {
+        return usage_error("--dtype wants f32, f64, i32 or i64, not '%s'", cli->val[O_DTYPE]);
+    }
+    esize = dc_dtype_size(a->dtype);
+    if (cli->seen[O_VALUES] == cli->seen[O_FILE]) {
+        return usage_error("tensor put needs one of --values or --file");
+    }
+    if (cli->seen[O_SHAPE]) {
+        const char *p = cli->val[O_SHAPE];
+        while (*p != '\0') {
+            char dim[32];
+            const char *e = strchr(p, ',');
+            size_t len    = e != NULL ? (size_t)(e - p) : strlen(p);
+            if (a->ndim == DC_TENSOR_MAX_DIMS) {
+                return usage_error("--shape: at most %d dimensions", DC_TENSOR_MAX_DIMS);
+            }
+            if (len == 0 || len >= sizeof(dim)) {
+                return usage_error("--shape wants sizes like 2,3, not '%s'", cli->val[O_SHAPE]);
+            }
+            memcpy(dim, p, len);
+            dim[len] = '\0';
+            if (!parse_u64(dim, UINT64_MAX, &a->shape[a->ndim])) {
+                return usage_error("--shape wants sizes like 2,3, not '%s'", cli->val[O_SHAPE]);
+            }
+            if (a->shape[a->ndim] != 0 && elems > UINT64_MAX / a->shape[a->ndim]) {
+                return usage_error("--shape '%s' is too large", cli->val[O_SHAPE]);
+            }
+            elems *= a->shape[a->ndim++];
+            p += len;
+            if (*p == ',') {
+                if (*++p == '\0') {
+                    return usage_error("--shape wants sizes like 2,3, not '%s'", cli->val[O_SHAPE]);
+                }
+            }
+        }
+    }
+    if (cli->seen[O_VALUES]) {
+        if ((rc = parse_values(cli->val[O_VALUES], a, &count)) != 0) {
+            return rc;
+        }
+    } else {
+        if ((rc = read_file(cli->val[O_FILE], &a->data, &a->bytes)) != 0) {
+            return rc;
+        }
+        if (a->bytes % esize != 0) {
+            return usage_error("--file '%s' has %zu bytes, not a whole number of %s values",
+                               cli->val[O_FILE], a->bytes, dc_dtype_name(a->dtype));
+        }
+        count = a->bytes / esize;
+    }
+    if (!cli->seen[O_SHAPE]) {
+        a->shape[0] = count;
+        a->ndim     = 1;
+    } else if (elems != count) {
+        return usage_error("--shape %s holds %" PRIu64 " values, got %zu", cli->val[O_SHAPE], elems,
+                           count);
+    }
+    return 0;
+}
+
+static void
+json_tensor_head(struct json *j, const char *device, const char *name, dc_dtype dtype,
+                 const uint64_t *shape, size_t ndim)
+{
+    json_key(j, "device");
+    json_string(j, device);
+    json_key(j, "name");
+    json_string(j, name);
+    json_key(j, "dtype");
+    json_string(j, dc_dtype_name(dtype));
+    json_key(j, "shape");
+    json_array_begin(j);
+    for (size_t i = 0; i < ndim; i++) {
+        json_uint(j, shape[i]);
+    }
+    json_array_end(j);
+}
+
+static int
+cmd_tensor_put(const struct cli *cli, dc_client *c, struct put_args *a)
+{
+    static const char *const header[] = { "DEVICE", "NAME", "DTYPE", "SHAPE", "BYTES" };
+    dc_status st;
+
+    if (dc_tensor_put(c, cli->args[0], cli->args[1], a->dtype, a->shape, a->ndim, a->data, a->bytes,
+                      &st) != DC_OK) {
+        return fail(&st);
+    }
+    if (cli->json) {
+        struct json j;
+        int rc;
+        json_init(&j);
+        json_object_begin(&j);
+        json_tensor_head(&j, cli->args[0], cli->args[1], a->dtype, a->shape, a->ndim);
+        json_key(&j, "size_bytes");
+        json_uint(&j, a->bytes);
+        json_key(&j, "status");
+        json_string(&j, "OK");
+        json_object_end(&j);
+        rc = json_print(&j);
+        json_free(&j);
+        return rc;
+    } else {
+        struct table t;
+        char shape[256], bytes[24];
+        const char *row[5] = { cli->args[0], cli->args[1], dc_dtype_name(a->dtype), shape, bytes };
+        fmt_shape(shape, sizeof(shape), a->shape, a->ndim);
+        snprintf(bytes, sizeof(bytes), "%zu", a->bytes);
+        table_init(&t, 5, header);
+        table_add(&t, row);
+        return table_print(&t);
+    }
+}
+
+static void
+value_text(const dc_tensor *t, size_t i, char *buf, size_t cap)
+{
+    const unsigned char *p = (const unsigned char *)t->data + i * dc_dtype_size(t->dtype);
+
+    switch (t->dtype) {
+    case DC_DTYPE_F32: {
+        float f;
+        memcpy(&f, p, sizeof(f));
+        json_format_number(buf, cap, f, true);
+        break;
+    }
+    case DC_DTYPE_F64: {
+        double d;
+        memcpy(&d, p, sizeof(d));
+        json_format_number(buf, cap, d, false);
+        break;
+    }
+    case DC_DTYPE_I32: {
+        int32_t v;
+        memcpy(&v, p, sizeof(v));
+        snprintf(buf, cap, "%" PRId32, v);
+        break;
+    }
+    default: {
+        int64_t v;
+        memcpy(&v, p, sizeof(v));
+        snprintf(buf, cap, "%" PRId64, v);
+        break;
+    }
+    }
+}
+
+static void
+json_value(struct json *j, const dc_tensor *t, size_t i)
+{
+    const unsigned char *p = (const unsigned char *)t->data + i * dc_dtype_size(t->dtype);
+
+    switch (t->dtype) {
+    case DC_DTYPE_F32: {
+        float f;
+        memcpy(&f, p, sizeof(f));
+        json_float(j, f);
+        break;
+    }
+    case DC_DTYPE_F64: {
+        double d;
+        memcpy(&d, p, sizeof(d));
+        json_double(j, d);
+        break;
+    }
+    case DC_DTYPE_I32: {
+        int32_t v;
+        memcpy(&v, p, sizeof(v));
+        json_int(j, v);
+        break;
+    }
+    default: {
+        int64_t v;
+        memcpy(&v, p, sizeof(v));
+        json_int(j, v);
+        break;
+    }
+    }
+}
+
+static int
+cmd_tensor_get(const struct cli *cli, dc_client *c)
+{
+    static const char *const header[] = { "DEVICE", "NAME", "DTYPE", "SHAPE", "BYTES" };
+    dc_tensor *t                      = NULL;
+    size_t n;
+    dc_status st;
+    int rc;
+
+    if (dc_tensor_get(c, cli->args[0], cli->args[1], &t, &st) != DC_OK) {
+        return fail(&st);
+    }
+    n = dc_dtype_size(t->dtype) ? t->size_bytes / dc_dtype_size(t->dtype) : 0;
+    if (cli->json) {
+        struct json j;
+        json_init(&j);
+        json_object_begin(&j);
+        json_tensor_head(&j, t->device, t->name, t->dtype, t->shape, t->ndim);
+        json_key(&j, "values");
+        json_array_begin(&j);
+        for (size_t i = 0; i < n; i++) {
+            json_value(&j, t, i);
+        }
+        json_array_end(&j);
+        json_object_end(&j);
+        rc = json_print(&j);
+        json_free(&j);
+    } else {
+        struct table tab;
+        char shape[256], bytes[24], v[40];
+        const char *row[5] = { t->device, t->name, dc_dtype_name(t->dtype), shape, bytes };
+        /* One line per row of the last dimension. */
+        size_t per_line = t->ndim > 0 && t->shape[t->ndim - 1] > 0 ? t->shape[t->ndim - 1] : 1;
+
+        fmt_shape(shape, sizeof(shape), t->shape, t->ndim);
+        snprintf(bytes, sizeof(bytes), "%zu", t->size_bytes);
+        table_init(&tab, 5, header);
+        table_add(&tab, row);
+        if ((rc = table_print(&tab)) == 0) {
+            fputc('\n', stdout);
+            for (size_t i = 0; i < n; i++) {
+                value_text(t, i, v, sizeof(v));
+                fputs(v, stdout);
+                fputc((i + 1) % per_line == 0 || i + 1 == n ? '\n' : ' ', stdout);
+            }
+        }
+    }
+    dc_tensor_free(t);
+    return rc;
+}
+
+static int
+cmd_tensor_list(const struct cli *cli, dc_client *c)
+{
+    static const char *const header[] = { "NAME", "DTYPE", "SHAPE", "BYTES" };
+    dc_tensor_list *list              = NULL;
+    dc_status st;
+    int rc;
+
+    if (dc_tensor_list_get(c, cli->args[0], &list, &st) != DC_OK) {
+        return fail(&st);
+    }
+    if (cli->json) {
+        struct json j;
+        json_init(&j);
+        json_object_begin(&j);
+        json_key(&j, "device");
+        json_string(&j, list->n > 0 ? list->tensors[0].device : cli->args[0]);
+        json_key(&j, "tensors");
+        json_array_begin(&j);
+        for (size_t i = 0; i < list->n; i++) {
+            const dc_tensor *t = &list->tensors[i];
+            json_object_begin(&j);
+            json_tensor_head(&j, t->device, t->name, t->dtype, t->shape, t->ndim);
+            json_key(&j, "size_bytes");
+            json_uint(&j, t->size_bytes);
+            json_object_end(&j);
+        }
+        json_array_end(&j);
+        json_object_end(&j);
+        rc = json_print(&j);
+        json_free(&j);
+    } else {
+        struct table tab;
+        table_init(&tab, 4, header);
+        for (size_t i = 0; i < list->n; i++) {
+            const dc_tensor *t = &list->tensors[i];
+            char shape[256], bytes[24];
+            const char *row[4] = { t->name, dc_dtype_name(t->dtype), shape, bytes };
+            fmt_shape(shape, sizeof(shape), t->shape, t->ndim);
+            snprintf(bytes, sizeof(bytes), "%zu", t->size_bytes);
+            table_add(&tab, row);
+        }
+        rc = table_print(&tab);
+    }
+    dc_tensor_list_free(list);
+    return rc;
+}
+
+static int
+cmd_tensor_delete(const struct cli *cli, dc_client *c)
+{
+    dc_status st;
+
+    if (dc_tensor_delete(c, cli->args[0], cli->args[1], &st) != DC_OK) {
+        return fail(&st);
+    }
+    if (cli->json) {
+        struct json j;
+        int rc;
+        json_init(&j);
+        json_object_begin(&j);
+        json_key(&j, "device");
+        json_string(&j, cli->args[0]);
+        json_key(&j, "name");
+        json_string(&j, cli->args[1]);
+        json_key(&j, "status");
+        json_string(&j, "OK");
+        json_object_end(&j);
+        rc = json_print(&j);
+        json_free(&j);
+        return rc;
+    }
+    printf("deleted %s on %s\n", cli->args[1], cli->args[0]);
+    return 0;
+}
+
+static int
+cmd_health(const struct cli *cli, dc_client *c)
+{
+    dc_status st;
+
+    if (dc_health(c, &st) != DC_OK) {
+        return fail(&st);
+    }
+    if (cli->json) {
+        struct json j;
+        int rc;
+        json_init(&j);
+        json_object_begin(&j);
+        json_key(&j, "status");
+        json_string(&j, "OK");
+        json_key(&j, "ready");
+        json_bool(&j, true);
+        json_object_end(&j);
+        rc = json_print(&j);
+        json_free(&j);
+        return rc;
+    }
+    puts("ok");
+    return 0;
+}
+
+/* ---- main ---------------------------------------------------------------------------- */
+
+static int
+run(struct cli *cli)
+{
+    dc_client_options opts = { .token_file = cli->val[O_TOKEN_FILE], .fail_fast = true };
+    struct devices_args dev_args;
+    struct op_args op_args   = { 0 };
+    struct put_args put_args = { 0 };
+    dc_client *c             = NULL;
+    dc_status st;
+    int rc = 0;
+
+    /* Everything that needs no server is checked first. */
+    switch (cli->cmd->id) {
+    case CMD_DEVICES_LIST:
+        rc = devices_prepare(cli, &dev_args);
+        break;
+    case CMD_PLAN:
+    case CMD_SUBMIT:
+        if ((rc = op_prepare(cli, &op_args)) == 0 && op_args.parse_failed) {
+            rc = op_refused(cli, NULL, &op_args.parse_st);
+        }
+        break;
+    case CMD_TENSOR_PUT:
+        rc = put_prepare(cli, &put_args);
+        break;
+    default:
+        break;
+    }
+    if (rc != 0) {
+        goto out;
+    }
+    if (dc_client_open(cli->val[O_SERVER], &opts, &c, &st) != DC_OK) {
+        print_error(&st);
+        rc = st.code == DC_UNAVAILABLE || st.code == DC_DEADLINE_EXCEEDED ? EXIT_UNREACHABLE
+                                                                          : EXIT_USAGE;
+        goto out;
+    }
+    switch (cli->cmd->id) {
+    case CMD_STATUS:
+        rc = cmd_status(cli, c);
+        break;
+    case CMD_WORKERS_LIST:
+        rc = cmd_workers_list(cli, c);
+        break;
+    case CMD_WORKERS_SHOW:
+        rc = cmd_workers_show(cli, c);
+        break;
+    case CMD_WORKERS_CORDON:
+    case CMD_WORKERS_UNCORDON:
+    case CMD_WORKERS_DRAIN:
+        rc = cmd_workers_steer(cli, c);
+        break;
+    case CMD_DEVICES_LIST:
+        rc = cmd_devices_list(cli, c, &dev_args);
+        break;
+    case CMD_OPS_LIST:
+        rc = cmd_ops_list(cli, c);
+        break;
+    case CMD_OPS_SHOW:
+        rc = cmd_ops_show(cli, c);
+        break;
+    case CMD_PLAN:
+    case CMD_SUBMIT:
+        rc = cmd_op(cli, c, &op_args);
+        break;
+    case CMD_TENSOR_PUT:
+        rc = cmd_tensor_put(cli, c, &put_args);
+        break;
+    case CMD_TENSOR_GET:
+        rc = cmd_tensor_get(cli, c);
+        break;
+    case CMD_TENSOR_LIST:
+        rc = cmd_tensor_list(cli, c);
+        break;
+    case CMD_TENSOR_DELETE:
+        rc = cmd_tensor_delete(cli, c);
+        break;
+    case CMD_HEALTH:
+        rc = cmd_health(cli, c);
+        break;
+    }
+out:
+    dc_client_close(c);
+    free(op_args.devices);
+    free(put_args.data);
+    return rc;
+}
+
+int
+main(int argc, char **argv)
+{
+    struct cli cli = { 0 };
+    int rc;
+
+    if ((rc = cli_parse_argv(&cli, argc, argv)) != 0) {
+        return rc;
+    }
+    if (cli.seen[O_HELP]) {
+        fputs(usage_text, stdout);
+        return 0;
+    }
+    if (cli.seen[O_VERSION]) {
+        printf("devcoordctl %s\n", dc_version());
+        return 0;
+    }
+    if (cli.seen[O_OUTPUT]) {
+        if (strcmp(cli.val[O_OUTPUT], "json") == 0) {
+            cli.json = true;
+        } else if (strcmp(cli.val[O_OUTPUT], "table") != 0) {
+            return usage_error("-o wants table or json, not '%s'", cli.val[O_OUTPUT]);
+        }
+    }
+    if (cli.n_pos == 0) {
+        return usage_error("no command given");
+    }
+    if ((rc = cli_find_command(&cli)) != 0) {
+        return rc;
+    }
+    rc = run(&cli);
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fputs("devcoordctl: UNKNOWN: cannot write the output\n", stderr);
+        return rc != 0 ? rc : EXIT_REFUSED;
+    }
+    return rc;
+}

@@ -1,0 +1,255 @@
+/*
+ * libdevcoord: the C client of devcoord (design §11). Trainers and operators reach the
+ * coordinator (registry, operations) and, for tensors, the worker that owns a device (data
+ * plane) through one handle. Every call returns a dc_code and, given a dc_status, fills it
+ * with the server's message; no call aborts the process. A dc_client is safe to use from
+ * many threads at once.
+ *
+ * Ownership: results that hold arrays come back as one allocation the caller frees with the
+ * matching *_free function; plain structs are filled in place.
+ */
+#ifndef DEVCOORD_DEVCOORD_H
+#define DEVCOORD_DEVCOORD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "devcoord/status.h"
+#include "devcoord/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DC_VERSION_MAJOR 0
+#define DC_VERSION_MINOR 1
+#define DC_VERSION_PATCH 0
+
+/* "0.1.0" */
+const char *dc_version(void);
+
+/* ---- connection ---------------------------------------------------------------------- */
+
+typedef struct dc_client dc_client;
+
+typedef struct dc_client_options {
+    /* Bearer token sent with every call (coordinator and workers); NULL for none. When NULL
+     * and token_file is NULL, $DEVCOORD_TOKEN is used if set. */
+    const char *token;
+    /* File whose first line is the token (as `--token-file`). */
+    const char *token_file;
+    /* Default per-call deadline in ms (0: 30000). */
+    uint32_t timeout_ms;
+    /* Fail dc_client_open at once when the coordinator cannot be reached (CLI behaviour);
+     * false keeps dialing in the background. */
+    bool fail_fast;
+    /* TLS for tls+tcp:// addresses: PEM files; NULL when unused. Not supported yet:
+     * dc_client_open answers DC_UNIMPLEMENTED when any is set or the address is tls+tcp://. */
+    const char *tls_ca;
+    const char *tls_cert;
+    const char *tls_key;
+    const char *tls_server_name;
+} dc_client_options;
+
+/* Opens a client of the coordinator at `address` (NULL: $DEVCOORD_ADDR, then
+ * "tcp://127.0.0.1:7400"). opts may be NULL. Free with dc_client_close. */
+dc_code dc_client_open(const char *address, const dc_client_options *opts, dc_client **out,
+                       dc_status *st);
+void dc_client_close(dc_client *c);
+
+/* ---- registry ------------------------------------------------------------------------ */
+
+typedef struct dc_label {
+    char *key;
+    char *value;
+} dc_label;
+
+typedef struct dc_worker_info {
+    char name[DC_WORKER_NAME_MAX + 1];
+    char address[256];
+    dc_worker_state state;
+    uint64_t epoch;
+    uint32_t device_count;
+    char executor[32];
+    uint64_t since_heartbeat_ms;
+    size_t n_labels;
+    dc_label *labels;
+} dc_worker_info;
+
+typedef struct dc_worker_list {
+    size_t n;
+    dc_worker_info *workers;
+} dc_worker_list;
+
+typedef struct dc_device_info {
+    char name[DC_DEVICE_TEXT_SIZE]; /* "node-a/cuda:0" */
+    char worker[DC_WORKER_NAME_MAX + 1];
+    dc_device device;
+    dc_device_state state;
+    uint64_t memory_bytes;
+} dc_device_info;
+
+typedef struct dc_device_list {
+    size_t n;
+    dc_device_info *devices;
+} dc_device_list;
+
+/* Filters for dc_list_devices; zero / NULL fields match everything. */
+typedef struct dc_device_filter {
+    dc_backend backend;
+    const char *worker;
+    dc_device_state state;
+    const char *label; /* "key=value" */
+} dc_device_filter;
+
+typedef struct dc_cluster_status {
+    uint32_t workers_alive, workers_dead, workers_cordoned, workers_draining;
+    uint32_t devices_by_backend[DC_BACKEND_COUNT];
+    uint64_t ops_in_flight, ops_done, ops_failed;
+    bool ready;
+} dc_cluster_status;
+
+dc_code dc_list_workers(dc_client *c, dc_worker_list **out, dc_status *st);
+void dc_worker_list_free(dc_worker_list *list);
+
+/* All devices matching filter (may be NULL), in name order (worker, then backend, kind and
+ * index as numbers: cuda:2 before cuda:10); pages are fetched as needed. */
+dc_code dc_list_devices(dc_client *c, const dc_device_filter *filter, dc_device_list **out,
+                        dc_status *st);
+void dc_device_list_free(dc_device_list *list);
+
+/* One device by cluster name ("node-a/cuda:0"). */
+dc_code dc_get_device(dc_client *c, const char *name, dc_device_info *out, dc_status *st);
+
+/* Operator steering; out (may be NULL) receives the worker as it is afterwards. Free its
+ * labels with dc_worker_info_clear. */
+dc_code dc_cordon_worker(dc_client *c, const char *name, dc_worker_info *out, dc_status *st);
+dc_code dc_uncordon_worker(dc_client *c, const char *name, dc_worker_info *out, dc_status *st);
+dc_code dc_drain_worker(dc_client *c, const char *name, dc_worker_info *out, dc_status *st);
+void dc_worker_info_clear(dc_worker_info *w);
+
+dc_code dc_cluster_status_get(dc_client *c, dc_cluster_status *out, dc_status *st);
+
+/* DC_OK when the coordinator answers and says it is ready. */
+dc_code dc_health(dc_client *c, dc_status *st);
+
+/* ---- operations ---------------------------------------------------------------------- */
+
+typedef struct dc_op_request {
+    dc_op_kind kind;
+    dc_reduce_op reduce; /* all-reduce and reduce */
+    uint32_t root;       /* rank of the root, broadcast and reduce */
+    const dc_device_ref *devices;
+    size_t n_devices;
+    const char *tensor;        /* name of the tensor on every device */
+    const char *output_tensor; /* all-gather's output (NULL: "<tensor>.gathered") */
+    uint32_t timeout_ms;       /* 0: the coordinator's limits.op_timeout_ms */
+    bool dry_run;              /* plan only */
+} dc_op_request;
+
+typedef struct dc_plan_worker {
+    char name[DC_WORKER_NAME_MAX + 1];
+    char address[256];
+    size_t n_ranks;
+    uint32_t *ranks; /* indices into dc_op_result.devices */
+} dc_plan_worker;
+
+typedef struct dc_worker_result {
+    char name[DC_WORKER_NAME_MAX + 1];
+    dc_code code;
+    char message[DC_STATUS_MESSAGE_MAX];
+    uint64_t elapsed_us;
+} dc_worker_result;
+
+typedef enum dc_op_state {
+    DC_OP_STATE_NONE    = 0,
+    DC_OP_STATE_QUEUED  = 1,
+    DC_OP_STATE_RUNNING = 2,
+    DC_OP_STATE_DONE    = 3,
+    DC_OP_STATE_FAILED  = 4,
+} dc_op_state;
+
+/* "queued", "running", "done", "failed". */
+const char *dc_op_state_name(dc_op_state state);
+
+typedef struct dc_op_result {
+    char op_id[40];
+    dc_op_kind kind;
+    dc_reduce_op reduce;
+    uint32_t root;
+    char tensor[256];
+    char output_tensor[256];
+    dc_op_state state;
+    dc_status status;
+    char group_id[17];
+    size_t n_devices;
+    dc_device_ref *devices; /* concrete, rank order */
+    size_t n_plan_workers;
+    dc_plan_worker *plan_workers;
+    size_t n_results;
+    dc_worker_result *results;
+    size_t n_waiting;
+    char (*waiting_on)[DC_WORKER_NAME_MAX + 1]; /* workers not answered yet */
+    uint64_t submitted_unix_ms;
+    uint64_t elapsed_us;
+} dc_op_result;
+
+typedef struct dc_op_list {
+    size_t n;
+    dc_op_result *ops;
+} dc_op_list;
+
+/*
+ * Submits an operation and waits for its result. Returns the op's code. *out (always set
+ * when the coordinator answered, even with a refusal) holds the plan and per-worker results;
+ * free with dc_op_result_free.
+ */
+dc_code dc_submit(dc_client *c, const dc_op_request *req, dc_op_result **out, dc_status *st);
+dc_code dc_get_op(dc_client *c, const char *op_id, dc_op_result **out, dc_status *st);
+void dc_op_result_free(dc_op_result *r);
+/* Recent and in-flight ops, newest first; limit 0 means the server's default. */
+dc_code dc_list_ops(dc_client *c, uint32_t limit, dc_op_list **out, dc_status *st);
+void dc_op_list_free(dc_op_list *list);
+
+/* Parses "ref,ref,..." into a new array (free with free()); the error names the entry. */
+dc_code dc_device_list_parse(const char *text, dc_device_ref **out, size_t *n, dc_status *st);
+
+/* ---- tensors (data plane: straight to the worker owning the device) ------------------ */
+
+#define DC_TENSOR_MAX_DIMS 8
+
+typedef struct dc_tensor {
+    char device[DC_DEVICE_TEXT_SIZE]; /* cluster name */
+    char name[256];
+    dc_dtype dtype;
+    size_t ndim;
+    uint64_t shape[DC_TENSOR_MAX_DIMS];
+    size_t size_bytes;
+    void *data; /* size_bytes bytes, native byte order */
+} dc_tensor;
+
+typedef struct dc_tensor_list {
+    size_t n;
+    dc_tensor *tensors; /* data is NULL in listings */
+} dc_tensor_list;
+
+/* Stores data (bytes = product of shape * dtype size) as `name` on `device` (a cluster name
+ * like "node-a/cuda:0", or a device only one worker has). Large tensors go in chunks under
+ * the message-size limit; the tensor appears whole or not at all. */
+dc_code dc_tensor_put(dc_client *c, const char *device, const char *name, dc_dtype dtype,
+                      const uint64_t *shape, size_t ndim, const void *data, size_t bytes,
+                      dc_status *st);
+/* Reads a tensor; free with dc_tensor_free. */
+dc_code dc_tensor_get(dc_client *c, const char *device, const char *name, dc_tensor **out,
+                      dc_status *st);
+void dc_tensor_free(dc_tensor *t);
+dc_code dc_tensor_delete(dc_client *c, const char *device, const char *name, dc_status *st);
+dc_code dc_tensor_list_get(dc_client *c, const char *device, dc_tensor_list **out, dc_status *st);
+void dc_tensor_list_free(dc_tensor_list *list);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
