@@ -24,6 +24,7 @@
 #include <protobuf-c/protobuf-c.h>
 
 #include "status.h"
+#include "wire.h"
 
 /* Default limits (design §9 limits.max_message_bytes). */
 #define RPC_DEFAULT_MAX_MESSAGE (4u * 1024 * 1024)
@@ -84,6 +85,23 @@ void rpc_call_set_reply_attachment(struct rpc_call *call, const void *data, size
 uint64_t rpc_call_deadline_ms(const struct rpc_call *call);
 /* The method being served. */
 const ProtobufCMethodDescriptor *rpc_call_method(const struct rpc_call *call);
+
+/* Decoding a request as the server does, in two steps so a caller can be refused (token)
+ * before its body is decoded. Memory comes from r->arena, sized for the frame; close frees
+ * it. open: frame, header and method (UNIMPLEMENTED for a method svc lacks); body: the
+ * method's input message. */
+struct rpc_request {
+    struct wire_frame frame;
+    struct arena *arena;
+    struct Devcoord__V1__RequestHeader *header;
+    const ProtobufCMethodDescriptor *method;
+    ProtobufCMessage *input;
+};
+
+dc_code rpc_request_open(const void *buf, size_t len, const ProtobufCServiceDescriptor *svc,
+                         struct rpc_request *r, dc_status *st);
+dc_code rpc_request_body(struct rpc_request *r, dc_status *st);
+void rpc_request_close(struct rpc_request *r);
 
 /* ---- client ---------------------------------------------------------------------------- */
 

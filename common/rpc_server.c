@@ -25,8 +25,7 @@ struct rpc_call {
     nng_aio *aio;
     bool sending;
     nng_msg *req; /* the received message, kept until the reply is sent */
-    struct arena *arena;
-    struct wire_frame frame;
+    struct rpc_request request;
     const ProtobufCMethodDescriptor *method;
     uint64_t request_id;
     uint64_t arrived_us;
@@ -41,8 +40,6 @@ struct rpc_server {
     nng_socket sock;
     nng_listener listener;
     ProtobufCService *service;
-    char prefix[128]; /* "/devcoord.v1.Coordinator/" */
-    size_t prefix_len;
     size_t max_message;
     rpc_authorize_fn authorize;
     void *authorize_arg;
@@ -108,8 +105,8 @@ rpc_call_status(struct rpc_call *call)
 const void *
 rpc_call_attachment(struct rpc_call *call, size_t *len)
 {
-    *len = call->frame.attachment_len;
-    return call->frame.attachment;
+    *len = call->request.frame.attachment_len;
+    return call->request.frame.attachment;
 }
 
 void
@@ -147,14 +144,12 @@ rpc_call_reset(struct rpc_call *call)
         nng_msg_free(call->req);
         call->req = NULL;
     }
-    arena_free(call->arena);
-    call->arena         = NULL;
+    rpc_request_close(&call->request);
     call->method        = NULL;
     call->request_id    = 0;
     call->deadline_ms   = 0;
     call->reply_att     = NULL;
     call->reply_att_len = 0;
-    memset(&call->frame, 0, sizeof(call->frame));
     status_clear(&call->status);
 }
 
@@ -223,43 +218,84 @@ rpc_call_fail(struct rpc_call *call, dc_code code, const char *fmt, ...)
     rpc_call_answer(NULL, call);
 }
 
+dc_code
+rpc_request_open(const void *buf, size_t len, const ProtobufCServiceDescriptor *svc,
+                 struct rpc_request *r, dc_status *st)
+{
+    ProtobufCAllocator alloc;
+    const char *name;
+    size_t plen;
+
+    memset(r, 0, sizeof(*r));
+    if (wire_split(buf, len, &r->frame, st) != DC_OK) {
+        status_prefix(st, "undecodable request");
+        return DC_INVALID_ARGUMENT;
+    }
+    if ((r->arena = arena_new(rpc_decode_budget(r->frame.header_len + r->frame.body_len))) ==
+        NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    alloc     = arena_allocator(r->arena);
+    r->header = devcoord__v1__request_header__unpack(&alloc, r->frame.header_len, r->frame.header);
+    if (r->header == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "undecodable request header");
+    }
+    /* "/<package.Service>/<Method>" */
+    name = r->header->method;
+    plen = strlen(svc->name);
+    if (name[0] != '/' || strncmp(name + 1, svc->name, plen) != 0 || name[plen + 1] != '/' ||
+        (r->method = protobuf_c_service_descriptor_get_method_by_name(svc, name + plen + 2)) ==
+            NULL) {
+        return status_set(st, DC_UNIMPLEMENTED, "unknown method '%.200s'", name);
+    }
+    return DC_OK;
+}
+
+dc_code
+rpc_request_body(struct rpc_request *r, dc_status *st)
+{
+    ProtobufCAllocator alloc = arena_allocator(r->arena);
+
+    r->input =
+        protobuf_c_message_unpack(r->method->input, &alloc, r->frame.body_len, r->frame.body);
+    if (r->input != NULL) {
+        return DC_OK;
+    }
+    if (arena_exhausted(r->arena)) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "%s request too costly to decode",
+                          r->method->name);
+    }
+    return status_set(st, DC_INVALID_ARGUMENT, "undecodable %s request", r->method->name);
+}
+
+void
+rpc_request_close(struct rpc_request *r)
+{
+    arena_free(r->arena);
+    memset(r, 0, sizeof(*r));
+}
+
 /* Decodes and dispatches one request on a server thread. */
 static void
 rpc_call_dispatch(struct rpc_call *call)
 {
-    struct rpc_server *s = call->server;
-    Devcoord__V1__RequestHeader *hdr;
-    ProtobufCAllocator alloc;
-    ProtobufCMessage *input;
-    const char *name;
-    dc_status st;
+    struct rpc_server *s  = call->server;
+    struct rpc_request *r = &call->request;
+    dc_code code;
 
-    if (wire_split(nng_msg_body(call->req), nng_msg_len(call->req), &call->frame, &st) != DC_OK) {
-        rpc_call_fail(call, DC_INVALID_ARGUMENT, "undecodable request: %s", st.message);
+    code = rpc_request_open(nng_msg_body(call->req), nng_msg_len(call->req), s->service->descriptor,
+                            r, &call->status);
+    if (r->header != NULL) {
+        call->request_id = r->header->request_id;
+        if (r->header->timeout_ms > 0) {
+            call->deadline_ms = call->arrived_us / 1000 + r->header->timeout_ms;
+        }
+    }
+    if (code != DC_OK) {
+        rpc_call_answer(NULL, call);
         return;
     }
-    call->arena = arena_new(rpc_decode_budget(call->frame.header_len + call->frame.body_len));
-    if (call->arena == NULL) {
-        rpc_call_fail(call, DC_RESOURCE_EXHAUSTED, "out of memory");
-        return;
-    }
-    alloc = arena_allocator(call->arena);
-    hdr = devcoord__v1__request_header__unpack(&alloc, call->frame.header_len, call->frame.header);
-    if (hdr == NULL) {
-        rpc_call_fail(call, DC_INVALID_ARGUMENT, "undecodable request header");
-        return;
-    }
-    call->request_id = hdr->request_id;
-    if (hdr->timeout_ms > 0) {
-        call->deadline_ms = call->arrived_us / 1000 + hdr->timeout_ms;
-    }
-    name = hdr->method;
-    if (strncmp(name, s->prefix, s->prefix_len) != 0 ||
-        (call->method = protobuf_c_service_descriptor_get_method_by_name(
-             s->service->descriptor, name + s->prefix_len)) == NULL) {
-        rpc_call_fail(call, DC_UNIMPLEMENTED, "unknown method '%.200s'", name);
-        return;
-    }
+    call->method = r->method;
     if (s->closing) {
         rpc_call_fail(call, DC_UNAVAILABLE, "server shutting down");
         return;
@@ -269,24 +305,14 @@ rpc_call_dispatch(struct rpc_call *call)
                       call->method->name);
         return;
     }
-    if (s->authorize != NULL &&
-        s->authorize(s->authorize_arg, call->method, hdr->token, &call->status) != DC_OK) {
+    if ((s->authorize != NULL &&
+         s->authorize(s->authorize_arg, call->method, r->header->token, &call->status) != DC_OK) ||
+        rpc_request_body(r, &call->status) != DC_OK) {
         rpc_call_answer(NULL, call);
         return;
     }
-    input = protobuf_c_message_unpack(call->method->input, &alloc, call->frame.body_len,
-                                      call->frame.body);
-    if (input == NULL) {
-        if (arena_exhausted(call->arena)) {
-            rpc_call_fail(call, DC_RESOURCE_EXHAUSTED, "%s request too costly to decode",
-                          call->method->name);
-        } else {
-            rpc_call_fail(call, DC_INVALID_ARGUMENT, "undecodable %s request", call->method->name);
-        }
-        return;
-    }
     s->service->invoke(s->service, (unsigned)(call->method - s->service->descriptor->methods),
-                       input, rpc_call_answer, call);
+                       r->input, rpc_call_answer, call);
 }
 
 /* Opens one more context and arms it; false at the cap or out of memory. */
@@ -425,8 +451,6 @@ rpc_server_start(const struct rpc_server_opts *opts, struct rpc_server **out, dc
     if (initial > s->max_calls) {
         initial = s->max_calls;
     }
-    snprintf(s->prefix, sizeof(s->prefix), "/%s/", s->service->descriptor->name);
-    s->prefix_len = strlen(s->prefix);
 
     s->calls   = calloc(s->max_calls, sizeof(*s->calls));
     s->threads = calloc(s->n_threads, sizeof(*s->threads));
