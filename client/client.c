@@ -3,6 +3,7 @@
  * request, makes one synchronous RPC to the coordinator and copies the reply into the
  * caller's types, checking every string and count that came over the wire.
  */
+#include "auth.h"
 #include "client.h"
 
 #include <errno.h>
@@ -206,12 +207,63 @@ client_token(const dc_client_options *opts, char **out, dc_status *st)
     return DC_OK;
 }
 
+static void
+client_free_options(dc_client *c)
+{
+    free(c->token);
+    free(c->tls_ca);
+    free(c->tls_cert);
+    free(c->tls_key);
+    free(c->tls_server_name);
+}
+
+/* Keeps copies of the TLS files, for the coordinator and every worker dialed later. */
+static dc_code
+client_tls_options(dc_client *c, const dc_client_options *opts, dc_status *st)
+{
+    const char *const src[] = { opts ? opts->tls_ca : NULL, opts ? opts->tls_cert : NULL,
+                                opts ? opts->tls_key : NULL, opts ? opts->tls_server_name : NULL };
+    char **const dst[] = { &c->tls_ca, &c->tls_cert, &c->tls_key, &c->tls_server_name };
+
+    for (size_t i = 0; i < 4; i++) {
+        if (src[i] != NULL && (*dst[i] = strdup(src[i])) == NULL) {
+            return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        }
+    }
+    return DC_OK;
+}
+
+/* An RPC client to url with the handle's token, and TLS for tls+tcp:// addresses. */
+static dc_code
+client_rpc_open(dc_client *c, const char *url, bool connect_now, struct rpc_client **out,
+                dc_status *st)
+{
+    struct rpc_client_opts ro = { .url = url, .connect_now = connect_now, .token = c->token };
+    nng_tls_config *tls       = NULL;
+    char host[256];
+    dc_code code;
+
+    if (strncmp(url, "tls+", 4) == 0) {
+        auth_url_host(url, host, sizeof(host));
+        if ((code = auth_tls_client(c->tls_ca, c->tls_cert, c->tls_key,
+                                    c->tls_server_name != NULL ? c->tls_server_name : host, &tls,
+                                    st)) != DC_OK) {
+            return code;
+        }
+        ro.tls = tls;
+    }
+    code = rpc_client_open(&ro, out, st);
+    if (tls != NULL) {
+        nng_tls_config_free(tls);
+    }
+    return code;
+}
+
 dc_code
 dc_client_open(const char *address, const dc_client_options *opts, dc_client **out, dc_status *st)
 {
-    struct rpc_client_opts ro = { 0 };
-    const char *addr          = client_address(address);
-    dc_client *c              = NULL;
+    const char *addr = client_address(address);
+    dc_client *c     = NULL;
     dc_code code;
 
     status_clear(st);
@@ -219,13 +271,6 @@ dc_client_open(const char *address, const dc_client_options *opts, dc_client **o
         return status_set(st, DC_INVALID_ARGUMENT, "out is NULL");
     }
     *out = NULL;
-    if (opts != NULL && (opts->tls_ca != NULL || opts->tls_cert != NULL || opts->tls_key != NULL ||
-                         opts->tls_server_name != NULL)) {
-        return status_set(st, DC_UNIMPLEMENTED, "TLS is not supported yet");
-    }
-    if (strncmp(addr, "tls+", 4) == 0) {
-        return status_set(st, DC_UNIMPLEMENTED, "TLS is not supported yet (address %s)", addr);
-    }
     if (strlen(addr) > CLIENT_ADDRESS_MAX) {
         return status_set(st, DC_INVALID_ARGUMENT, "address longer than %d bytes",
                           CLIENT_ADDRESS_MAX);
@@ -236,19 +281,16 @@ dc_client_open(const char *address, const dc_client_options *opts, dc_client **o
     pthread_mutex_init(&c->mtx, NULL);
     c->timeout_ms =
         (opts != NULL && opts->timeout_ms != 0) ? opts->timeout_ms : CLIENT_DEFAULT_TIMEOUT_MS;
-    if ((code = client_token(opts, &c->token, st)) != DC_OK) {
-        goto fail;
-    }
-    ro.url         = addr;
-    ro.connect_now = opts != NULL && opts->fail_fast;
-    ro.token       = c->token;
-    if ((code = rpc_client_open(&ro, &c->coord, st)) != DC_OK) {
+    if ((code = client_token(opts, &c->token, st)) != DC_OK ||
+        (code = client_tls_options(c, opts, st)) != DC_OK ||
+        (code = client_rpc_open(c, addr, opts != NULL && opts->fail_fast, &c->coord, st)) !=
+            DC_OK) {
         goto fail;
     }
     *out = c;
     return DC_OK;
 fail:
-    free(c->token);
+    client_free_options(c);
     pthread_mutex_destroy(&c->mtx);
     free(c);
     return code;
@@ -266,7 +308,7 @@ dc_client_close(dc_client *c)
     }
     free(c->workers);
     rpc_client_close(c->coord);
-    free(c->token);
+    client_free_options(c);
     pthread_mutex_destroy(&c->mtx);
     free(c);
 }
@@ -285,7 +327,6 @@ worker_conn_find(dc_client *c, const char *address)
 dc_code
 client_worker_conn(dc_client *c, const char *address, struct worker_conn **out, dc_status *st)
 {
-    struct rpc_client_opts ro = { .url = address, .connect_now = true, .token = c->token };
     struct worker_conn *w, *found;
     dc_code code;
 
@@ -306,7 +347,7 @@ client_worker_conn(dc_client *c, const char *address, struct worker_conn **out, 
     }
     snprintf(w->address, sizeof(w->address), "%s", address);
     atomic_init(&w->chunk, TENSOR_CHUNK_MAX);
-    if ((code = rpc_client_open(&ro, &w->rpc, st)) != DC_OK) {
+    if ((code = client_rpc_open(c, address, true, &w->rpc, st)) != DC_OK) {
         free(w);
         return code;
     }

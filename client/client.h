@@ -57,6 +57,8 @@ struct worker_conn {
 struct dc_client {
     struct rpc_client *coord;
     char *token;
+    /* TLS files for tls+tcp:// addresses (copies; NULL when not given). */
+    char *tls_ca, *tls_cert, *tls_key, *tls_server_name;
     uint32_t timeout_ms;
 
     pthread_mutex_t mtx; /* guards the worker cache */

@@ -44,6 +44,10 @@ static const char usage_text[] =
     "  -s, --server ADDR     coordinator (default $DEVCOORD_ADDR, then tcp://127.0.0.1:7400)\n"
     "  --token-file F        file whose first line is the bearer token (default\n"
     "                        $DEVCOORD_TOKEN)\n"
+    "  --tls-ca F            CA certificate (PEM) that verifies tls+tcp:// servers\n"
+    "                        (default $DEVCOORD_TLS_CA)\n"
+    "  --tls-cert F          client certificate (PEM), when servers require one\n"
+    "  --tls-key F           its private key (PEM)\n"
     "  -o, --output FORMAT   table (default) or json\n"
     "  -h, --help            this text\n"
     "  --version             the version\n"
@@ -77,12 +81,16 @@ enum opt {
     O_VALUES,
     O_FILE,
     O_SHAPE,
+    O_TLS_CA,
+    O_TLS_CERT,
+    O_TLS_KEY,
     O_COUNT
 };
 
 #define OPT(o) (1u << (o))
-#define GLOBAL_OPTS \
-    (OPT(O_SERVER) | OPT(O_TOKEN_FILE) | OPT(O_OUTPUT) | OPT(O_HELP) | OPT(O_VERSION))
+#define GLOBAL_OPTS                                                                     \
+    (OPT(O_SERVER) | OPT(O_TOKEN_FILE) | OPT(O_OUTPUT) | OPT(O_HELP) | OPT(O_VERSION) | \
+     OPT(O_TLS_CA) | OPT(O_TLS_CERT) | OPT(O_TLS_KEY))
 
 struct opt_def {
     const char *name;
@@ -91,27 +99,18 @@ struct opt_def {
 };
 
 static const struct opt_def opt_defs[O_COUNT] = {
-    [O_SERVER]        = { "server", 's', true },
-    [O_TOKEN_FILE]    = { "token-file", 0, true },
-    [O_OUTPUT]        = { "output", 'o', true },
-    [O_HELP]          = { "help", 'h', false },
-    [O_VERSION]       = { "version", 0, false },
-    [O_BACKEND]       = { "backend", 0, true },
-    [O_WORKER]        = { "worker", 0, true },
-    [O_STATE]         = { "state", 0, true },
-    [O_LABEL]         = { "label", 0, true },
-    [O_LIMIT]         = { "limit", 0, true },
-    [O_OP]            = { "op", 0, true },
-    [O_REDUCE]        = { "reduce", 0, true },
-    [O_ROOT]          = { "root", 0, true },
-    [O_DEVICES]       = { "devices", 0, true },
-    [O_TENSOR]        = { "tensor", 0, true },
-    [O_TIMEOUT]       = { "timeout-ms", 0, true },
-    [O_OUTPUT_TENSOR] = { "output-tensor", 0, true },
-    [O_DTYPE]         = { "dtype", 0, true },
-    [O_VALUES]        = { "values", 0, true },
-    [O_FILE]          = { "file", 0, true },
-    [O_SHAPE]         = { "shape", 0, true },
+    [O_SERVER] = { "server", 's', true },    [O_TOKEN_FILE] = { "token-file", 0, true },
+    [O_TLS_CA] = { "tls-ca", 0, true },      [O_TLS_CERT] = { "tls-cert", 0, true },
+    [O_TLS_KEY] = { "tls-key", 0, true },    [O_OUTPUT] = { "output", 'o', true },
+    [O_HELP] = { "help", 'h', false },       [O_VERSION] = { "version", 0, false },
+    [O_BACKEND] = { "backend", 0, true },    [O_WORKER] = { "worker", 0, true },
+    [O_STATE] = { "state", 0, true },        [O_LABEL] = { "label", 0, true },
+    [O_LIMIT] = { "limit", 0, true },        [O_OP] = { "op", 0, true },
+    [O_REDUCE] = { "reduce", 0, true },      [O_ROOT] = { "root", 0, true },
+    [O_DEVICES] = { "devices", 0, true },    [O_TENSOR] = { "tensor", 0, true },
+    [O_TIMEOUT] = { "timeout-ms", 0, true }, [O_OUTPUT_TENSOR] = { "output-tensor", 0, true },
+    [O_DTYPE] = { "dtype", 0, true },        [O_VALUES] = { "values", 0, true },
+    [O_FILE] = { "file", 0, true },          [O_SHAPE] = { "shape", 0, true },
 };
 
 enum command {
@@ -359,31 +358,11 @@ parse_u32_opt(const struct cli *cli, enum opt o, uint32_t *out)
 
 /* ---- output helpers ------------------------------------------------------------------ */
 
-/* Whether a failure is the transport's (no answer from the server) rather than a refusal:
- * the RPC layer says "cannot reach ...", "...: connection to ... lost", or names the
- * address ("tcp://...: Connection refused"). */
+/* Whether a failure is the transport's (no answer from the server) rather than a refusal. */
 static bool
 is_connection_failure(const dc_status *st)
 {
-    const char *m = st->message;
-    const char *scheme_end;
-
-    if (st->code != DC_UNAVAILABLE) {
-        return false;
-    }
-    if (strncmp(m, "cannot reach ", 13) == 0 || strstr(m, ": connection to ") != NULL) {
-        return true;
-    }
-    scheme_end = strstr(m, "://");
-    if (scheme_end == NULL || scheme_end == m) {
-        return false;
-    }
-    for (const char *p = m; p < scheme_end; p++) {
-        if (!((*p >= 'a' && *p <= 'z') || *p == '+')) {
-            return false;
-        }
-    }
-    return true;
+    return st->transport;
 }
 
 /* One line: control characters a server may have put in a message become spaces. */
@@ -1815,7 +1794,12 @@ cmd_health(const struct cli *cli, dc_client *c)
 static int
 run(struct cli *cli)
 {
-    dc_client_options opts = { .token_file = cli->val[O_TOKEN_FILE], .fail_fast = true };
+    dc_client_options opts = { .token_file = cli->val[O_TOKEN_FILE],
+                               .fail_fast  = true,
+                               .tls_ca     = cli->val[O_TLS_CA] != NULL ? cli->val[O_TLS_CA]
+                                                                        : getenv("DEVCOORD_TLS_CA"),
+                               .tls_cert   = cli->val[O_TLS_CERT],
+                               .tls_key    = cli->val[O_TLS_KEY] };
     struct devices_args dev_args;
     struct op_args op_args   = { 0 };
     struct put_args put_args = { 0 };
@@ -1845,8 +1829,7 @@ run(struct cli *cli)
     }
     if (dc_client_open(cli->val[O_SERVER], &opts, &c, &st) != DC_OK) {
         print_error(&st);
-        rc = st.code == DC_UNAVAILABLE || st.code == DC_DEADLINE_EXCEEDED ? EXIT_UNREACHABLE
-                                                                          : EXIT_USAGE;
+        rc = is_connection_failure(&st) ? EXIT_UNREACHABLE : EXIT_USAGE;
         goto out;
     }
     switch (cli->cmd->id) {

@@ -1211,6 +1211,13 @@ static const struct field worker_limits_fields[] = {
     { .name = NULL },
 };
 
+static const struct field worker_auth_fields[] = {
+    { .name   = "tokens_file",
+      .parse  = field_string,
+      .offset = offsetof(struct config_worker, tokens_file) },
+    { .name = NULL },
+};
+
 static const struct field worker_fields[] = {
     { .name = "name", .parse = field_worker_name, .offset = offsetof(struct config_worker, name) },
     { .name   = "coordinator",
@@ -1233,6 +1240,7 @@ static const struct field worker_fields[] = {
       .parse  = field_collectives,
       .offset = offsetof(struct config_worker, collectives) },
     { .name = "limits", .parse = field_map, .sub = worker_limits_fields },
+    { .name = "auth", .parse = field_map, .sub = worker_auth_fields },
     { .name   = "tls",
       .parse  = field_map,
       .sub    = tls_fields,
@@ -1537,6 +1545,7 @@ config_worker_free(struct config_worker *cfg)
     free(cfg->advertise);
     free(cfg->http);
     free(cfg->token_file);
+    free(cfg->tokens_file);
     free(cfg->executor);
     labels_free(cfg->labels, cfg->n_labels);
     free(cfg->devices);

@@ -57,12 +57,15 @@ struct config_label {
 };
 
 struct config_worker {
-    char *name;                  /* default: the host name, made a valid worker name */
-    char *coordinator;           /* default "tcp://127.0.0.1:7400" */
-    char *listen;                /* default "tcp://127.0.0.1:7500" */
-    char *advertise;             /* default: listen */
-    char *http;                  /* default "" (off) */
-    char *token_file;            /* NULL: no token */
+    char *name;        /* default: the host name, made a valid worker name */
+    char *coordinator; /* default "tcp://127.0.0.1:7400" */
+    char *listen;      /* default "tcp://127.0.0.1:7500" */
+    char *advertise;   /* default: listen */
+    char *http;        /* default "" (off) */
+    char *token_file;  /* NULL: no token */
+    /* auth.tokens_file: a tokens file (as the coordinator's) that this worker checks its
+     * callers against; NULL: its data plane takes calls without tokens. */
+    char *tokens_file;
     char *executor;              /* default "host" */
     struct config_label *labels; /* labels: {k: v, ...} */
     size_t n_labels;

@@ -137,6 +137,8 @@ rpc_client_open(const struct rpc_client_opts *opts, struct rpc_client **out, dc_
         if (code == DC_INVALID_ARGUMENT) {
             snprintf(what, sizeof(what), "bad address '%s'", opts->url);
             wire_nng_status(rv, what, st);
+        } else if (st != NULL) {
+            st->transport = true;
         }
         nng_close(c->sock);
         goto fail;
@@ -316,6 +318,7 @@ rpc_slot_cb(void *arg)
             } else {
                 code = wire_nng_status(rv, c->url, &st);
             }
+            st.transport = true;
             rpc_slot_finish(s, code, &st, &r);
             return;
         }
@@ -332,6 +335,9 @@ rpc_slot_cb(void *arg)
                           "%s: connection to %s lost", s->method->name, c->url);
     } else if (rv != 0) {
         code = wire_nng_status(rv, c->url, &st);
+    }
+    if (rv != 0) {
+        st.transport = true;
     } else {
         nng_msg *msg = nng_aio_get_msg(s->aio);
         nng_aio_set_msg(s->aio, NULL);

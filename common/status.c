@@ -53,6 +53,7 @@ status_clear(dc_status *st)
         return;
     }
     st->code         = DC_OK;
+    st->transport    = false;
     st->device_index = -1;
     st->worker[0]    = '\0';
     st->message[0]   = '\0';
@@ -65,6 +66,7 @@ status_vset(dc_status *st, dc_code code, int32_t index, const char *fmt, va_list
         return code;
     }
     st->code         = code;
+    st->transport    = false;
     st->device_index = index;
     st->worker[0]    = '\0';
     vsnprintf(st->message, sizeof(st->message), fmt, ap);

@@ -16,6 +16,7 @@
 #include "rpc.h"
 
 struct ops;
+struct auth;
 
 struct coordinator {
     /* First member: handlers get &service and find the rest from it. */
@@ -23,11 +24,17 @@ struct coordinator {
     struct config_coordinator cfg;
     struct registry *registry;
     struct ops *ops;
+    struct auth *auth; /* NULL: no tokens file, every call is let in */
     struct rpc_server *rpc;
     atomic_bool ready;
 };
 
 /* The Coordinator service's handlers (service.c). */
 void coordinator_service_init(struct coordinator *c);
+
+/* rpc_authorize_fn for the Coordinator service: the roles of design §8. arg: the
+ * coordinator. */
+dc_code coordinator_authorize(void *arg, const ProtobufCMethodDescriptor *method,
+                              const char *token, dc_status *st);
 
 #endif

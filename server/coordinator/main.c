@@ -7,6 +7,7 @@
 
 #include <nng/nng.h>
 
+#include "auth.h"
 #include "coordinator.h"
 #include "daemon.h"
 #include "log.h"
@@ -102,6 +103,8 @@ main(int argc, char **argv)
     struct daemon_args args;
     struct rpc_server_opts so = { 0 };
     struct registry_opts ro   = { 0 };
+    nng_tls_config *tls       = NULL;
+    const char *worker_token  = NULL;
     dc_status st;
     int rv;
 
@@ -128,8 +131,23 @@ main(int argc, char **argv)
     ro.events.worker_gone    = on_worker_gone;
     ro.events.arg            = c;
     rv                       = 1;
+    if (c->cfg.tokens_file != NULL) {
+        if (auth_load(c->cfg.tokens_file, &c->auth, &st) != DC_OK) {
+            log_error("%s", st.message);
+            goto out;
+        }
+        if ((worker_token = auth_token_with(c->auth, ROLE_WORKER)) == NULL) {
+            log_warn("%s has no worker token: no worker can register, and ops cannot be sent",
+                     c->cfg.tokens_file);
+        }
+    }
+    if (strncmp(c->cfg.listen, "tls+", 4) == 0 &&
+        auth_tls_server(&c->cfg.tls, &tls, &st) != DC_OK) {
+        log_error("%s", st.message);
+        goto out;
+    }
     if ((c->registry = registry_new(&ro)) == NULL ||
-        (c->ops = ops_new(c->registry, &c->cfg)) == NULL) {
+        (c->ops = ops_new(c->registry, &c->cfg, worker_token)) == NULL) {
         log_error("out of memory");
         goto out;
     }
@@ -138,14 +156,20 @@ main(int argc, char **argv)
     so.service           = &c->service.base;
     so.max_message_bytes = c->cfg.max_message_bytes;
     so.threads           = 2;
+    so.tls               = tls;
+    if (c->auth != NULL) {
+        so.authorize     = coordinator_authorize;
+        so.authorize_arg = c;
+    }
     if (rpc_server_start(&so, &c->rpc, &st) != DC_OK) {
         log_error("%s", st.message);
         goto out;
     }
     atomic_store(&c->ready, true);
-    log_info("devcoord-server %s listening on %s (autodiff %s, heartbeat %u ms, dead after %u ms)",
+    log_info("devcoord-server %s listening on %s (autodiff %s, heartbeat %u ms, dead after %u ms, "
+             "auth %s)",
              DEVCOORD_VERSION, c->cfg.listen, autodiff_policy_name(c->cfg.autodiff),
-             c->cfg.heartbeat_interval_ms, c->cfg.dead_after_ms);
+             c->cfg.heartbeat_interval_ms, c->cfg.dead_after_ms, c->auth ? "on" : "off");
 
     sweep_until_signal(c);
 
@@ -157,6 +181,10 @@ main(int argc, char **argv)
 out:
     ops_free(c->ops);
     registry_free(c->registry);
+    auth_free(c->auth);
+    if (tls != NULL) {
+        nng_tls_config_free(tls);
+    }
     config_coordinator_free(&c->cfg);
     free(c);
     nng_fini();

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "arena.h"
+#include "auth.h"
 #include "device.h"
 #include "log.h"
 #include "rpc.h"
@@ -82,6 +83,7 @@ struct wclient {
 struct ops {
     struct registry *registry;
     const struct config_coordinator *cfg;
+    const char *worker_token; /* what the coordinator shows workers, when auth is on */
     pthread_mutex_t mtx;
     pthread_cond_t cv;
     struct strmap by_id; /* id -> op (active and history) */
@@ -629,8 +631,7 @@ static struct rpc_client *
 worker_client_locked(struct ops *o, const char *name, const char *address, uint64_t epoch,
                      struct rpc_client **stale, dc_status *st)
 {
-    struct wclient *wc          = strmap_get(&o->clients, name);
-    struct rpc_client_opts opts = { 0 };
+    struct wclient *wc = strmap_get(&o->clients, name);
 
     if (wc != NULL && wc->epoch == epoch && strcmp(wc->address, address) == 0) {
         return wc->client;
@@ -645,11 +646,8 @@ worker_client_locked(struct ops *o, const char *name, const char *address, uint6
         *stale     = wc->client;
         wc->client = NULL;
     }
-    opts.url               = address;
-    opts.max_message_bytes = o->cfg->max_message_bytes;
-    opts.reconnect_min_ms  = 20;
-    opts.reconnect_max_ms  = 500;
-    if (rpc_client_open(&opts, &wc->client, st) != DC_OK) {
+    if (auth_client_open(address, o->worker_token, &o->cfg->tls, o->cfg->max_message_bytes, 500,
+                         &wc->client, st) != DC_OK) {
         strmap_del(&o->clients, name);
         free(wc);
         return NULL;
@@ -1061,16 +1059,17 @@ ops_timer(void *arg)
 /* ---- life -------------------------------------------------------------------------------- */
 
 struct ops *
-ops_new(struct registry *registry, const struct config_coordinator *cfg)
+ops_new(struct registry *registry, const struct config_coordinator *cfg, const char *worker_token)
 {
     struct ops *o = calloc(1, sizeof(*o));
 
     if (o == NULL) {
         return NULL;
     }
-    o->registry = registry;
-    o->cfg      = cfg;
-    o->hist_cap = cfg->op_history;
+    o->registry     = registry;
+    o->cfg          = cfg;
+    o->worker_token = worker_token;
+    o->hist_cap     = cfg->op_history;
     if ((o->history = calloc(o->hist_cap ? o->hist_cap : 1, sizeof(*o->history))) == NULL) {
         free(o);
         return NULL;

@@ -16,7 +16,10 @@
 
 struct ops;
 
-struct ops *ops_new(struct registry *registry, const struct config_coordinator *cfg);
+/* worker_token (NULL without auth) is what the coordinator calls workers with; it must
+ * outlive the ops. */
+struct ops *ops_new(struct registry *registry, const struct config_coordinator *cfg,
+                    const char *worker_token);
 /* Fails every op still in flight (UNAVAILABLE, "coordinator shutting down") and waits
  * until their callers have been answered. */
 void ops_shutdown(struct ops *o);

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "arena.h"
+#include "auth.h"
 #include "coordinator.h"
 #include "log.h"
 #include "ops.h"
@@ -247,4 +248,32 @@ coordinator_service_init(struct coordinator *c)
 {
     Devcoord__V1__Coordinator_Service svc = DEVCOORD__V1__COORDINATOR__INIT(c_);
     c->service                            = svc;
+}
+
+/* Who may call what (design §8): workers keep their membership, trainers read and submit,
+ * operators read and steer; anyone with a token may ask for the cluster's health. */
+static const struct auth_rule coordinator_rules[] = {
+    { "RegisterWorker", ROLE_WORKER },
+    { "Heartbeat", ROLE_WORKER },
+    { "DeregisterWorker", ROLE_WORKER },
+    { "ListWorkers", ROLE_TRAINER | ROLE_OPERATOR },
+    { "ListDevices", ROLE_TRAINER | ROLE_OPERATOR },
+    { "GetDevice", ROLE_TRAINER | ROLE_OPERATOR },
+    { "SubmitOp", ROLE_TRAINER },
+    { "GetOp", ROLE_TRAINER | ROLE_OPERATOR },
+    { "ListOps", ROLE_TRAINER | ROLE_OPERATOR },
+    { "CordonWorker", ROLE_OPERATOR },
+    { "UncordonWorker", ROLE_OPERATOR },
+    { "DrainWorker", ROLE_OPERATOR },
+    { "GetClusterStatus", ROLE_ANY },
+};
+
+dc_code
+coordinator_authorize(void *arg, const ProtobufCMethodDescriptor *method, const char *token,
+                      dc_status *st)
+{
+    struct coordinator *c = arg;
+
+    return auth_check(c->auth, coordinator_rules,
+                      sizeof(coordinator_rules) / sizeof(coordinator_rules[0]), method, token, st);
 }

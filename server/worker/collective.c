@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "auth.h"
 #include "device.h"
 #include "log.h"
 #include "reduce.h"
@@ -83,6 +84,7 @@ struct cop {
 
 struct collectives {
     const struct config_worker *cfg;
+    const char *token;
     struct executor *ex;
     struct membership *m;
     size_t chunk;
@@ -194,8 +196,7 @@ answer_exchange(struct parked *p, dc_code code, const char *message)
 static struct peer *
 peer_get(struct collectives *co, const char *address, dc_status *st)
 {
-    struct rpc_client_opts opts = { 0 };
-    struct peer *p              = NULL, **grow;
+    struct peer *p = NULL, **grow;
 
     pthread_mutex_lock(&co->mtx);
     for (size_t i = 0; i < co->n_peers; i++) {
@@ -214,12 +215,8 @@ peer_get(struct collectives *co, const char *address, dc_status *st)
     }
     co->peers = grow;
     snprintf(p->address, sizeof(p->address), "%s", address);
-    opts.url               = address;
-    opts.max_message_bytes = co->cfg->max_message_bytes;
-    opts.reconnect_min_ms  = 20;
-    opts.reconnect_max_ms  = 500;
-    opts.token             = NULL;
-    if (rpc_client_open(&opts, &p->client, st) != DC_OK) {
+    if (auth_client_open(address, co->token, &co->cfg->tls, co->cfg->max_message_bytes, 500,
+                         &p->client, st) != DC_OK) {
         free(p);
         p = NULL;
         goto out;
@@ -1194,7 +1191,8 @@ collectives_abort(struct collectives *co, const Devcoord__V1__AbortRequest *in,
 }
 
 struct collectives *
-collectives_new(const struct config_worker *cfg, struct executor *ex, struct membership *m)
+collectives_new(const struct config_worker *cfg, const char *token, struct executor *ex,
+                struct membership *m)
 {
     struct collectives *co = calloc(1, sizeof(*co));
 
@@ -1202,6 +1200,7 @@ collectives_new(const struct config_worker *cfg, struct executor *ex, struct mem
         return NULL;
     }
     co->cfg   = cfg;
+    co->token = token;
     co->ex    = ex;
     co->m     = m;
     co->chunk = CHUNK_BYTES;

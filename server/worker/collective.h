@@ -26,8 +26,9 @@ struct collectives_stats {
     uint64_t bytes_sent, bytes_received;
 };
 
-struct collectives *collectives_new(const struct config_worker *cfg, struct executor *ex,
-                                    struct membership *m);
+/* token (may be NULL) is what this worker shows its peers; it must outlive co. */
+struct collectives *collectives_new(const struct config_worker *cfg, const char *token,
+                                    struct executor *ex, struct membership *m);
 /* Aborts what is running, answers every waiting call and frees everything. */
 void collectives_free(struct collectives *co);
 

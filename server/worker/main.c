@@ -11,6 +11,7 @@
 
 #include <malloc.h>
 
+#include "auth.h"
 #include "collective.h"
 #include "daemon.h"
 #include "device.h"
@@ -108,6 +109,7 @@ main(int argc, char **argv)
     struct worker *w;
     struct daemon_args args;
     struct rpc_server_opts so = { 0 };
+    nng_tls_config *tls       = NULL;
     dc_status st;
     int rv;
 
@@ -131,13 +133,21 @@ main(int argc, char **argv)
     mallopt(M_TRIM_THRESHOLD, 512 * 1024 * 1024);
 
     rv = 1;
+    if ((w->cfg.token_file != NULL &&
+         auth_read_token_file(w->cfg.token_file, &w->token, &st) != DC_OK) ||
+        (w->cfg.tokens_file != NULL && auth_load(w->cfg.tokens_file, &w->auth, &st) != DC_OK) ||
+        (strncmp(w->cfg.listen, "tls+", 4) == 0 &&
+         auth_tls_server(&w->cfg.tls, &tls, &st) != DC_OK)) {
+        log_error("%s", st.message);
+        goto out;
+    }
     if ((w->executor = worker_executor_new(&w->cfg)) == NULL ||
         (w->tensors = tensors_new(w->executor, w->cfg.max_message_bytes)) == NULL) {
         log_error("out of memory");
         goto out;
     }
-    if ((w->membership = membership_new(&w->cfg, on_fenced, w)) == NULL ||
-        (w->collectives = collectives_new(&w->cfg, w->executor, w->membership)) == NULL) {
+    if ((w->membership = membership_new(&w->cfg, w->token, on_fenced, w)) == NULL ||
+        (w->collectives = collectives_new(&w->cfg, w->token, w->executor, w->membership)) == NULL) {
         log_error("cannot start");
         goto out;
     }
@@ -146,6 +156,11 @@ main(int argc, char **argv)
     so.service           = &w->service.base;
     so.max_message_bytes = w->cfg.max_message_bytes;
     so.threads           = 2;
+    so.tls               = tls;
+    if (w->auth != NULL) {
+        so.authorize     = worker_authorize;
+        so.authorize_arg = w;
+    }
     if (rpc_server_start(&so, &w->rpc, &st) != DC_OK) {
         log_error("%s", st.message);
         goto out;
@@ -175,6 +190,11 @@ out:
     if (w->executor != NULL) {
         w->executor->ops->destroy(w->executor);
     }
+    if (tls != NULL) {
+        nng_tls_config_free(tls);
+    }
+    auth_free(w->auth);
+    free(w->token);
     config_worker_free(&w->cfg);
     free(w);
     nng_fini();

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "auth.h"
 #include "devcoord/v1/devcoord.pb-c.h"
 #include "device.h"
 #include "log.h"
@@ -186,10 +187,10 @@ membership_thread(void *arg)
 }
 
 struct membership *
-membership_new(const struct config_worker *cfg, void (*on_fenced)(void *), void *arg)
+membership_new(const struct config_worker *cfg, const char *token, void (*on_fenced)(void *),
+               void *arg)
 {
-    struct membership *m      = calloc(1, sizeof(*m));
-    struct rpc_client_opts co = { 0 };
+    struct membership *m = calloc(1, sizeof(*m));
     dc_status st;
 
     if (m == NULL) {
@@ -201,13 +202,10 @@ membership_new(const struct config_worker *cfg, void (*on_fenced)(void *), void 
     m->interval_ms = 1000;
     pthread_mutex_init(&m->mtx, NULL);
     pthread_cond_init(&m->cv, NULL);
-    co.url               = cfg->coordinator;
-    co.max_message_bytes = cfg->max_message_bytes;
-    co.reconnect_min_ms  = 50;
     /* Reconnect at least once per heartbeat so a restarted coordinator hears from us
      * within two heartbeats. */
-    co.reconnect_max_ms = 1000;
-    if (rpc_client_open(&co, &m->client, &st) != DC_OK) {
+    if (auth_client_open(cfg->coordinator, token, &cfg->tls, cfg->max_message_bytes, 1000,
+                         &m->client, &st) != DC_OK) {
         log_error("coordinator %s: %s", cfg->coordinator, st.message);
         goto fail;
     }

@@ -17,8 +17,8 @@ struct membership;
 /* Membership for cfg (which must outlive it), not yet running. on_fenced runs (on the
  * membership thread) when another instance took over this worker's name; the daemon should
  * stop. */
-struct membership *membership_new(const struct config_worker *cfg, void (*on_fenced)(void *),
-                                  void *arg);
+struct membership *membership_new(const struct config_worker *cfg, const char *token,
+                                  void (*on_fenced)(void *), void *arg);
 
 /* Starts registering and heartbeating (once the worker serves its address). */
 bool membership_run(struct membership *m);

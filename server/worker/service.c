@@ -1,5 +1,6 @@
 /* The Worker service (design §6): tensors for clients, Execute and Abort for the
  * coordinator, Exchange for peers. */
+#include "auth.h"
 #include "collective.h"
 #include "tensors.h"
 #include "worker.h"
@@ -60,4 +61,24 @@ worker_service_init(struct worker *w)
 {
     Devcoord__V1__Worker_Service svc = DEVCOORD__V1__WORKER__INIT(w_);
     w->service                       = svc;
+}
+
+static const struct auth_rule worker_rules[] = {
+    { "Execute", ROLE_WORKER },
+    { "Abort", ROLE_WORKER },
+    { "Exchange", ROLE_WORKER },
+    { "PutTensor", ROLE_TRAINER },
+    { "GetTensor", ROLE_TRAINER | ROLE_OPERATOR },
+    { "DeleteTensor", ROLE_TRAINER },
+    { "ListTensors", ROLE_TRAINER | ROLE_OPERATOR },
+};
+
+dc_code
+worker_authorize(void *arg, const ProtobufCMethodDescriptor *method, const char *token,
+                 dc_status *st)
+{
+    struct worker *w = arg;
+
+    return auth_check(w->auth, worker_rules, sizeof(worker_rules) / sizeof(worker_rules[0]), method,
+                      token, st);
 }

@@ -10,6 +10,7 @@
 #include "membership.h"
 #include "rpc.h"
 
+struct auth;
 struct executor;
 struct tensors;
 struct collectives;
@@ -18,6 +19,8 @@ struct worker {
     /* First member: handlers get &service and find the rest from it. */
     Devcoord__V1__Worker_Service service;
     struct config_worker cfg;
+    char *token;       /* from token_file: what this worker shows others */
+    struct auth *auth; /* from auth.tokens_file: whom it lets in; NULL lets everyone in */
     struct membership *membership;
     struct executor *executor;
     struct tensors *tensors;
@@ -26,5 +29,10 @@ struct worker {
 };
 
 void worker_service_init(struct worker *w);
+
+/* rpc_authorize_fn for the Worker service: the coordinator and peers need a worker token,
+ * clients a trainer's (an operator's may read). arg: the worker. */
+dc_code worker_authorize(void *arg, const ProtobufCMethodDescriptor *method, const char *token,
+                         dc_status *st);
 
 #endif

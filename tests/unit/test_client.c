@@ -306,16 +306,22 @@ test_open_address_default(void **state)
 static void
 test_open_refusals(void **state)
 {
-    dc_client_options o = { .fail_fast = true, .tls_ca = "/etc/ca.pem" };
+    dc_client_options o = { .fail_fast = true, .tls_ca = "/nonexistent/ca.pem" };
     dc_client *c        = NULL;
     dc_status st;
     char longaddr[400];
 
     (void)state;
-    assert_int_equal(dc_client_open("tcp://127.0.0.1:1", &o, &c, &st), DC_UNIMPLEMENTED);
-    assert_string_equal(st.message, "TLS is not supported yet");
+    /* A plain address ignores the TLS files; nothing listens there: a transport failure. */
+    assert_int_equal(dc_client_open("tcp://127.0.0.1:1", &o, &c, &st), DC_UNAVAILABLE);
+    assert_true(st.transport);
+    /* tls+tcp:// reads the CA first. */
+    assert_int_equal(dc_client_open("tls+tcp://127.0.0.1:1", &o, &c, &st), DC_NOT_FOUND);
+    assert_non_null(strstr(st.message, "/nonexistent/ca.pem"));
+    assert_false(st.transport);
     o.tls_ca = NULL;
-    assert_int_equal(dc_client_open("tls+tcp://127.0.0.1:1", &o, &c, &st), DC_UNIMPLEMENTED);
+    assert_int_equal(dc_client_open("tls+tcp://127.0.0.1:1", &o, &c, &st), DC_INVALID_ARGUMENT);
+    assert_non_null(strstr(st.message, "needs a CA certificate"));
     o.token_file = "/nonexistent/devcoord.token";
     assert_int_equal(dc_client_open("tcp://127.0.0.1:1", &o, &c, &st), DC_INVALID_ARGUMENT);
     assert_non_null(strstr(st.message, "/nonexistent/devcoord.token"));

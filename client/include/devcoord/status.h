@@ -7,6 +7,7 @@
 #ifndef DEVCOORD_STATUS_H
 #define DEVCOORD_STATUS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -38,6 +39,10 @@ typedef enum dc_code {
 
 typedef struct dc_status {
     dc_code code;
+    /* True when no answer came from the server: it could not be reached, the connection
+     * dropped, TLS failed, or the deadline passed before a reply. False for every answer the
+     * server sent (even UNAVAILABLE) and for local checks. */
+    bool transport;
     /* Index of the offending entry of a device list, or -1. */
     int32_t device_index;
     /* Worker the failure is about, or "". */

@@ -1,0 +1,77 @@
+/*
+ * Bearer-token authentication and roles (design §8). A tokens file maps each token to a
+ * role (`token: role`, roles worker, trainer, operator); every call names the roles that may
+ * make it. Tokens are compared in constant time and never logged. Also: TLS configurations
+ * for listeners and dialers from PEM files.
+ */
+#ifndef DEVCOORD_COMMON_AUTH_H
+#define DEVCOORD_COMMON_AUTH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <nng/nng.h>
+#include <nng/supplemental/tls/tls.h>
+#include <protobuf-c/protobuf-c.h>
+
+#include "config.h"
+#include "status.h"
+
+enum auth_role {
+    ROLE_NONE     = 0,
+    ROLE_WORKER   = 1 << 0,
+    ROLE_TRAINER  = 1 << 1,
+    ROLE_OPERATOR = 1 << 2,
+    ROLE_ANY      = ROLE_WORKER | ROLE_TRAINER | ROLE_OPERATOR,
+};
+
+#define AUTH_TOKEN_MAX 512
+
+/* Which roles may call a method (by its name in the service descriptor). */
+struct auth_rule {
+    const char *method;
+    unsigned roles;
+};
+
+struct auth;
+
+/* Loads a tokens file: a YAML mapping of token to role. Errors name file:line:column. */
+dc_code auth_load(const char *path, struct auth **out, dc_status *st);
+dc_code auth_parse(const char *name, const char *data, size_t len, struct auth **out,
+                   dc_status *st);
+void auth_free(struct auth *a);
+
+/* The role of token, ROLE_NONE when unknown; time does not depend on which token matched. */
+enum auth_role auth_role_of(const struct auth *a, const char *token);
+
+/* A token holding `role` (the first in the file), or NULL. */
+const char *auth_token_with(const struct auth *a, enum auth_role role);
+
+/* UNAUTHENTICATED without a known token, PERMISSION_DENIED when its role may not call the
+ * method (methods missing from rules are refused). */
+dc_code auth_check(const struct auth *a, const struct auth_rule *rules, size_t n_rules,
+                   const ProtobufCMethodDescriptor *method, const char *token, dc_status *st);
+
+/* The first line of a token file, without surrounding blanks; caller frees. */
+dc_code auth_read_token_file(const char *path, char **out, dc_status *st);
+
+/* TLS configuration for a listener (cert and key required; ca needed to verify clients
+ * when require_client_cert) or a dialer (ca verifies the server; cert+key, when given, are
+ * the client certificate; server_name checked against the server's certificate). Caller
+ * frees with nng_tls_config_free. */
+dc_code auth_tls_server(const struct config_tls *tls, nng_tls_config **out, dc_status *st);
+dc_code auth_tls_client(const char *ca, const char *cert, const char *key, const char *server_name,
+                        nng_tls_config **out, dc_status *st);
+
+struct rpc_client;
+
+/* Opens an RPC client to url carrying token (may be NULL), with TLS from tls when url is
+ * tls+tcp:// (its ca verifies the server, its cert and key are the client certificate). */
+dc_code auth_client_open(const char *url, const char *token, const struct config_tls *tls,
+                         size_t max_message_bytes, uint32_t reconnect_max_ms,
+                         struct rpc_client **out, dc_status *st);
+
+/* The host part of a tls+tcp://host:port address, for the server name. */
+void auth_url_host(const char *url, char *host, size_t cap);
+
+#endif
