@@ -12,6 +12,7 @@
 #include "daemon.h"
 #include "log.h"
 #include "ops.h"
+#include "state.h"
 
 static const char usage[] =
     "usage: devcoord-server [--config FILE] [--listen ADDR] [--http HOST:PORT]\n"
@@ -26,6 +27,22 @@ static const char usage[] =
     "  --http HOST:PORT   health and metrics address, overriding the config (\"\" = off)\n"
     "  --version          print the version\n"
     "  -h, --help         this text\n";
+
+/* Operator intent changed: persist it (when a state_dir is configured). */
+static void
+on_intent_changed(void *arg)
+{
+    static pthread_mutex_t saving = PTHREAD_MUTEX_INITIALIZER;
+    struct coordinator *c         = arg;
+    dc_status st;
+
+    /* One writer at a time; each takes its snapshot inside, so the last one wins. */
+    pthread_mutex_lock(&saving);
+    if (c->cfg.state_dir != NULL && state_save(c->cfg.state_dir, c->registry, &st) != DC_OK) {
+        log_error("cannot save operator intent: %s", st.message);
+    }
+    pthread_mutex_unlock(&saving);
+}
 
 static const char *const gone_words[] = {
     [GONE_DEAD]         = "is dead (no heartbeat)",
@@ -129,6 +146,7 @@ main(int argc, char **argv)
     ro.heartbeat_interval_ms = c->cfg.heartbeat_interval_ms;
     ro.dead_after_ms         = c->cfg.dead_after_ms;
     ro.events.worker_gone    = on_worker_gone;
+    ro.events.intent_changed = on_intent_changed;
     ro.events.arg            = c;
     rv                       = 1;
     if (c->cfg.tokens_file != NULL) {
@@ -150,6 +168,14 @@ main(int argc, char **argv)
         (c->ops = ops_new(c->registry, &c->cfg, worker_token)) == NULL) {
         log_error("out of memory");
         goto out;
+    }
+    if (c->cfg.state_dir != NULL) {
+        size_t n = 0;
+        if (state_load(c->cfg.state_dir, c->registry, &n, &st) != DC_OK) {
+            log_error("operator intent not restored: %s (starting without it)", st.message);
+        } else if (n > 0) {
+            log_info("restored operator intent for %zu workers from %s", n, c->cfg.state_dir);
+        }
     }
     coordinator_service_init(c);
     so.url               = c->cfg.listen;

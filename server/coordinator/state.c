@@ -1,0 +1,167 @@
+#include "state.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "device.h"
+
+/* Format: a header line, one "<intent> <worker>" line per worker, and an end line holding
+ * the count, so a truncated file is told from a short one. */
+#define STATE_HEADER "devcoord-intent 1"
+#define STATE_MAX    (16u << 20)
+
+static const char *const intent_words[] = {
+    [INTENT_NONE]   = "none",
+    [INTENT_CORDON] = "cordon",
+    [INTENT_DRAIN]  = "drain",
+};
+
+struct writer {
+    FILE *f;
+    size_t n;
+};
+
+static void
+state_write_one(void *arg, const char *name, enum registry_intent intent)
+{
+    struct writer *w = arg;
+
+    if (intent == INTENT_CORDON || intent == INTENT_DRAIN) {
+        fprintf(w->f, "%s %s\n", intent_words[intent], name);
+        w->n++;
+    }
+}
+
+dc_code
+state_save(const char *dir, struct registry *r, dc_status *st)
+{
+    char path[4096], tmp[4096];
+    struct writer w = { 0 };
+    int fd, dfd;
+
+    if (snprintf(path, sizeof(path), "%s/%s", dir, STATE_FILE) >= (int)sizeof(path) ||
+        snprintf(tmp, sizeof(tmp), "%s/.%s.tmp", dir, STATE_FILE) >= (int)sizeof(tmp)) {
+        return status_set(st, DC_INVALID_ARGUMENT, "state_dir path too long");
+    }
+    if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0 ||
+        (w.f = fdopen(fd, "w")) == NULL) {
+        int err = errno;
+        if (fd >= 0) {
+            close(fd);
+        }
+        return status_set(st, DC_UNAVAILABLE, "%s: %s", tmp, strerror(err));
+    }
+    fprintf(w.f, "%s\n", STATE_HEADER);
+    registry_each_intent(r, state_write_one, &w);
+    fprintf(w.f, "end %zu\n", w.n);
+    if (fflush(w.f) != 0 || fsync(fd) != 0) {
+        int err = errno;
+        fclose(w.f);
+        unlink(tmp);
+        return status_set(st, DC_UNAVAILABLE, "%s: %s", tmp, strerror(err));
+    }
+    fclose(w.f);
+    if (rename(tmp, path) != 0) {
+        int err = errno;
+        unlink(tmp);
+        return status_set(st, DC_UNAVAILABLE, "%s: %s", path, strerror(err));
+    }
+    /* The rename itself must reach the disk. */
+    if ((dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return DC_OK;
+}
+
+dc_code
+state_load(const char *dir, struct registry *r, size_t *restored, dc_status *st)
+{
+    struct entry {
+        enum registry_intent intent;
+        char name[DC_WORKER_NAME_MAX + 1];
+    } *entries = NULL;
+    char path[4096], line[256];
+    size_t n = 0, lineno = 0, end = SIZE_MAX;
+    dc_code code = DC_OK;
+    FILE *f;
+
+    *restored = 0;
+    if (snprintf(path, sizeof(path), "%s/%s", dir, STATE_FILE) >= (int)sizeof(path)) {
+        return status_set(st, DC_INVALID_ARGUMENT, "state_dir path too long");
+    }
+    if ((f = fopen(path, "r")) == NULL) {
+        if (errno == ENOENT) {
+            return DC_OK;
+        }
+        return status_set(st, DC_DATA_LOSS, "%s: %s", path, strerror(errno));
+    }
+    /* Everything is read and checked before anything is applied. */
+    while (code == DC_OK && fgets(line, sizeof(line), f) != NULL) {
+        char *sp, *name;
+        size_t len = strlen(line);
+
+        lineno++;
+        if (len == 0 || line[len - 1] != '\n' || end != SIZE_MAX) {
+            code = status_set(st, DC_DATA_LOSS, "%s:%zu: truncated or garbled", path, lineno);
+            break;
+        }
+        line[len - 1] = '\0';
+        if (lineno == 1) {
+            if (strcmp(line, STATE_HEADER) != 0) {
+                code = status_set(st, DC_DATA_LOSS, "%s:1: not a devcoord intent file", path);
+            }
+            continue;
+        }
+        if (strncmp(line, "end ", 4) == 0) {
+            char *e;
+            unsigned long long v = strtoull(line + 4, &e, 10);
+            if (*e != '\0' || e == line + 4 || v != n) {
+                code = status_set(st, DC_DATA_LOSS, "%s:%zu: count does not match", path, lineno);
+            }
+            end = (size_t)v;
+            continue;
+        }
+        if ((sp = strchr(line, ' ')) == NULL) {
+            code = status_set(st, DC_DATA_LOSS, "%s:%zu: garbled line", path, lineno);
+            break;
+        }
+        *sp  = '\0';
+        name = sp + 1;
+        {
+            struct entry *grow;
+            enum registry_intent in = strcmp(line, "cordon") == 0  ? INTENT_CORDON
+                                      : strcmp(line, "drain") == 0 ? INTENT_DRAIN
+                                                                   : INTENT_NONE;
+            if (in == INTENT_NONE || !device_worker_name_valid(name, strlen(name))) {
+                code = status_set(st, DC_DATA_LOSS, "%s:%zu: garbled line", path, lineno);
+                break;
+            }
+            if (n * sizeof(*entries) >= STATE_MAX ||
+                (grow = realloc(entries, (n + 1) * sizeof(*entries))) == NULL) {
+                code = status_set(st, DC_RESOURCE_EXHAUSTED, "%s: too large", path);
+                break;
+            }
+            entries           = grow;
+            entries[n].intent = in;
+            snprintf(entries[n].name, sizeof(entries[n].name), "%s", name);
+            n++;
+        }
+    }
+    if (code == DC_OK && (ferror(f) || lineno == 0 || end == SIZE_MAX)) {
+        code = status_set(st, DC_DATA_LOSS, "%s: truncated (no end line)", path);
+    }
+    fclose(f);
+    for (size_t i = 0; code == DC_OK && i < n; i++) {
+        if (!registry_restore_intent(r, entries[i].name, entries[i].intent)) {
+            code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory restoring intent");
+        }
+        (*restored)++;
+    }
+    free(entries);
+    return code;
+}
