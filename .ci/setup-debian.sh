@@ -10,7 +10,8 @@ set -euo pipefail
 
 groups=("$@")
 pkgs=(build-essential cmake pkg-config libprotobuf-c-dev protobuf-c-compiler libnng-dev
-      libmbedtls-dev libyaml-dev libcmocka-dev python3 curl procps iproute2)
+      libmbedtls-dev libyaml-dev libcmocka-dev python3 python3-prometheus-client curl procps
+      iproute2 openssl)
 for g in "${groups[@]}"; do
     case "$g" in
     build) ;;

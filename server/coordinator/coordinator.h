@@ -11,6 +11,7 @@
 #include <stdbool.h>
 
 #include "config.h"
+#include "metrics.h"
 #include "devcoord/v1/devcoord.pb-c.h"
 #include "registry.h"
 #include "rpc.h"
@@ -26,15 +27,20 @@ struct coordinator {
     struct ops *ops;
     struct auth *auth; /* NULL: no tokens file, every call is let in */
     struct rpc_server *rpc;
+    struct rpc_metrics rpc_metrics;
+    struct http_server *http;
     atomic_bool ready;
 };
 
 /* The Coordinator service's handlers (service.c). */
 void coordinator_service_init(struct coordinator *c);
 
+/* Serves /healthz, /readyz and /metrics on cfg.http (nothing when it is ""). */
+dc_code coordinator_http_start(struct coordinator *c, dc_status *st);
+
 /* rpc_authorize_fn for the Coordinator service: the roles of design §8. arg: the
  * coordinator. */
-dc_code coordinator_authorize(void *arg, const ProtobufCMethodDescriptor *method,
-                              const char *token, dc_status *st);
+dc_code coordinator_authorize(void *arg, const ProtobufCMethodDescriptor *method, const char *token,
+                              dc_status *st);
 
 #endif

@@ -178,6 +178,9 @@ main(int argc, char **argv)
         }
     }
     coordinator_service_init(c);
+    rpc_metrics_init(&c->rpc_metrics, c->service.base.descriptor);
+    so.observe           = rpc_metrics_observe;
+    so.observe_arg       = &c->rpc_metrics;
     so.url               = c->cfg.listen;
     so.service           = &c->service.base;
     so.max_message_bytes = c->cfg.max_message_bytes;
@@ -191,19 +194,26 @@ main(int argc, char **argv)
         log_error("%s", st.message);
         goto out;
     }
+    if (coordinator_http_start(c, &st) != DC_OK) {
+        log_error("%s", st.message);
+        goto out_rpc;
+    }
     atomic_store(&c->ready, true);
-    log_info("devcoord-server %s listening on %s (autodiff %s, heartbeat %u ms, dead after %u ms, "
-             "auth %s)",
-             DEVCOORD_VERSION, c->cfg.listen, autodiff_policy_name(c->cfg.autodiff),
-             c->cfg.heartbeat_interval_ms, c->cfg.dead_after_ms, c->auth ? "on" : "off");
+    log_info("devcoord-server %s listening on %s, http %s (autodiff %s, heartbeat %u ms, dead "
+             "after %u ms, auth %s)",
+             DEVCOORD_VERSION, c->cfg.listen, c->http != NULL ? c->cfg.http : "off",
+             autodiff_policy_name(c->cfg.autodiff), c->cfg.heartbeat_interval_ms,
+             c->cfg.dead_after_ms, c->auth ? "on" : "off");
 
     sweep_until_signal(c);
 
+    rv = 0;
+out_rpc:
     atomic_store(&c->ready, false);
+    http_stop(c->http);
     rpc_server_close(c->rpc);
     ops_shutdown(c->ops);
     rpc_server_free(c->rpc);
-    rv = 0;
 out:
     ops_free(c->ops);
     registry_free(c->registry);

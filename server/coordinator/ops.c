@@ -10,6 +10,7 @@
 #include "auth.h"
 #include "device.h"
 #include "log.h"
+#include "metrics.h"
 #include "rpc.h"
 #include "status.h"
 #include "strmap.h"
@@ -94,6 +95,10 @@ struct ops {
     struct strmap clients; /* worker name -> wclient */
     uint64_t counter;
     uint64_t in_flight, done, failed;
+    /* metrics, guarded by mtx */
+    uint64_t ended[DC_OP_COUNT][RPC_METRICS_CODES];
+    struct histo duration[DC_OP_COUNT];
+    struct histo fanout;
     bool stopping;
     pthread_t timer;
 };
@@ -468,6 +473,12 @@ op_end_locked(struct ops *o, struct op *op, const dc_status *st, struct pending_
     op->status     = *st;
     op->state      = st->code == DC_OK ? OP_DONE : OP_FAILED;
     op->elapsed_us = op->started_us ? rpc_now_us() - op->started_us : 0;
+    if ((unsigned)op->kind < DC_OP_COUNT && (unsigned)st->code < RPC_METRICS_CODES) {
+        o->ended[op->kind][st->code]++;
+        if (op->started_us != 0) {
+            histo_observe(&o->duration[op->kind], op->elapsed_us);
+        }
+    }
     if (op->state == OP_DONE) {
         o->done++;
     } else {
@@ -561,6 +572,7 @@ op_start_locked(struct ops *o, struct op *op)
 
     op->state      = OP_RUNNING;
     op->started_us = rpc_now_us();
+    histo_observe(&o->fanout, (uint64_t)op->n_workers * 1000000u);
     if (a == NULL || (req.plan = plan_pb(a, op)) == NULL) {
         struct pending_answer pa;
         arena_free(a);
@@ -1056,6 +1068,44 @@ ops_timer(void *arg)
     return NULL;
 }
 
+/* ---- metrics ----------------------------------------------------------------------------- */
+
+/* Workers per op (observed in millionths, like every histogram). */
+static const double fanout_buckets[] = { 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024 };
+
+void
+ops_metrics_render(struct ops *o, struct mbuf *b)
+{
+    pthread_mutex_lock(&o->mtx);
+    mbuf_printf(b, "# HELP devcoord_ops_total Operations ended, by kind and code.\n"
+                   "# TYPE devcoord_ops_total counter\n");
+    for (int k = DC_OP_ALL_REDUCE; k < DC_OP_COUNT; k++) {
+        for (int c = 0; c < RPC_METRICS_CODES; c++) {
+            if (o->ended[k][c] > 0 || c == DC_OK) {
+                mbuf_printf(b, "devcoord_ops_total{kind=\"%s\",code=\"%s\"} %llu\n",
+                            dc_op_kind_name((dc_op_kind)k), dc_status_name((dc_code)c),
+                            (unsigned long long)o->ended[k][c]);
+            }
+        }
+    }
+    mbuf_printf(b,
+                "# HELP devcoord_ops_in_flight Operations queued or running.\n"
+                "# TYPE devcoord_ops_in_flight gauge\n"
+                "devcoord_ops_in_flight %llu\n",
+                (unsigned long long)o->in_flight);
+    pthread_mutex_unlock(&o->mtx);
+    mbuf_printf(b, "# HELP devcoord_op_duration_seconds Time from an op's start to its end.\n"
+                   "# TYPE devcoord_op_duration_seconds histogram\n");
+    for (int k = DC_OP_ALL_REDUCE; k < DC_OP_COUNT; k++) {
+        char labels[64];
+        snprintf(labels, sizeof(labels), "kind=\"%s\"", dc_op_kind_name((dc_op_kind)k));
+        histo_render(b, "devcoord_op_duration_seconds", labels, &o->duration[k]);
+    }
+    mbuf_printf(b, "# HELP devcoord_op_fanout_workers Workers an op was sent to.\n"
+                   "# TYPE devcoord_op_fanout_workers histogram\n");
+    histo_render(b, "devcoord_op_fanout_workers", "", &o->fanout);
+}
+
 /* ---- life -------------------------------------------------------------------------------- */
 
 struct ops *
@@ -1079,6 +1129,10 @@ ops_new(struct registry *registry, const struct config_coordinator *cfg, const c
     strmap_init(&o->by_id);
     strmap_init(&o->queues);
     strmap_init(&o->clients);
+    for (int k = 0; k < DC_OP_COUNT; k++) {
+        histo_init(&o->duration[k], histo_seconds, histo_seconds_n);
+    }
+    histo_init(&o->fanout, fanout_buckets, sizeof(fanout_buckets) / sizeof(fanout_buckets[0]));
     if (pthread_create(&o->timer, NULL, ops_timer, o) != 0) {
         pthread_cond_destroy(&o->cv);
         pthread_mutex_destroy(&o->mtx);

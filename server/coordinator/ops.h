@@ -33,6 +33,10 @@ void ops_list(struct ops *o, const Devcoord__V1__ListOpsRequest *in,
               Devcoord__V1__ListOpsResponse_Closure closure, void *cd);
 void ops_counts(struct ops *o, uint64_t *in_flight, uint64_t *done, uint64_t *failed);
 
+/* Ops by kind and final code, durations and fan-out sizes (Prometheus text). */
+struct mbuf;
+void ops_metrics_render(struct ops *o, struct mbuf *b);
+
 /* The registry says an epoch of a worker ended: its in-flight ops fail with UNAVAILABLE. */
 void ops_worker_gone(struct ops *o, const char *name, uint64_t epoch, enum registry_gone why);
 

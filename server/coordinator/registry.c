@@ -1,12 +1,14 @@
 #include "registry.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "device.h"
+#include "metrics.h"
 #include "status.h"
 #include "strmap.h"
 
@@ -52,6 +54,7 @@ struct registry {
     struct strmap owners;  /* "concrete" -> owners */
     struct strmap intents; /* name -> (uintptr_t)enum registry_intent */
     uint64_t last_epoch;
+    atomic_ullong heartbeats;
 };
 
 static uint64_t
@@ -472,6 +475,7 @@ registry_heartbeat(struct registry *r, const Devcoord__V1__HeartbeatRequest *req
 {
     struct reg_worker *w;
 
+    atomic_fetch_add(&r->heartbeats, 1);
     pthread_rwlock_wrlock(&r->lock);
     if ((w = strmap_get(&r->workers, req->name)) == NULL) {
         pthread_rwlock_unlock(&r->lock);
@@ -995,4 +999,43 @@ registry_worker_address(struct registry *r, const char *name, char *address, siz
     }
     pthread_rwlock_unlock(&r->lock);
     return ok;
+}
+
+void
+registry_metrics_render(struct registry *r, struct mbuf *b)
+{
+    uint32_t workers[DC_WORKER_STATE_COUNT]                   = { 0 };
+    uint32_t devices[DC_BACKEND_COUNT][DC_DEVICE_STATE_COUNT] = { { 0 } };
+
+    pthread_rwlock_rdlock(&r->lock);
+    for (size_t i = 0; i < r->n_order; i++) {
+        struct reg_worker *w = r->order[i];
+        workers[worker_state(r, w)]++;
+        for (size_t k = 0; k < w->n_devices; k++) {
+            devices[w->devices[k].device.backend][device_state(&w->devices[k])]++;
+        }
+    }
+    pthread_rwlock_unlock(&r->lock);
+    mbuf_printf(b, "# HELP devcoord_workers Registered workers by state.\n"
+                   "# TYPE devcoord_workers gauge\n");
+    for (int s = DC_WORKER_ALIVE; s < DC_WORKER_STATE_COUNT; s++) {
+        mbuf_printf(b, "devcoord_workers{state=\"%s\"} %u\n",
+                    dc_worker_state_name((dc_worker_state)s), workers[s]);
+    }
+    mbuf_printf(b, "# HELP devcoord_devices Registered devices by backend and state.\n"
+                   "# TYPE devcoord_devices gauge\n");
+    for (int bk = DC_BACKEND_CPU; bk < DC_BACKEND_COUNT; bk++) {
+        for (int s = DC_DEVICE_HEALTHY; s < DC_DEVICE_STATE_COUNT; s++) {
+            if (devices[bk][s] > 0) {
+                mbuf_printf(b, "devcoord_devices{backend=\"%s\",state=\"%s\"} %u\n",
+                            dc_backend_name((dc_backend)bk),
+                            dc_device_state_name((dc_device_state)s), devices[bk][s]);
+            }
+        }
+    }
+    mbuf_printf(b,
+                "# HELP devcoord_heartbeats_total Heartbeats received.\n"
+                "# TYPE devcoord_heartbeats_total counter\n"
+                "devcoord_heartbeats_total %llu\n",
+                (unsigned long long)atomic_load(&r->heartbeats));
 }

@@ -105,6 +105,10 @@ dc_code registry_validate(struct registry *r, const struct op_spec *op,
 bool registry_worker_address(struct registry *r, const char *name, char *address, size_t cap,
                              uint64_t *epoch);
 
+/* Workers by state, devices by backend and state, heartbeats received (Prometheus text). */
+struct mbuf;
+void registry_metrics_render(struct registry *r, struct mbuf *b);
+
 /* Worker counts by state, for metrics. */
 void registry_counts(struct registry *r, uint32_t by_state[DC_WORKER_STATE_COUNT],
                      uint64_t *devices);

@@ -152,6 +152,9 @@ main(int argc, char **argv)
         goto out;
     }
     worker_service_init(w);
+    rpc_metrics_init(&w->rpc_metrics, w->service.base.descriptor);
+    so.observe           = rpc_metrics_observe;
+    so.observe_arg       = &w->rpc_metrics;
     so.url               = w->cfg.listen;
     so.service           = &w->service.base;
     so.max_message_bytes = w->cfg.max_message_bytes;
@@ -167,6 +170,10 @@ main(int argc, char **argv)
     }
     log_info("devcoord-worker %s serving %zu devices on %s (advertised as %s)", DEVCOORD_VERSION,
              w->cfg.n_devices, w->cfg.listen, w->cfg.advertise);
+    if (worker_http_start(w, &st) != DC_OK) {
+        log_error("%s", st.message);
+        goto out_rpc;
+    }
     if (!membership_run(w->membership)) {
         log_error("cannot start the membership thread");
         goto out_rpc;
@@ -179,6 +186,8 @@ main(int argc, char **argv)
     membership_stop(w->membership);
     w->membership = NULL;
 out_rpc:
+    http_stop(w->http);
+    w->http = NULL;
     rpc_server_close(w->rpc);
     collectives_free(w->collectives);
     w->collectives = NULL;

@@ -8,6 +8,7 @@
 #include "config.h"
 #include "devcoord/v1/devcoord.pb-c.h"
 #include "membership.h"
+#include "metrics.h"
 #include "rpc.h"
 
 struct auth;
@@ -26,9 +27,14 @@ struct worker {
     struct tensors *tensors;
     struct collectives *collectives;
     struct rpc_server *rpc;
+    struct rpc_metrics rpc_metrics;
+    struct http_server *http;
 };
 
 void worker_service_init(struct worker *w);
+
+/* Serves /healthz, /readyz and /metrics on cfg.http (nothing when it is ""). */
+dc_code worker_http_start(struct worker *w, dc_status *st);
 
 /* rpc_authorize_fn for the Worker service: the coordinator and peers need a worker token,
  * clients a trainer's (an operator's may read). arg: the worker. */

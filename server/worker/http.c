@@ -1,0 +1,70 @@
+/* The worker's HTTP endpoints (config `http`, off by default): /healthz says the process is
+ * up, /readyz that it is registered with the coordinator, /metrics is Prometheus text. */
+#include "collective.h"
+#include "metrics.h"
+#include "worker.h"
+
+static int
+healthz(void *arg, struct mbuf *body)
+{
+    (void)arg;
+    mbuf_printf(body, "ok\n");
+    return 200;
+}
+
+static int
+readyz(void *arg, struct mbuf *body)
+{
+    struct worker *w = arg;
+
+    if (membership_epoch(w->membership) == 0) {
+        mbuf_printf(body, "not registered\n");
+        return 503;
+    }
+    mbuf_printf(body, "registered\n");
+    return 200;
+}
+
+static int
+metrics(void *arg, struct mbuf *body)
+{
+    struct worker *w = arg;
+    struct collectives_stats cs;
+
+    collectives_stats(w->collectives, &cs);
+    mbuf_printf(body,
+                "# HELP devcoord_build_info The running version.\n"
+                "# TYPE devcoord_build_info gauge\n"
+                "devcoord_build_info{component=\"worker\",version=\"%s\"} 1\n"
+                "# HELP devcoord_worker_registered Whether the worker is registered.\n"
+                "# TYPE devcoord_worker_registered gauge\n"
+                "devcoord_worker_registered %d\n"
+                "# HELP devcoord_worker_ops_total Operations this worker took part in, by "
+                "result.\n"
+                "# TYPE devcoord_worker_ops_total counter\n"
+                "devcoord_worker_ops_total{result=\"ok\"} %llu\n"
+                "devcoord_worker_ops_total{result=\"failed\"} %llu\n"
+                "# HELP devcoord_dataplane_bytes_total Collective bytes moved between workers.\n"
+                "# TYPE devcoord_dataplane_bytes_total counter\n"
+                "devcoord_dataplane_bytes_total{direction=\"sent\"} %llu\n"
+                "devcoord_dataplane_bytes_total{direction=\"received\"} %llu\n",
+                DEVCOORD_VERSION, membership_epoch(w->membership) != 0 ? 1 : 0,
+                (unsigned long long)cs.ops_done, (unsigned long long)cs.ops_failed,
+                (unsigned long long)cs.bytes_sent, (unsigned long long)cs.bytes_received);
+    rpc_metrics_render(body, &w->rpc_metrics);
+    return 200;
+}
+
+dc_code
+worker_http_start(struct worker *w, dc_status *st)
+{
+    static struct http_route routes[3];
+
+    routes[0] = (struct http_route){ "/healthz", "text/plain", healthz, w };
+    routes[1] = (struct http_route){ "/readyz", "text/plain", readyz, w };
+    routes[2] = (struct http_route){ "/metrics", "text/plain; version=0.0.4", metrics, w };
+    if (w->cfg.http == NULL || w->cfg.http[0] == '\0') {
+        return DC_OK;
+    }
+    return http_start(w->cfg.http, routes, 3, &w->http, st);
+}
