@@ -5,8 +5,8 @@
  * with the server's message; no call aborts the process. A dc_client is safe to use from
  * many threads at once.
  *
- * Ownership: results that hold arrays come back as one allocation the caller frees with the
- * matching *_free function; plain structs are filled in place.
+ * Ownership: results that hold arrays are returned through a pointer and freed, all their
+ * parts at once, with the matching *_free function; plain structs are filled in place.
  */
 #ifndef DEVCOORD_DEVCOORD_H
 #define DEVCOORD_DEVCOORD_H
