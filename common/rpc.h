@@ -127,6 +127,8 @@ dc_code rpc_client_open(const struct rpc_client_opts *opts, struct rpc_client **
  * a completion callback. */
 void rpc_client_close(struct rpc_client *c);
 bool rpc_client_connected(const struct rpc_client *c);
+/* Changes the reconnect backoff of a running client. */
+void rpc_client_set_reconnect(struct rpc_client *c, uint32_t min_ms, uint32_t max_ms);
 const char *rpc_client_url(const struct rpc_client *c);
 
 /* A decoded reply. body is NULL when the server sent none. Free with rpc_reply_free. */

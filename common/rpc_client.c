@@ -80,6 +80,13 @@ rpc_client_pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
     }
 }
 
+void
+rpc_client_set_reconnect(struct rpc_client *c, uint32_t min_ms, uint32_t max_ms)
+{
+    nng_dialer_set_ms(c->dialer, NNG_OPT_RECONNMINT, min_ms);
+    nng_dialer_set_ms(c->dialer, NNG_OPT_RECONNMAXT, max_ms);
+}
+
 bool
 rpc_client_connected(const struct rpc_client *c)
 {
@@ -158,8 +165,12 @@ rpc_client_close(struct rpc_client *c)
     if (c == NULL) {
         return;
     }
-    /* Closing the socket completes every pending aio with NNG_ECLOSED; nng_aio_free then
-     * waits for those callbacks before the slot goes. */
+    /* Stop every slot first: a completion callback may still be inside nng_ctx_recv on
+     * another thread after its call was answered, and the socket must outlive it. Stopping
+     * also fails calls still in flight (their callbacks run now, with NNG_ECANCELED). */
+    for (size_t i = 0; i < c->n_slots; i++) {
+        nng_aio_stop(c->slots[i]->aio);
+    }
     nng_close(c->sock);
     for (size_t i = 0; i < c->n_slots; i++) {
         nng_aio_free(c->slots[i]->aio);

@@ -554,6 +554,10 @@ rpc_server_free(struct rpc_server *s)
     for (unsigned i = 0; i < n; i++) {
         pthread_join(s->threads[i], NULL);
     }
+    /* No callback may be inside an nng call on a context when the socket goes. */
+    for (unsigned i = 0; i < s->n_calls; i++) {
+        nng_aio_stop(s->calls[i]->aio);
+    }
     nng_close(s->sock);
     for (unsigned i = 0; i < s->n_calls; i++) {
         nng_aio_free(s->calls[i]->aio);

@@ -108,6 +108,10 @@ membership_register(struct membership *m, dc_status *st)
         Devcoord__V1__RegisterWorkerResponse *resp = (void *)reply.body;
         m->interval_ms = resp->heartbeat_interval_ms ? resp->heartbeat_interval_ms : 1000;
         atomic_store(&m->epoch, resp->epoch);
+        /* Redial at least once per heartbeat, so that a restarted coordinator hears from us
+         * again within two heartbeats. */
+        rpc_client_set_reconnect(m->client, m->interval_ms < 50 ? m->interval_ms : 50,
+                                 m->interval_ms);
         log_info("registered with %s as %s (epoch %llu, %zu devices, heartbeat every %u ms)",
                  cfg->coordinator, cfg->name, (unsigned long long)resp->epoch, cfg->n_devices,
                  m->interval_ms);
@@ -202,8 +206,7 @@ membership_new(const struct config_worker *cfg, const char *token, void (*on_fen
     m->interval_ms = 1000;
     pthread_mutex_init(&m->mtx, NULL);
     pthread_cond_init(&m->cv, NULL);
-    /* Reconnect at least once per heartbeat so a restarted coordinator hears from us
-     * within two heartbeats. */
+    /* Until the coordinator tells us the heartbeat interval, redial every second. */
     if (auth_client_open(cfg->coordinator, token, &cfg->tls, cfg->max_message_bytes, 1000,
                          &m->client, &st) != DC_OK) {
         log_error("coordinator %s: %s", cfg->coordinator, st.message);
