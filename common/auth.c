@@ -206,8 +206,8 @@ auth_parse(const char *name, const char *data, size_t len, struct auth **out, dc
 dc_code
 auth_load(const char *path, struct auth **out, dc_status *st)
 {
-    char *data;
-    size_t len;
+    char *data = NULL;
+    size_t len = 0;
     dc_code code;
 
     if ((code = read_file(path, TOKENS_FILE_MAX, &data, &len, st)) != DC_OK) {
@@ -301,8 +301,8 @@ auth_check(const struct auth *a, const struct auth_rule *rules, size_t n_rules,
 dc_code
 auth_read_token_file(const char *path, char **out, dc_status *st)
 {
-    char *data, *start, *end;
-    size_t len;
+    char *data = NULL, *start, *end;
+    size_t len = 0;
     dc_code code;
 
     if ((code = read_file(path, 64 * 1024, &data, &len, st)) != DC_OK) {

@@ -547,7 +547,10 @@ registry_sweep(struct registry *r, uint64_t now_ms)
     pthread_rwlock_wrlock(&r->lock);
     for (size_t i = 0; i < r->n_order; i++) {
         struct reg_worker *w = r->order[i];
-        if (w->alive && now_ms - w->last_heartbeat_ms > r->opts.dead_after_ms) {
+        /* now_ms was read before the lock: a heartbeat may have landed since, later than
+         * it. Such a worker is not late. */
+        if (w->alive && now_ms > w->last_heartbeat_ms &&
+            now_ms - w->last_heartbeat_ms > r->opts.dead_after_ms) {
             struct died *grow = realloc(died, (n + 1) * sizeof(*died));
             w->alive          = false;
             if (grow == NULL) {
