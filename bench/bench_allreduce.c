@@ -1,0 +1,533 @@
+/*
+ * All-reduce bus bandwidth (issue 5, item 1): devcoord with 2 and 4 real devcoord-worker
+ * processes (one cpu:0 device each) against torch.distributed's gloo backend on the same
+ * number of processes over 127.0.0.1, and iperf3's single-stream loopback TCP throughput as
+ * the limit. f32 sum, tensors put once per size, then dc_submit repeated; the median op time
+ * gives bus bandwidth = 2(n-1)/n * bytes / time.
+ *
+ * devcoord's time is the whole dc_submit round trip: the client's call to the coordinator,
+ * validation and planning, the fan-out to every worker, the workers' ring exchange and the
+ * replies back. gloo's is one all_reduce call on rank 0 (no coordinator in its path).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "cluster.h"
+
+#define MAX_SIZES 16
+#define GB        1e9
+
+static const char usage[] = "usage: bench_allreduce [--quick] [--out DIR] [--build DIR]\n";
+
+struct point {
+    uint64_t bytes;
+    double median_s, min_s, max_s;
+    double coord_elapsed_s; /* the coordinator's own elapsed_us for the op, median */
+    unsigned reps;
+    int ok;
+};
+
+struct run {
+    unsigned workers;
+    struct point dc[MAX_SIZES];
+    struct point gloo[MAX_SIZES];
+    int have_gloo;
+};
+
+struct plan {
+    uint64_t sizes[MAX_SIZES];
+    size_t n_sizes;
+    double budget_s;
+    unsigned min_reps, max_reps;
+};
+
+static double
+busbw(unsigned n, uint64_t bytes, double seconds)
+{
+    if (seconds <= 0) {
+        return NAN;
+    }
+    return 2.0 * (n - 1) / n * (double)bytes / seconds;
+}
+
+static unsigned
+reps_for(const struct plan *p, double warm_s)
+{
+    double r = warm_s > 0 ? p->budget_s / warm_s : p->max_reps;
+
+    if (r < p->min_reps) {
+        return p->min_reps;
+    }
+    if (r > p->max_reps) {
+        return p->max_reps;
+    }
+    return (unsigned)r;
+}
+
+static int
+put_all(struct cluster *c, const char *name, uint64_t bytes)
+{
+    size_t n          = (size_t)(bytes / sizeof(float));
+    float *data       = malloc(n * sizeof(float));
+    uint64_t shape[1] = { n };
+    char dev[64];
+    dc_status st;
+    int rv = 0;
+
+    if (data == NULL) {
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        data[i] = 1e-3f;
+    }
+    for (size_t w = 0; w < c->n_workers && rv == 0; w++) {
+        snprintf(dev, sizeof(dev), "%s/cpu:0", c->worker_names[w]);
+        if (dc_tensor_put(c->client, dev, name, DC_DTYPE_F32, shape, 1, data, n * sizeof(float),
+                          &st) != DC_OK) {
+            fprintf(stderr, "bench_allreduce: put %s on %s: %s\n", name, dev, st.message);
+            rv = -1;
+        }
+    }
+    free(data);
+    return rv;
+}
+
+static void
+delete_all(struct cluster *c, const char *name)
+{
+    char dev[64];
+    dc_status st;
+
+    for (size_t w = 0; w < c->n_workers; w++) {
+        snprintf(dev, sizeof(dev), "%s/cpu:0", c->worker_names[w]);
+        dc_tensor_delete(c->client, dev, name, &st);
+    }
+}
+
+/* One timed all-reduce; seconds, or -1 on failure. */
+static double
+one_op(struct cluster *c, const dc_device_ref *devs, const char *name, double *coord_s)
+{
+    dc_op_request req = { .kind       = DC_OP_ALL_REDUCE,
+                          .reduce     = DC_REDUCE_SUM,
+                          .devices    = devs,
+                          .n_devices  = c->n_workers,
+                          .tensor     = name,
+                          .timeout_ms = 120000 };
+    dc_op_result *res = NULL;
+    dc_status st;
+    uint64_t t0  = bench_now_ns();
+    dc_code code = dc_submit(c->client, &req, &res, &st);
+    double s     = (double)(bench_now_ns() - t0) / 1e9;
+
+    if (code != DC_OK) {
+        fprintf(stderr, "bench_allreduce: all-reduce %s: %s: %s\n", name, dc_status_name(code),
+                st.message);
+        dc_op_result_free(res);
+        return -1;
+    }
+    if (coord_s != NULL) {
+        *coord_s = res != NULL ? (double)res->elapsed_us / 1e6 : 0;
+    }
+    dc_op_result_free(res);
+    return s;
+}
+
+static int
+run_devcoord(const struct bench_args *a, const struct plan *p, struct run *r)
+{
+    dc_device_ref devs[CLUSTER_MAX_WORKERS];
+    struct cluster c;
+    char tag[32], name[64];
+    int rv = 0;
+
+    snprintf(tag, sizeof(tag), "allreduce%u", r->workers);
+    if (cluster_start(&c, a, tag, NULL) != 0 || cluster_add_workers(&c, r->workers) != 0) {
+        cluster_stop(&c);
+        return -1;
+    }
+    for (size_t w = 0; w < r->workers; w++) {
+        cluster_device(&c, w, &devs[w]);
+    }
+    for (size_t i = 0; i < p->n_sizes && rv == 0; i++) {
+        struct point *pt = &r->dc[i];
+        double *times, *coord, warm = INFINITY, s;
+        unsigned reps;
+
+        pt->bytes = p->sizes[i];
+        snprintf(name, sizeof(name), "ar%llu", (unsigned long long)p->sizes[i]);
+        if (put_all(&c, name, p->sizes[i]) != 0) {
+            rv = -1;
+            break;
+        }
+        for (int k = 0; k < (p->sizes[i] >= (16u << 20) ? 1 : 2); k++) {
+            if ((s = one_op(&c, devs, name, NULL)) < 0) {
+                rv = -1;
+                break;
+            }
+            warm = s < warm ? s : warm;
+        }
+        if (rv != 0) {
+            break;
+        }
+        reps  = reps_for(p, warm);
+        times = calloc(reps, sizeof(*times));
+        coord = calloc(reps, sizeof(*coord));
+        if (times == NULL || coord == NULL) {
+            free(times);
+            free(coord);
+            rv = -1;
+            break;
+        }
+        for (unsigned k = 0; k < reps; k++) {
+            if ((times[k] = one_op(&c, devs, name, &coord[k])) < 0) {
+                rv = -1;
+                break;
+            }
+        }
+        if (rv == 0) {
+            pt->reps            = reps;
+            pt->median_s        = bench_percentile(times, reps, 50);
+            pt->min_s           = times[0];
+            pt->max_s           = times[reps - 1];
+            pt->coord_elapsed_s = bench_percentile(coord, reps, 50);
+            pt->ok              = 1;
+        }
+        free(times);
+        free(coord);
+        delete_all(&c, name);
+    }
+    cluster_stop(&c);
+    return rv;
+}
+
+static int
+run_gloo(const struct bench_args *a, const struct plan *p, struct run *r)
+{
+#ifdef BENCH_HAVE_TORCH
+    char script[1024], out[1024], log[1024], sizes[512], world[16], budget[32], minr[16], maxr[16];
+    char *argv[20], *text, *line, *end;
+    size_t len = 0;
+    pid_t pid;
+    int rc;
+
+    (void)a;
+    bench_source("peers/gloo_allreduce.py", script, sizeof(script));
+    snprintf(out, sizeof(out), "%s/gloo%u.txt", bench_tmpdir(), r->workers);
+    snprintf(log, sizeof(log), "%s/gloo%u.log", bench_tmpdir(), r->workers);
+    sizes[0] = '\0';
+    for (size_t i = 0; i < p->n_sizes; i++) {
+        size_t used = strlen(sizes);
+        snprintf(sizes + used, sizeof(sizes) - used, "%s%llu", i ? "," : "",
+                 (unsigned long long)p->sizes[i]);
+    }
+    snprintf(world, sizeof(world), "%u", r->workers);
+    snprintf(budget, sizeof(budget), "%.3f", p->budget_s);
+    snprintf(minr, sizeof(minr), "%u", p->min_reps);
+    snprintf(maxr, sizeof(maxr), "%u", p->max_reps);
+    argv[0]  = BENCH_PYTHON;
+    argv[1]  = script;
+    argv[2]  = "--world";
+    argv[3]  = world;
+    argv[4]  = "--sizes";
+    argv[5]  = sizes;
+    argv[6]  = "--budget";
+    argv[7]  = budget;
+    argv[8]  = "--min-reps";
+    argv[9]  = minr;
+    argv[10] = "--max-reps";
+    argv[11] = maxr;
+    argv[12] = "--out";
+    argv[13] = out;
+    argv[14] = NULL;
+    if ((pid = bench_spawn(argv, log)) < 0) {
+        return -1;
+    }
+    if ((rc = bench_wait(pid, 900000)) != 0) {
+        bench_kill(pid);
+        fprintf(stderr, "bench_allreduce: gloo peer failed (%d); log: %s\n", rc, log);
+        return -1;
+    }
+    if ((text = bench_read_file(out, &len)) == NULL) {
+        fprintf(stderr, "bench_allreduce: gloo peer wrote no %s\n", out);
+        return -1;
+    }
+    line = text;
+    while (*line != '\0') {
+        unsigned long long bytes;
+        errno = 0;
+        bytes = strtoull(line, &end, 10);
+        if (errno != 0 || end == line) {
+            break;
+        }
+        for (size_t i = 0; i < p->n_sizes; i++) {
+            if (p->sizes[i] == bytes) {
+                struct point *pt = &r->gloo[i];
+                char *e2;
+                pt->bytes    = bytes;
+                pt->median_s = strtod(end, &e2);
+                pt->reps     = (unsigned)strtoul(e2, &end, 10);
+                pt->min_s    = strtod(end, &e2);
+                pt->max_s    = strtod(e2, &end);
+                pt->ok       = pt->median_s > 0;
+            }
+        }
+        line = strchr(end, '\n');
+        if (line == NULL) {
+            break;
+        }
+        line++;
+    }
+    free(text);
+    r->have_gloo = 1;
+    return 0;
+#else
+    (void)a;
+    (void)p;
+    (void)r;
+    fprintf(stderr, "bench_allreduce: built without torch (python3-torch missing at configure "
+                    "time): no gloo peer\n");
+    return 0;
+#endif
+}
+
+/* iperf3 single-stream loopback TCP throughput in bytes/s, or NAN. */
+static double
+run_iperf(double seconds)
+{
+#ifdef BENCH_IPERF3
+    char port[16], dur[16], out[1024], slog[1024];
+    char *sargv[8], *cargv[12], *text, *at, *end;
+    double bps = NAN;
+    pid_t server, client;
+    int p = bench_free_port();
+
+    snprintf(port, sizeof(port), "%d", p);
+    snprintf(dur, sizeof(dur), "%.0f", seconds < 1 ? 1 : seconds);
+    snprintf(out, sizeof(out), "%s/iperf3.json", bench_tmpdir());
+    snprintf(slog, sizeof(slog), "%s/iperf3-server.log", bench_tmpdir());
+    sargv[0] = BENCH_IPERF3;
+    sargv[1] = "-s";
+    sargv[2] = "-1";
+    sargv[3] = "-B";
+    sargv[4] = "127.0.0.1";
+    sargv[5] = "-p";
+    sargv[6] = port;
+    sargv[7] = NULL;
+    if ((server = bench_spawn(sargv, slog)) < 0) {
+        return NAN;
+    }
+    bench_sleep_ms(300);
+    cargv[0] = BENCH_IPERF3;
+    cargv[1] = "-c";
+    cargv[2] = "127.0.0.1";
+    cargv[3] = "-p";
+    cargv[4] = port;
+    cargv[5] = "-t";
+    cargv[6] = dur;
+    cargv[7] = "-J";
+    cargv[8] = NULL;
+    unlink(out);
+    if ((client = bench_spawn(cargv, out)) < 0) {
+        bench_stop(server, 1000);
+        return NAN;
+    }
+    if (bench_wait(client, 60000) != 0) {
+        bench_kill(client);
+    }
+    bench_stop(server, 1000);
+    if ((text = bench_read_file(out, NULL)) == NULL) {
+        return NAN;
+    }
+    if ((at = strstr(text, "\"sum_received\"")) != NULL &&
+        (at = strstr(at, "\"bits_per_second\":")) != NULL) {
+        at += strlen("\"bits_per_second\":");
+        errno = 0;
+        bps   = strtod(at, &end);
+        if (errno != 0 || end == at) {
+            bps = NAN;
+        }
+    }
+    free(text);
+    return bps / 8;
+#else
+    (void)seconds;
+    fprintf(stderr, "bench_allreduce: iperf3 not found at configure time: no loopback limit\n");
+    return NAN;
+#endif
+}
+
+static void
+print_table(const struct plan *p, const struct run *r)
+{
+    printf("\nAll-reduce f32 sum, %u workers (one cpu:0 device each); bus bandwidth = "
+           "2(n-1)/n * bytes / median time\n",
+           r->workers);
+    printf("devcoord time = dc_submit round trip through the coordinator (validate, plan, "
+           "fan-out, ring exchange, replies)\n");
+    printf("%-8s | %12s %12s %10s %5s | %12s %10s %5s | %8s\n", "size", "devcoord", "(coord)",
+           "GB/s", "reps", "gloo", "GB/s", "reps", "dc/gloo");
+    for (size_t i = 0; i < p->n_sizes; i++) {
+        const struct point *d = &r->dc[i], *g = &r->gloo[i];
+        double bd = d->ok ? busbw(r->workers, d->bytes, d->median_s) / GB : NAN;
+        double bg = g->ok ? busbw(r->workers, g->bytes, g->median_s) / GB : NAN;
+        printf("%-8s | %10.1f us %10.1f us %10.3f %5u | %10.1f us %10.3f %5u | %7.2fx\n",
+               bench_size_text(p->sizes[i]), d->median_s * 1e6, d->coord_elapsed_s * 1e6, bd,
+               d->reps, g->median_s * 1e6, bg, g->reps, bd / bg);
+    }
+}
+
+static void
+json_points(FILE *f, const char *system, unsigned workers, const struct point *pts, size_t n)
+{
+    int first = 1;
+
+    fprintf(f, "    {\"system\": \"%s\", \"workers\": %u, \"points\": [", system, workers);
+    for (size_t i = 0; i < n; i++) {
+        if (!pts[i].ok) {
+            continue;
+        }
+        fprintf(f,
+                "%s\n      {\"bytes\": %llu, \"median_s\": %.9f, \"min_s\": %.9f, \"max_s\": "
+                "%.9f, \"reps\": %u, \"busbw_gbs\": %.4f",
+                first ? "" : ",", (unsigned long long)pts[i].bytes, pts[i].median_s, pts[i].min_s,
+                pts[i].max_s, pts[i].reps, busbw(workers, pts[i].bytes, pts[i].median_s) / GB);
+        if (strcmp(system, "devcoord") == 0) {
+            fprintf(f, ", \"coordinator_elapsed_s\": %.9f", pts[i].coord_elapsed_s);
+        }
+        fprintf(f, "}");
+        first = 0;
+    }
+    fprintf(f, "]}");
+}
+
+static size_t
+size_index(const struct plan *p, uint64_t bytes)
+{
+    for (size_t i = 0; i < p->n_sizes; i++) {
+        if (p->sizes[i] == bytes) {
+            return i;
+        }
+    }
+    return SIZE_MAX;
+}
+
+int
+main(int argc, char **argv)
+{
+    struct bench_args a;
+    struct plan p      = { 0 };
+    struct run runs[2] = { { .workers = 2 }, { .workers = 4 } };
+    struct bench_summary sum;
+    double loop;
+    size_t i16, i4;
+    FILE *f;
+    int rv;
+
+    bench_init();
+    if ((rv = bench_parse_args(argc, argv, &a, usage, NULL, NULL)) != 0) {
+        return rv;
+    }
+    if (a.quick) {
+        const uint64_t q[] = { 4096, 65536, 1u << 20, 16u << 20 };
+        memcpy(p.sizes, q, sizeof(q));
+        p.n_sizes  = 4;
+        p.budget_s = 0.5;
+        p.min_reps = 3;
+        p.max_reps = 20;
+    } else {
+        for (uint64_t s = 4096; s <= (64u << 20); s *= 4) {
+            p.sizes[p.n_sizes++] = s;
+        }
+        p.budget_s = 2.0;
+        p.min_reps = 5;
+        p.max_reps = 50;
+    }
+    loop = run_iperf(a.quick ? 1 : 3);
+    printf("loopback TCP (iperf3, one stream): %.3f GB/s\n", loop / GB);
+    for (size_t r = 0; r < 2; r++) {
+        printf("running devcoord all-reduce with %u workers ...\n", runs[r].workers);
+        fflush(stdout);
+        if (run_devcoord(&a, &p, &runs[r]) != 0) {
+            fprintf(stderr, "bench_allreduce: devcoord run with %u workers failed\n",
+                    runs[r].workers);
+        }
+        printf("running gloo all-reduce with %u processes ...\n", runs[r].workers);
+        fflush(stdout);
+        if (run_gloo(&a, &p, &runs[r]) != 0) {
+            fprintf(stderr, "bench_allreduce: gloo run with %u processes failed\n",
+                    runs[r].workers);
+        }
+        print_table(&p, &runs[r]);
+    }
+
+    if ((f = bench_result_open(&a, "allreduce.json")) != NULL) {
+        fprintf(f,
+                "{\"bench\": \"allreduce\",\n \"note\": \"devcoord time is the dc_submit round "
+                "trip through the coordinator (validate, plan, fan-out, ring exchange among the "
+                "workers, replies); gloo time is one all_reduce call on rank 0\",\n"
+                " \"dtype\": \"f32\", \"op\": \"sum\", \"loopback_tcp_gbs\": %.4f,\n"
+                " \"runs\": [\n",
+                loop / GB);
+        for (size_t r = 0; r < 2; r++) {
+            json_points(f, "devcoord", runs[r].workers, runs[r].dc, p.n_sizes);
+            fprintf(f, ",\n");
+            json_points(f, "gloo", runs[r].workers, runs[r].gloo, p.n_sizes);
+            fprintf(f, r == 0 ? ",\n" : "\n");
+        }
+        fprintf(f, " ]}\n");
+        fclose(f);
+    }
+    /* gnuplot data: bytes, then GB/s of devcoord and gloo at 2 and 4 workers, and loopback. */
+    if ((f = bench_result_open(&a, "allreduce.dat")) != NULL) {
+        fprintf(f, "# bytes dc2 gloo2 dc4 gloo4 loopback (GB/s)\n");
+        for (size_t i = 0; i < p.n_sizes; i++) {
+            fprintf(f, "%llu", (unsigned long long)p.sizes[i]);
+            for (size_t r = 0; r < 2; r++) {
+                const struct point *d = &runs[r].dc[i], *g = &runs[r].gloo[i];
+                fprintf(f, " %.4f %.4f",
+                        d->ok ? busbw(runs[r].workers, d->bytes, d->median_s) / GB : NAN,
+                        g->ok ? busbw(runs[r].workers, g->bytes, g->median_s) / GB : NAN);
+            }
+            fprintf(f, " %.4f\n", loop / GB);
+        }
+        fclose(f);
+    }
+
+    if (bench_summary_open(&sum, &a, "allreduce") == 0) {
+        i16 = size_index(&p, 16u << 20);
+        i4  = size_index(&p, 4096);
+        for (size_t r = 0; r < 2; r++) {
+            unsigned n = runs[r].workers;
+            if (i16 != SIZE_MAX) {
+                const struct point *d = &runs[r].dc[i16], *g = &runs[r].gloo[i16];
+                double bd = d->ok ? busbw(n, d->bytes, d->median_s) : NAN;
+                double bg = g->ok ? busbw(n, g->bytes, g->median_s) : NAN;
+                bench_summary_row(&sum, bench_fmt("all-reduce 16 MiB, %u workers: bus BW", n),
+                                  bench_fmt("%.3f GB/s", bd / GB),
+                                  g->ok ? bench_fmt("gloo %.3f GB/s", bg / GB) : "-", bd / bg,
+                                  ">= 1.6x gloo", isnan(bd / bg) ? -1 : bd / bg >= 1.6);
+                bench_summary_row(&sum, bench_fmt("all-reduce 16 MiB, %u workers: vs loopback", n),
+                                  bench_fmt("%.3f GB/s", bd / GB),
+                                  isnan(loop) ? "-" : bench_fmt("iperf3 %.3f GB/s", loop / GB),
+                                  bd / loop, ">= 0.75x loopback",
+                                  isnan(bd / loop) ? -1 : bd / loop >= 0.75);
+            }
+            if (i4 != SIZE_MAX) {
+                const struct point *d = &runs[r].dc[i4], *g = &runs[r].gloo[i4];
+                double ratio = d->ok && g->ok ? d->median_s / g->median_s : NAN;
+                bench_summary_row(&sum, bench_fmt("all-reduce 4 KiB, %u workers: time", n),
+                                  d->ok ? bench_fmt("%.1f us", d->median_s * 1e6) : "-",
+                                  g->ok ? bench_fmt("gloo %.1f us", g->median_s * 1e6) : "-", ratio,
+                                  "<= 1.0x gloo time", isnan(ratio) ? -1 : ratio <= 1.0);
+            }
+        }
+        bench_summary_close(&sum);
+    }
+    return 0;
+}

@@ -1,0 +1,200 @@
+#include "cluster.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#define START_TIMEOUT_MS 15000
+
+static void
+log_path(const struct cluster *c, const char *who, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s/%s-%s.log", bench_tmpdir(), c->tag, who);
+}
+
+int
+cluster_start(struct cluster *c, const struct bench_args *args, const char *tag,
+              const struct cluster_opts *opts)
+{
+    char server[1024], config[1024], log[1024], yaml[2048];
+    char *argv[8];
+    dc_client_options co = { .fail_fast = false, .timeout_ms = 60000 };
+    uint64_t end;
+    dc_status st;
+    int port;
+
+    memset(c, 0, sizeof(*c));
+    c->args = args;
+    snprintf(c->tag, sizeof(c->tag), "%s", tag);
+    if ((port = bench_free_port()) == 0) {
+        fprintf(stderr, "bench: no free port\n");
+        return -1;
+    }
+    snprintf(c->address, sizeof(c->address), "tcp://127.0.0.1:%d", port);
+    snprintf(yaml, sizeof(yaml), "listen: %s\nheartbeat: {interval_ms: %u, dead_after_ms: %u}\n%s",
+             c->address,
+             opts != NULL && opts->heartbeat_interval_ms ? opts->heartbeat_interval_ms : 1000,
+             opts != NULL && opts->dead_after_ms ? opts->dead_after_ms : 5000,
+             opts != NULL && opts->extra_yaml != NULL ? opts->extra_yaml : "");
+    snprintf(config, sizeof(config), "%s/%s-coordinator.yaml", bench_tmpdir(), tag);
+    if (bench_write_file(config, yaml) != 0) {
+        fprintf(stderr, "bench: cannot write %s\n", config);
+        return -1;
+    }
+    bench_binary(args, "server/coordinator/devcoord-server", server, sizeof(server));
+    log_path(c, "coordinator", log, sizeof(log));
+    argv[0] = server;
+    argv[1] = "--config";
+    argv[2] = config;
+    argv[3] = "--http";
+    argv[4] = "";
+    argv[5] = NULL;
+    if ((c->coordinator = bench_spawn(argv, log)) < 0) {
+        return -1;
+    }
+    if (dc_client_open(c->address, &co, &c->client, &st) != DC_OK) {
+        fprintf(stderr, "bench: client: %s\n", st.message);
+        cluster_stop(c);
+        return -1;
+    }
+    end = bench_now_ns() + (uint64_t)START_TIMEOUT_MS * 1000000u;
+    while (dc_health(c->client, &st) != DC_OK) {
+        if (bench_now_ns() > end || bench_wait(c->coordinator, 0) >= 0) {
+            fprintf(stderr, "bench: coordinator did not come up (%s); log: %s\n", st.message, log);
+            c->coordinator = 0;
+            cluster_stop(c);
+            return -1;
+        }
+        bench_sleep_ms(20);
+    }
+    return 0;
+}
+
+/* Number of the named workers that the registry lists alive. */
+static size_t
+alive_count(struct cluster *c, size_t first, size_t n)
+{
+    dc_worker_list *list = NULL;
+    size_t alive         = 0;
+    dc_status st;
+
+    if (dc_list_workers(c->client, &list, &st) != DC_OK) {
+        return 0;
+    }
+    for (size_t i = 0; i < list->n; i++) {
+        for (size_t k = first; k < first + n; k++) {
+            if (strcmp(list->workers[i].name, c->worker_names[k]) == 0 &&
+                list->workers[i].state == DC_WORKER_ALIVE) {
+                alive++;
+            }
+        }
+    }
+    dc_worker_list_free(list);
+    return alive;
+}
+
+int
+cluster_add_workers(struct cluster *c, size_t n)
+{
+    char worker[1024], log[1024], listen[64];
+    size_t first = c->n_workers;
+    char *argv[12];
+    uint64_t end;
+
+    if (first + n > CLUSTER_MAX_WORKERS) {
+        fprintf(stderr, "bench: at most %d workers\n", CLUSTER_MAX_WORKERS);
+        return -1;
+    }
+    bench_binary(c->args, "server/worker/devcoord-worker", worker, sizeof(worker));
+    for (size_t i = first; i < first + n; i++) {
+        int port = bench_free_port();
+        if (port == 0) {
+            return -1;
+        }
+        snprintf(c->worker_names[i], sizeof(c->worker_names[i]), "w%zu", i);
+        snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", port);
+        log_path(c, c->worker_names[i], log, sizeof(log));
+        argv[0] = worker;
+        argv[1] = "--name";
+        argv[2] = c->worker_names[i];
+        argv[3] = "--coordinator";
+        argv[4] = c->address;
+        argv[5] = "--listen";
+        argv[6] = listen;
+        argv[7] = NULL;
+        if ((c->workers[i] = bench_spawn(argv, log)) < 0) {
+            return -1;
+        }
+        c->n_workers++;
+    }
+    end = bench_now_ns() + (uint64_t)START_TIMEOUT_MS * 1000000u;
+    while (alive_count(c, first, n) < n) {
+        if (bench_now_ns() > end) {
+            fprintf(stderr, "bench: workers did not register; logs in %s\n", bench_tmpdir());
+            return -1;
+        }
+        bench_sleep_ms(20);
+    }
+    return 0;
+}
+
+int
+cluster_wait_worker_state(struct cluster *c, const char *name, dc_worker_state state,
+                          unsigned timeout_ms)
+{
+    uint64_t end = bench_now_ns() + (uint64_t)timeout_ms * 1000000u;
+
+    for (;;) {
+        dc_worker_list *list = NULL;
+        dc_status st;
+        int found = 0;
+        if (dc_list_workers(c->client, &list, &st) == DC_OK) {
+            for (size_t i = 0; i < list->n; i++) {
+                if (strcmp(list->workers[i].name, name) == 0 && list->workers[i].state == state) {
+                    found = 1;
+                }
+            }
+            dc_worker_list_free(list);
+        }
+        if (found) {
+            return 0;
+        }
+        if (bench_now_ns() > end) {
+            return -1;
+        }
+        bench_sleep_ms(2);
+    }
+}
+
+void
+cluster_stop(struct cluster *c)
+{
+    for (size_t i = 0; i < c->n_workers; i++) {
+        if (c->workers[i] > 0) {
+            kill(-c->workers[i], SIGTERM);
+        }
+    }
+    for (size_t i = 0; i < c->n_workers; i++) {
+        bench_stop(c->workers[i], 3000);
+        c->workers[i] = 0;
+    }
+    c->n_workers = 0;
+    if (c->client != NULL) {
+        dc_client_close(c->client);
+        c->client = NULL;
+    }
+    if (c->coordinator > 0) {
+        bench_stop(c->coordinator, 3000);
+        c->coordinator = 0;
+    }
+}
+
+void
+cluster_device(const struct cluster *c, size_t worker, dc_device_ref *out)
+{
+    memset(out, 0, sizeof(*out));
+    snprintf(out->worker, sizeof(out->worker), "%s", c->worker_names[worker]);
+    out->device.backend = DC_BACKEND_CPU;
+    out->device.kind    = DC_KIND_NONE;
+    out->device.index   = 0;
+}
