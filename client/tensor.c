@@ -229,6 +229,8 @@ dc_tensor_put(dc_client *c, const char *device, const char *name, dc_dtype dtype
                 chunk_shrink(t.conn, len);
                 rpc_reply_free(&r);
                 status_clear(st);
+                /* The refused chunk may have landed after all: start a new upload. */
+                req.upload_id = upload_id_new();
                 continue;
             }
             status_set_worker(st, t.info.worker);

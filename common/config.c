@@ -33,6 +33,8 @@
 #define DEFAULT_MAX_MESSAGE_BYTES  4194304
 #define MIN_MAX_MESSAGE_BYTES      4096
 #define MAX_MAX_MESSAGE_BYTES      (1024ULL * 1024 * 1024)
+#define MAX_MAX_TENSOR_BYTES       (1ULL << 40)
+#define DEFAULT_MAX_TENSOR_BYTES   (4ULL << 30)
 
 _Static_assert(sizeof(unsigned long long) == sizeof(uint64_t), "strtoull must fill a uint64_t");
 
@@ -1208,6 +1210,11 @@ static const struct field worker_limits_fields[] = {
       .min    = MIN_MAX_MESSAGE_BYTES,
       .max    = MAX_MAX_MESSAGE_BYTES,
       .offset = offsetof(struct config_worker, max_message_bytes) },
+    { .name   = "max_tensor_bytes",
+      .parse  = field_size,
+      .min    = 1,
+      .max    = MAX_MAX_TENSOR_BYTES,
+      .offset = offsetof(struct config_worker, max_tensor_bytes) },
     { .name = NULL },
 };
 
@@ -1414,6 +1421,7 @@ config_worker_defaults(struct config_worker *cfg, dc_status *st)
     for (int b = DC_BACKEND_CPU; b < DC_BACKEND_COUNT; b++) {
         cfg->collectives[b] = true;
     }
+    cfg->max_tensor_bytes  = DEFAULT_MAX_TENSOR_BYTES;
     cfg->max_message_bytes = DEFAULT_MAX_MESSAGE_BYTES;
     cfg->log.level         = LOG_INFO;
     cfg->log.format        = LOG_FORMAT_TEXT;

@@ -75,6 +75,7 @@ struct config_worker {
      * default (key absent): every backend. */
     bool collectives[DC_BACKEND_COUNT];
     uint64_t max_message_bytes; /* limits.max_message_bytes, default 4194304 */
+    uint64_t max_tensor_bytes;  /* limits.max_tensor_bytes, default 4 GiB */
     struct config_tls tls;
     struct config_log log;
 };

@@ -440,7 +440,10 @@ dc_device_format(const dc_device *dev, char *buf, size_t cap)
 size_t
 dc_device_ref_format(const dc_device_ref *ref, char *buf, size_t cap)
 {
-    size_t n = 0;
+    /* A reference built by hand may claim any depth: write at most what parsing allows, so
+     * DC_DEVICE_TEXT_SIZE always suffices. */
+    uint32_t depth = ref->autodiff_depth < DC_AUTODIFF_MAX ? ref->autodiff_depth : DC_AUTODIFF_MAX;
+    size_t n       = 0;
 
     if (cap > 0) {
         buf[0] = '\0';
@@ -449,11 +452,11 @@ dc_device_ref_format(const dc_device_ref *ref, char *buf, size_t cap)
         put_str(buf, cap, &n, ref->worker);
         put_str(buf, cap, &n, "/");
     }
-    for (uint32_t i = 0; i < ref->autodiff_depth; i++) {
+    for (uint32_t i = 0; i < depth; i++) {
         put_str(buf, cap, &n, AUTODIFF_OPEN);
     }
     n += dc_device_format(&ref->device, n < cap ? buf + n : NULL, n < cap ? cap - n : 0);
-    for (uint32_t i = 0; i < ref->autodiff_depth; i++) {
+    for (uint32_t i = 0; i < depth; i++) {
         put_str(buf, cap, &n, ")");
     }
     return n;
@@ -519,6 +522,12 @@ device_ref_from_pb(const Devcoord__V1__DeviceRef *pb, dc_device_ref *out, dc_sta
     }
     if ((rv = device_from_pb(pb->device, &out->device, st)) != DC_OK) {
         return rv;
+    }
+    /* The text form allows 16 levels; so does the wire (it is a counter, not a nest, but a
+     * huge one would make formatting, and every message naming the device, unbounded). */
+    if (pb->autodiff_depth > DC_AUTODIFF_MAX) {
+        return status_set(st, DC_INVALID_ARGUMENT, "autodiff depth %u exceeds %d",
+                          pb->autodiff_depth, DC_AUTODIFF_MAX);
     }
     memcpy(out->worker, pb->worker, wlen);
     out->worker[wlen]   = '\0';

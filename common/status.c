@@ -59,7 +59,7 @@ status_clear(dc_status *st)
     st->message[0]   = '\0';
 }
 
-static dc_code
+static __attribute__((format(printf, 4, 0))) dc_code
 status_vset(dc_status *st, dc_code code, int32_t index, const char *fmt, va_list ap)
 {
     if (st == NULL) {

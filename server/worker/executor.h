@@ -45,6 +45,8 @@ struct executor_ops {
     dc_code (*list)(struct executor *ex, const dc_device *dev,
                     void (*fn)(void *arg, const char *name, const struct tensor *t), void *arg,
                     dc_status *st);
+    /* Whether dev is one of this executor's devices. */
+    bool (*has_device)(struct executor *ex, const dc_device *dev);
     void (*destroy)(struct executor *ex);
 };
 

@@ -96,7 +96,9 @@ host_create(struct executor *ex, dc_dtype dtype, const uint64_t *shape, size_t n
     atomic_store(&t->refs, 1);
     t->dtype = dtype;
     t->ndim  = ndim;
-    memcpy(t->shape, shape, ndim * sizeof(*shape));
+    if (ndim > 0) {
+        memcpy(t->shape, shape, ndim * sizeof(*shape));
+    }
     t->elements   = elements;
     t->size_bytes = bytes;
     *out          = t;
@@ -194,6 +196,18 @@ host_list(struct executor *ex, const dc_device *dev,
     return DC_OK;
 }
 
+static bool
+host_has_device(struct executor *ex, const dc_device *dev)
+{
+    struct host_executor *h = (struct host_executor *)ex;
+    bool found;
+
+    pthread_mutex_lock(&h->mtx);
+    found = host_find(h, dev) != NULL;
+    pthread_mutex_unlock(&h->mtx);
+    return found;
+}
+
 static void
 host_destroy(struct executor *ex)
 {
@@ -217,8 +231,9 @@ static const struct executor_ops host_ops = {
     .store   = host_store,
     .lookup  = host_lookup,
     .remove  = host_remove,
-    .list    = host_list,
-    .destroy = host_destroy,
+    .list       = host_list,
+    .has_device = host_has_device,
+    .destroy    = host_destroy,
 };
 
 struct executor *

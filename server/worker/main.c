@@ -142,7 +142,8 @@ main(int argc, char **argv)
         goto out;
     }
     if ((w->executor = worker_executor_new(&w->cfg)) == NULL ||
-        (w->tensors = tensors_new(w->executor, w->cfg.max_message_bytes)) == NULL) {
+        (w->tensors = tensors_new(w->executor, w->cfg.max_message_bytes,
+                                  w->cfg.max_tensor_bytes)) == NULL) {
         log_error("out of memory");
         goto out;
     }

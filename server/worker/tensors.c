@@ -10,32 +10,38 @@
 #include "rpc.h"
 #include "status.h"
 
-/* One upload in progress. */
+/* One upload in progress. Chunks are taken in order: `received` is claimed before a chunk's
+ * bytes are copied, `copying` counts copies under way, and the upload completes when the
+ * last byte is claimed and no copy is left. */
 struct upload {
     uint64_t id;
     dc_device device;
     char name[TENSOR_NAME_MAX + 1];
     struct tensor *tensor;
     size_t received;
+    unsigned copying;
     uint64_t touched_ms;
 };
 
 struct tensors {
     struct executor *ex;
     size_t chunk; /* largest attachment a reply may carry */
+    uint64_t max_tensor;
     pthread_mutex_t mtx;
+    uint64_t pending; /* bytes of the uploads in progress */
     struct upload uploads[UPLOADS_MAX];
 };
 
 struct tensors *
-tensors_new(struct executor *ex, size_t max_message_bytes)
+tensors_new(struct executor *ex, size_t max_message_bytes, uint64_t max_tensor_bytes)
 {
     struct tensors *t = calloc(1, sizeof(*t));
 
     if (t == NULL) {
         return NULL;
     }
-    t->ex    = ex;
+    t->ex         = ex;
+    t->max_tensor = max_tensor_bytes;
     t->chunk = max_message_bytes > 2 * RPC_FRAME_OVERHEAD ? max_message_bytes - RPC_FRAME_OVERHEAD
                                                           : RPC_FRAME_OVERHEAD;
     pthread_mutex_init(&t->mtx, NULL);
@@ -86,7 +92,9 @@ upload_slot(struct tensors *t, uint64_t id, uint64_t now)
         if (u->tensor != NULL && u->id == id) {
             return u;
         }
-        if (u->tensor != NULL && now - u->touched_ms > UPLOAD_IDLE_MS) {
+        if (u->tensor != NULL && u->copying == 0 && now > u->touched_ms &&
+            now - u->touched_ms > UPLOAD_IDLE_MS) {
+            t->pending -= u->tensor->size_bytes;
             tensor_release(u->tensor);
             u->tensor = NULL;
         }
@@ -118,18 +126,31 @@ tensors_put(struct tensors *t, const Devcoord__V1__PutTensorRequest *in,
         return;
     }
     if (in->n_shape > DC_TENSOR_MAX_DIMS ||
-        !tensor_size((dc_dtype)in->dtype, in->shape, in->n_shape, &elements, &bytes) ||
-        bytes > TENSOR_MAX_BYTES) {
+        !tensor_size((dc_dtype)in->dtype, in->shape, in->n_shape, &elements, &bytes)) {
         status_set(&st, DC_INVALID_ARGUMENT,
-                   "invalid tensor: a dtype (f32, f64, i32, i64), at most %d dimensions and at "
-                   "most %llu bytes",
-                   DC_TENSOR_MAX_DIMS, (unsigned long long)TENSOR_MAX_BYTES);
+                   "invalid tensor: a dtype (f32, f64, i32, i64) and at most %d dimensions",
+                   DC_TENSOR_MAX_DIMS);
+        fail(cd, (ProtobufCClosure)closure, &st);
+        return;
+    }
+    if (bytes > t->max_tensor) {
+        status_set(&st, DC_RESOURCE_EXHAUSTED,
+                   "a %zu-byte tensor is over this worker's limits.max_tensor_bytes (%llu)", bytes,
+                   (unsigned long long)t->max_tensor);
         fail(cd, (ProtobufCClosure)closure, &st);
         return;
     }
     if (in->offset > bytes || len > bytes - in->offset) {
         status_set(&st, DC_OUT_OF_RANGE, "chunk [%llu, +%zu) outside a %zu-byte tensor",
                    (unsigned long long)in->offset, len, bytes);
+        fail(cd, (ProtobufCClosure)closure, &st);
+        return;
+    }
+    /* Checked before anything is allocated for it. */
+    if (!ex->ops->has_device(ex, &dev)) {
+        char text[DC_DEVICE_TEXT_SIZE];
+        dc_device_format(&dev, text, sizeof(text));
+        status_set(&st, DC_NOT_FOUND, "device %s is not on this worker", text);
         fail(cd, (ProtobufCClosure)closure, &st);
         return;
     }
@@ -142,53 +163,80 @@ tensors_put(struct tensors *t, const Devcoord__V1__PutTensorRequest *in,
         return;
     }
     if (u->tensor == NULL) {
+        if (in->offset != 0) {
+            pthread_mutex_unlock(&t->mtx);
+            status_set(&st, DC_FAILED_PRECONDITION,
+                       "upload %llu is unknown here (expired?): start again from offset 0",
+                       (unsigned long long)in->upload_id);
+            fail(cd, (ProtobufCClosure)closure, &st);
+            return;
+        }
+        if (t->pending + bytes > 2 * t->max_tensor) {
+            pthread_mutex_unlock(&t->mtx);
+            status_set(&st, DC_RESOURCE_EXHAUSTED,
+                       "uploads in progress already hold %llu bytes; try again later",
+                       (unsigned long long)t->pending);
+            fail(cd, (ProtobufCClosure)closure, &st);
+            return;
+        }
         if (ex->ops->create(ex, (dc_dtype)in->dtype, in->shape, in->n_shape, &u->tensor, &st) !=
             DC_OK) {
             pthread_mutex_unlock(&t->mtx);
             fail(cd, (ProtobufCClosure)closure, &st);
             return;
         }
-        u->id       = in->upload_id;
-        u->device   = dev;
-        u->received = 0;
+        t->pending += bytes;
+        u->id         = in->upload_id;
+        u->device     = dev;
+        u->received   = 0;
+        u->copying    = 0;
+        u->touched_ms = now;
         snprintf(u->name, sizeof(u->name), "%s", in->name);
     } else if (u->tensor->size_bytes != bytes || u->tensor->dtype != (dc_dtype)in->dtype ||
-               strcmp(u->name, in->name) != 0) {
+               strcmp(u->name, in->name) != 0 ||
+               device_ref_compare_concrete(&(dc_device_ref){ .device = u->device },
+                                           &(dc_device_ref){ .device = dev }) != 0) {
         pthread_mutex_unlock(&t->mtx);
         status_set(&st, DC_INVALID_ARGUMENT, "chunk does not match upload %llu",
                    (unsigned long long)in->upload_id);
         fail(cd, (ProtobufCClosure)closure, &st);
         return;
     }
-    /* Chunks of one upload cover disjoint ranges, so the copy needs no lock; the count
-     * decides completion. */
-    tensor_retain(u->tensor);
-    done = u->tensor;
-    pthread_mutex_unlock(&t->mtx);
-    memcpy((uint8_t *)done->data + in->offset, data, len);
-    pthread_mutex_lock(&t->mtx);
-    if (u->tensor == done && u->id == in->upload_id) {
-        u->received += len;
-        u->touched_ms      = now;
-        out.received_bytes = u->received;
-        if (u->received >= bytes) {
-            out.complete = true;
-            u->tensor    = NULL;
-            tensor_release(done); /* the slot's reference; ours goes to the store */
-        }
-    } else {
-        status_set(&st, DC_ABORTED, "upload %llu expired", (unsigned long long)in->upload_id);
-    }
-    pthread_mutex_unlock(&t->mtx);
-    if (st.code == DC_OK && out.complete &&
-        ex->ops->store(ex, &dev, in->name, done, &st) != DC_OK) {
-        out.complete = false;
-    }
-    tensor_release(done);
-    if (st.code != DC_OK) {
+    if (in->offset != u->received) {
+        size_t expected = u->received;
+        pthread_mutex_unlock(&t->mtx);
+        status_set(&st, DC_FAILED_PRECONDITION,
+                   "upload %llu expects its chunk at offset %zu, got %llu",
+                   (unsigned long long)in->upload_id, expected, (unsigned long long)in->offset);
         fail(cd, (ProtobufCClosure)closure, &st);
         return;
     }
+    /* Claim the range, copy without the lock, then see whether this was the last byte. */
+    u->received += len;
+    u->copying++;
+    u->touched_ms = now;
+    done          = u->tensor;
+    tensor_retain(done);
+    pthread_mutex_unlock(&t->mtx);
+    if (len > 0) {
+        memcpy((uint8_t *)done->data + in->offset, data, len);
+    }
+    pthread_mutex_lock(&t->mtx);
+    u->copying--;
+    out.received_bytes = u->received;
+    if (u->received == bytes && u->copying == 0) {
+        out.complete = true;
+        u->tensor    = NULL;
+        t->pending -= bytes;
+        tensor_release(done); /* the slot's reference; ours goes to the store */
+    }
+    pthread_mutex_unlock(&t->mtx);
+    if (out.complete && ex->ops->store(ex, &dev, in->name, done, &st) != DC_OK) {
+        tensor_release(done);
+        fail(cd, (ProtobufCClosure)closure, &st);
+        return;
+    }
+    tensor_release(done);
     closure(&out, cd);
 }
 
@@ -226,9 +274,9 @@ tensors_get(struct tensors *t, const Devcoord__V1__GetTensorRequest *in,
         return;
     }
     if (in->offset > tn->size_bytes) {
-        tensor_release(tn);
         status_set(&st, DC_OUT_OF_RANGE, "offset %llu past the end of a %zu-byte tensor",
                    (unsigned long long)in->offset, tn->size_bytes);
+        tensor_release(tn);
         fail(cd, (ProtobufCClosure)closure, &st);
         return;
     }

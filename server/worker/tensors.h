@@ -1,8 +1,9 @@
 /*
  * The tensor methods of the Worker service: chunked uploads (PutTensor), chunked reads
- * (GetTensor), DeleteTensor and ListTensors over the executor. An upload collects its chunks
- * in a tensor nobody sees until its last byte lands; then it replaces the old one. Uploads
- * idle for a minute are dropped.
+ * (GetTensor), DeleteTensor and ListTensors over the executor. An upload's chunks come in
+ * order and fill a tensor nobody sees until its last byte lands; then it replaces the old
+ * one. Uploads idle for a minute are dropped. A tensor is at most max_tensor_bytes, and the
+ * uploads in progress together at most twice that.
  */
 #ifndef DEVCOORD_WORKER_TENSORS_H
 #define DEVCOORD_WORKER_TENSORS_H
@@ -16,7 +17,8 @@
 
 struct tensors;
 
-struct tensors *tensors_new(struct executor *ex, size_t max_message_bytes);
+struct tensors *tensors_new(struct executor *ex, size_t max_message_bytes,
+                            uint64_t max_tensor_bytes);
 void tensors_free(struct tensors *t);
 
 void tensors_put(struct tensors *t, const Devcoord__V1__PutTensorRequest *in,

@@ -90,6 +90,7 @@ assert_worker_defaults(const struct config_worker *w)
         assert_true(w->collectives[b]);
     }
     assert_int_equal(w->max_message_bytes, 4194304);
+    assert_true(w->max_tensor_bytes == (4ULL << 30));
     assert_null(w->tls.cert);
     assert_null(w->tls.key);
     assert_null(w->tls.ca);
@@ -248,7 +249,7 @@ static const char worker_full[] = "name: node-a\n"
                                   "    healthy: yes\n"
                                   "  - {device: libtorch, memory: 1000000}\n"
                                   "collectives: [cuda, remote]\n"
-                                  "limits: {max_message_bytes: 16MiB}\n"
+                                  "limits: {max_message_bytes: 16MiB, max_tensor_bytes: 2GiB}\n"
                                   "tls:\n"
                                   "  cert: /etc/devcoord/worker.pem\n"
                                   "  key: /etc/devcoord/worker.key\n"
@@ -303,6 +304,7 @@ test_worker_full(void **state)
         assert_int_equal(w.collectives[b], b == DC_BACKEND_CUDA || b == DC_BACKEND_REMOTE);
     }
     assert_int_equal(w.max_message_bytes, 16777216);
+    assert_true(w.max_tensor_bytes == (2ULL << 30));
     assert_string_equal(w.tls.cert, "/etc/devcoord/worker.pem");
     assert_string_equal(w.tls.key, "/etc/devcoord/worker.key");
     assert_string_equal(w.tls.ca, "/etc/devcoord/ca.pem");
@@ -514,7 +516,7 @@ static const struct bad worker_bad[] = {
     { "limits: {max_message_bytes: 1KiB}\n", NAME ":1:29: key 'limits.max_message_bytes': ",
       "must be between 4096 and 1073741824, found 1024" },
     { "limits: {op_timeout_ms: 5}\n", NAME ":1:10: key 'limits.op_timeout_ms': ",
-      "unknown key (expected one of: max_message_bytes)" },
+      "unknown key (expected one of: max_message_bytes, max_tensor_bytes)" },
     { "tls: {cert: a}\n", NAME ":1:13: key 'tls.cert': ", "needs tls.key" },
     { "log: {format: yaml}\n", NAME ":1:15: key 'log.format': ", "unknown log format 'yaml'" },
 };
