@@ -538,28 +538,6 @@ dc_device_list_free(dc_device_list *list)
     free(list);
 }
 
-/* Worker, then backend, kind and index as numbers, so cuda:2 sorts before cuda:10. */
-static int
-device_info_compare(const void *pa, const void *pb)
-{
-    const dc_device_info *a = pa, *b = pb;
-    int c = strcmp(a->worker, b->worker);
-
-    if (c != 0) {
-        return c;
-    }
-    if (a->device.backend != b->device.backend) {
-        return a->device.backend < b->device.backend ? -1 : 1;
-    }
-    if (a->device.kind != b->device.kind) {
-        return a->device.kind < b->device.kind ? -1 : 1;
-    }
-    if (a->device.index != b->device.index) {
-        return a->device.index < b->device.index ? -1 : 1;
-    }
-    return strcmp(a->name, b->name);
-}
-
 dc_code
 dc_list_devices(dc_client *c, const dc_device_filter *filter, dc_device_list **out, dc_status *st)
 {
@@ -611,6 +589,10 @@ dc_list_devices(dc_client *c, const dc_device_filter *filter, dc_device_list **o
         if (resp->n_devices > cap - list->n) {
             size_t want = list->n + resp->n_devices;
             dc_device_info *grow;
+            /* Grow geometrically: a 100k-device listing comes in several pages. */
+            if (want < 2 * cap && 2 * cap <= SIZE_MAX / sizeof(*grow)) {
+                want = 2 * cap;
+            }
             if (want < list->n || want > SIZE_MAX / sizeof(*grow) ||
                 (grow = realloc(list->devices, want * sizeof(*grow))) == NULL) {
                 code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
@@ -642,9 +624,7 @@ dc_list_devices(dc_client *c, const dc_device_filter *filter, dc_device_list **o
         }
         rpc_reply_free(&r);
     }
-    if (list->n > 1) {
-        qsort(list->devices, list->n, sizeof(*list->devices), device_info_compare);
-    }
+    /* The pages come in registry order already: by worker, then by device. */
     *out = list;
     list = NULL;
 out:

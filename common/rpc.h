@@ -57,7 +57,12 @@ struct rpc_server_opts {
     rpc_observe_fn observe;
     void *observe_arg;
     nng_tls_config *tls; /* for tls+tcp:// urls; the server takes a hold on it */
+    /* NULL-terminated names of methods whose handlers are cheap and never wait: they run on
+     * nng's callback thread, saving a hand-off. Everything else runs on the server threads. */
+    const char *const *inline_methods;
 };
+
+#define RPC_MAX_METHODS 64
 
 dc_code rpc_server_start(const struct rpc_server_opts *opts, struct rpc_server **out,
                          dc_status *st);

@@ -47,7 +47,9 @@ struct rpc_server {
     void *observe_arg;
 
     pthread_mutex_t mtx;
-    pthread_cond_t cv; /* work queued, or a call answered */
+    pthread_cond_t cv;      /* work queued */
+    pthread_cond_t idle_cv; /* the last call answered, once closing */
+    bool inline_method[RPC_MAX_METHODS];
     struct rpc_call *head, *tail;
     bool closing;
     bool threads_exit;
@@ -193,8 +195,9 @@ rpc_call_answer(const ProtobufCMessage *body, void *data)
     if (rv != 0) {
         /* Not even an error reply could be built: drop the request; the client times out. */
         pthread_mutex_lock(&s->mtx);
-        s->busy--;
-        pthread_cond_broadcast(&s->cv);
+        if (--s->busy == 0 && s->closing) {
+            pthread_cond_broadcast(&s->idle_cv);
+        }
         if (!s->closing) {
             rpc_call_arm(call);
         }
@@ -275,9 +278,10 @@ rpc_request_close(struct rpc_request *r)
     memset(r, 0, sizeof(*r));
 }
 
-/* Decodes and dispatches one request on a server thread. */
-static void
-rpc_call_dispatch(struct rpc_call *call)
+/* Decodes the envelope of a received request: true when the call goes on to a handler,
+ * false when it has been answered already (undecodable, unknown method). */
+static bool
+rpc_call_open(struct rpc_call *call)
 {
     struct rpc_server *s  = call->server;
     struct rpc_request *r = &call->request;
@@ -293,9 +297,19 @@ rpc_call_dispatch(struct rpc_call *call)
     }
     if (code != DC_OK) {
         rpc_call_answer(NULL, call);
-        return;
+        return false;
     }
     call->method = r->method;
+    return true;
+}
+
+/* Checks deadline and token, decodes the body and hands the call to its handler. */
+static void
+rpc_call_dispatch(struct rpc_call *call)
+{
+    struct rpc_server *s  = call->server;
+    struct rpc_request *r = &call->request;
+
     if (s->closing) {
         rpc_call_fail(call, DC_UNAVAILABLE, "server shutting down");
         return;
@@ -392,8 +406,10 @@ rpc_call_cb(void *arg)
             nng_msg_free(nng_aio_get_msg(call->aio));
         }
         pthread_mutex_lock(&s->mtx);
-        s->busy--;
-        pthread_cond_broadcast(&s->cv);
+        /* Only rpc_server_free waits for calls to end, and only once closing. */
+        if (--s->busy == 0 && s->closing) {
+            pthread_cond_broadcast(&s->idle_cv);
+        }
         if (!s->closing) {
             rpc_call_arm(call);
         }
@@ -415,6 +431,18 @@ rpc_call_cb(void *arg)
     nng_aio_set_msg(call->aio, NULL);
     pthread_mutex_lock(&s->mtx);
     s->busy++;
+    pthread_mutex_unlock(&s->mtx);
+    if (!rpc_call_open(call)) {
+        return;
+    }
+    /* Cheap methods run here, on nng's thread: no hand-off. They never wait; the rest goes
+     * to the server threads. */
+    if (s->inline_method[call->method - s->service->descriptor->methods]) {
+        rpc_server_grow(s);
+        rpc_call_dispatch(call);
+        return;
+    }
+    pthread_mutex_lock(&s->mtx);
     call->next = NULL;
     if (s->tail != NULL) {
         s->tail->next = call;
@@ -439,7 +467,22 @@ rpc_server_start(const struct rpc_server_opts *opts, struct rpc_server **out, dc
     }
     pthread_mutex_init(&s->mtx, NULL);
     pthread_cond_init(&s->cv, NULL);
+    pthread_cond_init(&s->idle_cv, NULL);
     s->service       = opts->service;
+    if (s->service->descriptor->n_methods > RPC_MAX_METHODS) {
+        code = status_set(st, DC_INTERNAL, "service with more than %d methods", RPC_MAX_METHODS);
+        goto fail;
+    }
+    for (size_t i = 0; opts->inline_methods != NULL && opts->inline_methods[i] != NULL; i++) {
+        const ProtobufCMethodDescriptor *m = protobuf_c_service_descriptor_get_method_by_name(
+            s->service->descriptor, opts->inline_methods[i]);
+        if (m == NULL) {
+            code = status_set(st, DC_INTERNAL, "no method %s to run inline",
+                              opts->inline_methods[i]);
+            goto fail;
+        }
+        s->inline_method[m - s->service->descriptor->methods] = true;
+    }
     s->max_message   = opts->max_message_bytes ? opts->max_message_bytes : RPC_DEFAULT_MAX_MESSAGE;
     s->authorize     = opts->authorize;
     s->authorize_arg = opts->authorize_arg;
@@ -500,6 +543,7 @@ fail_sock:
 fail:
     free(s->calls);
     free(s->threads);
+    pthread_cond_destroy(&s->idle_cv);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mtx);
     free(s);
@@ -545,7 +589,7 @@ rpc_server_free(struct rpc_server *s)
     s->closing = true;
     /* Calls already queued or in a handler are answered first. */
     while (s->busy > 0) {
-        pthread_cond_wait(&s->cv, &s->mtx);
+        pthread_cond_wait(&s->idle_cv, &s->mtx);
     }
     s->threads_exit = true;
     pthread_cond_broadcast(&s->cv);
@@ -566,6 +610,7 @@ rpc_server_free(struct rpc_server *s)
     }
     free(s->calls);
     free(s->threads);
+    pthread_cond_destroy(&s->idle_cv);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mtx);
     free(s);

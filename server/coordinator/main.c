@@ -44,6 +44,13 @@ on_intent_changed(void *arg)
     pthread_mutex_unlock(&saving);
 }
 
+/* Handlers that never wait run on nng's callback threads. Listings (which can be large) and
+ * operator steering (which writes the state file) go to the server threads. */
+static const char *const coordinator_inline_methods[] = {
+    "RegisterWorker", "Heartbeat", "DeregisterWorker", "GetDevice", "SubmitOp",
+    "GetOp",          "GetClusterStatus", NULL,
+};
+
 static const char *const gone_words[] = {
     [GONE_DEAD]         = "is dead (no heartbeat)",
     [GONE_DEREGISTERED] = "deregistered",
@@ -186,6 +193,7 @@ main(int argc, char **argv)
     so.max_message_bytes = c->cfg.max_message_bytes;
     so.threads           = 2;
     so.tls               = tls;
+    so.inline_methods    = coordinator_inline_methods;
     if (c->auth != NULL) {
         so.authorize     = coordinator_authorize;
         so.authorize_arg = c;

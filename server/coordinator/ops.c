@@ -30,11 +30,14 @@ enum op_state { OP_QUEUED = 1, OP_RUNNING, OP_DONE, OP_FAILED };
 
 struct op;
 
+struct wclient;
+
 struct op_worker {
     struct op *op;
     char name[DC_WORKER_NAME_MAX + 1];
     char address[256];
     uint64_t epoch;
+    struct wclient *wc; /* a reference, dropped when the op goes */
     struct rpc_client *client;
     uint32_t *ranks;
     size_t n_ranks;
@@ -75,10 +78,15 @@ struct dqueue {
     size_t head, len, cap;
 };
 
+/* The connection to a worker's data address, shared by the ops that use it: the table of
+ * current connections holds a reference, and so does every op. A connection replaced (its
+ * worker moved to another address) is closed by the timer thread once no op holds it:
+ * closing blocks, and SubmitOp may run on an nng callback thread. */
 struct wclient {
     char address[256];
-    uint64_t epoch;
     struct rpc_client *client;
+    unsigned refs;
+    struct wclient *next_stale;
 };
 
 struct ops {
@@ -92,7 +100,8 @@ struct ops {
     struct op **history; /* ring of finished ops */
     size_t hist_cap, hist_len, hist_next;
     struct strmap queues;  /* cluster device name -> dqueue */
-    struct strmap clients; /* worker name -> wclient */
+    struct strmap clients;  /* worker name -> wclient */
+    struct wclient *stale;  /* unreferenced, waiting to be closed */
     uint64_t counter;
     uint64_t in_flight, done, failed;
     /* metrics, guarded by mtx */
@@ -113,6 +122,18 @@ unix_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+/* Drops a reference to a connection; the last one queues it for closing. ops->mtx held. */
+static void
+wclient_put_locked(struct ops *o, struct wclient *wc)
+{
+    if (wc != NULL && --wc->refs == 0) {
+        wc->next_stale = o->stale;
+        o->stale       = wc;
+        pthread_cond_broadcast(&o->cv);
+    }
+}
+
+/* Frees op; its connection references must have been dropped (op_put_clients_locked). */
 static void
 op_free(struct op *op)
 {
@@ -124,11 +145,22 @@ op_free(struct op *op)
     free(op);
 }
 
+static void
+op_put_clients_locked(struct ops *o, struct op *op)
+{
+    for (size_t i = 0; op->workers != NULL && i < op->n_workers; i++) {
+        wclient_put_locked(o, op->workers[i].wc);
+        op->workers[i].wc     = NULL;
+        op->workers[i].client = NULL;
+    }
+}
+
 /* Drops a reference; the op goes with the last. ops->mtx held. */
 static void
-op_unref_locked(struct op *op)
+op_unref_locked(struct ops *o, struct op *op)
 {
     if (--op->refs == 0) {
+        op_put_clients_locked(o, op);
         op_free(op);
     }
 }
@@ -390,7 +422,7 @@ ops_abort_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *r
     (void)reply;
     (void)keep;
     pthread_mutex_lock(&o->mtx);
-    op_unref_locked(c->w->op);
+    op_unref_locked(o, c->w->op);
     pthread_cond_broadcast(&o->cv);
     pthread_mutex_unlock(&o->mtx);
     free(c);
@@ -448,14 +480,14 @@ history_add_locked(struct ops *o, struct op *op)
     if (o->hist_cap == 0) {
         strmap_del(&o->by_id, op->id);
         op->in_table = false;
-        op_unref_locked(op);
+        op_unref_locked(o, op);
         return;
     }
     if (o->hist_len == o->hist_cap) {
         struct op *old = o->history[o->hist_next];
         strmap_del(&o->by_id, old->id);
         old->in_table = false;
-        op_unref_locked(old);
+        op_unref_locked(o, old);
     } else {
         o->hist_len++;
     }
@@ -552,7 +584,7 @@ execute_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *rep
             answer = true;
         }
     }
-    op_unref_locked(op);
+    op_unref_locked(o, op);
     pthread_mutex_unlock(&o->mtx);
     free(c);
     if (answer) {
@@ -579,7 +611,7 @@ op_start_locked(struct ops *o, struct op *op)
         status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory starting op %s", op->id);
         op->refs++; /* op_end may free it from the history; keep it for the answer */
         op_end_locked(o, op, &st, &pa);
-        op_unref_locked(op);
+        op_unref_locked(o, op);
         /* Called with the lock held: the answer goes out through the closure anyway, which
          * only packs and queues a send. */
         answer_send(&pa);
@@ -627,7 +659,7 @@ op_start_locked(struct ops *o, struct op *op)
             status_set_worker(&fail, w->name);
             op->refs++;
             op_end_locked(o, op, &fail, &pa);
-            op_unref_locked(op);
+            op_unref_locked(o, op);
             answer_send(&pa);
         }
         break;
@@ -637,36 +669,67 @@ op_start_locked(struct ops *o, struct op *op)
 
 /* ---- submit ------------------------------------------------------------------------------ */
 
-/* The client of a worker's data address for its current epoch, opened on first use.
- * ops->mtx held; *stale receives a client to close after unlocking. */
-static struct rpc_client *
-worker_client_locked(struct ops *o, const char *name, const char *address, uint64_t epoch,
-                     struct rpc_client **stale, dc_status *st)
+/* Queues a connection nobody uses for the timer thread to close. ops->mtx held. */
+static void
+stale_push_closed(struct ops *o, struct wclient *wc)
 {
-    struct wclient *wc = strmap_get(&o->clients, name);
+    wc->refs       = 0;
+    wc->next_stale = o->stale;
+    o->stale       = wc;
+    pthread_cond_broadcast(&o->cv);
+}
 
-    if (wc != NULL && wc->epoch == epoch && strcmp(wc->address, address) == 0) {
-        return wc->client;
-    }
-    if (wc == NULL) {
-        if ((wc = calloc(1, sizeof(*wc))) == NULL || !strmap_put(&o->clients, name, wc)) {
-            free(wc);
-            status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
-            return NULL;
-        }
-    } else {
-        *stale     = wc->client;
-        wc->client = NULL;
-    }
-    if (auth_client_open(address, o->worker_token, &o->cfg->tls, o->cfg->max_message_bytes, 500,
-                         &wc->client, st) != DC_OK) {
-        strmap_del(&o->clients, name);
+/* Closes the connections no op uses any more (outside the lock: closing waits for
+ * callbacks, which take it). */
+static void
+stale_close_all(struct ops *o)
+{
+    struct wclient *list;
+
+    pthread_mutex_lock(&o->mtx);
+    list     = o->stale;
+    o->stale = NULL;
+    pthread_mutex_unlock(&o->mtx);
+    while (list != NULL) {
+        struct wclient *wc = list;
+        list               = wc->next_stale;
+        rpc_client_close(wc->client);
         free(wc);
+    }
+}
+
+/* The connection to a worker's data address, opened on first use, with a reference for the
+ * caller. A worker that comes back at the same address (a restart) keeps its connection: the
+ * epoch travels in each Execute. ops->mtx held. */
+static struct wclient *
+worker_client_locked(struct ops *o, const char *name, const char *address, dc_status *st)
+{
+    struct wclient *wc = strmap_get(&o->clients, name), *fresh;
+
+    if (wc != NULL && strcmp(wc->address, address) == 0) {
+        wc->refs++;
+        return wc;
+    }
+    if ((fresh = calloc(1, sizeof(*fresh))) == NULL) {
+        status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
         return NULL;
     }
-    snprintf(wc->address, sizeof(wc->address), "%s", address);
-    wc->epoch = epoch;
-    return wc->client;
+    if (auth_client_open(address, o->worker_token, &o->cfg->tls, o->cfg->max_message_bytes, 500,
+                         &fresh->client, st) != DC_OK) {
+        free(fresh);
+        return NULL;
+    }
+    if (!strmap_put(&o->clients, name, fresh)) {
+        stale_push_closed(o, fresh);
+        status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    snprintf(fresh->address, sizeof(fresh->address), "%s", address);
+    fresh->refs = 2; /* the table's and the caller's */
+    if (wc != NULL) {
+        wclient_put_locked(o, wc); /* the table's reference to the old address */
+    }
+    return fresh;
 }
 
 /* Groups the concrete devices by worker, in order of first appearance. */
@@ -767,8 +830,6 @@ ops_submit(struct ops *o, const Devcoord__V1__SubmitOpRequest *in,
     struct validate_limits limits;
     struct op_spec spec;
     dc_device_ref *refs          = NULL;
-    struct rpc_client *stale[64] = { 0 };
-    size_t n_stale               = 0;
     dc_status st;
     dc_code code;
 
@@ -825,19 +886,18 @@ ops_submit(struct ops *o, const Devcoord__V1__SubmitOpRequest *in,
         return;
     }
     for (size_t i = 0; i < op->n_workers; i++) {
-        struct rpc_client *old = NULL;
-        op->workers[i].client = worker_client_locked(o, op->workers[i].name, op->workers[i].address,
-                                                     op->workers[i].epoch, &old, &st);
-        if (old != NULL && n_stale < 64) {
-            stale[n_stale++] = old;
-        }
-        if (op->workers[i].client == NULL) {
+        struct wclient *wc = worker_client_locked(o, op->workers[i].name, op->workers[i].address,
+                                                  &st);
+        if (wc == NULL) {
+            op_put_clients_locked(o, op);
             pthread_mutex_unlock(&o->mtx);
             op->status = st;
             answer_now(op, closure, cd);
             op_free(op);
-            goto close_stale;
+            return;
         }
+        op->workers[i].wc     = wc;
+        op->workers[i].client = wc->client;
     }
     snprintf(op->id, sizeof(op->id), "op-%llx-%llx", (unsigned long long)op->submitted_unix_ms,
              (unsigned long long)++o->counter);
@@ -848,11 +908,12 @@ ops_submit(struct ops *o, const Devcoord__V1__SubmitOpRequest *in,
     op->refs        = 1;
     op->in_table    = true;
     if (!strmap_put(&o->by_id, op->id, op)) {
+        op_put_clients_locked(o, op);
         pthread_mutex_unlock(&o->mtx);
         status_set(&op->status, DC_RESOURCE_EXHAUSTED, "out of memory");
         answer_now(op, closure, cd);
         op_free(op);
-        goto close_stale;
+        return;
     }
     for (size_t i = 0; i < op->n_devices; i++) {
         char name[DC_DEVICE_TEXT_SIZE];
@@ -864,11 +925,12 @@ ops_submit(struct ops *o, const Devcoord__V1__SubmitOpRequest *in,
                 dqueue_remove(o, name, op);
             }
             strmap_del(&o->by_id, op->id);
+            op_put_clients_locked(o, op);
             pthread_mutex_unlock(&o->mtx);
             status_set(&op->status, DC_RESOURCE_EXHAUSTED, "out of memory");
             answer_now(op, closure, cd);
             op_free(op);
-            goto close_stale;
+            return;
         }
     }
     op->next_active = o->active;
@@ -878,10 +940,6 @@ ops_submit(struct ops *o, const Devcoord__V1__SubmitOpRequest *in,
         op_start_locked(o, op);
     }
     pthread_mutex_unlock(&o->mtx);
-close_stale:
-    for (size_t i = 0; i < n_stale; i++) {
-        rpc_client_close(stale[i]);
-    }
 }
 
 /* ---- queries ----------------------------------------------------------------------------- */
@@ -972,7 +1030,7 @@ ops_fail_where(struct ops *o, bool (*match)(const struct op *, const void *), co
                 dc_status st = *st_in;
                 op->refs++;
                 op_end_locked(o, op, &st, &answers[n++]);
-                op_unref_locked(op);
+                op_unref_locked(o, op);
                 next = o->active; /* the list changed under us: start over */
             }
             op = next;
@@ -1047,6 +1105,11 @@ ops_timer(void *arg)
 
         for (struct op *op = o->active; op != NULL; op = op->next_active) {
             late = late || (op->state == OP_QUEUED && now >= op->deadline_ms);
+        }
+        if (o->stale != NULL) {
+            pthread_mutex_unlock(&o->mtx);
+            stale_close_all(o);
+            pthread_mutex_lock(&o->mtx);
         }
         if (late) {
             dc_status st;
@@ -1169,20 +1232,26 @@ ops_free(struct ops *o)
     if (!o->stopping) {
         ops_shutdown(o);
     }
-    /* Closing the clients completes every call still out (aborts included). */
+    /* Closing the connections completes every call still out (aborts included): their
+     * callbacks drop their references to the ops. */
     for (size_t i = 0; strmap_next(&o->clients, &i, &k, &v);) {
-        struct wclient *wc = v;
-        rpc_client_close(wc->client);
-        free(wc);
+        rpc_client_close(((struct wclient *)v)->client);
     }
-    strmap_fini(&o->clients);
     pthread_mutex_lock(&o->mtx);
     for (size_t i = 0; i < o->hist_len; i++) {
         struct op *op = o->history[i];
         op->in_table  = false;
-        op_unref_locked(op);
+        op_unref_locked(o, op);
+    }
+    /* Every op is gone: what is left in the table holds only the table's reference. */
+    for (size_t i = 0; strmap_next(&o->clients, &i, &k, &v);) {
+        struct wclient *wc = v;
+        wc->client         = NULL;
+        free(wc);
     }
     pthread_mutex_unlock(&o->mtx);
+    strmap_fini(&o->clients);
+    stale_close_all(o);
     strmap_fini(&o->by_id);
     strmap_fini(&o->queues);
     free(o->history);

@@ -10,6 +10,7 @@
 #include "log.h"
 #include "reduce.h"
 #include "rpc.h"
+#include "tpool.h"
 
 #define WORKER_SVC (&devcoord__v1__worker__descriptor)
 enum { M_EXCHANGE = 2 };
@@ -40,6 +41,15 @@ struct peer {
 
 enum cop_phase { PHASE_STARTING, PHASE_READY, PHASE_DONE };
 
+struct range {
+    size_t off, len;
+};
+
+struct ready_queue {
+    struct range *v;
+    size_t head, len, cap;
+};
+
 /* One op in flight on this worker. */
 struct cop {
     struct collectives *co;
@@ -65,6 +75,9 @@ struct cop {
 
     size_t n_steps;
     uint64_t *expected, *received;
+    /* Ring ops: ranges that arrived at step s - 1 and go on at step s; bytes sent per step. */
+    struct ready_queue *ready;
+    uint64_t *sent;
     uint64_t *expected_from, *received_from; /* per worker, for the many-to-one step */
     size_t multi_step;                       /* that step, or SIZE_MAX */
 
@@ -88,6 +101,7 @@ struct collectives {
     struct executor *ex;
     struct membership *m;
     size_t chunk;
+    struct tpool *pool;
 
     pthread_mutex_t mtx;
     pthread_cond_t cv; /* an op released a reference or ended */
@@ -227,6 +241,73 @@ out:
     return p;
 }
 
+/* ---- the ring ---------------------------------------------------------------------------
+ *
+ * all-reduce: steps 0..W-2 reduce-scatter (send segment self-s, receive and reduce segment
+ * self-1-s), steps W-1..2W-3 all-gather (send segment self+1-s', receive segment self-s').
+ * reduce: the same W-1 reduce-scatter steps, then step W-1 sends each worker's finished
+ * segment self+1 to the root's worker. Whatever lands at step s is the segment sent on at
+ * step s+1, so each chunk is forwarded as soon as it lands: the steps overlap. */
+
+static bool
+cop_is_ring(const struct cop *op)
+{
+    dc_op_kind kind = (dc_op_kind)op->req->kind;
+    return kind == DC_OP_ALL_REDUCE || kind == DC_OP_REDUCE;
+}
+
+/* Where this worker sends at step s, and which segment; false when it sends nothing. */
+static bool
+cop_ring_out(const struct cop *op, uint32_t s, uint32_t *to, uint32_t *seg)
+{
+    uint32_t W = op->W, next = (op->self + 1) % W, root_worker;
+
+    if (s + 1 < W) {
+        *to  = next;
+        *seg = ring_mod((int64_t)op->self - s, W);
+        return true;
+    }
+    if ((dc_op_kind)op->req->kind == DC_OP_ALL_REDUCE) {
+        if (s >= 2 * (W - 1)) {
+            return false;
+        }
+        *to  = next;
+        *seg = ring_mod((int64_t)op->self + 1 - (s - (W - 1)), W);
+        return true;
+    }
+    root_worker = op->owner[op->req->root];
+    if (s == W - 1 && op->self != root_worker) {
+        *to  = root_worker;
+        *seg = (op->self + 1) % W;
+        return true;
+    }
+    return false;
+}
+
+/* Queues a range received at step s - 1 to go on at step s. op->mtx held. */
+static bool
+cop_ready_push(struct cop *op, uint32_t s, size_t off, size_t len)
+{
+    struct ready_queue *q = &op->ready[s];
+
+    if (q->head + q->len == q->cap) {
+        if (q->head > 0) {
+            memmove(q->v, q->v + q->head, q->len * sizeof(*q->v));
+            q->head = 0;
+        } else {
+            size_t cap         = q->cap ? q->cap * 2 : 16;
+            struct range *grow = realloc(q->v, cap * sizeof(*grow));
+            if (grow == NULL) {
+                return false;
+            }
+            q->v   = grow;
+            q->cap = cap;
+        }
+    }
+    q->v[q->head + q->len++] = (struct range){ off, len };
+    return true;
+}
+
 /* ---- receiving --------------------------------------------------------------------------- */
 
 enum apply_mode { APPLY_REDUCE, APPLY_COPY };
@@ -280,6 +361,7 @@ cop_apply(struct cop *op, const Devcoord__V1__ExchangeRequest *in, const uint8_t
     uint8_t *base;
     size_t start, end;
     enum apply_mode mode;
+    uint32_t to, seg;
     char mine[DC_DEVICE_TEXT_SIZE], theirs[DC_DEVICE_TEXT_SIZE];
 
     if (in->from >= op->W || in->from == op->self || in->rank >= op->N ||
@@ -322,6 +404,12 @@ cop_apply(struct cop *op, const Devcoord__V1__ExchangeRequest *in, const uint8_t
         status_set(&dup, DC_INVALID_ARGUMENT, "op %s received more data than expected at step %u",
                    op->id, in->step);
         cop_fail_locked(op, &dup);
+    } else if (cop_is_ring(op) && in->step + 1 < op->n_steps &&
+               cop_ring_out(op, in->step + 1, &to, &seg) &&
+               !cop_ready_push(op, in->step + 1, in->offset, len)) {
+        dc_status oom;
+        status_set(&oom, DC_RESOURCE_EXHAUSTED, "out of memory in op %s", op->id);
+        cop_fail_locked(op, &oom);
     }
     op->bytes_received += len;
     pthread_cond_broadcast(&op->cv);
@@ -576,59 +664,66 @@ cop_wait_step(struct cop *op, uint32_t step)
 
 /* ---- the algorithms ---------------------------------------------------------------------- */
 
+/* Runs the ring of an all-reduce or reduce: sends what is ready, lowest step first, until
+ * every step has sent its segment, then waits for the last data to land. */
 static bool
-cop_send_segment(struct cop *op, uint32_t to, uint32_t step, uint32_t seg)
+cop_ring(struct cop *op)
 {
+    const char *prev = op->req->plan->workers[ring_mod((int64_t)op->self - 1, op->W)]->name;
+    uint32_t to, seg;
     size_t start, end;
+    char waiting[200];
 
-    cop_segment(op, seg, &start, &end);
-    return cop_send(op, to, step, op->buf, start, end, op->local_ranks[0]);
-}
-
-/* Ring reduce-scatter: afterwards this worker holds the full reduction of segment self+1. */
-static bool
-cop_reduce_scatter(struct cop *op)
-{
-    uint32_t next = (op->self + 1) % op->W;
-
-    for (uint32_t s = 0; s + 1 < op->W; s++) {
-        if (!cop_send_segment(op, next, s, ring_mod((int64_t)op->self - s, op->W)) ||
-            !cop_wait_step(op, s)) {
+    snprintf(waiting, sizeof(waiting), "worker %.64s did not send its data for op %.64s", prev,
+             op->id);
+    pthread_mutex_lock(&op->mtx);
+    if (cop_ring_out(op, 0, &to, &seg)) {
+        cop_segment(op, seg, &start, &end);
+        if (end > start && !cop_ready_push(op, 0, start, end - start)) {
+            pthread_mutex_unlock(&op->mtx);
             return false;
         }
     }
-    return true;
-}
+    for (;;) {
+        struct range r;
+        uint32_t s;
+        bool done = true;
 
-static bool
-cop_all_reduce(struct cop *op)
-{
-    uint32_t next = (op->self + 1) % op->W, rs = op->W - 1;
-
-    if (!cop_reduce_scatter(op)) {
-        return false;
+        for (s = 0; s < op->n_steps && op->ready[s].len == 0; s++) {
+        }
+        if (s == op->n_steps) {
+            for (uint32_t k = 0; k < op->n_steps && done; k++) {
+                if (cop_ring_out(op, k, &to, &seg)) {
+                    cop_segment(op, seg, &start, &end);
+                    done = op->sent[k] == end - start;
+                }
+            }
+            if (done || op->failed) {
+                break;
+            }
+            if (!cop_wait_locked(op, waiting)) {
+                break;
+            }
+            continue;
+        }
+        r = op->ready[s].v[op->ready[s].head];
+        op->ready[s].head++;
+        op->ready[s].len--;
+        pthread_mutex_unlock(&op->mtx);
+        cop_ring_out(op, s, &to, &seg);
+        if (!cop_send(op, to, s, op->buf, r.off, r.off + r.len, op->local_ranks[0])) {
+            return false;
+        }
+        op->sent[s] += r.len;
+        pthread_mutex_lock(&op->mtx);
     }
-    for (uint32_t s = 0; s < rs; s++) {
-        if (!cop_send_segment(op, next, rs + s, ring_mod((int64_t)op->self + 1 - s, op->W)) ||
-            !cop_wait_step(op, rs + s)) {
+    pthread_mutex_unlock(&op->mtx);
+    for (uint32_t s = 0; s < op->n_steps; s++) {
+        if (op->expected[s] > 0 && !cop_wait_step(op, s)) {
             return false;
         }
     }
-    return true;
-}
-
-static bool
-cop_reduce(struct cop *op)
-{
-    uint32_t root_worker = op->owner[op->req->root];
-
-    if (!cop_reduce_scatter(op)) {
-        return false;
-    }
-    if (op->self != root_worker) {
-        return cop_send_segment(op, root_worker, op->W - 1, (op->self + 1) % op->W);
-    }
-    return cop_wait_step(op, op->W - 1);
+    return !cop_failed(op);
 }
 
 static bool
@@ -887,13 +982,18 @@ cop_free(struct cop *op)
     free(op->received);
     free(op->expected_from);
     free(op->received_from);
+    for (size_t i = 0; op->ready != NULL && i < op->n_steps; i++) {
+        free(op->ready[i].v);
+    }
+    free(op->ready);
+    free(op->sent);
     pthread_cond_destroy(&op->cv);
     pthread_mutex_destroy(&op->mtx);
     free(op);
 }
 
-static void *
-cop_thread(void *arg)
+static void
+cop_run(void *arg)
 {
     struct cop *op                    = arg;
     struct collectives *co            = op->co;
@@ -903,7 +1003,7 @@ cop_thread(void *arg)
     bool ok = true;
 
     status_clear(&st);
-    if (cop_prepare(op, &st) != DC_OK) {
+    if (!cop_failed(op) && cop_prepare(op, &st) != DC_OK) {
         pthread_mutex_lock(&op->mtx);
         cop_fail_locked(op, &st);
         pthread_mutex_unlock(&op->mtx);
@@ -929,10 +1029,8 @@ cop_thread(void *arg)
     if (!cop_failed(op) && op->W > 1) {
         switch ((dc_op_kind)op->req->kind) {
         case DC_OP_ALL_REDUCE:
-            ok = cop_all_reduce(op);
-            break;
         case DC_OP_REDUCE:
-            ok = cop_reduce(op);
+            ok = cop_ring(op);
             break;
         case DC_OP_BROADCAST:
             ok = cop_broadcast(op);
@@ -1003,7 +1101,6 @@ cop_thread(void *arg)
     co->threads--;
     pthread_cond_broadcast(&co->cv);
     pthread_mutex_unlock(&co->mtx);
-    return NULL;
 }
 
 /* Checks an Execute request against itself and this worker, and builds the op. */
@@ -1066,10 +1163,12 @@ cop_new(struct collectives *co, const Devcoord__V1__ExecuteRequest *in, struct c
     op->expected_from = calloc(op->W, sizeof(*op->expected_from));
     op->received_from = calloc(op->W, sizeof(*op->received_from));
     op->local_ranks   = calloc(op->N, sizeof(*op->local_ranks));
+    op->ready         = calloc(op->n_steps, sizeof(*op->ready));
+    op->sent          = calloc(op->n_steps, sizeof(*op->sent));
     op->tensors       = calloc(op->N, sizeof(*op->tensors));
     if (op->devices == NULL || op->owner == NULL || op->peers == NULL || op->expected == NULL ||
         op->received == NULL || op->expected_from == NULL || op->received_from == NULL ||
-        op->local_ranks == NULL || op->tensors == NULL) {
+        op->local_ranks == NULL || op->tensors == NULL || op->ready == NULL || op->sent == NULL) {
         code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
         goto fail;
     }
@@ -1121,8 +1220,6 @@ collectives_execute(struct collectives *co, const Devcoord__V1__ExecuteRequest *
                     Devcoord__V1__ExecuteResponse_Closure closure, void *cd)
 {
     struct cop *op;
-    pthread_attr_t attr;
-    pthread_t thread;
     dc_status *st = rpc_call_status(cd);
 
     if (cop_new(co, in, &op, st) != DC_OK) {
@@ -1159,13 +1256,17 @@ collectives_execute(struct collectives *co, const Devcoord__V1__ExecuteRequest *
     co->threads++;
     pthread_mutex_unlock(&co->mtx);
 
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    if (pthread_create(&thread, &attr, cop_thread, op) != 0) {
-        /* Run it here instead: slower to answer, never lost. */
-        cop_thread(op);
+    /* Ops wait for their peers: they run on pool threads, never here (this may be an nng
+     * callback). */
+    if (!tpool_submit(co->pool, cop_run, op)) {
+        dc_status fail;
+        status_set(&fail, DC_RESOURCE_EXHAUSTED, "no thread for op %s", op->id);
+        pthread_mutex_lock(&op->mtx);
+        cop_fail_locked(op, &fail);
+        pthread_mutex_unlock(&op->mtx);
+        /* The op's own code answers and cleans up; it just runs here, failing at once. */
+        cop_run(op);
     }
-    pthread_attr_destroy(&attr);
 }
 
 void
@@ -1211,7 +1312,15 @@ collectives_new(const struct config_worker *cfg, const char *token, struct execu
     }
     pthread_mutex_init(&co->mtx, NULL);
     pthread_cond_init(&co->cv, NULL);
+    /* Threads for ops come and go with the load; an idle worker keeps none after 30 s. */
+    if ((co->pool = tpool_new(1024, 30000)) == NULL) {
+        pthread_cond_destroy(&co->cv);
+        pthread_mutex_destroy(&co->mtx);
+        free(co);
+        return NULL;
+    }
     if (pthread_create(&co->reaper, NULL, collectives_reaper, co) != 0) {
+        tpool_free(co->pool);
         pthread_cond_destroy(&co->cv);
         pthread_mutex_destroy(&co->mtx);
         free(co);
@@ -1245,6 +1354,7 @@ collectives_free(struct collectives *co)
     pthread_cond_broadcast(&co->cv);
     pthread_mutex_unlock(&co->mtx);
     pthread_join(co->reaper, NULL);
+    tpool_free(co->pool);
     while (orphans != NULL) {
         struct parked *p = orphans;
         orphans          = p->next;

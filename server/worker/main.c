@@ -37,6 +37,12 @@ static const char usage[] =
     "  --version           print the version\n"
     "  -h, --help          this text\n";
 
+/* Handlers that never wait: they run on nng's callback threads. Execute only starts its op
+ * on a pool thread; Exchange and the tensor calls copy or reduce one chunk. */
+static const char *const worker_inline_methods[] = {
+    "Execute", "Abort", "Exchange", "PutTensor", "GetTensor", "DeleteTensor", NULL,
+};
+
 static void
 on_fenced(void *arg)
 {
@@ -161,6 +167,7 @@ main(int argc, char **argv)
     so.max_message_bytes = w->cfg.max_message_bytes;
     so.threads           = 2;
     so.tls               = tls;
+    so.inline_methods    = worker_inline_methods;
     if (w->auth != NULL) {
         so.authorize     = worker_authorize;
         so.authorize_arg = w;

@@ -466,7 +466,7 @@ static void
 f_list_devices(CSVC *s, const Devcoord__V1__ListDevicesRequest *in,
                Devcoord__V1__ListDevicesResponse_Closure closure, void *cd)
 {
-    static const uint32_t index[5]         = { 10, 2, 1, 0, 3 };
+    static const uint32_t index[5]         = { 0, 1, 2, 3, 10 };
     Devcoord__V1__ListDevicesResponse resp = DEVCOORD__V1__LIST_DEVICES_RESPONSE__INIT;
     Devcoord__V1__DeviceInfo info[2], *ptrs[2];
     Devcoord__V1__Device dev[2];
@@ -833,7 +833,7 @@ test_registry_calls(void **state)
     assert_string_equal(wl->workers[0].labels[0].value, "r1");
     dc_worker_list_free(wl);
 
-    /* Three pages, fetched in turn, sorted by device with numeric indices. */
+    /* Three pages, fetched in turn, kept in the server's (registry) order. */
     list_devices_calls = 0;
     assert_int_equal(dc_list_devices(c, &flt, &dl, &st), DC_OK);
     assert_int_equal(list_devices_calls, 3);

@@ -113,8 +113,9 @@ typedef struct dc_cluster_status {
 dc_code dc_list_workers(dc_client *c, dc_worker_list **out, dc_status *st);
 void dc_worker_list_free(dc_worker_list *list);
 
-/* All devices matching filter (may be NULL), in name order (worker, then backend, kind and
- * index as numbers: cuda:2 before cuda:10); pages are fetched as needed. */
+/* All devices matching filter (may be NULL), in registry order: by worker name, then by
+ * backend, kind and index (as numbers: cuda:2 before cuda:10); pages are fetched as
+ * needed. */
 dc_code dc_list_devices(dc_client *c, const dc_device_filter *filter, dc_device_list **out,
                         dc_status *st);
 void dc_device_list_free(dc_device_list *list);

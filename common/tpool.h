@@ -1,0 +1,22 @@
+/*
+ * A pool of threads for jobs that wait (a collective waiting for its peers): threads are
+ * started on demand up to a cap, reused while busy, and leave after staying idle a while,
+ * so a burst costs thread starts once and a quiet daemon keeps none.
+ */
+#ifndef DEVCOORD_COMMON_TPOOL_H
+#define DEVCOORD_COMMON_TPOOL_H
+
+#include <stdbool.h>
+
+struct tpool;
+
+struct tpool *tpool_new(unsigned max_threads, unsigned idle_ms);
+
+/* Runs fn(arg) on a pool thread (queued when all max_threads are busy). false when out of
+ * memory or stopping: fn will not run. */
+bool tpool_submit(struct tpool *p, void (*fn)(void *), void *arg);
+
+/* Waits for the jobs queued and running, then frees the pool. */
+void tpool_free(struct tpool *p);
+
+#endif
