@@ -62,6 +62,9 @@ struct op {
     struct op_worker *workers;
     size_t n_workers;
     unsigned pending; /* workers not answered yet */
+    /* The first ABORTED answer, used only if no worker reports the cause. */
+    dc_status secondary;
+    bool have_secondary;
     uint64_t submitted_unix_ms, submitted_ms, started_us, elapsed_us;
     uint32_t timeout_ms;
     uint64_t deadline_ms;
@@ -100,8 +103,8 @@ struct ops {
     struct op **history; /* ring of finished ops */
     size_t hist_cap, hist_len, hist_next;
     struct strmap queues;  /* cluster device name -> dqueue */
-    struct strmap clients;  /* worker name -> wclient */
-    struct wclient *stale;  /* unreferenced, waiting to be closed */
+    struct strmap clients; /* worker name -> wclient */
+    struct wclient *stale; /* unreferenced, waiting to be closed */
     uint64_t counter;
     uint64_t in_flight, done, failed;
     /* metrics, guarded by mtx */
@@ -571,16 +574,36 @@ execute_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *rep
             if (code == DC_DEADLINE_EXCEEDED && strstr(st->message, "no reply from") != NULL) {
                 status_set(&fail, code, "worker %s did not answer op %s within %u ms", w->name,
                            op->id, op->timeout_ms);
+                status_set_worker(&fail, w->name);
+            } else if (st->worker[0] != '\0' && strcmp(st->worker, w->name) != 0) {
+                /* A worker reporting what it found about a peer: name the peer. */
+                status_set(&fail, code, "worker %s: %s (reported by %s)", st->worker, st->message,
+                           w->name);
+                status_set_worker(&fail, st->worker);
             } else {
                 status_set(&fail, code, "worker %s: %s", w->name, st->message);
+                status_set_worker(&fail, w->name);
             }
-            status_set_worker(&fail, w->name);
-            op_end_locked(o, op, &fail, &pa);
-            answer = true;
+            fail.device_index = st->device_index;
+            /* ABORTED from a worker while others are still out is a reaction to a peer's
+             * failure; the cause is on its way. Keep it only in case nothing better comes. */
+            if (code == DC_ABORTED && op->pending > 0) {
+                if (!op->have_secondary) {
+                    op->secondary      = fail;
+                    op->have_secondary = true;
+                }
+            } else {
+                op_end_locked(o, op, &fail, &pa);
+                answer = true;
+            }
         } else if (op->pending == 0) {
-            dc_status ok;
-            status_clear(&ok);
-            op_end_locked(o, op, &ok, &pa);
+            dc_status end;
+            if (op->have_secondary) {
+                end = op->secondary;
+            } else {
+                status_clear(&end);
+            }
+            op_end_locked(o, op, &end, &pa);
             answer = true;
         }
     }
@@ -829,7 +852,7 @@ ops_submit(struct ops *o, const Devcoord__V1__SubmitOpRequest *in,
     struct op *op = calloc(1, sizeof(*op));
     struct validate_limits limits;
     struct op_spec spec;
-    dc_device_ref *refs          = NULL;
+    dc_device_ref *refs = NULL;
     dc_status st;
     dc_code code;
 
@@ -886,8 +909,8 @@ ops_submit(struct ops *o, const Devcoord__V1__SubmitOpRequest *in,
         return;
     }
     for (size_t i = 0; i < op->n_workers; i++) {
-        struct wclient *wc = worker_client_locked(o, op->workers[i].name, op->workers[i].address,
-                                                  &st);
+        struct wclient *wc =
+            worker_client_locked(o, op->workers[i].name, op->workers[i].address, &st);
         if (wc == NULL) {
             op_put_clients_locked(o, op);
             pthread_mutex_unlock(&o->mtx);

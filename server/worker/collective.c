@@ -45,6 +45,23 @@ struct range {
     size_t off, len;
 };
 
+struct cop_meta {
+    bool known;
+    dc_dtype dtype; /* DC_DTYPE_NONE: the tensor is missing on that device */
+    uint64_t elements;
+};
+
+struct cop;
+
+struct cop_send_ctx {
+    struct cop *op;
+    uint32_t to;
+};
+
+/* A META chunk's attachment: per rank of the sender, u32 rank, u32 dtype, u64 elements,
+ * little-endian. */
+#define META_ENTRY 16
+
 struct ready_queue {
     struct range *v;
     size_t head, len, cap;
@@ -78,7 +95,15 @@ struct cop {
     /* Ring ops: ranges that arrived at step s - 1 and go on at step s; bytes sent per step. */
     struct ready_queue *ready;
     uint64_t *sent;
+
+    /* What every rank's tensor is, learned from the peers before anything is touched. */
+    struct cop_meta *metas;
+    uint32_t meta_step; /* the Exchange step that carries them */
+    size_t metas_received;
+    struct cop_send_ctx *send_ctx; /* per worker index: the callback argument of a send */
+    bool thread_done;              /* the op's thread has answered; the last send frees it */
     uint64_t *expected_from, *received_from; /* per worker, for the many-to-one step */
+    uint64_t *data_from;                     /* per worker, every data byte it sent us */
     size_t multi_step;                       /* that step, or SIZE_MAX */
 
     pthread_mutex_t mtx;
@@ -117,6 +142,8 @@ struct collectives {
     pthread_t reaper;
     struct collectives_stats stats;
 };
+
+static void cop_free(struct cop *op);
 
 /* ---- small helpers ----------------------------------------------------------------------- */
 
@@ -352,6 +379,41 @@ cop_step_target(const struct cop *op, uint32_t step, uint32_t rank, uint8_t **ba
     return false;
 }
 
+/* Records a peer's tensor descriptions (a META chunk). Any phase: they are what the op
+ * waits for before it touches a tensor. */
+static dc_code
+cop_apply_meta(struct cop *op, uint32_t from, const uint8_t *data, size_t len, dc_status *st)
+{
+    if (len == 0 || len % META_ENTRY != 0) {
+        return status_set(st, DC_INVALID_ARGUMENT, "malformed tensor descriptions for op %s",
+                          op->id);
+    }
+    pthread_mutex_lock(&op->mtx);
+    for (size_t i = 0; i < len / META_ENTRY; i++) {
+        const uint8_t *e = data + i * META_ENTRY;
+        uint32_t rank =
+            (uint32_t)e[0] | (uint32_t)e[1] << 8 | (uint32_t)e[2] << 16 | (uint32_t)e[3] << 24;
+        uint32_t dtype =
+            (uint32_t)e[4] | (uint32_t)e[5] << 8 | (uint32_t)e[6] << 16 | (uint32_t)e[7] << 24;
+        uint64_t elements = 0;
+
+        for (int b = 7; b >= 0; b--) {
+            elements = elements << 8 | e[8 + b];
+        }
+        if (rank >= op->N || op->owner[rank] != from || op->metas[rank].known ||
+            dtype >= DC_DTYPE_COUNT) {
+            pthread_mutex_unlock(&op->mtx);
+            return status_set(st, DC_INVALID_ARGUMENT, "malformed tensor descriptions for op %s",
+                              op->id);
+        }
+        op->metas[rank] = (struct cop_meta){ true, (dc_dtype)dtype, elements };
+        op->metas_received++;
+    }
+    pthread_cond_broadcast(&op->cv);
+    pthread_mutex_unlock(&op->mtx);
+    return DC_OK;
+}
+
 /* Applies one received chunk to a ready op. Runs on a server thread, without op->mtx while
  * the bytes move: chunks of one op never overlap (see cop_step_target). */
 static dc_code
@@ -367,6 +429,9 @@ cop_apply(struct cop *op, const Devcoord__V1__ExchangeRequest *in, const uint8_t
     if (in->from >= op->W || in->from == op->self || in->rank >= op->N ||
         op->owner[in->rank] != in->from) {
         return status_set(st, DC_INVALID_ARGUMENT, "exchange from a worker outside op %s", op->id);
+    }
+    if (in->step == op->meta_step) {
+        return cop_apply_meta(op, in->from, data, len, st);
     }
     if ((dc_dtype)in->dtype != op->dtype || in->elements != op->elements) {
         cop_device_name(op, op->local_ranks[0], mine, sizeof(mine));
@@ -412,6 +477,7 @@ cop_apply(struct cop *op, const Devcoord__V1__ExchangeRequest *in, const uint8_t
         cop_fail_locked(op, &oom);
     }
     op->bytes_received += len;
+    op->data_from[in->from] += len;
     pthread_cond_broadcast(&op->cv);
     pthread_mutex_unlock(&op->mtx);
     return DC_OK;
@@ -448,7 +514,9 @@ collectives_exchange(struct collectives *co, const Devcoord__V1__ExchangeRequest
     pthread_mutex_lock(&co->mtx);
     if ((op = cop_find_locked(co, in->op_id)) != NULL) {
         pthread_mutex_lock(&op->mtx);
-        if (op->phase == PHASE_READY && !op->failed) {
+        /* Tensor descriptions are taken at once: the op waits for them before it is ready. */
+        if ((op->phase == PHASE_READY && !op->failed) ||
+            (in->step == op->meta_step && op->phase != PHASE_DONE)) {
             pthread_mutex_unlock(&op->mtx);
             op->refs++;
             pthread_mutex_unlock(&co->mtx);
@@ -543,34 +611,74 @@ collectives_reaper(void *arg)
 
 /* ---- sending ----------------------------------------------------------------------------- */
 
+/* A send was answered. A failure names the peer it was about; the op's last send frees an
+ * op whose thread has already answered (failed ops do not wait for their sends). */
 static void
 cop_sent(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, bool *keep)
 {
-    struct cop *op = arg;
+    struct cop_send_ctx *ctx = arg;
+    struct cop *op           = ctx->op;
+    bool free_op;
 
     (void)reply;
     (void)keep;
     pthread_mutex_lock(&op->mtx);
     op->inflight--;
-    if (code != DC_OK) {
-        cop_fail_locked(op, st);
+    if (code != DC_OK && !op->failed) {
+        dc_status peer   = *st;
+        const char *name = op->req->plan->workers[ctx->to]->name;
+        if (st->transport) {
+            char where[DC_WORKER_NAME_MAX + 32];
+            snprintf(where, sizeof(where), "lost worker %s", name);
+            status_prefix(&peer, where);
+        }
+        /* The peer's own answer names what it found; either way the failure is about it. */
+        if (peer.worker[0] == '\0') {
+            status_set_worker(&peer, name);
+        }
+        cop_fail_locked(op, &peer);
     }
     pthread_cond_broadcast(&op->cv);
+    free_op = op->thread_done && op->inflight == 0;
     pthread_mutex_unlock(&op->mtx);
+    if (free_op) {
+        cop_free(op);
+    }
 }
 
-/* Waits on op->cv until the deadline; false (and the op failed) once it has passed.
- * op->mtx held. */
+/* Whom a wait at the deadline blames, and how (see cop_wait_locked). */
+enum blame_kind {
+    BLAME_NONE,
+    BLAME_SENDER, /* the worker whose data we wait for */
+    BLAME_ACKS,   /* the worker that does not acknowledge what we sent */
+};
+
+/* Waits on op->cv until the deadline; false (and the op failed) once it has passed. At the
+ * deadline the op fails naming `who`: a sender that sent us nothing at all, or a receiver
+ * that stopped acknowledging, is the cause (DEADLINE_EXCEEDED); a sender that sent part of
+ * its data is itself waiting on someone else, so this is only a reaction (ABORTED, which the
+ * coordinator ranks below the cause). op->mtx held. */
 static bool
-cop_wait_locked(struct cop *op, const char *waiting_for)
+cop_wait_locked(struct cop *op, const char *waiting_for, enum blame_kind blame, uint32_t who)
 {
     struct timespec ts;
     uint64_t now = rpc_now_ms(), left;
 
     if (now >= op->deadline_ms) {
         dc_status st;
-        status_set(&st, DC_DEADLINE_EXCEEDED, "%s within %llu ms", waiting_for,
-                   (unsigned long long)op->req->timeout_ms);
+        const char *name = blame != BLAME_NONE ? op->req->plan->workers[who]->name : NULL;
+        if (blame == BLAME_SENDER && op->data_from[who] > 0) {
+            status_set(&st, DC_ABORTED,
+                       "gave up on op %s after %llu ms waiting for worker %s, which sent part of "
+                       "its data and waits on its own peers",
+                       op->id, (unsigned long long)op->req->timeout_ms, name);
+        } else {
+            status_set(&st, DC_DEADLINE_EXCEEDED, "%s within %llu ms", waiting_for,
+                       (unsigned long long)op->req->timeout_ms);
+        }
+        if (name != NULL) {
+            status_set_worker(&st, name);
+        }
         cop_fail_locked(op, &st);
         return false;
     }
@@ -592,7 +700,7 @@ cop_send(struct cop *op, uint32_t to, uint32_t step, const uint8_t *base, size_t
          uint32_t rank)
 {
     Devcoord__V1__ExchangeRequest req = DEVCOORD__V1__EXCHANGE_REQUEST__INIT;
-    char waiting[96];
+    char waiting[200];
 
     req.op_id    = op->id;
     req.from     = op->self;
@@ -600,15 +708,16 @@ cop_send(struct cop *op, uint32_t to, uint32_t step, const uint8_t *base, size_t
     req.dtype    = (Devcoord__V1__DType)op->dtype;
     req.elements = op->elements;
     req.rank     = rank;
-    snprintf(waiting, sizeof(waiting), "no room to send to worker %.64s",
-             op->req->plan->workers[to]->name);
+    snprintf(waiting, sizeof(waiting), "worker %.64s did not acknowledge data of op %.64s",
+             op->req->plan->workers[to]->name, op->id);
     for (size_t off = start; off < end;) {
         size_t len = end - off < op->co->chunk ? end - off : op->co->chunk;
         uint64_t left;
         dc_status st;
 
         pthread_mutex_lock(&op->mtx);
-        while (!op->failed && op->inflight >= SEND_WINDOW && cop_wait_locked(op, waiting)) {
+        while (!op->failed && op->inflight >= SEND_WINDOW &&
+               cop_wait_locked(op, waiting, BLAME_ACKS, to)) {
         }
         if (op->failed) {
             pthread_mutex_unlock(&op->mtx);
@@ -620,7 +729,7 @@ cop_send(struct cop *op, uint32_t to, uint32_t step, const uint8_t *base, size_t
         left       = op->deadline_ms > rpc_now_ms() ? op->deadline_ms - rpc_now_ms() : 1;
         req.offset = off;
         if (rpc_call_async(op->peers[to]->client, WORKER_SVC, M_EXCHANGE, &req.base, base + off,
-                           len, (uint32_t)left, cop_sent, op, &st) != DC_OK) {
+                           len, (uint32_t)left, cop_sent, &op->send_ctx[to], &st) != DC_OK) {
             pthread_mutex_lock(&op->mtx);
             op->inflight--;
             cop_fail_locked(op, &st);
@@ -642,18 +751,18 @@ cop_wait_step(struct cop *op, uint32_t step)
 
     pthread_mutex_lock(&op->mtx);
     while (!op->failed && op->received[step] < op->expected[step]) {
-        const char *from = op->req->plan->workers[ring_mod((int64_t)op->self - 1, op->W)]->name;
+        uint32_t from = ring_mod((int64_t)op->self - 1, op->W);
         if (step == op->multi_step || (dc_op_kind)op->req->kind == DC_OP_BROADCAST) {
             for (uint32_t w = 0; w < op->W; w++) {
                 if (op->received_from[w] < op->expected_from[w]) {
-                    from = op->req->plan->workers[w]->name;
+                    from = w;
                     break;
                 }
             }
         }
-        snprintf(waiting, sizeof(waiting), "worker %.64s did not send its data for op %.64s", from,
-                 op->id);
-        if (!cop_wait_locked(op, waiting)) {
+        snprintf(waiting, sizeof(waiting), "worker %.64s did not send its data for op %.64s",
+                 op->req->plan->workers[from]->name, op->id);
+        if (!cop_wait_locked(op, waiting, BLAME_SENDER, from)) {
             break;
         }
     }
@@ -701,7 +810,8 @@ cop_ring(struct cop *op)
             if (done || op->failed) {
                 break;
             }
-            if (!cop_wait_locked(op, waiting)) {
+            if (!cop_wait_locked(op, waiting, BLAME_SENDER,
+                                 ring_mod((int64_t)op->self - 1, op->W))) {
                 break;
             }
             continue;
@@ -758,35 +868,168 @@ cop_all_gather(struct cop *op)
 
 /* ---- an op from start to end ------------------------------------------------------------- */
 
-/* Looks up the op's tensor on every local device and checks they agree. */
-static dc_code
-cop_local_tensors(struct cop *op, dc_status *st)
+/* Looks up the op's tensor on every local device and describes it (a missing one too). */
+static void
+cop_local_metas(struct cop *op)
 {
     struct executor *ex = op->co->ex;
-    char a[DC_DEVICE_TEXT_SIZE], b[DC_DEVICE_TEXT_SIZE];
+    dc_status ignored;
 
     for (size_t i = 0; i < op->n_local; i++) {
         uint32_t r = op->local_ranks[i];
-        if (ex->ops->lookup(ex, &op->devices[r].device, op->req->tensor, &op->tensors[i], st) !=
-            DC_OK) {
-            cop_device_name(op, r, a, sizeof(a));
-            return status_set(st, DC_FAILED_PRECONDITION, "no tensor '%s' on %s", op->req->tensor,
-                              a);
-        }
-        if (op->tensors[i]->dtype != op->tensors[0]->dtype ||
-            op->tensors[i]->elements != op->tensors[0]->elements) {
-            cop_device_name(op, r, a, sizeof(a));
-            cop_device_name(op, op->local_ranks[0], b, sizeof(b));
-            return status_set(st, DC_FAILED_PRECONDITION,
-                              "tensor '%s' on %s is %s with %zu elements, but on %s it is %s with "
-                              "%zu elements",
-                              op->req->tensor, a, dc_dtype_name(op->tensors[i]->dtype),
-                              op->tensors[i]->elements, b, dc_dtype_name(op->tensors[0]->dtype),
-                              op->tensors[0]->elements);
+        if (ex->ops->lookup(ex, &op->devices[r].device, op->req->tensor, &op->tensors[i],
+                            &ignored) != DC_OK) {
+            op->tensors[i] = NULL;
+            op->metas[r]   = (struct cop_meta){ true, DC_DTYPE_NONE, 0 };
+        } else {
+            op->metas[r] =
+                (struct cop_meta){ true, op->tensors[i]->dtype, op->tensors[i]->elements };
         }
     }
-    op->dtype    = op->tensors[0]->dtype;
-    op->elements = op->tensors[0]->elements;
+}
+
+/* Sends this worker's descriptions to every peer. */
+static bool
+cop_send_metas(struct cop *op)
+{
+    Devcoord__V1__ExchangeRequest req = DEVCOORD__V1__EXCHANGE_REQUEST__INIT;
+    uint8_t *buf                      = calloc(op->n_local, META_ENTRY);
+    dc_status st;
+
+    if (buf == NULL) {
+        status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory in op %s", op->id);
+        pthread_mutex_lock(&op->mtx);
+        cop_fail_locked(op, &st);
+        pthread_mutex_unlock(&op->mtx);
+        return false;
+    }
+    for (size_t i = 0; i < op->n_local; i++) {
+        uint8_t *e               = buf + i * META_ENTRY;
+        uint32_t r               = op->local_ranks[i];
+        const struct cop_meta *m = &op->metas[r];
+        for (int b = 0; b < 4; b++) {
+            e[b]     = (uint8_t)(r >> (8 * b));
+            e[4 + b] = (uint8_t)((uint32_t)m->dtype >> (8 * b));
+        }
+        for (int b = 0; b < 8; b++) {
+            e[8 + b] = (uint8_t)(m->elements >> (8 * b));
+        }
+    }
+    req.op_id = op->id;
+    req.from  = op->self;
+    req.step  = op->meta_step;
+    req.rank  = op->local_ranks[0];
+    for (uint32_t w = 0; w < op->W; w++) {
+        uint64_t left;
+        if (w == op->self) {
+            continue;
+        }
+        pthread_mutex_lock(&op->mtx);
+        op->inflight++;
+        pthread_mutex_unlock(&op->mtx);
+        left = op->deadline_ms > rpc_now_ms() ? op->deadline_ms - rpc_now_ms() : 1;
+        if (rpc_call_async(op->peers[w]->client, WORKER_SVC, M_EXCHANGE, &req.base, buf,
+                           op->n_local * META_ENTRY, (uint32_t)left, cop_sent, &op->send_ctx[w],
+                           &st) != DC_OK) {
+            pthread_mutex_lock(&op->mtx);
+            op->inflight--;
+            cop_fail_locked(op, &st);
+            pthread_mutex_unlock(&op->mtx);
+            free(buf);
+            return false;
+        }
+    }
+    free(buf);
+    return true;
+}
+
+/* Applies the descriptions that came before the op was ready (parked with the data). */
+static void
+cop_take_parked_metas(struct cop *op)
+{
+    struct parked *metas = NULL, **pp;
+
+    pthread_mutex_lock(&op->co->mtx);
+    pthread_mutex_lock(&op->mtx);
+    for (pp = &op->parked; *pp != NULL;) {
+        struct parked *p = *pp;
+        if (p->in->step == op->meta_step) {
+            *pp     = p->next;
+            p->next = metas;
+            metas   = p;
+        } else {
+            pp = &p->next;
+        }
+    }
+    pthread_mutex_unlock(&op->mtx);
+    pthread_mutex_unlock(&op->co->mtx);
+    while (metas != NULL) {
+        struct parked *p = metas;
+        metas            = p->next;
+        cop_take(op, p);
+        free(p);
+    }
+}
+
+/* Waits for every peer's descriptions. */
+static bool
+cop_wait_metas(struct cop *op)
+{
+    char waiting[200];
+    bool ok;
+
+    pthread_mutex_lock(&op->mtx);
+    while (!op->failed && op->metas_received < op->N - op->n_local) {
+        uint32_t who = 0;
+        for (uint32_t r = 0; r < op->N; r++) {
+            if (!op->metas[r].known) {
+                who = op->owner[r];
+                break;
+            }
+        }
+        snprintf(waiting, sizeof(waiting), "worker %.64s did not describe its tensors for op %.64s",
+                 op->req->plan->workers[who]->name, op->id);
+        if (!cop_wait_locked(op, waiting, BLAME_SENDER, who)) {
+            break;
+        }
+    }
+    ok = !op->failed;
+    pthread_mutex_unlock(&op->mtx);
+    return ok;
+}
+
+/* The verdict every worker reaches alike from the same descriptions: the op may go on only
+ * when every device has the tensor, with the dtype and element count of rank 0's. */
+static dc_code
+cop_check_metas(struct cop *op, dc_status *st)
+{
+    const struct cop_meta *ref = &op->metas[0];
+    char a[DC_DEVICE_TEXT_SIZE], b[DC_DEVICE_TEXT_SIZE];
+
+    for (uint32_t r = 0; r < op->N; r++) {
+        if (op->metas[r].dtype == DC_DTYPE_NONE) {
+            cop_device_name(op, r, a, sizeof(a));
+            status_set(st, DC_FAILED_PRECONDITION, "no tensor '%s' on %s", op->req->tensor, a);
+            status_set_worker(st, op->devices[r].worker);
+            return DC_FAILED_PRECONDITION;
+        }
+    }
+    for (uint32_t r = 1; r < op->N; r++) {
+        if (op->metas[r].dtype != ref->dtype || op->metas[r].elements != ref->elements) {
+            cop_device_name(op, r, a, sizeof(a));
+            cop_device_name(op, 0, b, sizeof(b));
+            status_set(st, DC_FAILED_PRECONDITION,
+                       "tensor '%s' on %s is %s with %llu elements, but on %s it is %s with %llu "
+                       "elements",
+                       op->req->tensor, a, dc_dtype_name(op->metas[r].dtype),
+                       (unsigned long long)op->metas[r].elements, b, dc_dtype_name(ref->dtype),
+                       (unsigned long long)ref->elements);
+            status_set_worker(st, op->devices[r].worker);
+            return DC_FAILED_PRECONDITION;
+        }
+    }
+    op->dtype    = ref->dtype;
+    op->elements = ref->elements;
     op->esize    = dc_dtype_size(op->dtype);
     op->bytes    = op->tensors[0]->size_bytes;
     return DC_OK;
@@ -846,14 +1089,11 @@ static dc_code
 cop_prepare(struct cop *op, dc_status *st)
 {
     dc_op_kind kind = (dc_op_kind)op->req->kind;
-    dc_code code;
 
     if (kind == DC_OP_BARRIER) {
         return DC_OK;
     }
-    if ((code = cop_local_tensors(op, st)) != DC_OK) {
-        return code;
-    }
+    (void)st;
     switch (kind) {
     case DC_OP_ALL_REDUCE:
         op->buf = op->tensors[0]->data; /* in place: every device gets the result */
@@ -982,11 +1222,14 @@ cop_free(struct cop *op)
     free(op->received);
     free(op->expected_from);
     free(op->received_from);
+    free(op->data_from);
     for (size_t i = 0; op->ready != NULL && i < op->n_steps; i++) {
         free(op->ready[i].v);
     }
     free(op->ready);
     free(op->sent);
+    free(op->metas);
+    free(op->send_ctx);
     pthread_cond_destroy(&op->cv);
     pthread_mutex_destroy(&op->mtx);
     free(op);
@@ -1000,13 +1243,20 @@ cop_run(void *arg)
     Devcoord__V1__ExecuteResponse out = DEVCOORD__V1__EXECUTE_RESPONSE__INIT;
     struct parked *parked;
     dc_status st;
-    bool ok = true;
+    bool ok = true, free_op;
 
     status_clear(&st);
-    if (!cop_failed(op) && cop_prepare(op, &st) != DC_OK) {
-        pthread_mutex_lock(&op->mtx);
-        cop_fail_locked(op, &st);
-        pthread_mutex_unlock(&op->mtx);
+    /* Nothing is touched until every worker knows every device's tensor: then all of them
+     * reach the same verdict, and a refused op changes no tensor anywhere. */
+    if (!cop_failed(op) && (dc_op_kind)op->req->kind != DC_OP_BARRIER) {
+        cop_local_metas(op);
+        cop_take_parked_metas(op);
+        if ((op->W == 1 || (cop_send_metas(op) && cop_wait_metas(op))) &&
+            (cop_check_metas(op, &st) != DC_OK || cop_prepare(op, &st) != DC_OK)) {
+            pthread_mutex_lock(&op->mtx);
+            cop_fail_locked(op, &st);
+            pthread_mutex_unlock(&op->mtx);
+        }
     }
     /* Data may flow now: take what arrived early. */
     pthread_mutex_lock(&co->mtx);
@@ -1042,9 +1292,10 @@ cop_run(void *arg)
             break;
         }
     }
-    /* Every chunk we sent has been answered before we touch the result or answer. */
+    /* A good op's chunks have all been answered before the result is written. A failed op
+     * does not wait: a dead peer's sends end only at their deadline. */
     pthread_mutex_lock(&op->mtx);
-    while (op->inflight > 0) {
+    while (op->inflight > 0 && !op->failed) {
         pthread_cond_wait(&op->cv, &op->mtx);
     }
     ok = ok && !op->failed;
@@ -1095,7 +1346,13 @@ cop_run(void *arg)
         log_info("op %s failed: %s: %s", op->id, dc_status_name(op->fail.code), op->fail.message);
     }
     op->closure(&out, op->cd);
-    cop_free(op);
+    pthread_mutex_lock(&op->mtx);
+    op->thread_done = true;
+    free_op         = op->inflight == 0;
+    pthread_mutex_unlock(&op->mtx);
+    if (free_op) {
+        cop_free(op);
+    }
 
     pthread_mutex_lock(&co->mtx);
     co->threads--;
@@ -1154,7 +1411,9 @@ cop_new(struct collectives *co, const Devcoord__V1__ExecuteRequest *in, struct c
     op->started_us  = rpc_now_us();
     op->deadline_ms = rpc_now_ms() + (in->timeout_ms ? in->timeout_ms : 30000);
     snprintf(op->id, sizeof(op->id), "%s", in->op_id);
-    op->n_steps       = 2 * (size_t)op->W;
+    /* Steps 0..2W-1 carry data; step 2W carries the tensor descriptions. */
+    op->n_steps       = 2 * (size_t)op->W + 1;
+    op->meta_step     = 2 * op->W;
     op->devices       = calloc(op->N, sizeof(*op->devices));
     op->owner         = calloc(op->N, sizeof(*op->owner));
     op->peers         = calloc(op->W, sizeof(*op->peers));
@@ -1162,13 +1421,17 @@ cop_new(struct collectives *co, const Devcoord__V1__ExecuteRequest *in, struct c
     op->received      = calloc(op->n_steps, sizeof(*op->received));
     op->expected_from = calloc(op->W, sizeof(*op->expected_from));
     op->received_from = calloc(op->W, sizeof(*op->received_from));
+    op->data_from     = calloc(op->W, sizeof(*op->data_from));
     op->local_ranks   = calloc(op->N, sizeof(*op->local_ranks));
     op->ready         = calloc(op->n_steps, sizeof(*op->ready));
     op->sent          = calloc(op->n_steps, sizeof(*op->sent));
+    op->metas         = calloc(op->N, sizeof(*op->metas));
+    op->send_ctx      = calloc(op->W, sizeof(*op->send_ctx));
     op->tensors       = calloc(op->N, sizeof(*op->tensors));
     if (op->devices == NULL || op->owner == NULL || op->peers == NULL || op->expected == NULL ||
-        op->received == NULL || op->expected_from == NULL || op->received_from == NULL ||
-        op->local_ranks == NULL || op->tensors == NULL || op->ready == NULL || op->sent == NULL) {
+        op->data_from == NULL || op->received == NULL || op->expected_from == NULL ||
+        op->received_from == NULL || op->local_ranks == NULL || op->tensors == NULL ||
+        op->ready == NULL || op->sent == NULL || op->metas == NULL || op->send_ctx == NULL) {
         code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
         goto fail;
     }
@@ -1181,6 +1444,7 @@ cop_new(struct collectives *co, const Devcoord__V1__ExecuteRequest *in, struct c
     }
     for (uint32_t w = 0; w < op->W; w++) {
         const Devcoord__V1__PlanWorker *pw = plan->workers[w];
+        op->send_ctx[w]                    = (struct cop_send_ctx){ op, w };
         for (size_t i = 0; i < pw->n_ranks; i++) {
             uint32_t r = pw->ranks[i];
             if (r >= op->N || op->owner[r] != UINT32_MAX ||
