@@ -778,6 +778,11 @@ dc_health(dc_client *c, dc_status *st)
     dc_code code;
 
     if ((code = dc_cluster_status_get(c, &cs, st)) != DC_OK) {
+        /* For a health check, no answer in time means the coordinator is unavailable. */
+        if (st != NULL && st->transport && code == DC_DEADLINE_EXCEEDED) {
+            st->code = DC_UNAVAILABLE;
+            return DC_UNAVAILABLE;
+        }
         return code;
     }
     if (!cs.ready) {

@@ -358,6 +358,14 @@ parse_u32_opt(const struct cli *cli, enum opt o, uint32_t *out)
 
 /* ---- output helpers ------------------------------------------------------------------ */
 
+/* An environment variable's value, or NULL when it is unset or empty. */
+static const char *
+env_or_null(const char *name)
+{
+    const char *v = getenv(name);
+    return v != NULL && v[0] != '\0' ? v : NULL;
+}
+
 /* Whether a failure is the transport's (no answer from the server) rather than a refusal. */
 static bool
 is_connection_failure(const dc_status *st)
@@ -1796,8 +1804,9 @@ run(struct cli *cli)
 {
     dc_client_options opts = { .token_file = cli->val[O_TOKEN_FILE],
                                .fail_fast  = true,
-                               .tls_ca     = cli->val[O_TLS_CA] != NULL ? cli->val[O_TLS_CA]
-                                                                        : getenv("DEVCOORD_TLS_CA"),
+                               .tls_ca     = cli->val[O_TLS_CA] != NULL
+                                                 ? cli->val[O_TLS_CA]
+                                                 : env_or_null("DEVCOORD_TLS_CA"),
                                .tls_cert   = cli->val[O_TLS_CERT],
                                .tls_key    = cli->val[O_TLS_KEY] };
     struct devices_args dev_args;

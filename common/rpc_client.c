@@ -324,8 +324,12 @@ rpc_slot_cb(void *arg)
         if (rv != 0) {
             nng_msg_free(nng_aio_get_msg(s->aio));
             nng_aio_set_msg(s->aio, NULL);
+            /* The deadline passed while waiting for a connection (calls wait for one, as
+             * gRPC's wait-for-ready): a deadline, not a refusal. */
             if (rv == NNG_ETIMEDOUT && !rpc_client_connected(c)) {
-                code = status_set(&st, DC_UNAVAILABLE, "cannot reach %s: not connected", c->url);
+                code = status_set(&st, DC_DEADLINE_EXCEEDED,
+                                  "cannot reach %s within %u ms: not connected", c->url,
+                                  s->timeout_ms);
             } else {
                 code = wire_nng_status(rv, c->url, &st);
             }

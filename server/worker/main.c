@@ -2,6 +2,7 @@
  * listen address, registers its devices with the coordinator and heartbeats; on SIGTERM or
  * SIGINT it deregisters and exits. */
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,10 +44,15 @@ static const char *const worker_inline_methods[] = {
     "Execute", "Abort", "Exchange", "PutTensor", "GetTensor", "DeleteTensor", NULL,
 };
 
+/* Set when the worker stops because the coordinator refused it or another instance took its
+ * name: a failure, so the process exits non-zero (systemd and compose restart it). */
+static atomic_bool fenced;
+
 static void
 on_fenced(void *arg)
 {
     (void)arg;
+    atomic_store(&fenced, true);
     kill(getpid(), SIGTERM);
 }
 
@@ -148,8 +154,8 @@ main(int argc, char **argv)
         goto out;
     }
     if ((w->executor = worker_executor_new(&w->cfg)) == NULL ||
-        (w->tensors = tensors_new(w->executor, w->cfg.max_message_bytes,
-                                  w->cfg.max_tensor_bytes)) == NULL) {
+        (w->tensors =
+             tensors_new(w->executor, w->cfg.max_message_bytes, w->cfg.max_tensor_bytes)) == NULL) {
         log_error("out of memory");
         goto out;
     }
@@ -188,7 +194,7 @@ main(int argc, char **argv)
     }
     while (daemon_wait_signal(-1) == 0) {
     }
-    rv = 0;
+    rv = atomic_load(&fenced) ? 1 : 0;
     log_info("shutting down");
     /* Leave the cluster first so no new op names us, then fail what runs and stop serving. */
     membership_stop(w->membership);

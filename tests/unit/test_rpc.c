@@ -44,13 +44,13 @@ t_unimplemented(void *closure_data, ProtobufCClosure closure)
     closure(NULL, closure_data);
 }
 
-#define UNIMPL(name, Req, Closure)                                                                \
-    static void t_##name(Devcoord__V1__Coordinator_Service *svc, const Req *in, Closure closure,  \
-                         void *cd)                                                                \
-    {                                                                                             \
-        (void)svc;                                                                                \
-        (void)in;                                                                                 \
-        t_unimplemented(cd, (ProtobufCClosure)closure);                                           \
+#define UNIMPL(name, Req, Closure)                                                               \
+    static void t_##name(Devcoord__V1__Coordinator_Service *svc, const Req *in, Closure closure, \
+                         void *cd)                                                               \
+    {                                                                                            \
+        (void)svc;                                                                               \
+        (void)in;                                                                                \
+        t_unimplemented(cd, (ProtobufCClosure)closure);                                          \
     }
 
 UNIMPL(register_worker, Devcoord__V1__RegisterWorkerRequest,
@@ -100,7 +100,7 @@ struct later {
 static void *
 t_later_thread(void *arg)
 {
-    struct later *l                       = arg;
+    struct later *l                        = arg;
     Devcoord__V1__ListWorkersResponse resp = DEVCOORD__V1__LIST_WORKERS_RESPONSE__INIT;
 
     sleep_ms(l->ms);
@@ -184,8 +184,9 @@ start_server(struct fixture *f, const char *url)
 static void
 open_client(struct fixture *f, bool connect_now)
 {
-    struct rpc_client_opts co = { .url = f->url, .connect_now = connect_now,
-                                  .reconnect_min_ms = 20, .reconnect_max_ms = 100 };
+    struct rpc_client_opts co = {
+        .url = f->url, .connect_now = connect_now, .reconnect_min_ms = 20, .reconnect_max_ms = 100
+    };
     dc_status st;
 
     if (rpc_client_open(&co, &f->client, &st) != DC_OK) {
@@ -314,8 +315,7 @@ test_call_and_attachment(void **state)
     assert_int_equal(get_device(f->client, "node-a/cuda:0", att, sizeof(att), 5000, &r, &st),
                      DC_OK);
     assert_int_equal(st.code, DC_OK);
-    assert_string_equal(((Devcoord__V1__GetDeviceResponse *)r.body)->device->name,
-                        "node-a/cuda:0");
+    assert_string_equal(((Devcoord__V1__GetDeviceResponse *)r.body)->device->name, "node-a/cuda:0");
     assert_int_equal(r.attachment_len, sizeof(att));
     assert_memory_equal(r.attachment, att, sizeof(att));
     rpc_reply_free(&r);
@@ -344,7 +344,7 @@ test_error_status_and_detail(void **state)
 static void
 test_deadline(void **state)
 {
-    struct fixture *f = *state;
+    struct fixture *f                    = *state;
     Devcoord__V1__ListWorkersRequest req = DEVCOORD__V1__LIST_WORKERS_REQUEST__INIT;
     struct rpc_reply r;
     dc_status st;
@@ -423,7 +423,7 @@ slow_cb(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, b
 static void
 test_slow_calls_hold_contexts(void **state)
 {
-    struct fixture *f = *state;
+    struct fixture *f                    = *state;
     Devcoord__V1__ListWorkersRequest req = DEVCOORD__V1__LIST_WORKERS_REQUEST__INIT;
     dc_status st;
     uint64_t t0;
@@ -435,7 +435,7 @@ test_slow_calls_hold_contexts(void **state)
                                         slow_cb, NULL, &st),
                          DC_OK);
     }
-        /* 64 slow calls are in handlers now (16 contexts at start): a fast call still gets in. */
+    /* 64 slow calls are in handlers now (16 contexts at start): a fast call still gets in. */
     sleep_ms(100);
     assert_still_serving(f);
     t0 = rpc_now_ms();
@@ -529,7 +529,7 @@ test_oversize_message(void **state)
 static void
 test_http_on_rpc_port(void **state)
 {
-    struct fixture *f = *state;
+    struct fixture *f     = *state;
     struct sockaddr_in sa = { .sin_family = AF_INET };
     const char req[]      = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
     char buf[64];
@@ -561,7 +561,7 @@ test_connect_now_fails_fast(void **state)
 }
 
 /* A client started before its server: calls wait, then go through once it is up. A call
- * with no server at all fails UNAVAILABLE at its deadline. */
+ * with no server at all fails DEADLINE_EXCEEDED (a transport failure) at its deadline. */
 static void
 test_client_before_server(void **state)
 {
@@ -579,8 +579,9 @@ test_client_before_server(void **state)
     f.server = NULL;
 
     open_client(&f, false);
-    assert_int_equal(get_device(f.client, "x", NULL, 0, 200, &r, &st), DC_UNAVAILABLE);
+    assert_int_equal(get_device(f.client, "x", NULL, 0, 200, &r, &st), DC_DEADLINE_EXCEEDED);
     assert_non_null(strstr(st.message, "not connected"));
+    assert_true(st.transport);
     rpc_reply_free(&r);
 
     {
@@ -616,7 +617,7 @@ test_connection_lost_code(void **state)
     nng_sockaddr sa;
     nng_msg *m;
     struct rpc_client *c;
-    struct rpc_client_opts co = { .connect_now = true };
+    struct rpc_client_opts co          = { .connect_now = true };
     Devcoord__V1__GetDeviceRequest req = DEVCOORD__V1__GET_DEVICE_REQUEST__INIT;
     dc_status st;
     char url[64];
@@ -649,7 +650,7 @@ test_connection_lost_code(void **state)
 static void
 test_large_reply(void **state)
 {
-    struct fixture *f = *state;
+    struct fixture *f                    = *state;
     Devcoord__V1__ListDevicesRequest req = DEVCOORD__V1__LIST_DEVICES_REQUEST__INIT;
     struct rpc_reply r;
     dc_status st;

@@ -44,8 +44,10 @@ typedef struct dc_client_options {
     /* Fail dc_client_open at once when the coordinator cannot be reached (CLI behaviour);
      * false keeps dialing in the background. */
     bool fail_fast;
-    /* TLS for tls+tcp:// addresses: PEM files; NULL when unused. Not supported yet:
-     * dc_client_open answers DC_UNIMPLEMENTED when any is set or the address is tls+tcp://. */
+    /* TLS for tls+tcp:// addresses (the coordinator's and the workers'): PEM files of the CA
+     * that verifies the servers (required), and of a client certificate and key for servers
+     * that ask for one; NULL when unused. tls_server_name overrides the name checked against
+     * the servers' certificates (default: the host of each address). */
     const char *tls_ca;
     const char *tls_cert;
     const char *tls_key;

@@ -1,0 +1,672 @@
+"""Issue 6, "Auth and TLS": tokens and roles on every coordinator and worker method, tokens
+kept out of the logs, and TLS on every listener and dialer, against the real binaries.
+
+Tokens and certificates are made fresh for each cluster (secutil: random tokens, an
+openssl CA with a certificate for 127.0.0.1 and a client certificate, and an unrelated CA).
+
+    cd tests/integration && python3 -m unittest -v test_security
+"""
+
+import os
+import re
+import socket
+import ssl
+import struct
+import subprocess
+import time
+import unittest
+
+import harness
+from harness import SLACK_S, RpcError, frame, pb_bytes, pb_uint
+from secutil import SecureTestCase, TokenRpcConnection
+
+WORKER_SERVICE = "/devcoord.v1.Worker/"
+ERROR_LINE = re.compile(r"^devcoordctl: ([A-Z][A-Z_]+): (.+)$")
+ROLES = ("worker", "trainer", "operator")
+AUTH_CODES = ("UNAUTHENTICATED", "PERMISSION_DENIED")
+
+NODE_A = [{"device": "cuda:0", "memory": "1GiB"}, {"device": "cuda:1", "memory": "1GiB"}]
+NODE_B = [{"device": "cuda:0", "memory": "1GiB"}]
+ALL_REDUCE_DEVICES = "node-a/cuda:0,node-a/cuda:1,node-b/cuda:0"
+
+
+def needs(method, roles):
+    """The refusal message of a token whose role may not call `method` (design §8)."""
+    return "%s needs role %s; this token has role " % (method, " or ".join(roles))
+
+
+def device_pb(backend=2, index=0):
+    return pb_uint(1, backend) + pb_uint(3, index)
+
+
+def put_tensor_request(name, values_f32, device=None):
+    """PutTensorRequest of a whole 1-D f32 tensor in one chunk, and its attachment."""
+    body = (pb_bytes(1, device or device_pb()) + pb_bytes(2, name) + pb_uint(3, 1)
+            + pb_uint(4, len(values_f32)) + pb_uint(5, 4242))
+    return body, struct.pack("<%df" % len(values_f32), *values_f32)
+
+
+class CtlChecks:
+    """Assertions on devcoordctl results (design §10 error form)."""
+
+    def error_of(self, r):
+        lines = [l for l in r.err.splitlines() if l.strip()]
+        self.assertTrue(lines, "nothing on stderr: %r" % (r,))
+        m = ERROR_LINE.match(lines[0])
+        self.assertIsNotNone(m, "stderr is not 'devcoordctl: CODE: message': %r" % (r,))
+        return m.group(1), m.group(2)
+
+    def assert_refused(self, r, code, mentions=None, rc=1):
+        self.assertEqual(r.rc, rc, repr(r))
+        got, message = self.error_of(r)
+        self.assertEqual(got, code, repr(r))
+        if mentions is not None:
+            self.assertIn(mentions, message, repr(r))
+        return message
+
+    def assert_ok(self, r):
+        self.assertEqual(r.rc, 0, repr(r))
+        return r.out
+
+
+def start_auth_cluster(test, **kw):
+    """Coordinator and two workers, auth on everywhere. node-a presents the tokens file's
+    first worker token (the one the coordinator uses to call workers), node-b another worker
+    token, so both the coordinator's and the peers' tokens are checked."""
+    c = test.make_secure_cluster(auth=True, **kw)
+    c.start_coordinator()
+    c.add_worker("node-a", NODE_A)
+    c.add_worker("node-b", NODE_B, token=c.tokens.extra_workers[0])
+    c.wait_workers(["node-a", "node-b"])
+    return c
+
+
+class AuthTest(CtlChecks, SecureTestCase):
+    """Roles x methods at the coordinator and at a worker."""
+
+    def setUp(self):
+        self.cluster = start_auth_cluster(self)
+
+    # -- coordinator, through the CLI
+
+    def test_coordinator_roles_through_the_cli(self):
+        c = self.cluster
+        # (CLI command, RPC it makes, roles allowed), one per group of methods.
+        plan = ("plan", "--op", "all-reduce", "--reduce", "sum", "--devices",
+                "node-a/cuda:0,node-b/cuda:0")
+        cases = [
+            (("workers", "list"), "ListWorkers", ("trainer", "operator")),
+            (("devices", "list"), "ListDevices", ("trainer", "operator")),
+            (("ops", "list"), "ListOps", ("trainer", "operator")),
+            (plan, "SubmitOp", ("trainer",)),
+            (("workers", "drain", "node-b"), "DrainWorker", ("operator",)),
+            (("workers", "cordon", "node-b"), "CordonWorker", ("operator",)),
+            (("workers", "uncordon", "node-b"), "UncordonWorker", ("operator",)),
+            (("status",), "GetClusterStatus", ROLES),
+        ]
+        for args, method, allowed in cases:
+            for role in ROLES:
+                with self.subTest(method=method, role=role):
+                    r = c.ctl(*args, auth=role)
+                    if role in allowed:
+                        self.assert_ok(r)
+                    else:
+                        self.assert_refused(r, "PERMISSION_DENIED", needs(method, allowed) + role)
+            with self.subTest(method=method, token="none"):
+                message = self.assert_refused(c.ctl(*args, auth=None), "UNAUTHENTICATED")
+                self.assertIn(method, message)
+                self.assertIn("token", message)
+            with self.subTest(method=method, token="unknown"):
+                self.assert_refused(c.ctl(*args, auth="unknown"), "UNAUTHENTICATED",
+                                    "unknown token")
+        # The operator's steps above left node-b as it was.
+        self.assertEqual(c.registry_workers()["node-b"]["state"], "alive")
+
+    def test_token_from_the_environment(self):
+        c = self.cluster
+        r = c.ctl("workers", "list", auth=None,
+                  env={"DEVCOORD_TOKEN": c.tokens.by_role["trainer"]})
+        self.assertEqual(sorted(w["name"] for w in self.assert_ok(r)["workers"]),
+                         ["node-a", "node-b"])
+        r = c.ctl("workers", "cordon", "node-a", auth=None,
+                  env={"DEVCOORD_TOKEN": c.tokens.by_role["trainer"]})
+        self.assert_refused(r, "PERMISSION_DENIED", needs("CordonWorker", ["operator"]) + "trainer")
+        r = c.ctl("status", auth=None, env={"DEVCOORD_TOKEN": c.tokens.unknown})
+        self.assert_refused(r, "UNAUTHENTICATED", "unknown token")
+
+    # -- coordinator, raw: the worker-only methods
+
+    def test_worker_methods_need_the_worker_role(self):
+        c = self.cluster
+        epoch = c.registry_workers()["node-a"]["epoch"]
+        heartbeat = pb_bytes(1, "node-a") + pb_uint(2, epoch)
+        bodies = {"RegisterWorker": b"", "Heartbeat": heartbeat,
+                  "DeregisterWorker": pb_bytes(1, "node-nobody") + pb_uint(2, 1)}
+        for method, body in bodies.items():
+            for role in ("trainer", "operator"):
+                with self.subTest(method=method, role=role):
+                    code, message, _ = c.rpc(method, body, token=c.tokens.by_role[role])
+                    self.assertEqual((code, message),
+                                     ("PERMISSION_DENIED", needs(method, ["worker"]) + role))
+            with self.subTest(method=method, token="none"):
+                code, message, _ = c.rpc(method, body, token="")
+                self.assertEqual(code, "UNAUTHENTICATED", message)
+                self.assertIn(method, message)
+            with self.subTest(method=method, token="unknown"):
+                code, message, _ = c.rpc(method, body, token=c.tokens.unknown)
+                self.assertEqual((code, message), ("UNAUTHENTICATED", "unknown token"))
+            with self.subTest(method=method, role="worker"):
+                code, message, _ = c.rpc(method, body, token=c.tokens.by_role["worker"])
+                self.assertNotIn(code, AUTH_CODES, message)
+        # node-a's own heartbeat, with its epoch and a worker token, is accepted.
+        code, message, _ = c.rpc("Heartbeat", heartbeat, token=c.tokens.by_role["worker"])
+        self.assertEqual(code, "OK", message)
+        self.assertEqual(sorted(c.registry_workers()), ["node-a", "node-b"])
+
+    # -- workers, raw
+
+    def test_worker_checks_its_callers(self):
+        c = self.cluster
+        port = c.worker_port("node-a")
+        t = c.tokens.by_role
+        empty_device = pb_bytes(1, device_pb())
+        cases = [  # method, body, roles allowed
+            ("Execute", b"", ("worker",)),
+            ("Abort", pb_bytes(1, "op-none"), ("worker",)),
+            ("Exchange", b"", ("worker",)),
+            ("ListTensors", empty_device, ("trainer", "operator")),
+            ("GetTensor", empty_device + pb_bytes(2, "absent"), ("trainer", "operator")),
+            ("DeleteTensor", empty_device + pb_bytes(2, "absent"), ("trainer",)),
+        ]
+        for method, body, allowed in cases:
+            for role in ROLES:
+                with self.subTest(method=method, role=role):
+                    code, message, _ = c.rpc(WORKER_SERVICE + method, body, port=port,
+                                             token=t[role])
+                    if role in allowed:
+                        self.assertNotIn(code, AUTH_CODES, message)
+                    else:
+                        self.assertEqual((code, message),
+                                         ("PERMISSION_DENIED", needs(method, allowed) + role))
+            with self.subTest(method=method, token="none"):
+                code, message, _ = c.rpc(WORKER_SERVICE + method, body, port=port, token="")
+                self.assertEqual(code, "UNAUTHENTICATED", message)
+            with self.subTest(method=method, token="unknown"):
+                code, message, _ = c.rpc(WORKER_SERVICE + method, body, port=port,
+                                         token=c.tokens.unknown)
+                self.assertEqual((code, message), ("UNAUTHENTICATED", "unknown token"))
+
+    def test_worker_refuses_a_put_without_token(self):
+        c = self.cluster
+        port = c.worker_port("node-a")
+        body, data = put_tensor_request("raw", [1.0, 2.0])
+        method = WORKER_SERVICE + "PutTensor"
+
+        def put(token):
+            with c.connect(port, token=token) as conn:
+                header = (pb_uint(1, 9) + pb_bytes(2, method) + pb_uint(3, 5000)
+                          + pb_bytes(4, token))
+                return conn.call_raw(frame(header, body, data), 9)
+
+        code, message, _ = put("")
+        self.assertEqual(code, "UNAUTHENTICATED", message)
+        self.assertIn("PutTensor", message)
+        code, message, _ = put(c.tokens.unknown)
+        self.assertEqual((code, message), ("UNAUTHENTICATED", "unknown token"))
+        for role in ("operator", "worker"):
+            code, message, _ = put(c.tokens.by_role[role])
+            self.assertEqual((code, message),
+                             ("PERMISSION_DENIED", needs("PutTensor", ["trainer"]) + role))
+        # Nothing was stored by the refused calls...
+        r = c.ctl("tensor", "get", "node-a/cuda:0", "raw", auth="trainer")
+        self.assert_refused(r, "NOT_FOUND")
+        # ...and the trainer's token stores it.
+        code, message, _ = put(c.tokens.by_role["trainer"])
+        self.assertEqual(code, "OK", message)
+        out = self.assert_ok(c.ctl("tensor", "get", "node-a/cuda:0", "raw", auth="operator"))
+        self.assertEqual(out["values"], [1, 2])
+
+    def test_tensor_roles_through_the_cli(self):
+        c = self.cluster
+        put = ("tensor", "put", "node-b/cuda:0", "w", "--dtype", "f32", "--values", "4,5")
+        self.assert_ok(c.ctl(*put, auth="trainer"))
+        self.assert_refused(c.ctl(*put, auth="operator"), "PERMISSION_DENIED",
+                            needs("PutTensor", ["trainer"]) + "operator")
+        self.assert_refused(c.ctl(*put, auth=None), "UNAUTHENTICATED")
+        for role in ("trainer", "operator"):
+            out = self.assert_ok(c.ctl("tensor", "get", "node-b/cuda:0", "w", auth=role))
+            self.assertEqual(out["values"], [4, 5])
+            self.assert_ok(c.ctl("tensor", "list", "node-b/cuda:0", auth=role))
+        self.assert_refused(c.ctl("tensor", "delete", "node-b/cuda:0", "w", auth="operator"),
+                            "PERMISSION_DENIED", needs("DeleteTensor", ["trainer"]) + "operator")
+        self.assert_ok(c.ctl("tensor", "delete", "node-b/cuda:0", "w", auth="trainer"))
+
+    # -- the data plane between daemons
+
+    def test_all_reduce_with_auth_everywhere(self):
+        """The coordinator's Execute and the workers' Exchange carry worker tokens the callee
+        checks (node-a's and node-b's differ): the op works, and neither worker logged a
+        refused call."""
+        c = self.cluster
+        values = {"node-a/cuda:0": [1, 2, 3], "node-a/cuda:1": [10, 20, 30],
+                  "node-b/cuda:0": [100, 200, 300]}
+        for dev, v in values.items():
+            self.assert_ok(c.ctl("tensor", "put", dev, "g", "--dtype", "f32", "--values",
+                                 ",".join(map(str, v)), auth="trainer"))
+        out = self.assert_ok(c.ctl("submit", "--op", "all-reduce", "--reduce", "sum",
+                                   "--tensor", "g", "--devices", ALL_REDUCE_DEVICES,
+                                   auth="trainer"))
+        self.assertEqual(out["status"], "OK", out)
+        self.assertEqual(sorted(w["name"] for w in out["workers"]), ["node-a", "node-b"], out)
+        for dev in values:
+            got = self.assert_ok(c.ctl("tensor", "get", dev, "g", auth="trainer"))
+            self.assertEqual(got["values"], [111, 222, 333], dev)
+        for name in ("node-a", "node-b"):
+            log = c.worker(name).log_text()
+            for code in AUTH_CODES:
+                self.assertNotIn(code, log, "%s refused a call during the op:\n%s" % (name, log))
+
+    def test_workers_exchange_tokens_are_checked(self):
+        """A worker whose token its peer does not know: registration works (the coordinator
+        knows it) but the peer refuses its Exchange calls, so the op fails with
+        UNAUTHENTICATED naming it instead of hanging, and changes no tensor."""
+        c = self.cluster
+        # node-c's token is in the coordinator's tokens file, not in node-d's.
+        narrow = c.write("narrow-tokens.yaml", "%s: worker\n%s: trainer\n%s: operator\n" % (
+            c.tokens.by_role["worker"], c.tokens.by_role["trainer"],
+            c.tokens.by_role["operator"]))
+        c.add_worker("node-c", [{"device": "cuda:0", "memory": "1GiB"}],
+                     token=c.tokens.extra_workers[0])
+        c.add_worker("node-d", [{"device": "cuda:0", "memory": "1GiB"}],
+                     extra={"auth": {"tokens_file": narrow}})
+        c.wait_workers(["node-c", "node-d"])
+        for dev in ("node-c/cuda:0", "node-d/cuda:0"):
+            self.assert_ok(c.ctl("tensor", "put", dev, "x", "--dtype", "f32", "--values", "1",
+                                 auth="trainer"))
+        r = c.ctl("submit", "--op", "all-reduce", "--reduce", "sum", "--tensor", "x",
+                  "--devices", "node-c/cuda:0,node-d/cuda:0", "--timeout-ms", "5000",
+                  auth="trainer")
+        self.assertEqual(r.rc, 1, repr(r))
+        self.assertEqual(r.out.get("status"), "UNAUTHENTICATED", repr(r))
+        self.assertIn("node-c", r.out.get("message"), repr(r))
+        for dev in ("node-c/cuda:0", "node-d/cuda:0"):
+            with self.subTest("the failed op left %s as it was" % dev):
+                got = self.assert_ok(c.ctl("tensor", "get", dev, "x", auth="trainer"))
+                self.assertEqual(got["values"], [1], "the op failed, yet %s holds a result"
+                                 % dev)
+
+    # -- workers presenting the wrong token
+
+    def start_refused_worker(self, name, token):
+        return self.cluster.add_worker(name, [{"device": "cuda:0", "memory": "1GiB"}],
+                                       token=token)
+
+    def wait_refusal(self, w, what):
+        harness.wait_until(lambda: what in w.log_text(), 10 + SLACK_S,
+                           "%s's log to say %r" % (w.name, what))
+
+    def test_worker_with_a_wrong_token_cannot_register(self):
+        c = self.cluster
+        cases = [("node-x", c.tokens.unknown, "unknown token"),
+                 ("node-y", c.tokens.by_role["trainer"],
+                  needs("RegisterWorker", ["worker"]) + "trainer")]
+        for name, token, said in cases:
+            with self.subTest(worker=name):
+                w = self.start_refused_worker(name, token)
+                self.wait_refusal(w, said)
+                # Five heartbeats later it is still not in the registry.
+                time.sleep(5 * c.heartbeat_s)
+                self.assertNotIn(name, c.registry_workers())
+                w.expected_exit = True  # whether it retries or gives up is the next test's
+        self.assertEqual(sorted(c.registry_workers()), ["node-a", "node-b"])
+
+    def test_worker_refused_registration_is_a_failure_exit(self):
+        """A worker that gives up after its registration is refused must not report
+        success: exit status 0 tells systemd and compose all went well."""
+        c = self.cluster
+        w = self.start_refused_worker("node-x", c.tokens.unknown)
+        self.wait_refusal(w, "unknown token")
+        rc = w.wait(5 * c.heartbeat_s + SLACK_S)
+        w.expected_exit = True
+        if rc is None:
+            return  # it keeps retrying: fine too
+        self.assertGreater(rc, 0, "node-x exited with %s after its registration was refused:\n%s"
+                           % (rc, w.log_tail()))
+
+
+class TokenLogTest(CtlChecks, SecureTestCase):
+    """Tokens never appear in a daemon's log, even at debug level, whatever happens."""
+
+    def test_tokens_absent_from_every_log(self):
+        c = self.make_secure_cluster(auth=True)
+        c.coordinator_config["log"] = {"level": "debug"}
+        c.start_coordinator()
+        debug = {"log": {"level": "debug", "format": "json"}}
+        c.add_worker("node-a", NODE_A, extra=debug)
+        c.add_worker("node-b", NODE_B, token=c.tokens.extra_workers[0], extra=debug)
+        c.add_worker("node-x", NODE_B, token=c.tokens.unknown, extra=debug)
+        c.add_worker("node-y", NODE_B, token=c.tokens.by_role["operator"], extra=debug)
+        c.wait_workers(["node-a", "node-b"])
+        harness.wait_until(lambda: "unknown token" in c.worker("node-x").log_text(), 10,
+                           "node-x to be refused")
+        c.worker("node-x").expected_exit = True
+        c.worker("node-y").expected_exit = True
+        # Everything that carries a token: registration, heartbeats, ops (Execute and
+        # Exchange), tensors, refused calls with every kind of wrong token.
+        for dev, v in (("node-a/cuda:0", "1"), ("node-a/cuda:1", "2"), ("node-b/cuda:0", "3")):
+            self.assert_ok(c.ctl("tensor", "put", dev, "t", "--dtype", "f32", "--values", v,
+                                 auth="trainer"))
+        self.assert_ok(c.ctl("submit", "--op", "all-reduce", "--reduce", "sum", "--tensor", "t",
+                             "--devices", ALL_REDUCE_DEVICES, auth="trainer"))
+        c.ctl("submit", "--op", "all-reduce", "--reduce", "sum", "--tensor", "absent",
+              "--devices", ALL_REDUCE_DEVICES, auth="trainer")
+        for role in ("worker", "trainer", "operator", "unknown", None):
+            c.ctl("workers", "cordon", "node-b", auth=role)
+            c.ctl("workers", "uncordon", "node-b", auth=role)
+            c.ctl("tensor", "put", "node-a/cuda:0", "u", "--dtype", "f32", "--values", "1",
+                  auth=role)
+        for token in c.tokens.all():
+            c.rpc(WORKER_SERVICE + "PutTensor", b"", port=c.worker_port("node-a"), token=token)
+            c.rpc("RegisterWorker", b"", token=token)
+            c.rpc("Heartbeat", pb_bytes(1, "node-a"), token=token)
+        # A token with a byte a log line would need to escape.
+        c.rpc("ListWorkers", token=c.tokens.unknown + "\x1b[31m\n")
+        c.restart_worker("node-a")
+        c.wait_workers(["node-a", "node-b"])
+        c.terminate_worker("node-b")  # deregistration
+        # Stop them here, so that what they log on the way out is read too.
+        for d in c.all_daemons():
+            if d.running():
+                self.assertEqual(d.terminate(15), 0, "%s on SIGTERM" % d.name)
+        logs = {d.name: d.log_text() for d in c.all_daemons()}
+        self.assertIn("unknown token", logs["node-x"])
+        for token in c.tokens.all():
+            secret = token.split("-")[-1]
+            for name, text in logs.items():
+                with self.subTest(daemon=name, token=token[:12] + "..."):
+                    self.assertNotIn(secret[:12], text,
+                                     "a token (or its first 12 secret characters) in the log "
+                                     "of %s" % name)
+
+
+# ---- limits ---------------------------------------------------------------------------------
+
+
+def sanitized(binary):
+    """True for an ASan build (it cannot run under an address-space limit)."""
+    try:
+        out = subprocess.run(["ldd", binary], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "libasan" in out
+
+
+class LimitsTest(CtlChecks, SecureTestCase):
+    """Counts and lengths from the wire are bounded, with the bound in the error; memory the
+    worker cannot get is RESOURCE_EXHAUSTED, not a crash. node-a has small configured
+    limits; node-m runs under a 1 GiB address-space limit (prlimit), so a tensor within its
+    limits.max_tensor_bytes (default 4 GiB) fails in the allocator itself."""
+
+    MAX_TENSOR = 1 << 20
+    ADDRESS_SPACE = 1 << 30
+
+    def setUp(self):
+        def prefix(name):
+            return ["prlimit", "--as=%d" % self.ADDRESS_SPACE, "--"] if name == "node-m" else []
+        c = self.cluster = self.make_secure_cluster(
+            prefix=prefix, coordinator_config={"limits": {"max_group_devices": 4}})
+        c.start_coordinator()
+        c.add_worker("node-a", [{"device": "cuda:%d" % i, "memory": "1GiB"} for i in range(5)],
+                     extra={"limits": {"max_tensor_bytes": self.MAX_TENSOR,
+                                       "max_message_bytes": 65536}})
+        names = ["node-a"]
+        if not sanitized(harness.WORKER):
+            c.add_worker("node-m", [{"device": "cuda:0", "memory": "1GiB"}])
+            names.append("node-m")
+        c.wait_workers(names)
+
+    def worker_call(self, worker, method, body, attachment=b""):
+        with self.cluster.connect(self.cluster.worker_port(worker)) as conn:
+            header = pb_uint(1, 3) + pb_bytes(2, WORKER_SERVICE + method) + pb_uint(3, 10000)
+            return conn.call_raw(frame(header, body, attachment), 3)
+
+    def put(self, worker, name, shape, attachment=b"", dtype=1, offset=0, upload=1):
+        body = pb_bytes(1, device_pb()) + pb_bytes(2, name) + pb_uint(3, dtype)
+        body += b"".join(pb_uint(4, d) for d in shape) + pb_uint(5, upload) + pb_uint(6, offset)
+        return self.worker_call(worker, "PutTensor", body, attachment)
+
+    def assert_serving(self):
+        c = self.cluster
+        for d in c.all_daemons():
+            self.assertTrue(d.running(), "%s died:\n%s" % (d.name, d.log_tail()))
+        for w in c.workers:
+            self.assert_ok(c.ctl("tensor", "put", "%s/cuda:0" % w, "ok", "--dtype", "f32",
+                                 "--values", "1,2"))
+            self.assertEqual(self.assert_ok(c.ctl("tensor", "get", "%s/cuda:0" % w, "ok"))
+                             ["values"], [1, 2])
+
+    def test_registration_bounds(self):
+        c = self.cluster
+        spec = pb_bytes(4, pb_bytes(1, device_pb()) + pb_uint(2, 1 << 30) + pb_uint(3, 1))
+
+        def register(name="node-z", address="tcp://127.0.0.1:1", devices=1, labels=()):
+            body = pb_bytes(1, name) + pb_bytes(2, address)
+            body += b"".join(pb_bytes(3, pb_bytes(1, k) + pb_bytes(2, v)) for k, v in labels)
+            body += spec * devices
+            return c.rpc("RegisterWorker", body)
+
+        cases = [
+            ("65537 devices", register(devices=65537), "65537 devices (1 to 65536)"),
+            ("no device", register(devices=0), "0 devices"),
+            ("65 labels", register(labels=[("k%d" % i, "v") for i in range(65)]),
+             "65 labels (at most 64)"),
+            ("a 257-byte label key", register(labels=[("k" * 257, "v")]), "label 0 invalid"),
+            ("a 257-byte label value", register(labels=[("k", "v" * 257)]), "label 0 invalid"),
+            ("a 64-character name", register(name="n" * 64), "invalid worker name"),
+            ("a 256-byte address", register(address="tcp://" + "h" * 250), "invalid data address"),
+        ]
+        for what, (code, message, _), says in cases:
+            with self.subTest(what):
+                self.assertEqual(code, "INVALID_ARGUMENT", message)
+                self.assertIn(says, message)
+        self.assertEqual(sorted(c.registry_workers()), sorted(c.workers))
+        self.assert_serving()
+
+    def test_group_size_bound(self):
+        r = self.cluster.ctl("plan", "--op", "all-reduce", "--reduce", "sum", "--devices",
+                             ",".join("node-a/cuda:%d" % i for i in range(5)))
+        self.assertEqual(r.rc, 1, repr(r))
+        self.assertEqual(r.out["status"], "INVALID_ARGUMENT", r.out)
+        self.assertTrue(r.out["message"].startswith("too many devices"), r.out)
+        r = self.cluster.ctl("plan", "--op", "all-reduce", "--reduce", "sum", "--devices",
+                             ",".join("node-a/cuda:%d" % i for i in range(4)))
+        self.assertEqual(r.rc, 0, repr(r))
+
+    def test_tensor_bounds(self):
+        cases = [
+            ("over limits.max_tensor_bytes", self.put("node-a", "big", [self.MAX_TENSOR // 4 + 1]),
+             "RESOURCE_EXHAUSTED", "max_tensor_bytes"),
+            ("a shape whose size overflows", self.put("node-a", "wrap", [1 << 32, 1 << 32, 4]),
+             "INVALID_ARGUMENT", None),
+            ("9 dimensions", self.put("node-a", "deep", [1] * 9), "INVALID_ARGUMENT", None),
+            ("an unknown dtype", self.put("node-a", "odd", [1], dtype=99), "INVALID_ARGUMENT",
+             None),
+            ("a 300-byte name", self.put("node-a", "n" * 300, [1]), "INVALID_ARGUMENT", None),
+            ("a chunk past the end", self.put("node-a", "past", [2], b"\0" * 16),
+             "OUT_OF_RANGE", None),
+            ("a chunk at an offset never started", self.put("node-a", "late", [4], b"\0" * 4,
+                                                            offset=4, upload=99),
+             "FAILED_PRECONDITION", None),
+        ]
+        for what, (code, message, _), want, says in cases:
+            with self.subTest(what):
+                self.assertEqual(code, want, message)
+                if says:
+                    self.assertIn(says, message)
+        # Through the CLI as well: a file one element over the limit.
+        c = self.cluster
+        path = c.write("big.f32", "")
+        with open(path, "wb") as f:
+            f.write(b"\0" * (self.MAX_TENSOR + 4))
+        r = c.ctl("tensor", "put", "node-a/cuda:0", "big", "--dtype", "f32", "--file", path)
+        self.assert_refused(r, "RESOURCE_EXHAUSTED", "max_tensor_bytes")
+        # A message over the worker's limits.max_message_bytes is dropped, nothing else.
+        try:
+            code, message, _ = self.put("node-a", "huge-chunk", [1 << 16], b"\0" * (1 << 18))
+            self.assertNotEqual(code, "OK", "a 256 KiB chunk through a 64 KiB message limit")
+        except (RpcError, OSError):
+            pass  # dropped: what nng does with an oversized message
+        self.assert_serving()
+
+    def test_allocation_failure_is_resource_exhausted(self):
+        if "node-m" not in self.cluster.workers:
+            self.skipTest("an ASan build cannot run under an address-space limit")
+        # 2 GiB: within limits.max_tensor_bytes, over what node-m's allocator can give.
+        for attempt in range(3):
+            code, message, _ = self.put("node-m", "huge", [1 << 29], b"\0" * 4096,
+                                        upload=100 + attempt)
+            self.assertEqual(code, "RESOURCE_EXHAUSTED", message)
+            self.assertIn("memory", message)
+        self.assert_serving()
+
+
+# ---- TLS --------------------------------------------------------------------------------
+
+
+class TlsChecks(CtlChecks):
+    def assert_tls_refused(self, r, codes=("UNAUTHENTICATED",)):
+        """A TLS failure: exit 3 (cannot reach the server), the address in the message."""
+        self.assertEqual(r.rc, 3, repr(r))
+        code, message = self.error_of(r)
+        self.assertIn(code, codes, repr(r))
+        self.assertIn("cannot reach", message, repr(r))
+        return code, message
+
+    def assert_still_serving(self, what):
+        c = self.cluster
+        for d in c.all_daemons():
+            self.assertTrue(d.running(), "%s died after %s:\n%s" % (d.name, what, d.log_tail()))
+        out = self.assert_ok(c.ctl("status"))
+        self.assertEqual(out["workers"]["alive"], 2, "after %s: %r" % (what, out))
+        for name in ("node-a", "node-b"):
+            self.assertEqual(c.registry_workers()[name]["state"], "alive", what)
+        got = self.assert_ok(c.ctl("tensor", "list", "node-b/cuda:0", auth="trainer"))
+        self.assertIn("tensors", got)
+
+    def all_reduce_works(self):
+        c = self.cluster
+        values = {"node-a/cuda:0": "1,2", "node-a/cuda:1": "3,4", "node-b/cuda:0": "5,6"}
+        for dev, v in values.items():
+            self.assert_ok(c.ctl("tensor", "put", dev, "g", "--dtype", "i32", "--values", v,
+                                 auth="trainer"))
+        out = self.assert_ok(c.ctl("submit", "--op", "all-reduce", "--reduce", "sum", "--tensor",
+                                   "g", "--devices", ALL_REDUCE_DEVICES, auth="trainer"))
+        self.assertEqual(out["status"], "OK", out)
+        for dev in values:
+            got = self.assert_ok(c.ctl("tensor", "get", dev, "g", auth="trainer"))
+            self.assertEqual(got["values"], [9, 12], dev)
+
+
+class TlsTest(TlsChecks, SecureTestCase):
+    """Coordinator and workers on tls+tcp:// with tokens on (as the compose deployment)."""
+
+    def setUp(self):
+        self.cluster = start_auth_cluster(self, tls=True)
+
+    def test_registration_all_reduce_and_tensors_over_tls(self):
+        c = self.cluster
+        workers = c.registry_workers()
+        for name in ("node-a", "node-b"):
+            self.assertTrue(workers[name]["address"].startswith("tls+tcp://127.0.0.1:"),
+                            workers[name])
+        self.all_reduce_works()
+
+    def test_wrong_ca_fails_cleanly(self):
+        c = self.cluster
+        for args in (("status",), ("workers", "list")):
+            r = c.ctl("--tls-ca", c.pki.other_ca, *args, tls=False)
+            code, message = self.assert_tls_refused(r)
+            self.assertIn(c.addr, message)
+            self.assertIn("Cryptographic error", message)
+        # The same through $DEVCOORD_TLS_CA.
+        r = c.ctl("status", tls=False, env={"DEVCOORD_TLS_CA": c.pki.other_ca})
+        self.assert_tls_refused(r)
+        r = c.ctl("status", tls=False, env={"DEVCOORD_TLS_CA": c.pki.ca})
+        self.assert_ok(r)
+        # A client trusting another CA, straight at a worker's data port.
+        raw = socket.create_connection((harness.HOST, c.worker_port("node-a")), 5)
+        try:
+            with self.assertRaises(ssl.SSLError):
+                c.pki.ssl_context(ca=c.pki.other_ca).wrap_socket(raw)
+        finally:
+            raw.close()
+        self.assert_still_serving("handshakes with the wrong CA")
+
+    def test_no_ca_is_a_usage_error(self):
+        r = self.cluster.ctl("status", tls=False)
+        self.assertEqual(r.rc, 2, repr(r))
+        self.assertIn("CA", r.err)
+
+    def test_plain_tcp_client_against_the_tls_listener(self):
+        c = self.cluster
+        for port in (c.port, c.worker_port("node-a")):
+            r = c.ctl("status", server="tcp://127.0.0.1:%d" % port)
+            self.assertEqual(r.rc, 3, repr(r))
+            code, message = self.error_of(r)
+            self.assertIn(code, ("UNAVAILABLE", "UNAUTHENTICATED"), repr(r))
+            self.assertIn("cannot reach", message)
+            # The raw SP handshake in clear text gets no SP greeting back.
+            with socket.create_connection((harness.HOST, port), timeout=5) as s:
+                s.settimeout(5)
+                try:
+                    s.sendall(harness.sp_greeting(harness.SP_REQ0))
+                    reply = s.recv(8)
+                except (OSError, socket.timeout):
+                    reply = b""
+                self.assertNotEqual(reply, harness.sp_greeting(harness.SP_REP0),
+                                    "an SP greeting over plain TCP from a TLS listener")
+            # Nor do a few KiB of junk in place of a ClientHello upset it.
+            with socket.create_connection((harness.HOST, port), timeout=5) as s:
+                try:
+                    s.sendall(os.urandom(4096))
+                    s.settimeout(5)
+                    while s.recv(4096):
+                        pass
+                except (OSError, socket.timeout):
+                    pass
+        self.assert_still_serving("plain TCP clients")
+        self.all_reduce_works()
+
+
+class ClientCertTest(TlsChecks, SecureTestCase):
+    """require_client_cert on both daemons: the daemons' own calls present their certificate,
+    and a client must present one signed by the CA."""
+
+    def setUp(self):
+        self.cluster = start_auth_cluster(self, tls=True, require_client_cert=True)
+
+    def test_client_certificates(self):
+        c = self.cluster
+        bare = ("--tls-ca", c.pki.ca)
+        with self.subTest("no client certificate"):
+            self.assert_tls_refused(c.ctl(*bare, "status", tls=False),
+                                    ("UNAUTHENTICATED", "UNAVAILABLE"))
+        with self.subTest("a certificate from another CA"):
+            r = c.ctl(*bare, "--tls-cert", c.pki.other_client, "--tls-key",
+                      c.pki.other_client_key, "status", tls=False)
+            self.assert_tls_refused(r, ("UNAUTHENTICATED", "UNAVAILABLE"))
+        with self.subTest("a worker's data port without a client certificate"):
+            ctx = c.pki.ssl_context()
+            with self.assertRaises((ssl.SSLError, RpcError, OSError)):
+                with TokenRpcConnection(c.worker_port("node-a"), c.tokens.by_role["trainer"],
+                                        ctx, 5) as conn:
+                    conn.call(WORKER_SERVICE + "ListTensors", pb_bytes(1, device_pb()))
+        with self.subTest("with the client certificate"):
+            out = self.assert_ok(c.ctl("status"))
+            self.assertEqual(out["workers"]["alive"], 2, out)
+        self.assert_still_serving("refused client certificates")
+        self.all_reduce_works()
+
+
+if __name__ == "__main__":
+    unittest.main()
