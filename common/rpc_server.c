@@ -468,7 +468,7 @@ rpc_server_start(const struct rpc_server_opts *opts, struct rpc_server **out, dc
     pthread_mutex_init(&s->mtx, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->idle_cv, NULL);
-    s->service       = opts->service;
+    s->service = opts->service;
     if (s->service->descriptor->n_methods > RPC_MAX_METHODS) {
         code = status_set(st, DC_INTERNAL, "service with more than %d methods", RPC_MAX_METHODS);
         goto fail;
@@ -477,8 +477,8 @@ rpc_server_start(const struct rpc_server_opts *opts, struct rpc_server **out, dc
         const ProtobufCMethodDescriptor *m = protobuf_c_service_descriptor_get_method_by_name(
             s->service->descriptor, opts->inline_methods[i]);
         if (m == NULL) {
-            code = status_set(st, DC_INTERNAL, "no method %s to run inline",
-                              opts->inline_methods[i]);
+            code =
+                status_set(st, DC_INTERNAL, "no method %s to run inline", opts->inline_methods[i]);
             goto fail;
         }
         s->inline_method[m - s->service->descriptor->methods] = true;

@@ -12,8 +12,8 @@ struct tpool_job {
 
 struct tpool {
     pthread_mutex_t mtx;
-    pthread_cond_t work;  /* a job was queued, or stopping */
-    pthread_cond_t gone;  /* a thread left */
+    pthread_cond_t work; /* a job was queued, or stopping */
+    pthread_cond_t gone; /* a thread left */
     struct tpool_job *head, *tail;
     unsigned threads, idle, max;
     unsigned idle_ms;

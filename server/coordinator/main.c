@@ -47,8 +47,8 @@ on_intent_changed(void *arg)
 /* Handlers that never wait run on nng's callback threads. Listings (which can be large) and
  * operator steering (which writes the state file) go to the server threads. */
 static const char *const coordinator_inline_methods[] = {
-    "RegisterWorker", "Heartbeat", "DeregisterWorker", "GetDevice", "SubmitOp",
-    "GetOp",          "GetClusterStatus", NULL,
+    "RegisterWorker", "Heartbeat", "DeregisterWorker", "GetDevice",
+    "SubmitOp",       "GetOp",     "GetClusterStatus", NULL,
 };
 
 static const char *const gone_words[] = {

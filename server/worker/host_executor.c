@@ -227,10 +227,10 @@ host_destroy(struct executor *ex)
 }
 
 static const struct executor_ops host_ops = {
-    .create  = host_create,
-    .store   = host_store,
-    .lookup  = host_lookup,
-    .remove  = host_remove,
+    .create     = host_create,
+    .store      = host_store,
+    .lookup     = host_lookup,
+    .remove     = host_remove,
     .list       = host_list,
     .has_device = host_has_device,
     .destroy    = host_destroy,

@@ -28,7 +28,7 @@
 #include "tensors.h"
 #include "wire.h"
 
-#define FRAMES_MAX 64
+#define FRAMES_MAX       64
 #define UPLOAD_BYTES_MAX ((size_t)1 << 20)
 
 struct rpc_call {
@@ -258,8 +258,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static const dc_device devices[] = { { .backend = DC_BACKEND_CPU, .index = 0 },
                                          { .backend = DC_BACKEND_CUDA, .index = 1 } };
     struct executor *ex              = host_executor_new(devices, 2);
-    struct tensors *t                = ex != NULL ? tensors_new(ex, RPC_DEFAULT_MAX_MESSAGE, UPLOAD_BYTES_MAX)
-                                                    : NULL;
+    struct tensors *t =
+        ex != NULL ? tensors_new(ex, RPC_DEFAULT_MAX_MESSAGE, UPLOAD_BYTES_MAX) : NULL;
 
     for (unsigned i = 0; t != NULL && i < FRAMES_MAX && size >= 4; i++) {
         size_t n =

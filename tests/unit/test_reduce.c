@@ -12,7 +12,7 @@ static void
 test_f32_ops(void **state)
 {
     float dst[5];
-    const float src[5] = { 1.5f, -2.0f, 3.0f, 0.5f, 10.0f };
+    const float src[5]  = { 1.5f, -2.0f, 3.0f, 0.5f, 10.0f };
     const float init[5] = { 2.0f, 4.0f, -1.0f, 0.5f, 3.0f };
 
     (void)state;
@@ -38,11 +38,11 @@ test_f32_ops(void **state)
 static void
 test_f64_and_integers(void **state)
 {
-    double d[2]        = { 1e300, -4.0 };
-    const double ds[2] = { 1e300, 2.0 };
-    int32_t i[3]       = { INT32_MAX, -7, 9 };
+    double d[2]         = { 1e300, -4.0 };
+    const double ds[2]  = { 1e300, 2.0 };
+    int32_t i[3]        = { INT32_MAX, -7, 9 };
     const int32_t is[3] = { 1, 2, -3 };
-    int64_t l[2]       = { INT64_MAX, 10 };
+    int64_t l[2]        = { INT64_MAX, 10 };
     const int64_t ls[2] = { 2, -3 };
 
     (void)state;
