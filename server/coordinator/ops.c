@@ -571,7 +571,9 @@ execute_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *rep
     if (op->state == OP_RUNNING) {
         if (code != DC_OK) {
             dc_status fail;
-            if (code == DC_DEADLINE_EXCEEDED && strstr(st->message, "no reply from") != NULL) {
+            /* The coordinator's own call timing out (no answer came at all) is about this
+             * worker; anything the worker answered may be about a peer it names. */
+            if (code == DC_DEADLINE_EXCEEDED && st->transport) {
                 status_set(&fail, code, "worker %s did not answer op %s within %u ms", w->name,
                            op->id, op->timeout_ms);
                 status_set_worker(&fail, w->name);

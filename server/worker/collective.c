@@ -629,8 +629,10 @@ cop_sent(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, 
         const char *name = op->req->plan->workers[ctx->to]->name;
         if (st->transport) {
             char where[DC_WORKER_NAME_MAX + 32];
-            snprintf(where, sizeof(where), "lost worker %s", name);
+            snprintf(where, sizeof(where), "%s %s",
+                     code == DC_DEADLINE_EXCEEDED ? "no answer from worker" : "lost worker", name);
             status_prefix(&peer, where);
+            peer.transport = false; /* reported on: no longer a failure of our own call */
         }
         /* The peer's own answer names what it found; either way the failure is about it. */
         if (peer.worker[0] == '\0') {

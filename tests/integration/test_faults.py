@@ -531,8 +531,10 @@ class MetricsTest(OpsMixin, SecureTestCase):
 
         hb = fams["devcoord_heartbeats"]
         self.assertEqual(hb.type, "counter")
+        # Workers heartbeat one interval after registering: the first scrape may come before
+        # any. What matters is that the counter counts them.
         first = samples(hb, "devcoord_heartbeats_total")[0].value
-        self.assertGreater(first, 0)
+        self.assertGreaterEqual(first, 0)
         time.sleep(3 * c.heartbeat_s)
         later = parse_metrics(http_get(self.http, "/metrics")[1])["devcoord_heartbeats"]
         self.assertGreater(samples(later, "devcoord_heartbeats_total")[0].value, first)
