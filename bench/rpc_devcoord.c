@@ -81,8 +81,12 @@ static Devcoord__V1__Coordinator_Service echo_service = DEVCOORD__V1__COORDINATO
 static int
 serve(const char *url)
 {
-    /* As devcoord-server configures its server (server/coordinator/main.c). */
-    struct rpc_server_opts so = { .url = url, .service = &echo_service.base, .threads = 2 };
+    /* As devcoord-server configures its server (server/coordinator/main.c), where GetDevice
+     * is one of the cheap methods answered on nng's callback thread. */
+    static const char *const inline_methods[] = { "GetDevice", NULL };
+    struct rpc_server_opts so                 = {
+                        .url = url, .service = &echo_service.base, .threads = 2, .inline_methods = inline_methods
+    };
     struct rpc_server *server;
     dc_status st;
     sigset_t set;

@@ -81,6 +81,9 @@ status_recode(dc_status *st, dc_code code, const char *prefix)
     return code;
 }
 
+/* A bound on the size a server's first page may announce. */
+#define LIST_DEVICES_MAX_TOTAL (16u << 20)
+
 static dc_code
 need_client(const dc_client *c, dc_status *st)
 {
@@ -586,6 +589,16 @@ dc_list_devices(dc_client *c, const dc_device_filter *filter, dc_device_list **o
             goto out;
         }
         resp = r.body != NULL ? (const Devcoord__V1__ListDevicesResponse *)r.body : &empty;
+        /* The first page says how many there are in all: one allocation, no copying. */
+        if (page == 0 && resp->total > resp->n_devices && resp->total <= LIST_DEVICES_MAX_TOTAL) {
+            dc_device_info *all = malloc((size_t)resp->total * sizeof(*all));
+            if (all == NULL) {
+                code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+                goto out;
+            }
+            list->devices = all;
+            cap           = (size_t)resp->total;
+        }
         if (resp->n_devices > cap - list->n) {
             size_t want = list->n + resp->n_devices;
             dc_device_info *grow;

@@ -6,6 +6,7 @@
 
 #define ARENA_ALIGN     16
 #define ARENA_CHUNK_MIN 16384
+#define ARENA_CHUNK_MAX (1u << 20)
 
 struct arena_chunk {
     struct arena_chunk *next;
@@ -16,6 +17,7 @@ struct arena_chunk {
 
 struct arena {
     struct arena_chunk *chunks;
+    size_t next_chunk; /* chunks double up to ARENA_CHUNK_MAX: a big message costs few mallocs */
     size_t budget;
     size_t spent;
     bool exhausted;
@@ -88,7 +90,16 @@ arena_alloc(struct arena *a, size_t size)
         return NULL;
     }
     if (c == NULL || c->size - c->used < want) {
-        size_t csize = want > ARENA_CHUNK_MIN ? want : ARENA_CHUNK_MIN;
+        size_t csize = a->next_chunk > ARENA_CHUNK_MIN ? a->next_chunk : ARENA_CHUNK_MIN;
+        if (csize < ARENA_CHUNK_MAX) {
+            a->next_chunk = csize * 2;
+        }
+        if (csize > a->budget - a->spent) {
+            csize = a->budget - a->spent;
+        }
+        if (csize < want) {
+            csize = want;
+        }
         if ((c = malloc(sizeof(*c) + csize)) == NULL) {
             a->exhausted = true;
             return NULL;
@@ -96,7 +107,7 @@ arena_alloc(struct arena *a, size_t size)
         c->size = csize;
         c->used = 0;
         /* Keep the chunk with room in front; a big one-off goes behind it. */
-        if (a->chunks != NULL && want > ARENA_CHUNK_MIN) {
+        if (a->chunks != NULL && want == csize && want > ARENA_CHUNK_MIN) {
             c->next         = a->chunks->next;
             a->chunks->next = c;
         } else {

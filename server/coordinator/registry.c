@@ -777,6 +777,19 @@ registry_list_devices(struct registry *r, const Devcoord__V1__ListDevicesRequest
         }
     }
 done:
+    if (req->page_token[0] == '\0' && out->next_page_token != NULL) {
+        /* A first page that is not the last: count the rest too (cheap: no messages). */
+        out->total = out->n_devices;
+        for (size_t i = first; i < last; i++) {
+            struct reg_worker *w = r->order[i];
+            for (size_t k = 0; k < w->n_devices; k++) {
+                out->total += device_matches(req, &w->devices[k]);
+            }
+        }
+        out->total -= out->n_devices; /* the loop counted this page's devices again */
+    } else if (req->page_token[0] == '\0') {
+        out->total = out->n_devices;
+    }
     pthread_rwlock_unlock(&r->lock);
     if (out->next_page_token == NULL) {
         out->next_page_token = (char *)protobuf_c_empty_string;

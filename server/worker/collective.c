@@ -15,8 +15,8 @@
 #define WORKER_SVC (&devcoord__v1__worker__descriptor)
 enum { M_EXCHANGE = 2 };
 
-#define CHUNK_BYTES      (1u << 20) /* bytes per Exchange call */
-#define SEND_WINDOW      8          /* Exchange calls in flight per op */
+#define CHUNK_BYTES      (512u << 10) /* bytes per Exchange call */
+#define SEND_WINDOW      8            /* Exchange calls in flight per op */
 #define ORPHAN_MAX_BYTES ((size_t)256 << 20)
 #define ORPHAN_MAX_MS    10000
 #define RECENT_OPS       512
@@ -1294,12 +1294,10 @@ cop_run(void *arg)
             break;
         }
     }
-    /* A good op's chunks have all been answered before the result is written. A failed op
-     * does not wait: a dead peer's sends end only at their deadline. */
+    /* No waiting for the last acknowledgements: what we sent was copied into its messages,
+     * and a peer that does not get it fails the op on its own. The op object stays until
+     * its last send is answered (cop_sent frees it). */
     pthread_mutex_lock(&op->mtx);
-    while (op->inflight > 0 && !op->failed) {
-        pthread_cond_wait(&op->cv, &op->mtx);
-    }
     ok = ok && !op->failed;
     pthread_mutex_unlock(&op->mtx);
     if (ok && cop_finish(op, &st) != DC_OK) {
