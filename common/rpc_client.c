@@ -268,6 +268,10 @@ rpc_slot_decode(struct rpc_slot *s, nng_msg *msg, struct rpc_reply *r, dc_status
     }
     alloc = arena_allocator(r->arena);
     hdr   = devcoord__v1__reply_header__unpack(&alloc, f.header_len, f.header);
+    if (hdr == NULL && arena_exhausted(r->arena)) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory decoding a reply from %s",
+                          s->client->url);
+    }
     if (hdr == NULL || hdr->status == NULL) {
         return status_set(st, DC_INTERNAL, "undecodable reply header from %s", s->client->url);
     }
@@ -286,8 +290,8 @@ rpc_slot_decode(struct rpc_slot *s, nng_msg *msg, struct rpc_reply *r, dc_status
     if (f.body_len > 0) {
         r->body = protobuf_c_message_unpack(s->method->output, &alloc, f.body_len, f.body);
         if (r->body == NULL) {
-            return status_set(st, DC_INTERNAL, "undecodable %s reply from %s", s->method->name,
-                              s->client->url);
+            return status_set(st, arena_exhausted(r->arena) ? DC_RESOURCE_EXHAUSTED : DC_INTERNAL,
+                              "undecodable %s reply from %s", s->method->name, s->client->url);
         }
     }
     r->attachment     = f.attachment;

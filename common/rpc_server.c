@@ -241,6 +241,9 @@ rpc_request_open(const void *buf, size_t len, const ProtobufCServiceDescriptor *
     alloc     = arena_allocator(r->arena);
     r->header = devcoord__v1__request_header__unpack(&alloc, r->frame.header_len, r->frame.header);
     if (r->header == NULL) {
+        if (arena_exhausted(r->arena)) {
+            return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory decoding a request");
+        }
         return status_set(st, DC_INVALID_ARGUMENT, "undecodable request header");
     }
     /* "/<package.Service>/<Method>" */

@@ -20,6 +20,7 @@
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/protocol/reqrep0/req.h>
 
+#include "arena.h"
 #include "devcoord/v1/devcoord.pb-c.h"
 #include "rpc.h"
 #include "wire.h"
@@ -668,6 +669,41 @@ test_large_reply(void **state)
     rpc_reply_free(&r);
 }
 
+/* Memory that cannot be had while decoding a request or its reply is RESOURCE_EXHAUSTED,
+ * whichever allocation fails (arena_fail_after fails the n-th arena allocation from now on,
+ * the server's first, then the client's); the server goes on serving. */
+static void
+test_allocation_failure(void **state)
+{
+    struct fixture *f = *state;
+    struct rpc_reply r;
+    dc_status st;
+
+    bool arena = false, header = false, body = false, reply = false;
+
+    /* Failing each allocation in turn, until a call makes fewer than n: every failure is
+     * RESOURCE_EXHAUSTED, and the arena itself, the header, the body and the reply are
+     * all reached. */
+    for (unsigned n = 1;; n++) {
+        dc_code code;
+        arena_fail_after(n);
+        code = get_device(f->client, "x", NULL, 0, 5000, &r, &st);
+        arena_fail_after(0);
+        rpc_reply_free(&r);
+        if (code == DC_OK) {
+            break;
+        }
+        assert_int_equal(code, DC_RESOURCE_EXHAUSTED);
+        arena  = arena || strcmp(st.message, "out of memory") == 0;
+        header = header || strcmp(st.message, "out of memory decoding a request") == 0;
+        body   = body || strstr(st.message, "GetDevice request too costly to decode") != NULL;
+        reply  = reply || strstr(st.message, "reply") != NULL;
+        assert_true(n < 100);
+    }
+    assert_true(arena && header && body && reply);
+    assert_still_serving(f);
+}
+
 static void
 test_method_numbers_match_descriptor(void **state)
 {
@@ -695,6 +731,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_oversize_message, setup, teardown),
         cmocka_unit_test_setup_teardown(test_http_on_rpc_port, setup, teardown),
         cmocka_unit_test_setup_teardown(test_large_reply, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_allocation_failure, setup, teardown),
         cmocka_unit_test(test_connect_now_fails_fast),
         cmocka_unit_test(test_client_before_server),
         cmocka_unit_test(test_connection_lost_code),
