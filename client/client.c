@@ -501,29 +501,96 @@ out:
     return code;
 }
 
-static dc_code
-device_info_from_pb(const Devcoord__V1__DeviceInfo *pb, dc_device_info *out, dc_status *st)
+/* The strings of a device listing, bump-allocated in chunks that never move (records point
+ * into them) and freed with the list: one small allocation per 64 KiB of names, not two
+ * fixed 320-byte arrays per device. */
+#define STR_CHUNK_SIZE 65536
+
+struct str_chunk {
+    struct str_chunk *next;
+    size_t used, cap;
+    char data[];
+};
+
+struct device_list_impl {
+    dc_device_list pub; /* first: a dc_device_list * is a struct device_list_impl * */
+    struct str_chunk *strings;
+};
+
+static void
+str_chunks_free(struct str_chunk *c)
 {
-    dc_code code;
+    while (c != NULL) {
+        struct str_chunk *next = c->next;
+        free(c);
+        c = next;
+    }
+}
+
+/* A copy of s[0..n) in the pool, NUL-terminated; NULL when out of memory. */
+static const char *
+str_pool_add(struct str_chunk **pool, const char *s, size_t n)
+{
+    struct str_chunk *c = *pool;
+    char *dst;
+
+    if (c == NULL || c->cap - c->used < n + 1) {
+        size_t cap = n + 1 > STR_CHUNK_SIZE ? n + 1 : STR_CHUNK_SIZE;
+        if ((c = malloc(sizeof(*c) + cap)) == NULL) {
+            return NULL;
+        }
+        c->next = *pool;
+        c->used = 0;
+        c->cap  = cap;
+        *pool   = c;
+    }
+    dst = c->data + c->used;
+    memcpy(dst, s, n);
+    dst[n] = '\0';
+    c->used += n + 1;
+    return dst;
+}
+
+/* Fills out from pb, its strings in pool; `prev` (may be NULL) is the record before it, whose
+ * worker name is shared when it is the same (listings come grouped by worker). */
+static dc_code
+device_info_from_pb(const Devcoord__V1__DeviceInfo *pb, const dc_device_info *prev,
+                    struct str_chunk **pool, dc_device_info *out, dc_status *st)
+{
+    char name[DC_DEVICE_TEXT_SIZE];
+    size_t wlen, nlen;
 
     memset(out, 0, sizeof(*out));
     if (pb == NULL) {
         return status_set(st, DC_INTERNAL, "malformed reply: device missing");
     }
-    if ((code = client_copy_field(out->worker, sizeof(out->worker), pb->worker, "worker name",
-                                  st)) != DC_OK) {
-        return code;
+    wlen = pb->worker != NULL ? strnlen(pb->worker, DC_WORKER_NAME_MAX + 1) : 0;
+    if (wlen > DC_WORKER_NAME_MAX) {
+        return status_set(st, DC_INTERNAL, "malformed reply: worker name longer than %d bytes",
+                          DC_WORKER_NAME_MAX);
     }
     if (device_from_pb(pb->device, &out->device, st) != DC_OK) {
         return status_recode(st, DC_INTERNAL, "malformed reply");
     }
-    if (pb->name != NULL && pb->name[0] != '\0') {
-        if ((code = client_copy_field(out->name, sizeof(out->name), pb->name, "device name", st)) !=
-            DC_OK) {
-            return code;
-        }
+    nlen = pb->name != NULL ? strnlen(pb->name, DC_DEVICE_TEXT_MAX + 1) : 0;
+    if (nlen > DC_DEVICE_TEXT_MAX) {
+        return status_set(st, DC_INTERNAL, "malformed reply: device name longer than %d bytes",
+                          DC_DEVICE_TEXT_MAX);
+    }
+    if (prev != NULL && strlen(prev->worker) == wlen &&
+        memcmp(prev->worker, pb->worker, wlen) == 0) {
+        out->worker = prev->worker;
+    } else if ((out->worker = str_pool_add(pool, wlen > 0 ? pb->worker : "", wlen)) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    if (nlen == 0) {
+        device_cluster_name(out->worker, &out->device, name, sizeof(name));
+        out->name = str_pool_add(pool, name, strlen(name));
     } else {
-        device_cluster_name(out->worker, &out->device, out->name, sizeof(out->name));
+        out->name = str_pool_add(pool, pb->name, nlen);
+    }
+    if (out->name == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
     out->state =
         (unsigned)pb->state < DC_DEVICE_STATE_COUNT ? (dc_device_state)pb->state : DC_DEVICE_NONE;
@@ -532,13 +599,26 @@ device_info_from_pb(const Devcoord__V1__DeviceInfo *pb, dc_device_info *out, dc_
 }
 
 void
-dc_device_list_free(dc_device_list *list)
+dc_device_info_clear(dc_device_info *d)
 {
-    if (list == NULL) {
+    if (d == NULL) {
         return;
     }
-    free(list->devices);
-    free(list);
+    free((char *)d->name); /* dc_get_device: one block, the name first */
+    memset(d, 0, sizeof(*d));
+}
+
+void
+dc_device_list_free(dc_device_list *list)
+{
+    struct device_list_impl *l = (struct device_list_impl *)list;
+
+    if (l == NULL) {
+        return;
+    }
+    str_chunks_free(l->strings);
+    free(l->pub.devices);
+    free(l);
 }
 
 dc_code
@@ -548,6 +628,7 @@ dc_list_devices(dc_client *c, const dc_device_filter *filter, dc_device_list **o
         DEVCOORD__V1__LIST_DEVICES_RESPONSE__INIT;
     Devcoord__V1__ListDevicesRequest req = DEVCOORD__V1__LIST_DEVICES_REQUEST__INIT;
     struct rpc_reply r                   = { 0 };
+    struct device_list_impl *impl        = NULL;
     dc_device_list *list                 = NULL;
     size_t cap                           = 0;
     char *page_token                     = NULL;
@@ -572,9 +653,10 @@ dc_list_devices(dc_client *c, const dc_device_filter *filter, dc_device_list **o
         req.state   = (Devcoord__V1__DeviceState)filter->state;
         req.label   = (char *)(filter->label != NULL ? filter->label : "");
     }
-    if ((list = calloc(1, sizeof(*list))) == NULL) {
+    if ((impl = calloc(1, sizeof(*impl))) == NULL) {
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
+    list = &impl->pub;
     for (unsigned page = 0;; page++) {
         const Devcoord__V1__ListDevicesResponse *resp;
         const char *next;
@@ -615,8 +697,9 @@ dc_list_devices(dc_client *c, const dc_device_filter *filter, dc_device_list **o
             cap           = want;
         }
         for (size_t i = 0; i < resp->n_devices; i++) {
-            if ((code = device_info_from_pb(resp->devices[i], &list->devices[list->n], st)) !=
-                DC_OK) {
+            const dc_device_info *prev = list->n > 0 ? &list->devices[list->n - 1] : NULL;
+            if ((code = device_info_from_pb(resp->devices[i], prev, &impl->strings,
+                                            &list->devices[list->n], st)) != DC_OK) {
                 goto out;
             }
             list->n++;
@@ -652,7 +735,8 @@ dc_get_device(dc_client *c, const char *name, dc_device_info *out, dc_status *st
 {
     Devcoord__V1__GetDeviceRequest req = DEVCOORD__V1__GET_DEVICE_REQUEST__INIT;
     const Devcoord__V1__GetDeviceResponse *resp;
-    struct rpc_reply r = { 0 };
+    struct rpc_reply r     = { 0 };
+    struct str_chunk *pool = NULL;
     dc_device_ref ref;
     char canonical[DC_DEVICE_TEXT_SIZE];
     dc_code code;
@@ -684,8 +768,24 @@ dc_get_device(dc_client *c, const char *name, dc_device_info *out, dc_status *st
         code = status_set(st, DC_INTERNAL, "malformed reply: GetDevice without a device");
         goto out;
     }
-    code = device_info_from_pb(resp->device, out, st);
+    if ((code = device_info_from_pb(resp->device, NULL, &pool, out, st)) == DC_OK) {
+        /* The caller's copy owns its strings in one block: dc_device_info_clear frees it. */
+        size_t nlen = strlen(out->name), wlen = strlen(out->worker);
+        char *block = malloc(nlen + wlen + 2);
+        if (block == NULL) {
+            memset(out, 0, sizeof(*out));
+            code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+            goto out;
+        }
+        memcpy(block, out->name, nlen + 1);
+        memcpy(block + nlen + 1, out->worker, wlen + 1);
+        out->name   = block;
+        out->worker = block + nlen + 1;
+    } else {
+        memset(out, 0, sizeof(*out)); /* nothing may point into the pool freed below */
+    }
 out:
+    str_chunks_free(pool);
     rpc_reply_free(&r);
     return code;
 }

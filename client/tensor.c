@@ -70,7 +70,11 @@ tensor_check_name(const char *name, dc_status *st)
 /* Where a device's tensors live. */
 struct tensor_target {
     struct worker_conn *conn;
-    dc_device_info info;
+    struct {
+        char name[DC_DEVICE_TEXT_SIZE];
+        char worker[DC_WORKER_NAME_MAX + 1];
+        dc_device device;
+    } info;
 };
 
 static dc_code
@@ -78,13 +82,20 @@ tensor_resolve(dc_client *c, const char *device, struct tensor_target *t, dc_sta
 {
     dc_worker_list *workers = NULL;
     const dc_worker_info *w = NULL;
+    dc_device_info info;
     dc_code code;
 
     if (device == NULL) {
         return status_set(st, DC_INVALID_ARGUMENT, "device is NULL");
     }
-    if ((code = dc_get_device(c, device, &t->info, st)) != DC_OK ||
-        (code = dc_list_workers(c, &workers, st)) != DC_OK) {
+    if ((code = dc_get_device(c, device, &info, st)) != DC_OK) {
+        return code;
+    }
+    snprintf(t->info.name, sizeof(t->info.name), "%s", info.name);
+    snprintf(t->info.worker, sizeof(t->info.worker), "%s", info.worker);
+    t->info.device = info.device;
+    dc_device_info_clear(&info);
+    if ((code = dc_list_workers(c, &workers, st)) != DC_OK) {
         goto out;
     }
     for (size_t i = 0; i < workers->n; i++) {

@@ -499,7 +499,7 @@ f_list_devices(CSVC *s, const Devcoord__V1__ListDevicesRequest *in,
         dev[i].backend = DEVCOORD__V1__BACKEND__BACKEND_CUDA;
         dev[i].index   = index[first + i];
         snprintf(names[i], sizeof(names[i]), "node-a/cuda:%u", index[first + i]);
-        info[i].name         = names[i];
+        info[i].name         = first + i == 4 ? "" : names[i]; /* the client names it */
         info[i].worker       = "node-a";
         info[i].device       = &dev[i];
         info[i].state        = DEVCOORD__V1__DEVICE_STATE__DEVICE_HEALTHY;
@@ -846,11 +846,18 @@ test_registry_calls(void **state)
     assert_string_equal(dl->devices[3].name, "node-a/cuda:3");
     assert_string_equal(dl->devices[4].name, "node-a/cuda:10");
     assert_int_equal(dl->devices[4].device.index, 10);
+    assert_string_equal(dl->devices[0].worker, "node-a");
+    assert_string_equal(dl->devices[4].worker, "node-a");
+    assert_int_equal(dl->devices[4].state, DC_DEVICE_HEALTHY);
+    assert_int_equal(dl->devices[4].memory_bytes, 80);
     dc_device_list_free(dl);
 
     assert_int_equal(dc_get_device(c, "node-a/cpu", &di, &st), DC_OK);
     assert_string_equal(di.name, "node-a/cpu:0");
+    assert_string_equal(di.worker, "node-a");
     assert_int_equal(di.device.backend, DC_BACKEND_CPU);
+    dc_device_info_clear(&di);
+    assert_null(di.name);
     assert_int_equal(dc_get_device(c, "node-b/cpu:0", &di, &st), DC_NOT_FOUND);
     assert_string_equal(st.message, "unknown device node-b/cpu:0");
     /* A typo is refused before any call, naming where it failed. */

@@ -84,9 +84,11 @@ typedef struct dc_worker_list {
     dc_worker_info *workers;
 } dc_worker_list;
 
+/* A device as the registry has it. Its strings belong to the list it came in (freed by
+ * dc_device_list_free) or, from dc_get_device, to the record (dc_device_info_clear). */
 typedef struct dc_device_info {
-    char name[DC_DEVICE_TEXT_SIZE]; /* "node-a/cuda:0" */
-    char worker[DC_WORKER_NAME_MAX + 1];
+    const char *name;   /* cluster name, "node-a/cuda:0" */
+    const char *worker; /* "node-a" */
     dc_device device;
     dc_device_state state;
     uint64_t memory_bytes;
@@ -122,8 +124,9 @@ dc_code dc_list_devices(dc_client *c, const dc_device_filter *filter, dc_device_
                         dc_status *st);
 void dc_device_list_free(dc_device_list *list);
 
-/* One device by cluster name ("node-a/cuda:0"). */
+/* One device by cluster name ("node-a/cuda:0"); release out with dc_device_info_clear. */
 dc_code dc_get_device(dc_client *c, const char *name, dc_device_info *out, dc_status *st);
+void dc_device_info_clear(dc_device_info *d);
 
 /* Operator steering; out (may be NULL) receives the worker as it is afterwards. Free its
  * labels with dc_worker_info_clear. */
