@@ -420,6 +420,7 @@ worker_info_from_pb(const Devcoord__V1__WorkerInfo *pb, dc_worker_info *out, dc_
     out->epoch              = pb->epoch;
     out->device_count       = pb->device_count;
     out->since_heartbeat_ms = pb->since_heartbeat_ms;
+    out->max_message_bytes  = pb->max_message_bytes;
     if (pb->n_labels > 0) {
         if ((out->labels = calloc(pb->n_labels, sizeof(*out->labels))) == NULL) {
             return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");

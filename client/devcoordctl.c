@@ -553,6 +553,8 @@ json_worker(struct json *j, const dc_worker_info *w)
     json_string(j, w->executor);
     json_key(j, "since_heartbeat_ms");
     json_uint(j, w->since_heartbeat_ms);
+    json_key(j, "max_message_bytes");
+    json_uint(j, w->max_message_bytes);
     json_object_end(j);
 }
 

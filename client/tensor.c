@@ -77,6 +77,22 @@ struct tensor_target {
     } info;
 };
 
+/* Keeps chunks to the worker within the message limit it registered (nng drops a connection
+ * that carries a bigger message); only ever down, 0 (not said) changes nothing. */
+static void
+chunk_fit(struct worker_conn *w, uint64_t max_message)
+{
+    size_t cur = atomic_load(&w->chunk);
+    size_t fit;
+
+    if (max_message <= 2 * RPC_FRAME_OVERHEAD) {
+        return;
+    }
+    fit = max_message - RPC_FRAME_OVERHEAD < cur ? (size_t)(max_message - RPC_FRAME_OVERHEAD) : cur;
+    while (fit < cur && !atomic_compare_exchange_weak(&w->chunk, &cur, fit)) {
+    }
+}
+
 static dc_code
 tensor_resolve(dc_client *c, const char *device, struct tensor_target *t, dc_status *st)
 {
@@ -112,7 +128,9 @@ tensor_resolve(dc_client *c, const char *device, struct tensor_target *t, dc_sta
     } else if (w->address[0] == '\0') {
         code = status_set(st, DC_UNAVAILABLE, "worker %s has no data address", w->name);
     } else {
-        code = client_worker_conn(c, w->address, &t->conn, st);
+        if ((code = client_worker_conn(c, w->address, &t->conn, st)) == DC_OK) {
+            chunk_fit(t->conn, w->max_message_bytes);
+        }
     }
     if (code != DC_OK) {
         status_set_worker(st, t->info.worker);

@@ -33,6 +33,7 @@ struct reg_worker {
     struct reg_device *devices;
     size_t n_devices;
     bool collectives[DC_BACKEND_COUNT];
+    uint64_t max_message_bytes; /* of its data address, 0: not said */
     uint64_t epoch;
     uint64_t last_heartbeat_ms;
     bool alive;
@@ -395,8 +396,9 @@ reg_worker_from_request(const Devcoord__V1__RegisterWorkerRequest *req, struct r
         }
         w->collectives[b] = true;
     }
-    w->n_devices = req->n_devices;
-    *out         = w;
+    w->n_devices         = req->n_devices;
+    w->max_message_bytes = req->max_message_bytes;
+    *out                 = w;
     return DC_OK;
 fail:
     reg_worker_free(w);
@@ -598,6 +600,7 @@ worker_info(const struct registry *r, const struct reg_worker *w, uint64_t now_m
     wi->executor            = arena_strdup(a, w->executor);
     wi->state               = (Devcoord__V1__WorkerState)worker_state(r, w);
     wi->epoch               = w->epoch;
+    wi->max_message_bytes   = w->max_message_bytes;
     wi->device_count        = (uint32_t)w->n_devices;
     wi->since_heartbeat_ms  = now_ms - w->last_heartbeat_ms;
     wi->labels              = arena_alloc(a, (w->n_labels + 1) * sizeof(*wi->labels));

@@ -102,6 +102,7 @@ membership_register(struct membership *m, dc_status *st)
         }
     }
     req.collective_backends = backends;
+    req.max_message_bytes   = cfg->max_message_bytes;
 
     code = rpc_call(m->client, SVC, M_REGISTER, &req.base, NULL, 0, 2000, &reply, st);
     if (code == DC_OK && reply.body != NULL) {

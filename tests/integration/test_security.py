@@ -503,8 +503,11 @@ class LimitsTest(CtlChecks, SecureTestCase):
                 self.assertEqual(code, want, message)
                 if says:
                     self.assertIn(says, message)
-        # Through the CLI as well: a file one element over the limit.
+        # Through the CLI as well: a file one element over the limit. The registry carries
+        # node-a's message limit, so the CLI's chunks fit it from the first one.
         c = self.cluster
+        shown = {w["name"]: w for w in self.assert_ok(c.ctl("workers", "list"))["workers"]}
+        self.assertEqual(shown["node-a"]["max_message_bytes"], 65536)
         path = c.write("big.f32", "")
         with open(path, "wb") as f:
             f.write(b"\0" * (self.MAX_TENSOR + 4))

@@ -344,6 +344,7 @@ static char fake_worker_url[64];
 static bool fake_ready;
 static char last_token[128];
 static unsigned list_devices_calls;
+static uint64_t fake_worker_says_max; /* the limit the fake registry reports (0: none) */
 static char last_filter_worker[64];
 
 /* Fake worker state: one tensor and one upload in progress. */
@@ -415,17 +416,18 @@ fake_worker_info(Devcoord__V1__WorkerInfo *w, Devcoord__V1__Label *label,
 {
     devcoord__v1__worker_info__init(w);
     devcoord__v1__label__init(label);
-    label->key      = "rack";
-    label->value    = "r1";
-    labels[0]       = label;
-    w->name         = "node-a";
-    w->address      = fake_worker_url;
-    w->state        = DEVCOORD__V1__WORKER_STATE__WORKER_ALIVE;
-    w->epoch        = 3;
-    w->device_count = 2;
-    w->n_labels     = 1;
-    w->labels       = labels;
-    w->executor     = "host";
+    label->key           = "rack";
+    label->value         = "r1";
+    labels[0]            = label;
+    w->name              = "node-a";
+    w->address           = fake_worker_url;
+    w->state             = DEVCOORD__V1__WORKER_STATE__WORKER_ALIVE;
+    w->epoch             = 3;
+    w->device_count      = 2;
+    w->n_labels          = 1;
+    w->labels            = labels;
+    w->executor          = "host";
+    w->max_message_bytes = fake_worker_says_max;
 }
 
 static void
@@ -760,7 +762,8 @@ fixture_start(struct fixture *f, size_t worker_max_message)
     snprintf(fake_worker_url, sizeof(fake_worker_url), "tcp://127.0.0.1:%d",
              rpc_server_port(f->worker));
     snprintf(f->url, sizeof(f->url), "tcp://127.0.0.1:%d", rpc_server_port(f->coord));
-    fake_ready = true;
+    fake_ready           = true;
+    fake_worker_says_max = 0;
     memset(&fw, 0, sizeof(fw));
 }
 
@@ -774,12 +777,14 @@ setup(void **state)
     return 0;
 }
 
+#define SMALL_WORKER_MAX (256u << 10)
+
 static int
 setup_small_worker(void **state)
 {
     struct fixture *f = calloc(1, sizeof(*f));
 
-    fixture_start(f, 1u << 20);
+    fixture_start(f, SMALL_WORKER_MAX);
     *state = f;
     return 0;
 }
@@ -1087,13 +1092,15 @@ test_tensor_roundtrip(void **state)
 
 /* The worker takes at most 1 MiB a message: the client learns it from the dropped
  * connections and sends (and later reads) smaller chunks. */
+/* A worker that does not say its message limit: the client learns it from the dropped
+ * connection (nng closes on an oversized message) and halves its chunks. */
 static void
 test_tensor_small_worker_limit(void **state)
 {
     struct fixture *f = *state;
     dc_client *c      = open_client(f, NULL);
-    uint64_t shape[1] = { (3u << 20) / 8 };
-    size_t bytes      = (3u << 20);
+    size_t bytes      = 2 * SMALL_WORKER_MAX;
+    uint64_t shape[1] = { bytes / 8 };
     uint8_t *data     = malloc(bytes);
     dc_tensor *t      = NULL;
     dc_status st;
@@ -1103,7 +1110,7 @@ test_tensor_small_worker_limit(void **state)
         DC_OK) {
         fail_msg("put: %s: %s", dc_status_name(st.code), st.message);
     }
-    assert_true(fw.max_chunk <= (1u << 20));
+    assert_true(fw.max_chunk <= SMALL_WORKER_MAX);
     assert_int_equal(fw.size, bytes);
     assert_memory_equal(fw.data, data, bytes);
     assert_int_equal(dc_tensor_get(c, "node-a/cpu:0", "big", &t, &st), DC_OK);
@@ -1116,8 +1123,33 @@ test_tensor_small_worker_limit(void **state)
     c = open_client(f, NULL);
     assert_int_equal(dc_tensor_get(c, "node-a/cpu:0", "big", &t, &st), DC_OK);
     assert_memory_equal(t->data, data, bytes);
-    assert_true(atomic_load(&c->workers[0]->chunk) < (1u << 20));
+    assert_true(atomic_load(&c->workers[0]->chunk) < bytes);
     dc_tensor_free(t);
+    free(data);
+    dc_client_close(c);
+}
+
+/* A worker that registered its message limit: chunks fit it from the first one, so no
+ * connection is ever dropped (the drop-and-halve path would send 256 KiB chunks). */
+static void
+test_tensor_worker_says_its_limit(void **state)
+{
+    struct fixture *f = *state;
+    dc_client *c      = open_client(f, NULL);
+    size_t bytes      = 3 * SMALL_WORKER_MAX;
+    uint64_t shape[1] = { bytes / 8 };
+    uint8_t *data     = malloc(bytes);
+    dc_status st;
+
+    fake_worker_says_max = SMALL_WORKER_MAX;
+    fill_pattern(data, bytes, 9);
+    if (dc_tensor_put(c, "node-a/cpu:0", "fit", DC_DTYPE_F64, shape, 1, data, bytes, &st) !=
+        DC_OK) {
+        fail_msg("put: %s: %s", dc_status_name(st.code), st.message);
+    }
+    assert_int_equal(fw.max_chunk, SMALL_WORKER_MAX - RPC_FRAME_OVERHEAD);
+    assert_int_equal(fw.size, bytes);
+    assert_memory_equal(fw.data, data, bytes);
     free(data);
     dc_client_close(c);
 }
@@ -1207,6 +1239,8 @@ main(void)
         cmocka_unit_test_setup_teardown(test_submit_and_refusal, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tokens, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tensor_roundtrip, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tensor_worker_says_its_limit, setup_small_worker,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_tensor_small_worker_limit, setup_small_worker,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_threads_share_client, setup, teardown),

@@ -75,6 +75,7 @@ typedef struct dc_worker_info {
     uint32_t device_count;
     char executor[32];
     uint64_t since_heartbeat_ms;
+    uint64_t max_message_bytes; /* largest message its data address takes; 0: not said */
     size_t n_labels;
     dc_label *labels;
 } dc_worker_info;
