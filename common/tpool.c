@@ -16,6 +16,7 @@ struct tpool {
     pthread_cond_t gone; /* a thread left */
     struct tpool_job *head, *tail;
     unsigned threads, idle, max;
+    unsigned queued; /* jobs no thread has taken yet */
     unsigned idle_ms;
     bool stopping;
 };
@@ -49,6 +50,7 @@ tpool_thread(void *arg)
             goto leave; /* stopping and nothing left */
         }
         p->head = job->next;
+        p->queued--;
         if (p->head == NULL) {
             p->tail = NULL;
         }
@@ -104,9 +106,11 @@ tpool_submit(struct tpool *p, void (*fn)(void *), void *arg)
         p->head = job;
     }
     p->tail = job;
-    if (p->idle > 0) {
-        pthread_cond_signal(&p->work);
-    } else if (p->threads < p->max) {
+    p->queued++;
+    pthread_cond_signal(&p->work);
+    /* An idle thread counts until it wakes: a burst needs a thread per job, not per signal,
+     * or jobs that wait for each other (a collective's peers) queue behind one another. */
+    if (p->queued > p->idle && p->threads < p->max) {
         pthread_attr_t attr;
         pthread_t t;
         pthread_attr_init(&attr);
@@ -116,6 +120,7 @@ tpool_submit(struct tpool *p, void (*fn)(void *), void *arg)
         } else if (p->threads == 0) {
             /* No thread at all to run it: take the job back. */
             p->head = p->tail = NULL;
+            p->queued--;
             free(job);
             ok = false;
         }

@@ -45,11 +45,12 @@ on_intent_changed(void *arg)
     pthread_mutex_unlock(&saving);
 }
 
-/* Handlers that never wait run on nng's callback threads. Listings (which can be large) and
- * operator steering (which writes the state file) go to the server threads. */
+/* Handlers that never wait run on nng's callback threads. Listings (which can be large),
+ * operator steering (which writes the state file) and SubmitOp (whose first op to a worker
+ * opens its connection, loading TLS files) go to the server threads. */
 static const char *const coordinator_inline_methods[] = {
-    "RegisterWorker", "Heartbeat", "DeregisterWorker", "GetDevice",
-    "SubmitOp",       "GetOp",     "GetClusterStatus", NULL,
+    "RegisterWorker",   "Heartbeat", "DeregisterWorker", "GetDevice", "GetOp",
+    "GetClusterStatus", NULL,
 };
 
 static const char *const gone_words[] = {

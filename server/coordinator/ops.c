@@ -84,7 +84,7 @@ struct dqueue {
 /* The connection to a worker's data address, shared by the ops that use it: the table of
  * current connections holds a reference, and so does every op. A connection replaced (its
  * worker moved to another address) is closed by the timer thread once no op holds it:
- * closing blocks, and SubmitOp may run on an nng callback thread. */
+ * closing blocks, and the calls' callbacks run on nng threads. */
 struct wclient {
     char address[256];
     struct rpc_client *client;
@@ -1245,9 +1245,49 @@ ops_shutdown(struct ops *o)
     ops_fail_where(o, op_any, NULL, &st);
 }
 
+/* One of op's connections still open, taken (its wclient's client is NULL from now on), or
+ * NULL. ops->mtx held. */
+static struct rpc_client *
+op_client_take(struct op *op)
+{
+    for (size_t w = 0; w < op->n_workers; w++) {
+        struct wclient *wc = op->workers[w].wc;
+        if (wc != NULL && wc->client != NULL) {
+            struct rpc_client *c = wc->client;
+            wc->client           = NULL;
+            return c;
+        }
+    }
+    return NULL;
+}
+
+/* A connection still open, taken (its wclient's client is NULL from now on), or NULL: the
+ * table's, and the replaced ones ops still hold. ops->mtx held. */
+static struct rpc_client *
+open_client_take_locked(struct ops *o)
+{
+    struct rpc_client *c = NULL;
+    const char *k;
+    void *v;
+
+    for (size_t i = 0; c == NULL && strmap_next(&o->clients, &i, &k, &v);) {
+        struct wclient *wc = v;
+        c                  = wc->client;
+        wc->client         = NULL;
+    }
+    for (size_t i = 0; c == NULL && i < o->hist_len; i++) {
+        c = op_client_take(o->history[i]);
+    }
+    for (struct op *op = o->active; c == NULL && op != NULL; op = op->next_active) {
+        c = op_client_take(op);
+    }
+    return c;
+}
+
 void
 ops_free(struct ops *o)
 {
+    struct rpc_client *c;
     const char *k;
     void *v;
 
@@ -1257,10 +1297,16 @@ ops_free(struct ops *o)
     if (!o->stopping) {
         ops_shutdown(o);
     }
-    /* Closing the connections completes every call still out (aborts included): their
-     * callbacks drop their references to the ops. */
-    for (size_t i = 0; strmap_next(&o->clients, &i, &k, &v);) {
-        rpc_client_close(((struct wclient *)v)->client);
+    /* Closing every connection completes every call still out (aborts included): their
+     * callbacks drop their references to the ops. Closing waits for them: not under mtx. */
+    for (;;) {
+        pthread_mutex_lock(&o->mtx);
+        c = open_client_take_locked(o);
+        pthread_mutex_unlock(&o->mtx);
+        if (c == NULL) {
+            break;
+        }
+        rpc_client_close(c);
     }
     pthread_mutex_lock(&o->mtx);
     for (size_t i = 0; i < o->hist_len; i++) {

@@ -101,7 +101,8 @@ struct cop {
     uint32_t meta_step; /* the Exchange step that carries them */
     size_t metas_received;
     struct cop_send_ctx *send_ctx; /* per worker index: the callback argument of a send */
-    bool thread_done;              /* the op's thread has answered; the last send frees it */
+    bool answering;   /* the op's thread answers: its request (op->req) goes with the answer */
+    bool thread_done; /* the op's thread has answered; the last send frees it */
     uint64_t *expected_from, *received_from; /* per worker, for the many-to-one step */
     uint64_t *data_from;                     /* per worker, every data byte it sent us */
     size_t multi_step;                       /* that step, or SIZE_MAX */
@@ -624,7 +625,7 @@ cop_sent(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, 
     (void)keep;
     pthread_mutex_lock(&op->mtx);
     op->inflight--;
-    if (code != DC_OK && !op->failed) {
+    if (code != DC_OK && !op->failed && !op->answering) {
         dc_status peer   = *st;
         const char *name = op->req->plan->workers[ctx->to]->name;
         if (st->transport) {
@@ -1095,7 +1096,6 @@ cop_prepare(struct cop *op, dc_status *st)
     if (kind == DC_OP_BARRIER) {
         return DC_OK;
     }
-    (void)st;
     switch (kind) {
     case DC_OP_ALL_REDUCE:
         op->buf = op->tensors[0]->data; /* in place: every device gets the result */
@@ -1345,6 +1345,10 @@ cop_run(void *arg)
         *rpc_call_status(op->cd) = op->fail;
         log_info("op %s failed: %s: %s", op->id, dc_status_name(op->fail.code), op->fail.message);
     }
+    /* Sends still out fail quietly from here: answering frees the request they would name. */
+    pthread_mutex_lock(&op->mtx);
+    op->answering = true;
+    pthread_mutex_unlock(&op->mtx);
     op->closure(&out, op->cd);
     pthread_mutex_lock(&op->mtx);
     op->thread_done = true;

@@ -11,9 +11,8 @@
 #include "devcoord/v1/devcoord.pb-c.h"
 #include "executor.h"
 
-#define TENSOR_MAX_BYTES ((uint64_t)16 << 30)
-#define UPLOADS_MAX      256
-#define UPLOAD_IDLE_MS   60000
+#define UPLOADS_MAX    256
+#define UPLOAD_IDLE_MS 60000
 
 struct tensors;
 
