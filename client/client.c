@@ -81,8 +81,8 @@ status_recode(dc_status *st, dc_code code, const char *prefix)
     return code;
 }
 
-/* A bound on the size a server's first page may announce. */
-#define LIST_DEVICES_MAX_TOTAL (16u << 20)
+/* The most devices a server's first page may announce for the client to allocate at once. */
+#define LIST_DEVICES_MAX_TOTAL (4u << 20)
 
 static dc_code
 need_client(const dc_client *c, dc_status *st)
@@ -579,7 +579,7 @@ device_info_from_pb(const Devcoord__V1__DeviceInfo *pb, const dc_device_info *pr
                           DC_DEVICE_TEXT_MAX);
     }
     if (prev != NULL && strlen(prev->worker) == wlen &&
-        memcmp(prev->worker, pb->worker, wlen) == 0) {
+        (wlen == 0 || memcmp(prev->worker, pb->worker, wlen) == 0)) {
         out->worker = prev->worker;
     } else if ((out->worker = str_pool_add(pool, wlen > 0 ? pb->worker : "", wlen)) == NULL) {
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
@@ -672,15 +672,11 @@ dc_list_devices(dc_client *c, const dc_device_filter *filter, dc_device_list **o
             goto out;
         }
         resp = r.body != NULL ? (const Devcoord__V1__ListDevicesResponse *)r.body : &empty;
-        /* The first page says how many there are in all: one allocation, no copying. */
-        if (page == 0 && resp->total > resp->n_devices && resp->total <= LIST_DEVICES_MAX_TOTAL) {
-            dc_device_info *all = malloc((size_t)resp->total * sizeof(*all));
-            if (all == NULL) {
-                code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
-                goto out;
-            }
-            list->devices = all;
-            cap           = (size_t)resp->total;
+        /* The first page says how many there are in all: one allocation, no copying. The
+         * figure is the server's word: when it cannot be had, the pages grow the array. */
+        if (page == 0 && resp->total > resp->n_devices && resp->total <= LIST_DEVICES_MAX_TOTAL &&
+            (list->devices = malloc((size_t)resp->total * sizeof(*list->devices))) != NULL) {
+            cap = (size_t)resp->total;
         }
         if (resp->n_devices > cap - list->n) {
             size_t want = list->n + resp->n_devices;
@@ -889,11 +885,15 @@ dc_code
 dc_health(dc_client *c, dc_status *st)
 {
     dc_cluster_status cs;
+    dc_status local;
     dc_code code;
 
+    if (st == NULL) {
+        st = &local; /* the transport flag below decides the answer */
+    }
     if ((code = dc_cluster_status_get(c, &cs, st)) != DC_OK) {
         /* For a health check, no answer in time means the coordinator is unavailable. */
-        if (st != NULL && st->transport && code == DC_DEADLINE_EXCEEDED) {
+        if (st->transport && code == DC_DEADLINE_EXCEEDED) {
             st->code = DC_UNAVAILABLE;
             return DC_UNAVAILABLE;
         }

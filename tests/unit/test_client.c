@@ -276,6 +276,7 @@ test_open_fail_fast_unreachable(void **state)
         assert_true(st.transport);
         assert_int_equal(dc_health(c, &st), DC_UNAVAILABLE);
         assert_true(st.transport);
+        assert_int_equal(dc_health(c, NULL), DC_UNAVAILABLE);
     }
     dc_client_close(c);
 }
@@ -501,8 +502,10 @@ f_list_devices(CSVC *s, const Devcoord__V1__ListDevicesRequest *in,
         dev[i].backend = DEVCOORD__V1__BACKEND__BACKEND_CUDA;
         dev[i].index   = index[first + i];
         snprintf(names[i], sizeof(names[i]), "node-a/cuda:%u", index[first + i]);
-        info[i].name         = first + i == 4 ? "" : names[i]; /* the client names it */
-        info[i].worker       = "node-a";
+        /* The last one is on another worker (the fake ignores the filter) and comes without
+         * a name: the client makes it. */
+        info[i].name         = first + i == 4 ? "" : names[i];
+        info[i].worker       = first + i == 4 ? "node-b" : "node-a";
         info[i].device       = &dev[i];
         info[i].state        = DEVCOORD__V1__DEVICE_STATE__DEVICE_HEALTHY;
         info[i].memory_bytes = 80;
@@ -511,6 +514,7 @@ f_list_devices(CSVC *s, const Devcoord__V1__ListDevicesRequest *in,
     }
     resp.devices         = ptrs;
     resp.next_page_token = page == 0 ? "p1" : page == 1 ? "p2" : "";
+    resp.total           = page == 0 ? 5 : 0;
     closure(&resp, cd);
 }
 
@@ -849,10 +853,11 @@ test_registry_calls(void **state)
     assert_int_equal(dl->n, 5);
     assert_string_equal(dl->devices[0].name, "node-a/cuda:0");
     assert_string_equal(dl->devices[3].name, "node-a/cuda:3");
-    assert_string_equal(dl->devices[4].name, "node-a/cuda:10");
+    assert_string_equal(dl->devices[4].name, "node-b/cuda:10");
     assert_int_equal(dl->devices[4].device.index, 10);
     assert_string_equal(dl->devices[0].worker, "node-a");
-    assert_string_equal(dl->devices[4].worker, "node-a");
+    assert_string_equal(dl->devices[3].worker, "node-a");
+    assert_string_equal(dl->devices[4].worker, "node-b");
     assert_int_equal(dl->devices[4].state, DC_DEVICE_HEALTHY);
     assert_int_equal(dl->devices[4].memory_bytes, 80);
     dc_device_list_free(dl);
@@ -1014,6 +1019,25 @@ fill_pattern(uint8_t *p, size_t n, unsigned seed)
     }
 }
 
+/* Puts `bytes` of pattern `seed` as f64 tensor `name` on node-a/cpu:0 and checks that the
+ * fake worker got them all; returns the data, which the caller frees. */
+static uint8_t *
+put_pattern(dc_client *c, const char *name, size_t bytes, unsigned seed)
+{
+    uint64_t shape[1] = { bytes / 8 };
+    uint8_t *data     = malloc(bytes);
+    dc_status st;
+
+    assert_non_null(data);
+    fill_pattern(data, bytes, seed);
+    if (dc_tensor_put(c, "node-a/cpu:0", name, DC_DTYPE_F64, shape, 1, data, bytes, &st) != DC_OK) {
+        fail_msg("put: %s: %s", dc_status_name(st.code), st.message);
+    }
+    assert_int_equal(fw.size, bytes);
+    assert_memory_equal(fw.data, data, bytes);
+    return data;
+}
+
 static void
 test_tensor_roundtrip(void **state)
 {
@@ -1090,8 +1114,6 @@ test_tensor_roundtrip(void **state)
     dc_client_close(c);
 }
 
-/* The worker takes at most 1 MiB a message: the client learns it from the dropped
- * connections and sends (and later reads) smaller chunks. */
 /* A worker that does not say its message limit: the client learns it from the dropped
  * connection (nng closes on an oversized message) and halves its chunks. */
 static void
@@ -1100,19 +1122,11 @@ test_tensor_small_worker_limit(void **state)
     struct fixture *f = *state;
     dc_client *c      = open_client(f, NULL);
     size_t bytes      = 2 * SMALL_WORKER_MAX;
-    uint64_t shape[1] = { bytes / 8 };
-    uint8_t *data     = malloc(bytes);
+    uint8_t *data     = put_pattern(c, "big", bytes, 7);
     dc_tensor *t      = NULL;
     dc_status st;
 
-    fill_pattern(data, bytes, 7);
-    if (dc_tensor_put(c, "node-a/cpu:0", "big", DC_DTYPE_F64, shape, 1, data, bytes, &st) !=
-        DC_OK) {
-        fail_msg("put: %s: %s", dc_status_name(st.code), st.message);
-    }
     assert_true(fw.max_chunk <= SMALL_WORKER_MAX);
-    assert_int_equal(fw.size, bytes);
-    assert_memory_equal(fw.data, data, bytes);
     assert_int_equal(dc_tensor_get(c, "node-a/cpu:0", "big", &t, &st), DC_OK);
     assert_memory_equal(t->data, data, bytes);
     dc_tensor_free(t);
@@ -1123,33 +1137,24 @@ test_tensor_small_worker_limit(void **state)
     c = open_client(f, NULL);
     assert_int_equal(dc_tensor_get(c, "node-a/cpu:0", "big", &t, &st), DC_OK);
     assert_memory_equal(t->data, data, bytes);
-    assert_true(atomic_load(&c->workers[0]->chunk) < bytes);
+    assert_true(atomic_load(&c->workers[0]->chunk) <= SMALL_WORKER_MAX);
     dc_tensor_free(t);
     free(data);
     dc_client_close(c);
 }
 
 /* A worker that registered its message limit: chunks fit it from the first one, so no
- * connection is ever dropped (the drop-and-halve path would send 256 KiB chunks). */
+ * connection is ever dropped (drop-and-halve would end at 192 KiB chunks here). */
 static void
 test_tensor_worker_says_its_limit(void **state)
 {
     struct fixture *f = *state;
     dc_client *c      = open_client(f, NULL);
-    size_t bytes      = 3 * SMALL_WORKER_MAX;
-    uint64_t shape[1] = { bytes / 8 };
-    uint8_t *data     = malloc(bytes);
-    dc_status st;
+    uint8_t *data;
 
     fake_worker_says_max = SMALL_WORKER_MAX;
-    fill_pattern(data, bytes, 9);
-    if (dc_tensor_put(c, "node-a/cpu:0", "fit", DC_DTYPE_F64, shape, 1, data, bytes, &st) !=
-        DC_OK) {
-        fail_msg("put: %s: %s", dc_status_name(st.code), st.message);
-    }
+    data                 = put_pattern(c, "fit", 3 * SMALL_WORKER_MAX, 9);
     assert_int_equal(fw.max_chunk, SMALL_WORKER_MAX - RPC_FRAME_OVERHEAD);
-    assert_int_equal(fw.size, bytes);
-    assert_memory_equal(fw.data, data, bytes);
     free(data);
     dc_client_close(c);
 }
@@ -1217,7 +1222,7 @@ test_method_numbers(void **state)
     assert_string_equal(WORKER_SVC->methods[M_WORKER_GET_TENSOR].name, "GetTensor");
     assert_string_equal(WORKER_SVC->methods[M_WORKER_DELETE_TENSOR].name, "DeleteTensor");
     assert_string_equal(WORKER_SVC->methods[M_WORKER_LIST_TENSORS].name, "ListTensors");
-    assert_string_equal(dc_version(), "0.1.0");
+    assert_string_equal(dc_version(), "0.2.0");
     assert_string_equal(dc_op_state_name(DC_OP_STATE_FAILED), "failed");
     assert_null(dc_op_state_name(DC_OP_STATE_NONE));
 }

@@ -103,10 +103,12 @@ test_paging_order_and_total(void **state)
     assert_int_equal(pages, 1);
     assert_true(total == 6);
 
-    /* Filters: healthy only (index 1 of each worker with 2+ devices is unhealthy). */
+    /* Filters: healthy only (the second device each worker registered is unhealthy: cuda:0
+     * of node-a, cuda:1 of node-b). */
     req.page_size = 1;
     req.state     = DEVCOORD__V1__DEVICE_STATE__DEVICE_HEALTHY;
     assert_int_equal(list_all(r, &req, names, sizeof(names), &total, &pages), 4);
+    assert_string_equal(names, "node-a/cuda:1,node-b/cuda:0,node-b/cuda:2,node-c/cuda:0");
     assert_true(total == 4);
     req.state  = DEVCOORD__V1__DEVICE_STATE__DEVICE_STATE_UNSPECIFIED;
     req.worker = "node-b";

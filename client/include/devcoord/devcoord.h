@@ -23,10 +23,10 @@ extern "C" {
 #endif
 
 #define DC_VERSION_MAJOR 0
-#define DC_VERSION_MINOR 1
+#define DC_VERSION_MINOR 2
 #define DC_VERSION_PATCH 0
 
-/* "0.1.0" */
+/* "0.2.0" */
 const char *dc_version(void);
 
 /* ---- connection ---------------------------------------------------------------------- */
@@ -125,7 +125,9 @@ dc_code dc_list_devices(dc_client *c, const dc_device_filter *filter, dc_device_
                         dc_status *st);
 void dc_device_list_free(dc_device_list *list);
 
-/* One device by cluster name ("node-a/cuda:0"); release out with dc_device_info_clear. */
+/* One device by cluster name ("node-a/cuda:0"); release out with dc_device_info_clear
+ * (safe after a failed call too). Never clear an element of a dc_device_list: its strings
+ * belong to the list and live until dc_device_list_free. */
 dc_code dc_get_device(dc_client *c, const char *name, dc_device_info *out, dc_status *st);
 void dc_device_info_clear(dc_device_info *d);
 
