@@ -79,19 +79,8 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# A port nobody on the host listens on (outside the ephemeral range).
-free_port() {
-    local port
-    for _ in $(seq 1 200); do
-        port=$((20000 + RANDOM % 12000))
-        [[ ${port} == "${1:-}" ]] && continue
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/${port}") 2>/dev/null; then
-            echo "${port}"
-            return 0
-        fi
-    done
-    die "no free port"
-}
+# shellcheck source=free-port.sh
+source "${HERE}/free-port.sh"
 
 # Waits until $2 (a command) succeeds, for at most TIMEOUT s; $1 names what is awaited.
 wait_for() {

@@ -76,21 +76,8 @@ running_pid() {
     fi
 }
 
-# Prints a port nobody listens on, avoiding the ephemeral range and the ports in $@.
-free_port() {
-    local port taken
-    for _ in $(seq 1 200); do
-        port=$((20000 + RANDOM % 12000))
-        taken=0
-        for p in "$@"; do [[ ${p} == "${port}" ]] && taken=1; done
-        ((taken)) && continue
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/${port}") 2>/dev/null; then
-            echo "${port}"
-            return 0
-        fi
-    done
-    die "no free port found"
-}
+# shellcheck source=free-port.sh
+source "${HERE}/free-port.sh"
 
 # Sets top-level key $2 of YAML file $1 to $3 (replacing the line, or appending it).
 set_key() {

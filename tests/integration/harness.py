@@ -617,17 +617,18 @@ class Cluster:
 
     # -- CLI
 
-    def ctl(self, *args, output="json", server=None, timeout=30.0, env=None):
-        """Runs devcoordctl -s ADDR -o OUTPUT ARGS. Returns CtlResult (rc, out, err), out
-        parsed JSON for -o json when it parses, else the text."""
+    def ctl(self, *args, output="json", server=None, timeout=30.0, env=None,
+            unset=("DEVCOORD_ADDR",)):
+        """Runs devcoordctl -s ADDR -o OUTPUT ARGS, without the variables in `unset` from
+        our environment (env adds variables). Returns CtlResult (rc, out, err), out parsed
+        JSON for -o json when it parses, else the text."""
         argv = [CTL, "-s", server if server is not None else self.addr]
         if output is not None:
             argv += ["-o", output]
         argv += list(args)
         if not os.path.exists(CTL):
             raise AssertionError("devcoordctl not built: %s" % CTL)
-        run_env = dict(os.environ)
-        run_env.pop("DEVCOORD_ADDR", None)
+        run_env = {k: v for k, v in os.environ.items() if k not in unset}
         run_env.update(env or {})
         p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout,
                            env=run_env)

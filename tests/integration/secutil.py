@@ -9,7 +9,6 @@ the addresses it writes into the configs, and the devcoordctl options it passes 
 """
 
 import http.client
-import json
 import os
 import random
 import secrets
@@ -20,7 +19,7 @@ import subprocess
 import time
 
 import harness
-from harness import (COORDINATOR, HOST, Cluster, CtlResult, Daemon, RpcConnection, RpcError, _one,
+from harness import (COORDINATOR, HOST, Cluster, Daemon, RpcConnection, RpcError, _one,
                      decode_workers, frame, pb_bytes, pb_decode, pb_uint, wait_until)
 
 ROLES = ("worker", "trainer", "operator")
@@ -317,33 +316,11 @@ class SecureCluster(Cluster):
                 pre += ["--tls-cert", self.pki.client, "--tls-key", self.pki.client_key]
         return self.run_ctl(pre + list(args), **kw)
 
-    def run_ctl(self, args, output="json", server=None, timeout=30.0, env=None):
+    def run_ctl(self, args, **kw):
         """harness.Cluster.ctl without the caller's $DEVCOORD_TOKEN, $DEVCOORD_TLS_CA and
-        $DEVCOORD_ADDR (env adds variables back)."""
-        argv = [harness.CTL, "-s", server if server is not None else self.addr]
-        if output is not None:
-            argv += ["-o", output]
-        argv += list(args)
-        run_env = without_env("DEVCOORD_ADDR", "DEVCOORD_TOKEN", "DEVCOORD_TLS_CA")
-        run_env.update(env or {})
-        p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout,
-                           env=run_env)
-        out = p.stdout.decode("utf-8", "replace")
-        err = p.stderr.decode("utf-8", "replace")
-        if output == "json" and out.strip():
-            try:
-                out = json.loads(out)
-            except ValueError:
-                pass
-        return CtlResult(argv, p.returncode, out, err)
-
-
-def without_env(*names):
-    """os.environ minus names (for devcoordctl runs that must not inherit a token)."""
-    env = dict(os.environ)
-    for n in names:
-        env.pop(n, None)
-    return env
+        $DEVCOORD_ADDR (kw: output, server, timeout, env, which adds variables back)."""
+        return Cluster.ctl(self, *args,
+                           unset=("DEVCOORD_ADDR", "DEVCOORD_TOKEN", "DEVCOORD_TLS_CA"), **kw)
 
 
 # ---- HTTP and /proc -----------------------------------------------------------------------
