@@ -1,5 +1,5 @@
 /*
- * Device model helpers beyond the public grammar (client/include/devcoord/types.h): kind
+ * Device model helpers beyond the public grammar (include/devcoord/types.h): kind
  * rules per backend family, worker-name checks, comparison of concrete devices and the
  * conversion to and from the wire DeviceRef. Plain values; nothing allocated.
  */

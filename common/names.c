@@ -1,4 +1,4 @@
-/* Text names of the enums in client/include/devcoord/types.h, as the CLI, configs, JSON and
+/* Text names of the enums in include/devcoord/types.h, as the CLI, configs, JSON and
  * logs spell them. */
 #include <string.h>
 

@@ -1,5 +1,5 @@
 /*
- * Filling dc_status values (client/include/devcoord/status.h) inside devcoord. Every
+ * Filling dc_status values (include/devcoord/status.h) inside devcoord. Every
  * function that can fail returns a dc_code and, given a dc_status, says why in it.
  */
 #ifndef DEVCOORD_COMMON_STATUS_H

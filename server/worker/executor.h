@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "devcoord/devcoord.h"
+#include "devcoord/types.h"
 #include "status.h"
 
 #define TENSOR_NAME_MAX 255

@@ -55,6 +55,7 @@ typedef enum dc_kind {
 #define DC_DEVICE_TEXT_MAX  256 /* bytes a device reference may take in text */
 #define DC_AUTODIFF_MAX     16  /* autodiff levels the text form may nest */
 #define DC_DEVICE_TEXT_SIZE (DC_DEVICE_TEXT_MAX + 1)
+#define DC_TENSOR_MAX_DIMS  8 /* dimensions a tensor may have */
 
 typedef struct dc_device {
     dc_backend backend;

@@ -226,8 +226,6 @@ dc_code dc_device_list_parse(const char *text, dc_device_ref **out, size_t *n, d
 
 /* ---- tensors (data plane: straight to the worker owning the device) ------------------ */
 
-#define DC_TENSOR_MAX_DIMS 8
-
 typedef struct dc_tensor {
     char device[DC_DEVICE_TEXT_SIZE]; /* cluster name */
     char name[256];
