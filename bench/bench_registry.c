@@ -23,10 +23,10 @@
 #include "bench.h"
 #include "cluster.h"
 #include "devcoord/v1/devcoord.pb-c.h"
+#include "devcoord/v1/methods.h"
 #include "rpc.h"
 
 #define SVC               (&devcoord__v1__coordinator__descriptor)
-#define M_REGISTER        0
 #define DEVICES_PER       8
 #define IN_FLIGHT         64
 #define QUERY_WORKERS     12500
@@ -146,8 +146,8 @@ storm_run(const char *url, const char *prefix, unsigned n, struct storm_result *
         snprintf(rack, sizeof(rack), "r%u", i % 16);
         calls[i].s  = &s;
         calls[i].t0 = bench_now_ns();
-        if (rpc_call_async(client, SVC, M_REGISTER, &req.base, NULL, 0, REGISTER_DEADLINE,
-                           storm_done, &calls[i], &st) != DC_OK) {
+        if (rpc_call_async(client, SVC, M_COORDINATOR_REGISTER_WORKER, &req.base, NULL, 0,
+                           REGISTER_DEADLINE, storm_done, &calls[i], &st) != DC_OK) {
             fprintf(stderr, "bench_registry: register %s: %s\n", name, st.message);
             pthread_mutex_lock(&s.mtx);
             s.in_flight--;

@@ -16,11 +16,11 @@
 
 #include "bench.h"
 #include "devcoord/v1/devcoord.pb-c.h"
+#include "devcoord/v1/methods.h"
 #include "load.h"
 #include "rpc.h"
 
-#define SVC          (&devcoord__v1__coordinator__descriptor)
-#define M_GET_DEVICE 5
+#define SVC (&devcoord__v1__coordinator__descriptor)
 
 static const char usage[] = "usage: rpc_devcoord serve URL\n"
                             "       rpc_devcoord client URL THREADS PAYLOAD SECONDS WARMUP\n";
@@ -131,7 +131,8 @@ c_call(void *state)
     dc_code code;
 
     req.name = "bench/cpu:0";
-    code = rpc_call(c->rpc, SVC, M_GET_DEVICE, &req.base, c->payload, c->len, 10000, &reply, &st);
+    code     = rpc_call(c->rpc, SVC, M_COORDINATOR_GET_DEVICE, &req.base, c->payload, c->len, 10000,
+                        &reply, &st);
     if (code == DC_OK && reply.attachment_len != c->len) {
         code = DC_DATA_LOSS;
     }

@@ -13,6 +13,7 @@
 
 #include "device.h"
 #include "status.h"
+#include "text.h"
 
 #define STR_(x) #x
 #define STR(x)  STR_(x)
@@ -25,8 +26,10 @@
 
 /* A submit waits for the op itself: its deadline is the op's plus this much, so the
  * coordinator's answer (even a DEADLINE_EXCEEDED one) arrives before ours runs out. */
-#define SUBMIT_MARGIN_MS      5000u
-#define OP_DEFAULT_TIMEOUT_MS 30000u
+#define SUBMIT_MARGIN_MS 5000u
+/* What a submit naming no timeout waits for when the coordinator cannot say its own
+ * (limits.op_timeout_ms): the default of that key. */
+#define OP_FALLBACK_TIMEOUT_MS 30000u
 
 const char *
 dc_version(void)
@@ -478,7 +481,7 @@ dc_list_workers(dc_client *c, dc_worker_list **out, dc_status *st)
     if ((code = need_client(c, st)) != DC_OK) {
         return code;
     }
-    if ((code = coord_call(c, M_COORD_LIST_WORKERS, &req.base, &r, st)) != DC_OK) {
+    if ((code = coord_call(c, M_COORDINATOR_LIST_WORKERS, &req.base, &r, st)) != DC_OK) {
         goto out;
     }
     resp = r.body != NULL ? (const Devcoord__V1__ListWorkersResponse *)r.body : &empty;
@@ -668,7 +671,7 @@ dc_list_devices(dc_client *c, const dc_device_filter *filter, dc_device_list **o
             goto out;
         }
         req.page_token = page_token != NULL ? page_token : "";
-        if ((code = coord_call(c, M_COORD_LIST_DEVICES, &req.base, &r, st)) != DC_OK) {
+        if ((code = coord_call(c, M_COORDINATOR_LIST_DEVICES, &req.base, &r, st)) != DC_OK) {
             goto out;
         }
         resp = r.body != NULL ? (const Devcoord__V1__ListDevicesResponse *)r.body : &empty;
@@ -757,7 +760,7 @@ dc_get_device(dc_client *c, const char *name, dc_device_info *out, dc_status *st
     ref.autodiff_depth = 0;
     dc_device_ref_format(&ref, canonical, sizeof(canonical));
     req.name = canonical;
-    if ((code = coord_call(c, M_COORD_GET_DEVICE, &req.base, &r, st)) != DC_OK) {
+    if ((code = coord_call(c, M_COORDINATOR_GET_DEVICE, &req.base, &r, st)) != DC_OK) {
         goto out;
     }
     resp = (const Devcoord__V1__GetDeviceResponse *)r.body;
@@ -823,19 +826,43 @@ out:
 dc_code
 dc_cordon_worker(dc_client *c, const char *name, dc_worker_info *out, dc_status *st)
 {
-    return worker_steer(c, M_COORD_CORDON_WORKER, name, out, st);
+    return worker_steer(c, M_COORDINATOR_CORDON_WORKER, name, out, st);
 }
 
 dc_code
 dc_uncordon_worker(dc_client *c, const char *name, dc_worker_info *out, dc_status *st)
 {
-    return worker_steer(c, M_COORD_UNCORDON_WORKER, name, out, st);
+    return worker_steer(c, M_COORDINATOR_UNCORDON_WORKER, name, out, st);
 }
 
 dc_code
 dc_drain_worker(dc_client *c, const char *name, dc_worker_info *out, dc_status *st)
 {
-    return worker_steer(c, M_COORD_DRAIN_WORKER, name, out, st);
+    return worker_steer(c, M_COORDINATOR_DRAIN_WORKER, name, out, st);
+}
+
+/* The coordinator's op timeout for a submit that names none: asked once (GetClusterStatus),
+ * then kept; OP_FALLBACK_TIMEOUT_MS when it does not say. */
+static uint32_t
+coordinator_op_timeout(dc_client *c)
+{
+    Devcoord__V1__GetClusterStatusRequest req = DEVCOORD__V1__GET_CLUSTER_STATUS_REQUEST__INIT;
+    const Devcoord__V1__GetClusterStatusResponse *resp;
+    struct rpc_reply r = { 0 };
+    uint32_t ms        = atomic_load(&c->op_timeout_ms);
+    dc_status st;
+
+    if (ms != 0) {
+        return ms;
+    }
+    if (coord_call(c, M_COORDINATOR_GET_CLUSTER_STATUS, &req.base, &r, &st) == DC_OK &&
+        (resp = (const Devcoord__V1__GetClusterStatusResponse *)r.body) != NULL &&
+        resp->op_timeout_ms != 0) {
+        ms = resp->op_timeout_ms;
+        atomic_store(&c->op_timeout_ms, ms);
+    }
+    rpc_reply_free(&r);
+    return ms != 0 ? ms : OP_FALLBACK_TIMEOUT_MS;
 }
 
 dc_code
@@ -856,7 +883,7 @@ dc_cluster_status_get(dc_client *c, dc_cluster_status *out, dc_status *st)
     if ((code = need_client(c, st)) != DC_OK) {
         return code;
     }
-    if ((code = coord_call(c, M_COORD_GET_CLUSTER_STATUS, &req.base, &r, st)) != DC_OK) {
+    if ((code = coord_call(c, M_COORDINATOR_GET_CLUSTER_STATUS, &req.base, &r, st)) != DC_OK) {
         goto out;
     }
     resp = r.body != NULL ? (const Devcoord__V1__GetClusterStatusResponse *)r.body : &empty;
@@ -1128,13 +1155,13 @@ dc_submit(dc_client *c, const dc_op_request *req, dc_op_result **out, dc_status 
     pb.dry_run       = req->dry_run;
     pb.timeout_ms    = req->timeout_ms;
 
-    op_ms   = req->timeout_ms != 0 ? req->timeout_ms : OP_DEFAULT_TIMEOUT_MS;
+    op_ms   = req->timeout_ms != 0 ? req->timeout_ms : coordinator_op_timeout(c);
     call_ms = op_ms > UINT32_MAX - SUBMIT_MARGIN_MS ? UINT32_MAX : op_ms + SUBMIT_MARGIN_MS;
     if (call_ms < c->timeout_ms) {
         call_ms = c->timeout_ms;
     }
-    code =
-        rpc_call(c->coord, COORD_SVC, M_COORD_SUBMIT_OP, &pb.base, NULL, 0, call_ms, &r, &call_st);
+    code = rpc_call(c->coord, COORD_SVC, M_COORDINATOR_SUBMIT_OP, &pb.base, NULL, 0, call_ms, &r,
+                    &call_st);
     if (st != NULL) {
         *st = call_st;
     }
@@ -1198,7 +1225,7 @@ dc_get_op(dc_client *c, const char *op_id, dc_op_result **out, dc_status *st)
         return code;
     }
     req.op_id = (char *)op_id;
-    if ((code = coord_call(c, M_COORD_GET_OP, &req.base, &r, st)) != DC_OK) {
+    if ((code = coord_call(c, M_COORDINATOR_GET_OP, &req.base, &r, st)) != DC_OK) {
         goto out;
     }
     resp = (const Devcoord__V1__GetOpResponse *)r.body;
@@ -1231,7 +1258,7 @@ dc_list_ops(dc_client *c, uint32_t limit, dc_op_list **out, dc_status *st)
         return code;
     }
     req.limit = limit;
-    if ((code = coord_call(c, M_COORD_LIST_OPS, &req.base, &r, st)) != DC_OK) {
+    if ((code = coord_call(c, M_COORDINATOR_LIST_OPS, &req.base, &r, st)) != DC_OK) {
         goto out;
     }
     resp = r.body != NULL ? (const Devcoord__V1__ListOpsResponse *)r.body : &empty;
@@ -1261,12 +1288,6 @@ out:
 
 /* ---- device lists -------------------------------------------------------------------- */
 
-static bool
-is_blank(char ch)
-{
-    return ch == ' ' || ch == '\t';
-}
-
 dc_code
 dc_device_list_parse(const char *text, dc_device_ref **out, size_t *n, dc_status *st)
 {
@@ -1282,7 +1303,7 @@ dc_device_list_parse(const char *text, dc_device_ref **out, size_t *n, dc_status
     *out = NULL;
     *n   = 0;
     len  = strlen(text);
-    for (p = text; *p != '\0' && is_blank(*p); p++) {
+    for (p = text; *p != '\0' && text_is_blank(*p); p++) {
     }
     if (*p == '\0') {
         /* No devices at all: the coordinator refuses that itself ("empty device list"). */
@@ -1302,13 +1323,7 @@ dc_device_list_parse(const char *text, dc_device_ref **out, size_t *n, dc_status
         const char *e   = end != NULL ? end : text + len;
         const char *b   = p;
 
-        /* Blanks around an entry ("a, b") are the list's, not the device's. */
-        while (b < e && is_blank(*b)) {
-            b++;
-        }
-        while (e > b && is_blank(e[-1])) {
-            e--;
-        }
+        text_trim(&b, &e);
         if ((code = dc_device_ref_parse(b, (size_t)(e - b), &refs[i], st)) != DC_OK) {
             char prefix[DC_DEVICE_TEXT_MAX + 64];
             size_t elen = (size_t)(e - b);

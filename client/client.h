@@ -13,6 +13,7 @@
 
 #include "devcoord/devcoord.h"
 #include "devcoord/v1/devcoord.pb-c.h"
+#include "devcoord/v1/methods.h"
 #include "rpc.h"
 
 #define CLIENT_DEFAULT_ADDR       "tcp://127.0.0.1:7400"
@@ -21,27 +22,6 @@
 
 #define COORD_SVC  (&devcoord__v1__coordinator__descriptor)
 #define WORKER_SVC (&devcoord__v1__worker__descriptor)
-
-/* Method numbers: declaration order of the services in devcoord.proto (a unit test checks
- * them against the descriptors). */
-enum {
-    M_COORD_LIST_WORKERS       = 3,
-    M_COORD_LIST_DEVICES       = 4,
-    M_COORD_GET_DEVICE         = 5,
-    M_COORD_SUBMIT_OP          = 6,
-    M_COORD_GET_OP             = 7,
-    M_COORD_LIST_OPS           = 8,
-    M_COORD_CORDON_WORKER      = 9,
-    M_COORD_UNCORDON_WORKER    = 10,
-    M_COORD_DRAIN_WORKER       = 11,
-    M_COORD_GET_CLUSTER_STATUS = 12,
-};
-enum {
-    M_WORKER_PUT_TENSOR    = 3,
-    M_WORKER_GET_TENSOR    = 4,
-    M_WORKER_DELETE_TENSOR = 5,
-    M_WORKER_LIST_TENSORS  = 6,
-};
 
 /* Bytes of tensor data per call: the default message limit less the envelope, until a
  * worker shows (by refusing or dropping a chunk) that its limit is smaller. */
@@ -60,6 +40,8 @@ struct dc_client {
     /* TLS files for tls+tcp:// addresses (copies; NULL when not given). */
     char *tls_ca, *tls_cert, *tls_key, *tls_server_name;
     uint32_t timeout_ms;
+    /* The coordinator's op timeout for a submit that names none; 0 until asked. */
+    atomic_uint op_timeout_ms;
 
     pthread_mutex_t mtx; /* guards the worker cache */
     struct worker_conn **workers;

@@ -15,6 +15,7 @@
 
 #include "devcoord/devcoord.h"
 #include "json.h"
+#include "text.h"
 
 enum {
     EXIT_REFUSED     = 1,
@@ -1322,27 +1323,16 @@ struct put_args {
     size_t bytes;
 };
 
-static bool
-is_blank(char ch)
-{
-    return ch == ' ' || ch == '\t';
-}
-
 /* Parses one value of --values (between b and e) per dtype into slot. */
 static bool
 parse_value(const char *b, const char *e, dc_dtype dtype, unsigned char *slot)
 {
     char buf[128];
     char *end;
-    size_t len = (size_t)(e - b);
+    size_t len;
 
-    while (len > 0 && is_blank(*b)) {
-        b++;
-        len--;
-    }
-    while (len > 0 && is_blank(b[len - 1])) {
-        len--;
-    }
+    text_trim(&b, &e);
+    len = (size_t)(e - b);
     if (len == 0 || len >= sizeof(buf)) {
         return false;
     }
@@ -1388,7 +1378,7 @@ parse_values(const char *text, struct put_args *a, size_t *count)
     size_t n = 1, i = 0;
     const char *p;
 
-    for (p = text; is_blank(*p); p++) {
+    for (p = text; text_is_blank(*p); p++) {
     }
     if (*p == '\0') {
         *count = 0;

@@ -13,6 +13,10 @@
 
 struct arena;
 
+/* The budget of an arena for a message we build ourselves (an answer, a plan): trusted
+ * content, so the budget is only a backstop against a bug, not a limit a peer can reach. */
+#define ARENA_OWN_BUDGET ((size_t)1 << 30)
+
 /* An arena that hands out at most `budget` bytes in all; NULL when out of memory. */
 struct arena *arena_new(size_t budget);
 void arena_free(struct arena *a);

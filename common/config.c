@@ -11,6 +11,7 @@
 
 #include <yaml.h>
 
+#include "address.h"
 #include "device.h"
 #include "status.h"
 
@@ -536,25 +537,11 @@ field_string(struct loader *ld, const struct field *f, const char *path, void *a
     return loader_strdup(ld, at, text);
 }
 
-static bool
-address_valid(const char *text)
-{
-    static const char *const schemes[] = { "tcp://", "tls+tcp://", "ipc://", "inproc://" };
-
-    for (size_t i = 0; i < sizeof(schemes) / sizeof(schemes[0]); i++) {
-        size_t n = strlen(schemes[i]);
-        if (strncmp(text, schemes[i], n) == 0 && text[n] != '\0') {
-            return true;
-        }
-    }
-    return false;
-}
-
 /* An nng address the daemon listens on or dials. */
 static dc_code
 field_address(struct loader *ld, const struct field *f, const char *path, void *at)
 {
-    const char *text;
+    const char *text, *why;
     char q[CONFIG_QUOTE_SIZE];
     dc_code rv;
 
@@ -562,11 +549,9 @@ field_address(struct loader *ld, const struct field *f, const char *path, void *
     if ((rv = loader_string(ld, path, false, &text)) != DC_OK) {
         return rv;
     }
-    if (!address_valid(text)) {
-        return loader_fail(ld, loader_mark(ld), path,
-                           "invalid address %s (expected tcp://HOST:PORT, tls+tcp://HOST:PORT, "
-                           "ipc://PATH or inproc://NAME)",
-                           text_quote(text, q));
+    if ((why = address_problem(text)) != NULL) {
+        return loader_fail(ld, loader_mark(ld), path, "invalid address %s: %s", text_quote(text, q),
+                           why);
     }
     return loader_strdup(ld, at, text);
 }
@@ -577,8 +562,6 @@ field_http(struct loader *ld, const struct field *f, const char *path, void *at)
 {
     const char *text, *colon;
     char q[CONFIG_QUOTE_SIZE];
-    unsigned long port = 0;
-    size_t digits      = 0;
     dc_code rv;
 
     (void)f;
@@ -587,11 +570,7 @@ field_http(struct loader *ld, const struct field *f, const char *path, void *at)
     }
     if (text[0] != '\0') {
         colon = strrchr(text, ':');
-        for (const char *p = colon != NULL ? colon + 1 : ""; is_digit(*p) && digits < 6; p++) {
-            port = port * 10 + (unsigned long)(*p - '0');
-            digits++;
-        }
-        if (colon == NULL || digits == 0 || colon[1 + digits] != '\0' || port > 65535) {
+        if (colon == NULL || !address_port_valid(colon + 1)) {
             return loader_fail(ld, loader_mark(ld), path,
                                "invalid address %s (expected HOST:PORT, or \"\" for none)",
                                text_quote(text, q));
@@ -672,18 +651,6 @@ field_bool(struct loader *ld, const struct field *f, const char *path, void *at)
                        loader_found(ld, found));
 }
 
-/* Index of `text` in `names`, or -1. */
-static int
-name_lookup(const char *const *names, size_t n, const char *text)
-{
-    for (size_t i = 0; i < n; i++) {
-        if (strcmp(names[i], text) == 0) {
-            return (int)i;
-        }
-    }
-    return -1;
-}
-
 static dc_code
 field_autodiff(struct loader *ld, const struct field *f, const char *path, void *at)
 {
@@ -705,18 +672,6 @@ field_autodiff(struct loader *ld, const struct field *f, const char *path, void 
     return DC_OK;
 }
 
-static const char *const log_level_names[] = {
-    [LOG_DEBUG] = "debug",
-    [LOG_INFO]  = "info",
-    [LOG_WARN]  = "warn",
-    [LOG_ERROR] = "error",
-};
-
-static const char *const log_format_names[] = {
-    [LOG_FORMAT_TEXT] = "text",
-    [LOG_FORMAT_JSON] = "json",
-};
-
 static dc_code
 field_log_level(struct loader *ld, const struct field *f, const char *path, void *at)
 {
@@ -729,9 +684,7 @@ field_log_level(struct loader *ld, const struct field *f, const char *path, void
     if ((rv = loader_string(ld, path, false, &text)) != DC_OK) {
         return rv;
     }
-    level =
-        name_lookup(log_level_names, sizeof(log_level_names) / sizeof(log_level_names[0]), text);
-    if (level < 0) {
+    if ((level = log_level_from_name(text)) < 0) {
         return loader_fail(ld, loader_mark(ld), path,
                            "unknown log level %s (expected debug, info, warn or error)",
                            text_quote(text, q));
@@ -752,9 +705,7 @@ field_log_format(struct loader *ld, const struct field *f, const char *path, voi
     if ((rv = loader_string(ld, path, false, &text)) != DC_OK) {
         return rv;
     }
-    format =
-        name_lookup(log_format_names, sizeof(log_format_names) / sizeof(log_format_names[0]), text);
-    if (format < 0) {
+    if ((format = log_format_from_name(text)) < 0) {
         return loader_fail(ld, loader_mark(ld), path,
                            "unknown log format %s (expected text or json)", text_quote(text, q));
     }

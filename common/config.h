@@ -12,10 +12,8 @@
 #include <stdint.h>
 
 #include "devcoord/types.h"
+#include "log.h"
 #include "validate.h"
-
-enum log_format { LOG_FORMAT_TEXT = 0, LOG_FORMAT_JSON };
-enum log_level { LOG_DEBUG = 0, LOG_INFO, LOG_WARN, LOG_ERROR };
 
 struct config_log {
     enum log_level level;   /* log.level: debug | info | warn | error (default info) */

@@ -10,17 +10,45 @@ static atomic_int log_threshold = LOG_INFO;
 static atomic_int log_fmt       = LOG_FORMAT_TEXT;
 static char log_component[32]   = "devcoord";
 
-static const char *const level_names[] = { "debug", "info", "warn", "error" };
+static const char *const level_names[LOG_LEVEL_COUNT] = {
+    [LOG_DEBUG] = "debug",
+    [LOG_INFO]  = "info",
+    [LOG_WARN]  = "warn",
+    [LOG_ERROR] = "error",
+};
 
-int
-log_level_from_name(const char *name)
+static const char *const format_names[LOG_FORMAT_COUNT] = {
+    [LOG_FORMAT_TEXT] = "text",
+    [LOG_FORMAT_JSON] = "json",
+};
+
+static int
+name_index(const char *const *names, int n, const char *name)
 {
-    for (int i = 0; i < 4; i++) {
-        if (strcmp(level_names[i], name) == 0) {
+    for (int i = 0; i < n; i++) {
+        if (strcmp(names[i], name) == 0) {
             return i;
         }
     }
     return -1;
+}
+
+const char *
+log_level_name(enum log_level level)
+{
+    return (unsigned)level < LOG_LEVEL_COUNT ? level_names[level] : "?";
+}
+
+int
+log_level_from_name(const char *name)
+{
+    return name_index(level_names, LOG_LEVEL_COUNT, name);
+}
+
+int
+log_format_from_name(const char *name)
+{
+    return name_index(format_names, LOG_FORMAT_COUNT, name);
 }
 
 void

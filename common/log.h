@@ -6,7 +6,8 @@
 #ifndef DEVCOORD_COMMON_LOG_H
 #define DEVCOORD_COMMON_LOG_H
 
-#include "config.h"
+enum log_format { LOG_FORMAT_TEXT = 0, LOG_FORMAT_JSON, LOG_FORMAT_COUNT };
+enum log_level { LOG_DEBUG = 0, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_LEVEL_COUNT };
 
 /* Sets the threshold, the format and the component name printed with every line. */
 void log_configure(enum log_level level, enum log_format format, const char *component);
@@ -18,7 +19,10 @@ void log_msg(enum log_level level, const char *fmt, ...) __attribute__((format(p
 #define log_warn(...)  log_msg(LOG_WARN, __VA_ARGS__)
 #define log_error(...) log_msg(LOG_ERROR, __VA_ARGS__)
 
-/* "debug" ... "error"; -1 for anything else. */
+/* The names configs and log lines use: "debug" ... "error", "text" | "json"; the
+ * from_name functions return -1 for anything else. */
+const char *log_level_name(enum log_level level);
 int log_level_from_name(const char *name);
+int log_format_from_name(const char *name);
 
 #endif

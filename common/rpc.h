@@ -88,8 +88,6 @@ const void *rpc_call_attachment(struct rpc_call *call, size_t *len);
 void rpc_call_set_reply_attachment(struct rpc_call *call, const void *data, size_t len);
 /* Absolute deadline on the monotonic clock in ms (rpc_now_ms), or 0 for none. */
 uint64_t rpc_call_deadline_ms(const struct rpc_call *call);
-/* The method being served. */
-const ProtobufCMethodDescriptor *rpc_call_method(const struct rpc_call *call);
 
 /* Decoding a request as the server does, in two steps so a caller can be refused (token)
  * before its body is decoded. Memory comes from r->arena, sized for the frame; close frees
@@ -134,7 +132,6 @@ void rpc_client_close(struct rpc_client *c);
 bool rpc_client_connected(const struct rpc_client *c);
 /* Changes the reconnect backoff of a running client. */
 void rpc_client_set_reconnect(struct rpc_client *c, uint32_t min_ms, uint32_t max_ms);
-const char *rpc_client_url(const struct rpc_client *c);
 
 /* A decoded reply. body is NULL when the server sent none. Free with rpc_reply_free. */
 struct rpc_reply {

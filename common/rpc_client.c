@@ -93,12 +93,6 @@ rpc_client_connected(const struct rpc_client *c)
     return atomic_load(&c->pipes) > 0;
 }
 
-const char *
-rpc_client_url(const struct rpc_client *c)
-{
-    return c->url;
-}
-
 dc_code
 rpc_client_open(const struct rpc_client_opts *opts, struct rpc_client **out, dc_status *st)
 {

@@ -124,12 +124,6 @@ rpc_call_deadline_ms(const struct rpc_call *call)
     return call->deadline_ms;
 }
 
-const ProtobufCMethodDescriptor *
-rpc_call_method(const struct rpc_call *call)
-{
-    return call->method;
-}
-
 /* Arms a context to receive. Called with mtx held. */
 static void
 rpc_call_arm(struct rpc_call *call)

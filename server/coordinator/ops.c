@@ -8,8 +8,10 @@
 
 #include "arena.h"
 #include "auth.h"
+#include "clock.h"
 #include "device.h"
 #include "log.h"
+#include "devcoord/v1/methods.h"
 #include "metrics.h"
 #include "rpc.h"
 #include "status.h"
@@ -17,7 +19,6 @@
 #include "validate.h"
 
 #define WORKER_SVC (&devcoord__v1__worker__descriptor)
-enum { M_EXECUTE = 0, M_ABORT = 1 };
 
 #define OP_ID_SIZE    40
 #define LIST_DEFAULT  100
@@ -116,14 +117,6 @@ struct ops {
 };
 
 static void op_start_locked(struct ops *o, struct op *op);
-
-static uint64_t
-unix_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 /* Drops a reference to a connection; the last one queues it for closing. ops->mtx held. */
 static void
@@ -452,8 +445,8 @@ op_abort_workers_locked(struct ops *o, struct op *op)
         c->o = o;
         c->w = w;
         op->refs++;
-        if (rpc_call_async(w->client, WORKER_SVC, M_ABORT, &req.base, NULL, 0, 2000, ops_abort_done,
-                           c, NULL) != DC_OK) {
+        if (rpc_call_async(w->client, WORKER_SVC, M_WORKER_ABORT, &req.base, NULL, 0, 2000,
+                           ops_abort_done, c, NULL) != DC_OK) {
             op->refs--;
             free(c);
         }
@@ -539,7 +532,7 @@ op_end_locked(struct ops *o, struct op *op, const dc_status *st, struct pending_
         pa->cd                   = op->cd;
         op->closure              = NULL;
         *rpc_call_status(pa->cd) = op->status;
-        if ((pa->arena = arena_new((size_t)1 << 30)) == NULL ||
+        if ((pa->arena = arena_new(ARENA_OWN_BUDGET)) == NULL ||
             (pa->resp.op = op_info(pa->arena, op)) == NULL) {
             status_set(rpc_call_status(pa->cd), DC_RESOURCE_EXHAUSTED, "out of memory answering");
         }
@@ -622,7 +615,7 @@ static void
 op_start_locked(struct ops *o, struct op *op)
 {
     Devcoord__V1__ExecuteRequest req = DEVCOORD__V1__EXECUTE_REQUEST__INIT;
-    struct arena *a                  = arena_new((size_t)1 << 30);
+    struct arena *a                  = arena_new(ARENA_OWN_BUDGET);
     uint64_t now                     = rpc_now_ms();
     uint32_t left;
     dc_status st;
@@ -665,7 +658,7 @@ op_start_locked(struct ops *o, struct op *op)
             c->w = w;
             op->refs++;
             op->pending++;
-            if (rpc_call_async(w->client, WORKER_SVC, M_EXECUTE, &req.base, NULL, 0, left,
+            if (rpc_call_async(w->client, WORKER_SVC, M_WORKER_EXECUTE, &req.base, NULL, 0, left,
                                execute_done, c, &st) == DC_OK) {
                 continue;
             }
@@ -797,7 +790,7 @@ static void
 answer_now(struct op *op, Devcoord__V1__SubmitOpResponse_Closure closure, void *cd)
 {
     Devcoord__V1__SubmitOpResponse resp = DEVCOORD__V1__SUBMIT_OP_RESPONSE__INIT;
-    struct arena *a                     = arena_new((size_t)1 << 30);
+    struct arena *a                     = arena_new(ARENA_OWN_BUDGET);
 
     *rpc_call_status(cd) = op->status;
     if (a == NULL || (resp.op = op_info(a, op)) == NULL) {
@@ -864,7 +857,7 @@ ops_submit(struct ops *o, const Devcoord__V1__SubmitOpRequest *in,
         return;
     }
     status_clear(&st);
-    op->submitted_unix_ms = unix_ms();
+    op->submitted_unix_ms = clock_unix_ms();
     op->submitted_ms      = rpc_now_ms();
     op->state             = OP_FAILED;
     code                  = op_from_request(op, in, o->cfg, &refs, &st);
@@ -974,7 +967,7 @@ ops_get(struct ops *o, const Devcoord__V1__GetOpRequest *in,
         Devcoord__V1__GetOpResponse_Closure closure, void *cd)
 {
     Devcoord__V1__GetOpResponse resp = DEVCOORD__V1__GET_OP_RESPONSE__INIT;
-    struct arena *a                  = arena_new((size_t)1 << 30);
+    struct arena *a                  = arena_new(ARENA_OWN_BUDGET);
     struct op *op;
 
     if (a == NULL) {
@@ -1000,7 +993,7 @@ ops_list(struct ops *o, const Devcoord__V1__ListOpsRequest *in,
 {
     Devcoord__V1__ListOpsResponse resp = DEVCOORD__V1__LIST_OPS_RESPONSE__INIT;
     size_t limit                       = in->limit ? in->limit : LIST_DEFAULT;
-    struct arena *a                    = arena_new((size_t)1 << 30);
+    struct arena *a                    = arena_new(ARENA_OWN_BUDGET);
     bool oom                           = a == NULL;
 
     pthread_mutex_lock(&o->mtx);

@@ -7,6 +7,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "address.h"
+#include "clock.h"
 #include "device.h"
 #include "metrics.h"
 #include "status.h"
@@ -57,14 +59,6 @@ struct registry {
     uint64_t last_epoch;
     atomic_ullong heartbeats;
 };
-
-static uint64_t
-unix_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 struct registry *
 registry_new(const struct registry_opts *opts)
@@ -297,24 +291,6 @@ registry_link(struct registry *r, struct reg_worker *w)
 
 /* ---- membership -------------------------------------------------------------------------- */
 
-static bool
-address_valid(const char *a)
-{
-    static const char *const schemes[] = { "tcp://",    "tls+tcp://", "ipc://",
-                                           "inproc://", "tcp4://",    "tcp6://" };
-    size_t len                         = strnlen(a, REGISTRY_MAX_ADDRESS_LEN + 1);
-
-    if (len == 0 || len > REGISTRY_MAX_ADDRESS_LEN) {
-        return false;
-    }
-    for (size_t i = 0; i < sizeof(schemes) / sizeof(schemes[0]); i++) {
-        if (strncmp(a, schemes[i], strlen(schemes[i])) == 0 && len > strlen(schemes[i])) {
-            return true;
-        }
-    }
-    return false;
-}
-
 /* Builds a worker from a registration, checking every field a peer sent. */
 static dc_code
 reg_worker_from_request(const Devcoord__V1__RegisterWorkerRequest *req, struct reg_worker **out,
@@ -322,6 +298,7 @@ reg_worker_from_request(const Devcoord__V1__RegisterWorkerRequest *req, struct r
 {
     struct reg_worker *w;
     size_t nlen = strnlen(req->name, DC_WORKER_NAME_MAX + 1);
+    const char *why;
     dc_code code;
 
     *out = NULL;
@@ -329,11 +306,9 @@ reg_worker_from_request(const Devcoord__V1__RegisterWorkerRequest *req, struct r
         return status_set(st, DC_INVALID_ARGUMENT,
                           "invalid worker name (expected [A-Za-z0-9][A-Za-z0-9._-]{0,62})");
     }
-    if (!address_valid(req->address)) {
-        return status_set(st, DC_INVALID_ARGUMENT,
-                          "invalid data address for worker %s (expected tcp://, tls+tcp://, "
-                          "ipc:// or inproc://, at most %d bytes)",
-                          req->name, REGISTRY_MAX_ADDRESS_LEN);
+    if ((why = address_problem(req->address)) != NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "invalid data address for worker %s: %s",
+                          req->name, why);
     }
     if (req->n_devices == 0 || req->n_devices > REGISTRY_MAX_DEVICES_PER_WORKER) {
         return status_set(st, DC_INVALID_ARGUMENT, "worker %s registers %zu devices (1 to %d)",
@@ -448,7 +423,7 @@ registry_register(struct registry *r, const Devcoord__V1__RegisterWorkerRequest 
     }
     /* Epochs are wall-clock milliseconds when that is larger, so they keep growing across
      * coordinator restarts. */
-    w->epoch      = r->last_epoch + 1 > unix_ms() ? r->last_epoch + 1 : unix_ms();
+    w->epoch      = r->last_epoch + 1 > clock_unix_ms() ? r->last_epoch + 1 : clock_unix_ms();
     r->last_epoch = w->epoch;
     if (!registry_link(r, w)) {
         if (old != NULL && !registry_link(r, old)) {
@@ -838,19 +813,6 @@ registry_get_device(struct registry *r, const char *name, struct arena *a,
     *out = device_info(d, a);
     pthread_rwlock_unlock(&r->lock);
     return *out != NULL ? DC_OK : status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
-}
-
-void
-registry_counts(struct registry *r, uint32_t by_state[DC_WORKER_STATE_COUNT], uint64_t *devices)
-{
-    memset(by_state, 0, DC_WORKER_STATE_COUNT * sizeof(*by_state));
-    *devices = 0;
-    pthread_rwlock_rdlock(&r->lock);
-    for (size_t i = 0; i < r->n_order; i++) {
-        by_state[worker_state(r, r->order[i])]++;
-        *devices += r->order[i]->n_devices;
-    }
-    pthread_rwlock_unlock(&r->lock);
 }
 
 void

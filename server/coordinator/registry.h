@@ -19,7 +19,6 @@
 #define REGISTRY_MAX_DEVICES_PER_WORKER 65536
 #define REGISTRY_MAX_LABELS             64
 #define REGISTRY_MAX_LABEL_LEN          256
-#define REGISTRY_MAX_ADDRESS_LEN        255
 #define REGISTRY_DEFAULT_PAGE           32768
 
 /* Operator intent for a worker; it outlives the worker's registrations. */
@@ -108,9 +107,5 @@ bool registry_worker_address(struct registry *r, const char *name, char *address
 /* Workers by state, devices by backend and state, heartbeats received (Prometheus text). */
 struct mbuf;
 void registry_metrics_render(struct registry *r, struct mbuf *b);
-
-/* Worker counts by state, for metrics. */
-void registry_counts(struct registry *r, uint32_t by_state[DC_WORKER_STATE_COUNT],
-                     uint64_t *devices);
 
 #endif

@@ -12,12 +12,11 @@
 #define COORD(svc) ((struct coordinator *)(void *)(svc))
 
 /* Responses are built in an arena freed once the closure has packed them. */
-#define RESPONSE_ARENA_BUDGET ((size_t)1 << 30)
 
 static struct arena *
 response_arena(void *cd, ProtobufCClosure closure)
 {
-    struct arena *a = arena_new(RESPONSE_ARENA_BUDGET);
+    struct arena *a = arena_new(ARENA_OWN_BUDGET);
 
     if (a == NULL) {
         status_set(rpc_call_status(cd), DC_RESOURCE_EXHAUSTED, "out of memory");
@@ -217,7 +216,8 @@ c_get_cluster_status(Devcoord__V1__Coordinator_Service *svc,
     }
     registry_cluster_status(c->registry, a, &out);
     ops_counts(c->ops, &out.ops_in_flight, &out.ops_done, &out.ops_failed);
-    out.ready = atomic_load(&c->ready);
+    out.ready         = atomic_load(&c->ready);
+    out.op_timeout_ms = c->cfg.op_timeout_ms;
     closure(&out, cd);
     arena_free(a);
 }

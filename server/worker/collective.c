@@ -7,13 +7,13 @@
 
 #include "auth.h"
 #include "device.h"
+#include "devcoord/v1/methods.h"
 #include "log.h"
 #include "reduce.h"
 #include "rpc.h"
 #include "tpool.h"
 
 #define WORKER_SVC (&devcoord__v1__worker__descriptor)
-enum { M_EXCHANGE = 2 };
 
 #define CHUNK_BYTES      (512u << 10) /* bytes per Exchange call */
 #define SEND_WINDOW      8            /* Exchange calls in flight per op */
@@ -731,8 +731,9 @@ cop_send(struct cop *op, uint32_t to, uint32_t step, const uint8_t *base, size_t
 
         left       = op->deadline_ms > rpc_now_ms() ? op->deadline_ms - rpc_now_ms() : 1;
         req.offset = off;
-        if (rpc_call_async(op->peers[to]->client, WORKER_SVC, M_EXCHANGE, &req.base, base + off,
-                           len, (uint32_t)left, cop_sent, &op->send_ctx[to], &st) != DC_OK) {
+        if (rpc_call_async(op->peers[to]->client, WORKER_SVC, M_WORKER_EXCHANGE, &req.base,
+                           base + off, len, (uint32_t)left, cop_sent, &op->send_ctx[to],
+                           &st) != DC_OK) {
             pthread_mutex_lock(&op->mtx);
             op->inflight--;
             cop_fail_locked(op, &st);
@@ -931,7 +932,7 @@ cop_send_metas(struct cop *op)
         op->inflight++;
         pthread_mutex_unlock(&op->mtx);
         left = op->deadline_ms > rpc_now_ms() ? op->deadline_ms - rpc_now_ms() : 1;
-        if (rpc_call_async(op->peers[w]->client, WORKER_SVC, M_EXCHANGE, &req.base, buf,
+        if (rpc_call_async(op->peers[w]->client, WORKER_SVC, M_WORKER_EXCHANGE, &req.base, buf,
                            op->n_local * META_ENTRY, (uint32_t)left, cop_sent, &op->send_ctx[w],
                            &st) != DC_OK) {
             pthread_mutex_lock(&op->mtx);

@@ -7,11 +7,11 @@
 
 #include "auth.h"
 #include "devcoord/v1/devcoord.pb-c.h"
+#include "devcoord/v1/methods.h"
 #include "device.h"
 #include "log.h"
 #include "rpc.h"
 
-enum { M_REGISTER = 0, M_HEARTBEAT = 1, M_DEREGISTER = 2 };
 #define SVC (&devcoord__v1__coordinator__descriptor)
 
 struct membership {
@@ -104,7 +104,8 @@ membership_register(struct membership *m, dc_status *st)
     req.collective_backends = backends;
     req.max_message_bytes   = cfg->max_message_bytes;
 
-    code = rpc_call(m->client, SVC, M_REGISTER, &req.base, NULL, 0, 2000, &reply, st);
+    code = rpc_call(m->client, SVC, M_COORDINATOR_REGISTER_WORKER, &req.base, NULL, 0, 2000, &reply,
+                    st);
     if (code == DC_OK && reply.body != NULL) {
         Devcoord__V1__RegisterWorkerResponse *resp = (void *)reply.body;
         m->interval_ms = resp->heartbeat_interval_ms ? resp->heartbeat_interval_ms : 1000;
@@ -138,7 +139,8 @@ membership_heartbeat(struct membership *m, dc_status *st)
 
     req.name  = m->cfg->name;
     req.epoch = atomic_load(&m->epoch);
-    code = rpc_call(m->client, SVC, M_HEARTBEAT, &req.base, NULL, 0, m->interval_ms, &reply, st);
+    code = rpc_call(m->client, SVC, M_COORDINATOR_HEARTBEAT, &req.base, NULL, 0, m->interval_ms,
+                    &reply, st);
     rpc_reply_free(&reply);
     return code;
 }
@@ -247,8 +249,8 @@ membership_stop(struct membership *m)
     }
     if ((req.epoch = atomic_load(&m->epoch)) != 0) {
         req.name = m->cfg->name;
-        if (rpc_call(m->client, SVC, M_DEREGISTER, &req.base, NULL, 0, 1000, &reply, &st) ==
-            DC_OK) {
+        if (rpc_call(m->client, SVC, M_COORDINATOR_DEREGISTER_WORKER, &req.base, NULL, 0, 1000,
+                     &reply, &st) == DC_OK) {
             log_info("deregistered from %s", m->cfg->coordinator);
         } else {
             log_warn("could not deregister: %s", st.message);

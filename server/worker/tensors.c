@@ -375,7 +375,7 @@ tensors_list(struct tensors *t, const Devcoord__V1__ListTensorsRequest *in,
         fail(cd, (ProtobufCClosure)closure, &st);
         return;
     }
-    if ((l.arena = arena_new((size_t)1 << 30)) == NULL) {
+    if ((l.arena = arena_new(ARENA_OWN_BUDGET)) == NULL) {
         status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory");
         fail(cd, (ProtobufCClosure)closure, &st);
         return;

@@ -4,7 +4,8 @@ A Cluster starts one coordinator and any number of workers as subprocesses (each
 own process group, stderr and stdout to a log file in a temporary directory), waits for
 conditions by polling with bounded deadlines, runs devcoordctl, and signals or restarts
 the daemons by name. Every process it starts is killed on cleanup, at interpreter exit,
-on SIGTERM/SIGINT of the test runner, and (through PR_SET_PDEATHSIG) when the runner dies.
+on SIGTERM/SIGHUP of the test runner (SIGINT unwinds through atexit), and (through
+PR_SET_PDEATHSIG) when the runner dies.
 
 ClusterTestCase wires a Cluster into unittest: cleanup through addCleanup, daemon log
 tails printed when a test fails or errors.
@@ -253,6 +254,40 @@ WORKER_STATES = {1: "alive", 2: "dead", 3: "cordoned", 4: "draining"}
 COORDINATOR = "/devcoord.v1.Coordinator/"
 
 
+PROTO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "proto",
+                     "devcoord", "v1", "devcoord.proto")
+
+
+def _proto_fields(path=PROTO):
+    """{message: {field: number}} read from the .proto, so no field number is copied here."""
+    fields, blocks = {}, []
+    with open(path) as f:
+        for line in f:
+            line = line.split("//")[0].strip()
+            m = re.match(r"(message|oneof|enum|service) (\w+) \{", line)
+            if m:
+                blocks.append(m.group(2) if m.group(1) == "message" else None)
+                if m.group(1) == "message":
+                    fields[m.group(2)] = {}
+                continue
+            if line.startswith("}"):
+                blocks.pop()
+                continue
+            m = re.match(r"(?:repeated )?[\w.]+ (\w+) = (\d+);", line)
+            owner = next((b for b in reversed(blocks) if b is not None), None)
+            if m and owner is not None:
+                fields[owner][m.group(1)] = int(m.group(2))
+    return fields
+
+
+FIELDS = _proto_fields()
+
+
+def F(message, field):
+    """The number of message.field in devcoord.proto."""
+    return FIELDS[message][field]
+
+
 def pb_varint(n):
     out = bytearray()
     while True:
@@ -379,7 +414,9 @@ class RpcConnection:
 
     def call(self, method, body=b"", timeout_ms=5000):
         rid = random.randrange(1, 1 << 31)
-        header = pb_uint(1, rid) + pb_bytes(2, method) + pb_uint(3, timeout_ms)
+        header = (pb_uint(F("RequestHeader", "request_id"), rid)
+                  + pb_bytes(F("RequestHeader", "method"), method)
+                  + pb_uint(F("RequestHeader", "timeout_ms"), timeout_ms))
         return self.call_raw(frame(header, body), rid)
 
 
@@ -393,9 +430,10 @@ def parse_reply(data):
     if len(rest) >= 4:
         (blen,) = struct.unpack(">I", rest[:4])
         body = rest[4:4 + blen]
-    status = pb_decode(_one(header, 2, b""))
-    code = _one(status, 1, 0)
-    return (CODES[code] if code < len(CODES) else str(code)), _text(status, 2), body
+    status = pb_decode(_one(header, F("ReplyHeader", "status"), b""))
+    code = _one(status, F("Status", "code"), 0)
+    return ((CODES[code] if code < len(CODES) else str(code)),
+            _text(status, F("Status", "message")), body)
 
 
 def rpc_call(port, method, body=b"", timeout=5.0):
@@ -407,15 +445,17 @@ def rpc_call(port, method, body=b"", timeout=5.0):
 def decode_workers(body):
     """ListWorkersResponse as the CLI's JSON shape (design §10)."""
     out = []
-    for raw in pb_decode(body).get(1, []):
+    wf = FIELDS["WorkerInfo"]
+    for raw in pb_decode(body).get(F("ListWorkersResponse", "workers"), []):
         w = pb_decode(raw)
         labels = {}
-        for lraw in w.get(6, []):
+        for lraw in w.get(wf["labels"], []):
             l = pb_decode(lraw)
-            labels[_text(l, 1)] = _text(l, 2)
-        out.append({"name": _text(w, 1), "address": _text(w, 2),
-                    "state": WORKER_STATES.get(_one(w, 3, 0), "unknown"),
-                    "epoch": _one(w, 4, 0), "devices": _one(w, 5, 0), "labels": labels})
+            labels[_text(l, F("Label", "key"))] = _text(l, F("Label", "value"))
+        out.append({"name": _text(w, wf["name"]), "address": _text(w, wf["address"]),
+                    "state": WORKER_STATES.get(_one(w, wf["state"], 0), "unknown"),
+                    "epoch": _one(w, wf["epoch"], 0), "devices": _one(w, wf["device_count"], 0),
+                    "labels": labels})
     return out
 
 
@@ -525,7 +565,8 @@ class Cluster:
                 code, _, body = rpc_call(self.port, "GetClusterStatus", timeout=2.0)
             except (OSError, RpcError):
                 return False
-            return code == "OK" and _one(pb_decode(body), 9, 0) == 1
+            return code == "OK" and _one(pb_decode(body),
+                                         F("GetClusterStatusResponse", "ready"), 0) == 1
         wait_until(ready, timeout, "the coordinator to be ready on %s" % self.addr)
         return self.coordinator
 

@@ -1208,20 +1208,27 @@ static void
 test_method_numbers(void **state)
 {
     (void)state;
-    assert_string_equal(COORD_SVC->methods[M_COORD_LIST_WORKERS].name, "ListWorkers");
-    assert_string_equal(COORD_SVC->methods[M_COORD_LIST_DEVICES].name, "ListDevices");
-    assert_string_equal(COORD_SVC->methods[M_COORD_GET_DEVICE].name, "GetDevice");
-    assert_string_equal(COORD_SVC->methods[M_COORD_SUBMIT_OP].name, "SubmitOp");
-    assert_string_equal(COORD_SVC->methods[M_COORD_GET_OP].name, "GetOp");
-    assert_string_equal(COORD_SVC->methods[M_COORD_LIST_OPS].name, "ListOps");
-    assert_string_equal(COORD_SVC->methods[M_COORD_CORDON_WORKER].name, "CordonWorker");
-    assert_string_equal(COORD_SVC->methods[M_COORD_UNCORDON_WORKER].name, "UncordonWorker");
-    assert_string_equal(COORD_SVC->methods[M_COORD_DRAIN_WORKER].name, "DrainWorker");
-    assert_string_equal(COORD_SVC->methods[M_COORD_GET_CLUSTER_STATUS].name, "GetClusterStatus");
+    assert_string_equal(COORD_SVC->methods[M_COORDINATOR_LIST_WORKERS].name, "ListWorkers");
+    assert_string_equal(COORD_SVC->methods[M_COORDINATOR_LIST_DEVICES].name, "ListDevices");
+    assert_string_equal(COORD_SVC->methods[M_COORDINATOR_GET_DEVICE].name, "GetDevice");
+    assert_string_equal(COORD_SVC->methods[M_COORDINATOR_SUBMIT_OP].name, "SubmitOp");
+    assert_string_equal(COORD_SVC->methods[M_COORDINATOR_GET_OP].name, "GetOp");
+    assert_string_equal(COORD_SVC->methods[M_COORDINATOR_LIST_OPS].name, "ListOps");
+    assert_string_equal(COORD_SVC->methods[M_COORDINATOR_CORDON_WORKER].name, "CordonWorker");
+    assert_string_equal(COORD_SVC->methods[M_COORDINATOR_UNCORDON_WORKER].name, "UncordonWorker");
+    assert_string_equal(COORD_SVC->methods[M_COORDINATOR_DRAIN_WORKER].name, "DrainWorker");
+    assert_string_equal(COORD_SVC->methods[M_COORDINATOR_GET_CLUSTER_STATUS].name,
+                        "GetClusterStatus");
     assert_string_equal(WORKER_SVC->methods[M_WORKER_PUT_TENSOR].name, "PutTensor");
     assert_string_equal(WORKER_SVC->methods[M_WORKER_GET_TENSOR].name, "GetTensor");
     assert_string_equal(WORKER_SVC->methods[M_WORKER_DELETE_TENSOR].name, "DeleteTensor");
     assert_string_equal(WORKER_SVC->methods[M_WORKER_LIST_TENSORS].name, "ListTensors");
+    /* methods.h is generated from the .proto: its first and last entries of each service. */
+    assert_string_equal(COORD_SVC->methods[M_COORDINATOR_REGISTER_WORKER].name, "RegisterWorker");
+    assert_int_equal(M_COORDINATOR_GET_CLUSTER_STATUS + 1, COORD_SVC->n_methods);
+    assert_string_equal(WORKER_SVC->methods[M_WORKER_EXECUTE].name, "Execute");
+    assert_string_equal(WORKER_SVC->methods[M_WORKER_EXCHANGE].name, "Exchange");
+    assert_int_equal(M_WORKER_LIST_TENSORS + 1, WORKER_SVC->n_methods);
     assert_string_equal(dc_version(), "0.2.0");
     assert_string_equal(dc_op_state_name(DC_OP_STATE_FAILED), "failed");
     assert_null(dc_op_state_name(DC_OP_STATE_NONE));

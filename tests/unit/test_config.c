@@ -409,6 +409,8 @@ static const struct bad coordinator_bad[] = {
     { "listen: 0.0.0.0:7400\n", NAME ":1:9: key 'listen': ", "invalid address '0.0.0.0:7400'" },
     { "http: localhost\n", NAME ":1:7: key 'http': ", "invalid address 'localhost'" },
     { "http: localhost:99999\n", NAME ":1:7: key 'http': ", "invalid address" },
+    { "listen: tcp://127.0.0.1:99999\n", NAME ":1:9: key 'listen': ",
+      "invalid address 'tcp://127.0.0.1:99999': expected HOST:PORT with a port from 0 to 65535" },
     /* sanity */
     { "heartbeat: {interval_ms: 0}\n",
       NAME ":1:26: key 'heartbeat.interval_ms': ", "must be at least 1, found 0" },

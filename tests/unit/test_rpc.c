@@ -22,6 +22,7 @@
 
 #include "arena.h"
 #include "devcoord/v1/devcoord.pb-c.h"
+#include "devcoord/v1/methods.h"
 #include "rpc.h"
 #include "wire.h"
 
@@ -34,7 +35,6 @@ sleep_ms(unsigned ms)
     nanosleep(&ts, NULL);
 }
 /* Method numbers: declaration order in devcoord.proto. */
-enum { M_LIST_WORKERS = 3, M_LIST_DEVICES = 4, M_GET_DEVICE = 5, M_SUBMIT_OP = 6 };
 
 /* ---- a test service -------------------------------------------------------------------- */
 
@@ -227,7 +227,7 @@ get_device(struct rpc_client *c, const char *name, const void *att, size_t alen,
     Devcoord__V1__GetDeviceRequest req = DEVCOORD__V1__GET_DEVICE_REQUEST__INIT;
 
     req.name = (char *)name;
-    return rpc_call(c, SVC, M_GET_DEVICE, &req.base, att, alen, timeout_ms, r, st);
+    return rpc_call(c, SVC, M_COORDINATOR_GET_DEVICE, &req.base, att, alen, timeout_ms, r, st);
 }
 
 /* Sends raw bytes with a bare req socket and returns the reply status code, or -rv. */
@@ -350,13 +350,15 @@ test_deadline(void **state)
     struct rpc_reply r;
     dc_status st;
 
-    assert_int_equal(rpc_call(f->client, SVC, M_LIST_WORKERS, &req.base, NULL, 0, 100, &r, &st),
-                     DC_DEADLINE_EXCEEDED);
+    assert_int_equal(
+        rpc_call(f->client, SVC, M_COORDINATOR_LIST_WORKERS, &req.base, NULL, 0, 100, &r, &st),
+        DC_DEADLINE_EXCEEDED);
     assert_non_null(strstr(st.message, "no reply"));
     rpc_reply_free(&r);
     /* The slow handler answers later into nothing; the server goes on. */
-    assert_int_equal(rpc_call(f->client, SVC, M_LIST_WORKERS, &req.base, NULL, 0, 5000, &r, &st),
-                     DC_OK);
+    assert_int_equal(
+        rpc_call(f->client, SVC, M_COORDINATOR_LIST_WORKERS, &req.base, NULL, 0, 5000, &r, &st),
+        DC_OK);
     rpc_reply_free(&r);
 }
 
@@ -432,8 +434,8 @@ test_slow_calls_hold_contexts(void **state)
 
     slow_done = 0;
     for (int i = 0; i < 64; i++) {
-        assert_int_equal(rpc_call_async(f->client, SVC, M_LIST_WORKERS, &req.base, NULL, 0, 10000,
-                                        slow_cb, NULL, &st),
+        assert_int_equal(rpc_call_async(f->client, SVC, M_COORDINATOR_LIST_WORKERS, &req.base, NULL,
+                                        0, 10000, slow_cb, NULL, &st),
                          DC_OK);
     }
     /* 64 slow calls are in handlers now (16 contexts at start): a fast call still gets in. */
@@ -633,8 +635,8 @@ test_connection_lost_code(void **state)
     co.url = url;
     assert_int_equal(rpc_client_open(&co, &c, &st), DC_OK);
     req.name = "x";
-    assert_int_equal(rpc_call_async(c, SVC, M_GET_DEVICE, &req.base, NULL, 0, 10000, lost_cb,
-                                    (void *)&code, &st),
+    assert_int_equal(rpc_call_async(c, SVC, M_COORDINATOR_GET_DEVICE, &req.base, NULL, 0, 10000,
+                                    lost_cb, (void *)&code, &st),
                      DC_OK);
     assert_int_equal(nng_recvmsg(rep, &m, 0), 0);
     nng_msg_free(m);
@@ -657,14 +659,16 @@ test_large_reply(void **state)
     dc_status st;
 
     req.page_size = 10000;
-    assert_int_equal(rpc_call(f->client, SVC, M_LIST_DEVICES, &req.base, NULL, 0, 5000, &r, &st),
-                     DC_OK);
+    assert_int_equal(
+        rpc_call(f->client, SVC, M_COORDINATOR_LIST_DEVICES, &req.base, NULL, 0, 5000, &r, &st),
+        DC_OK);
     assert_int_equal(((Devcoord__V1__ListDevicesResponse *)r.body)->n_devices, 10000);
     rpc_reply_free(&r);
     /* A reply over the limit is refused by the server with a clear code. */
     req.page_size = 400000;
-    assert_int_equal(rpc_call(f->client, SVC, M_LIST_DEVICES, &req.base, NULL, 0, 10000, &r, &st),
-                     DC_RESOURCE_EXHAUSTED);
+    assert_int_equal(
+        rpc_call(f->client, SVC, M_COORDINATOR_LIST_DEVICES, &req.base, NULL, 0, 10000, &r, &st),
+        DC_RESOURCE_EXHAUSTED);
     assert_string_equal(st.message, "reply too large");
     rpc_reply_free(&r);
 }
@@ -710,9 +714,9 @@ test_method_numbers_match_descriptor(void **state)
     char path[128];
 
     (void)state;
-    assert_string_equal(SVC->methods[M_GET_DEVICE].name, "GetDevice");
-    assert_string_equal(SVC->methods[M_SUBMIT_OP].name, "SubmitOp");
-    rpc_method_path(SVC, M_SUBMIT_OP, path, sizeof(path));
+    assert_string_equal(SVC->methods[M_COORDINATOR_GET_DEVICE].name, "GetDevice");
+    assert_string_equal(SVC->methods[M_COORDINATOR_SUBMIT_OP].name, "SubmitOp");
+    rpc_method_path(SVC, M_COORDINATOR_SUBMIT_OP, path, sizeof(path));
     assert_string_equal(path, "/devcoord.v1.Coordinator/SubmitOp");
 }
 
