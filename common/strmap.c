@@ -85,6 +85,15 @@ strmap_put(struct strmap *m, const char *key, void *value)
     size_t hash = strmap_hash(key);
     struct strmap_slot *s;
 
+    /* Replacing a value never allocates, so it cannot fail: callers that reserve a key
+     * first (the registry's operator intent) rely on it. */
+    if (m->cap > 0) {
+        s = strmap_find(m, key, hash);
+        if (s->key != NULL) {
+            s->value = value;
+            return true;
+        }
+    }
     /* Keep the load under 3/4 so probes stay short. */
     if ((m->len + 1) * 4 > m->cap * 3 && !strmap_grow(m)) {
         return false;

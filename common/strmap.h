@@ -25,7 +25,8 @@ void strmap_init(struct strmap *m);
 void strmap_fini(struct strmap *m);
 
 void *strmap_get(const struct strmap *m, const char *key);
-/* Inserts or replaces; false when out of memory (nothing changed). */
+/* Inserts or replaces; false when out of memory (nothing changed). Replacing the value of
+ * a key already in never fails. */
 bool strmap_put(struct strmap *m, const char *key, void *value);
 /* Removes key; returns its value, or NULL. */
 void *strmap_del(struct strmap *m, const char *key);

@@ -29,22 +29,6 @@ static const char usage[] =
     "  --version          print the version\n"
     "  -h, --help         this text\n";
 
-/* Operator intent changed: persist it (when a state_dir is configured). */
-static void
-on_intent_changed(void *arg)
-{
-    static pthread_mutex_t saving = PTHREAD_MUTEX_INITIALIZER;
-    struct coordinator *c         = arg;
-    dc_status st;
-
-    /* One writer at a time; each takes its snapshot inside, so the last one wins. */
-    pthread_mutex_lock(&saving);
-    if (c->cfg.state_dir != NULL && state_save(c->cfg.state_dir, c->registry, &st) != DC_OK) {
-        log_error("cannot save operator intent: %s", st.message);
-    }
-    pthread_mutex_unlock(&saving);
-}
-
 /* Handlers that never wait run on nng's callback threads. Listings (which can be large),
  * operator steering (which writes the state file) and SubmitOp (whose first op to a worker
  * opens its connection, loading TLS files) go to the server threads. */
@@ -159,9 +143,11 @@ main(int argc, char **argv)
     ro.heartbeat_interval_ms = c->cfg.heartbeat_interval_ms;
     ro.dead_after_ms         = c->cfg.dead_after_ms;
     ro.events.worker_gone    = on_worker_gone;
-    ro.events.intent_changed = on_intent_changed;
     ro.events.arg            = c;
-    rv                       = 1;
+    if (c->cfg.state_dir != NULL) {
+        ro.store = state_store(c->cfg.state_dir);
+    }
+    rv = 1;
     if (c->cfg.tokens_file != NULL) {
         if (auth_load(c->cfg.tokens_file, &c->auth, &st) != DC_OK) {
             log_error("%s", st.message);
@@ -184,6 +170,12 @@ main(int argc, char **argv)
     }
     if (c->cfg.state_dir != NULL) {
         size_t n = 0;
+        /* A cordon that cannot be saved is refused: better not to start than to refuse
+         * them all. */
+        if (state_check(c->cfg.state_dir, &st) != DC_OK) {
+            log_error("%s: not starting", st.message);
+            goto out;
+        }
         if (state_load(c->cfg.state_dir, c->registry, &n, &st) != DC_OK) {
             log_error("operator intent not restored: %s (starting without it)", st.message);
         } else if (n > 0) {

@@ -56,6 +56,8 @@ struct registry {
     struct strmap devices; /* "worker/concrete" -> reg_device */
     struct strmap owners;  /* "concrete" -> owners */
     struct strmap intents; /* name -> (uintptr_t)enum registry_intent */
+    /* Serializes intent changes from their save to their application (registry_store). */
+    pthread_mutex_t intent_mu;
     uint64_t last_epoch;
     atomic_ullong heartbeats;
 };
@@ -69,6 +71,7 @@ registry_new(const struct registry_opts *opts)
         return NULL;
     }
     pthread_rwlock_init(&r->lock, NULL);
+    pthread_mutex_init(&r->intent_mu, NULL);
     r->opts = *opts;
     strmap_init(&r->workers);
     strmap_init(&r->devices);
@@ -116,6 +119,7 @@ registry_free(struct registry *r)
     strmap_fini(&r->devices);
     strmap_fini(&r->owners);
     strmap_fini(&r->intents);
+    pthread_mutex_destroy(&r->intent_mu);
     pthread_rwlock_destroy(&r->lock);
     free(r);
 }
@@ -860,36 +864,101 @@ registry_cluster_status(struct registry *r, struct arena *a,
 
 /* ---- intent ------------------------------------------------------------------------------ */
 
+/* Every worker's intent as it will be once `name` has `intent`: what the store saves.
+ * Lock held. The caller frees *out. */
+static bool
+intent_snapshot(const struct registry *r, const char *name, enum registry_intent intent,
+                struct registry_intent_entry **out, size_t *n)
+{
+    struct registry_intent_entry *e = malloc((r->intents.len + 1) * sizeof(*e));
+    const char *k;
+    void *v;
+
+    *out = e;
+    *n   = 0;
+    if (e == NULL) {
+        return false;
+    }
+    for (size_t i = 0; strmap_next(&r->intents, &i, &k, &v);) {
+        enum registry_intent in = (enum registry_intent)(uintptr_t)v;
+        if (in != INTENT_NONE && strcmp(k, name) != 0) {
+            snprintf(e[*n].name, sizeof(e[*n].name), "%s", k);
+            e[(*n)++].intent = in;
+        }
+    }
+    if (intent != INTENT_NONE) {
+        snprintf(e[*n].name, sizeof(e[*n].name), "%s", name);
+        e[(*n)++].intent = intent;
+    }
+    return true;
+}
+
+/*
+ * Save first, then apply: the new intent is written to the store before anyone can see it,
+ * and a failed save leaves the registry as it was. So that applying cannot fail once the
+ * save has succeeded, the worker's key is put into the intent map (with INTENT_NONE, which
+ * reads as no intent) before the save: replacing a value never allocates. intent_mu keeps
+ * other changes out between the snapshot and the application.
+ */
 dc_code
 registry_set_intent(struct registry *r, const char *name, enum registry_intent intent,
                     uint64_t now_ms, struct arena *a, Devcoord__V1__WorkerInfo **out, dc_status *st)
 {
+    struct registry_intent_entry *entries = NULL;
     struct reg_worker *w;
-    bool ok;
+    size_t n = 0;
+    bool change, ok = true, reserved = false;
+    dc_code code = DC_OK;
 
+    pthread_mutex_lock(&r->intent_mu);
     pthread_rwlock_wrlock(&r->lock);
-    if ((w = strmap_get(&r->workers, name)) == NULL) {
+    if (strmap_get(&r->workers, name) == NULL) {
         pthread_rwlock_unlock(&r->lock);
+        pthread_mutex_unlock(&r->intent_mu);
         return status_set(st, DC_NOT_FOUND, "worker %.64s is not registered", name);
     }
-    if (intent == INTENT_NONE) {
-        strmap_del(&r->intents, name);
-        ok = true;
-    } else {
-        ok = strmap_put(&r->intents, name, (void *)(uintptr_t)intent);
-    }
-    if (ok && out != NULL) {
-        *out = worker_info(r, w, now_ms, a);
-        ok   = *out != NULL;
+    change = intent_of(r, name) != intent;
+    if (change && r->opts.store.save != NULL) {
+        if (intent != INTENT_NONE && intent_of(r, name) == INTENT_NONE) {
+            reserved = strmap_put(&r->intents, name, (void *)(uintptr_t)INTENT_NONE);
+            ok       = reserved;
+        }
+        ok = ok && intent_snapshot(r, name, intent, &entries, &n);
     }
     pthread_rwlock_unlock(&r->lock);
     if (!ok) {
-        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    } else if (change && r->opts.store.save != NULL) {
+        if ((code = r->opts.store.save(r->opts.store.arg, entries, n, st)) != DC_OK) {
+            status_prefix(st, "cannot save operator intent");
+        }
     }
-    if (r->opts.events.intent_changed != NULL) {
-        r->opts.events.intent_changed(r->opts.events.arg);
+    free(entries);
+
+    pthread_rwlock_wrlock(&r->lock);
+    if (code != DC_OK) {
+        if (reserved) {
+            strmap_del(&r->intents, name);
+        }
+    } else if (change && intent == INTENT_NONE) {
+        strmap_del(&r->intents, name);
+    } else if (change && !strmap_put(&r->intents, name, (void *)(uintptr_t)intent)) {
+        /* Only without a store: with one, the key was reserved above. */
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
-    return DC_OK;
+    if (code == DC_OK && out != NULL) {
+        if ((w = strmap_get(&r->workers, name)) == NULL) {
+            /* It deregistered (or was forgotten) while the lock was not held. */
+            code = status_set(st, DC_NOT_FOUND,
+                              "worker %s left meanwhile; its intent is kept for its return", name);
+        } else if ((*out = worker_info(r, w, now_ms, a)) == NULL) {
+            code =
+                status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory describing worker %s", name);
+        }
+    }
+    pthread_rwlock_unlock(&r->lock);
+    pthread_mutex_unlock(&r->intent_mu);
+    return code;
 }
 
 bool
@@ -915,7 +984,9 @@ registry_each_intent(struct registry *r,
 
     pthread_rwlock_rdlock(&r->lock);
     for (size_t i = 0; strmap_next(&r->intents, &i, &k, &v);) {
-        fn(arg, k, (enum registry_intent)(uintptr_t)v);
+        if ((enum registry_intent)(uintptr_t)v != INTENT_NONE) { /* not a reserved key */
+            fn(arg, k, (enum registry_intent)(uintptr_t)v);
+        }
     }
     pthread_rwlock_unlock(&r->lock);
 }

@@ -38,8 +38,25 @@ enum registry_gone {
 struct registry_events {
     /* Called (outside the lock) when an epoch of a worker ends. */
     void (*worker_gone)(void *arg, const char *name, uint64_t epoch, enum registry_gone why);
-    /* Called (outside the lock) when operator intent changes, to persist it. */
-    void (*intent_changed)(void *arg);
+    void *arg;
+};
+
+/* One worker's operator intent, as the store keeps it. */
+struct registry_intent_entry {
+    char name[DC_WORKER_NAME_MAX + 1];
+    enum registry_intent intent;
+};
+
+/*
+ * Where operator intent is kept across restarts (state.c). save gets every worker's intent
+ * as it will be once a change is applied, before the registry applies it: an operator told
+ * OK must find the change after a restart, so a change that cannot be saved is refused and
+ * leaves the registry as it was. Changes are serialized: save is never called twice at
+ * once, and is called outside the registry's lock (a slow disk must not stall heartbeats).
+ */
+struct registry_store {
+    dc_code (*save)(void *arg, const struct registry_intent_entry *entries, size_t n,
+                    dc_status *st);
     void *arg;
 };
 
@@ -47,6 +64,7 @@ struct registry_opts {
     uint32_t heartbeat_interval_ms;
     uint32_t dead_after_ms;
     struct registry_events events;
+    struct registry_store store; /* save NULL: intent is not kept */
 };
 
 struct registry;
@@ -70,18 +88,20 @@ dc_code registry_deregister(struct registry *r, const char *name, uint64_t epoch
 /* Marks workers silent past dead_after as dead; returns how many it marked. */
 size_t registry_sweep(struct registry *r, uint64_t now_ms);
 
-/* Records operator intent (and applies it to the worker if registered). NOT_FOUND when no
- * such worker is registered. out (may be NULL) gets the worker afterwards. */
+/* Records operator intent and applies it to the worker. NOT_FOUND when no such worker is
+ * registered. When the intent changes it is saved first (registry_store): a failed save is
+ * returned, prefixed "cannot save operator intent", and nothing changes. out (may be NULL)
+ * gets the worker afterwards. */
 dc_code registry_set_intent(struct registry *r, const char *name, enum registry_intent intent,
                             uint64_t now_ms, struct arena *a, Devcoord__V1__WorkerInfo **out,
                             dc_status *st);
 
-/* Intent of every worker that has one, for persisting: calls fn for each. */
+/* Intent of every worker that has one: calls fn for each, under the read lock. */
 void registry_each_intent(struct registry *r,
                           void (*fn)(void *arg, const char *name, enum registry_intent intent),
                           void *arg);
 
-/* Restores intent without notifying intent_changed (loading persisted state). */
+/* Restores intent without saving it (loading persisted state). */
 bool registry_restore_intent(struct registry *r, const char *name, enum registry_intent intent);
 
 dc_code registry_list_workers(struct registry *r, uint64_t now_ms, struct arena *a,

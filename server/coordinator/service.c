@@ -172,6 +172,9 @@ set_intent(struct coordinator *c, const char *name, enum registry_intent intent,
     }
     code = registry_set_intent(c->registry, name, intent, rpc_now_ms(), a, &out.worker, &st);
     if (code != DC_OK) {
+        if (code != DC_NOT_FOUND) { /* a failed save: the operator's answer is not enough */
+            log_error("worker %s not %s: %s", name, verbs[intent], st.message);
+        }
         answer_error(cd, (ProtobufCClosure)closure, code, &st);
     } else {
         log_info("worker %s %s by an operator", name, verbs[intent]);

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,51 +21,79 @@ static const char *const intent_words[] = {
     [INTENT_DRAIN]  = "drain",
 };
 
-struct writer {
-    FILE *f;
-    size_t n;
-};
-
-static void
-state_write_one(void *arg, const char *name, enum registry_intent intent)
+/* Entries the file lists: those with an intent. */
+static size_t
+state_count(const struct registry_intent_entry *entries, size_t n)
 {
-    struct writer *w = arg;
+    size_t count = 0;
 
-    if (intent == INTENT_CORDON || intent == INTENT_DRAIN) {
-        fprintf(w->f, "%s %s\n", intent_words[intent], name);
-        w->n++;
+    for (size_t i = 0; i < n; i++) {
+        count += entries[i].intent == INTENT_CORDON || entries[i].intent == INTENT_DRAIN;
     }
+    return count;
+}
+
+/* The state file's path and the temporary file a save writes first; false when too long. */
+static bool
+state_paths(const char *dir, char path[4096], char tmp[4096])
+{
+    return snprintf(path, 4096, "%s/%s", dir, STATE_FILE) < 4096 &&
+           snprintf(tmp, 4096, "%s/.%s.tmp", dir, STATE_FILE) < 4096;
+}
+
+/* Writes the whole of entries to tmp and syncs it. The writes go through stdio, whose
+ * errors (ENOSPC first of all) may only show at the flush: ferror is checked too. */
+static dc_code
+state_write_tmp(const char *tmp, const struct registry_intent_entry *entries, size_t n,
+                dc_status *st)
+{
+    FILE *f = NULL;
+    int fd, err;
+
+    if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0) {
+        return status_set(st, DC_UNAVAILABLE, "%s: %s", tmp, strerror(errno));
+    }
+    if ((f = fdopen(fd, "w")) == NULL) {
+        err = errno;
+        close(fd);
+        goto fail;
+    }
+    errno = 0;
+    fprintf(f, "%s\n", STATE_HEADER);
+    for (size_t i = 0; i < n; i++) {
+        if (entries[i].intent == INTENT_CORDON || entries[i].intent == INTENT_DRAIN) {
+            fprintf(f, "%s %s\n", intent_words[entries[i].intent], entries[i].name);
+        }
+    }
+    fprintf(f, "end %zu\n", state_count(entries, n));
+    if (fflush(f) != 0 || ferror(f) || fsync(fd) != 0) {
+        err = errno != 0 ? errno : EIO;
+        fclose(f);
+        goto fail;
+    }
+    if (fclose(f) != 0) {
+        err = errno;
+        goto fail;
+    }
+    return DC_OK;
+fail:
+    unlink(tmp);
+    return status_set(st, DC_UNAVAILABLE, "%s: %s", tmp, strerror(err));
 }
 
 dc_code
-state_save(const char *dir, struct registry *r, dc_status *st)
+state_save(const char *dir, const struct registry_intent_entry *entries, size_t n, dc_status *st)
 {
     char path[4096], tmp[4096];
-    struct writer w = { 0 };
-    int fd, dfd;
+    dc_code code;
+    int dfd;
 
-    if (snprintf(path, sizeof(path), "%s/%s", dir, STATE_FILE) >= (int)sizeof(path) ||
-        snprintf(tmp, sizeof(tmp), "%s/.%s.tmp", dir, STATE_FILE) >= (int)sizeof(tmp)) {
+    if (!state_paths(dir, path, tmp)) {
         return status_set(st, DC_INVALID_ARGUMENT, "state_dir path too long");
     }
-    if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0 ||
-        (w.f = fdopen(fd, "w")) == NULL) {
-        int err = errno;
-        if (fd >= 0) {
-            close(fd);
-        }
-        return status_set(st, DC_UNAVAILABLE, "%s: %s", tmp, strerror(err));
+    if ((code = state_write_tmp(tmp, entries, n, st)) != DC_OK) {
+        return code;
     }
-    fprintf(w.f, "%s\n", STATE_HEADER);
-    registry_each_intent(r, state_write_one, &w);
-    fprintf(w.f, "end %zu\n", w.n);
-    if (fflush(w.f) != 0 || fsync(fd) != 0) {
-        int err = errno;
-        fclose(w.f);
-        unlink(tmp);
-        return status_set(st, DC_UNAVAILABLE, "%s: %s", tmp, strerror(err));
-    }
-    fclose(w.f);
     if (rename(tmp, path) != 0) {
         int err = errno;
         unlink(tmp);
@@ -76,6 +105,37 @@ state_save(const char *dir, struct registry *r, dc_status *st)
         close(dfd);
     }
     return DC_OK;
+}
+
+dc_code
+state_check(const char *dir, dc_status *st)
+{
+    char path[4096], tmp[4096];
+    dc_code code;
+
+    if (!state_paths(dir, path, tmp)) {
+        return status_set(st, DC_INVALID_ARGUMENT, "state_dir %s: path too long", dir);
+    }
+    /* The very file a save writes: what stops this stops every save. */
+    if ((code = state_write_tmp(tmp, NULL, 0, st)) != DC_OK) {
+        status_prefix(st, "state_dir cannot keep operator intent");
+        return code;
+    }
+    unlink(tmp);
+    return DC_OK;
+}
+
+static dc_code
+state_store_save(void *arg, const struct registry_intent_entry *entries, size_t n, dc_status *st)
+{
+    return state_save(arg, entries, n, st);
+}
+
+struct registry_store
+state_store(const char *dir)
+{
+    struct registry_store store = { state_store_save, (void *)(uintptr_t)dir };
+    return store;
 }
 
 dc_code

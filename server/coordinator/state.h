@@ -2,7 +2,8 @@
  * Operator intent on disk: the cordon and drain decisions survive a coordinator restart.
  * The state file (state_dir/intent.state) is rewritten whole on every change: temp file,
  * fsync, rename, fsync of the directory. A corrupt or truncated file is reported and
- * ignored, never fatal.
+ * ignored, never fatal; a state_dir that cannot be written is fatal at start (state_check),
+ * and a change that cannot be saved is refused (registry_store).
  */
 #ifndef DEVCOORD_COORDINATOR_STATE_H
 #define DEVCOORD_COORDINATOR_STATE_H
@@ -16,7 +17,17 @@
  * the file is unusable — then nothing is restored. */
 dc_code state_load(const char *dir, struct registry *r, size_t *restored, dc_status *st);
 
-/* Writes r's intent to dir atomically. */
-dc_code state_save(const char *dir, struct registry *r, dc_status *st);
+/* Writes entries (every worker's intent) to dir atomically. DC_UNAVAILABLE with the path
+ * and the system's reason ("No space left on device") when it cannot; the old file is then
+ * left as it was. */
+dc_code state_save(const char *dir, const struct registry_intent_entry *entries, size_t n,
+                   dc_status *st);
+
+/* Whether dir can take a save: writes, syncs and removes the temporary file a save uses.
+ * DC_UNAVAILABLE naming state_dir and the reason when it cannot. */
+dc_code state_check(const char *dir, dc_status *st);
+
+/* The registry_store that saves into dir, which must outlive the registry. */
+struct registry_store state_store(const char *dir);
 
 #endif

@@ -464,6 +464,98 @@ class PersistenceTest(OpsMixin, SecureTestCase):
         c.wait_workers(["node-c"], "cordoned")
         self.assertNotIn("not restored", c.coordinator.log_text().split("==== start")[-1])
 
+    def shown_state(self, name):
+        """The state `devcoordctl workers show NAME` prints."""
+        shown = self.ok("workers", "show", name)["worker"]
+        self.assertEqual(shown["name"], name)
+        return shown["state"]
+
+    def test_a_failed_save_fails_the_call_and_changes_nothing(self):
+        """Issue 12, item 3: with the state file unwritable, DrainWorker and CordonWorker
+        answer UNAVAILABLE with the cause, and neither memory nor disk changes. Tests run as
+        root, for whom a read-only directory is writable: the disk is made full by putting a
+        symlink to /dev/full where the save writes its temporary file, and the directory is
+        made unusable by replacing it with a regular file."""
+        c = self.cluster
+        self.ok("workers", "cordon", "node-a")
+        with open(self.state_file, "rb") as f:
+            saved = f.read()
+        tmp = os.path.join(self.state_dir, ".intent.state.tmp")
+        away = self.state_dir + ".away"
+
+        def disk_full():
+            os.symlink("/dev/full", tmp)
+
+        def disk_full_undo():
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+
+        def dir_is_a_file():
+            os.rename(self.state_dir, away)
+            with open(self.state_dir, "w") as f:
+                f.write("not a directory\n")
+
+        def dir_is_a_file_undo():
+            os.unlink(self.state_dir)
+            os.rename(away, self.state_dir)
+
+        cases = [("disk full", disk_full, disk_full_undo, "No space left on device"),
+                 ("state_dir replaced by a file", dir_is_a_file, dir_is_a_file_undo,
+                  "Not a directory")]
+        for what, break_it, undo, cause in cases:
+            for verb, name, before in (("drain", "node-b", "alive"),
+                                       ("cordon", "node-c", "alive"),
+                                       ("uncordon", "node-a", "cordoned")):
+                with self.subTest(what=what, verb=verb):
+                    break_it()
+                    try:
+                        r = c.ctl("workers", verb, name)
+                    finally:
+                        undo()
+                    self.assertEqual(r.rc, 1, repr(r))
+                    m = ERROR_LINE.match(r.err.strip().splitlines()[0])
+                    self.assertIsNotNone(m, repr(r))
+                    self.assertEqual(m.group(1), "UNAVAILABLE", repr(r))
+                    self.assertIn("cannot save operator intent", m.group(2))
+                    self.assertIn(cause, m.group(2))
+                    self.assertEqual(self.shown_state(name), before)
+                    with open(self.state_file, "rb") as f:
+                        self.assertEqual(f.read(), saved)
+        self.assertEqual(self.states(), {"node-a": "cordoned", "node-b": "alive",
+                                         "node-c": "alive"})
+        # What was refused was never half-kept: a restart finds the same, and a save that
+        # can reach the disk again works.
+        self.restart("kill")
+        c.wait_workers(["node-a"], "cordoned")
+        c.wait_workers(["node-b", "node-c"], "alive")
+        self.ok("workers", "drain", "node-b")
+        self.assertEqual(self.shown_state("node-b"), "draining")
+
+    def test_an_unusable_state_dir_stops_the_start(self):
+        """Issue 12, item 3: a coordinator that could not keep operator intent would
+        answer every cordon with an error; it refuses to start instead, saying why."""
+        c = self.cluster
+        port = c.port  # where the workers look for it
+        c.kill_coordinator()
+        not_a_dir = c.write("plain-file", "x\n")
+        for what, state_dir in (("a regular file", not_a_dir),
+                                ("under a regular file", os.path.join(not_a_dir, "state")),
+                                ("missing", c.path("no-such-dir"))):
+            with self.subTest(what):
+                c.coordinator_config["state_dir"] = state_dir
+                before = len(c.coordinator.log_text())
+                c.start_coordinator(port=port, wait=False)
+                rc = c.coordinator.wait(20)
+                c.coordinator.expected_exit = True
+                log = c.coordinator.log_text()[before:]
+                self.assertIsNotNone(rc, "still running with state_dir %s" % state_dir)
+                self.assertNotEqual(rc, 0, log)
+                self.assertIn("state_dir", log)
+                self.assertIn(state_dir, log)
+        c.coordinator_config["state_dir"] = self.state_dir
+        c.start_coordinator(port=port)
+        c.wait_workers(list(THREE))
+
 
 # ---- health and metrics ------------------------------------------------------------------------
 
