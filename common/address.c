@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include "log.h"
+
 struct scheme {
     const char *prefix;
     bool tcp; /* HOST:PORT follows */
@@ -34,7 +36,7 @@ address_problem(const char *text)
     }
     for (size_t i = 0; i < len; i++) {
         /* A newline or escape in an address would forge log lines and terminal output. */
-        if ((unsigned char)text[i] < 0x20 || text[i] == 0x7f) {
+        if (log_is_control((unsigned char)text[i])) {
             return "control character in address";
         }
     }

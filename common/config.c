@@ -105,7 +105,7 @@ text_escape(const char *s, char *buf, size_t cap)
             n += (size_t)snprintf(buf + n, cap - n, "...");
             break;
         }
-        if (u < 0x20 || u == 0x7f || u == '\'' || u == '\\') {
+        if (log_is_control(u) || u == '\'' || u == '\\') {
             n += (size_t)snprintf(buf + n, cap - n, "\\x%02x", u);
         } else {
             buf[n++] = (char)u;
@@ -930,6 +930,12 @@ field_labels(struct loader *ld, const struct field *f, const char *path, void *a
             goto out;
         }
         path_join(child, path, text);
+        /* Labels travel to the coordinator, which refuses control characters in them (they
+         * would reach its log lines and listings): say so here, with the place. */
+        if (log_has_control(text)) {
+            rv = loader_fail(ld, loader_mark(ld), child, "control character in a label key");
+            goto out;
+        }
         if (n == CONFIG_LABELS_MAX) {
             rv = loader_fail(ld, loader_mark(ld), child, "more than %d labels", CONFIG_LABELS_MAX);
             goto out;
@@ -958,8 +964,14 @@ field_labels(struct loader *ld, const struct field *f, const char *path, void *a
             goto out;
         }
         if ((rv = loader_next(ld)) != DC_OK ||
-            (rv = loader_string(ld, child, true, &text)) != DC_OK ||
-            (rv = loader_strdup(ld, &labels[n - 1].value, text)) != DC_OK) {
+            (rv = loader_string(ld, child, true, &text)) != DC_OK) {
+            goto out;
+        }
+        if (log_has_control(text)) {
+            rv = loader_fail(ld, loader_mark(ld), child, "control character in a label value");
+            goto out;
+        }
+        if ((rv = loader_strdup(ld, &labels[n - 1].value, text)) != DC_OK) {
             goto out;
         }
     }

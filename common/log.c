@@ -1,6 +1,7 @@
 #include "log.h"
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -59,6 +60,46 @@ log_configure(enum log_level level, enum log_format format, const char *componen
     snprintf(log_component, sizeof(log_component), "%s", component);
 }
 
+bool
+log_is_control(unsigned char c)
+{
+    return c < 0x20 || c == 0x7f;
+}
+
+bool
+log_has_control(const char *text)
+{
+    for (; *text != '\0'; text++) {
+        if (log_is_control((unsigned char)*text)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Copies s to out with its control characters escaped (\n, \r, \t by name, the others as
+ * \xNN), so that a line stays one line on the terminal and in the file whatever text it
+ * carries: a peer's name with a newline and a fake timestamp after it would otherwise
+ * forge a line. Backslashes are left alone, for readable paths and messages. */
+static void
+text_escape(char *out, size_t cap, const char *s)
+{
+    size_t n = 0;
+
+    for (; *s != '\0' && n + 5 < cap; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (!log_is_control(c)) {
+            out[n++] = (char)c;
+        } else if (c == '\n' || c == '\r' || c == '\t') {
+            out[n++] = '\\';
+            out[n++] = c == '\n' ? 'n' : c == '\r' ? 'r' : 't';
+        } else {
+            n += (size_t)snprintf(out + n, cap - n, "\\x%02x", c);
+        }
+    }
+    out[n] = '\0';
+}
+
 /* Appends s to out as the inside of a JSON string. */
 static size_t
 json_escape(char *out, size_t cap, const char *s)
@@ -86,7 +127,8 @@ json_escape(char *out, size_t cap, const char *s)
 void
 log_msg(enum log_level level, const char *fmt, ...)
 {
-    char msg[2048], esc[4200], ts[40];
+    /* Escaping takes at most 6 bytes per byte (JSON's \u00XX). */
+    char msg[2048], esc[sizeof(msg) * 6 + 1], ts[40];
     struct timespec now;
     struct tm tm;
     va_list ap;
@@ -107,6 +149,7 @@ log_msg(enum log_level level, const char *fmt, ...)
         fprintf(stderr, "{\"ts\":\"%s\",\"level\":\"%s\",\"component\":\"%s\",\"msg\":\"%s\"}\n",
                 ts, level_names[level], log_component, esc);
     } else {
-        fprintf(stderr, "%s %-5s %s: %s\n", ts, level_names[level], log_component, msg);
+        text_escape(esc, sizeof(esc), msg);
+        fprintf(stderr, "%s %-5s %s: %s\n", ts, level_names[level], log_component, esc);
     }
 }

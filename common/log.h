@@ -6,6 +6,8 @@
 #ifndef DEVCOORD_COMMON_LOG_H
 #define DEVCOORD_COMMON_LOG_H
 
+#include <stdbool.h>
+
 enum log_format { LOG_FORMAT_TEXT = 0, LOG_FORMAT_JSON, LOG_FORMAT_COUNT };
 enum log_level { LOG_DEBUG = 0, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_LEVEL_COUNT };
 
@@ -18,6 +20,12 @@ void log_msg(enum log_level level, const char *fmt, ...) __attribute__((format(p
 #define log_info(...)  log_msg(LOG_INFO, __VA_ARGS__)
 #define log_warn(...)  log_msg(LOG_WARN, __VA_ARGS__)
 #define log_error(...) log_msg(LOG_ERROR, __VA_ARGS__)
+
+/* Control characters: bytes 0x01 to 0x1f and 0x7f. Log lines escape them. Names, labels
+ * and addresses that peers send or configs give must not hold any (they are refused at the
+ * door), since they end up in log lines, listings and terminals. */
+bool log_is_control(unsigned char c);
+bool log_has_control(const char *text);
 
 /* The names configs and log lines use: "debug" ... "error", "text" | "json"; the
  * from_name functions return -1 for anything else. */

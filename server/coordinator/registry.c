@@ -10,6 +10,7 @@
 #include "address.h"
 #include "clock.h"
 #include "device.h"
+#include "log.h"
 #include "metrics.h"
 #include "status.h"
 #include "strmap.h"
@@ -318,6 +319,13 @@ reg_worker_from_request(const Devcoord__V1__RegisterWorkerRequest *req, struct r
         return status_set(st, DC_INVALID_ARGUMENT, "worker %s registers %zu devices (1 to %d)",
                           req->name, req->n_devices, REGISTRY_MAX_DEVICES_PER_WORKER);
     }
+    /* Names, labels and addresses end up in log lines, listings and terminals: a control
+     * character in one could forge a log line or drive a terminal (address_problem and
+     * the worker-name grammar refuse them too). */
+    if (log_has_control(req->executor)) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "worker %s: control character in the executor name", req->name);
+    }
     if (req->n_labels > REGISTRY_MAX_LABELS) {
         return status_set(st, DC_INVALID_ARGUMENT, "worker %s has %zu labels (at most %d)",
                           req->name, req->n_labels, REGISTRY_MAX_LABELS);
@@ -337,10 +345,11 @@ reg_worker_from_request(const Devcoord__V1__RegisterWorkerRequest *req, struct r
     for (size_t i = 0; i < req->n_labels; i++) {
         const Devcoord__V1__Label *l = req->labels[i];
         if (strlen(l->key) == 0 || strlen(l->key) > REGISTRY_MAX_LABEL_LEN ||
-            strlen(l->value) > REGISTRY_MAX_LABEL_LEN || strchr(l->key, '=') != NULL) {
+            strlen(l->value) > REGISTRY_MAX_LABEL_LEN || strchr(l->key, '=') != NULL ||
+            log_has_control(l->key) || log_has_control(l->value)) {
             code = status_set(st, DC_INVALID_ARGUMENT,
                               "worker %s: label %zu invalid (key 1 to %d bytes without '=', "
-                              "value at most %d)",
+                              "value at most %d, no control characters in either)",
                               w->name, i, REGISTRY_MAX_LABEL_LEN, REGISTRY_MAX_LABEL_LEN);
             goto fail;
         }

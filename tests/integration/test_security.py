@@ -7,6 +7,7 @@ openssl CA with a certificate for 127.0.0.1 and a client certificate, and an unr
     cd tests/integration && python3 -m unittest -v test_security
 """
 
+import json
 import os
 import re
 import socket
@@ -387,6 +388,67 @@ class TokenLogTest(CtlChecks, SecureTestCase):
                     self.assertNotIn(secret[:12], text,
                                      "a token (or its first 12 secret characters) in the log "
                                      "of %s" % name)
+
+
+class LogInjectionTest(CtlChecks, SecureTestCase):
+    """Issue 12, item 8: a peer's text with a newline could forge a log line. Names, labels,
+    addresses and the executor name with a control character are refused at registration
+    (INVALID_ARGUMENT), and whatever a log line carries is escaped, in text and in JSON."""
+
+    # What a forged line would start with: a timestamp no real line of this run has.
+    FORGED = "1999-01-01T00:00:00.000Z error coordinator: FORGED"
+
+    def register(self, name="node-z", address="tcp://127.0.0.1:1", labels=(), executor=None):
+        spec = pb_bytes(4, pb_bytes(1, device_pb()) + pb_uint(2, 1 << 30) + pb_uint(3, 1))
+        body = pb_bytes(1, name) + pb_bytes(2, address)
+        body += b"".join(pb_bytes(3, pb_bytes(1, k) + pb_bytes(2, v)) for k, v in labels)
+        body += spec
+        if executor is not None:
+            body += pb_bytes(5, executor)
+        return self.cluster.rpc("RegisterWorker", body)
+
+    def check(self, log_format):
+        c = self.cluster = self.make_secure_cluster()
+        c.coordinator_config["log"] = {"level": "debug", "format": log_format}
+        c.start_coordinator()
+        forged = "\n" + self.FORGED
+        cases = [
+            ("a newline in the name", dict(name="node-z" + forged), "invalid worker name"),
+            ("a newline in the address", dict(address="tcp://127.0.0.1:1" + forged),
+             "control character in address"),
+            ("a newline in a label value", dict(labels=[("rack", "r1" + forged)]),
+             "label 0"),
+            ("a newline in a label key", dict(labels=[("rack" + forged, "r1")]), "label 0"),
+            ("an escape in a label value", dict(labels=[("rack", "\x1b[31mred")]), "label 0"),
+            ("a carriage return in a label", dict(labels=[("rack", "r1\rFORGED")]), "label 0"),
+            ("a newline in the executor name", dict(executor="host" + forged), "executor"),
+        ]
+        for what, kw, says in cases:
+            with self.subTest(what=what, log_format=log_format):
+                code, message, _ = self.register(**kw)
+                self.assertEqual(code, "INVALID_ARGUMENT", message)
+                self.assertIn(says, message)
+                self.assertNotIn("\n", message)
+        self.assertEqual(c.registry_workers(), {})
+        # A well-formed registration still goes through, and is logged on one line.
+        code, message, _ = self.register(labels=[("rack", "r1")])
+        self.assertEqual(code, "OK", message)
+        self.assertEqual(c.coordinator.terminate(10), 0)
+        log = c.coordinator.log_text()
+        self.assertIn("FORGED", log, "the refusals should have been logged, escaped")
+        for line in log.splitlines():
+            self.assertFalse(line.startswith(self.FORGED[:24]), "a forged log line: %r" % line)
+            self.assertFalse(line.startswith("FORGED"), "a forged log line: %r" % line)
+            self.assertNotIn("\x1b", line, "a raw escape in the log: %r" % line)
+            self.assertNotIn("\r", line, "a raw carriage return in the log: %r" % line)
+            if log_format == "json" and not line.startswith("===="):
+                json.loads(line)
+
+    def test_text_log(self):
+        self.check("text")
+
+    def test_json_log(self):
+        self.check("json")
 
 
 # ---- limits ---------------------------------------------------------------------------------

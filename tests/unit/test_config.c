@@ -511,6 +511,13 @@ static const struct bad worker_bad[] = {
     { "labels: {a: x, a: y}\n", NAME ":1:16: key 'labels.a': ", "duplicate key" },
     { "labels: [a, b]\n", NAME ":1:9: key 'labels': ", "expected a mapping" },
     { "labels: {a: }\n", NAME ":1:13: key 'labels.a': ", "found null" },
+    /* a control character would reach the coordinator's log lines (issue 12, item 8) */
+    { "labels: {rack: \"r1\\nforged\"}\n",
+      NAME ":1:16: key 'labels.rack': ", "control character in a label value" },
+    { "labels: {\"ra\\x1bck\": r1}\n",
+      NAME ":1:10: key 'labels.ra\\x1bck': ", "control character in a label key" },
+    { "labels: {rack: \"\\t\"}\n",
+      NAME ":1:16: key 'labels.rack': ", "control character in a label value" },
     /* nesting deeper than the schema stops at the first level that does not fit */
     { "labels: {a: [[[[[[[[[[[[[[[[[[[[[[[[[[x]]]]]]]]]]]]]]]]]]]]]]]]]]}\n",
       NAME ":1:13: key 'labels.a': ", "expected a string, found a sequence" },

@@ -149,12 +149,67 @@ test_liveness_and_fencing(void **state)
     registry_free(r);
 }
 
+/* Issue 12, item 8: free text a peer registers ends up in log lines and listings; a control
+ * character in it is refused at the door. */
+static void
+test_control_characters_are_refused(void **state)
+{
+    struct registry_opts o = { .heartbeat_interval_ms = 100, .dead_after_ms = 500 };
+    struct registry *r     = registry_new(&o);
+    Devcoord__V1__RegisterWorkerRequest req = DEVCOORD__V1__REGISTER_WORKER_REQUEST__INIT;
+    Devcoord__V1__DeviceSpec spec = DEVCOORD__V1__DEVICE_SPEC__INIT, *specs[1] = { &spec };
+    Devcoord__V1__Device dev  = DEVCOORD__V1__DEVICE__INIT;
+    Devcoord__V1__Label label = DEVCOORD__V1__LABEL__INIT, *labels[1] = { &label };
+    static const struct {
+        const char *name, *address, *executor, *key, *value, *says;
+    } cases[] = {
+        { "node-a\nx", "tcp://127.0.0.1:1", "host", "rack", "r1", "invalid worker name" },
+        { "node-a", "tcp://127.0.0.1:1\nx", "host", "rack", "r1", "control character" },
+        { "node-a", "tcp://127.0.0.1:1", "host\nx", "rack", "r1", "executor" },
+        { "node-a", "tcp://127.0.0.1:1", "host", "rack\nx", "r1", "label 0 invalid" },
+        { "node-a", "tcp://127.0.0.1:1", "host", "rack", "r1\nx", "label 0 invalid" },
+        { "node-a", "tcp://127.0.0.1:1", "host", "rack", "\x1b[31m", "label 0 invalid" },
+        { "node-a", "tcp://127.0.0.1:1", "host", "rack", "r1\x7f", "label 0 invalid" },
+        { "node-a", "tcp://127.0.0.1:1", "host", "rack", "\t", "label 0 invalid" },
+    };
+    uint64_t epoch;
+    dc_status st;
+
+    (void)state;
+    dev.backend   = DEVCOORD__V1__BACKEND__BACKEND_CUDA;
+    spec.device   = &dev;
+    req.devices   = specs;
+    req.n_devices = 1;
+    req.labels    = labels;
+    req.n_labels  = 1;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        req.name     = (char *)cases[i].name;
+        req.address  = (char *)cases[i].address;
+        req.executor = (char *)cases[i].executor;
+        label.key    = (char *)cases[i].key;
+        label.value  = (char *)cases[i].value;
+        if (registry_register(r, &req, 1000, &epoch, &st) != DC_INVALID_ARGUMENT) {
+            fail_msg("case %zu accepted", i);
+        }
+        if (strstr(st.message, cases[i].says) == NULL || strchr(st.message, '\n') != NULL) {
+            fail_msg("case %zu: %s", i, st.message);
+        }
+    }
+    /* UTF-8 is not a control character. */
+    label.value = "\xc3\xa9t\xc3\xa9";
+    req.name    = "node-a";
+    req.address = "tcp://127.0.0.1:1";
+    assert_int_equal(registry_register(r, &req, 1000, &epoch, &st), DC_OK);
+    registry_free(r);
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_paging_order_and_total),
         cmocka_unit_test(test_liveness_and_fencing),
+        cmocka_unit_test(test_control_characters_are_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
