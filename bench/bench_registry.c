@@ -226,8 +226,11 @@ storm_verify(struct cluster *c, unsigned workers, struct storm_result *out)
     return 1;
 }
 
+/* 12.5k workers are more than limits.max_workers allows by default (4096); their 100k
+ * devices fit the default limits.max_devices. */
 static const struct cluster_opts never_dead = { .heartbeat_interval_ms = 1000,
-                                                .dead_after_ms         = NEVER_DEAD_MS };
+                                                .dead_after_ms         = NEVER_DEAD_MS,
+                                                .extra_yaml = "limits: {max_workers: 16384}\n" };
 
 static int
 storm_fresh(const struct bench_args *a, unsigned n, struct storm_result *out)

@@ -36,6 +36,15 @@
 #define MAX_MAX_MESSAGE_BYTES      (1024ULL * 1024 * 1024)
 #define MAX_MAX_TENSOR_BYTES       (1ULL << 40)
 #define DEFAULT_MAX_TENSOR_BYTES   (4ULL << 30)
+/* The registry's bounds (issue 12): a few thousand nodes of up to a few hundred devices
+ * each; the total leaves room for the 100k-device registry benchmark. Registrations past
+ * them are refused, so memory stays bounded whatever peers send. */
+#define DEFAULT_MAX_WORKERS            4096
+#define DEFAULT_MAX_DEVICES_PER_WORKER 1024
+#define DEFAULT_MAX_DEVICES            131072
+/* One RegisterWorker cannot carry more devices than this within any message limit. */
+#define MAX_MAX_DEVICES_PER_WORKER 65536
+#define DEFAULT_FORGET_AFTER_MS    3600000
 
 _Static_assert(sizeof(unsigned long long) == sizeof(uint64_t), "strtoull must fill a uint64_t");
 
@@ -1071,7 +1080,7 @@ static const struct field log_fields[] = {
     { .name = NULL },
 };
 
-enum { HB_INTERVAL, HB_DEAD_AFTER };
+enum { HB_INTERVAL, HB_DEAD_AFTER, HB_FORGET_AFTER };
 
 static dc_code
 heartbeat_check(struct loader *ld, const char *path, void *at, const struct seen *seen)
@@ -1096,16 +1105,21 @@ heartbeat_check(struct loader *ld, const char *path, void *at, const struct seen
 }
 
 static const struct field heartbeat_fields[] = {
-    [HB_INTERVAL]   = { .name   = "interval_ms",
-                        .parse  = field_u32,
-                        .min    = 1,
-                        .max    = UINT32_MAX,
-                        .offset = offsetof(struct config_coordinator, heartbeat_interval_ms) },
-    [HB_DEAD_AFTER] = { .name   = "dead_after_ms",
-                        .parse  = field_u32,
-                        .min    = 1,
-                        .max    = UINT32_MAX,
-                        .offset = offsetof(struct config_coordinator, dead_after_ms) },
+    [HB_INTERVAL]     = { .name   = "interval_ms",
+                          .parse  = field_u32,
+                          .min    = 1,
+                          .max    = UINT32_MAX,
+                          .offset = offsetof(struct config_coordinator, heartbeat_interval_ms) },
+    [HB_DEAD_AFTER]   = { .name   = "dead_after_ms",
+                          .parse  = field_u32,
+                          .min    = 1,
+                          .max    = UINT32_MAX,
+                          .offset = offsetof(struct config_coordinator, dead_after_ms) },
+    [HB_FORGET_AFTER] = { .name   = "forget_after_ms",
+                          .parse  = field_u32,
+                          .min    = 1,
+                          .max    = UINT32_MAX,
+                          .offset = offsetof(struct config_coordinator, forget_after_ms) },
     { .name = NULL },
 };
 
@@ -1130,6 +1144,21 @@ static const struct field coordinator_limits_fields[] = {
       .min    = 0,
       .max    = UINT32_MAX,
       .offset = offsetof(struct config_coordinator, op_history) },
+    { .name   = "max_workers",
+      .parse  = field_u32,
+      .min    = 1,
+      .max    = UINT32_MAX,
+      .offset = offsetof(struct config_coordinator, max_workers) },
+    { .name   = "max_devices_per_worker",
+      .parse  = field_u32,
+      .min    = 1,
+      .max    = MAX_MAX_DEVICES_PER_WORKER,
+      .offset = offsetof(struct config_coordinator, max_devices_per_worker) },
+    { .name   = "max_devices",
+      .parse  = field_u32,
+      .min    = 1,
+      .max    = UINT32_MAX,
+      .offset = offsetof(struct config_coordinator, max_devices) },
     { .name = NULL },
 };
 
@@ -1335,15 +1364,19 @@ dc_code
 config_coordinator_defaults(struct config_coordinator *cfg, dc_status *st)
 {
     memset(cfg, 0, sizeof(*cfg));
-    cfg->autodiff              = AUTODIFF_STRIP;
-    cfg->heartbeat_interval_ms = 1000;
-    cfg->dead_after_ms         = 5000;
-    cfg->max_message_bytes     = DEFAULT_MAX_MESSAGE_BYTES;
-    cfg->max_group_devices     = 4096;
-    cfg->op_timeout_ms         = 30000;
-    cfg->op_history            = 1024;
-    cfg->log.level             = LOG_INFO;
-    cfg->log.format            = LOG_FORMAT_TEXT;
+    cfg->autodiff               = AUTODIFF_STRIP;
+    cfg->heartbeat_interval_ms  = 1000;
+    cfg->dead_after_ms          = 5000;
+    cfg->forget_after_ms        = DEFAULT_FORGET_AFTER_MS;
+    cfg->max_message_bytes      = DEFAULT_MAX_MESSAGE_BYTES;
+    cfg->max_group_devices      = 4096;
+    cfg->op_timeout_ms          = 30000;
+    cfg->op_history             = 1024;
+    cfg->max_workers            = DEFAULT_MAX_WORKERS;
+    cfg->max_devices_per_worker = DEFAULT_MAX_DEVICES_PER_WORKER;
+    cfg->max_devices            = DEFAULT_MAX_DEVICES;
+    cfg->log.level              = LOG_INFO;
+    cfg->log.format             = LOG_FORMAT_TEXT;
     if ((cfg->listen = strdup(DEFAULT_COORDINATOR_LISTEN)) == NULL ||
         (cfg->http = strdup(DEFAULT_COORDINATOR_HTTP)) == NULL) {
         config_coordinator_free(cfg);

@@ -28,17 +28,22 @@ struct config_tls {
 };
 
 struct config_coordinator {
-    char *listen;                   /* default "tcp://127.0.0.1:7400" */
-    char *http;                     /* "host:port"; default "127.0.0.1:7480"; "" disables */
-    enum autodiff_policy autodiff;  /* default strip */
-    uint32_t heartbeat_interval_ms; /* heartbeat.interval_ms, default 1000 */
-    uint32_t dead_after_ms;         /* heartbeat.dead_after_ms, default 5000 */
-    uint64_t max_message_bytes;     /* limits.max_message_bytes, default 4194304 */
-    uint32_t max_group_devices;     /* limits.max_group_devices, default 4096 */
-    uint32_t op_timeout_ms;         /* limits.op_timeout_ms, default 30000 */
-    uint32_t op_history;            /* limits.op_history: finished ops kept, default 1024 */
-    char *tokens_file;              /* auth.tokens_file, NULL: auth off */
-    char *state_dir;                /* state_dir, NULL: operator intent not persisted */
+    char *listen;                    /* default "tcp://127.0.0.1:7400" */
+    char *http;                      /* "host:port"; default "127.0.0.1:7480"; "" disables */
+    enum autodiff_policy autodiff;   /* default strip */
+    uint32_t heartbeat_interval_ms;  /* heartbeat.interval_ms, default 1000 */
+    uint32_t dead_after_ms;          /* heartbeat.dead_after_ms, default 5000 */
+    uint32_t forget_after_ms;        /* heartbeat.forget_after_ms: dead that long, a worker
+                                        leaves the registry; default 3600000 (1 h) */
+    uint64_t max_message_bytes;      /* limits.max_message_bytes, default 4194304 */
+    uint32_t max_group_devices;      /* limits.max_group_devices, default 4096 */
+    uint32_t op_timeout_ms;          /* limits.op_timeout_ms, default 30000 */
+    uint32_t op_history;             /* limits.op_history: finished ops kept, default 1024 */
+    uint32_t max_workers;            /* limits.max_workers: registered, default 4096 */
+    uint32_t max_devices_per_worker; /* limits.max_devices_per_worker, default 1024 */
+    uint32_t max_devices;            /* limits.max_devices: all workers', default 131072 */
+    char *tokens_file;               /* auth.tokens_file, NULL: auth off */
+    char *state_dir;                 /* state_dir, NULL: operator intent not persisted */
     struct config_tls tls;
     struct config_log log;
 };

@@ -144,6 +144,11 @@ main(int argc, char **argv)
     ro.dead_after_ms         = c->cfg.dead_after_ms;
     ro.events.worker_gone    = on_worker_gone;
     ro.events.arg            = c;
+
+    ro.forget_after_ms        = c->cfg.forget_after_ms;
+    ro.max_workers            = c->cfg.max_workers;
+    ro.max_devices_per_worker = c->cfg.max_devices_per_worker;
+    ro.max_devices            = c->cfg.max_devices;
     if (c->cfg.state_dir != NULL) {
         ro.store = state_store(c->cfg.state_dir);
     }

@@ -1,5 +1,6 @@
 #include "registry.h"
 
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -39,6 +40,7 @@ struct reg_worker {
     uint64_t max_message_bytes; /* of its data address, 0: not said */
     uint64_t epoch;
     uint64_t last_heartbeat_ms;
+    uint64_t dead_since_ms; /* when the sweep found it dead; valid while !alive */
     bool alive;
 };
 
@@ -54,6 +56,7 @@ struct registry {
     struct strmap workers;     /* name -> reg_worker */
     struct reg_worker **order; /* by name, for listing and paging */
     size_t n_order, cap_order;
+    size_t n_devices;      /* of every registered worker, against max_devices */
     struct strmap devices; /* "worker/concrete" -> reg_device */
     struct strmap owners;  /* "concrete" -> owners */
     struct strmap intents; /* name -> (uintptr_t)enum registry_intent */
@@ -245,6 +248,7 @@ registry_unlink(struct registry *r, struct reg_worker *w)
     if (at < r->n_order && r->order[at] == w) {
         memmove(&r->order[at], &r->order[at + 1], (r->n_order - at - 1) * sizeof(*r->order));
         r->n_order--;
+        r->n_devices -= w->n_devices;
     }
 }
 
@@ -291,6 +295,7 @@ registry_link(struct registry *r, struct reg_worker *w)
     memmove(&r->order[at + 1], &r->order[at], (r->n_order - at) * sizeof(*r->order));
     r->order[at] = w;
     r->n_order++;
+    r->n_devices += w->n_devices;
     return true;
 }
 
@@ -298,8 +303,8 @@ registry_link(struct registry *r, struct reg_worker *w)
 
 /* Builds a worker from a registration, checking every field a peer sent. */
 static dc_code
-reg_worker_from_request(const Devcoord__V1__RegisterWorkerRequest *req, struct reg_worker **out,
-                        dc_status *st)
+reg_worker_from_request(const struct registry *r, const Devcoord__V1__RegisterWorkerRequest *req,
+                        struct reg_worker **out, dc_status *st)
 {
     struct reg_worker *w;
     size_t nlen = strnlen(req->name, DC_WORKER_NAME_MAX + 1);
@@ -315,9 +320,15 @@ reg_worker_from_request(const Devcoord__V1__RegisterWorkerRequest *req, struct r
         return status_set(st, DC_INVALID_ARGUMENT, "invalid data address for worker %s: %s",
                           req->name, why);
     }
-    if (req->n_devices == 0 || req->n_devices > REGISTRY_MAX_DEVICES_PER_WORKER) {
-        return status_set(st, DC_INVALID_ARGUMENT, "worker %s registers %zu devices (1 to %d)",
-                          req->name, req->n_devices, REGISTRY_MAX_DEVICES_PER_WORKER);
+    if (req->n_devices == 0) {
+        return status_set(st, DC_INVALID_ARGUMENT, "worker %s registers 0 devices (at least 1)",
+                          req->name);
+    }
+    if (r->opts.max_devices_per_worker != 0 && req->n_devices > r->opts.max_devices_per_worker) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED,
+                          "worker %s registers %zu devices, over limits.max_devices_per_worker "
+                          "(%" PRIu32 ")",
+                          req->name, req->n_devices, r->opts.max_devices_per_worker);
     }
     /* Names, labels and addresses end up in log lines, listings and terminals: a control
      * character in one could forge a log line or drive a terminal (address_problem and
@@ -393,6 +404,35 @@ fail:
     return code;
 }
 
+/* Whether w fits within max_workers and max_devices, replacing old (NULL: a new name).
+ * Lock held. Dead workers count until they are forgotten: they are still listed, and they
+ * may come back. */
+static dc_code
+registry_room(const struct registry *r, const struct reg_worker *w, const struct reg_worker *old,
+              dc_status *st)
+{
+    size_t devices = r->n_devices - (old != NULL ? old->n_devices : 0) + w->n_devices;
+
+    if (old == NULL && r->opts.max_workers != 0 && r->n_order >= r->opts.max_workers) {
+        size_t dead = 0;
+        for (size_t i = 0; i < r->n_order; i++) {
+            dead += !r->order[i]->alive;
+        }
+        return status_set(st, DC_RESOURCE_EXHAUSTED,
+                          "cannot register worker %s: limits.max_workers (%" PRIu32
+                          ") reached, %zu of them dead (dead workers are forgotten after "
+                          "heartbeat.forget_after_ms)",
+                          w->name, r->opts.max_workers, dead);
+    }
+    if (r->opts.max_devices != 0 && devices > r->opts.max_devices) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED,
+                          "cannot register worker %s: its %zu devices would make %zu, over "
+                          "limits.max_devices (%" PRIu32 ")",
+                          w->name, w->n_devices, devices, r->opts.max_devices);
+    }
+    return DC_OK;
+}
+
 static int
 device_cmp(const void *a, const void *b)
 {
@@ -410,7 +450,7 @@ registry_register(struct registry *r, const Devcoord__V1__RegisterWorkerRequest 
     bool old_alive     = false;
     dc_code code;
 
-    if ((code = reg_worker_from_request(req, &w, st)) != DC_OK) {
+    if ((code = reg_worker_from_request(r, req, &w, st)) != DC_OK) {
         return code;
     }
     /* Devices in canonical order, so listings and pages are stable; a device named twice is
@@ -429,7 +469,13 @@ registry_register(struct registry *r, const Devcoord__V1__RegisterWorkerRequest 
     w->alive             = true;
 
     pthread_rwlock_wrlock(&r->lock);
-    if ((old = strmap_get(&r->workers, w->name)) != NULL) {
+    old = strmap_get(&r->workers, w->name);
+    if ((code = registry_room(r, w, old, st)) != DC_OK) {
+        pthread_rwlock_unlock(&r->lock);
+        reg_worker_free(w);
+        return code;
+    }
+    if (old != NULL) {
         old_epoch = old->epoch;
         old_alive = old->alive;
         registry_unlink(r, old);
@@ -525,14 +571,29 @@ registry_deregister(struct registry *r, const char *name, uint64_t epoch, dc_sta
     return DC_OK;
 }
 
+/* Whether w, dead, has been dead for forget_after. */
+static bool
+worker_forgettable(const struct registry *r, const struct reg_worker *w, uint64_t now_ms)
+{
+    return !w->alive && r->opts.forget_after_ms != 0 && now_ms > w->dead_since_ms &&
+           now_ms - w->dead_since_ms >= r->opts.forget_after_ms;
+}
+
+/*
+ * Dead workers are forgotten rather than kept forever: a registry that only grows lets any
+ * peer with a worker token fill the coordinator's memory with names that never come back
+ * (issue 12). Their operator intent stays in r->intents (and in the state file), so a
+ * returning worker is cordoned or draining again as it was left.
+ */
 size_t
 registry_sweep(struct registry *r, uint64_t now_ms)
 {
     struct died {
         char name[DC_WORKER_NAME_MAX + 1];
         uint64_t epoch;
-    } *died  = NULL;
-    size_t n = 0;
+    } *died                  = NULL;
+    struct reg_worker **gone = NULL;
+    size_t n = 0, n_gone = 0;
 
     pthread_rwlock_wrlock(&r->lock);
     for (size_t i = 0; i < r->n_order; i++) {
@@ -543,19 +604,35 @@ registry_sweep(struct registry *r, uint64_t now_ms)
             now_ms - w->last_heartbeat_ms > r->opts.dead_after_ms) {
             struct died *grow = realloc(died, (n + 1) * sizeof(*died));
             w->alive          = false;
+            w->dead_since_ms  = now_ms;
             if (grow == NULL) {
                 continue; /* still dead; only the notice is lost */
             }
             died = grow;
             memcpy(died[n].name, w->name, sizeof(died[n].name));
             died[n++].epoch = w->epoch;
+        } else if (worker_forgettable(r, w, now_ms)) {
+            struct reg_worker **grow = realloc(gone, (n_gone + 1) * sizeof(*gone));
+            if (grow == NULL) {
+                continue; /* forgotten at a later sweep */
+            }
+            gone           = grow;
+            gone[n_gone++] = w;
+            registry_unlink(r, w);
+            i--; /* r->order moved down by one */
         }
     }
     pthread_rwlock_unlock(&r->lock);
     for (size_t i = 0; i < n && r->opts.events.worker_gone != NULL; i++) {
         r->opts.events.worker_gone(r->opts.events.arg, died[i].name, died[i].epoch, GONE_DEAD);
     }
+    for (size_t i = 0; i < n_gone; i++) {
+        log_info("worker %s forgotten: dead for %" PRIu32 " ms (heartbeat.forget_after_ms)",
+                 gone[i]->name, r->opts.forget_after_ms);
+        reg_worker_free(gone[i]);
+    }
     free(died);
+    free(gone);
     return n;
 }
 
@@ -704,7 +781,7 @@ page_token_parse(const char *token, char worker[DC_WORKER_NAME_MAX + 1], size_t 
         return false;
     }
     n = strtoull(slash + 1, &end, 10);
-    if (*end != '\0' || end == slash + 1 || n > REGISTRY_MAX_DEVICES_PER_WORKER) {
+    if (*end != '\0' || end == slash + 1 || n > UINT32_MAX) {
         return false;
     }
     memcpy(worker, token, (size_t)(slash - token));

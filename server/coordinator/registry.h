@@ -16,10 +16,9 @@
 #include "devcoord/v1/devcoord.pb-c.h"
 #include "validate.h"
 
-#define REGISTRY_MAX_DEVICES_PER_WORKER 65536
-#define REGISTRY_MAX_LABELS             64
-#define REGISTRY_MAX_LABEL_LEN          256
-#define REGISTRY_DEFAULT_PAGE           32768
+#define REGISTRY_MAX_LABELS    64
+#define REGISTRY_MAX_LABEL_LEN 256
+#define REGISTRY_DEFAULT_PAGE  32768
 
 /* Operator intent for a worker; it outlives the worker's registrations. */
 enum registry_intent {
@@ -60,9 +59,18 @@ struct registry_store {
     void *arg;
 };
 
+/* Limits and intervals; 0 for any of the last four: no limit, never forget. */
 struct registry_opts {
     uint32_t heartbeat_interval_ms;
     uint32_t dead_after_ms;
+    /* A worker dead this long is forgotten: it leaves the registry and every listing, and
+     * must register again. Its operator intent is kept, so it gets it back. */
+    uint32_t forget_after_ms;
+    /* Registrations past these are refused with RESOURCE_EXHAUSTED naming the limit. A
+     * worker registering again is counted once, with its new devices. */
+    uint32_t max_workers;
+    uint32_t max_devices_per_worker;
+    uint32_t max_devices;
     struct registry_events events;
     struct registry_store store; /* save NULL: intent is not kept */
 };
@@ -85,7 +93,8 @@ dc_code registry_heartbeat(struct registry *r, const Devcoord__V1__HeartbeatRequ
 
 dc_code registry_deregister(struct registry *r, const char *name, uint64_t epoch, dc_status *st);
 
-/* Marks workers silent past dead_after as dead; returns how many it marked. */
+/* Marks workers silent past dead_after as dead, and forgets those dead for forget_after;
+ * returns how many it marked dead. */
 size_t registry_sweep(struct registry *r, uint64_t now_ms);
 
 /* Records operator intent and applies it to the worker. NOT_FOUND when no such worker is

@@ -660,6 +660,67 @@ class MessageLimitTest(CliMixin, ClusterTestCase):
         self.assertEqual(r.rc, 0, repr(r))
 
 
+class RegistryBoundsTest(CliMixin, ClusterTestCase):
+    """Issue 12, item 7: fake workers with 65,536 devices each took 200 MB and stayed listed
+    while dead. Registrations past limits.max_devices_per_worker or limits.max_workers are
+    refused with RESOURCE_EXHAUSTED naming the limit; a worker dead for
+    heartbeat.forget_after_ms leaves the registry, and finds its cordon again when it comes
+    back."""
+
+    FORGET_MS = 1500
+
+    def setUp(self):
+        c = self.cluster = self.make_cluster(coordinator_config={
+            "heartbeat": {"interval_ms": self.heartbeat_ms, "dead_after_ms": self.dead_after_ms,
+                          "forget_after_ms": self.FORGET_MS},
+            "limits": {"max_workers": 2, "max_devices_per_worker": 2, "max_devices": 8}})
+        c.start_coordinator()
+        c.add_worker("node-a", [{"device": "cuda:0"}, {"device": "cuda:1"}])
+        c.add_worker("node-b", [{"device": "cuda:0"}])
+        c.wait_workers(["node-a", "node-b"])
+
+    def register(self, name, devices):
+        spec = b"".join(pb_bytes(4, pb_bytes(1, pb_uint(1, 2) + pb_uint(3, i)) + pb_uint(3, 1))
+                        for i in range(devices))
+        body = pb_bytes(1, name) + pb_bytes(2, "tcp://127.0.0.1:1") + spec
+        return harness.rpc_call(self.cluster.port, "RegisterWorker", body)
+
+    def assert_refused(self, name, devices, says):
+        code, message, _ = self.register(name, devices)
+        self.assertEqual(code, "RESOURCE_EXHAUSTED", message)
+        self.assertIn(says, message)
+
+    def test_limits_and_forgetting(self):
+        c = self.cluster
+        self.assert_refused("node-z", 3, "3 devices, over limits.max_devices_per_worker (2)")
+        self.assert_refused("node-z", 1, "limits.max_workers (2) reached")
+        self.assertEqual(sorted(self.workers_json()), ["node-a", "node-b"])
+
+        c.ctl_ok("workers", "cordon", "node-b")
+        killed_at = time.monotonic()
+        c.kill_worker("node-b")
+        self.poll_worker_state("node-b", "dead", c.dead_after_s + c.heartbeat_s + SLACK_S,
+                               since=killed_at)
+        self.assert_refused("node-z", 1, "limits.max_workers (2) reached, 1 of them dead")
+        forget_s = self.FORGET_MS / 1000.0
+        took = self.poll_worker_state("node-b", "absent",
+                                      c.dead_after_s + c.heartbeat_s + forget_s + 2 * SLACK_S,
+                                      since=killed_at)
+        # Not before it had been dead for forget_after (its last heartbeat may have come up
+        # to an interval before the kill).
+        self.assertGreaterEqual(took, c.dead_after_s + forget_s - c.heartbeat_s)
+        self.assertEqual([d["worker"] for d in self.devices_json()], ["node-a", "node-a"])
+        status = c.ctl_ok("status")
+        self.assertEqual(pick(status.get("workers"), WORKER_STATES),
+                         {"alive": 1, "dead": 0, "cordoned": 0, "draining": 0}, status)
+        self.assertIn("worker node-b forgotten", c.coordinator.log_text())
+
+        # Back, it is cordoned as it was left; and the registry is full again.
+        c.restart_worker("node-b")
+        self.poll_worker_state("node-b", "cordoned", 20.0)
+        self.assert_refused("node-z", 1, "limits.max_workers (2) reached, 0 of them dead")
+
+
 class ConfigErrorTest(unittest.TestCase):
     """A bad config stops a daemon at once with file:line:column and the key."""
 

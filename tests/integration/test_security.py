@@ -518,18 +518,23 @@ class LimitsTest(CtlChecks, SecureTestCase):
             return c.rpc("RegisterWorker", body)
 
         cases = [
-            ("65537 devices", register(devices=65537), "65537 devices (1 to 65536)"),
-            ("no device", register(devices=0), "0 devices"),
+            ("1025 devices", register(devices=1025), "RESOURCE_EXHAUSTED",
+             "1025 devices, over limits.max_devices_per_worker (1024)"),
+            ("no device", register(devices=0), "INVALID_ARGUMENT", "0 devices"),
             ("65 labels", register(labels=[("k%d" % i, "v") for i in range(65)]),
-             "65 labels (at most 64)"),
-            ("a 257-byte label key", register(labels=[("k" * 257, "v")]), "label 0 invalid"),
-            ("a 257-byte label value", register(labels=[("k", "v" * 257)]), "label 0 invalid"),
-            ("a 64-character name", register(name="n" * 64), "invalid worker name"),
-            ("a 256-byte address", register(address="tcp://" + "h" * 250), "invalid data address"),
+             "INVALID_ARGUMENT", "65 labels (at most 64)"),
+            ("a 257-byte label key", register(labels=[("k" * 257, "v")]), "INVALID_ARGUMENT",
+             "label 0 invalid"),
+            ("a 257-byte label value", register(labels=[("k", "v" * 257)]), "INVALID_ARGUMENT",
+             "label 0 invalid"),
+            ("a 64-character name", register(name="n" * 64), "INVALID_ARGUMENT",
+             "invalid worker name"),
+            ("a 256-byte address", register(address="tcp://" + "h" * 250), "INVALID_ARGUMENT",
+             "invalid data address"),
         ]
-        for what, (code, message, _), says in cases:
+        for what, (code, message, _), want, says in cases:
             with self.subTest(what):
-                self.assertEqual(code, "INVALID_ARGUMENT", message)
+                self.assertEqual(code, want, message)
                 self.assertIn(says, message)
         self.assertEqual(sorted(c.registry_workers()), sorted(c.workers))
         self.assert_serving()

@@ -53,10 +53,14 @@ assert_coordinator_defaults(const struct config_coordinator *c)
     assert_int_equal(c->autodiff, AUTODIFF_STRIP);
     assert_int_equal(c->heartbeat_interval_ms, 1000);
     assert_int_equal(c->dead_after_ms, 5000);
+    assert_int_equal(c->forget_after_ms, 3600000);
     assert_int_equal(c->max_message_bytes, 4194304);
     assert_int_equal(c->max_group_devices, 4096);
     assert_int_equal(c->op_timeout_ms, 30000);
     assert_int_equal(c->op_history, 1024);
+    assert_int_equal(c->max_workers, 4096);
+    assert_int_equal(c->max_devices_per_worker, 1024);
+    assert_int_equal(c->max_devices, 131072);
     assert_null(c->tokens_file);
     assert_null(c->state_dir);
     assert_null(c->tls.cert);
@@ -161,12 +165,16 @@ static const char coordinator_full[] = "# coordinator.yaml\n"
                                        "listen: tls+tcp://0.0.0.0:7401\n"
                                        "http: 0.0.0.0:7481\n"
                                        "autodiff: unwrap-all\n"
-                                       "heartbeat: {interval_ms: 250, dead_after_ms: 2000}\n"
+                                       "heartbeat: {interval_ms: 250, dead_after_ms: 2000, "
+                                       "forget_after_ms: 60000}\n"
                                        "limits:\n"
                                        "  max_message_bytes: 8388608\n"
                                        "  max_group_devices: 64\n"
                                        "  op_timeout_ms: 1500\n"
                                        "  op_history: 0\n"
+                                       "  max_workers: 10\n"
+                                       "  max_devices_per_worker: 65536\n"
+                                       "  max_devices: 100\n"
                                        "auth: {tokens_file: /etc/devcoord/tokens.yaml}\n"
                                        "tls:\n"
                                        "  cert: /etc/devcoord/server.pem\n"
@@ -184,10 +192,14 @@ assert_coordinator_full(const struct config_coordinator *c)
     assert_int_equal(c->autodiff, AUTODIFF_UNWRAP_ALL);
     assert_int_equal(c->heartbeat_interval_ms, 250);
     assert_int_equal(c->dead_after_ms, 2000);
+    assert_int_equal(c->forget_after_ms, 60000);
     assert_int_equal(c->max_message_bytes, 8388608);
     assert_int_equal(c->max_group_devices, 64);
     assert_int_equal(c->op_timeout_ms, 1500);
     assert_int_equal(c->op_history, 0);
+    assert_int_equal(c->max_workers, 10);
+    assert_int_equal(c->max_devices_per_worker, 65536);
+    assert_int_equal(c->max_devices, 100);
     assert_string_equal(c->tokens_file, "/etc/devcoord/tokens.yaml");
     assert_string_equal(c->tls.cert, "/etc/devcoord/server.pem");
     assert_string_equal(c->tls.key, "/etc/devcoord/server.key");
@@ -427,6 +439,15 @@ static const struct bad coordinator_bad[] = {
       NAME ":1:29: key 'limits.max_group_devices': ", "must be at least 1, found 0" },
     { "limits: {op_timeout_ms: 0}\n",
       NAME ":1:25: key 'limits.op_timeout_ms': ", "must be at least 1" },
+    { "limits: {max_workers: 0}\n",
+      NAME ":1:23: key 'limits.max_workers': ", "must be at least 1, found 0" },
+    { "limits: {max_devices_per_worker: 65537}\n",
+      NAME ":1:34: key 'limits.max_devices_per_worker': ",
+      "must be between 1 and 65536, found 65537" },
+    { "limits: {max_devices: 0}\n",
+      NAME ":1:23: key 'limits.max_devices': ", "must be at least 1, found 0" },
+    { "heartbeat: {forget_after_ms: 0}\n",
+      NAME ":1:30: key 'heartbeat.forget_after_ms': ", "must be at least 1, found 0" },
     { "tls: {cert: /c.pem}\n", NAME ":1:13: key 'tls.cert': ", "needs tls.key" },
     { "tls: {key: /k.pem}\n", NAME ":1:12: key 'tls.key': ", "needs tls.cert" },
     { "tls: {require_client_cert: true}\n",

@@ -8,16 +8,17 @@
 
 #include <cmocka.h>
 
+#include "devcoord/types.h"
 #include "registry.h"
 
-static void
-reg(struct registry *r, const char *name, int n_cuda, uint64_t now, uint64_t *epoch)
+static dc_code
+reg_code(struct registry *r, const char *name, int n_cuda, uint64_t now, uint64_t *epoch,
+         dc_status *st)
 {
     Devcoord__V1__RegisterWorkerRequest req = DEVCOORD__V1__REGISTER_WORKER_REQUEST__INIT;
     Devcoord__V1__DeviceSpec specs[8], *ptrs[8];
     Devcoord__V1__Device devs[8];
     Devcoord__V1__Backend coll[1] = { DEVCOORD__V1__BACKEND__BACKEND_CUDA };
-    dc_status st;
 
     for (int i = 0; i < n_cuda; i++) {
         devcoord__v1__device_spec__init(&specs[i]);
@@ -36,9 +37,36 @@ reg(struct registry *r, const char *name, int n_cuda, uint64_t now, uint64_t *ep
     req.n_devices             = (size_t)n_cuda;
     req.collective_backends   = coll;
     req.n_collective_backends = 1;
-    if (registry_register(r, &req, now, epoch, &st) != DC_OK) {
+    return registry_register(r, &req, now, epoch, st);
+}
+
+static void
+reg(struct registry *r, const char *name, int n_cuda, uint64_t now, uint64_t *epoch)
+{
+    dc_status st;
+
+    if (reg_code(r, name, n_cuda, now, epoch, &st) != DC_OK) {
         fail_msg("register %s: %s", name, st.message);
     }
+}
+
+/* The workers listed, as "name=state,..." in name order. */
+static const char *
+listed(struct registry *r, uint64_t now, char *buf, size_t cap)
+{
+    Devcoord__V1__ListWorkersResponse out;
+    struct arena *a = arena_new((size_t)1 << 20);
+    dc_status st;
+
+    buf[0] = '\0';
+    assert_int_equal(registry_list_workers(r, now, a, &out, &st), DC_OK);
+    for (size_t i = 0; i < out.n_workers; i++) {
+        size_t len = strlen(buf);
+        snprintf(buf + len, cap - len, "%s%s=%s", len ? "," : "", out.workers[i]->name,
+                 dc_worker_state_name((dc_worker_state)out.workers[i]->state));
+    }
+    arena_free(a);
+    return buf;
 }
 
 /* Lists every page of req (page_size set by the caller); returns the names joined by ','. */
@@ -203,6 +231,119 @@ test_control_characters_are_refused(void **state)
     registry_free(r);
 }
 
+/* Issue 12, item 7: registrations are bounded, each bound named when it refuses. */
+static void
+test_limits(void **state)
+{
+    struct registry_opts o = { .heartbeat_interval_ms  = 100,
+                               .dead_after_ms          = 500,
+                               .max_workers            = 3,
+                               .max_devices_per_worker = 4,
+                               .max_devices            = 8 };
+    struct registry *r     = registry_new(&o);
+    char names[256];
+    uint64_t e;
+    dc_status st;
+
+    (void)state;
+    assert_int_equal(reg_code(r, "node-a", 5, 1000, &e, &st), DC_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(st.message, "5 devices, over limits.max_devices_per_worker (4)"));
+    assert_int_equal(reg_code(r, "node-a", 0, 1000, &e, &st), DC_INVALID_ARGUMENT);
+    reg(r, "node-a", 4, 1000, &e);
+    reg(r, "node-b", 3, 1000, &e);
+    /* 4 + 3 + 2 = 9 devices: over the total. */
+    assert_int_equal(reg_code(r, "node-c", 2, 1000, &e, &st), DC_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(st.message, "its 2 devices would make 9, over limits.max_devices (8)"));
+    reg(r, "node-c", 1, 1000, &e);
+    /* Full: a fourth name is refused, saying how many of the workers are dead ... */
+    assert_int_equal(registry_sweep(r, 1000 + 501), 3);
+    assert_int_equal(reg_code(r, "node-d", 1, 1600, &e, &st), DC_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(st.message, "limits.max_workers (3) reached, 3 of them dead"));
+    /* ... but a worker registering again is counted once, with its new devices. */
+    reg(r, "node-a", 2, 1600, &e);
+    reg(r, "node-c", 3, 1600, &e);
+    assert_int_equal(reg_code(r, "node-b", 4, 1600, &e, &st), DC_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(st.message, "would make 9"));
+    assert_string_equal(listed(r, 1600, names, sizeof(names)),
+                        "node-a=alive,node-b=dead,node-c=alive");
+    /* Nothing refused left a trace. */
+    {
+        Devcoord__V1__GetClusterStatusResponse cs = DEVCOORD__V1__GET_CLUSTER_STATUS_RESPONSE__INIT;
+        struct arena *a                           = arena_new((size_t)1 << 20);
+        registry_cluster_status(r, a, &cs);
+        assert_int_equal(cs.n_devices, 1);
+        assert_int_equal(cs.devices[0]->count, 5); /* node-b's 3 are dead, not counted */
+        arena_free(a);
+    }
+    registry_free(r);
+}
+
+static size_t saves;
+
+static dc_code
+count_saves(void *arg, const struct registry_intent_entry *entries, size_t n, dc_status *st)
+{
+    (void)arg;
+    (void)entries;
+    (void)n;
+    (void)st;
+    saves++;
+    return DC_OK;
+}
+
+/* Issue 12, item 7: dead workers stayed listed forever. Dead for forget_after, a worker
+ * leaves the registry; its operator intent stays, for its return. */
+static void
+test_dead_workers_are_forgotten_with_their_intent_kept(void **state)
+{
+    struct registry_opts o            = { .heartbeat_interval_ms = 100,
+                                          .dead_after_ms         = 500,
+                                          .forget_after_ms       = 1000,
+                                          .max_workers           = 2,
+                                          .store                 = { count_saves, NULL } };
+    struct registry *r                = registry_new(&o);
+    Devcoord__V1__HeartbeatRequest hb = DEVCOORD__V1__HEARTBEAT_REQUEST__INIT;
+    Devcoord__V1__DeviceInfo *dev;
+    struct arena *a = arena_new((size_t)1 << 20);
+    char names[256];
+    dc_worker_state ws;
+    uint64_t ea, eb;
+    dc_status st;
+
+    (void)state;
+    reg(r, "node-a", 2, 1000, &ea);
+    reg(r, "node-b", 1, 1000, &eb);
+    assert_int_equal(registry_set_intent(r, "node-a", INTENT_DRAIN, 1000, NULL, NULL, &st), DC_OK);
+    assert_int_equal(saves, 1);
+    hb.name  = "node-b";
+    hb.epoch = eb;
+    /* node-a falls silent at 1000, node-b keeps heartbeating. */
+    for (uint64_t now = 1100; now <= 2500; now += 100) {
+        assert_int_equal(registry_heartbeat(r, &hb, now, &ws, &st), DC_OK);
+        assert_int_equal(registry_sweep(r, now), now == 1600 ? 1 : 0);
+    }
+    /* Dead since 1600: still listed (dead) until 2600. */
+    assert_string_equal(listed(r, 2599, names, sizeof(names)), "node-a=dead,node-b=alive");
+    assert_int_equal(registry_sweep(r, 2599), 0);
+    assert_string_equal(listed(r, 2599, names, sizeof(names)), "node-a=dead,node-b=alive");
+    assert_int_equal(registry_sweep(r, 2600), 0);
+    assert_string_equal(listed(r, 2600, names, sizeof(names)), "node-b=alive");
+    /* Gone from every index: its devices, its heartbeats, its intent changes. */
+    assert_int_equal(registry_get_device(r, "node-a/cuda:0", a, &dev, &st), DC_NOT_FOUND);
+    hb.name  = "node-a";
+    hb.epoch = ea;
+    assert_int_equal(registry_heartbeat(r, &hb, 2700, &ws, &st), DC_NOT_FOUND);
+    assert_int_equal(registry_set_intent(r, "node-a", INTENT_NONE, 2700, NULL, NULL, &st),
+                     DC_NOT_FOUND);
+    assert_int_equal(saves, 1); /* forgetting is no change of intent */
+    /* Its room is free again, and when it comes back it is draining, as it was left. */
+    reg(r, "node-a", 2, 2800, &ea);
+    assert_string_equal(listed(r, 2800, names, sizeof(names)), "node-a=draining,node-b=alive");
+    assert_int_equal(registry_get_device(r, "node-a/cuda:0", a, &dev, &st), DC_OK);
+    arena_free(a);
+    registry_free(r);
+}
+
 int
 main(void)
 {
@@ -210,6 +351,8 @@ main(void)
         cmocka_unit_test(test_paging_order_and_total),
         cmocka_unit_test(test_liveness_and_fencing),
         cmocka_unit_test(test_control_characters_are_refused),
+        cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_dead_workers_are_forgotten_with_their_intent_kept),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
