@@ -1,26 +1,43 @@
 #include "auth.h"
 
 #include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include <yaml.h>
 
+#include "device.h"
 #include "rpc.h"
 
-#define TOKENS_FILE_MAX (1u << 20)
+/* Room for tens of thousands of 64-character tokens with their worker names. */
+#define TOKENS_FILE_MAX (16u << 20)
 #define PEM_FILE_MAX    (1u << 20)
 
 struct auth_token {
     char *token;
     size_t len;
     enum auth_role role;
+    bool any_name; /* a worker token that may register any name (no names given) */
+    char **names;  /* the worker names it may register otherwise, sorted */
+    size_t n_names;
+    unsigned line, column; /* of the token in the file */
+};
+
+/* The lookup index: tokens by their keyed digest (see token_digest). */
+struct auth_slot {
+    uint64_t digest;
+    size_t index; /* into auth.tokens */
 };
 
 struct auth {
-    struct auth_token *tokens;
-    size_t n;
+    struct auth_token *tokens; /* in file order */
+    size_t n, cap;
+    struct auth_slot *slots; /* n of them, sorted by digest, then index */
+    uint8_t key[16];         /* token_digest's key: random, never leaves the process */
 };
 
 static const struct {
@@ -43,6 +60,133 @@ role_name(enum auth_role r)
     return "none";
 }
 
+/* ---- constant time and randomness ---------------------------------------------------------- */
+
+bool
+auth_equal(const void *a, size_t alen, const void *b, size_t blen)
+{
+    const unsigned char *x = a, *y = b;
+    size_t n                 = alen > blen ? alen : blen;
+    volatile unsigned char d = (unsigned char)(alen != blen);
+
+    for (size_t i = 0; i < n; i++) {
+        d |= (unsigned char)((i < alen ? x[i] : 0) ^ (i < blen ? y[i] : 0));
+    }
+    return d == 0;
+}
+
+dc_code
+auth_random_bytes(void *buf, size_t len, dc_status *st)
+{
+    unsigned char *p = buf;
+
+    /* getrandom(2) without flags reads the kernel's CSPRNG (as /dev/urandom does, without
+     * needing a file descriptor), blocking only until it was first seeded at boot. */
+    while (len > 0) {
+        ssize_t n = getrandom(p, len, 0);
+        if (n < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return status_set(st, DC_UNAVAILABLE, "no random bytes: %s", strerror(errno));
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return DC_OK;
+}
+
+static uint64_t
+load_le64(const unsigned char *p)
+{
+    uint64_t v = 0;
+
+    for (int i = 7; i >= 0; i--) {
+        v = (v << 8) | p[i];
+    }
+    return v;
+}
+
+#define ROTL64(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND(v0, v1, v2, v3) \
+    do {                         \
+        v0 += v1;                \
+        v1 = ROTL64(v1, 13);     \
+        v1 ^= v0;                \
+        v0 = ROTL64(v0, 32);     \
+        v2 += v3;                \
+        v3 = ROTL64(v3, 16);     \
+        v3 ^= v2;                \
+        v0 += v3;                \
+        v3 = ROTL64(v3, 21);     \
+        v3 ^= v0;                \
+        v2 += v1;                \
+        v1 = ROTL64(v1, 17);     \
+        v1 ^= v2;                \
+        v2 = ROTL64(v2, 32);     \
+    } while (0)
+
+/*
+ * The lookup key of a token: SipHash-2-4 under a random key made when the file is loaded.
+ *
+ * Why keyed, and why this keeps lookups safe to time. Finding a token by digest (a binary
+ * search over the sorted digests) takes a path that depends on the digest of what a caller
+ * sent, and only then compares the one candidate in full, in constant time. Watching that
+ * path could at most tell a caller where the digests of the real tokens lie. With a public
+ * hash that would be worth something: the digest of a weak token (a word, a short string)
+ * could be searched for offline. Under a key the caller never sees, the digest of its guess
+ * is unrelated to the digests of the real tokens (SipHash is a PRF), so the path says
+ * nothing about them; what a caller can learn is only whether its token is known, which the
+ * answer tells it anyway. The time of the digest itself depends on the length only.
+ */
+static uint64_t
+token_digest(const uint8_t key[16], const char *token, size_t len)
+{
+    const unsigned char *in = (const unsigned char *)token;
+    uint64_t k0 = load_le64(key), k1 = load_le64(key + 8);
+    uint64_t v0 = 0x736f6d6570736575ull ^ k0, v1 = 0x646f72616e646f6dull ^ k1;
+    uint64_t v2 = 0x6c7967656e657261ull ^ k0, v3 = 0x7465646279746573ull ^ k1;
+    uint64_t last = (uint64_t)len << 56;
+    size_t i;
+
+    for (i = 0; i + 8 <= len; i += 8) {
+        uint64_t m = load_le64(in + i);
+        v3 ^= m;
+        SIPROUND(v0, v1, v2, v3);
+        SIPROUND(v0, v1, v2, v3);
+        v0 ^= m;
+    }
+    for (size_t k = 0; i + k < len; k++) {
+        last |= (uint64_t)in[i + k] << (8 * k);
+    }
+    v3 ^= last;
+    SIPROUND(v0, v1, v2, v3);
+    SIPROUND(v0, v1, v2, v3);
+    v0 ^= last;
+    v2 ^= 0xff;
+    for (int r = 0; r < 4; r++) {
+        SIPROUND(v0, v1, v2, v3);
+    }
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+/* ---- the tokens --------------------------------------------------------------------------- */
+
+static void
+auth_token_clear(struct auth_token *t)
+{
+    if (t->token != NULL) {
+        /* Do not leave tokens in freed memory. */
+        memset(t->token, 0, t->len);
+        free(t->token);
+    }
+    for (size_t i = 0; i < t->n_names; i++) {
+        free(t->names[i]);
+    }
+    free(t->names);
+    memset(t, 0, sizeof(*t));
+}
+
 void
 auth_free(struct auth *a)
 {
@@ -50,11 +194,11 @@ auth_free(struct auth *a)
         return;
     }
     for (size_t i = 0; i < a->n; i++) {
-        /* Do not leave tokens in freed memory. */
-        memset(a->tokens[i].token, 0, a->tokens[i].len);
-        free(a->tokens[i].token);
+        auth_token_clear(&a->tokens[i]);
     }
     free(a->tokens);
+    free(a->slots);
+    memset(a->key, 0, sizeof(a->key));
     free(a);
 }
 
@@ -97,109 +241,405 @@ token_chars_ok(const char *t, size_t len)
     return len > 0 && len <= AUTH_TOKEN_MAX;
 }
 
+static int
+slot_cmp(const void *x, const void *y)
+{
+    const struct auth_slot *a = x, *b = y;
+
+    if (a->digest != b->digest) {
+        return a->digest < b->digest ? -1 : 1;
+    }
+    return a->index < b->index ? -1 : a->index > b->index;
+}
+
+static int
+name_cmp(const void *x, const void *y)
+{
+    return strcmp(*(char *const *)x, *(char *const *)y);
+}
+
+/* Position of the first slot whose digest is >= digest. */
+static size_t
+slot_lower_bound(const struct auth *a, uint64_t digest)
+{
+    size_t lo = 0, hi = a->n;
+
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (a->slots[mid].digest < digest) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+/* The entry of token, or NULL. Every entry sharing its digest (almost always none but the
+ * one) is compared in full, in constant time. */
+static const struct auth_token *
+auth_find(const struct auth *a, const char *token)
+{
+    size_t len                     = strnlen(token, AUTH_TOKEN_MAX + 1);
+    const struct auth_token *found = NULL;
+    uint64_t digest;
+
+    if (a == NULL || len == 0 || len > AUTH_TOKEN_MAX) {
+        return NULL;
+    }
+    digest = token_digest(a->key, token, len);
+    for (size_t i = slot_lower_bound(a, digest); i < a->n && a->slots[i].digest == digest; i++) {
+        const struct auth_token *t = &a->tokens[a->slots[i].index];
+        if (auth_equal(t->token, t->len, token, len)) {
+            found = t;
+        }
+    }
+    return found;
+}
+
+/* Sorts the index and each token's names; refuses a token listed twice (naming the first
+ * repeat in the file). */
+static dc_code
+auth_index(struct auth *a, const char *name, dc_status *st)
+{
+    const struct auth_token *dup = NULL;
+
+    if ((a->slots = calloc(a->n, sizeof(*a->slots))) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (size_t i = 0; i < a->n; i++) {
+        a->slots[i] =
+            (struct auth_slot){ token_digest(a->key, a->tokens[i].token, a->tokens[i].len), i };
+        if (a->tokens[i].n_names > 1) {
+            qsort(a->tokens[i].names, a->tokens[i].n_names, sizeof(char *), name_cmp);
+        }
+    }
+    qsort(a->slots, a->n, sizeof(*a->slots), slot_cmp);
+    /* Equal tokens have equal digests, so they sit in one run of equal digests. */
+    for (size_t run = 0, i = 1; i < a->n; i++) {
+        const struct auth_token *t = &a->tokens[a->slots[i].index];
+        if (a->slots[i].digest != a->slots[run].digest) {
+            run = i;
+            continue;
+        }
+        for (size_t k = run; k < i; k++) {
+            const struct auth_token *u = &a->tokens[a->slots[k].index];
+            if (auth_equal(u->token, u->len, t->token, t->len) && (dup == NULL || t < dup)) {
+                dup = t;
+            }
+        }
+    }
+    if (dup != NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "%s:%u:%u: token listed twice", name, dup->line,
+                          dup->column);
+    }
+    return DC_OK;
+}
+
+/* ---- reading a tokens file ---------------------------------------------------------------- */
+
+/* A tokens file being read, one YAML event at a time. Messages never quote the file's text:
+ * a misplaced token would end up in the log. */
+struct tokens_reader {
+    const char *name;
+    yaml_parser_t parser;
+    yaml_event_t ev; /* the current event, when have_ev */
+    bool have_ev;
+    struct auth *a;
+    dc_status *st;
+};
+
+static unsigned
+ev_line(const struct tokens_reader *r)
+{
+    return (unsigned)r->ev.start_mark.line + 1;
+}
+
+static unsigned
+ev_column(const struct tokens_reader *r)
+{
+    return (unsigned)r->ev.start_mark.column + 1;
+}
+
+/* Fails with "file:line:column: what" at the current event. */
+static dc_code __attribute__((format(printf, 2, 3)))
+reader_fail(struct tokens_reader *r, const char *fmt, ...)
+{
+    char what[256];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    return status_set(r->st, DC_INVALID_ARGUMENT, "%s:%u:%u: %s", r->name, ev_line(r), ev_column(r),
+                      what);
+}
+
+/* Moves to the next event. Aliases are refused: nothing in a tokens file needs one, and
+ * they would let a small file name one token many times over. */
+static dc_code
+reader_next(struct tokens_reader *r)
+{
+    if (r->have_ev) {
+        yaml_event_delete(&r->ev);
+        r->have_ev = false;
+    }
+    if (!yaml_parser_parse(&r->parser, &r->ev)) {
+        return status_set(r->st, DC_INVALID_ARGUMENT, "%s:%zu:%zu: %s", r->name,
+                          r->parser.problem_mark.line + 1, r->parser.problem_mark.column + 1,
+                          r->parser.problem != NULL ? r->parser.problem : "syntax error");
+    }
+    r->have_ev = true;
+    if (r->ev.type == YAML_ALIAS_EVENT) {
+        return reader_fail(r, "aliases are not allowed in a tokens file");
+    }
+    return DC_OK;
+}
+
+static bool
+reader_at_scalar(const struct tokens_reader *r)
+{
+    return r->ev.type == YAML_SCALAR_EVENT;
+}
+
+/* The current event, a scalar, as t's token. */
+static dc_code
+reader_token(struct tokens_reader *r, struct auth_token *t)
+{
+    const char *v = reader_at_scalar(r) ? (const char *)r->ev.data.scalar.value : "";
+    size_t vlen   = reader_at_scalar(r) ? r->ev.data.scalar.length : 0;
+
+    if (!token_chars_ok(v, vlen) || strlen(v) != vlen) {
+        return reader_fail(r, "a token is 1 to %d printable characters without blanks",
+                           AUTH_TOKEN_MAX);
+    }
+    if ((t->token = strndup(v, vlen)) == NULL) {
+        return status_set(r->st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    t->len    = vlen;
+    t->line   = ev_line(r);
+    t->column = ev_column(r);
+    return DC_OK;
+}
+
+/* The current event, a scalar, as t's role. */
+static dc_code
+reader_role(struct tokens_reader *r, struct auth_token *t)
+{
+    if (reader_at_scalar(r)) {
+        for (size_t i = 0; i < sizeof(role_names) / sizeof(role_names[0]); i++) {
+            if (strcmp((const char *)r->ev.data.scalar.value, role_names[i].name) == 0) {
+                t->role = role_names[i].role;
+                return DC_OK;
+            }
+        }
+    }
+    return reader_fail(r, "unknown role (expected worker, trainer or operator)");
+}
+
+/* Adds t (taking what it owns) to the tokens. */
+static dc_code
+reader_add(struct tokens_reader *r, struct auth_token *t)
+{
+    struct auth *a = r->a;
+
+    if (a->n == a->cap) {
+        size_t cap              = a->cap ? a->cap * 2 : 16;
+        struct auth_token *grow = realloc(a->tokens, cap * sizeof(*grow));
+        if (grow == NULL) {
+            auth_token_clear(t);
+            return status_set(r->st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        a->tokens = grow;
+        a->cap    = cap;
+    }
+    a->tokens[a->n++] = *t;
+    memset(t, 0, sizeof(*t));
+    return DC_OK;
+}
+
+/* `token: role` pairs, after the mapping's start. */
+static dc_code
+reader_pairs(struct tokens_reader *r)
+{
+    struct auth_token t = { 0 };
+    dc_code code;
+
+    while ((code = reader_next(r)) == DC_OK && r->ev.type != YAML_MAPPING_END_EVENT) {
+        if ((code = reader_token(r, &t)) != DC_OK || (code = reader_next(r)) != DC_OK) {
+            break;
+        }
+        if (r->ev.type == YAML_MAPPING_START_EVENT || r->ev.type == YAML_SEQUENCE_START_EVENT) {
+            code = reader_fail(r, "expected 'token: role' pairs, found a %s",
+                               r->ev.type == YAML_MAPPING_START_EVENT ? "mapping" : "list");
+            break;
+        }
+        if ((code = reader_role(r, &t)) != DC_OK) {
+            break;
+        }
+        t.any_name = true;
+        if ((code = reader_add(r, &t)) != DC_OK) {
+            break;
+        }
+    }
+    auth_token_clear(&t);
+    return code;
+}
+
+/* An entry's names list, after its start. */
+static dc_code
+reader_names(struct tokens_reader *r, struct auth_token *t)
+{
+    dc_code code;
+
+    while ((code = reader_next(r)) == DC_OK && r->ev.type != YAML_SEQUENCE_END_EVENT) {
+        const char *v = reader_at_scalar(r) ? (const char *)r->ev.data.scalar.value : "";
+        size_t vlen   = reader_at_scalar(r) ? r->ev.data.scalar.length : 0;
+        char **grow;
+
+        if (strlen(v) != vlen || !device_worker_name_valid(v, vlen)) {
+            return reader_fail(r, "invalid worker name (expected [A-Za-z0-9][A-Za-z0-9._-]{0,62})");
+        }
+        if ((grow = realloc(t->names, (t->n_names + 1) * sizeof(*grow))) == NULL) {
+            return status_set(r->st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        t->names = grow;
+        if ((t->names[t->n_names] = strndup(v, vlen)) == NULL) {
+            return status_set(r->st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        t->n_names++;
+    }
+    return code;
+}
+
+/* One `{token: ..., role: ..., names: [...]}` entry, after the mapping's start. */
+static dc_code
+reader_entry(struct tokens_reader *r)
+{
+    static const char *const keys[] = { "token", "role", "names" };
+    enum { KEY_TOKEN, KEY_ROLE, KEY_NAMES, KEY_COUNT };
+    struct auth_token t  = { 0 };
+    bool seen[KEY_COUNT] = { false };
+    unsigned line = ev_line(r), column = ev_column(r);
+    unsigned names_line = 0, names_column = 0;
+    dc_code code;
+
+    while ((code = reader_next(r)) == DC_OK && r->ev.type != YAML_MAPPING_END_EVENT) {
+        int k = KEY_COUNT;
+        for (int i = 0; reader_at_scalar(r) && i < KEY_COUNT; i++) {
+            if (strcmp((const char *)r->ev.data.scalar.value, keys[i]) == 0) {
+                k = i;
+            }
+        }
+        if (k == KEY_COUNT) {
+            /* Not quoted: a token written where a key belongs would go to the log. */
+            code = reader_fail(r, "unknown key (expected token, role or names)");
+            break;
+        }
+        if (seen[k]) {
+            code = reader_fail(r, "%s given twice in one entry", keys[k]);
+            break;
+        }
+        seen[k]      = true;
+        names_line   = k == KEY_NAMES ? ev_line(r) : names_line;
+        names_column = k == KEY_NAMES ? ev_column(r) : names_column;
+        if ((code = reader_next(r)) != DC_OK) {
+            break;
+        }
+        if (k == KEY_TOKEN) {
+            code = reader_token(r, &t);
+        } else if (k == KEY_ROLE) {
+            code = reader_role(r, &t);
+        } else if (r->ev.type != YAML_SEQUENCE_START_EVENT) {
+            code = reader_fail(r, "names is a list of worker names, like [wa, wb]");
+        } else {
+            code = reader_names(r, &t);
+        }
+        if (code != DC_OK) {
+            break;
+        }
+    }
+    if (code == DC_OK && (!seen[KEY_TOKEN] || !seen[KEY_ROLE])) {
+        code = status_set(r->st, DC_INVALID_ARGUMENT, "%s:%u:%u: an entry needs a token and a role",
+                          r->name, line, column);
+    } else if (code == DC_OK && seen[KEY_NAMES] && t.role != ROLE_WORKER) {
+        code = status_set(r->st, DC_INVALID_ARGUMENT, "%s:%u:%u: names are for worker tokens only",
+                          r->name, names_line, names_column);
+    } else if (code == DC_OK) {
+        t.any_name = !seen[KEY_NAMES];
+        code       = reader_add(r, &t);
+    }
+    auth_token_clear(&t);
+    return code;
+}
+
+/* A list of entries, after its start. */
+static dc_code
+reader_entries(struct tokens_reader *r)
+{
+    dc_code code;
+
+    while ((code = reader_next(r)) == DC_OK && r->ev.type != YAML_SEQUENCE_END_EVENT) {
+        if (r->ev.type != YAML_MAPPING_START_EVENT) {
+            return reader_fail(r, "expected an entry {token: ..., role: ..., names: [...]}");
+        }
+        if ((code = reader_entry(r)) != DC_OK) {
+            return code;
+        }
+    }
+    return code;
+}
+
 dc_code
 auth_parse(const char *name, const char *data, size_t len, struct auth **out, dc_status *st)
 {
-    yaml_parser_t parser;
-    yaml_event_t ev;
-    struct auth *a = calloc(1, sizeof(*a));
-    char *key      = NULL;
-    int depth      = 0;
-    dc_code code   = DC_OK;
-    bool done      = false;
+    struct tokens_reader r = { .name = name, .st = st };
+    bool have_document     = false;
+    dc_code code;
 
     *out = NULL;
-    if (a == NULL || !yaml_parser_initialize(&parser)) {
-        free(a);
+    if ((r.a = calloc(1, sizeof(*r.a))) == NULL || !yaml_parser_initialize(&r.parser)) {
+        free(r.a);
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
-    yaml_parser_set_input_string(&parser, (const unsigned char *)data, len);
-    while (!done && code == DC_OK) {
-        unsigned line, col;
-        if (!yaml_parser_parse(&parser, &ev)) {
-            code = status_set(st, DC_INVALID_ARGUMENT, "%s:%zu:%zu: %s", name,
-                              parser.problem_mark.line + 1, parser.problem_mark.column + 1,
-                              parser.problem != NULL ? parser.problem : "syntax error");
-            break;
-        }
-        line = (unsigned)ev.start_mark.line + 1;
-        col  = (unsigned)ev.start_mark.column + 1;
-        switch (ev.type) {
-        case YAML_STREAM_END_EVENT:
-            done = true;
-            break;
-        case YAML_MAPPING_START_EVENT:
-            if (++depth > 1) {
-                code = status_set(st, DC_INVALID_ARGUMENT,
-                                  "%s:%u:%u: expected 'token: role' pairs, found a mapping", name,
-                                  line, col);
-            }
-            break;
-        case YAML_MAPPING_END_EVENT:
-            depth--;
-            break;
-        case YAML_SEQUENCE_START_EVENT:
-        case YAML_ALIAS_EVENT:
-            code = status_set(st, DC_INVALID_ARGUMENT, "%s:%u:%u: expected 'token: role' pairs",
-                              name, line, col);
-            break;
-        case YAML_SCALAR_EVENT: {
-            const char *v = (const char *)ev.data.scalar.value;
-            size_t vlen   = ev.data.scalar.length;
-            if (depth != 1) {
-                code = status_set(st, DC_INVALID_ARGUMENT,
-                                  "%s:%u:%u: expected a mapping of token to role", name, line, col);
-            } else if (key == NULL) {
-                if (!token_chars_ok(v, vlen) || strlen(v) != vlen) {
-                    code = status_set(st, DC_INVALID_ARGUMENT,
-                                      "%s:%u:%u: a token is 1 to %d printable characters "
-                                      "without blanks",
-                                      name, line, col, AUTH_TOKEN_MAX);
-                } else if ((key = strndup(v, vlen)) == NULL) {
-                    code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
-                } else if (auth_role_of(a, key) != ROLE_NONE) {
-                    code = status_set(st, DC_INVALID_ARGUMENT, "%s:%u:%u: token listed twice", name,
-                                      line, col);
-                }
-            } else {
-                enum auth_role role = ROLE_NONE;
-                struct auth_token *grow;
-                for (size_t i = 0; i < sizeof(role_names) / sizeof(role_names[0]); i++) {
-                    if (strcmp(v, role_names[i].name) == 0) {
-                        role = role_names[i].role;
-                    }
-                }
-                if (role == ROLE_NONE) {
-                    code = status_set(st, DC_INVALID_ARGUMENT,
-                                      "%s:%u:%u: unknown role (expected worker, trainer or "
-                                      "operator)",
-                                      name, line, col);
-                } else if ((grow = realloc(a->tokens, (a->n + 1) * sizeof(*grow))) == NULL) {
-                    code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
-                } else {
-                    a->tokens = grow;
-                    a->tokens[a->n++] =
-                        (struct auth_token){ .token = key, .len = strlen(key), .role = role };
-                    key = NULL;
-                }
-            }
-            break;
-        }
-        default:
-            break;
-        }
-        yaml_event_delete(&ev);
+    yaml_parser_set_input_string(&r.parser, (const unsigned char *)data, len);
+    if ((code = auth_random_bytes(r.a->key, sizeof(r.a->key), st)) != DC_OK) {
+        goto out;
     }
-    yaml_parser_delete(&parser);
-    free(key);
-    if (code == DC_OK && a->n == 0) {
+    while ((code = reader_next(&r)) == DC_OK && r.ev.type != YAML_STREAM_END_EVENT) {
+        bool node = r.ev.type == YAML_MAPPING_START_EVENT ||
+                    r.ev.type == YAML_SEQUENCE_START_EVENT || r.ev.type == YAML_SCALAR_EVENT;
+        if (node && have_document) {
+            code = reader_fail(&r, "a tokens file holds one document");
+        } else if (r.ev.type == YAML_MAPPING_START_EVENT) {
+            code = reader_pairs(&r);
+        } else if (r.ev.type == YAML_SEQUENCE_START_EVENT) {
+            code = reader_entries(&r);
+        } else if (r.ev.type == YAML_SCALAR_EVENT) {
+            code = reader_fail(&r, "expected 'token: role' pairs or a list of entries "
+                                   "{token: ..., role: ..., names: [...]}");
+        }
+        if (code != DC_OK) {
+            break;
+        }
+        have_document |= node;
+    }
+    if (code == DC_OK && r.a->n == 0) {
         code = status_set(st, DC_INVALID_ARGUMENT, "%s: no tokens", name);
     }
+    if (code == DC_OK) {
+        code = auth_index(r.a, name, st);
+    }
+out:
+    if (r.have_ev) {
+        yaml_event_delete(&r.ev);
+    }
+    yaml_parser_delete(&r.parser);
     if (code != DC_OK) {
-        auth_free(a);
+        auth_free(r.a);
         return code;
     }
-    *out = a;
+    *out = r.a;
     return DC_OK;
 }
 
@@ -219,37 +659,27 @@ auth_load(const char *path, struct auth **out, dc_status *st)
     return code;
 }
 
-/* Equal without an early exit: the time depends on the lengths only. */
-static bool
-token_equal(const char *a, size_t alen, const char *b, size_t blen)
-{
-    size_t n                 = alen > blen ? alen : blen;
-    volatile unsigned char d = (unsigned char)(alen != blen);
-
-    for (size_t i = 0; i < n; i++) {
-        unsigned char x = i < alen ? (unsigned char)a[i] : 0;
-        unsigned char y = i < blen ? (unsigned char)b[i] : 0;
-        d |= (unsigned char)(x ^ y);
-    }
-    return d == 0;
-}
+/* ---- lookups ------------------------------------------------------------------------------ */
 
 enum auth_role
 auth_role_of(const struct auth *a, const char *token)
 {
-    size_t len          = strnlen(token, AUTH_TOKEN_MAX + 1);
-    enum auth_role role = ROLE_NONE;
+    const struct auth_token *t = auth_find(a, token);
 
-    if (len == 0 || len > AUTH_TOKEN_MAX) {
-        return ROLE_NONE;
+    return t != NULL ? t->role : ROLE_NONE;
+}
+
+bool
+auth_worker_may_be(const struct auth *a, const char *token, const char *name)
+{
+    const struct auth_token *t = auth_find(a, token);
+
+    if (t == NULL || t->role != ROLE_WORKER) {
+        return false;
     }
-    /* Every token is compared, whichever matches. */
-    for (size_t i = 0; i < a->n; i++) {
-        if (token_equal(a->tokens[i].token, a->tokens[i].len, token, len)) {
-            role = a->tokens[i].role;
-        }
-    }
-    return role;
+    /* Names are no secret: an ordinary search is fine here. */
+    return t->any_name || (t->n_names > 0 &&
+                           bsearch(&name, t->names, t->n_names, sizeof(char *), name_cmp) != NULL);
 }
 
 const char *

@@ -1,8 +1,9 @@
 /*
  * Bearer-token authentication and roles (design §8). A tokens file maps each token to a
- * role (`token: role`, roles worker, trainer, operator); every call names the roles that may
- * make it. Tokens are compared in constant time and never logged. Also: TLS configurations
- * for listeners and dialers from PEM files.
+ * role (roles worker, trainer, operator) and a worker token to the worker names it may
+ * register; every call names the roles that may make it. Tokens are compared in constant
+ * time and never logged. Also: TLS configurations for listeners and dialers from PEM files,
+ * and the random bytes and constant-time comparison the registry's session secrets use.
  */
 #ifndef DEVCOORD_COMMON_AUTH_H
 #define DEVCOORD_COMMON_AUTH_H
@@ -26,6 +27,8 @@ enum auth_role {
 };
 
 #define AUTH_TOKEN_MAX 512
+/* Bytes of the session secret a worker's registration gets (RegisterWorkerResponse). */
+#define AUTH_SESSION_SECRET_SIZE 32
 
 /* Which roles may call a method (by its name in the service descriptor). */
 struct auth_rule {
@@ -35,14 +38,29 @@ struct auth_rule {
 
 struct auth;
 
-/* Loads a tokens file: a YAML mapping of token to role. Errors name file:line:column. */
+/* Loads a tokens file, in either of two forms. Errors name file:line:column.
+ *
+ *   token-1: trainer                 # a mapping of token to role; a worker token in this
+ *   token-2: worker                  # form may register any worker name
+ *
+ *   - {token: token-1, role: trainer}
+ *   - {token: token-2, role: worker, names: [wa, wb]}   # may register wa and wb only
+ *   - {token: token-3, role: worker, names: []}         # may register no worker
+ *
+ * In the second form, a worker entry without names may register any name, as in the first.
+ * Caller frees with auth_free. */
 dc_code auth_load(const char *path, struct auth **out, dc_status *st);
 dc_code auth_parse(const char *name, const char *data, size_t len, struct auth **out,
                    dc_status *st);
 void auth_free(struct auth *a);
 
-/* The role of token, ROLE_NONE when unknown; time does not depend on which token matched. */
+/* The role of token, ROLE_NONE when unknown. Time depends on the token's length and on
+ * whether it is known, not on how much of it matches a known token. */
 enum auth_role auth_role_of(const struct auth *a, const char *token);
+
+/* Whether token is a worker token that may register as worker `name`: its entry names it,
+ * or names no workers at all (the `token: role` form). */
+bool auth_worker_may_be(const struct auth *a, const char *token, const char *name);
 
 /* A token holding `role` (the first in the file), or NULL. */
 const char *auth_token_with(const struct auth *a, enum auth_role role);
@@ -51,6 +69,12 @@ const char *auth_token_with(const struct auth *a, enum auth_role role);
  * method (methods missing from rules are refused). */
 dc_code auth_check(const struct auth *a, const struct auth_rule *rules, size_t n_rules,
                    const ProtobufCMethodDescriptor *method, const char *token, dc_status *st);
+
+/* Fills buf with len bytes from the kernel's random generator (getrandom(2)). */
+dc_code auth_random_bytes(void *buf, size_t len, dc_status *st);
+
+/* Equal bytes, without an early exit: the time depends on the lengths only. */
+bool auth_equal(const void *a, size_t alen, const void *b, size_t blen);
 
 /* The first line of a token file, without surrounding blanks; caller frees. */
 dc_code auth_read_token_file(const char *path, char **out, dc_status *st);

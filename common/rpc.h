@@ -88,6 +88,10 @@ const void *rpc_call_attachment(struct rpc_call *call, size_t *len);
 void rpc_call_set_reply_attachment(struct rpc_call *call, const void *data, size_t len);
 /* Absolute deadline on the monotonic clock in ms (rpc_now_ms), or 0 for none. */
 uint64_t rpc_call_deadline_ms(const struct rpc_call *call);
+/* The bearer token the caller sent ("" for none), already accepted by the authorize
+ * callback; for handlers that bind what a call may name to who makes it. Valid until the call
+ * is answered. */
+const char *rpc_call_token(const struct rpc_call *call);
 
 /* Decoding a request as the server does, in two steps so a caller can be refused (token)
  * before its body is decoded. Memory comes from r->arena, sized for the frame; close frees

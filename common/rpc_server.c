@@ -111,6 +111,12 @@ rpc_call_attachment(struct rpc_call *call, size_t *len)
     return call->request.frame.attachment;
 }
 
+const char *
+rpc_call_token(const struct rpc_call *call)
+{
+    return call->request.header != NULL ? call->request.header->token : "";
+}
+
 void
 rpc_call_set_reply_attachment(struct rpc_call *call, const void *data, size_t len)
 {

@@ -39,6 +39,7 @@ struct reg_worker {
     bool collectives[DC_BACKEND_COUNT];
     uint64_t max_message_bytes; /* of its data address, 0: not said */
     uint64_t epoch;
+    uint8_t secret[AUTH_SESSION_SECRET_SIZE]; /* of this epoch, see registry_session */
     uint64_t last_heartbeat_ms;
     uint64_t dead_since_ms; /* when the sweep found it dead; valid while !alive */
     bool alive;
@@ -98,6 +99,7 @@ reg_worker_free(struct reg_worker *w)
     }
     free(w->labels);
     free(w->devices);
+    memset(w->secret, 0, sizeof(w->secret));
     free(w);
 }
 
@@ -443,7 +445,7 @@ device_cmp(const void *a, const void *b)
 
 dc_code
 registry_register(struct registry *r, const Devcoord__V1__RegisterWorkerRequest *req,
-                  uint64_t now_ms, uint64_t *epoch, dc_status *st)
+                  uint64_t now_ms, struct registry_session *out, dc_status *st)
 {
     struct reg_worker *w, *old;
     uint64_t old_epoch = 0;
@@ -464,6 +466,10 @@ registry_register(struct registry *r, const Devcoord__V1__RegisterWorkerRequest 
             return status_set(st, DC_INVALID_ARGUMENT, "worker %s registers %s twice", req->name,
                               text);
         }
+    }
+    if ((code = auth_random_bytes(w->secret, sizeof(w->secret), st)) != DC_OK) {
+        reg_worker_free(w);
+        return code;
     }
     w->last_heartbeat_ms = now_ms;
     w->alive             = true;
@@ -493,7 +499,8 @@ registry_register(struct registry *r, const Devcoord__V1__RegisterWorkerRequest 
         reg_worker_free(w);
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory registering a worker");
     }
-    *epoch = w->epoch;
+    out->epoch = w->epoch;
+    memcpy(out->secret, w->secret, sizeof(out->secret));
     pthread_rwlock_unlock(&r->lock);
 
     if (old != NULL) {
@@ -503,6 +510,30 @@ registry_register(struct registry *r, const Devcoord__V1__RegisterWorkerRequest 
         }
     }
     return DC_OK;
+}
+
+/* Whether a call's epoch and secret are those of w's current registration. Both are
+ * compared whatever the other's outcome, so that neither the time nor the answer (one
+ * message for both, see session_refused) tells a caller whether its epoch was the current
+ * one. The secret is what authorises: epochs are public. */
+static bool
+session_matches(const struct reg_worker *w, uint64_t epoch, const ProtobufCBinaryData *secret)
+{
+    bool epoch_ok  = w->epoch == epoch;
+    bool secret_ok = auth_equal(w->secret, sizeof(w->secret), secret->data, secret->len);
+
+    return epoch_ok & secret_ok;
+}
+
+/* The refusal of a stale or foreign session. It names no epoch: an epoch in an error would
+ * tell whoever sent a wrong one which is current. */
+static dc_code
+session_refused(dc_status *st, const char *name)
+{
+    return status_set(st, DC_FAILED_PRECONDITION,
+                      "worker %.64s: stale epoch or wrong session secret (only its current "
+                      "registration may heartbeat or deregister)",
+                      name);
 }
 
 dc_code
@@ -518,12 +549,9 @@ registry_heartbeat(struct registry *r, const Devcoord__V1__HeartbeatRequest *req
         return status_set(st, DC_NOT_FOUND, "worker %.64s is not registered: register again",
                           req->name);
     }
-    if (w->epoch != req->epoch) {
-        uint64_t cur = w->epoch;
+    if (!session_matches(w, req->epoch, &req->session_secret)) {
         pthread_rwlock_unlock(&r->lock);
-        return status_set(st, DC_FAILED_PRECONDITION,
-                          "stale epoch %llu of worker %s: epoch %llu registered since",
-                          (unsigned long long)req->epoch, req->name, (unsigned long long)cur);
+        return session_refused(st, req->name);
     }
     w->last_heartbeat_ms = now_ms;
     w->alive             = true;
@@ -546,27 +574,27 @@ registry_heartbeat(struct registry *r, const Devcoord__V1__HeartbeatRequest *req
 }
 
 dc_code
-registry_deregister(struct registry *r, const char *name, uint64_t epoch, dc_status *st)
+registry_deregister(struct registry *r, const Devcoord__V1__DeregisterWorkerRequest *req,
+                    dc_status *st)
 {
     struct reg_worker *w;
     bool was_alive;
 
     pthread_rwlock_wrlock(&r->lock);
-    if ((w = strmap_get(&r->workers, name)) == NULL) {
+    if ((w = strmap_get(&r->workers, req->name)) == NULL) {
         pthread_rwlock_unlock(&r->lock);
-        return status_set(st, DC_NOT_FOUND, "worker %.64s is not registered", name);
+        return status_set(st, DC_NOT_FOUND, "worker %.64s is not registered", req->name);
     }
-    if (w->epoch != epoch) {
+    if (!session_matches(w, req->epoch, &req->session_secret)) {
         pthread_rwlock_unlock(&r->lock);
-        return status_set(st, DC_FAILED_PRECONDITION, "stale epoch %llu of worker %s",
-                          (unsigned long long)epoch, name);
+        return session_refused(st, req->name);
     }
     was_alive = w->alive;
     registry_unlink(r, w);
     pthread_rwlock_unlock(&r->lock);
     reg_worker_free(w);
     if (was_alive && r->opts.events.worker_gone != NULL) {
-        r->opts.events.worker_gone(r->opts.events.arg, name, epoch, GONE_DEREGISTERED);
+        r->opts.events.worker_gone(r->opts.events.arg, req->name, req->epoch, GONE_DEREGISTERED);
     }
     return DC_OK;
 }

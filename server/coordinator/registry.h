@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "arena.h"
+#include "auth.h"
 #include "devcoord/types.h"
 #include "devcoord/v1/devcoord.pb-c.h"
 #include "validate.h"
@@ -80,18 +81,30 @@ struct registry;
 struct registry *registry_new(const struct registry_opts *opts);
 void registry_free(struct registry *r);
 
-/* Registers (or re-registers, ending the old epoch) a worker; *epoch gets the new epoch,
- * higher than any before even across coordinator restarts. now_ms: monotonic clock. */
-dc_code registry_register(struct registry *r, const Devcoord__V1__RegisterWorkerRequest *req,
-                          uint64_t now_ms, uint64_t *epoch, dc_status *st);
+/* One registration of a worker, as the registrant gets it: the epoch, and a random secret
+ * that proves a later call comes from this registrant. The epoch alone cannot: ListWorkers
+ * shows it to every trainer and operator, and it is a wall-clock time anyway. */
+struct registry_session {
+    uint64_t epoch;
+    uint8_t secret[AUTH_SESSION_SECRET_SIZE];
+};
 
-/* NOT_FOUND for an unknown worker (it should register again), FAILED_PRECONDITION for an
- * epoch that is not the current one. A dead worker heartbeating its current epoch is alive
- * again. *state: the worker's state afterwards. */
+/* Registers (or re-registers, ending the old epoch) a worker; out gets the new session, its
+ * epoch higher than any before even across coordinator restarts. now_ms: monotonic clock.
+ * Who may register which name is the caller's to check (auth_worker_may_be). */
+dc_code registry_register(struct registry *r, const Devcoord__V1__RegisterWorkerRequest *req,
+                          uint64_t now_ms, struct registry_session *out, dc_status *st);
+
+/* NOT_FOUND for an unknown worker (it should register again), FAILED_PRECONDITION when the
+ * epoch and session secret are not those of its current registration (fencing: a stale
+ * incarnation, or someone else). The message never says the current epoch. A dead worker
+ * heartbeating its current session is alive again. *state: the worker's state afterwards. */
 dc_code registry_heartbeat(struct registry *r, const Devcoord__V1__HeartbeatRequest *req,
                            uint64_t now_ms, dc_worker_state *state, dc_status *st);
 
-dc_code registry_deregister(struct registry *r, const char *name, uint64_t epoch, dc_status *st);
+/* Ends the worker's current registration; refused as registry_heartbeat refuses. */
+dc_code registry_deregister(struct registry *r, const Devcoord__V1__DeregisterWorkerRequest *req,
+                            dc_status *st);
 
 /* Marks workers silent past dead_after as dead, and forgets those dead for forget_after;
  * returns how many it marked dead. */

@@ -41,20 +41,33 @@ c_register_worker(Devcoord__V1__Coordinator_Service *svc,
 {
     struct coordinator *c                    = COORD(svc);
     Devcoord__V1__RegisterWorkerResponse out = DEVCOORD__V1__REGISTER_WORKER_RESPONSE__INIT;
+    struct registry_session session;
     dc_status st;
     dc_code code;
 
     status_clear(&st);
-    if ((code = registry_register(c->registry, in, rpc_now_ms(), &out.epoch, &st)) != DC_OK) {
+    /* A worker token names the workers it may be. The refusal does not list them: that
+     * would tell a stolen token's holder which workers to try. */
+    if (c->auth != NULL && !auth_worker_may_be(c->auth, rpc_call_token(cd), in->name)) {
+        code = status_set(&st, DC_PERMISSION_DENIED, "this token may not register worker %.64s",
+                          in->name);
+    } else {
+        code = registry_register(c->registry, in, rpc_now_ms(), &session, &st);
+    }
+    if (code != DC_OK) {
         log_warn("registration of worker '%.64s' refused: %s", in->name, st.message);
         answer_error(cd, (ProtobufCClosure)closure, code, &st);
         return;
     }
     log_info("worker %s registered at %s with %zu devices (epoch %llu)", in->name, in->address,
-             in->n_devices, (unsigned long long)out.epoch);
+             in->n_devices, (unsigned long long)session.epoch);
+    out.epoch                 = session.epoch;
+    out.session_secret.data   = session.secret;
+    out.session_secret.len    = sizeof(session.secret);
     out.heartbeat_interval_ms = c->cfg.heartbeat_interval_ms;
     out.dead_after_ms         = c->cfg.dead_after_ms;
     closure(&out, cd);
+    memset(session.secret, 0, sizeof(session.secret));
 }
 
 static void
@@ -87,7 +100,7 @@ c_deregister_worker(Devcoord__V1__Coordinator_Service *svc,
     dc_code code;
 
     status_clear(&st);
-    if ((code = registry_deregister(c->registry, in->name, in->epoch, &st)) != DC_OK) {
+    if ((code = registry_deregister(c->registry, in, &st)) != DC_OK) {
         answer_error(cd, (ProtobufCClosure)closure, code, &st);
         return;
     }

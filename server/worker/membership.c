@@ -25,6 +25,11 @@ struct membership {
     pthread_cond_t cv;
     bool stop;
     atomic_ullong epoch;
+    /* The session secret of epoch (RegisterWorkerResponse): proves our heartbeats and our
+     * goodbye are ours. Only the membership thread touches it, and membership_stop after
+     * joining that thread. */
+    uint8_t secret[AUTH_SESSION_SECRET_SIZE];
+    size_t secret_len;
     uint32_t interval_ms;
 };
 
@@ -108,6 +113,16 @@ membership_register(struct membership *m, dc_status *st)
                     st);
     if (code == DC_OK && reply.body != NULL) {
         Devcoord__V1__RegisterWorkerResponse *resp = (void *)reply.body;
+        if (resp->session_secret.len > sizeof(m->secret)) {
+            code = status_set(st, DC_INTERNAL, "registration reply with a %zu-byte session secret",
+                              resp->session_secret.len);
+            goto reply_out;
+        }
+        /* Empty from a coordinator older than session secrets, which wants none back. */
+        if (resp->session_secret.len > 0) {
+            memcpy(m->secret, resp->session_secret.data, resp->session_secret.len);
+        }
+        m->secret_len  = resp->session_secret.len;
         m->interval_ms = resp->heartbeat_interval_ms ? resp->heartbeat_interval_ms : 1000;
         atomic_store(&m->epoch, resp->epoch);
         /* Redial at least once per heartbeat, so that a restarted coordinator hears from us
@@ -120,6 +135,7 @@ membership_register(struct membership *m, dc_status *st)
     } else if (code == DC_OK) {
         code = status_set(st, DC_INTERNAL, "registration reply without a body");
     }
+reply_out:
     rpc_reply_free(&reply);
 out:
     free(specs);
@@ -137,8 +153,10 @@ membership_heartbeat(struct membership *m, dc_status *st)
     struct rpc_reply reply;
     dc_code code;
 
-    req.name  = m->cfg->name;
-    req.epoch = atomic_load(&m->epoch);
+    req.name                = m->cfg->name;
+    req.epoch               = atomic_load(&m->epoch);
+    req.session_secret.data = m->secret;
+    req.session_secret.len  = m->secret_len;
     code = rpc_call(m->client, SVC, M_COORDINATOR_HEARTBEAT, &req.base, NULL, 0, m->interval_ms,
                     &reply, st);
     rpc_reply_free(&reply);
@@ -248,7 +266,9 @@ membership_stop(struct membership *m)
         pthread_join(m->thread, NULL);
     }
     if ((req.epoch = atomic_load(&m->epoch)) != 0) {
-        req.name = m->cfg->name;
+        req.name                = m->cfg->name;
+        req.session_secret.data = m->secret;
+        req.session_secret.len  = m->secret_len;
         if (rpc_call(m->client, SVC, M_COORDINATOR_DEREGISTER_WORKER, &req.base, NULL, 0, 1000,
                      &reply, &st) == DC_OK) {
             log_info("deregistered from %s", m->cfg->coordinator);
@@ -260,5 +280,6 @@ membership_stop(struct membership *m)
     rpc_client_close(m->client);
     pthread_cond_destroy(&m->cv);
     pthread_mutex_destroy(&m->mtx);
+    memset(m->secret, 0, sizeof(m->secret));
     free(m);
 }

@@ -98,17 +98,30 @@ class Pki:
 
 class Tokens:
     """Random tokens, one per role (plus extra worker tokens), in a tokens file, and a token
-    file (first line the token) for each."""
+    file (first line the token) for each.
 
-    def __init__(self, directory, extra_workers=0):
+    worker_names: None writes the `token: role` form, where a worker token may register any
+    worker. Otherwise the list form, with the names each worker token may register: one
+    list (or None: any name) per worker token, the role's first, then the extra ones."""
+
+    def __init__(self, directory, extra_workers=0, worker_names=None):
         self.dir = directory
         self.by_role = {role: "dc-%s-%s" % (role, secrets.token_hex(16)) for role in ROLES}
         self.extra_workers = ["dc-worker%d-%s" % (i, secrets.token_hex(16))
                               for i in range(extra_workers)]
         # A token that no tokens file knows, shaped like the real ones.
         self.unknown = "dc-trainer-%s" % secrets.token_hex(16)
-        self.tokens_file = self._write("tokens.yaml", "".join(
-            "%s: %s\n" % (t, r) for t, r in self.pairs()))
+        if worker_names is None:
+            text = "".join("%s: %s\n" % (t, r) for t, r in self.pairs())
+        else:
+            names = dict(zip([self.by_role["worker"]] + self.extra_workers, worker_names))
+            text = ""
+            for t, r in self.pairs():
+                text += "- {token: %s, role: %s" % (t, r)
+                if names.get(t) is not None:
+                    text += ", names: [%s]" % ", ".join(names[t])
+                text += "}\n"
+        self.tokens_file = self._write("tokens.yaml", text)
         self.files = {}
         for role, token in self.by_role.items():
             self.files[role] = self._write("%s.token" % role, token + "\n")
@@ -169,18 +182,18 @@ class TokenRpcConnection(RpcConnection):
 
 class SecureCluster(Cluster):
     """harness.Cluster with optional tokens (auth on at the coordinator, and at the workers
-    when worker_auth), optional TLS on every listener and dialer, and an optional command
-    (valgrind) in front of every daemon: prefix is a list, or a function of the daemon's
-    name returning one.
+    when worker_auth; worker_names as in Tokens), optional TLS on every listener and dialer,
+    and an optional command (valgrind) in front of every daemon: prefix is a list, or a
+    function of the daemon's name returning one.
 
     The fixture's own calls (readiness, registry) and ctl() use the operator token and the
     test CA by default; ctl(..., auth=None, tls=False) runs devcoordctl bare."""
 
     def __init__(self, auth=False, tls=False, worker_auth=True, require_client_cert=False,
-                 prefix=None, extra_worker_tokens=1, **kw):
+                 prefix=None, extra_worker_tokens=1, worker_names=None, **kw):
         super().__init__(**kw)
         try:
-            self.tokens = Tokens(self.dir, extra_worker_tokens) if auth else None
+            self.tokens = Tokens(self.dir, extra_worker_tokens, worker_names) if auth else None
             self.pki = Pki(os.path.join(self.dir, "pki")) if tls else None
         except BaseException:
             shutil.rmtree(self.dir, ignore_errors=True)

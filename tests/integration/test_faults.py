@@ -357,10 +357,10 @@ class EpochFencingTest(OpsMixin, SecureTestCase):
         return self.cluster.rpc("Heartbeat", pb_bytes(1, name) + pb_uint(2, epoch))
 
     def test_restarted_worker_gets_a_new_epoch_and_stale_calls_are_refused(self):
+        """Only the worker holds its session secret (test_security.WorkerIdentityTest), so
+        the current epoch's heartbeats here are the worker's own: it stays alive."""
         c = self.cluster
         old = c.registry_workers()["node-b"]["epoch"]
-        code, message, _ = self.heartbeat("node-b", old)
-        self.assertEqual(code, "OK", message)
         c.restart_worker("node-b")
         new = wait_until(lambda: c.registry_workers()["node-b"]["epoch"] != old and
                          c.registry_workers()["node-b"]["epoch"], 10, "a new epoch of node-b")
@@ -368,10 +368,10 @@ class EpochFencingTest(OpsMixin, SecureTestCase):
         code, message, _ = self.heartbeat("node-b", old)
         self.assertEqual(code, "FAILED_PRECONDITION", message)
         self.assertIn("epoch", message)
+        self.assertNotIn(str(new), message)
         code, message, _ = c.rpc("DeregisterWorker", pb_bytes(1, "node-b") + pb_uint(2, old))
         self.assertEqual(code, "FAILED_PRECONDITION", message)
-        code, message, _ = self.heartbeat("node-b", new)
-        self.assertEqual(code, "OK", message)
+        self.assertNotIn(str(new), message)
         # The stale calls changed nothing.
         time.sleep(2 * c.heartbeat_s)
         w = c.registry_workers()["node-b"]

@@ -18,7 +18,7 @@ import time
 import unittest
 
 import harness
-from harness import SLACK_S, RpcError, frame, pb_bytes, pb_uint
+from harness import F, SLACK_S, RpcError, _one, frame, pb_bytes, pb_decode, pb_uint
 from secutil import SecureTestCase, TokenRpcConnection
 
 WORKER_SERVICE = "/devcoord.v1.Worker/"
@@ -159,9 +159,10 @@ class AuthTest(CtlChecks, SecureTestCase):
             with self.subTest(method=method, role="worker"):
                 code, message, _ = c.rpc(method, body, token=c.tokens.by_role["worker"])
                 self.assertNotIn(code, AUTH_CODES, message)
-        # node-a's own heartbeat, with its epoch and a worker token, is accepted.
+        # node-a's epoch and a worker token are not enough to heartbeat for it: that takes
+        # its session secret too (WorkerIdentityTest). The refusal disturbed nobody.
         code, message, _ = c.rpc("Heartbeat", heartbeat, token=c.tokens.by_role["worker"])
-        self.assertEqual(code, "OK", message)
+        self.assertEqual(code, "FAILED_PRECONDITION", message)
         self.assertEqual(sorted(c.registry_workers()), ["node-a", "node-b"])
 
     # -- workers, raw
@@ -333,6 +334,138 @@ class AuthTest(CtlChecks, SecureTestCase):
             return  # it keeps retrying: fine too
         self.assertGreater(rc, 0, "node-x exited with %s after its registration was refused:\n%s"
                            % (rc, w.log_tail()))
+
+
+def register_request(name, address="tcp://127.0.0.1:1"):
+    """A valid RegisterWorkerRequest: one cuda device."""
+    spec = pb_bytes(1, device_pb()) + pb_uint(2, 1 << 30) + pb_uint(3, 1)
+    return pb_bytes(1, name) + pb_bytes(2, address) + pb_bytes(4, spec)
+
+
+def session_request(method, name, epoch, secret=b""):
+    """A HeartbeatRequest or DeregisterWorkerRequest body."""
+    message = method + "Request"
+    return (pb_bytes(F(message, "name"), name) + pb_uint(F(message, "epoch"), epoch)
+            + pb_bytes(F(message, "session_secret"), secret))
+
+
+class WorkerIdentityTest(CtlChecks, SecureTestCase):
+    """Issue 12: a worker token names the workers it may register, and only the registrant
+    of an epoch (holding its session secret) may heartbeat or deregister it. Epochs are no
+    secret (ListWorkers shows them), and errors never say one.
+
+    Tokens in the list form: the coordinator's own worker token (the file's first) may
+    register nobody; node-a's and node-b's tokens one name each; a fourth token node-z."""
+
+    def setUp(self):
+        c = self.cluster = self.make_secure_cluster(
+            auth=True, extra_worker_tokens=3,
+            worker_names=[[], ["node-a"], ["node-b"], ["node-z"]])
+        self.token_a, self.token_b, self.token_z = c.tokens.extra_workers
+        c.start_coordinator()
+        c.add_worker("node-a", NODE_A, token=self.token_a)
+        c.add_worker("node-b", NODE_B, token=self.token_b)
+        c.wait_workers(["node-a", "node-b"])
+
+    def assert_no_epoch(self, message, *epochs):
+        for e in epochs:
+            self.assertNotIn(str(e), message, "an error names epoch %d" % e)
+
+    def assert_undisturbed(self, name, epoch):
+        """name is alive in the same epoch after two more heartbeats, and never fenced."""
+        c = self.cluster
+        time.sleep(2 * c.heartbeat_s)
+        w = c.registry_workers()[name]
+        self.assertEqual((w["state"], w["epoch"]), ("alive", epoch))
+        self.assertTrue(c.worker(name).running(), c.worker(name).log_tail())
+        self.assertNotIn("fenced", c.worker(name).log_text())
+
+    def test_a_worker_token_registers_only_its_names(self):
+        c = self.cluster
+        epoch_a = c.registry_workers()["node-a"]["epoch"]
+        cases = [("node-b's token", self.token_b), ("node-z's token", self.token_z),
+                 ("the coordinator's token (names: [])", c.tokens.by_role["worker"])]
+        for what, token in cases:
+            with self.subTest(what):
+                code, message, _ = c.rpc("RegisterWorker", register_request("node-a"),
+                                         token=token)
+                self.assertEqual((code, message),
+                                 ("PERMISSION_DENIED", "this token may not register worker node-a"))
+        # The real node-a was neither replaced nor fenced, and an op over it works.
+        self.assert_undisturbed("node-a", epoch_a)
+        for dev in ("node-a/cuda:0", "node-b/cuda:0"):
+            self.assert_ok(c.ctl("tensor", "put", dev, "g", "--dtype", "f32", "--values", "1,2",
+                                 auth="trainer"))
+        out = self.assert_ok(c.ctl("submit", "--op", "all-reduce", "--reduce", "sum",
+                                   "--tensor", "g", "--devices", "node-a/cuda:0,node-b/cuda:0",
+                                   auth="trainer"))
+        self.assertEqual(out["status"], "OK", out)
+        # Its own name, it may: node-z registers.
+        code, message, _ = c.rpc("RegisterWorker", register_request("node-z"),
+                                 token=self.token_z)
+        self.assertEqual(code, "OK", message)
+
+    def test_heartbeat_and_deregister_need_the_session_secret(self):
+        c = self.cluster
+        epoch = c.registry_workers()["node-a"]["epoch"]
+        secrets_sent = [("no secret", b""), ("a wrong secret", os.urandom(32))]
+        for method in ("Heartbeat", "DeregisterWorker"):
+            for what, secret in secrets_sent:
+                # Even node-a's own token: the epoch, which anyone may list, is not enough.
+                for token in (self.token_a, self.token_b):
+                    with self.subTest(method=method, secret=what, token=token[:10]):
+                        code, message, _ = c.rpc(method, session_request(method, "node-a", epoch,
+                                                                         secret), token=token)
+                        self.assertEqual(code, "FAILED_PRECONDITION", message)
+                        self.assertIn("node-a", message)
+                        self.assert_no_epoch(message, epoch)
+            with self.subTest(method=method, secret="a stale epoch"):
+                code, message, _ = c.rpc(method, session_request(method, "node-a", epoch - 1),
+                                         token=self.token_a)
+                self.assertEqual(code, "FAILED_PRECONDITION", message)
+                self.assert_no_epoch(message, epoch, epoch - 1)
+        self.assert_undisturbed("node-a", epoch)
+
+    def test_the_registrant_holds_the_session_secret(self):
+        c = self.cluster
+        code, message, body = c.rpc("RegisterWorker", register_request("node-z"),
+                                    token=self.token_z)
+        self.assertEqual(code, "OK", message)
+        reply = pb_decode(body)
+        epoch = _one(reply, F("RegisterWorkerResponse", "epoch"), 0)
+        secret = _one(reply, F("RegisterWorkerResponse", "session_secret"), b"")
+        self.assertEqual(len(secret), 32)
+        self.assertEqual(c.registry_workers()["node-z"]["epoch"], epoch)
+        code, message, _ = c.rpc("Heartbeat", session_request("Heartbeat", "node-z", epoch,
+                                                                secret), token=self.token_z)
+        self.assertEqual(code, "OK", message)
+        # A second registration gets another secret; the first no longer works.
+        code, message, body = c.rpc("RegisterWorker", register_request("node-z"),
+                                    token=self.token_z)
+        self.assertEqual(code, "OK", message)
+        reply = pb_decode(body)
+        epoch2 = _one(reply, F("RegisterWorkerResponse", "epoch"), 0)
+        secret2 = _one(reply, F("RegisterWorkerResponse", "session_secret"), b"")
+        self.assertNotEqual(secret2, secret)
+        for epoch_sent, secret_sent in ((epoch, secret), (epoch2, secret)):
+            code, message, _ = c.rpc("DeregisterWorker", session_request(
+                "DeregisterWorker", "node-z", epoch_sent, secret_sent), token=self.token_z)
+            self.assertEqual(code, "FAILED_PRECONDITION", message)
+            self.assert_no_epoch(message, epoch, epoch2)
+        code, message, _ = c.rpc("DeregisterWorker", session_request(
+            "DeregisterWorker", "node-z", epoch2, secret2), token=self.token_z)
+        self.assertEqual(code, "OK", message)
+        self.assertNotIn("node-z", c.registry_workers())
+        self.assertEqual(sorted(c.registry_workers()), ["node-a", "node-b"])
+
+    def test_the_worker_daemon_keeps_its_secret(self):
+        """The real workers heartbeat with their secret (they stay alive) and deregister
+        with it when stopped (gone at once, not dead after a timeout)."""
+        c = self.cluster
+        self.assert_undisturbed("node-b", c.registry_workers()["node-b"]["epoch"])
+        c.terminate_worker("node-b")
+        self.assertNotIn("node-b", c.registry_workers())
+        self.assertIn("deregistered from", c.worker("node-b").log_text())
 
 
 class TokenLogTest(CtlChecks, SecureTestCase):

@@ -59,13 +59,180 @@ test_bad_files(void **state)
     load("a: worker\na: trainer\n", &st, DC_INVALID_ARGUMENT);
     assert_non_null(strstr(st.message, "tokens.yaml:2:1: token listed twice"));
     load("- a\n- b\n", &st, DC_INVALID_ARGUMENT);
-    assert_non_null(strstr(st.message, "tokens.yaml:1:1"));
+    assert_non_null(strstr(st.message, "tokens.yaml:1:3: expected an entry"));
     load("a: {b: worker}\n", &st, DC_INVALID_ARGUMENT);
     load("\"has space\": worker\n", &st, DC_INVALID_ARGUMENT);
     assert_non_null(strstr(st.message, "printable characters"));
     load("# nothing\n", &st, DC_INVALID_ARGUMENT);
     assert_non_null(strstr(st.message, "no tokens"));
     load("a: [worker\n", &st, DC_INVALID_ARGUMENT);
+}
+
+/* The list form: worker tokens name the workers they may register. */
+static const char entries[] = "# example tokens\n"
+                              "- {token: coord-secret, role: worker, names: []}\n"
+                              "- token: wa-secret\n"
+                              "  role: worker\n"
+                              "  names: [wa]\n"
+                              "- {token: wbc-secret, role: worker, names: [wc, wb]}\n"
+                              "- {token: any-secret, role: worker}\n"
+                              "- {role: trainer, token: t-secret}\n";
+
+static void
+test_worker_names(void **state)
+{
+    dc_status st;
+    struct auth *a = load(entries, &st, DC_OK);
+
+    (void)state;
+    assert_int_equal(auth_role_of(a, "wa-secret"), ROLE_WORKER);
+    assert_int_equal(auth_role_of(a, "t-secret"), ROLE_TRAINER);
+    assert_true(auth_worker_may_be(a, "wa-secret", "wa"));
+    assert_false(auth_worker_may_be(a, "wa-secret", "wb"));
+    assert_false(auth_worker_may_be(a, "wa-secret", "w"));
+    assert_false(auth_worker_may_be(a, "wa-secret", "wa2"));
+    assert_true(auth_worker_may_be(a, "wbc-secret", "wb"));
+    assert_true(auth_worker_may_be(a, "wbc-secret", "wc"));
+    assert_false(auth_worker_may_be(a, "wbc-secret", "wa"));
+    /* names: [] may register nobody (a token the coordinator only calls workers with);
+     * no names at all, anybody. */
+    assert_false(auth_worker_may_be(a, "coord-secret", "wa"));
+    assert_true(auth_worker_may_be(a, "any-secret", "wa"));
+    assert_true(auth_worker_may_be(a, "any-secret", "zz"));
+    /* Other roles and unknown tokens may be no worker. */
+    assert_false(auth_worker_may_be(a, "t-secret", "wa"));
+    assert_false(auth_worker_may_be(a, "nope", "wa"));
+    assert_false(auth_worker_may_be(a, "", "wa"));
+    /* The first worker token of the file, as before. */
+    assert_string_equal(auth_token_with(a, ROLE_WORKER), "coord-secret");
+    auth_free(a);
+
+    /* The `token: role` form: a worker token may be any worker. */
+    a = load(tokens, &st, DC_OK);
+    assert_true(auth_worker_may_be(a, "w-secret", "wa"));
+    assert_true(auth_worker_may_be(a, "w-secret", "anyone"));
+    assert_false(auth_worker_may_be(a, "t-secret", "wa"));
+    auth_free(a);
+}
+
+/* Errors in the list form, each at its file:line:column; none quotes the file. */
+static void
+test_bad_entries(void **state)
+{
+    static const struct {
+        const char *text;
+        const char *says;
+    } cases[] = {
+        { "- {token: a, role: worker, name: [x]}\n",
+          "tokens.yaml:1:28: unknown key (expected token, role or names)" },
+        { "- {secret-token-here: worker}\n", "tokens.yaml:1:4: unknown key" },
+        { "- {token: a, role: trainer, names: [x]}\n",
+          "tokens.yaml:1:29: names are for worker tokens only" },
+        { "- {token: a}\n", "tokens.yaml:1:3: an entry needs a token and a role" },
+        { "- {role: worker}\n", "tokens.yaml:1:3: an entry needs a token and a role" },
+        { "- {token: a, role: worker, names: x}\n",
+          "tokens.yaml:1:35: names is a list of worker names" },
+        { "- {token: a, role: worker, names: [ok, -bad]}\n",
+          "tokens.yaml:1:40: invalid worker name" },
+        { "- {token: a, role: worker, names: [[x]]}\n", "tokens.yaml:1:36: invalid worker name" },
+        { "- {token: a, role: worker, role: trainer}\n",
+          "tokens.yaml:1:28: role given twice in one entry" },
+        { "- {token: a, role: wizard}\n", "tokens.yaml:1:20: unknown role" },
+        { "- {token: \"a b\", role: worker}\n", "tokens.yaml:1:11: a token is 1 to 512" },
+        { "- {token: [a], role: worker}\n", "tokens.yaml:1:11: a token is 1 to 512" },
+        { "- {token: a, role: worker}\n- {token: b, role: worker}\n- {token: a, role: trainer}\n",
+          "tokens.yaml:3:11: token listed twice" },
+        { "- {token: &x a, role: worker}\n- {token: *x, role: trainer}\n",
+          "tokens.yaml:2:11: aliases are not allowed" },
+        { "- {token: a, role: worker}\n---\n- {token: b, role: worker}\n",
+          "tokens.yaml:3:1: a tokens file holds one document" },
+        { "- [a, worker]\n", "tokens.yaml:1:3: expected an entry" },
+        { "just-a-token\n", "tokens.yaml:1:1: expected 'token: role' pairs or a list" },
+        { "[]\n", "tokens.yaml: no tokens" },
+    };
+    dc_status st;
+
+    (void)state;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct auth *a = NULL;
+        assert_int_equal(auth_parse("tokens.yaml", cases[i].text, strlen(cases[i].text), &a, &st),
+                         DC_INVALID_ARGUMENT);
+        assert_null(a);
+        if (strstr(st.message, cases[i].says) == NULL) {
+            fail_msg("case %zu: expected \"%s\" in \"%s\"", i, cases[i].says, st.message);
+        }
+    }
+    /* The key that looked like a token is not in the message. */
+    load("- {secret-token-here: worker}\n", &st, DC_INVALID_ARGUMENT);
+    assert_null(strstr(st.message, "secret-token-here"));
+}
+
+/* Loading is about linear in the number of tokens (it was quadratic: 20,000 tokens took
+ * seconds); lookups find the first and the last and miss the rest. */
+static void
+test_many_tokens(void **state)
+{
+    enum { N = 20000, TOKEN_LEN = 64 };
+    size_t cap = (size_t)N * (TOKEN_LEN + 16);
+    char *text = malloc(cap), *p = text;
+    char first[TOKEN_LEN + 1], last[TOKEN_LEN + 1], near[TOKEN_LEN + 1];
+    dc_status st;
+    struct auth *a;
+
+    (void)state;
+    assert_non_null(text);
+    for (int i = 0; i < N; i++) {
+        char tok[TOKEN_LEN + 1];
+        /* Tokens that share long prefixes, as generated tokens with a common tag do. */
+        snprintf(tok, sizeof(tok), "dc-%061d", i * 7919);
+        p += snprintf(p, cap - (size_t)(p - text), "%s: %s\n", tok,
+                      i % 3 == 0   ? "worker"
+                      : i % 3 == 1 ? "trainer"
+                                   : "operator");
+        if (i == 0) {
+            memcpy(first, tok, sizeof(first));
+        }
+        if (i == N - 1) {
+            memcpy(last, tok, sizeof(last));
+        }
+    }
+    a = load(text, &st, DC_OK);
+    assert_int_equal(auth_role_of(a, first), ROLE_WORKER);
+    assert_int_equal(auth_role_of(a, last), (N - 1) % 3 == 0   ? ROLE_WORKER
+                                            : (N - 1) % 3 == 1 ? ROLE_TRAINER
+                                                               : ROLE_OPERATOR);
+    memcpy(near, last, sizeof(near));
+    near[TOKEN_LEN - 1] = near[TOKEN_LEN - 1] == '9' ? '8' : '9';
+    assert_int_equal(auth_role_of(a, near), ROLE_NONE);
+    near[TOKEN_LEN - 1] = '\0';
+    assert_int_equal(auth_role_of(a, near), ROLE_NONE);
+    assert_int_equal(auth_role_of(a, "dc-missing"), ROLE_NONE);
+    assert_true(auth_worker_may_be(a, first, "any-name"));
+    assert_string_equal(auth_token_with(a, ROLE_WORKER), first);
+    auth_free(a);
+
+    /* A repeat at the very end is still found, at its own line. */
+    p += snprintf(p, cap - (size_t)(p - text), "%s: trainer\n", first);
+    load(text, &st, DC_INVALID_ARGUMENT);
+    assert_non_null(strstr(st.message, "tokens.yaml:20001:1: token listed twice"));
+    free(text);
+}
+
+static void
+test_equal_and_random(void **state)
+{
+    uint8_t x[32] = { 0 }, y[32] = { 0 };
+    dc_status st;
+
+    (void)state;
+    assert_true(auth_equal("abc", 3, "abc", 3));
+    assert_false(auth_equal("abc", 3, "abd", 3));
+    assert_false(auth_equal("abc", 3, "abc\0", 4));
+    assert_false(auth_equal("abc", 3, NULL, 0));
+    assert_true(auth_equal(NULL, 0, NULL, 0));
+    assert_int_equal(auth_random_bytes(x, sizeof(x), &st), DC_OK);
+    assert_int_equal(auth_random_bytes(y, sizeof(y), &st), DC_OK);
+    assert_memory_not_equal(x, y, sizeof(x));
 }
 
 static void
@@ -164,9 +331,11 @@ int
 main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_roles),    cmocka_unit_test(test_bad_files),
-        cmocka_unit_test(test_rules),    cmocka_unit_test(test_token_file),
-        cmocka_unit_test(test_url_host), cmocka_unit_test(test_tls_needs_files),
+        cmocka_unit_test(test_roles),        cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_worker_names), cmocka_unit_test(test_bad_entries),
+        cmocka_unit_test(test_many_tokens),  cmocka_unit_test(test_equal_and_random),
+        cmocka_unit_test(test_rules),        cmocka_unit_test(test_token_file),
+        cmocka_unit_test(test_url_host),     cmocka_unit_test(test_tls_needs_files),
     };
     int rv = cmocka_run_group_tests(tests, NULL, NULL);
     nng_fini();

@@ -1,5 +1,6 @@
 /* The coordinator's registry (server/coordinator/registry.c): registration checks, paging of
- * device listings with its first-page total, filters, liveness and fencing. */
+ * device listings with its first-page total, filters, liveness, fencing and session
+ * secrets. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,8 +13,8 @@
 #include "registry.h"
 
 static dc_code
-reg_code(struct registry *r, const char *name, int n_cuda, uint64_t now, uint64_t *epoch,
-         dc_status *st)
+reg_code(struct registry *r, const char *name, int n_cuda, uint64_t now,
+         struct registry_session *session, dc_status *st)
 {
     Devcoord__V1__RegisterWorkerRequest req = DEVCOORD__V1__REGISTER_WORKER_REQUEST__INIT;
     Devcoord__V1__DeviceSpec specs[8], *ptrs[8];
@@ -37,17 +38,27 @@ reg_code(struct registry *r, const char *name, int n_cuda, uint64_t now, uint64_
     req.n_devices             = (size_t)n_cuda;
     req.collective_backends   = coll;
     req.n_collective_backends = 1;
-    return registry_register(r, &req, now, epoch, st);
+    return registry_register(r, &req, now, session, st);
+}
+
+static void
+reg_session(struct registry *r, const char *name, int n_cuda, uint64_t now,
+            struct registry_session *session)
+{
+    dc_status st;
+
+    if (reg_code(r, name, n_cuda, now, session, &st) != DC_OK) {
+        fail_msg("register %s: %s", name, st.message);
+    }
 }
 
 static void
 reg(struct registry *r, const char *name, int n_cuda, uint64_t now, uint64_t *epoch)
 {
-    dc_status st;
+    struct registry_session session;
 
-    if (reg_code(r, name, n_cuda, now, epoch, &st) != DC_OK) {
-        fail_msg("register %s: %s", name, st.message);
-    }
+    reg_session(r, name, n_cuda, now, &session);
+    *epoch = session.epoch;
 }
 
 /* The workers listed, as "name=state,..." in name order. */
@@ -147,20 +158,30 @@ test_paging_order_and_total(void **state)
 }
 
 static void
+set_secret(ProtobufCBinaryData *b, const struct registry_session *s)
+{
+    b->data = (uint8_t *)s->secret;
+    b->len  = sizeof(s->secret);
+}
+
+static void
 test_liveness_and_fencing(void **state)
 {
     struct registry_opts o            = { .heartbeat_interval_ms = 100, .dead_after_ms = 500 };
     struct registry *r                = registry_new(&o);
     Devcoord__V1__HeartbeatRequest hb = DEVCOORD__V1__HEARTBEAT_REQUEST__INIT;
+    struct registry_session s1;
     dc_worker_state ws;
     uint64_t e1, e2;
     dc_status st;
 
     (void)state;
-    reg(r, "node-a", 1, 1000, &e1);
+    reg_session(r, "node-a", 1, 1000, &s1);
+    e1 = s1.epoch;
     /* A heartbeat later than the sweep's clock is not late (the sweep read it first). */
     hb.name  = "node-a";
     hb.epoch = e1;
+    set_secret(&hb.session_secret, &s1);
     assert_int_equal(registry_heartbeat(r, &hb, 2000, &ws, &st), DC_OK);
     assert_int_equal(registry_sweep(r, 1900), 0);
     assert_int_equal(registry_sweep(r, 2400), 0);
@@ -200,7 +221,7 @@ test_control_characters_are_refused(void **state)
         { "node-a", "tcp://127.0.0.1:1", "host", "rack", "r1\x7f", "label 0 invalid" },
         { "node-a", "tcp://127.0.0.1:1", "host", "rack", "\t", "label 0 invalid" },
     };
-    uint64_t epoch;
+    struct registry_session session;
     dc_status st;
 
     (void)state;
@@ -216,7 +237,7 @@ test_control_characters_are_refused(void **state)
         req.executor = (char *)cases[i].executor;
         label.key    = (char *)cases[i].key;
         label.value  = (char *)cases[i].value;
-        if (registry_register(r, &req, 1000, &epoch, &st) != DC_INVALID_ARGUMENT) {
+        if (registry_register(r, &req, 1000, &session, &st) != DC_INVALID_ARGUMENT) {
             fail_msg("case %zu accepted", i);
         }
         if (strstr(st.message, cases[i].says) == NULL || strchr(st.message, '\n') != NULL) {
@@ -227,7 +248,7 @@ test_control_characters_are_refused(void **state)
     label.value = "\xc3\xa9t\xc3\xa9";
     req.name    = "node-a";
     req.address = "tcp://127.0.0.1:1";
-    assert_int_equal(registry_register(r, &req, 1000, &epoch, &st), DC_OK);
+    assert_int_equal(registry_register(r, &req, 1000, &session, &st), DC_OK);
     registry_free(r);
 }
 
@@ -242,27 +263,28 @@ test_limits(void **state)
                                .max_devices            = 8 };
     struct registry *r     = registry_new(&o);
     char names[256];
+    struct registry_session s;
     uint64_t e;
     dc_status st;
 
     (void)state;
-    assert_int_equal(reg_code(r, "node-a", 5, 1000, &e, &st), DC_RESOURCE_EXHAUSTED);
+    assert_int_equal(reg_code(r, "node-a", 5, 1000, &s, &st), DC_RESOURCE_EXHAUSTED);
     assert_non_null(strstr(st.message, "5 devices, over limits.max_devices_per_worker (4)"));
-    assert_int_equal(reg_code(r, "node-a", 0, 1000, &e, &st), DC_INVALID_ARGUMENT);
+    assert_int_equal(reg_code(r, "node-a", 0, 1000, &s, &st), DC_INVALID_ARGUMENT);
     reg(r, "node-a", 4, 1000, &e);
     reg(r, "node-b", 3, 1000, &e);
     /* 4 + 3 + 2 = 9 devices: over the total. */
-    assert_int_equal(reg_code(r, "node-c", 2, 1000, &e, &st), DC_RESOURCE_EXHAUSTED);
+    assert_int_equal(reg_code(r, "node-c", 2, 1000, &s, &st), DC_RESOURCE_EXHAUSTED);
     assert_non_null(strstr(st.message, "its 2 devices would make 9, over limits.max_devices (8)"));
     reg(r, "node-c", 1, 1000, &e);
     /* Full: a fourth name is refused, saying how many of the workers are dead ... */
     assert_int_equal(registry_sweep(r, 1000 + 501), 3);
-    assert_int_equal(reg_code(r, "node-d", 1, 1600, &e, &st), DC_RESOURCE_EXHAUSTED);
+    assert_int_equal(reg_code(r, "node-d", 1, 1600, &s, &st), DC_RESOURCE_EXHAUSTED);
     assert_non_null(strstr(st.message, "limits.max_workers (3) reached, 3 of them dead"));
     /* ... but a worker registering again is counted once, with its new devices. */
     reg(r, "node-a", 2, 1600, &e);
     reg(r, "node-c", 3, 1600, &e);
-    assert_int_equal(reg_code(r, "node-b", 4, 1600, &e, &st), DC_RESOURCE_EXHAUSTED);
+    assert_int_equal(reg_code(r, "node-b", 4, 1600, &s, &st), DC_RESOURCE_EXHAUSTED);
     assert_non_null(strstr(st.message, "would make 9"));
     assert_string_equal(listed(r, 1600, names, sizeof(names)),
                         "node-a=alive,node-b=dead,node-c=alive");
@@ -307,16 +329,17 @@ test_dead_workers_are_forgotten_with_their_intent_kept(void **state)
     struct arena *a = arena_new((size_t)1 << 20);
     char names[256];
     dc_worker_state ws;
-    uint64_t ea, eb;
+    struct registry_session sa, sb;
     dc_status st;
 
     (void)state;
-    reg(r, "node-a", 2, 1000, &ea);
-    reg(r, "node-b", 1, 1000, &eb);
+    reg_session(r, "node-a", 2, 1000, &sa);
+    reg_session(r, "node-b", 1, 1000, &sb);
     assert_int_equal(registry_set_intent(r, "node-a", INTENT_DRAIN, 1000, NULL, NULL, &st), DC_OK);
     assert_int_equal(saves, 1);
     hb.name  = "node-b";
-    hb.epoch = eb;
+    hb.epoch = sb.epoch;
+    set_secret(&hb.session_secret, &sb);
     /* node-a falls silent at 1000, node-b keeps heartbeating. */
     for (uint64_t now = 1100; now <= 2500; now += 100) {
         assert_int_equal(registry_heartbeat(r, &hb, now, &ws, &st), DC_OK);
@@ -331,16 +354,110 @@ test_dead_workers_are_forgotten_with_their_intent_kept(void **state)
     /* Gone from every index: its devices, its heartbeats, its intent changes. */
     assert_int_equal(registry_get_device(r, "node-a/cuda:0", a, &dev, &st), DC_NOT_FOUND);
     hb.name  = "node-a";
-    hb.epoch = ea;
+    hb.epoch = sa.epoch;
+    set_secret(&hb.session_secret, &sa);
     assert_int_equal(registry_heartbeat(r, &hb, 2700, &ws, &st), DC_NOT_FOUND);
     assert_int_equal(registry_set_intent(r, "node-a", INTENT_NONE, 2700, NULL, NULL, &st),
                      DC_NOT_FOUND);
     assert_int_equal(saves, 1); /* forgetting is no change of intent */
     /* Its room is free again, and when it comes back it is draining, as it was left. */
-    reg(r, "node-a", 2, 2800, &ea);
+    reg_session(r, "node-a", 2, 2800, &sa);
     assert_string_equal(listed(r, 2800, names, sizeof(names)), "node-a=draining,node-b=alive");
     assert_int_equal(registry_get_device(r, "node-a/cuda:0", a, &dev, &st), DC_OK);
     arena_free(a);
+    registry_free(r);
+}
+
+/* Fails unless message names neither epoch (in decimal, as an error would print it). */
+static void
+assert_no_epoch(const char *message, uint64_t a, uint64_t b)
+{
+    char text[32];
+
+    snprintf(text, sizeof(text), "%llu", (unsigned long long)a);
+    if (strstr(message, text) != NULL) {
+        fail_msg("epoch %s in \"%s\"", text, message);
+    }
+    snprintf(text, sizeof(text), "%llu", (unsigned long long)b);
+    if (strstr(message, text) != NULL) {
+        fail_msg("epoch %s in \"%s\"", text, message);
+    }
+}
+
+/* Epochs are public (ListWorkers shows them): only the registrant's session secret lets a
+ * call heartbeat or deregister, and no refusal says which epoch is current. */
+static void
+test_session_secret(void **state)
+{
+    struct registry_opts o            = { .heartbeat_interval_ms = 100, .dead_after_ms = 500 };
+    struct registry *r                = registry_new(&o);
+    Devcoord__V1__HeartbeatRequest hb = DEVCOORD__V1__HEARTBEAT_REQUEST__INIT;
+    Devcoord__V1__DeregisterWorkerRequest dr = DEVCOORD__V1__DEREGISTER_WORKER_REQUEST__INIT;
+    static const uint8_t zeros[AUTH_SESSION_SECRET_SIZE];
+    struct registry_session s1, s2;
+    uint8_t wrong[AUTH_SESSION_SECRET_SIZE];
+    dc_worker_state ws;
+    dc_status st;
+
+    (void)state;
+    reg_session(r, "node-a", 1, 1000, &s1);
+    reg_session(r, "node-b", 1, 1000, &s2);
+    /* Random, and one per registration. */
+    assert_memory_not_equal(s1.secret, zeros, sizeof(zeros));
+    assert_memory_not_equal(s1.secret, s2.secret, sizeof(s1.secret));
+
+    hb.name  = "node-a";
+    hb.epoch = s1.epoch;
+    /* The right epoch without a secret, with another worker's, with one byte changed, one
+     * byte short: refused, and the message does not say the epoch. */
+    assert_int_equal(registry_heartbeat(r, &hb, 1100, &ws, &st), DC_FAILED_PRECONDITION);
+    assert_no_epoch(st.message, s1.epoch, s2.epoch);
+    assert_non_null(strstr(st.message, "node-a"));
+    set_secret(&hb.session_secret, &s2);
+    assert_int_equal(registry_heartbeat(r, &hb, 1100, &ws, &st), DC_FAILED_PRECONDITION);
+    memcpy(wrong, s1.secret, sizeof(wrong));
+    wrong[sizeof(wrong) - 1] ^= 1;
+    hb.session_secret.data = wrong;
+    assert_int_equal(registry_heartbeat(r, &hb, 1100, &ws, &st), DC_FAILED_PRECONDITION);
+    set_secret(&hb.session_secret, &s1);
+    hb.session_secret.len--;
+    assert_int_equal(registry_heartbeat(r, &hb, 1100, &ws, &st), DC_FAILED_PRECONDITION);
+    /* The right secret with a wrong epoch: the same refusal. */
+    set_secret(&hb.session_secret, &s1);
+    hb.epoch = s1.epoch + 1;
+    assert_int_equal(registry_heartbeat(r, &hb, 1100, &ws, &st), DC_FAILED_PRECONDITION);
+    assert_no_epoch(st.message, s1.epoch, s1.epoch + 1);
+    /* Both right: accepted. */
+    hb.epoch = s1.epoch;
+    assert_int_equal(registry_heartbeat(r, &hb, 1100, &ws, &st), DC_OK);
+
+    /* Deregistering needs the secret too; refusals leave the worker registered. */
+    dr.name  = "node-a";
+    dr.epoch = s1.epoch;
+    assert_int_equal(registry_deregister(r, &dr, &st), DC_FAILED_PRECONDITION);
+    assert_no_epoch(st.message, s1.epoch, s2.epoch);
+    set_secret(&dr.session_secret, &s2);
+    assert_int_equal(registry_deregister(r, &dr, &st), DC_FAILED_PRECONDITION);
+    assert_int_equal(registry_heartbeat(r, &hb, 1200, &ws, &st), DC_OK);
+    set_secret(&dr.session_secret, &s1);
+    assert_int_equal(registry_deregister(r, &dr, &st), DC_OK);
+    assert_int_equal(registry_heartbeat(r, &hb, 1300, &ws, &st), DC_NOT_FOUND);
+    assert_int_equal(registry_deregister(r, &dr, &st), DC_NOT_FOUND);
+
+    /* A stale epoch with its own secret (a restarted worker's old incarnation) is fenced,
+     * without being told the new epoch. */
+    hb.name  = "node-b";
+    hb.epoch = s2.epoch;
+    set_secret(&hb.session_secret, &s2);
+    assert_int_equal(registry_heartbeat(r, &hb, 1300, &ws, &st), DC_OK);
+    reg_session(r, "node-b", 1, 1400, &s1);
+    assert_int_equal(registry_heartbeat(r, &hb, 1500, &ws, &st), DC_FAILED_PRECONDITION);
+    assert_no_epoch(st.message, s2.epoch, s1.epoch);
+    dr.name  = "node-b";
+    dr.epoch = s2.epoch;
+    set_secret(&dr.session_secret, &s2);
+    assert_int_equal(registry_deregister(r, &dr, &st), DC_FAILED_PRECONDITION);
+    assert_no_epoch(st.message, s2.epoch, s1.epoch);
     registry_free(r);
 }
 
@@ -353,6 +470,7 @@ main(void)
         cmocka_unit_test(test_control_characters_are_refused),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_dead_workers_are_forgotten_with_their_intent_kept),
+        cmocka_unit_test(test_session_secret),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

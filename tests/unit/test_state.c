@@ -144,7 +144,7 @@ reg(struct registry *r, const char *name)
     Devcoord__V1__RegisterWorkerRequest req = DEVCOORD__V1__REGISTER_WORKER_REQUEST__INIT;
     Devcoord__V1__DeviceSpec spec = DEVCOORD__V1__DEVICE_SPEC__INIT, *specs[1] = { &spec };
     Devcoord__V1__Device dev = DEVCOORD__V1__DEVICE__INIT;
-    uint64_t epoch;
+    struct registry_session session;
     dc_status st;
 
     dev.backend   = DEVCOORD__V1__BACKEND__BACKEND_CUDA;
@@ -155,7 +155,7 @@ reg(struct registry *r, const char *name)
     req.executor  = "host";
     req.devices   = specs;
     req.n_devices = 1;
-    if (registry_register(r, &req, 1000, &epoch, &st) != DC_OK) {
+    if (registry_register(r, &req, 1000, &session, &st) != DC_OK) {
         fail_msg("register %s: %s", name, st.message);
     }
 }
