@@ -69,7 +69,7 @@ struct config_worker {
     /* auth.tokens_file: a tokens file (as the coordinator's) that this worker checks its
      * callers against; NULL: its data plane takes calls without tokens. */
     char *tokens_file;
-    char *executor;              /* default "host" */
+    char *executor;              /* "host" (default) or "staged" (a test executor) */
     struct config_label *labels; /* labels: {k: v, ...} */
     size_t n_labels;
     struct config_device *devices; /* default one cpu:0 device */

@@ -1,3 +1,21 @@
+/*
+ * The collective engine (collective.h). It is one file, longer than the others, because
+ * everything in it works on one object, struct cop, from three kinds of thread at once: the
+ * op's own thread (cop_run: describe, check, prepare, send, finish, answer), the server
+ * threads that apply peers' Exchange chunks (cop_apply) and nng's callbacks that count
+ * acknowledged sends (cop_sent). The rules that keep them apart (op->mtx for counters,
+ * co->mtx and op->refs for the op's lifetime, the phases that say when chunks may land,
+ * which thread frees the op) are read and checked together; split across files they would
+ * need struct cop in a header and the rules in several places. What is pure moved out: the
+ * ring schedule to ring.c, the reduction kernels to reduce.c, tensor storage to the
+ * executor. In order below: helpers, the ring's forwarding queue, receiving (and chunks that
+ * come before their op), sending (and whom to blame at the deadline), the algorithms per op
+ * kind, an op from start to end, and the Worker service entry points.
+ *
+ * Tensors are reached only through the executor (executor.h). All-reduce and broadcast map
+ * the tensor they work on in place for the whole op and unmap it once no handler can write
+ * to it any more (cop_release_work); everything else is copied in and out.
+ */
 #include "collective.h"
 
 #include <pthread.h>
@@ -10,6 +28,7 @@
 #include "devcoord/v1/methods.h"
 #include "log.h"
 #include "reduce.h"
+#include "ring.h"
 #include "rpc.h"
 #include "tpool.h"
 
@@ -62,39 +81,57 @@ struct cop_send_ctx {
  * little-endian. */
 #define META_ENTRY 16
 
-struct ready_queue {
+/* Ranges waiting to be forwarded: v[head .. head + len), growing as needed. */
+struct range_queue {
     struct range *v;
     size_t head, len, cap;
 };
 
-/* One op in flight on this worker. */
+/* One op in flight on this worker. The op's thread (cop_run) runs it; Exchange handlers
+ * apply received chunks to `work` or `gathered` without op->mtx (chunks never overlap), and
+ * count them under it. */
 struct cop {
     struct collectives *co;
     char id[OP_ID_MAX + 1];
-    const Devcoord__V1__ExecuteRequest *req;
+    const Devcoord__V1__ExecuteRequest *req; /* answered (and freed) with the op */
     Devcoord__V1__ExecuteResponse_Closure closure;
     void *cd;
     uint64_t started_us;
 
-    uint32_t self, W, N;
-    dc_device_ref *devices; /* plan devices, rank order */
-    uint32_t *owner;        /* rank -> worker index */
-    size_t n_local;
-    uint32_t *local_ranks;
-    struct tensor **tensors; /* per local rank */
-    struct peer **peers;     /* per worker index (NULL for self) */
+    /* The plan. Ranks are positions in its device list, workers positions in its worker
+     * list; `self` is this worker's. */
+    uint32_t self, n_workers, n_ranks;
+    dc_device_ref *devices;        /* per rank */
+    uint32_t *worker_of;           /* per rank: the worker that owns it */
+    size_t n_local;                /* ranks of this worker */
+    uint32_t *local_ranks;         /* n_local of them, in plan order */
+    struct tensor **local_tensors; /* per local rank (index as local_ranks); NULL: missing */
+    struct peer **peers;           /* per worker (NULL for self) */
+    struct ring ring;              /* all-reduce and reduce: who sends what when */
 
+    /* The tensor every rank has (checked alike on every worker before data moves). */
     dc_dtype dtype;
-    size_t elements, esize, bytes;
-    uint8_t *buf; /* the op's data (a tensor's storage or owned) */
-    bool buf_owned;
-    uint8_t *gather; /* all-gather output, N * bytes */
+    size_t elements, elem_size, tensor_bytes;
+    /* The op's data, tensor_bytes long: all-reduce and broadcast map a local tensor and work
+     * on it in place (work_map); reduce works on a copy it owns, so only the root changes. */
+    uint8_t *work;
+    struct tensor_map work_map;
+    bool work_mapped, work_owned;
+    uint8_t *gathered; /* all-gather: every rank's tensor in rank order, n_ranks * tensor_bytes */
 
+    /* Steps 0 .. n_steps-1: data steps (the ring's, or step 0 of broadcast and all-gather),
+     * then meta_step. Per step, bytes this worker expects and has received; for ring ops,
+     * ranges that arrived at step s - 1 and go on at step s, and bytes sent at step s. */
     size_t n_steps;
-    uint64_t *expected, *received;
-    /* Ring ops: ranges that arrived at step s - 1 and go on at step s; bytes sent per step. */
-    struct ready_queue *ready;
-    uint64_t *sent;
+    uint64_t *step_expected, *step_received;
+    struct range_queue *step_forward;
+    uint64_t *step_sent;
+    /* The one step where several workers send to this one (reduce's fan-in to the root,
+     * all-gather, broadcast's receivers), or SIZE_MAX; per worker, bytes expected from it
+     * and received at that step. */
+    size_t fan_in_step;
+    uint64_t *fan_in_expected, *fan_in_received;
+    uint64_t *bytes_from; /* per worker, every data byte it sent us (for blame at the deadline) */
 
     /* What every rank's tensor is, learned from the peers before anything is touched. */
     struct cop_meta *metas;
@@ -103,19 +140,16 @@ struct cop {
     struct cop_send_ctx *send_ctx; /* per worker index: the callback argument of a send */
     bool answering;   /* the op's thread answers: its request (op->req) goes with the answer */
     bool thread_done; /* the op's thread has answered; the last send frees it */
-    uint64_t *expected_from, *received_from; /* per worker, for the many-to-one step */
-    uint64_t *data_from;                     /* per worker, every data byte it sent us */
-    size_t multi_step;                       /* that step, or SIZE_MAX */
 
     pthread_mutex_t mtx;
     pthread_cond_t cv;
     enum cop_phase phase;
     bool failed;
-    dc_status fail;
-    unsigned inflight;
+    dc_status failure; /* the first failure */
+    unsigned sends_in_flight;
     uint64_t deadline_ms;
     uint64_t bytes_sent, bytes_received;
-    struct parked *parked;
+    struct parked *parked; /* Exchange calls that came before PHASE_READY */
 
     int refs; /* guarded by co->mtx: the op thread and each handler applying data */
     struct cop *next;
@@ -154,19 +188,13 @@ cop_device_name(const struct cop *op, uint32_t rank, char *buf, size_t cap)
     dc_device_ref_format(&op->devices[rank], buf, cap);
 }
 
-/* Segment i of W of the op's buffer (elements split as evenly as they go). */
+/* Bytes [*start, *end) of ring segment seg of the op's buffer. */
 static void
-cop_segment(const struct cop *op, uint32_t i, size_t *start, size_t *end)
+cop_segment(const struct cop *op, uint32_t seg, size_t *start, size_t *end)
 {
-    *start = (size_t)((uint64_t)i * op->elements / op->W) * op->esize;
-    *end   = (size_t)((uint64_t)(i + 1) * op->elements / op->W) * op->esize;
-}
-
-static uint32_t
-ring_mod(int64_t v, uint32_t w)
-{
-    int64_t m = v % (int64_t)w;
-    return (uint32_t)(m < 0 ? m + w : m);
+    ring_segment(op->elements, op->n_workers, seg, start, end);
+    *start *= op->elem_size;
+    *end *= op->elem_size;
 }
 
 /* Records the first failure; later ones are dropped. Call with op->mtx held. */
@@ -174,8 +202,8 @@ static void
 cop_fail_locked(struct cop *op, const dc_status *st)
 {
     if (!op->failed) {
-        op->failed = true;
-        op->fail   = *st;
+        op->failed  = true;
+        op->failure = *st;
     }
     pthread_cond_broadcast(&op->cv);
 }
@@ -271,11 +299,9 @@ out:
 
 /* ---- the ring ---------------------------------------------------------------------------
  *
- * all-reduce: steps 0..W-2 reduce-scatter (send segment self-s, receive and reduce segment
- * self-1-s), steps W-1..2W-3 all-gather (send segment self+1-s', receive segment self-s').
- * reduce: the same W-1 reduce-scatter steps, then step W-1 sends each worker's finished
- * segment self+1 to the root's worker. Whatever lands at step s is the segment sent on at
- * step s+1, so each chunk is forwarded as soon as it lands: the steps overlap. */
+ * ring.h says who sends which segment when. Here: each chunk received at step s of the ring
+ * is queued to go on at step s + 1 (cop_forward_push), and cop_ring sends whatever is
+ * queued, lowest step first, so a segment's chunks flow on while the rest still arrives. */
 
 static bool
 cop_is_ring(const struct cop *op)
@@ -284,39 +310,11 @@ cop_is_ring(const struct cop *op)
     return kind == DC_OP_ALL_REDUCE || kind == DC_OP_REDUCE;
 }
 
-/* Where this worker sends at step s, and which segment; false when it sends nothing. */
-static bool
-cop_ring_out(const struct cop *op, uint32_t s, uint32_t *to, uint32_t *seg)
-{
-    uint32_t W = op->W, next = (op->self + 1) % W, root_worker;
-
-    if (s + 1 < W) {
-        *to  = next;
-        *seg = ring_mod((int64_t)op->self - s, W);
-        return true;
-    }
-    if ((dc_op_kind)op->req->kind == DC_OP_ALL_REDUCE) {
-        if (s >= 2 * (W - 1)) {
-            return false;
-        }
-        *to  = next;
-        *seg = ring_mod((int64_t)op->self + 1 - (s - (W - 1)), W);
-        return true;
-    }
-    root_worker = op->owner[op->req->root];
-    if (s == W - 1 && op->self != root_worker) {
-        *to  = root_worker;
-        *seg = (op->self + 1) % W;
-        return true;
-    }
-    return false;
-}
-
 /* Queues a range received at step s - 1 to go on at step s. op->mtx held. */
 static bool
-cop_ready_push(struct cop *op, uint32_t s, size_t off, size_t len)
+cop_forward_push(struct cop *op, uint32_t s, size_t off, size_t len)
 {
-    struct ready_queue *q = &op->ready[s];
+    struct range_queue *q = &op->step_forward[s];
 
     if (q->head + q->len == q->cap) {
         if (q->head > 0) {
@@ -340,41 +338,47 @@ cop_ready_push(struct cop *op, uint32_t s, size_t off, size_t len)
 
 enum apply_mode { APPLY_REDUCE, APPLY_COPY };
 
-/* Where a chunk of `step` lands: the buffer, the byte range it must fall in and how it is
- * applied. false when this worker expects nothing at that step. */
+/* Where a chunk of `step` from worker `from` about rank `rank` lands: the buffer, the byte
+ * range it must fall in and how it is applied. false when this worker expects nothing from
+ * `from` at that step. Ranges of one step from different senders never overlap. */
 static bool
-cop_step_target(const struct cop *op, uint32_t step, uint32_t rank, uint8_t **base, size_t *start,
-                size_t *end, enum apply_mode *mode)
+cop_step_target(const struct cop *op, uint32_t step, uint32_t from, uint32_t rank, uint8_t **base,
+                size_t *start, size_t *end, enum apply_mode *mode)
 {
-    uint32_t W = op->W, rs_steps = W - 1;
     dc_op_kind kind = (dc_op_kind)op->req->kind;
+    uint32_t seg, to;
 
-    *base = op->buf;
-    if ((kind == DC_OP_ALL_REDUCE || kind == DC_OP_REDUCE) && step < rs_steps) {
-        cop_segment(op, ring_mod((int64_t)op->self - 1 - step, W), start, end);
-        *mode = APPLY_REDUCE;
-        return true;
-    }
-    if (kind == DC_OP_ALL_REDUCE && step < 2 * rs_steps) {
-        cop_segment(op, ring_mod((int64_t)op->self - (step - rs_steps), W), start, end);
-        *mode = APPLY_COPY;
-        return true;
-    }
+    *base = op->work;
     *mode = APPLY_COPY;
-    if (kind == DC_OP_REDUCE && step == rs_steps) {
-        *start = 0;
-        *end   = op->bytes;
-        return op->self == op->owner[op->req->root];
+    if (cop_is_ring(op)) {
+        switch (ring_recv(&op->ring, op->self, step, &seg)) {
+        case RING_RECV_REDUCE:
+            *mode = APPLY_REDUCE;
+            /* fall through */
+        case RING_RECV_COPY:
+            cop_segment(op, seg, start, end);
+            return from == ring_prev(&op->ring, op->self);
+        case RING_RECV_FAN_IN:
+            if (!ring_send(&op->ring, from, step, &to, &seg) || to != op->self) {
+                return false;
+            }
+            cop_segment(op, seg, start, end);
+            return true;
+        case RING_RECV_NONE:
+            return false;
+        }
+        return false;
     }
     if (kind == DC_OP_BROADCAST && step == 0) {
         *start = 0;
-        *end   = op->bytes;
-        return op->self != op->owner[op->req->root];
+        *end   = op->tensor_bytes;
+        return op->self != op->worker_of[op->req->root] && from == op->worker_of[op->req->root];
     }
-    if (kind == DC_OP_ALL_GATHER && step == 0 && rank < op->N && op->owner[rank] != op->self) {
-        *base  = op->gather;
-        *start = (size_t)rank * op->bytes;
-        *end   = *start + op->bytes;
+    if (kind == DC_OP_ALL_GATHER && step == 0 && rank < op->n_ranks &&
+        op->worker_of[rank] == from && from != op->self) {
+        *base  = op->gathered;
+        *start = (size_t)rank * op->tensor_bytes;
+        *end   = *start + op->tensor_bytes;
         return true;
     }
     return false;
@@ -401,7 +405,7 @@ cop_apply_meta(struct cop *op, uint32_t from, const uint8_t *data, size_t len, d
         for (int b = 7; b >= 0; b--) {
             elements = elements << 8 | e[8 + b];
         }
-        if (rank >= op->N || op->owner[rank] != from || op->metas[rank].known ||
+        if (rank >= op->n_ranks || op->worker_of[rank] != from || op->metas[rank].known ||
             dtype >= DC_DTYPE_COUNT) {
             pthread_mutex_unlock(&op->mtx);
             return status_set(st, DC_INVALID_ARGUMENT, "malformed tensor descriptions for op %s",
@@ -427,8 +431,8 @@ cop_apply(struct cop *op, const Devcoord__V1__ExchangeRequest *in, const uint8_t
     uint32_t to, seg;
     char mine[DC_DEVICE_TEXT_SIZE], theirs[DC_DEVICE_TEXT_SIZE];
 
-    if (in->from >= op->W || in->from == op->self || in->rank >= op->N ||
-        op->owner[in->rank] != in->from) {
+    if (in->from >= op->n_workers || in->from == op->self || in->rank >= op->n_ranks ||
+        op->worker_of[in->rank] != in->from) {
         return status_set(st, DC_INVALID_ARGUMENT, "exchange from a worker outside op %s", op->id);
     }
     if (in->step == op->meta_step) {
@@ -447,38 +451,37 @@ cop_apply(struct cop *op, const Devcoord__V1__ExchangeRequest *in, const uint8_t
                           op->elements);
     }
     if (in->step >= op->n_steps ||
-        !cop_step_target(op, in->step, in->rank, &base, &start, &end, &mode) ||
-        in->offset < start || in->offset > end || len > end - in->offset || len % op->esize != 0 ||
-        in->offset % op->esize != 0) {
+        !cop_step_target(op, in->step, in->from, in->rank, &base, &start, &end, &mode) ||
+        in->offset < start || in->offset > end || len > end - in->offset ||
+        len % op->elem_size != 0 || in->offset % op->elem_size != 0) {
         return status_set(st, DC_INVALID_ARGUMENT,
                           "exchange chunk outside op %s (step %u, offset %llu, %zu bytes)", op->id,
                           in->step, (unsigned long long)in->offset, len);
     }
     if (mode == APPLY_REDUCE) {
         reduce_into(op->dtype, (dc_reduce_op)op->req->reduce, base + in->offset, data,
-                    len / op->esize);
+                    len / op->elem_size);
     } else {
         memcpy(base + in->offset, data, len);
     }
     pthread_mutex_lock(&op->mtx);
-    op->received[in->step] += len;
-    if (in->step == op->multi_step) {
-        op->received_from[in->from] += len;
+    op->step_received[in->step] += len;
+    if (in->step == op->fan_in_step) {
+        op->fan_in_received[in->from] += len;
     }
-    if (op->received[in->step] > op->expected[in->step]) {
+    if (op->step_received[in->step] > op->step_expected[in->step]) {
         dc_status dup;
         status_set(&dup, DC_INVALID_ARGUMENT, "op %s received more data than expected at step %u",
                    op->id, in->step);
         cop_fail_locked(op, &dup);
-    } else if (cop_is_ring(op) && in->step + 1 < op->n_steps &&
-               cop_ring_out(op, in->step + 1, &to, &seg) &&
-               !cop_ready_push(op, in->step + 1, in->offset, len)) {
+    } else if (cop_is_ring(op) && ring_send(&op->ring, op->self, in->step + 1, &to, &seg) &&
+               !cop_forward_push(op, in->step + 1, in->offset, len)) {
         dc_status oom;
         status_set(&oom, DC_RESOURCE_EXHAUSTED, "out of memory in op %s", op->id);
         cop_fail_locked(op, &oom);
     }
     op->bytes_received += len;
-    op->data_from[in->from] += len;
+    op->bytes_from[in->from] += len;
     pthread_cond_broadcast(&op->cv);
     pthread_mutex_unlock(&op->mtx);
     return DC_OK;
@@ -624,7 +627,7 @@ cop_sent(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, 
     (void)reply;
     (void)keep;
     pthread_mutex_lock(&op->mtx);
-    op->inflight--;
+    op->sends_in_flight--;
     if (code != DC_OK && !op->failed && !op->answering) {
         dc_status peer   = *st;
         const char *name = op->req->plan->workers[ctx->to]->name;
@@ -642,7 +645,7 @@ cop_sent(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, 
         cop_fail_locked(op, &peer);
     }
     pthread_cond_broadcast(&op->cv);
-    free_op = op->thread_done && op->inflight == 0;
+    free_op = op->thread_done && op->sends_in_flight == 0;
     pthread_mutex_unlock(&op->mtx);
     if (free_op) {
         cop_free(op);
@@ -670,7 +673,7 @@ cop_wait_locked(struct cop *op, const char *waiting_for, enum blame_kind blame, 
     if (now >= op->deadline_ms) {
         dc_status st;
         const char *name = blame != BLAME_NONE ? op->req->plan->workers[who]->name : NULL;
-        if (blame == BLAME_SENDER && op->data_from[who] > 0) {
+        if (blame == BLAME_SENDER && op->bytes_from[who] > 0) {
             status_set(&st, DC_ABORTED,
                        "gave up on op %s after %llu ms waiting for worker %s, which sent part of "
                        "its data and waits on its own peers",
@@ -719,14 +722,14 @@ cop_send(struct cop *op, uint32_t to, uint32_t step, const uint8_t *base, size_t
         dc_status st;
 
         pthread_mutex_lock(&op->mtx);
-        while (!op->failed && op->inflight >= SEND_WINDOW &&
+        while (!op->failed && op->sends_in_flight >= SEND_WINDOW &&
                cop_wait_locked(op, waiting, BLAME_ACKS, to)) {
         }
         if (op->failed) {
             pthread_mutex_unlock(&op->mtx);
             return false;
         }
-        op->inflight++;
+        op->sends_in_flight++;
         pthread_mutex_unlock(&op->mtx);
 
         left       = op->deadline_ms > rpc_now_ms() ? op->deadline_ms - rpc_now_ms() : 1;
@@ -735,7 +738,7 @@ cop_send(struct cop *op, uint32_t to, uint32_t step, const uint8_t *base, size_t
                            base + off, len, (uint32_t)left, cop_sent, &op->send_ctx[to],
                            &st) != DC_OK) {
             pthread_mutex_lock(&op->mtx);
-            op->inflight--;
+            op->sends_in_flight--;
             cop_fail_locked(op, &st);
             pthread_mutex_unlock(&op->mtx);
             return false;
@@ -754,11 +757,11 @@ cop_wait_step(struct cop *op, uint32_t step)
     bool ok;
 
     pthread_mutex_lock(&op->mtx);
-    while (!op->failed && op->received[step] < op->expected[step]) {
-        uint32_t from = ring_mod((int64_t)op->self - 1, op->W);
-        if (step == op->multi_step || (dc_op_kind)op->req->kind == DC_OP_BROADCAST) {
-            for (uint32_t w = 0; w < op->W; w++) {
-                if (op->received_from[w] < op->expected_from[w]) {
+    while (!op->failed && op->step_received[step] < op->step_expected[step]) {
+        uint32_t from = ring_prev(&op->ring, op->self);
+        if (step == op->fan_in_step || (dc_op_kind)op->req->kind == DC_OP_BROADCAST) {
+            for (uint32_t w = 0; w < op->n_workers; w++) {
+                if (op->fan_in_received[w] < op->fan_in_expected[w]) {
                     from = w;
                     break;
                 }
@@ -782,7 +785,9 @@ cop_wait_step(struct cop *op, uint32_t step)
 static bool
 cop_ring(struct cop *op)
 {
-    const char *prev = op->req->plan->workers[ring_mod((int64_t)op->self - 1, op->W)]->name;
+    uint32_t prev_worker = ring_prev(&op->ring, op->self);
+    const char *prev     = op->req->plan->workers[prev_worker]->name;
+    uint32_t steps       = ring_steps(&op->ring);
     uint32_t to, seg;
     size_t start, end;
     char waiting[200];
@@ -790,9 +795,10 @@ cop_ring(struct cop *op)
     snprintf(waiting, sizeof(waiting), "worker %.64s did not send its data for op %.64s", prev,
              op->id);
     pthread_mutex_lock(&op->mtx);
-    if (cop_ring_out(op, 0, &to, &seg)) {
+    /* Step 0 sends this worker's own data; every later step forwards what arrived. */
+    if (ring_send(&op->ring, op->self, 0, &to, &seg)) {
         cop_segment(op, seg, &start, &end);
-        if (end > start && !cop_ready_push(op, 0, start, end - start)) {
+        if (end > start && !cop_forward_push(op, 0, start, end - start)) {
             pthread_mutex_unlock(&op->mtx);
             return false;
         }
@@ -802,38 +808,37 @@ cop_ring(struct cop *op)
         uint32_t s;
         bool done = true;
 
-        for (s = 0; s < op->n_steps && op->ready[s].len == 0; s++) {
+        for (s = 0; s < steps && op->step_forward[s].len == 0; s++) {
         }
-        if (s == op->n_steps) {
-            for (uint32_t k = 0; k < op->n_steps && done; k++) {
-                if (cop_ring_out(op, k, &to, &seg)) {
+        if (s == steps) {
+            for (uint32_t k = 0; k < steps && done; k++) {
+                if (ring_send(&op->ring, op->self, k, &to, &seg)) {
                     cop_segment(op, seg, &start, &end);
-                    done = op->sent[k] == end - start;
+                    done = op->step_sent[k] == end - start;
                 }
             }
             if (done || op->failed) {
                 break;
             }
-            if (!cop_wait_locked(op, waiting, BLAME_SENDER,
-                                 ring_mod((int64_t)op->self - 1, op->W))) {
+            if (!cop_wait_locked(op, waiting, BLAME_SENDER, prev_worker)) {
                 break;
             }
             continue;
         }
-        r = op->ready[s].v[op->ready[s].head];
-        op->ready[s].head++;
-        op->ready[s].len--;
+        r = op->step_forward[s].v[op->step_forward[s].head];
+        op->step_forward[s].head++;
+        op->step_forward[s].len--;
         pthread_mutex_unlock(&op->mtx);
-        cop_ring_out(op, s, &to, &seg);
-        if (!cop_send(op, to, s, op->buf, r.off, r.off + r.len, op->local_ranks[0])) {
+        ring_send(&op->ring, op->self, s, &to, &seg);
+        if (!cop_send(op, to, s, op->work, r.off, r.off + r.len, op->local_ranks[0])) {
             return false;
         }
-        op->sent[s] += r.len;
+        op->step_sent[s] += r.len;
         pthread_mutex_lock(&op->mtx);
     }
     pthread_mutex_unlock(&op->mtx);
-    for (uint32_t s = 0; s < op->n_steps; s++) {
-        if (op->expected[s] > 0 && !cop_wait_step(op, s)) {
+    for (uint32_t s = 0; s < steps; s++) {
+        if (op->step_expected[s] > 0 && !cop_wait_step(op, s)) {
             return false;
         }
     }
@@ -843,13 +848,13 @@ cop_ring(struct cop *op)
 static bool
 cop_broadcast(struct cop *op)
 {
-    uint32_t root_worker = op->owner[op->req->root];
+    uint32_t root_worker = op->worker_of[op->req->root];
 
     if (op->self != root_worker) {
         return cop_wait_step(op, 0);
     }
-    for (uint32_t w = 0; w < op->W; w++) {
-        if (w != op->self && !cop_send(op, w, 0, op->buf, 0, op->bytes, op->req->root)) {
+    for (uint32_t w = 0; w < op->n_workers; w++) {
+        if (w != op->self && !cop_send(op, w, 0, op->work, 0, op->tensor_bytes, op->req->root)) {
             return false;
         }
     }
@@ -859,10 +864,10 @@ cop_broadcast(struct cop *op)
 static bool
 cop_all_gather(struct cop *op)
 {
-    for (uint32_t w = 0; w < op->W; w++) {
+    for (uint32_t w = 0; w < op->n_workers; w++) {
         for (size_t i = 0; w != op->self && i < op->n_local; i++) {
-            size_t at = (size_t)op->local_ranks[i] * op->bytes;
-            if (!cop_send(op, w, 0, op->gather, at, at + op->bytes, op->local_ranks[i])) {
+            size_t at = (size_t)op->local_ranks[i] * op->tensor_bytes;
+            if (!cop_send(op, w, 0, op->gathered, at, at + op->tensor_bytes, op->local_ranks[i])) {
                 return false;
             }
         }
@@ -881,13 +886,13 @@ cop_local_metas(struct cop *op)
 
     for (size_t i = 0; i < op->n_local; i++) {
         uint32_t r = op->local_ranks[i];
-        if (ex->ops->lookup(ex, &op->devices[r].device, op->req->tensor, &op->tensors[i],
+        if (executor_lookup(ex, &op->devices[r].device, op->req->tensor, &op->local_tensors[i],
                             &ignored) != DC_OK) {
-            op->tensors[i] = NULL;
-            op->metas[r]   = (struct cop_meta){ true, DC_DTYPE_NONE, 0 };
+            op->local_tensors[i] = NULL;
+            op->metas[r]         = (struct cop_meta){ true, DC_DTYPE_NONE, 0 };
         } else {
-            op->metas[r] =
-                (struct cop_meta){ true, op->tensors[i]->dtype, op->tensors[i]->elements };
+            op->metas[r] = (struct cop_meta){ true, op->local_tensors[i]->dtype,
+                                              op->local_tensors[i]->elements };
         }
     }
 }
@@ -923,20 +928,20 @@ cop_send_metas(struct cop *op)
     req.from  = op->self;
     req.step  = op->meta_step;
     req.rank  = op->local_ranks[0];
-    for (uint32_t w = 0; w < op->W; w++) {
+    for (uint32_t w = 0; w < op->n_workers; w++) {
         uint64_t left;
         if (w == op->self) {
             continue;
         }
         pthread_mutex_lock(&op->mtx);
-        op->inflight++;
+        op->sends_in_flight++;
         pthread_mutex_unlock(&op->mtx);
         left = op->deadline_ms > rpc_now_ms() ? op->deadline_ms - rpc_now_ms() : 1;
         if (rpc_call_async(op->peers[w]->client, WORKER_SVC, M_WORKER_EXCHANGE, &req.base, buf,
                            op->n_local * META_ENTRY, (uint32_t)left, cop_sent, &op->send_ctx[w],
                            &st) != DC_OK) {
             pthread_mutex_lock(&op->mtx);
-            op->inflight--;
+            op->sends_in_flight--;
             cop_fail_locked(op, &st);
             pthread_mutex_unlock(&op->mtx);
             free(buf);
@@ -983,11 +988,11 @@ cop_wait_metas(struct cop *op)
     bool ok;
 
     pthread_mutex_lock(&op->mtx);
-    while (!op->failed && op->metas_received < op->N - op->n_local) {
+    while (!op->failed && op->metas_received < op->n_ranks - op->n_local) {
         uint32_t who = 0;
-        for (uint32_t r = 0; r < op->N; r++) {
+        for (uint32_t r = 0; r < op->n_ranks; r++) {
             if (!op->metas[r].known) {
-                who = op->owner[r];
+                who = op->worker_of[r];
                 break;
             }
         }
@@ -1010,7 +1015,7 @@ cop_check_metas(struct cop *op, dc_status *st)
     const struct cop_meta *ref = &op->metas[0];
     char a[DC_DEVICE_TEXT_SIZE], b[DC_DEVICE_TEXT_SIZE];
 
-    for (uint32_t r = 0; r < op->N; r++) {
+    for (uint32_t r = 0; r < op->n_ranks; r++) {
         if (op->metas[r].dtype == DC_DTYPE_NONE) {
             cop_device_name(op, r, a, sizeof(a));
             status_set(st, DC_FAILED_PRECONDITION, "no tensor '%s' on %s", op->req->tensor, a);
@@ -1018,7 +1023,7 @@ cop_check_metas(struct cop *op, dc_status *st)
             return DC_FAILED_PRECONDITION;
         }
     }
-    for (uint32_t r = 1; r < op->N; r++) {
+    for (uint32_t r = 1; r < op->n_ranks; r++) {
         if (op->metas[r].dtype != ref->dtype || op->metas[r].elements != ref->elements) {
             cop_device_name(op, r, a, sizeof(a));
             cop_device_name(op, 0, b, sizeof(b));
@@ -1032,10 +1037,10 @@ cop_check_metas(struct cop *op, dc_status *st)
             return DC_FAILED_PRECONDITION;
         }
     }
-    op->dtype    = ref->dtype;
-    op->elements = ref->elements;
-    op->esize    = dc_dtype_size(op->dtype);
-    op->bytes    = op->tensors[0]->size_bytes;
+    op->dtype        = ref->dtype;
+    op->elements     = ref->elements;
+    op->elem_size    = dc_dtype_size(op->dtype);
+    op->tensor_bytes = op->local_tensors[0]->size_bytes;
     return DC_OK;
 }
 
@@ -1055,37 +1060,74 @@ cop_local_index(const struct cop *op, uint32_t r)
 static void
 cop_plan_steps(struct cop *op)
 {
-    dc_op_kind kind = (dc_op_kind)op->req->kind;
+    dc_op_kind kind      = (dc_op_kind)op->req->kind;
+    uint32_t root_worker = op->worker_of[op->req->root], seg;
     uint8_t *base;
     size_t start, end;
     enum apply_mode mode;
 
-    for (uint32_t s = 0; s < op->n_steps && kind != DC_OP_ALL_GATHER; s++) {
-        if (cop_step_target(op, s, 0, &base, &start, &end, &mode)) {
-            op->expected[s] = end - start;
-        }
-    }
-    if (kind == DC_OP_REDUCE && op->self == op->owner[op->req->root]) {
-        size_t own_start, own_end;
-        cop_segment(op, (op->self + 1) % op->W, &own_start, &own_end);
-        op->multi_step = op->W - 1;
-        op->expected[op->W - 1] -= own_end - own_start;
-        for (uint32_t w = 0; w < op->W; w++) {
-            cop_segment(op, (w + 1) % op->W, &start, &end);
-            op->expected_from[w] = w == op->self ? 0 : end - start;
-        }
-    } else if (kind == DC_OP_ALL_GATHER) {
-        op->multi_step  = 0;
-        op->expected[0] = (uint64_t)(op->N - op->n_local) * op->bytes;
-        for (uint32_t r = 0; r < op->N; r++) {
-            if (op->owner[r] != op->self) {
-                op->expected_from[op->owner[r]] += op->bytes;
+    if (cop_is_ring(op)) {
+        for (uint32_t s = 0; s < ring_steps(&op->ring); s++) {
+            switch (ring_recv(&op->ring, op->self, s, &seg)) {
+            case RING_RECV_REDUCE:
+            case RING_RECV_COPY:
+                cop_segment(op, seg, &start, &end);
+                op->step_expected[s] = end - start;
+                break;
+            case RING_RECV_FAN_IN:
+                op->fan_in_step = s;
+                for (uint32_t w = 0; w < op->n_workers; w++) {
+                    if (cop_step_target(op, s, w, 0, &base, &start, &end, &mode)) {
+                        op->fan_in_expected[w] = end - start;
+                        op->step_expected[s] += end - start;
+                    }
+                }
+                break;
+            case RING_RECV_NONE:
+                break;
             }
         }
-    } else if (kind == DC_OP_BROADCAST && op->self != op->owner[op->req->root]) {
-        op->multi_step                              = 0;
-        op->expected_from[op->owner[op->req->root]] = op->bytes;
+    } else if (kind == DC_OP_ALL_GATHER) {
+        op->fan_in_step      = 0;
+        op->step_expected[0] = (uint64_t)(op->n_ranks - op->n_local) * op->tensor_bytes;
+        for (uint32_t r = 0; r < op->n_ranks; r++) {
+            if (op->worker_of[r] != op->self) {
+                op->fan_in_expected[op->worker_of[r]] += op->tensor_bytes;
+            }
+        }
+    } else if (kind == DC_OP_BROADCAST && op->self != root_worker) {
+        op->fan_in_step                  = 0;
+        op->step_expected[0]             = op->tensor_bytes;
+        op->fan_in_expected[root_worker] = op->tensor_bytes;
     }
+}
+
+/* Maps local tensor i as the op's work buffer. */
+static dc_code
+cop_map_work(struct cop *op, size_t i, enum tensor_access access, dc_status *st)
+{
+    dc_code code = tensor_map(op->local_tensors[i], 0, op->tensor_bytes, access, &op->work_map, st);
+
+    if (code == DC_OK) {
+        op->work        = op->work_map.data;
+        op->work_mapped = true;
+    }
+    return code;
+}
+
+/* Reduces local tensor i into the work buffer. */
+static dc_code
+cop_reduce_local(struct cop *op, size_t i, dc_status *st)
+{
+    struct tensor_map in;
+    dc_code code;
+
+    if ((code = tensor_map(op->local_tensors[i], 0, op->tensor_bytes, TENSOR_READ, &in, st)) !=
+        DC_OK) {
+        return code;
+    }
+    reduce_into(op->dtype, (dc_reduce_op)op->req->reduce, op->work, in.data, op->elements);
+    return tensor_unmap(&in, st);
 }
 
 /* Everything before data moves: tensors, buffers, the local part of the reduction. */
@@ -1093,144 +1135,170 @@ static dc_code
 cop_prepare(struct cop *op, dc_status *st)
 {
     dc_op_kind kind = (dc_op_kind)op->req->kind;
+    dc_code code    = DC_OK;
 
-    if (kind == DC_OP_BARRIER) {
-        return DC_OK;
-    }
     switch (kind) {
     case DC_OP_ALL_REDUCE:
-        op->buf = op->tensors[0]->data; /* in place: every device gets the result */
-        for (size_t i = 1; i < op->n_local; i++) {
-            reduce_into(op->dtype, (dc_reduce_op)op->req->reduce, op->buf, op->tensors[i]->data,
-                        op->elements);
+        /* In place on the first local tensor; the others get the result at the end. */
+        if ((code = cop_map_work(op, 0, TENSOR_READ_WRITE, st)) != DC_OK) {
+            return code;
+        }
+        for (size_t i = 1; i < op->n_local && code == DC_OK; i++) {
+            code = cop_reduce_local(op, i, st);
         }
         break;
     case DC_OP_REDUCE:
         /* Only the root changes: work on a copy. */
-        if ((op->buf = malloc(op->bytes ? op->bytes : 1)) == NULL) {
+        if ((op->work = malloc(op->tensor_bytes ? op->tensor_bytes : 1)) == NULL) {
             return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory for op %s", op->id);
         }
-        op->buf_owned = true;
-        memcpy(op->buf, op->tensors[0]->data, op->bytes);
-        for (size_t i = 1; i < op->n_local; i++) {
-            reduce_into(op->dtype, (dc_reduce_op)op->req->reduce, op->buf, op->tensors[i]->data,
-                        op->elements);
+        op->work_owned = true;
+        code           = tensor_read(op->local_tensors[0], 0, op->work, op->tensor_bytes, st);
+        for (size_t i = 1; i < op->n_local && code == DC_OK; i++) {
+            code = cop_reduce_local(op, i, st);
         }
         break;
     case DC_OP_BROADCAST:
-        op->buf = op->self == op->owner[op->req->root]
-                      ? op->tensors[cop_local_index(op, op->req->root)]->data
-                      : op->tensors[0]->data;
+        /* The root's worker sends from the root's tensor; the others receive into their
+         * first one and copy it to the rest at the end. */
+        code = op->self == op->worker_of[op->req->root]
+                   ? cop_map_work(op, cop_local_index(op, op->req->root), TENSOR_READ, st)
+                   : cop_map_work(op, 0, TENSOR_READ_WRITE, st);
         break;
     case DC_OP_ALL_GATHER:
-        if (op->bytes != 0 && op->N > SIZE_MAX / op->bytes) {
+        if (op->tensor_bytes != 0 && op->n_ranks > SIZE_MAX / op->tensor_bytes) {
             return status_set(st, DC_RESOURCE_EXHAUSTED, "all-gather output too large");
         }
-        if ((op->gather = malloc((size_t)op->N * op->bytes + 1)) == NULL) {
+        if ((op->gathered = malloc((size_t)op->n_ranks * op->tensor_bytes + 1)) == NULL) {
             return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory for op %s", op->id);
         }
-        for (size_t i = 0; i < op->n_local; i++) {
-            memcpy(op->gather + (size_t)op->local_ranks[i] * op->bytes, op->tensors[i]->data,
-                   op->bytes);
+        for (size_t i = 0; i < op->n_local && code == DC_OK; i++) {
+            code = tensor_read(op->local_tensors[i], 0,
+                               op->gathered + (size_t)op->local_ranks[i] * op->tensor_bytes,
+                               op->tensor_bytes, st);
         }
         break;
     default:
-        break;
+        return DC_OK;
     }
-    cop_plan_steps(op);
-    return DC_OK;
+    if (code == DC_OK) {
+        cop_plan_steps(op);
+    }
+    return code;
 }
 
-/* Writes the results to the local devices. */
+/* Writes the work buffer to every local tensor but the one it maps. */
+static dc_code
+cop_write_local(struct cop *op, dc_status *st)
+{
+    dc_code code = DC_OK;
+
+    for (size_t i = 0; i < op->n_local && code == DC_OK; i++) {
+        if (!op->work_mapped || op->local_tensors[i] != op->work_map.tensor) {
+            code = tensor_write(op->local_tensors[i], 0, op->work, op->tensor_bytes, st);
+        }
+    }
+    return code;
+}
+
+/* Writes the results to the local devices (the mapped work buffer gets there when it is
+ * unmapped, cop_release_work). */
 static dc_code
 cop_finish(struct cop *op, dc_status *st)
 {
-    dc_op_kind kind     = (dc_op_kind)op->req->kind;
-    struct executor *ex = op->co->ex;
-    bool mean           = (dc_reduce_op)op->req->reduce == DC_REDUCE_MEAN;
+    dc_op_kind kind = (dc_op_kind)op->req->kind;
+    bool mean       = (dc_reduce_op)op->req->reduce == DC_REDUCE_MEAN;
 
     switch (kind) {
     case DC_OP_ALL_REDUCE:
         if (mean) {
-            reduce_finish_mean(op->dtype, op->buf, op->elements, op->N);
+            reduce_finish_mean(op->dtype, op->work, op->elements, op->n_ranks);
         }
-        for (size_t i = 1; i < op->n_local; i++) {
-            memcpy(op->tensors[i]->data, op->buf, op->bytes);
-        }
-        break;
+        return cop_write_local(op, st);
     case DC_OP_REDUCE:
-        if (op->self == op->owner[op->req->root]) {
-            if (mean) {
-                reduce_finish_mean(op->dtype, op->buf, op->elements, op->N);
-            }
-            memcpy(op->tensors[cop_local_index(op, op->req->root)]->data, op->buf, op->bytes);
+        if (op->self != op->worker_of[op->req->root]) {
+            return DC_OK;
         }
-        break;
+        if (mean) {
+            reduce_finish_mean(op->dtype, op->work, op->elements, op->n_ranks);
+        }
+        return tensor_write(op->local_tensors[cop_local_index(op, op->req->root)], 0, op->work,
+                            op->tensor_bytes, st);
     case DC_OP_BROADCAST:
-        for (size_t i = 0; i < op->n_local; i++) {
-            if (op->tensors[i]->data != op->buf) {
-                memcpy(op->tensors[i]->data, op->buf, op->bytes);
-            }
-        }
-        break;
+        return cop_write_local(op, st);
     case DC_OP_ALL_GATHER: {
         uint64_t shape[DC_TENSOR_MAX_DIMS];
-        const struct tensor *t0 = op->tensors[0];
+        const struct tensor *t0 = op->local_tensors[0];
+        struct executor *ex     = op->co->ex;
 
         if (t0->ndim + 1 > DC_TENSOR_MAX_DIMS) {
             return status_set(st, DC_INVALID_ARGUMENT,
                               "all-gather of a %zu-dimensional tensor exceeds %d dimensions",
                               t0->ndim, DC_TENSOR_MAX_DIMS);
         }
-        shape[0] = op->N;
+        shape[0] = op->n_ranks;
         memcpy(shape + 1, t0->shape, t0->ndim * sizeof(*shape));
         for (size_t i = 0; i < op->n_local; i++) {
             struct tensor *out;
-            dc_code code = ex->ops->create(ex, op->dtype, shape, t0->ndim + 1, &out, st);
+            dc_code code = executor_create(ex, op->dtype, shape, t0->ndim + 1, &out, st);
             if (code != DC_OK) {
                 return code;
             }
-            memcpy(out->data, op->gather, (size_t)op->N * op->bytes);
-            code = ex->ops->store(ex, &op->devices[op->local_ranks[i]].device,
-                                  op->req->output_tensor, out, st);
+            if ((code = tensor_write(out, 0, op->gathered, (size_t)op->n_ranks * op->tensor_bytes,
+                                     st)) == DC_OK) {
+                code = executor_store(ex, &op->devices[op->local_ranks[i]].device,
+                                      op->req->output_tensor, out, st);
+            }
             tensor_release(out);
             if (code != DC_OK) {
                 return code;
             }
         }
-        break;
+        return DC_OK;
     }
     default:
-        break;
+        return DC_OK;
     }
-    return DC_OK;
+}
+
+/* Hands the mapped work buffer back to the executor: from here the tensor holds what the op
+ * wrote to it (a device executor copies it back now). Only once no handler can touch it. */
+static dc_code
+cop_release_work(struct cop *op, dc_status *st)
+{
+    if (!op->work_mapped) {
+        return DC_OK;
+    }
+    op->work_mapped = false;
+    op->work        = NULL;
+    return tensor_unmap(&op->work_map, st);
 }
 
 static void
 cop_free(struct cop *op)
 {
-    for (size_t i = 0; op->tensors != NULL && i < op->n_local; i++) {
-        tensor_release(op->tensors[i]);
+    for (size_t i = 0; op->local_tensors != NULL && i < op->n_local; i++) {
+        tensor_release(op->local_tensors[i]);
     }
-    if (op->buf_owned) {
-        free(op->buf);
+    if (op->work_owned) {
+        free(op->work);
     }
-    free(op->gather);
-    free(op->tensors);
+    free(op->gathered);
+    free(op->local_tensors);
     free(op->local_ranks);
     free(op->devices);
-    free(op->owner);
+    free(op->worker_of);
     free(op->peers);
-    free(op->expected);
-    free(op->received);
-    free(op->expected_from);
-    free(op->received_from);
-    free(op->data_from);
-    for (size_t i = 0; op->ready != NULL && i < op->n_steps; i++) {
-        free(op->ready[i].v);
+    free(op->step_expected);
+    free(op->step_received);
+    free(op->fan_in_expected);
+    free(op->fan_in_received);
+    free(op->bytes_from);
+    for (size_t i = 0; op->step_forward != NULL && i < op->n_steps; i++) {
+        free(op->step_forward[i].v);
     }
-    free(op->ready);
-    free(op->sent);
+    free(op->step_forward);
+    free(op->step_sent);
     free(op->metas);
     free(op->send_ctx);
     pthread_cond_destroy(&op->cv);
@@ -1254,7 +1322,7 @@ cop_run(void *arg)
     if (!cop_failed(op) && (dc_op_kind)op->req->kind != DC_OP_BARRIER) {
         cop_local_metas(op);
         cop_take_parked_metas(op);
-        if ((op->W == 1 || (cop_send_metas(op) && cop_wait_metas(op))) &&
+        if ((op->n_workers == 1 || (cop_send_metas(op) && cop_wait_metas(op))) &&
             (cop_check_metas(op, &st) != DC_OK || cop_prepare(op, &st) != DC_OK)) {
             pthread_mutex_lock(&op->mtx);
             cop_fail_locked(op, &st);
@@ -1279,7 +1347,7 @@ cop_run(void *arg)
         }
         free(p);
     }
-    if (!cop_failed(op) && op->W > 1) {
+    if (!cop_failed(op) && op->n_workers > 1) {
         switch ((dc_op_kind)op->req->kind) {
         case DC_OP_ALL_REDUCE:
         case DC_OP_REDUCE:
@@ -1308,7 +1376,8 @@ cop_run(void *arg)
         ok = false;
     }
 
-    /* Leave the table, wait for handlers still applying data, answer, go. */
+    /* Leave the table, wait for handlers still applying data, release the work buffer,
+     * answer, go. */
     pthread_mutex_lock(&co->mtx);
     for (struct cop **pp = &co->ops; *pp != NULL; pp = &(*pp)->next) {
         if (*pp == op) {
@@ -1325,6 +1394,15 @@ cop_run(void *arg)
     while (op->refs > 1) {
         pthread_cond_wait(&co->cv, &co->mtx);
     }
+    pthread_mutex_unlock(&co->mtx);
+    /* No handler touches the work buffer any more: the tensor may have it back. */
+    if (cop_release_work(op, &st) != DC_OK && ok) {
+        pthread_mutex_lock(&op->mtx);
+        cop_fail_locked(op, &st);
+        pthread_mutex_unlock(&op->mtx);
+        ok = false;
+    }
+    pthread_mutex_lock(&co->mtx);
     if (ok) {
         co->stats.ops_done++;
     } else {
@@ -1343,8 +1421,9 @@ cop_run(void *arg)
     out.elapsed_us = rpc_now_us() - op->started_us;
     out.bytes_sent = op->bytes_sent;
     if (!ok) {
-        *rpc_call_status(op->cd) = op->fail;
-        log_info("op %s failed: %s: %s", op->id, dc_status_name(op->fail.code), op->fail.message);
+        *rpc_call_status(op->cd) = op->failure;
+        log_info("op %s failed: %s: %s", op->id, dc_status_name(op->failure.code),
+                 op->failure.message);
     }
     /* Sends still out fail quietly from here: answering frees the request they would name. */
     pthread_mutex_lock(&op->mtx);
@@ -1353,7 +1432,7 @@ cop_run(void *arg)
     op->closure(&out, op->cd);
     pthread_mutex_lock(&op->mtx);
     op->thread_done = true;
-    free_op         = op->inflight == 0;
+    free_op         = op->sends_in_flight == 0;
     pthread_mutex_unlock(&op->mtx);
     if (free_op) {
         cop_free(op);
@@ -1410,54 +1489,55 @@ cop_new(struct collectives *co, const Devcoord__V1__ExecuteRequest *in, struct c
     op->co          = co;
     op->req         = in;
     op->self        = in->self;
-    op->W           = (uint32_t)plan->n_workers;
-    op->N           = (uint32_t)plan->n_devices;
-    op->multi_step  = SIZE_MAX;
+    op->n_workers   = (uint32_t)plan->n_workers;
+    op->n_ranks     = (uint32_t)plan->n_devices;
+    op->fan_in_step = SIZE_MAX;
     op->started_us  = rpc_now_us();
     op->deadline_ms = rpc_now_ms() + (in->timeout_ms ? in->timeout_ms : 30000);
     snprintf(op->id, sizeof(op->id), "%s", in->op_id);
-    /* Steps 0..2W-1 carry data; step 2W carries the tensor descriptions. */
-    op->n_steps       = 2 * (size_t)op->W + 1;
-    op->meta_step     = 2 * op->W;
-    op->devices       = calloc(op->N, sizeof(*op->devices));
-    op->owner         = calloc(op->N, sizeof(*op->owner));
-    op->peers         = calloc(op->W, sizeof(*op->peers));
-    op->expected      = calloc(op->n_steps, sizeof(*op->expected));
-    op->received      = calloc(op->n_steps, sizeof(*op->received));
-    op->expected_from = calloc(op->W, sizeof(*op->expected_from));
-    op->received_from = calloc(op->W, sizeof(*op->received_from));
-    op->data_from     = calloc(op->W, sizeof(*op->data_from));
-    op->local_ranks   = calloc(op->N, sizeof(*op->local_ranks));
-    op->ready         = calloc(op->n_steps, sizeof(*op->ready));
-    op->sent          = calloc(op->n_steps, sizeof(*op->sent));
-    op->metas         = calloc(op->N, sizeof(*op->metas));
-    op->send_ctx      = calloc(op->W, sizeof(*op->send_ctx));
-    op->tensors       = calloc(op->N, sizeof(*op->tensors));
-    if (op->devices == NULL || op->owner == NULL || op->peers == NULL || op->expected == NULL ||
-        op->data_from == NULL || op->received == NULL || op->expected_from == NULL ||
-        op->received_from == NULL || op->local_ranks == NULL || op->tensors == NULL ||
-        op->ready == NULL || op->sent == NULL || op->metas == NULL || op->send_ctx == NULL) {
+    /* Steps 0..2W-1 may carry data (ring_steps); step 2W carries the tensor descriptions. */
+    op->n_steps         = 2 * (size_t)op->n_workers + 1;
+    op->meta_step       = 2 * op->n_workers;
+    op->devices         = calloc(op->n_ranks, sizeof(*op->devices));
+    op->worker_of       = calloc(op->n_ranks, sizeof(*op->worker_of));
+    op->peers           = calloc(op->n_workers, sizeof(*op->peers));
+    op->step_expected   = calloc(op->n_steps, sizeof(*op->step_expected));
+    op->step_received   = calloc(op->n_steps, sizeof(*op->step_received));
+    op->fan_in_expected = calloc(op->n_workers, sizeof(*op->fan_in_expected));
+    op->fan_in_received = calloc(op->n_workers, sizeof(*op->fan_in_received));
+    op->bytes_from      = calloc(op->n_workers, sizeof(*op->bytes_from));
+    op->local_ranks     = calloc(op->n_ranks, sizeof(*op->local_ranks));
+    op->step_forward    = calloc(op->n_steps, sizeof(*op->step_forward));
+    op->step_sent       = calloc(op->n_steps, sizeof(*op->step_sent));
+    op->metas           = calloc(op->n_ranks, sizeof(*op->metas));
+    op->send_ctx        = calloc(op->n_workers, sizeof(*op->send_ctx));
+    op->local_tensors   = calloc(op->n_ranks, sizeof(*op->local_tensors));
+    if (op->devices == NULL || op->worker_of == NULL || op->peers == NULL ||
+        op->step_expected == NULL || op->bytes_from == NULL || op->step_received == NULL ||
+        op->fan_in_expected == NULL || op->fan_in_received == NULL || op->local_ranks == NULL ||
+        op->local_tensors == NULL || op->step_forward == NULL || op->step_sent == NULL ||
+        op->metas == NULL || op->send_ctx == NULL) {
         code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
         goto fail;
     }
-    for (uint32_t r = 0; r < op->N; r++) {
+    for (uint32_t r = 0; r < op->n_ranks; r++) {
         if (device_ref_from_pb(plan->devices[r], &op->devices[r], st) != DC_OK) {
             status_prefix(st, "execute: plan device");
             goto fail;
         }
-        op->owner[r] = UINT32_MAX;
+        op->worker_of[r] = UINT32_MAX;
     }
-    for (uint32_t w = 0; w < op->W; w++) {
+    for (uint32_t w = 0; w < op->n_workers; w++) {
         const Devcoord__V1__PlanWorker *pw = plan->workers[w];
         op->send_ctx[w]                    = (struct cop_send_ctx){ op, w };
         for (size_t i = 0; i < pw->n_ranks; i++) {
             uint32_t r = pw->ranks[i];
-            if (r >= op->N || op->owner[r] != UINT32_MAX ||
+            if (r >= op->n_ranks || op->worker_of[r] != UINT32_MAX ||
                 strcmp(op->devices[r].worker, pw->name) != 0) {
                 code = status_set(st, DC_INVALID_ARGUMENT, "execute: plan ranks inconsistent");
                 goto fail;
             }
-            op->owner[r] = w;
+            op->worker_of[r] = w;
             if (w == op->self) {
                 op->local_ranks[op->n_local++] = r;
             }
@@ -1467,8 +1547,8 @@ cop_new(struct collectives *co, const Devcoord__V1__ExecuteRequest *in, struct c
             goto fail;
         }
     }
-    for (uint32_t r = 0; r < op->N; r++) {
-        if (op->owner[r] == UINT32_MAX) {
+    for (uint32_t r = 0; r < op->n_ranks; r++) {
+        if (op->worker_of[r] == UINT32_MAX) {
             code = status_set(st, DC_INVALID_ARGUMENT, "execute: rank %u has no worker", r);
             goto fail;
         }
@@ -1477,7 +1557,10 @@ cop_new(struct collectives *co, const Devcoord__V1__ExecuteRequest *in, struct c
         code = status_set(st, DC_INVALID_ARGUMENT, "execute: no device of this worker in the plan");
         goto fail;
     }
-    *out = op;
+    op->ring = (struct ring){ .workers     = op->n_workers,
+                              .to_root     = in->kind == DEVCOORD__V1__OP_KIND__OP_REDUCE,
+                              .root_worker = op->worker_of[in->root] };
+    *out     = op;
     return DC_OK;
 fail:
     cop_free(op);

@@ -1,9 +1,22 @@
 /*
- * The executor: where a worker keeps the tensors of its devices. Tensors are named per
- * device and reference-counted, so a collective can hold one while a client replaces it. The
- * built-in `host` executor keeps every tensor in host memory, whatever the backend's name;
- * an executor for real device memory (CUDA) implements the same table and sets
- * host_memory = false, which makes the collective engine stage through host buffers.
+ * The executor: where a worker keeps the tensors of its devices, and the only way the data
+ * plane (tensors.c, collective.c) reaches their bytes. Tensors are named per device and
+ * reference-counted, so a collective can hold one while a client replaces it. A tensor's
+ * bytes belong to the executor that made it: the data plane sees its dtype and shape, never
+ * its storage, and copies ranges in and out (tensor_write, tensor_read) or maps a range
+ * (tensor_map) to get host-addressable bytes until it unmaps them.
+ *
+ * Two executors are built in (executor_new). `host` keeps every tensor in host memory,
+ * whatever the backend's name; its map is a pointer into the tensor, so mapping costs no
+ * copy and what is written through a map is in the tensor at once. `staged`, a test
+ * executor, keeps each tensor's bytes in an allocation of their own that only the calls
+ * below reach, as device memory is: a map is a staging buffer filled from the tensor (when
+ * mapped for reading) and copied back by unmap (when mapped for writing), so data-plane code
+ * that bypasses this interface, or counts on host aliasing, fails its tests there. An
+ * executor for real device memory (CUDA) is a third implementation (executor_impl.h).
+ *
+ * Every function may be called from any thread. Copies and maps of disjoint ranges of one
+ * tensor may run at the same time; what overlapping ones read is unspecified.
  */
 #ifndef DEVCOORD_WORKER_EXECUTOR_H
 #define DEVCOORD_WORKER_EXECUTOR_H
@@ -18,46 +31,70 @@
 
 #define TENSOR_NAME_MAX 255
 
+struct executor;
+
+/* What the data plane knows of a tensor; the executor keeps its bytes. */
 struct tensor {
+    struct executor *owner; /* frees it when the last reference goes */
     atomic_int refs;
     dc_dtype dtype;
     size_t ndim;
     uint64_t shape[DC_TENSOR_MAX_DIMS];
     size_t elements;
     size_t size_bytes;
-    void *data; /* host memory when the executor's host_memory is true */
 };
 
-struct executor;
-
-struct executor_ops {
-    /* A new tensor, not yet visible under any name; its contents are undefined. */
-    dc_code (*create)(struct executor *ex, dc_dtype dtype, const uint64_t *shape, size_t ndim,
-                      struct tensor **out, dc_status *st);
-    /* Publishes t as `name` on dev, replacing any older tensor; takes a reference. */
-    dc_code (*store)(struct executor *ex, const dc_device *dev, const char *name, struct tensor *t,
-                     dc_status *st);
-    /* The tensor `name` on dev, with a reference the caller drops with tensor_release. */
-    dc_code (*lookup)(struct executor *ex, const dc_device *dev, const char *name,
-                      struct tensor **out, dc_status *st);
-    dc_code (*remove)(struct executor *ex, const dc_device *dev, const char *name, dc_status *st);
-    /* Calls fn for every tensor on dev (under the executor's lock: fn must not call back). */
-    dc_code (*list)(struct executor *ex, const dc_device *dev,
-                    void (*fn)(void *arg, const char *name, const struct tensor *t), void *arg,
-                    dc_status *st);
-    /* Whether dev is one of this executor's devices. */
-    bool (*has_device)(struct executor *ex, const dc_device *dev);
-    void (*destroy)(struct executor *ex);
+enum tensor_access {
+    TENSOR_READ       = 1, /* the map starts with the tensor's bytes */
+    TENSOR_WRITE      = 2, /* unmap stores the map's bytes in the tensor */
+    TENSOR_READ_WRITE = TENSOR_READ | TENSOR_WRITE,
 };
 
-struct executor {
-    const struct executor_ops *ops;
-    const char *name;
-    bool host_memory;
+/* A mapped range: `data` holds bytes [offset, offset + len) of `tensor` until tensor_unmap,
+ * aligned for the tensor's dtype. A map without TENSOR_READ starts undefined: the caller
+ * writes every byte of it. The map holds no reference: the caller holds the tensor. */
+struct tensor_map {
+    struct tensor *tensor;
+    size_t offset, len;
+    enum tensor_access access;
+    void *data;
+    void *impl; /* the executor's */
 };
 
-/* The host executor for the devices of a worker's config; NULL when out of memory. */
-struct executor *host_executor_new(const dc_device *devices, size_t n);
+/* The executor `kind` ("host" or "staged") for a worker's devices; NULL for another kind or
+ * when out of memory. Free it with executor_free, after every tensor reference is dropped. */
+struct executor *executor_new(const char *kind, const dc_device *devices, size_t n);
+void executor_free(struct executor *ex);
+
+/* A new tensor, not yet visible under any name; its contents are undefined. The caller owns
+ * the one reference. */
+dc_code executor_create(struct executor *ex, dc_dtype dtype, const uint64_t *shape, size_t ndim,
+                        struct tensor **out, dc_status *st);
+/* Publishes t as `name` on dev, replacing any older tensor; takes a reference. */
+dc_code executor_store(struct executor *ex, const dc_device *dev, const char *name,
+                       struct tensor *t, dc_status *st);
+/* The tensor `name` on dev, with a reference the caller drops with tensor_release. */
+dc_code executor_lookup(struct executor *ex, const dc_device *dev, const char *name,
+                        struct tensor **out, dc_status *st);
+dc_code executor_remove(struct executor *ex, const dc_device *dev, const char *name, dc_status *st);
+/* Calls fn for every tensor on dev (under the executor's lock: fn must not call back). */
+dc_code executor_list(struct executor *ex, const dc_device *dev,
+                      void (*fn)(void *arg, const char *name, const struct tensor *t), void *arg,
+                      dc_status *st);
+/* Whether dev is one of this executor's devices. */
+bool executor_has_device(struct executor *ex, const dc_device *dev);
+
+/* Copies bytes [offset, offset + len) of t out to dst, or in from src. A range outside t is
+ * OUT_OF_RANGE. */
+dc_code tensor_read(const struct tensor *t, size_t offset, void *dst, size_t len, dc_status *st);
+dc_code tensor_write(struct tensor *t, size_t offset, const void *src, size_t len, dc_status *st);
+
+/* Maps bytes [offset, offset + len) of t for `access` into *m. Every map that succeeded is
+ * ended by exactly one tensor_unmap, which stores the bytes back when the map has
+ * TENSOR_WRITE and may fail only then; m->data is invalid after it. */
+dc_code tensor_map(struct tensor *t, size_t offset, size_t len, enum tensor_access access,
+                   struct tensor_map *m, dc_status *st);
+dc_code tensor_unmap(struct tensor_map *m, dc_status *st);
 
 /* Element count of shape and its size in bytes; false on overflow, too many dimensions or
  * an unknown dtype. */

@@ -110,7 +110,7 @@ worker_executor_new(const struct config_worker *cfg)
     for (size_t i = 0; i < cfg->n_devices; i++) {
         devs[i] = cfg->devices[i].device;
     }
-    ex = host_executor_new(devs, cfg->n_devices);
+    ex = executor_new(cfg->executor, devs, cfg->n_devices);
     free(devs);
     return ex;
 }
@@ -210,9 +210,7 @@ out:
     collectives_free(w->collectives);
     membership_stop(w->membership);
     tensors_free(w->tensors);
-    if (w->executor != NULL) {
-        w->executor->ops->destroy(w->executor);
-    }
+    executor_free(w->executor);
     if (tls != NULL) {
         nng_tls_config_free(tls);
     }

@@ -12,7 +12,8 @@
 
 /* One upload in progress. Chunks are taken in order: `received` is claimed before a chunk's
  * bytes are copied, `copying` counts copies under way, and the upload completes when the
- * last byte is claimed and no copy is left. */
+ * last byte is claimed and no copy is left. A copy the executor fails breaks the upload:
+ * the last copy under way drops it, and the client starts again. */
 struct upload {
     uint64_t id;
     dc_device device;
@@ -20,6 +21,7 @@ struct upload {
     struct tensor *tensor;
     size_t received;
     unsigned copying;
+    bool broken;
     uint64_t touched_ms;
 };
 
@@ -118,6 +120,7 @@ tensors_put(struct tensors *t, const Devcoord__V1__PutTensorRequest *in,
     const uint8_t *data = rpc_call_attachment(cd, &len);
     uint64_t now        = rpc_now_ms();
     dc_status st;
+    dc_code code;
 
     status_clear(&st);
     if (device_from_pb(in->device, &dev, &st) != DC_OK ||
@@ -147,7 +150,7 @@ tensors_put(struct tensors *t, const Devcoord__V1__PutTensorRequest *in,
         return;
     }
     /* Checked before anything is allocated for it. */
-    if (!ex->ops->has_device(ex, &dev)) {
+    if (!executor_has_device(ex, &dev)) {
         char text[DC_DEVICE_TEXT_SIZE];
         dc_device_format(&dev, text, sizeof(text));
         status_set(&st, DC_NOT_FOUND, "device %s is not on this worker", text);
@@ -179,7 +182,7 @@ tensors_put(struct tensors *t, const Devcoord__V1__PutTensorRequest *in,
             fail(cd, (ProtobufCClosure)closure, &st);
             return;
         }
-        if (ex->ops->create(ex, (dc_dtype)in->dtype, in->shape, in->n_shape, &u->tensor, &st) !=
+        if (executor_create(ex, (dc_dtype)in->dtype, in->shape, in->n_shape, &u->tensor, &st) !=
             DC_OK) {
             pthread_mutex_unlock(&t->mtx);
             fail(cd, (ProtobufCClosure)closure, &st);
@@ -190,6 +193,7 @@ tensors_put(struct tensors *t, const Devcoord__V1__PutTensorRequest *in,
         u->device     = dev;
         u->received   = 0;
         u->copying    = 0;
+        u->broken     = false;
         u->touched_ms = now;
         snprintf(u->name, sizeof(u->name), "%s", in->name);
     } else if (u->tensor->size_bytes != bytes || u->tensor->dtype != (dc_dtype)in->dtype ||
@@ -198,6 +202,13 @@ tensors_put(struct tensors *t, const Devcoord__V1__PutTensorRequest *in,
                                            &(dc_device_ref){ .device = dev }) != 0) {
         pthread_mutex_unlock(&t->mtx);
         status_set(&st, DC_INVALID_ARGUMENT, "chunk does not match upload %llu",
+                   (unsigned long long)in->upload_id);
+        fail(cd, (ProtobufCClosure)closure, &st);
+        return;
+    }
+    if (u->broken) {
+        pthread_mutex_unlock(&t->mtx);
+        status_set(&st, DC_FAILED_PRECONDITION, "upload %llu failed: start again from offset 0",
                    (unsigned long long)in->upload_id);
         fail(cd, (ProtobufCClosure)closure, &st);
         return;
@@ -218,11 +229,25 @@ tensors_put(struct tensors *t, const Devcoord__V1__PutTensorRequest *in,
     done          = u->tensor;
     tensor_retain(done);
     pthread_mutex_unlock(&t->mtx);
-    if (len > 0) {
-        memcpy((uint8_t *)done->data + in->offset, data, len);
-    }
+    code = tensor_write(done, in->offset, data, len, &st);
     pthread_mutex_lock(&t->mtx);
     u->copying--;
+    if (code != DC_OK || u->broken) {
+        u->broken = true;
+        if (u->copying == 0) {
+            u->tensor = NULL;
+            t->pending -= bytes;
+            tensor_release(done); /* the slot's reference */
+        }
+        pthread_mutex_unlock(&t->mtx);
+        tensor_release(done);
+        if (code == DC_OK) {
+            status_set(&st, DC_ABORTED, "upload %llu failed: start again from offset 0",
+                       (unsigned long long)in->upload_id);
+        }
+        fail(cd, (ProtobufCClosure)closure, &st);
+        return;
+    }
     out.received_bytes = u->received;
     if (u->received == bytes && u->copying == 0) {
         out.complete = true;
@@ -231,7 +256,7 @@ tensors_put(struct tensors *t, const Devcoord__V1__PutTensorRequest *in,
         tensor_release(done); /* the slot's reference; ours goes to the store */
     }
     pthread_mutex_unlock(&t->mtx);
-    if (out.complete && ex->ops->store(ex, &dev, in->name, done, &st) != DC_OK) {
+    if (out.complete && executor_store(ex, &dev, in->name, done, &st) != DC_OK) {
         tensor_release(done);
         fail(cd, (ProtobufCClosure)closure, &st);
         return;
@@ -262,6 +287,7 @@ tensors_get(struct tensors *t, const Devcoord__V1__GetTensorRequest *in,
     Devcoord__V1__TensorInfo info;
     Devcoord__V1__Device dev_pb;
     struct tensor *tn;
+    struct tensor_map map;
     dc_device dev;
     size_t len;
     dc_status st;
@@ -269,7 +295,7 @@ tensors_get(struct tensors *t, const Devcoord__V1__GetTensorRequest *in,
     status_clear(&st);
     if (device_from_pb(in->device, &dev, &st) != DC_OK ||
         tensor_name_check(in->name, &st) != DC_OK ||
-        t->ex->ops->lookup(t->ex, &dev, in->name, &tn, &st) != DC_OK) {
+        executor_lookup(t->ex, &dev, in->name, &tn, &st) != DC_OK) {
         fail(cd, (ProtobufCClosure)closure, &st);
         return;
     }
@@ -287,11 +313,18 @@ tensors_get(struct tensors *t, const Devcoord__V1__GetTensorRequest *in,
     if (in->max_bytes != 0 && len > in->max_bytes) {
         len = in->max_bytes;
     }
+    /* The reply copies the mapped bytes when the closure runs: unmap after it. */
+    if (tensor_map(tn, in->offset, len, TENSOR_READ, &map, &st) != DC_OK) {
+        tensor_release(tn);
+        fail(cd, (ProtobufCClosure)closure, &st);
+        return;
+    }
     tensor_info(&info, &dev_pb, &dev, in->name, tn);
     out.tensor = &info;
     out.offset = in->offset;
-    rpc_call_set_reply_attachment(cd, (const uint8_t *)tn->data + in->offset, len);
+    rpc_call_set_reply_attachment(cd, map.data, len);
     closure(&out, cd);
+    tensor_unmap(&map, &st); /* a read-only map has nothing to store back */
     tensor_release(tn);
 }
 
@@ -306,7 +339,7 @@ tensors_delete(struct tensors *t, const Devcoord__V1__DeleteTensorRequest *in,
     status_clear(&st);
     if (device_from_pb(in->device, &dev, &st) != DC_OK ||
         tensor_name_check(in->name, &st) != DC_OK ||
-        t->ex->ops->remove(t->ex, &dev, in->name, &st) != DC_OK) {
+        executor_remove(t->ex, &dev, in->name, &st) != DC_OK) {
         fail(cd, (ProtobufCClosure)closure, &st);
         return;
     }
@@ -381,7 +414,7 @@ tensors_list(struct tensors *t, const Devcoord__V1__ListTensorsRequest *in,
         return;
     }
     l.dev = &dev;
-    if (t->ex->ops->list(t->ex, &dev, list_one, &l, &st) != DC_OK) {
+    if (executor_list(t->ex, &dev, list_one, &l, &st) != DC_OK) {
         fail(cd, (ProtobufCClosure)closure, &st);
     } else if (l.oom) {
         status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory listing tensors");

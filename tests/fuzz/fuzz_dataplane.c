@@ -257,7 +257,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static const dc_device devices[] = { { .backend = DC_BACKEND_CPU, .index = 0 },
                                          { .backend = DC_BACKEND_CUDA, .index = 1 } };
-    struct executor *ex              = host_executor_new(devices, 2);
+    struct executor *ex              = executor_new("host", devices, 2);
     struct tensors *t =
         ex != NULL ? tensors_new(ex, RPC_DEFAULT_MAX_MESSAGE, UPLOAD_BYTES_MAX) : NULL;
 
@@ -281,8 +281,6 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     model_reset();
     tensors_free(t);
-    if (ex != NULL) {
-        ex->ops->destroy(ex);
-    }
+    executor_free(ex);
     return 0;
 }

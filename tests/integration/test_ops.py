@@ -11,9 +11,17 @@ worker dead by accident; the one test about dead workers shortens them again. Th
 bound asserted is issue 4's "a killed worker fails the op within a second" (plus the
 harness's scheduling slack, $DEVCOORD_TEST_SLACK_MS).
 
+Every test runs on the workers' executor named by $DEVCOORD_EXECUTOR: `host` (the default)
+or `staged`, the test executor whose tensors are reachable only through the executor
+interface, as device memory is (server/worker/executor.h). ctest runs the suite once with
+each (integration.ops, integration.ops_staged), and every test checks that the workers
+registered with the executor it asked for.
+
     cd tests/integration && python3 -m unittest -v test_ops
+    cd tests/integration && DEVCOORD_EXECUTOR=staged python3 -m unittest -v test_ops
 """
 
+import os
 import random
 import re
 import time
@@ -64,6 +72,8 @@ def names_word(text, word):
 class OpsTestCase(ClusterTestCase):
     heartbeat_ms = 500
     dead_after_ms = 5000
+    # The `executor:` of every worker config (see the module's docstring).
+    EXECUTOR = os.environ.get("DEVCOORD_EXECUTOR", "host")
 
     def setUp(self):
         self.rng = random.Random(self.id())
@@ -80,8 +90,12 @@ class OpsTestCase(ClusterTestCase):
                                      **({"healthy": False} if "%s/%s" % (name, d) in unhealthy
                                         else {}))
                                 for d in devices],
-                         collectives=(collectives or {}).get(name))
+                         collectives=(collectives or {}).get(name),
+                         extra={"executor": self.EXECUTOR})
         c.wait_workers(list(workers))
+        executors = {w["name"]: w.get("executor") for w in c.ctl_ok("workers", "list")["workers"]}
+        self.assertEqual(executors, {name: self.EXECUTOR for name in workers},
+                         "the workers' executors")
         return c
 
     def ctl(self, *args, **kw):

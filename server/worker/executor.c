@@ -1,0 +1,314 @@
+/* What every executor shares: the name tables, the tensor object and the range checks. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "device.h"
+#include "executor_impl.h"
+
+static const struct {
+    const char *kind;
+    struct executor *(*make)(const dc_device *devices, size_t n);
+} executor_kinds[] = {
+    { "host", host_executor_new },
+    { "staged", staged_executor_new },
+};
+
+struct executor *
+executor_new(const char *kind, const dc_device *devices, size_t n)
+{
+    for (size_t i = 0; i < sizeof(executor_kinds) / sizeof(executor_kinds[0]); i++) {
+        if (strcmp(kind, executor_kinds[i].kind) == 0) {
+            return executor_kinds[i].make(devices, n);
+        }
+    }
+    return NULL;
+}
+
+bool
+executor_init(struct executor *ex, const struct executor_ops *ops, const dc_device *devices,
+              size_t n)
+{
+    if ((ex->devices = calloc(n ? n : 1, sizeof(*ex->devices))) == NULL) {
+        return false;
+    }
+    pthread_mutex_init(&ex->mtx, NULL);
+    for (size_t i = 0; i < n; i++) {
+        ex->devices[i].device = devices[i];
+        strmap_init(&ex->devices[i].tensors);
+    }
+    ex->n_devices = n;
+    ex->ops       = ops;
+    return true;
+}
+
+void
+executor_free(struct executor *ex)
+{
+    const char *k;
+    void *v;
+
+    if (ex == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < ex->n_devices; i++) {
+        for (size_t j = 0; strmap_next(&ex->devices[i].tensors, &j, &k, &v);) {
+            tensor_release(v);
+        }
+        strmap_fini(&ex->devices[i].tensors);
+    }
+    free(ex->devices);
+    pthread_mutex_destroy(&ex->mtx);
+    ex->ops->destroy(ex);
+}
+
+bool
+tensor_size(dc_dtype dtype, const uint64_t *shape, size_t ndim, size_t *elements, size_t *bytes)
+{
+    size_t esize = dc_dtype_size(dtype);
+    size_t n     = 1;
+
+    if (esize == 0 || ndim > DC_TENSOR_MAX_DIMS) {
+        return false;
+    }
+    for (size_t i = 0; i < ndim; i++) {
+        if (shape[i] != 0 && n > SIZE_MAX / shape[i]) {
+            return false;
+        }
+        n *= (size_t)shape[i];
+    }
+    if (n > SIZE_MAX / esize) {
+        return false;
+    }
+    *elements = n;
+    *bytes    = n * esize;
+    return true;
+}
+
+void
+tensor_retain(struct tensor *t)
+{
+    atomic_fetch_add(&t->refs, 1);
+}
+
+void
+tensor_release(struct tensor *t)
+{
+    if (t != NULL && atomic_fetch_sub(&t->refs, 1) == 1) {
+        t->owner->ops->tensor_free(t->owner, t);
+    }
+}
+
+static struct executor_device *
+executor_find(struct executor *ex, const dc_device *dev)
+{
+    for (size_t i = 0; i < ex->n_devices; i++) {
+        dc_device_ref a = { .device = ex->devices[i].device }, b = { .device = *dev };
+        if (device_ref_compare_concrete(&a, &b) == 0) {
+            return &ex->devices[i];
+        }
+    }
+    return NULL;
+}
+
+static dc_code
+no_device(const dc_device *dev, dc_status *st)
+{
+    char text[DC_DEVICE_TEXT_SIZE];
+
+    dc_device_format(dev, text, sizeof(text));
+    return status_set(st, DC_NOT_FOUND, "device %s is not on this worker", text);
+}
+
+static dc_code
+no_tensor(const dc_device *dev, const char *name, dc_status *st)
+{
+    char text[DC_DEVICE_TEXT_SIZE];
+
+    dc_device_format(dev, text, sizeof(text));
+    return status_set(st, DC_NOT_FOUND, "no tensor '%.255s' on %s", name, text);
+}
+
+dc_code
+executor_create(struct executor *ex, dc_dtype dtype, const uint64_t *shape, size_t ndim,
+                struct tensor **out, dc_status *st)
+{
+    struct tensor *t;
+    size_t elements, bytes;
+
+    if (!tensor_size(dtype, shape, ndim, &elements, &bytes)) {
+        return status_set(st, DC_INVALID_ARGUMENT, "invalid tensor shape or dtype");
+    }
+    if ((t = ex->ops->tensor_alloc(ex, bytes)) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte tensor", bytes);
+    }
+    t->owner = ex;
+    atomic_store(&t->refs, 1);
+    t->dtype = dtype;
+    t->ndim  = ndim;
+    if (ndim > 0) {
+        memcpy(t->shape, shape, ndim * sizeof(*shape));
+    }
+    t->elements   = elements;
+    t->size_bytes = bytes;
+    *out          = t;
+    return DC_OK;
+}
+
+dc_code
+executor_store(struct executor *ex, const dc_device *dev, const char *name, struct tensor *t,
+               dc_status *st)
+{
+    struct executor_device *d;
+    struct tensor *old;
+
+    pthread_mutex_lock(&ex->mtx);
+    if ((d = executor_find(ex, dev)) == NULL) {
+        pthread_mutex_unlock(&ex->mtx);
+        return no_device(dev, st);
+    }
+    old = strmap_get(&d->tensors, name);
+    if (!strmap_put(&d->tensors, name, t)) {
+        pthread_mutex_unlock(&ex->mtx);
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    tensor_retain(t);
+    pthread_mutex_unlock(&ex->mtx);
+    tensor_release(old);
+    return DC_OK;
+}
+
+dc_code
+executor_lookup(struct executor *ex, const dc_device *dev, const char *name, struct tensor **out,
+                dc_status *st)
+{
+    struct executor_device *d;
+
+    pthread_mutex_lock(&ex->mtx);
+    if ((d = executor_find(ex, dev)) == NULL) {
+        pthread_mutex_unlock(&ex->mtx);
+        return no_device(dev, st);
+    }
+    if ((*out = strmap_get(&d->tensors, name)) == NULL) {
+        pthread_mutex_unlock(&ex->mtx);
+        return no_tensor(dev, name, st);
+    }
+    tensor_retain(*out);
+    pthread_mutex_unlock(&ex->mtx);
+    return DC_OK;
+}
+
+dc_code
+executor_remove(struct executor *ex, const dc_device *dev, const char *name, dc_status *st)
+{
+    struct executor_device *d;
+    struct tensor *t;
+
+    pthread_mutex_lock(&ex->mtx);
+    if ((d = executor_find(ex, dev)) == NULL) {
+        pthread_mutex_unlock(&ex->mtx);
+        return no_device(dev, st);
+    }
+    t = strmap_del(&d->tensors, name);
+    pthread_mutex_unlock(&ex->mtx);
+    if (t == NULL) {
+        return no_tensor(dev, name, st);
+    }
+    tensor_release(t);
+    return DC_OK;
+}
+
+dc_code
+executor_list(struct executor *ex, const dc_device *dev,
+              void (*fn)(void *arg, const char *name, const struct tensor *t), void *arg,
+              dc_status *st)
+{
+    struct executor_device *d;
+    const char *k;
+    void *v;
+
+    pthread_mutex_lock(&ex->mtx);
+    if ((d = executor_find(ex, dev)) == NULL) {
+        pthread_mutex_unlock(&ex->mtx);
+        return no_device(dev, st);
+    }
+    for (size_t i = 0; strmap_next(&d->tensors, &i, &k, &v);) {
+        fn(arg, k, v);
+    }
+    pthread_mutex_unlock(&ex->mtx);
+    return DC_OK;
+}
+
+bool
+executor_has_device(struct executor *ex, const dc_device *dev)
+{
+    bool found;
+
+    pthread_mutex_lock(&ex->mtx);
+    found = executor_find(ex, dev) != NULL;
+    pthread_mutex_unlock(&ex->mtx);
+    return found;
+}
+
+/* ---- bytes ------------------------------------------------------------------------------- */
+
+static dc_code
+range_check(const struct tensor *t, size_t offset, size_t len, dc_status *st)
+{
+    if (offset > t->size_bytes || len > t->size_bytes - offset) {
+        return status_set(st, DC_OUT_OF_RANGE, "range [%zu, +%zu) outside a %zu-byte tensor",
+                          offset, len, t->size_bytes);
+    }
+    return DC_OK;
+}
+
+dc_code
+tensor_read(const struct tensor *t, size_t offset, void *dst, size_t len, dc_status *st)
+{
+    dc_code code;
+
+    if ((code = range_check(t, offset, len, st)) != DC_OK || len == 0) {
+        return code;
+    }
+    return t->owner->ops->read(t->owner, t, offset, dst, len, st);
+}
+
+dc_code
+tensor_write(struct tensor *t, size_t offset, const void *src, size_t len, dc_status *st)
+{
+    dc_code code;
+
+    if ((code = range_check(t, offset, len, st)) != DC_OK || len == 0) {
+        return code;
+    }
+    return t->owner->ops->write(t->owner, t, offset, src, len, st);
+}
+
+dc_code
+tensor_map(struct tensor *t, size_t offset, size_t len, enum tensor_access access,
+           struct tensor_map *m, dc_status *st)
+{
+    dc_code code;
+
+    memset(m, 0, sizeof(*m));
+    if ((code = range_check(t, offset, len, st)) != DC_OK) {
+        return code;
+    }
+    m->tensor = t;
+    m->offset = offset;
+    m->len    = len;
+    m->access = access;
+    if ((code = t->owner->ops->map(t->owner, m, st)) != DC_OK) {
+        memset(m, 0, sizeof(*m));
+    }
+    return code;
+}
+
+dc_code
+tensor_unmap(struct tensor_map *m, dc_status *st)
+{
+    struct executor *ex = m->tensor->owner;
+    dc_code code        = ex->ops->unmap(ex, m, st);
+
+    memset(m, 0, sizeof(*m));
+    return code;
+}

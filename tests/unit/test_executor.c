@@ -1,0 +1,247 @@
+/*
+ * The executors (server/worker/executor.c, host_executor.c, staged_executor.c) through the
+ * interface the data plane uses: names per device, copies and maps. Most tests run on both
+ * executors; the ones about what a map aliases say how `host` (a pointer into the tensor)
+ * and `staged` (a staging buffer, as for device memory) differ, as executor.h documents.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "executor.h"
+
+static const dc_device devices[] = { { .backend = DC_BACKEND_CPU, .index = 0 },
+                                     { .backend = DC_BACKEND_CUDA, .index = 1 } };
+static const dc_device elsewhere = { .backend = DC_BACKEND_CUDA, .index = 7 };
+
+static const char *const kinds[] = { "host", "staged" };
+
+/* An 8-element i32 tensor holding 0..7, stored as `name` on devices[0]. */
+static struct tensor *
+make_counting(struct executor *ex, const char *name)
+{
+    const uint64_t shape[] = { 2, 4 };
+    int32_t values[8];
+    struct tensor *t;
+    dc_status st;
+
+    for (int32_t i = 0; i < 8; i++) {
+        values[i] = i;
+    }
+    assert_int_equal(executor_create(ex, DC_DTYPE_I32, shape, 2, &t, &st), DC_OK);
+    assert_int_equal(t->elements, 8);
+    assert_int_equal(t->size_bytes, sizeof(values));
+    assert_int_equal(tensor_write(t, 0, values, sizeof(values), &st), DC_OK);
+    assert_int_equal(executor_store(ex, &devices[0], name, t, &st), DC_OK);
+    return t;
+}
+
+static void
+test_unknown_kind(void **state)
+{
+    (void)state;
+    assert_null(executor_new("cuda", devices, 2));
+    assert_null(executor_new("", devices, 2));
+}
+
+static void
+count_one(void *arg, const char *name, const struct tensor *t)
+{
+    (void)name;
+    (void)t;
+    (*(int *)arg)++;
+}
+
+static void
+test_names_per_device(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < 2; k++) {
+        struct executor *ex = executor_new(kinds[k], devices, 2);
+        struct tensor *t, *found;
+        dc_status st;
+        int listed = 0;
+
+        assert_non_null(ex);
+        assert_true(executor_has_device(ex, &devices[1]));
+        assert_false(executor_has_device(ex, &elsewhere));
+        t = make_counting(ex, "g");
+        assert_int_equal(executor_lookup(ex, &devices[0], "g", &found, &st), DC_OK);
+        assert_ptr_equal(found, t);
+        tensor_release(found);
+        assert_int_equal(executor_lookup(ex, &devices[1], "g", &found, &st), DC_NOT_FOUND);
+        assert_int_equal(executor_lookup(ex, &elsewhere, "g", &found, &st), DC_NOT_FOUND);
+        assert_int_equal(executor_list(ex, &devices[0], count_one, &listed, &st), DC_OK);
+        assert_int_equal(listed, 1);
+
+        /* A holder keeps a removed tensor's bytes. */
+        tensor_retain(t);
+        assert_int_equal(executor_remove(ex, &devices[0], "g", &st), DC_OK);
+        assert_int_equal(executor_remove(ex, &devices[0], "g", &st), DC_NOT_FOUND);
+        {
+            int32_t v = -1;
+            assert_int_equal(tensor_read(t, 7 * sizeof(v), &v, sizeof(v), &st), DC_OK);
+            assert_int_equal(v, 7);
+        }
+        tensor_release(t); /* make_counting's */
+        tensor_release(t); /* ours, the last */
+        executor_free(ex);
+    }
+}
+
+static void
+test_copies_and_ranges(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < 2; k++) {
+        struct executor *ex = executor_new(kinds[k], devices, 2);
+        struct tensor *t    = make_counting(ex, "g");
+        int32_t got[8], nine = 9;
+        dc_status st;
+
+        assert_int_equal(tensor_write(t, 3 * sizeof(int32_t), &nine, sizeof(nine), &st), DC_OK);
+        assert_int_equal(tensor_read(t, 0, got, sizeof(got), &st), DC_OK);
+        assert_int_equal(got[2], 2);
+        assert_int_equal(got[3], 9);
+        assert_int_equal(got[4], 4);
+        /* Ranges end inside the tensor; an empty one at its end is fine. */
+        assert_int_equal(tensor_read(t, 32, got, 0, &st), DC_OK);
+        assert_int_equal(tensor_read(t, 33, got, 0, &st), DC_OUT_OF_RANGE);
+        assert_int_equal(tensor_read(t, 30, got, 4, &st), DC_OUT_OF_RANGE);
+        assert_int_equal(tensor_write(t, 4, got, SIZE_MAX, &st), DC_OUT_OF_RANGE);
+        {
+            struct tensor_map m;
+            assert_int_equal(tensor_map(t, 8, 25, TENSOR_READ, &m, &st), DC_OUT_OF_RANGE);
+            assert_int_equal(tensor_map(t, SIZE_MAX, 1, TENSOR_READ, &m, &st), DC_OUT_OF_RANGE);
+        }
+        tensor_release(t);
+        executor_free(ex);
+    }
+}
+
+static void
+test_map_read_write_stores_on_unmap(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < 2; k++) {
+        struct executor *ex = executor_new(kinds[k], devices, 2);
+        struct tensor *t    = make_counting(ex, "g");
+        struct tensor_map m;
+        int32_t *v, got[8];
+        dc_status st;
+
+        /* Elements 2..5, read and changed in place. */
+        assert_int_equal(
+            tensor_map(t, 2 * sizeof(int32_t), 4 * sizeof(int32_t), TENSOR_READ_WRITE, &m, &st),
+            DC_OK);
+        v = m.data;
+        assert_int_equal(v[0], 2);
+        assert_int_equal(v[3], 5);
+        for (int i = 0; i < 4; i++) {
+            v[i] *= 10;
+        }
+        /* Before the unmap: the host tensor has it already, the staged one not yet. */
+        assert_int_equal(tensor_read(t, 0, got, sizeof(got), &st), DC_OK);
+        assert_int_equal(got[3], strcmp(kinds[k], "host") == 0 ? 30 : 3);
+        assert_int_equal(tensor_unmap(&m, &st), DC_OK);
+        assert_null(m.data);
+        assert_int_equal(tensor_read(t, 0, got, sizeof(got), &st), DC_OK);
+        assert_int_equal(got[1], 1);
+        assert_int_equal(got[2], 20);
+        assert_int_equal(got[5], 50);
+        assert_int_equal(got[6], 6);
+        tensor_release(t);
+        executor_free(ex);
+    }
+}
+
+static void
+test_map_write_only(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < 2; k++) {
+        struct executor *ex = executor_new(kinds[k], devices, 2);
+        struct tensor *t    = make_counting(ex, "g");
+        struct tensor_map m;
+        int32_t got[8];
+        dc_status st;
+
+        assert_int_equal(tensor_map(t, 0, t->size_bytes, TENSOR_WRITE, &m, &st), DC_OK);
+        /* Undefined until written: staged does not copy the tensor in. */
+        if (strcmp(kinds[k], "staged") == 0) {
+            assert_int_not_equal(((int32_t *)m.data)[7], 7);
+        }
+        for (int32_t i = 0; i < 8; i++) {
+            ((int32_t *)m.data)[i] = -i;
+        }
+        assert_int_equal(tensor_unmap(&m, &st), DC_OK);
+        assert_int_equal(tensor_read(t, 0, got, sizeof(got), &st), DC_OK);
+        assert_int_equal(got[7], -7);
+        tensor_release(t);
+        executor_free(ex);
+    }
+}
+
+/* A read-only map stores nothing back: on staged, a write through it is lost (as on a
+ * device); on host it is the tensor's memory, which the data plane must not write. */
+static void
+test_map_read_only_stores_nothing(void **state)
+{
+    struct executor *ex = executor_new("staged", devices, 2);
+    struct tensor *t    = make_counting(ex, "g");
+    struct tensor_map m;
+    int32_t got;
+    dc_status st;
+
+    (void)state;
+    assert_int_equal(tensor_map(t, 0, t->size_bytes, TENSOR_READ, &m, &st), DC_OK);
+    ((int32_t *)m.data)[0] = 100;
+    assert_int_equal(tensor_unmap(&m, &st), DC_OK);
+    assert_int_equal(tensor_read(t, 0, &got, sizeof(got), &st), DC_OK);
+    assert_int_equal(got, 0);
+    tensor_release(t);
+    executor_free(ex);
+}
+
+/* An empty tensor maps and copies like any other. */
+static void
+test_empty_tensor(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < 2; k++) {
+        struct executor *ex    = executor_new(kinds[k], devices, 2);
+        const uint64_t shape[] = { 0 };
+        struct tensor *t;
+        struct tensor_map m;
+        dc_status st;
+
+        assert_int_equal(executor_create(ex, DC_DTYPE_F64, shape, 1, &t, &st), DC_OK);
+        assert_int_equal(t->size_bytes, 0);
+        assert_int_equal(tensor_write(t, 0, NULL, 0, &st), DC_OK);
+        assert_int_equal(tensor_map(t, 0, 0, TENSOR_READ_WRITE, &m, &st), DC_OK);
+        assert_int_equal(tensor_unmap(&m, &st), DC_OK);
+        tensor_release(t);
+        executor_free(ex);
+    }
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_unknown_kind),
+        cmocka_unit_test(test_names_per_device),
+        cmocka_unit_test(test_copies_and_ranges),
+        cmocka_unit_test(test_map_read_write_stores_on_unmap),
+        cmocka_unit_test(test_map_write_only),
+        cmocka_unit_test(test_map_read_only_stores_nothing),
+        cmocka_unit_test(test_empty_tensor),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
