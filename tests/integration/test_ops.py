@@ -24,6 +24,7 @@ registered with the executor it asked for.
 import os
 import random
 import re
+import signal
 import time
 import unittest
 
@@ -698,8 +699,10 @@ class WorkerKillTest(OpsTestCase):
                         return op
                 return None
             op = harness.wait_until(in_flight, 30, "the all-reduce to be running on node-b")
-            # A little further into the op, so the kill lands in the ring exchange between
-            # the workers rather than in its start on node-b.
+            # Frozen at once, node-b can neither answer nor feed its peers, so the op cannot
+            # end before the kill however loaded the machine is; a little further into the
+            # op, the kill lands in the ring exchange rather than in its start on node-b.
+            c.worker("node-b").signal(signal.SIGSTOP)
             time.sleep(min(0.1, alone / 5))
             killed_at = time.monotonic()
             c.kill_worker("node-b")
