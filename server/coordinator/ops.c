@@ -805,8 +805,11 @@ answer_now(struct op *op, Devcoord__V1__SubmitOpResponse_Closure closure, void *
 /* Reads the request into op: kind, names, devices (checked as a peer sent them). */
 static dc_code
 op_from_request(struct op *op, const Devcoord__V1__SubmitOpRequest *in,
-                const struct config_coordinator *cfg, dc_device_ref **refs, dc_status *st)
+                const struct config_coordinator *cfg, const struct validate_limits *limits,
+                dc_device_ref **refs, dc_status *st)
 {
+    dc_code rv;
+
     op->kind   = (dc_op_kind)in->kind;
     op->reduce = (dc_reduce_op)in->reduce;
     op->root   = in->root;
@@ -817,12 +820,9 @@ op_from_request(struct op *op, const Devcoord__V1__SubmitOpRequest *in,
         snprintf(op->output, sizeof(op->output), "%s.gathered", in->tensor);
     }
     op->timeout_ms = in->timeout_ms ? in->timeout_ms : cfg->op_timeout_ms;
-    if (in->n_devices == 0) {
-        return status_set(st, DC_INVALID_ARGUMENT, "empty device list");
-    }
-    if (in->n_devices > cfg->max_group_devices) {
-        return status_set(st, DC_INVALID_ARGUMENT, "too many devices: %zu, at most %u",
-                          in->n_devices, cfg->max_group_devices);
+    /* The count comes from the wire and sizes the buffers below: rule 1 bounds it first. */
+    if ((rv = validate_device_count(in->n_devices, limits, st)) != DC_OK) {
+        return rv;
     }
     if ((*refs = calloc(in->n_devices, sizeof(**refs))) == NULL ||
         (op->devices = calloc(in->n_devices, sizeof(*op->devices))) == NULL) {
@@ -860,21 +860,22 @@ ops_submit(struct ops *o, const Devcoord__V1__SubmitOpRequest *in,
     op->submitted_unix_ms = clock_unix_ms();
     op->submitted_ms      = rpc_now_ms();
     op->state             = OP_FAILED;
-    code                  = op_from_request(op, in, o->cfg, &refs, &st);
+    limits = (struct validate_limits){ .max_group_devices = o->cfg->max_group_devices,
+                                       .autodiff          = o->cfg->autodiff };
+    code   = op_from_request(op, in, o->cfg, &limits, &refs, &st);
     if (code == DC_OK) {
-        spec   = (struct op_spec){ .kind      = op->kind,
-                                   .reduce    = op->reduce,
-                                   .root      = op->root,
-                                   .devices   = refs,
-                                   .n_devices = in->n_devices };
-        limits = (struct validate_limits){ .max_group_devices = o->cfg->max_group_devices,
-                                           .autodiff          = o->cfg->autodiff };
-        code   = registry_validate(o->registry, &spec, &limits, op->devices, op->group_id, &st);
+        spec = (struct op_spec){ .kind      = op->kind,
+                                 .reduce    = op->reduce,
+                                 .root      = op->root,
+                                 .devices   = refs,
+                                 .n_devices = in->n_devices };
+        code = registry_validate(o->registry, &spec, &limits, op->devices, op->group_id, &st);
     }
     if (code == DC_OK) {
         op->n_devices = in->n_devices;
         if (!in->dry_run && op->kind != DC_OP_BARRIER && op->tensor[0] == '\0') {
-            code = status_set(&st, DC_INVALID_ARGUMENT, "invalid operation: %s needs --tensor",
+            code = status_set(&st, DC_INVALID_ARGUMENT,
+                              "invalid operation: %s needs a tensor name (SubmitOpRequest.tensor)",
                               dc_op_kind_name(op->kind));
         } else if (!in->dry_run && op->kind == DC_OP_ALL_GATHER && op->output[0] == '\0') {
             code = status_set(&st, DC_INVALID_ARGUMENT, "invalid operation: no output tensor");
