@@ -250,6 +250,19 @@ check_registry(const struct op_spec *op, const dc_device_ref *concrete,
 }
 
 dc_code
+validate_device_count(size_t n, const struct validate_limits *limits, dc_status *st)
+{
+    if (n == 0) {
+        return status_set(st, DC_INVALID_ARGUMENT, "empty device list");
+    }
+    if (n > limits->max_group_devices) {
+        return status_set(st, DC_INVALID_ARGUMENT, "too many devices: %zu, at most %zu", n,
+                          limits->max_group_devices);
+    }
+    return DC_OK;
+}
+
+dc_code
 validate_op(const struct op_spec *op, const struct validate_limits *limits,
             const struct validate_lookup *lookup, dc_device_ref *out,
             char group_id[VALIDATE_GROUP_ID_SIZE], dc_status *st)
@@ -257,14 +270,8 @@ validate_op(const struct op_spec *op, const struct validate_limits *limits,
     struct validate_device_info *info = NULL;
     dc_code rv;
 
-    if (op->n_devices == 0) {
-        return status_set(st, DC_INVALID_ARGUMENT, "empty device list");
-    }
-    if (op->n_devices > limits->max_group_devices) {
-        return status_set(st, DC_INVALID_ARGUMENT, "too many devices: %zu, at most %zu",
-                          op->n_devices, limits->max_group_devices);
-    }
-    if ((rv = check_operation(op, st)) != DC_OK ||
+    if ((rv = validate_device_count(op->n_devices, limits, st)) != DC_OK ||
+        (rv = check_operation(op, st)) != DC_OK ||
         (rv = check_autodiff(op, limits->autodiff, st)) != DC_OK ||
         (rv = check_variant(op, limits->autodiff, st)) != DC_OK) {
         return rv;

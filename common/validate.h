@@ -54,6 +54,10 @@ struct validate_limits {
 
 #define VALIDATE_GROUP_ID_SIZE 17 /* 16 hex digits and a NUL */
 
+/* Rule 1 alone: at least one device, at most limits->max_group_devices. validate_op starts
+ * with it; a caller that sizes buffers from a peer's device count applies it first. */
+dc_code validate_device_count(size_t n, const struct validate_limits *limits, dc_status *st);
+
 /*
  * Checks op against rules 1-8. On DC_OK, out[0..op->n_devices) holds the concrete devices
  * (no autodiff, owning worker named) in request order, and group_id their order-independent

@@ -1,3 +1,11 @@
+/*
+ * The op table: each op's life from SubmitOp to its answer and its place in the history,
+ * the GetOp/ListOps/status queries, the timer that fails ops queued past their deadline, and
+ * the ops metrics. Planning is plan.c, the ordering rule opqueue.c, the calls to workers
+ * fanout.c. The table's lock (mtx) guards every op and the queues; fanout's own lock is only
+ * ever taken inside it. Some 1,000 lines: an op's life, its queries and the timer all work on
+ * struct op under that lock, and apart each would need the others' internals.
+ */
 #include "ops.h"
 
 #include <pthread.h>
@@ -7,18 +15,17 @@
 #include <time.h>
 
 #include "arena.h"
-#include "auth.h"
 #include "clock.h"
 #include "device.h"
+#include "fanout.h"
 #include "log.h"
-#include "devcoord/v1/methods.h"
 #include "metrics.h"
+#include "opqueue.h"
+#include "plan.h"
 #include "rpc.h"
 #include "status.h"
 #include "strmap.h"
 #include "validate.h"
-
-#define WORKER_SVC (&devcoord__v1__worker__descriptor)
 
 #define OP_ID_SIZE    40
 #define LIST_DEFAULT  100
@@ -26,22 +33,18 @@
 /* Workers get this much less time than the op, so that when one of them hangs the others
  * report whom they were waiting for before the coordinator's own deadline fires. */
 #define WORKER_TIME_SHARE 0.9
+/* Ends of ops answered per pass of ops_fail_where: their answers go out outside the lock. */
+#define FAIL_BATCH 32
 
 enum op_state { OP_QUEUED = 1, OP_RUNNING, OP_DONE, OP_FAILED };
 
 struct op;
 
-struct wclient;
-
+/* What the op has heard from one worker of its plan (op->plan.workers[i]). */
 struct op_worker {
     struct op *op;
-    char name[DC_WORKER_NAME_MAX + 1];
-    char address[256];
-    uint64_t epoch;
-    struct wclient *wc; /* a reference, dropped when the op goes */
-    struct rpc_client *client;
-    uint32_t *ranks;
-    size_t n_ranks;
+    const struct plan_worker *plan;
+    struct fanout_conn *conn; /* a reference, dropped when the op goes */
     bool answered;
     dc_code code;
     char message[DC_STATUS_MESSAGE_MAX];
@@ -57,12 +60,9 @@ struct op {
     char output[256];
     enum op_state state;
     dc_status status;
-    char group_id[VALIDATE_GROUP_ID_SIZE];
-    dc_device_ref *devices; /* concrete, rank order */
-    size_t n_devices;
-    struct op_worker *workers;
-    size_t n_workers;
-    unsigned pending; /* workers not answered yet */
+    struct plan plan;          /* empty for a refused op */
+    struct op_worker *workers; /* one per plan.workers, same order */
+    unsigned pending;          /* workers not answered yet */
     /* The first ABORTED answer, used only if no worker reports the cause. */
     dc_status secondary;
     bool have_secondary;
@@ -72,82 +72,50 @@ struct op {
     Devcoord__V1__SubmitOpResponse_Closure closure; /* NULL once answered */
     void *cd;
     unsigned refs; /* the tables, and each RPC in flight */
-    bool in_table;
     struct op *next_active;
-};
-
-/* Ops in submission order per device: an op runs when it heads every queue it is in. */
-struct dqueue {
-    struct op **items;
-    size_t head, len, cap;
-};
-
-/* The connection to a worker's data address, shared by the ops that use it: the table of
- * current connections holds a reference, and so does every op. A connection replaced (its
- * worker moved to another address) is closed by the timer thread once no op holds it:
- * closing blocks, and the calls' callbacks run on nng threads. */
-struct wclient {
-    char address[256];
-    struct rpc_client *client;
-    unsigned refs;
-    struct wclient *next_stale;
 };
 
 struct ops {
     struct registry *registry;
     const struct config_coordinator *cfg;
-    const char *worker_token; /* what the coordinator shows workers, when auth is on */
+    struct fanout *fanout;
     pthread_mutex_t mtx;
-    pthread_cond_t cv;
+    pthread_cond_t cv;   /* wakes the timer to stop */
     struct strmap by_id; /* id -> op (active and history) */
-    struct op *active;   /* queued and running */
+    struct op *active;   /* queued and running, newest first */
     struct op **history; /* ring of finished ops */
     size_t hist_cap, hist_len, hist_next;
-    struct strmap queues;  /* cluster device name -> dqueue */
-    struct strmap clients; /* worker name -> wclient */
-    struct wclient *stale; /* unreferenced, waiting to be closed */
+    struct opqueue queues; /* of the active ops, per device */
     uint64_t counter;
     uint64_t in_flight, done, failed;
     /* metrics, guarded by mtx */
     uint64_t ended[DC_OP_COUNT][RPC_METRICS_CODES];
     struct histo duration[DC_OP_COUNT];
-    struct histo fanout;
+    struct histo fanout_workers;
     bool stopping;
     pthread_t timer;
 };
 
 static void op_start_locked(struct ops *o, struct op *op);
 
-/* Drops a reference to a connection; the last one queues it for closing. ops->mtx held. */
-static void
-wclient_put_locked(struct ops *o, struct wclient *wc)
-{
-    if (wc != NULL && --wc->refs == 0) {
-        wc->next_stale = o->stale;
-        o->stale       = wc;
-        pthread_cond_broadcast(&o->cv);
-    }
-}
-
-/* Frees op; its connection references must have been dropped (op_put_clients_locked). */
+/* Frees op; its connection references must have been dropped (op_put_conns). */
 static void
 op_free(struct op *op)
 {
-    for (size_t i = 0; op->workers != NULL && i < op->n_workers; i++) {
-        free(op->workers[i].ranks);
+    if (op != NULL) {
+        plan_fini(&op->plan);
+        free(op->workers);
+        free(op);
     }
-    free(op->workers);
-    free(op->devices);
-    free(op);
 }
 
+/* Puts back op's connections (fanout has its own lock: this needs no other). */
 static void
-op_put_clients_locked(struct ops *o, struct op *op)
+op_put_conns(struct ops *o, struct op *op)
 {
-    for (size_t i = 0; op->workers != NULL && i < op->n_workers; i++) {
-        wclient_put_locked(o, op->workers[i].wc);
-        op->workers[i].wc     = NULL;
-        op->workers[i].client = NULL;
+    for (size_t i = 0; i < op->plan.n_workers; i++) {
+        fanout_conn_put(o->fanout, op->workers[i].conn);
+        op->workers[i].conn = NULL;
     }
 }
 
@@ -156,7 +124,7 @@ static void
 op_unref_locked(struct ops *o, struct op *op)
 {
     if (--op->refs == 0) {
-        op_put_clients_locked(o, op);
+        op_put_conns(o, op);
         op_free(op);
     }
 }
@@ -194,55 +162,6 @@ status_pb(struct arena *a, const dc_status *st)
     return s->message != NULL && s->worker != NULL ? s : NULL;
 }
 
-/* The plan as the wire carries it; NULL when out of memory. */
-static Devcoord__V1__Plan *
-plan_pb(struct arena *a, const struct op *op)
-{
-    Devcoord__V1__Plan *p = arena_alloc(a, sizeof(*p));
-
-    if (p == NULL) {
-        return NULL;
-    }
-    devcoord__v1__plan__init(p);
-    p->group_id = arena_str(a, op->group_id);
-    p->devices  = arena_alloc(a, (op->n_devices + 1) * sizeof(*p->devices));
-    p->workers  = arena_alloc(a, (op->n_workers + 1) * sizeof(*p->workers));
-    if (p->group_id == NULL || p->devices == NULL || p->workers == NULL) {
-        return NULL;
-    }
-    for (size_t i = 0; i < op->n_devices; i++) {
-        Devcoord__V1__DeviceRef *r = arena_alloc(a, sizeof(*r));
-        Devcoord__V1__Device *d    = arena_alloc(a, sizeof(*d));
-        if (r == NULL || d == NULL) {
-            return NULL;
-        }
-        device_ref_to_pb(&op->devices[i], r, d);
-        if ((r->worker = arena_str(a, op->devices[i].worker)) == NULL) {
-            return NULL;
-        }
-        p->devices[i] = r;
-    }
-    p->n_devices = op->n_devices;
-    for (size_t i = 0; i < op->n_workers; i++) {
-        Devcoord__V1__PlanWorker *w = arena_alloc(a, sizeof(*w));
-        if (w == NULL) {
-            return NULL;
-        }
-        devcoord__v1__plan_worker__init(w);
-        w->name    = arena_str(a, op->workers[i].name);
-        w->address = arena_str(a, op->workers[i].address);
-        w->ranks   = arena_alloc(a, (op->workers[i].n_ranks + 1) * sizeof(*w->ranks));
-        if (w->name == NULL || w->address == NULL || w->ranks == NULL) {
-            return NULL;
-        }
-        memcpy(w->ranks, op->workers[i].ranks, op->workers[i].n_ranks * sizeof(*w->ranks));
-        w->n_ranks    = op->workers[i].n_ranks;
-        p->workers[i] = w;
-    }
-    p->n_workers = op->n_workers;
-    return p;
-}
-
 static const Devcoord__V1__OpState op_states[] = {
     [OP_QUEUED]  = DEVCOORD__V1__OP_STATE__OP_QUEUED,
     [OP_RUNNING] = DEVCOORD__V1__OP_STATE__OP_RUNNING,
@@ -255,6 +174,7 @@ static Devcoord__V1__OpInfo *
 op_info(struct arena *a, const struct op *op)
 {
     Devcoord__V1__OpInfo *info = arena_alloc(a, sizeof(*info));
+    size_t n_workers           = op->plan.n_workers;
     size_t nw = 0, nr = 0;
 
     if (info == NULL) {
@@ -269,21 +189,21 @@ op_info(struct arena *a, const struct op *op)
     info->output_tensor     = arena_str(a, op->output);
     info->state             = op_states[op->state];
     info->status            = status_pb(a, &op->status);
-    info->plan              = op->n_devices > 0 ? plan_pb(a, op) : NULL;
+    info->plan              = op->plan.n_devices > 0 ? plan_pb(a, &op->plan) : NULL;
     info->submitted_unix_ms = op->submitted_unix_ms;
     info->elapsed_us = op->state == OP_RUNNING ? rpc_now_us() - op->started_us : op->elapsed_us;
-    info->workers    = arena_alloc(a, (op->n_workers + 1) * sizeof(*info->workers));
-    info->waiting_on = arena_alloc(a, (op->n_workers + 1) * sizeof(*info->waiting_on));
+    info->workers    = arena_alloc(a, (n_workers + 1) * sizeof(*info->workers));
+    info->waiting_on = arena_alloc(a, (n_workers + 1) * sizeof(*info->waiting_on));
     if (info->op_id == NULL || info->tensor == NULL || info->output_tensor == NULL ||
-        info->status == NULL || (op->n_devices > 0 && info->plan == NULL) ||
+        info->status == NULL || (op->plan.n_devices > 0 && info->plan == NULL) ||
         info->workers == NULL || info->waiting_on == NULL) {
         return NULL;
     }
-    for (size_t i = 0; i < op->n_workers; i++) {
+    for (size_t i = 0; i < n_workers; i++) {
         const struct op_worker *w = &op->workers[i];
         if (!w->answered) {
             if (op->state == OP_RUNNING) {
-                info->waiting_on[nw++] = arena_str(a, w->name);
+                info->waiting_on[nw++] = arena_str(a, w->plan->name);
             }
             continue;
         }
@@ -294,7 +214,7 @@ op_info(struct arena *a, const struct op *op)
         }
         devcoord__v1__worker_result__init(wr);
         status_set(&ws, w->code, "%s", w->message);
-        wr->name            = arena_str(a, w->name);
+        wr->name            = arena_str(a, w->plan->name);
         wr->status          = status_pb(a, &ws);
         wr->elapsed_us      = w->elapsed_us;
         info->workers[nr++] = wr;
@@ -304,86 +224,7 @@ op_info(struct arena *a, const struct op *op)
     return info;
 }
 
-/* ---- queues ------------------------------------------------------------------------------ */
-
-static bool
-dqueue_push(struct ops *o, const char *name, struct op *op)
-{
-    struct dqueue *q = strmap_get(&o->queues, name);
-
-    if (q == NULL) {
-        if ((q = calloc(1, sizeof(*q))) == NULL || !strmap_put(&o->queues, name, q)) {
-            free(q);
-            return false;
-        }
-    }
-    if (q->len == q->cap) {
-        size_t cap        = q->cap ? q->cap * 2 : 4;
-        struct op **items = malloc(cap * sizeof(*items));
-        if (items == NULL) {
-            return false;
-        }
-        for (size_t i = 0; i < q->len; i++) {
-            items[i] = q->items[(q->head + i) % q->cap];
-        }
-        free(q->items);
-        q->items = items;
-        q->head  = 0;
-        q->cap   = cap;
-    }
-    q->items[(q->head + q->len) % q->cap] = op;
-    q->len++;
-    return true;
-}
-
-static struct op *
-dqueue_head(struct ops *o, const char *name)
-{
-    struct dqueue *q = strmap_get(&o->queues, name);
-
-    return q != NULL && q->len > 0 ? q->items[q->head] : NULL;
-}
-
-/* Takes op out of the queue (it is normally the head; a queued op that fails may not be). */
-static void
-dqueue_remove(struct ops *o, const char *name, struct op *op)
-{
-    struct dqueue *q = strmap_get(&o->queues, name);
-
-    if (q == NULL) {
-        return;
-    }
-    for (size_t i = 0; i < q->len; i++) {
-        if (q->items[(q->head + i) % q->cap] == op) {
-            for (size_t k = i; k + 1 < q->len; k++) {
-                q->items[(q->head + k) % q->cap] = q->items[(q->head + k + 1) % q->cap];
-            }
-            q->len--;
-            break;
-        }
-    }
-    if (q->len == 0) {
-        strmap_del(&o->queues, name);
-        free(q->items);
-        free(q);
-    }
-}
-
-static bool
-op_runnable(struct ops *o, struct op *op)
-{
-    char name[DC_DEVICE_TEXT_SIZE];
-
-    for (size_t i = 0; i < op->n_devices; i++) {
-        dc_device_ref_format(&op->devices[i], name, sizeof(name));
-        if (dqueue_head(o, name) != op) {
-            return false;
-        }
-    }
-    return true;
-}
-
-/* ---- running ----------------------------------------------------------------------------- */
+/* ---- ending ------------------------------------------------------------------------------ */
 
 struct pending_answer {
     struct arena *arena;
@@ -402,29 +243,8 @@ answer_send(struct pending_answer *pa)
     arena_free(pa->arena);
 }
 
-struct call_ctx {
-    struct ops *o;
-    struct op_worker *w;
-};
-
-static void
-ops_abort_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, bool *keep)
-{
-    struct call_ctx *c = arg;
-    struct ops *o      = c->o;
-
-    (void)code;
-    (void)st;
-    (void)reply;
-    (void)keep;
-    pthread_mutex_lock(&o->mtx);
-    op_unref_locked(o, c->w->op);
-    pthread_cond_broadcast(&o->cv);
-    pthread_mutex_unlock(&o->mtx);
-    free(c);
-}
-
-/* Tells the workers of op that have not answered to stop. ops->mtx held. */
+/* Tells the workers of op that have not answered to stop. Each Abort holds a reference to
+ * op until ops_on_aborted. ops->mtx held. */
 static void
 op_abort_workers_locked(struct ops *o, struct op *op)
 {
@@ -436,21 +256,29 @@ op_abort_workers_locked(struct ops *o, struct op *op)
     reason.worker  = op->status.worker;
     req.op_id      = op->id;
     req.reason     = &reason;
-    for (size_t i = 0; i < op->n_workers; i++) {
+    for (size_t i = 0; i < op->plan.n_workers; i++) {
         struct op_worker *w = &op->workers[i];
-        struct call_ctx *c;
-        if (w->answered || w->client == NULL || (c = malloc(sizeof(*c))) == NULL) {
+        dc_status st;
+        if (w->answered || w->conn == NULL) {
             continue;
         }
-        c->o = o;
-        c->w = w;
         op->refs++;
-        if (rpc_call_async(w->client, WORKER_SVC, M_WORKER_ABORT, &req.base, NULL, 0, 2000,
-                           ops_abort_done, c, NULL) != DC_OK) {
+        /* Best effort: a worker not told stops at its own deadline. */
+        if (fanout_abort(o->fanout, w->conn, &req, w, &st) != DC_OK) {
             op->refs--;
-            free(c);
         }
     }
+}
+
+static void
+ops_on_aborted(void *arg, void *tag)
+{
+    struct ops *o       = arg;
+    struct op_worker *w = tag;
+
+    pthread_mutex_lock(&o->mtx);
+    op_unref_locked(o, w->op);
+    pthread_mutex_unlock(&o->mtx);
 }
 
 /* Starts every queued op that now heads all its queues. Starting one may end it (and
@@ -462,7 +290,8 @@ ops_start_runnable_locked(struct ops *o)
 
     do {
         for (op = o->active; op != NULL; op = op->next_active) {
-            if (op->state == OP_QUEUED && op_runnable(o, op)) {
+            if (op->state == OP_QUEUED &&
+                opqueue_runnable(&o->queues, op, op->plan.devices, op->plan.n_devices)) {
                 op_start_locked(o, op);
                 break;
             }
@@ -475,14 +304,12 @@ history_add_locked(struct ops *o, struct op *op)
 {
     if (o->hist_cap == 0) {
         strmap_del(&o->by_id, op->id);
-        op->in_table = false;
         op_unref_locked(o, op);
         return;
     }
     if (o->hist_len == o->hist_cap) {
         struct op *old = o->history[o->hist_next];
         strmap_del(&o->by_id, old->id);
-        old->in_table = false;
         op_unref_locked(o, old);
     } else {
         o->hist_len++;
@@ -496,8 +323,6 @@ history_add_locked(struct ops *o, struct op *op)
 static void
 op_end_locked(struct ops *o, struct op *op, const dc_status *st, struct pending_answer *pa)
 {
-    char name[DC_DEVICE_TEXT_SIZE];
-
     op->status     = *st;
     op->state      = st->code == DC_OK ? OP_DONE : OP_FAILED;
     op->elapsed_us = op->started_us ? rpc_now_us() - op->started_us : 0;
@@ -521,10 +346,7 @@ op_end_locked(struct ops *o, struct op *op, const dc_status *st, struct pending_
             break;
         }
     }
-    for (size_t i = 0; i < op->n_devices; i++) {
-        dc_device_ref_format(&op->devices[i], name, sizeof(name));
-        dqueue_remove(o, name, op);
-    }
+    opqueue_remove(&o->queues, op, op->plan.devices, op->plan.n_devices);
     memset(pa, 0, sizeof(*pa));
     devcoord__v1__submit_op_response__init(&pa->resp);
     if (op->closure != NULL) {
@@ -539,27 +361,40 @@ op_end_locked(struct ops *o, struct op *op, const dc_status *st, struct pending_
     }
     history_add_locked(o, op);
     ops_start_runnable_locked(o);
-    pthread_cond_broadcast(&o->cv);
 }
 
+/* Ends op with st at once, answering its caller. Called with the lock held: the answer goes
+ * out through the closure anyway, which only packs and queues a send. ops->mtx held. */
 static void
-execute_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, bool *keep)
+op_fail_now_locked(struct ops *o, struct op *op, const dc_status *st)
 {
-    struct call_ctx *c       = arg;
-    struct ops *o            = c->o;
-    struct op_worker *w      = c->w;
+    struct pending_answer pa;
+
+    op->refs++; /* op_end may free it from the history; keep it for the answer */
+    op_end_locked(o, op, st, &pa);
+    op_unref_locked(o, op);
+    answer_send(&pa);
+}
+
+/* ---- running ----------------------------------------------------------------------------- */
+
+/* A worker's answer to Execute (fanout_events.executed): the op ends at the first failure or
+ * at the last answer. */
+static void
+ops_on_executed(void *arg, void *tag, dc_code code, const dc_status *st, uint64_t elapsed_us)
+{
+    struct ops *o            = arg;
+    struct op_worker *w      = tag;
     struct op *op            = w->op;
+    const char *name         = w->plan->name;
     struct pending_answer pa = { 0 };
     bool answer              = false;
 
-    (void)keep;
     pthread_mutex_lock(&o->mtx);
-    w->answered = true;
-    w->code     = code;
+    w->answered   = true;
+    w->code       = code;
+    w->elapsed_us = elapsed_us;
     snprintf(w->message, sizeof(w->message), "%s", st->message);
-    if (code == DC_OK && reply->body != NULL) {
-        w->elapsed_us = ((Devcoord__V1__ExecuteResponse *)reply->body)->elapsed_us;
-    }
     op->pending--;
     if (op->state == OP_RUNNING) {
         if (code != DC_OK) {
@@ -567,17 +402,17 @@ execute_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *rep
             /* The coordinator's own call timing out (no answer came at all) is about this
              * worker; anything the worker answered may be about a peer it names. */
             if (code == DC_DEADLINE_EXCEEDED && st->transport) {
-                status_set(&fail, code, "worker %s did not answer op %s within %u ms", w->name,
-                           op->id, op->timeout_ms);
-                status_set_worker(&fail, w->name);
-            } else if (st->worker[0] != '\0' && strcmp(st->worker, w->name) != 0) {
+                status_set(&fail, code, "worker %s did not answer op %s within %u ms", name, op->id,
+                           op->timeout_ms);
+                status_set_worker(&fail, name);
+            } else if (st->worker[0] != '\0' && strcmp(st->worker, name) != 0) {
                 /* A worker reporting what it found about a peer: name the peer. */
                 status_set(&fail, code, "worker %s: %s (reported by %s)", st->worker, st->message,
-                           w->name);
+                           name);
                 status_set_worker(&fail, st->worker);
             } else {
-                status_set(&fail, code, "worker %s: %s", w->name, st->message);
-                status_set_worker(&fail, w->name);
+                status_set(&fail, code, "worker %s: %s", name, st->message);
+                status_set_worker(&fail, name);
             }
             fail.device_index = st->device_index;
             /* ABORTED from a worker while others are still out is a reaction to a peer's
@@ -604,13 +439,13 @@ execute_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *rep
     }
     op_unref_locked(o, op);
     pthread_mutex_unlock(&o->mtx);
-    free(c);
     if (answer) {
         answer_send(&pa);
     }
 }
 
-/* Sends Execute to every worker of op. ops->mtx held. */
+/* Fans op out: sends Execute with the whole plan to every worker of it. Each call holds a
+ * reference to op until ops_on_executed. ops->mtx held. */
 static void
 op_start_locked(struct ops *o, struct op *op)
 {
@@ -622,18 +457,11 @@ op_start_locked(struct ops *o, struct op *op)
 
     op->state      = OP_RUNNING;
     op->started_us = rpc_now_us();
-    histo_observe(&o->fanout, (uint64_t)op->n_workers * 1000000u);
-    if (a == NULL || (req.plan = plan_pb(a, op)) == NULL) {
-        struct pending_answer pa;
-        arena_free(a);
+    histo_observe(&o->fanout_workers, (uint64_t)op->plan.n_workers * 1000000u);
+    if (a == NULL || (req.plan = plan_pb(a, &op->plan)) == NULL) {
         status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory starting op %s", op->id);
-        op->refs++; /* op_end may free it from the history; keep it for the answer */
-        op_end_locked(o, op, &st, &pa);
-        op_unref_locked(o, op);
-        /* Called with the lock held: the answer goes out through the closure anyway, which
-         * only packs and queues a send. */
-        answer_send(&pa);
-        return;
+        op_fail_now_locked(o, op, &st);
+        goto out;
     }
     left              = now < op->deadline_ms ? (uint32_t)(op->deadline_ms - now) : 1;
     req.op_id         = op->id;
@@ -644,172 +472,75 @@ op_start_locked(struct ops *o, struct op *op)
     req.output_tensor = op->output;
     req.timeout_ms =
         (uint32_t)(left * WORKER_TIME_SHARE) > 0 ? (uint32_t)(left * WORKER_TIME_SHARE) : 1;
-    for (size_t i = 0; i < op->n_workers; i++) {
+    for (size_t i = 0; i < op->plan.n_workers; i++) {
         struct op_worker *w = &op->workers[i];
-        struct call_ctx *c  = malloc(sizeof(*c));
+        dc_status fail;
 
         req.self  = (uint32_t)i;
-        req.epoch = w->epoch;
+        req.epoch = w->plan->epoch;
         status_clear(&st);
-        if (c == NULL) {
-            status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory");
-        } else {
-            c->o = o;
-            c->w = w;
-            op->refs++;
-            op->pending++;
-            if (rpc_call_async(w->client, WORKER_SVC, M_WORKER_EXECUTE, &req.base, NULL, 0, left,
-                               execute_done, c, &st) == DC_OK) {
-                continue;
-            }
-            op->refs--;
-            op->pending--;
-            free(c);
+        op->refs++;
+        op->pending++;
+        if (fanout_execute(o->fanout, w->conn, &req, left, w, &st) == DC_OK) {
+            continue;
         }
+        op->refs--;
+        op->pending--;
         /* Could not even send: the op fails like a worker that said no. */
         w->answered = true;
         w->code     = st.code;
         snprintf(w->message, sizeof(w->message), "%s", st.message);
-        {
-            struct pending_answer pa;
-            dc_status fail;
-            status_set(&fail, st.code, "worker %s: %s", w->name, st.message);
-            status_set_worker(&fail, w->name);
-            op->refs++;
-            op_end_locked(o, op, &fail, &pa);
-            op_unref_locked(o, op);
-            answer_send(&pa);
-        }
+        status_set(&fail, st.code, "worker %s: %s", w->plan->name, st.message);
+        status_set_worker(&fail, w->plan->name);
+        op_fail_now_locked(o, op, &fail);
         break;
     }
+out:
     arena_free(a);
 }
 
 /* ---- submit ------------------------------------------------------------------------------ */
 
-/* Queues a connection nobody uses for the timer thread to close. ops->mtx held. */
+/* Answers a submission that runs nothing, at once: a refusal (op NULL when it could not even
+ * be had) or a dry run. Frees op. */
 static void
-stale_push_closed(struct ops *o, struct wclient *wc)
-{
-    wc->refs       = 0;
-    wc->next_stale = o->stale;
-    o->stale       = wc;
-    pthread_cond_broadcast(&o->cv);
-}
-
-/* Closes the connections no op uses any more (outside the lock: closing waits for
- * callbacks, which take it). */
-static void
-stale_close_all(struct ops *o)
-{
-    struct wclient *list;
-
-    pthread_mutex_lock(&o->mtx);
-    list     = o->stale;
-    o->stale = NULL;
-    pthread_mutex_unlock(&o->mtx);
-    while (list != NULL) {
-        struct wclient *wc = list;
-        list               = wc->next_stale;
-        rpc_client_close(wc->client);
-        free(wc);
-    }
-}
-
-/* The connection to a worker's data address, opened on first use, with a reference for the
- * caller. A worker that comes back at the same address (a restart) keeps its connection: the
- * epoch travels in each Execute. ops->mtx held. */
-static struct wclient *
-worker_client_locked(struct ops *o, const char *name, const char *address, dc_status *st)
-{
-    struct wclient *wc = strmap_get(&o->clients, name), *fresh;
-
-    if (wc != NULL && strcmp(wc->address, address) == 0) {
-        wc->refs++;
-        return wc;
-    }
-    if ((fresh = calloc(1, sizeof(*fresh))) == NULL) {
-        status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
-        return NULL;
-    }
-    if (auth_client_open(address, o->worker_token, &o->cfg->tls, o->cfg->max_message_bytes, 500,
-                         &fresh->client, st) != DC_OK) {
-        free(fresh);
-        return NULL;
-    }
-    if (!strmap_put(&o->clients, name, fresh)) {
-        stale_push_closed(o, fresh);
-        status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
-        return NULL;
-    }
-    snprintf(fresh->address, sizeof(fresh->address), "%s", address);
-    fresh->refs = 2; /* the table's and the caller's */
-    if (wc != NULL) {
-        wclient_put_locked(o, wc); /* the table's reference to the old address */
-    }
-    return fresh;
-}
-
-/* Groups the concrete devices by worker, in order of first appearance. */
-static dc_code
-op_plan_workers(struct ops *o, struct op *op, dc_status *st)
-{
-    op->workers = calloc(op->n_devices, sizeof(*op->workers));
-    if (op->workers == NULL) {
-        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory planning");
-    }
-    for (size_t r = 0; r < op->n_devices; r++) {
-        struct op_worker *w = NULL;
-        for (size_t i = 0; i < op->n_workers; i++) {
-            if (strcmp(op->workers[i].name, op->devices[r].worker) == 0) {
-                w = &op->workers[i];
-                break;
-            }
-        }
-        if (w == NULL) {
-            w     = &op->workers[op->n_workers++];
-            w->op = op;
-            snprintf(w->name, sizeof(w->name), "%s", op->devices[r].worker);
-            if (!registry_worker_address(o->registry, w->name, w->address, sizeof(w->address),
-                                         &w->epoch)) {
-                status_set(st, DC_UNAVAILABLE, "worker %s is dead", w->name);
-                status_set_worker(st, w->name);
-                return DC_UNAVAILABLE;
-            }
-            if ((w->ranks = calloc(op->n_devices, sizeof(*w->ranks))) == NULL) {
-                return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory planning");
-            }
-        }
-        w->ranks[w->n_ranks++] = (uint32_t)r;
-    }
-    return DC_OK;
-}
-
-/* Answers a refused or dry-run submission right away, from op (not recorded). */
-static void
-answer_now(struct op *op, Devcoord__V1__SubmitOpResponse_Closure closure, void *cd)
+submit_answer_now(struct op *op, dc_code code, const dc_status *st,
+                  Devcoord__V1__SubmitOpResponse_Closure closure, void *cd)
 {
     Devcoord__V1__SubmitOpResponse resp = DEVCOORD__V1__SUBMIT_OP_RESPONSE__INIT;
-    struct arena *a                     = arena_new(ARENA_OWN_BUDGET);
+    struct arena *a                     = NULL;
 
-    *rpc_call_status(cd) = op->status;
-    if (a == NULL || (resp.op = op_info(a, op)) == NULL) {
-        status_set(rpc_call_status(cd), DC_RESOURCE_EXHAUSTED, "out of memory answering");
-        closure(NULL, cd);
-    } else {
-        closure(&resp, cd);
+    *rpc_call_status(cd) = *st;
+    if (code == DC_OK) {
+        status_clear(rpc_call_status(cd));
     }
+    if (op != NULL) {
+        op->status = *rpc_call_status(cd);
+        op->state  = code == DC_OK ? OP_QUEUED : OP_FAILED;
+        a          = arena_new(ARENA_OWN_BUDGET);
+        if (a == NULL || (resp.op = op_info(a, op)) == NULL) {
+            status_set(rpc_call_status(cd), DC_RESOURCE_EXHAUSTED, "out of memory answering");
+        }
+    }
+    closure(resp.op != NULL ? &resp : NULL, cd);
     arena_free(a);
+    op_free(op);
 }
 
-/* Reads the request into op: kind, names, devices (checked as a peer sent them). */
-static dc_code
-op_from_request(struct op *op, const Devcoord__V1__SubmitOpRequest *in,
-                const struct config_coordinator *cfg, dc_device_ref **refs, dc_status *st)
+/* A new op with what the request says besides its devices. */
+static struct op *
+op_new(const Devcoord__V1__SubmitOpRequest *in, const struct config_coordinator *cfg)
 {
-    op->kind   = (dc_op_kind)in->kind;
-    op->reduce = (dc_reduce_op)in->reduce;
-    op->root   = in->root;
+    struct op *op = calloc(1, sizeof(*op));
+
+    if (op == NULL) {
+        return NULL;
+    }
+    op->submitted_unix_ms = clock_unix_ms();
+    op->submitted_ms      = rpc_now_ms();
+    op->kind              = (dc_op_kind)in->kind;
+    op->reduce            = (dc_reduce_op)in->reduce;
+    op->root              = in->root;
     snprintf(op->tensor, sizeof(op->tensor), "%s", in->tensor);
     if (in->output_tensor[0] != '\0') {
         snprintf(op->output, sizeof(op->output), "%s", in->output_tensor);
@@ -817,15 +548,23 @@ op_from_request(struct op *op, const Devcoord__V1__SubmitOpRequest *in,
         snprintf(op->output, sizeof(op->output), "%s.gathered", in->tensor);
     }
     op->timeout_ms = in->timeout_ms ? in->timeout_ms : cfg->op_timeout_ms;
-    if (in->n_devices == 0) {
-        return status_set(st, DC_INVALID_ARGUMENT, "empty device list");
-    }
-    if (in->n_devices > cfg->max_group_devices) {
-        return status_set(st, DC_INVALID_ARGUMENT, "too many devices: %zu, at most %u",
-                          in->n_devices, cfg->max_group_devices);
+    return op;
+}
+
+/* The request's devices as a peer sent them, checked one by one, in *refs; *concrete gets room
+ * for validation's output. The count comes from the wire and sizes both: rule 1 bounds it
+ * before anything is allocated. */
+static dc_code
+request_devices(const Devcoord__V1__SubmitOpRequest *in, const struct validate_limits *limits,
+                dc_device_ref **refs, dc_device_ref **concrete, dc_status *st)
+{
+    dc_code rv;
+
+    if ((rv = validate_device_count(in->n_devices, limits, st)) != DC_OK) {
+        return rv;
     }
     if ((*refs = calloc(in->n_devices, sizeof(**refs))) == NULL ||
-        (op->devices = calloc(in->n_devices, sizeof(*op->devices))) == NULL) {
+        (*concrete = calloc(in->n_devices, sizeof(**concrete))) == NULL) {
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
     for (size_t i = 0; i < in->n_devices; i++) {
@@ -840,124 +579,143 @@ op_from_request(struct op *op, const Devcoord__V1__SubmitOpRequest *in,
     return DC_OK;
 }
 
-void
-ops_submit(struct ops *o, const Devcoord__V1__SubmitOpRequest *in,
-           Devcoord__V1__SubmitOpResponse_Closure closure, void *cd)
+/* The tensors an op that runs needs (a dry run runs nothing, so it needs none). */
+static dc_code
+op_check_tensors(const struct op *op, bool dry_run, dc_status *st)
 {
-    struct op *op = calloc(1, sizeof(*op));
-    struct validate_limits limits;
-    struct op_spec spec;
-    dc_device_ref *refs = NULL;
-    dc_status st;
-    dc_code code;
+    if (!dry_run && op->kind != DC_OP_BARRIER && op->tensor[0] == '\0') {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "invalid operation: %s needs a tensor name (SubmitOpRequest.tensor)",
+                          dc_op_kind_name(op->kind));
+    }
+    if (!dry_run && op->kind == DC_OP_ALL_GATHER && op->output[0] == '\0') {
+        return status_set(st, DC_INVALID_ARGUMENT, "invalid operation: no output tensor");
+    }
+    return DC_OK;
+}
 
-    if (op == NULL) {
-        status_set(rpc_call_status(cd), DC_RESOURCE_EXHAUSTED, "out of memory");
-        closure(NULL, cd);
-        return;
-    }
-    status_clear(&st);
-    op->submitted_unix_ms = clock_unix_ms();
-    op->submitted_ms      = rpc_now_ms();
-    op->state             = OP_FAILED;
-    code                  = op_from_request(op, in, o->cfg, &refs, &st);
-    if (code == DC_OK) {
-        spec   = (struct op_spec){ .kind      = op->kind,
-                                   .reduce    = op->reduce,
-                                   .root      = op->root,
-                                   .devices   = refs,
-                                   .n_devices = in->n_devices };
-        limits = (struct validate_limits){ .max_group_devices = o->cfg->max_group_devices,
-                                           .autodiff          = o->cfg->autodiff };
-        code   = registry_validate(o->registry, &spec, &limits, op->devices, op->group_id, &st);
-    }
-    if (code == DC_OK) {
-        op->n_devices = in->n_devices;
-        if (!in->dry_run && op->kind != DC_OP_BARRIER && op->tensor[0] == '\0') {
-            code = status_set(&st, DC_INVALID_ARGUMENT, "invalid operation: %s needs --tensor",
-                              dc_op_kind_name(op->kind));
-        } else if (!in->dry_run && op->kind == DC_OP_ALL_GATHER && op->output[0] == '\0') {
-            code = status_set(&st, DC_INVALID_ARGUMENT, "invalid operation: no output tensor");
-        } else {
-            code = op_plan_workers(o, op, &st);
-        }
-    }
-    free(refs);
-    if (code != DC_OK || in->dry_run) {
-        /* Refusals and dry runs are answered now and run nothing. */
-        op->status = st;
-        op->state  = code == DC_OK ? OP_QUEUED : OP_FAILED;
-        if (code == DC_OK) {
-            status_clear(&op->status);
-        }
-        answer_now(op, closure, cd);
-        op_free(op);
-        return;
-    }
+static bool
+ops_worker_address(void *arg, const char *name, char *address, size_t cap, uint64_t *epoch)
+{
+    return registry_worker_address(arg, name, address, cap, epoch);
+}
 
-    pthread_mutex_lock(&o->mtx);
+/* Plans op from the validated devices, with a worker state for each worker of the plan. */
+static dc_code
+op_plan(struct ops *o, struct op *op, const dc_device_ref *concrete, size_t n, const char *group_id,
+        dc_status *st)
+{
+    struct plan_lookup lookup = { ops_worker_address, o->registry };
+    dc_code rv;
+
+    if ((rv = plan_build(&op->plan, concrete, n, group_id, &lookup, st)) != DC_OK) {
+        return rv;
+    }
+    if ((op->workers = calloc(op->plan.n_workers, sizeof(*op->workers))) == NULL) {
+        plan_fini(&op->plan);
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory planning");
+    }
+    for (size_t i = 0; i < op->plan.n_workers; i++) {
+        op->workers[i].op   = op;
+        op->workers[i].plan = &op->plan.workers[i];
+    }
+    return DC_OK;
+}
+
+/* Enters op in the table and behind earlier ops on its devices. On DC_OK the table owns op;
+ * otherwise op is as it was. ops->mtx held. */
+static dc_code
+op_enqueue_locked(struct ops *o, struct op *op, Devcoord__V1__SubmitOpResponse_Closure closure,
+                  void *cd, dc_status *st)
+{
+    dc_code rv = DC_OK;
+
     if (o->stopping) {
-        pthread_mutex_unlock(&o->mtx);
-        status_set(&op->status, DC_UNAVAILABLE, "coordinator shutting down");
-        answer_now(op, closure, cd);
-        op_free(op);
-        return;
+        return status_set(st, DC_UNAVAILABLE, "coordinator shutting down");
     }
-    for (size_t i = 0; i < op->n_workers; i++) {
-        struct wclient *wc =
-            worker_client_locked(o, op->workers[i].name, op->workers[i].address, &st);
-        if (wc == NULL) {
-            op_put_clients_locked(o, op);
-            pthread_mutex_unlock(&o->mtx);
-            op->status = st;
-            answer_now(op, closure, cd);
-            op_free(op);
-            return;
+    for (size_t i = 0; i < op->plan.n_workers; i++) {
+        const struct plan_worker *pw = &op->plan.workers[i];
+        if ((rv = fanout_conn_get(o->fanout, pw->name, pw->address, &op->workers[i].conn, st)) !=
+            DC_OK) {
+            goto out;
         }
-        op->workers[i].wc     = wc;
-        op->workers[i].client = wc->client;
     }
     snprintf(op->id, sizeof(op->id), "op-%llx-%llx", (unsigned long long)op->submitted_unix_ms,
              (unsigned long long)++o->counter);
+    if (!strmap_put(&o->by_id, op->id, op)) {
+        rv = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    if (!opqueue_push(&o->queues, op, op->plan.devices, op->plan.n_devices)) {
+        strmap_del(&o->by_id, op->id);
+        rv = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
     op->deadline_ms = op->submitted_ms + op->timeout_ms;
     op->state       = OP_QUEUED;
     op->closure     = closure;
     op->cd          = cd;
     op->refs        = 1;
-    op->in_table    = true;
-    if (!strmap_put(&o->by_id, op->id, op)) {
-        op_put_clients_locked(o, op);
-        pthread_mutex_unlock(&o->mtx);
-        status_set(&op->status, DC_RESOURCE_EXHAUSTED, "out of memory");
-        answer_now(op, closure, cd);
-        op_free(op);
-        return;
-    }
-    for (size_t i = 0; i < op->n_devices; i++) {
-        char name[DC_DEVICE_TEXT_SIZE];
-        dc_device_ref_format(&op->devices[i], name, sizeof(name));
-        if (!dqueue_push(o, name, op)) {
-            /* Out of memory: undo what was queued. */
-            for (size_t k = 0; k < i; k++) {
-                dc_device_ref_format(&op->devices[k], name, sizeof(name));
-                dqueue_remove(o, name, op);
-            }
-            strmap_del(&o->by_id, op->id);
-            op_put_clients_locked(o, op);
-            pthread_mutex_unlock(&o->mtx);
-            status_set(&op->status, DC_RESOURCE_EXHAUSTED, "out of memory");
-            answer_now(op, closure, cd);
-            op_free(op);
-            return;
-        }
-    }
     op->next_active = o->active;
     o->active       = op;
     o->in_flight++;
-    if (op_runnable(o, op)) {
+out:
+    if (rv != DC_OK) {
+        op_put_conns(o, op);
+    }
+    return rv;
+}
+
+void
+ops_submit(struct ops *o, const Devcoord__V1__SubmitOpRequest *in,
+           Devcoord__V1__SubmitOpResponse_Closure closure, void *cd)
+{
+    struct validate_limits limits = { .max_group_devices = o->cfg->max_group_devices,
+                                      .autodiff          = o->cfg->autodiff };
+    /* Read now: once the op is queued, its answer (which frees in) may come at any time. */
+    const bool dry_run  = in->dry_run;
+    dc_device_ref *refs = NULL, *concrete = NULL;
+    char group_id[VALIDATE_GROUP_ID_SIZE];
+    struct op_spec spec;
+    struct op *op;
+    dc_status st;
+    dc_code code;
+
+    status_clear(&st);
+    if ((op = op_new(in, o->cfg)) == NULL) {
+        code = status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    /* Validate (design §4), then the tensors a run needs. */
+    if ((code = request_devices(in, &limits, &refs, &concrete, &st)) != DC_OK) {
+        goto out;
+    }
+    spec = (struct op_spec){ .kind      = op->kind,
+                             .reduce    = op->reduce,
+                             .root      = op->root,
+                             .devices   = refs,
+                             .n_devices = in->n_devices };
+    if ((code = registry_validate(o->registry, &spec, &limits, concrete, group_id, &st)) != DC_OK ||
+        (code = op_check_tensors(op, dry_run, &st)) != DC_OK) {
+        goto out;
+    }
+    /* Plan; a dry run ends here. */
+    if ((code = op_plan(o, op, concrete, in->n_devices, group_id, &st)) != DC_OK || dry_run) {
+        goto out;
+    }
+    /* Queue behind earlier ops on the same devices, and fan out if none is ahead. */
+    pthread_mutex_lock(&o->mtx);
+    if ((code = op_enqueue_locked(o, op, closure, cd, &st)) == DC_OK &&
+        opqueue_runnable(&o->queues, op, op->plan.devices, op->plan.n_devices)) {
         op_start_locked(o, op);
     }
     pthread_mutex_unlock(&o->mtx);
+out:
+    free(refs);
+    free(concrete);
+    if (code != DC_OK || dry_run) {
+        submit_answer_now(op, code, &st, closure, cd);
+    }
 }
 
 /* ---- queries ----------------------------------------------------------------------------- */
@@ -1036,13 +794,13 @@ static void
 ops_fail_where(struct ops *o, bool (*match)(const struct op *, const void *), const void *arg,
                const dc_status *st_in)
 {
-    struct pending_answer answers[32];
+    struct pending_answer answers[FAIL_BATCH];
     size_t n;
 
     do {
         n = 0;
         pthread_mutex_lock(&o->mtx);
-        for (struct op *op = o->active; op != NULL && n < 32;) {
+        for (struct op *op = o->active; op != NULL && n < FAIL_BATCH;) {
             struct op *next = op->next_active;
             if (match(op, arg)) {
                 dc_status st = *st_in;
@@ -1057,7 +815,7 @@ ops_fail_where(struct ops *o, bool (*match)(const struct op *, const void *), co
         for (size_t i = 0; i < n; i++) {
             answer_send(&answers[i]);
         }
-    } while (n == 32);
+    } while (n == FAIL_BATCH);
 }
 
 struct gone {
@@ -1070,8 +828,9 @@ op_uses_worker(const struct op *op, const void *arg)
 {
     const struct gone *g = arg;
 
-    for (size_t i = 0; i < op->n_workers; i++) {
-        if (strcmp(op->workers[i].name, g->name) == 0 && op->workers[i].epoch == g->epoch) {
+    for (size_t i = 0; i < op->plan.n_workers; i++) {
+        const struct plan_worker *w = &op->plan.workers[i];
+        if (strcmp(w->name, g->name) == 0 && w->epoch == g->epoch) {
             return true;
         }
     }
@@ -1110,40 +869,35 @@ op_queued_too_long(const struct op *op, const void *arg)
     return op->state == OP_QUEUED && *now >= op->deadline_ms;
 }
 
+/* Every tick: fails ops queued past their deadline and closes the worker connections no op
+ * holds any more, both without the lock (answering and closing must not hold it). */
 static void *
 ops_timer(void *arg)
 {
     struct ops *o = arg;
+    dc_status late;
 
+    status_set(&late, DC_DEADLINE_EXCEEDED,
+               "deadline passed while waiting behind earlier ops on the same devices");
     pthread_mutex_lock(&o->mtx);
     while (!o->stopping) {
         struct timespec ts;
-        uint64_t now = rpc_now_ms();
-        bool late    = false;
+        uint64_t now;
 
-        for (struct op *op = o->active; op != NULL; op = op->next_active) {
-            late = late || (op->state == OP_QUEUED && now >= op->deadline_ms);
-        }
-        if (o->stale != NULL) {
-            pthread_mutex_unlock(&o->mtx);
-            stale_close_all(o);
-            pthread_mutex_lock(&o->mtx);
-        }
-        if (late) {
-            dc_status st;
-            pthread_mutex_unlock(&o->mtx);
-            status_set(&st, DC_DEADLINE_EXCEEDED,
-                       "deadline passed while waiting behind earlier ops on the same devices");
-            ops_fail_where(o, op_queued_too_long, &now, &st);
-            pthread_mutex_lock(&o->mtx);
-        }
+        pthread_mutex_unlock(&o->mtx);
+        now = rpc_now_ms();
+        ops_fail_where(o, op_queued_too_long, &now, &late);
+        fanout_close_stale(o->fanout);
+        pthread_mutex_lock(&o->mtx);
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += TIMER_TICK_MS * 1000000L;
         if (ts.tv_nsec >= 1000000000L) {
             ts.tv_sec++;
             ts.tv_nsec -= 1000000000L;
         }
-        pthread_cond_timedwait(&o->cv, &o->mtx, &ts);
+        if (!o->stopping) {
+            pthread_cond_timedwait(&o->cv, &o->mtx, &ts);
+        }
     }
     pthread_mutex_unlock(&o->mtx);
     return NULL;
@@ -1184,7 +938,7 @@ ops_metrics_render(struct ops *o, struct mbuf *b)
     }
     mbuf_printf(b, "# HELP devcoord_op_fanout_workers Workers an op was sent to.\n"
                    "# TYPE devcoord_op_fanout_workers histogram\n");
-    histo_render(b, "devcoord_op_fanout_workers", "", &o->fanout);
+    histo_render(b, "devcoord_op_fanout_workers", "", &o->fanout_workers);
 }
 
 /* ---- life -------------------------------------------------------------------------------- */
@@ -1192,31 +946,39 @@ ops_metrics_render(struct ops *o, struct mbuf *b)
 struct ops *
 ops_new(struct registry *registry, const struct config_coordinator *cfg, const char *worker_token)
 {
-    struct ops *o = calloc(1, sizeof(*o));
+    struct fanout_opts fo = { .token             = worker_token,
+                              .tls               = &cfg->tls,
+                              .max_message_bytes = cfg->max_message_bytes };
+    struct ops *o         = calloc(1, sizeof(*o));
 
     if (o == NULL) {
         return NULL;
     }
-    o->registry     = registry;
-    o->cfg          = cfg;
-    o->worker_token = worker_token;
-    o->hist_cap     = cfg->op_history;
-    if ((o->history = calloc(o->hist_cap ? o->hist_cap : 1, sizeof(*o->history))) == NULL) {
+    o->registry = registry;
+    o->cfg      = cfg;
+    o->hist_cap = cfg->op_history;
+    fo.events   = (struct fanout_events){ ops_on_executed, ops_on_aborted, o };
+    if ((o->history = calloc(o->hist_cap ? o->hist_cap : 1, sizeof(*o->history))) == NULL ||
+        (o->fanout = fanout_new(&fo)) == NULL) {
+        free(o->history);
         free(o);
         return NULL;
     }
     pthread_mutex_init(&o->mtx, NULL);
     pthread_cond_init(&o->cv, NULL);
     strmap_init(&o->by_id);
-    strmap_init(&o->queues);
-    strmap_init(&o->clients);
+    opqueue_init(&o->queues);
     for (int k = 0; k < DC_OP_COUNT; k++) {
         histo_init(&o->duration[k], histo_seconds, histo_seconds_n);
     }
-    histo_init(&o->fanout, fanout_buckets, sizeof(fanout_buckets) / sizeof(fanout_buckets[0]));
+    histo_init(&o->fanout_workers, fanout_buckets,
+               sizeof(fanout_buckets) / sizeof(fanout_buckets[0]));
     if (pthread_create(&o->timer, NULL, ops_timer, o) != 0) {
+        opqueue_fini(&o->queues);
+        strmap_fini(&o->by_id);
         pthread_cond_destroy(&o->cv);
         pthread_mutex_destroy(&o->mtx);
+        fanout_free(o->fanout);
         free(o->history);
         free(o);
         return NULL;
@@ -1238,86 +1000,31 @@ ops_shutdown(struct ops *o)
     ops_fail_where(o, op_any, NULL, &st);
 }
 
-/* One of op's connections still open, taken (its wclient's client is NULL from now on), or
- * NULL. ops->mtx held. */
-static struct rpc_client *
-op_client_take(struct op *op)
-{
-    for (size_t w = 0; w < op->n_workers; w++) {
-        struct wclient *wc = op->workers[w].wc;
-        if (wc != NULL && wc->client != NULL) {
-            struct rpc_client *c = wc->client;
-            wc->client           = NULL;
-            return c;
-        }
-    }
-    return NULL;
-}
-
-/* A connection still open, taken (its wclient's client is NULL from now on), or NULL: the
- * table's, and the replaced ones ops still hold. ops->mtx held. */
-static struct rpc_client *
-open_client_take_locked(struct ops *o)
-{
-    struct rpc_client *c = NULL;
-    const char *k;
-    void *v;
-
-    for (size_t i = 0; c == NULL && strmap_next(&o->clients, &i, &k, &v);) {
-        struct wclient *wc = v;
-        c                  = wc->client;
-        wc->client         = NULL;
-    }
-    for (size_t i = 0; c == NULL && i < o->hist_len; i++) {
-        c = op_client_take(o->history[i]);
-    }
-    for (struct op *op = o->active; c == NULL && op != NULL; op = op->next_active) {
-        c = op_client_take(op);
-    }
-    return c;
-}
-
+/*
+ * Why this order. Every op has ended (ops_shutdown), but calls may still be out: Executes
+ * the workers have not answered and the Aborts the ends sent, each holding a reference to its
+ * op. Closing every connection ends them now, and their callbacks drop those references;
+ * closing waits for the callbacks, which take mtx, so it runs without it. Then only the
+ * history holds ops, and dropping it puts back the last connection references.
+ */
 void
 ops_free(struct ops *o)
 {
-    struct rpc_client *c;
-    const char *k;
-    void *v;
-
     if (o == NULL) {
         return;
     }
     if (!o->stopping) {
         ops_shutdown(o);
     }
-    /* Closing every connection completes every call still out (aborts included): their
-     * callbacks drop their references to the ops. Closing waits for them: not under mtx. */
-    for (;;) {
-        pthread_mutex_lock(&o->mtx);
-        c = open_client_take_locked(o);
-        pthread_mutex_unlock(&o->mtx);
-        if (c == NULL) {
-            break;
-        }
-        rpc_client_close(c);
-    }
+    fanout_close_all(o->fanout);
     pthread_mutex_lock(&o->mtx);
     for (size_t i = 0; i < o->hist_len; i++) {
-        struct op *op = o->history[i];
-        op->in_table  = false;
-        op_unref_locked(o, op);
-    }
-    /* Every op is gone: what is left in the table holds only the table's reference. */
-    for (size_t i = 0; strmap_next(&o->clients, &i, &k, &v);) {
-        struct wclient *wc = v;
-        wc->client         = NULL;
-        free(wc);
+        op_unref_locked(o, o->history[i]);
     }
     pthread_mutex_unlock(&o->mtx);
-    strmap_fini(&o->clients);
-    stale_close_all(o);
+    fanout_free(o->fanout);
+    opqueue_fini(&o->queues);
     strmap_fini(&o->by_id);
-    strmap_fini(&o->queues);
     free(o->history);
     pthread_cond_destroy(&o->cv);
     pthread_mutex_destroy(&o->mtx);

@@ -1,0 +1,69 @@
+/*
+ * Fan-out from the coordinator to its workers: a cache of connections to workers' data
+ * addresses, shared by the ops that use them, and the Execute and Abort calls sent on them.
+ * Answers come back through struct fanout_events with the caller's tag; nothing here knows
+ * what an op is. Thread-safe: one lock of its own, never held while the events run, so the
+ * events may take the caller's lock (taken before this one, never after). A caller holds a
+ * connection from fanout_conn_get until fanout_conn_put; the cache holds its own.
+ */
+#ifndef DEVCOORD_COORDINATOR_FANOUT_H
+#define DEVCOORD_COORDINATOR_FANOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "devcoord/v1/devcoord.pb-c.h"
+#include "status.h"
+
+struct fanout;
+struct fanout_conn;
+
+struct fanout_events {
+    /* A worker answered Execute, or no answer came: code and st say which (elapsed_us: the
+     * worker's own timing, when it answered OK). Runs once per call fanout_execute started,
+     * on an nng thread: it may take the caller's lock, must not block otherwise. */
+    void (*executed)(void *arg, void *tag, dc_code code, const dc_status *st, uint64_t elapsed_us);
+    /* An Abort call fanout_abort started has ended, however it went. Same thread rules. */
+    void (*aborted)(void *arg, void *tag);
+    void *arg;
+};
+
+struct fanout_opts {
+    const char *token; /* what workers are called with (NULL without auth); must outlive it */
+    const struct config_tls *tls; /* for tls+tcp:// workers; must outlive it */
+    size_t max_message_bytes;
+    struct fanout_events events;
+};
+
+/* NULL when out of memory. */
+struct fanout *fanout_new(const struct fanout_opts *opts);
+/* Closes and frees every connection. Every reference must have been put back. */
+void fanout_free(struct fanout *f);
+
+/* The connection to worker `worker` at `address`, opened on first use, with a reference for
+ * the caller. A worker that comes back at the same address keeps its connection; one that
+ * moved gets a new one, and the old one is closed once nobody holds it. */
+dc_code fanout_conn_get(struct fanout *f, const char *worker, const char *address,
+                        struct fanout_conn **out, dc_status *st);
+/* Drops a reference (NULL: nothing). May be called from an events callback. */
+void fanout_conn_put(struct fanout *f, struct fanout_conn *c);
+
+/* Sends req on c. On DC_OK events.executed runs once with tag; otherwise it never runs and st
+ * says why the call could not start. */
+dc_code fanout_execute(struct fanout *f, struct fanout_conn *c,
+                       const Devcoord__V1__ExecuteRequest *req, uint32_t timeout_ms, void *tag,
+                       dc_status *st);
+/* Sends req on c; the same contract, with events.aborted. */
+dc_code fanout_abort(struct fanout *f, struct fanout_conn *c, const Devcoord__V1__AbortRequest *req,
+                     void *tag, dc_status *st);
+
+/* Closes the connections nobody holds any more. Closing waits for their callbacks: call it
+ * from a thread that holds no lock the events take, never from a callback. */
+void fanout_close_stale(struct fanout *f);
+/* Shutdown: closes every connection, held or not, so calls still out end now (CANCELLED) and
+ * their events run before this returns. Held connections stay valid until put back; calls on
+ * them fail. The same thread rules as fanout_close_stale. */
+void fanout_close_all(struct fanout *f);
+
+#endif
