@@ -3,6 +3,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define ARENA_ALIGN     16
 #define ARENA_CHUNK_MIN 16384
@@ -118,6 +119,18 @@ arena_alloc(struct arena *a, size_t size)
     a->spent += want;
     c->used += want;
     return c->data + c->used - want;
+}
+
+char *
+arena_strdup(struct arena *a, const char *s)
+{
+    size_t len = strlen(s);
+    char *p    = arena_alloc(a, len + 1);
+
+    if (p != NULL) {
+        memcpy(p, s, len + 1);
+    }
+    return p;
 }
 
 bool

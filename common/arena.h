@@ -24,6 +24,9 @@ void arena_free(struct arena *a);
 /* Memory from the arena, 16-byte aligned; NULL once the budget is spent. */
 void *arena_alloc(struct arena *a, size_t size);
 
+/* A copy of the string s in the arena; NULL once the budget is spent. */
+char *arena_strdup(struct arena *a, const char *s);
+
 /* Whether an allocation was refused (the decode failed for want of budget, not of form). */
 bool arena_exhausted(const struct arena *a);
 

@@ -131,18 +131,6 @@ op_unref_locked(struct ops *o, struct op *op)
 
 /* ---- the info messages ------------------------------------------------------------------- */
 
-static char *
-arena_str(struct arena *a, const char *s)
-{
-    size_t n = strlen(s);
-    char *p  = arena_alloc(a, n + 1);
-
-    if (p != NULL) {
-        memcpy(p, s, n + 1);
-    }
-    return p;
-}
-
 static Devcoord__V1__Status *
 status_pb(struct arena *a, const dc_status *st)
 {
@@ -153,8 +141,8 @@ status_pb(struct arena *a, const dc_status *st)
     }
     devcoord__v1__status__init(s);
     s->code    = (Devcoord__V1__Code)st->code;
-    s->message = arena_str(a, st->message);
-    s->worker  = arena_str(a, st->worker);
+    s->message = arena_strdup(a, st->message);
+    s->worker  = arena_strdup(a, st->worker);
     if (st->device_index >= 0) {
         s->detail_case  = DEVCOORD__V1__STATUS__DETAIL_DEVICE_INDEX;
         s->device_index = (uint32_t)st->device_index;
@@ -181,12 +169,12 @@ op_info(struct arena *a, const struct op *op)
         return NULL;
     }
     devcoord__v1__op_info__init(info);
-    info->op_id             = arena_str(a, op->id);
+    info->op_id             = arena_strdup(a, op->id);
     info->kind              = (Devcoord__V1__OpKind)op->kind;
     info->reduce            = (Devcoord__V1__ReduceOp)op->reduce;
     info->root              = op->root;
-    info->tensor            = arena_str(a, op->tensor);
-    info->output_tensor     = arena_str(a, op->output);
+    info->tensor            = arena_strdup(a, op->tensor);
+    info->output_tensor     = arena_strdup(a, op->output);
     info->state             = op_states[op->state];
     info->status            = status_pb(a, &op->status);
     info->plan              = op->plan.n_devices > 0 ? plan_pb(a, &op->plan) : NULL;
@@ -203,7 +191,7 @@ op_info(struct arena *a, const struct op *op)
         const struct op_worker *w = &op->workers[i];
         if (!w->answered) {
             if (op->state == OP_RUNNING) {
-                info->waiting_on[nw++] = arena_str(a, w->plan->name);
+                info->waiting_on[nw++] = arena_strdup(a, w->plan->name);
             }
             continue;
         }
@@ -214,7 +202,7 @@ op_info(struct arena *a, const struct op *op)
         }
         devcoord__v1__worker_result__init(wr);
         status_set(&ws, w->code, "%s", w->message);
-        wr->name            = arena_str(a, w->plan->name);
+        wr->name            = arena_strdup(a, w->plan->name);
         wr->status          = status_pb(a, &ws);
         wr->elapsed_us      = w->elapsed_us;
         info->workers[nr++] = wr;

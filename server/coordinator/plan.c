@@ -91,18 +91,6 @@ out:
     return rv;
 }
 
-static char *
-arena_str(struct arena *a, const char *s)
-{
-    size_t n = strlen(s);
-    char *p  = arena_alloc(a, n + 1);
-
-    if (p != NULL) {
-        memcpy(p, s, n + 1);
-    }
-    return p;
-}
-
 Devcoord__V1__Plan *
 plan_pb(struct arena *a, const struct plan *p)
 {
@@ -112,7 +100,7 @@ plan_pb(struct arena *a, const struct plan *p)
         return NULL;
     }
     devcoord__v1__plan__init(pb);
-    pb->group_id = arena_str(a, p->group_id);
+    pb->group_id = arena_strdup(a, p->group_id);
     pb->devices  = arena_alloc(a, (p->n_devices + 1) * sizeof(*pb->devices));
     pb->workers  = arena_alloc(a, (p->n_workers + 1) * sizeof(*pb->workers));
     if (pb->group_id == NULL || pb->devices == NULL || pb->workers == NULL) {
@@ -125,7 +113,7 @@ plan_pb(struct arena *a, const struct plan *p)
             return NULL;
         }
         device_ref_to_pb(&p->devices[i], r, d);
-        if ((r->worker = arena_str(a, p->devices[i].worker)) == NULL) {
+        if ((r->worker = arena_strdup(a, p->devices[i].worker)) == NULL) {
             return NULL;
         }
         pb->devices[i] = r;
@@ -138,8 +126,8 @@ plan_pb(struct arena *a, const struct plan *p)
             return NULL;
         }
         devcoord__v1__plan_worker__init(w);
-        w->name    = arena_str(a, pw->name);
-        w->address = arena_str(a, pw->address);
+        w->name    = arena_strdup(a, pw->name);
+        w->address = arena_strdup(a, pw->address);
         w->ranks   = arena_alloc(a, (pw->n_ranks + 1) * sizeof(*w->ranks));
         if (w->name == NULL || w->address == NULL || w->ranks == NULL) {
             return NULL;

@@ -666,18 +666,6 @@ registry_sweep(struct registry *r, uint64_t now_ms)
 
 /* ---- responses --------------------------------------------------------------------------- */
 
-static char *
-arena_strdup(struct arena *a, const char *s)
-{
-    size_t len = strlen(s);
-    char *p    = arena_alloc(a, len + 1);
-
-    if (p != NULL) {
-        memcpy(p, s, len + 1);
-    }
-    return p;
-}
-
 static Devcoord__V1__WorkerInfo *
 worker_info(const struct registry *r, const struct reg_worker *w, uint64_t now_ms, struct arena *a)
 {
