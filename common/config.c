@@ -1,3 +1,11 @@
+/*
+ * The YAML loader of both daemons' configs. One file, at ~1,600 lines, because its three
+ * parts only make sense together: the event-driven loader over libyaml that tracks where it
+ * is (file:line:column for every error), the field parsers (addresses, sizes, devices,
+ * labels, ...), and the two schemas as tables of those parsers with their defaults.
+ * Reading it from the tables at the bottom up is the easiest way in: a new key is one table
+ * row, and usually no new code.
+ */
 #include "config.h"
 
 #include <assert.h>

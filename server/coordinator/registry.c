@@ -1,3 +1,11 @@
+/*
+ * The registry's one lock guards five views of the same workers — the name index and its
+ * sorted order (for paging), the device indexes (by cluster name, and by concrete device for
+ * resolving a device named without its worker), liveness and fencing, operator intent, and
+ * the answers built from them — which is why they stay in one file of ~1,200 lines:
+ * splitting them would spread one invariant (every index agrees with the workers under the
+ * lock) over several files. The sections below follow that order.
+ */
 #include "registry.h"
 
 #include <inttypes.h>
