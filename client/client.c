@@ -3,13 +3,16 @@
  * request, makes one synchronous RPC to the coordinator and copies the reply into the
  * caller's types, checking every string and count that came over the wire.
  */
+#include "address.h"
 #include "auth.h"
 #include "client.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "device.h"
 #include "status.h"
@@ -191,6 +194,8 @@ out:
     return code;
 }
 
+/* The token, from the first of: opts->token, opts->token_file, $DEVCOORD_TOKEN (the token
+ * itself), $DEVCOORD_TOKEN_FILE (a file holding it); none of them: no token. */
 static dc_code
 client_token(const dc_client_options *opts, char **out, dc_status *st)
 {
@@ -207,8 +212,19 @@ client_token(const dc_client_options *opts, char **out, dc_status *st)
         return token_from_file(opts->token_file, out, st);
     }
     env = getenv("DEVCOORD_TOKEN");
-    if (env != NULL && env[0] != '\0' && (*out = strdup(env)) == NULL) {
-        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    if (env != NULL && env[0] != '\0') {
+        if ((*out = strdup(env)) == NULL) {
+            return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        return DC_OK;
+    }
+    env = getenv("DEVCOORD_TOKEN_FILE");
+    if (env != NULL && env[0] != '\0') {
+        dc_code code = token_from_file(env, out, st);
+        if (code != DC_OK) {
+            status_prefix(st, "$DEVCOORD_TOKEN_FILE");
+        }
+        return code;
     }
     return DC_OK;
 }
@@ -239,20 +255,24 @@ client_tls_options(dc_client *c, const dc_client_options *opts, dc_status *st)
     return DC_OK;
 }
 
-/* An RPC client to url with the handle's token, and TLS for tls+tcp:// addresses. */
+/* What opening a connection needs besides its address. */
+struct dial_spec {
+    const char *url, *token, *tls_ca, *tls_cert, *tls_key, *tls_server_name;
+};
+
+/* An RPC client as spec says, with TLS for tls+tcp:// addresses. */
 static dc_code
-client_rpc_open(dc_client *c, const char *url, bool connect_now, struct rpc_client **out,
-                dc_status *st)
+rpc_open_spec(const struct dial_spec *d, bool connect_now, struct rpc_client **out, dc_status *st)
 {
-    struct rpc_client_opts ro = { .url = url, .connect_now = connect_now, .token = c->token };
+    struct rpc_client_opts ro = { .url = d->url, .connect_now = connect_now, .token = d->token };
     nng_tls_config *tls       = NULL;
     char host[256];
     dc_code code;
 
-    if (strncmp(url, "tls+", 4) == 0) {
-        auth_url_host(url, host, sizeof(host));
-        if ((code = auth_tls_client(c->tls_ca, c->tls_cert, c->tls_key,
-                                    c->tls_server_name != NULL ? c->tls_server_name : host, &tls,
+    if (strncmp(d->url, "tls+", 4) == 0) {
+        auth_url_host(d->url, host, sizeof(host));
+        if ((code = auth_tls_client(d->tls_ca, d->tls_cert, d->tls_key,
+                                    d->tls_server_name != NULL ? d->tls_server_name : host, &tls,
                                     st)) != DC_OK) {
             return code;
         }
@@ -262,14 +282,184 @@ client_rpc_open(dc_client *c, const char *url, bool connect_now, struct rpc_clie
     if (tls != NULL) {
         nng_tls_config_free(tls);
     }
+    if (code == DC_INVALID_ARGUMENT && address_problem(d->url) == NULL) {
+        /* The address is well formed (the coordinator checked a worker's when it
+         * registered, dc_client_open the caller's), so nng refusing it means its host does
+         * not resolve: the server cannot be reached from here, which is not the caller's
+         * mistake in writing it. */
+        auth_url_host(d->url, host, sizeof(host));
+        code = status_set(st, DC_UNAVAILABLE,
+                          "cannot reach %s: host '%s' does not resolve from here", d->url, host);
+        if (st != NULL) {
+            st->transport = true;
+        }
+    }
     return code;
+}
+
+/*
+ * A connection made now, within the handle's call deadline. nng's blocking dial waits up to
+ * its own fixed 10 s for a peer that accepts the TCP connection but never completes the
+ * handshake (a stopped process), so the dial runs on a thread of its own and the caller
+ * waits only its deadline. A caller that gives up leaves the thread to close what it
+ * eventually opens and to free the job: whichever of the two finishes last frees it.
+ */
+struct dial_job {
+    pthread_mutex_t mtx;
+    pthread_cond_t cv;
+    bool done, abandoned;
+    struct dial_spec spec; /* points into strings */
+    char *strings[6];      /* copies: the caller's handle may be gone when the dial ends */
+    struct rpc_client *rpc;
+    dc_code code;
+    dc_status st;
+};
+
+static void
+dial_job_free(struct dial_job *j)
+{
+    for (size_t i = 0; i < 6; i++) {
+        free(j->strings[i]);
+    }
+    pthread_cond_destroy(&j->cv);
+    pthread_mutex_destroy(&j->mtx);
+    free(j);
+}
+
+static void *
+dial_run(void *arg)
+{
+    struct dial_job *j     = arg;
+    struct rpc_client *rpc = NULL;
+    dc_status st;
+    dc_code code = rpc_open_spec(&j->spec, true, &rpc, &st);
+    bool abandoned;
+
+    pthread_mutex_lock(&j->mtx);
+    abandoned = j->abandoned;
+    if (!abandoned) {
+        j->rpc  = rpc;
+        j->code = code;
+        j->st   = st;
+        j->done = true;
+        pthread_cond_signal(&j->cv);
+    }
+    pthread_mutex_unlock(&j->mtx);
+    if (abandoned) {
+        rpc_client_close(rpc);
+        dial_job_free(j);
+    }
+    return NULL;
+}
+
+static struct dial_job *
+dial_job_new(const struct dial_spec *d)
+{
+    const char *src[6] = {
+        d->url, d->token, d->tls_ca, d->tls_cert, d->tls_key, d->tls_server_name
+    };
+    struct dial_job *j = calloc(1, sizeof(*j));
+    pthread_condattr_t ca;
+
+    if (j == NULL) {
+        return NULL;
+    }
+    pthread_mutex_init(&j->mtx, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&j->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    for (size_t i = 0; i < 6; i++) {
+        if (src[i] != NULL && (j->strings[i] = strdup(src[i])) == NULL) {
+            dial_job_free(j);
+            return NULL;
+        }
+    }
+    j->spec = (struct dial_spec){ .url             = j->strings[0],
+                                  .token           = j->strings[1],
+                                  .tls_ca          = j->strings[2],
+                                  .tls_cert        = j->strings[3],
+                                  .tls_key         = j->strings[4],
+                                  .tls_server_name = j->strings[5] };
+    return j;
+}
+
+static dc_code
+dial_bounded(const struct dial_spec *d, uint32_t timeout_ms, struct rpc_client **out, dc_status *st)
+{
+    struct dial_job *j = dial_job_new(d);
+    struct timespec deadline;
+    pthread_attr_t attr;
+    pthread_t thread;
+    int rv = 0;
+    dc_code code;
+
+    if (j == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    rv = pthread_create(&thread, &attr, dial_run, j);
+    pthread_attr_destroy(&attr);
+    if (rv != 0) {
+        dial_job_free(j);
+        return rpc_open_spec(d, true, out, st); /* no thread to spare: nng's bound, then */
+    }
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += (time_t)(timeout_ms / 1000);
+    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&j->mtx);
+    while (!j->done && rv != ETIMEDOUT) {
+        rv = pthread_cond_timedwait(&j->cv, &j->mtx, &deadline);
+    }
+    if (!j->done) {
+        j->abandoned = true;
+        pthread_mutex_unlock(&j->mtx);
+        code = status_set(st, DC_DEADLINE_EXCEEDED, "cannot reach %s: no answer within %u ms",
+                          d->url, timeout_ms);
+        if (st != NULL) {
+            st->transport = true;
+        }
+        return code;
+    }
+    pthread_mutex_unlock(&j->mtx);
+    *out = j->rpc;
+    code = j->code;
+    if (st != NULL) {
+        *st = j->st;
+    }
+    dial_job_free(j);
+    return code;
+}
+
+/* An RPC client to url with the handle's token and TLS files; connected before returning
+ * when connect_now, within the handle's call deadline. */
+static dc_code
+client_rpc_open(dc_client *c, const char *url, bool connect_now, struct rpc_client **out,
+                dc_status *st)
+{
+    struct dial_spec d = { .url             = url,
+                           .token           = c->token,
+                           .tls_ca          = c->tls_ca,
+                           .tls_cert        = c->tls_cert,
+                           .tls_key         = c->tls_key,
+                           .tls_server_name = c->tls_server_name };
+
+    return connect_now ? dial_bounded(&d, c->timeout_ms, out, st)
+                       : rpc_open_spec(&d, false, out, st);
 }
 
 dc_code
 dc_client_open(const char *address, const dc_client_options *opts, dc_client **out, dc_status *st)
 {
     const char *addr = client_address(address);
-    dc_client *c     = NULL;
+    char url[CLIENT_ADDRESS_MAX + 8];
+    const char *problem;
+    dc_client *c = NULL;
     dc_code code;
 
     status_clear(st);
@@ -280,6 +470,14 @@ dc_client_open(const char *address, const dc_client_options *opts, dc_client **o
     if (strlen(addr) > CLIENT_ADDRESS_MAX) {
         return status_set(st, DC_INVALID_ARGUMENT, "address longer than %d bytes",
                           CLIENT_ADDRESS_MAX);
+    }
+    /* HOST:PORT without a scheme is TCP, as people write it. */
+    if (strstr(addr, "://") == NULL) {
+        snprintf(url, sizeof(url), "tcp://%s", addr);
+        addr = url;
+    }
+    if ((problem = address_problem(addr)) != NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "bad address '%s': %s", addr, problem);
     }
     if ((c = calloc(1, sizeof(*c))) == NULL) {
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");

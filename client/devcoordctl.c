@@ -1,326 +1,42 @@
 /*
- * devcoordctl: the operator CLI of devcoord (design §10). It uses only libdevcoord's public
- * API. Everything that can be checked without a server (options, device lists, values) is
- * checked before connecting; then one command runs and prints a table or one JSON document.
+ * devcoordctl: the operator CLI of devcoord. It uses only libdevcoord's public API. The
+ * command line is read against the tables of cli.c; everything that can be checked without a
+ * server (options, device lists, values) is checked before connecting; then one command runs
+ * and prints a table or one JSON document.
  * Exit codes: 0 ok, 1 the server said no, 2 usage error, 3 cannot reach the server.
  */
 #include <errno.h>
 #include <float.h>
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "cli.h"
 #include "devcoord/devcoord.h"
+#include "http_get.h"
+#include "human.h"
 #include "json.h"
 #include "text.h"
 
-enum {
-    EXIT_REFUSED     = 1,
-    EXIT_USAGE       = 2,
-    EXIT_UNREACHABLE = 3,
-};
+#define STR_(x) #x
+#define STR(x)  STR_(x)
+#define DEVCOORDCTL_VERSION \
+    STR(DC_VERSION_MAJOR) "." STR(DC_VERSION_MINOR) "." STR(DC_VERSION_PATCH)
 
-#define MAX_POSITIONAL 8
-
-static const char usage_text[] =
-    "Usage: devcoordctl [-s ADDR] [--token-file F] [-o table|json] COMMAND ...\n"
-    "\n"
-    "Commands:\n"
-    "  status                      cluster summary (workers by state, devices by backend, ops)\n"
-    "  workers list | show NAME | cordon NAME | uncordon NAME | drain NAME\n"
-    "  devices list [--backend B] [--worker W] [--state healthy|unhealthy|dead]\n"
-    "               [--label KEY=VALUE]\n"
-    "  ops list [--limit N] | show ID\n"
-    "  plan   --op KIND [--reduce OP] [--root I] --devices REF,REF,...       (dry run)\n"
-    "  submit --op KIND [--reduce OP] [--root I] --tensor NAME --devices REF,REF,...\n"
-    "         [--timeout-ms N] [--output-tensor NAME]\n"
-    "  tensor put DEVICE NAME --dtype T (--values 1,2,3 | --file F) [--shape 2,3]\n"
-    "  tensor get DEVICE NAME | list DEVICE | delete DEVICE NAME\n"
-    "  health                      exit 0 when the coordinator is ready\n"
-    "\n"
-    "Options:\n"
-    "  -s, --server ADDR     coordinator (default $DEVCOORD_ADDR, then tcp://127.0.0.1:7400)\n"
-    "  --token-file F        file whose first line is the bearer token (default\n"
-    "                        $DEVCOORD_TOKEN)\n"
-    "  --tls-ca F            CA certificate (PEM) that verifies tls+tcp:// servers\n"
-    "                        (default $DEVCOORD_TLS_CA)\n"
-    "  --tls-cert F          client certificate (PEM), when servers require one\n"
-    "  --tls-key F           its private key (PEM)\n"
-    "  -o, --output FORMAT   table (default) or json\n"
-    "  -h, --help            this text\n"
-    "  --version             the version\n"
-    "\n"
-    "KIND: all-reduce reduce broadcast all-gather barrier.  OP: sum mean min max prod.\n"
-    "T: f32 f64 i32 i64.  REF: [worker/]device, e.g. node-a/cuda:0, node-a/autodiff(rocm:1).\n"
-    "--file holds raw values in this machine's byte order; without --shape a tensor is 1-D.\n"
-    "Exit codes: 0 ok, 1 the server said no, 2 usage error, 3 cannot reach the server.\n";
-
-/* ---- command line -------------------------------------------------------------------- */
-
-enum opt {
-    O_SERVER,
-    O_TOKEN_FILE,
-    O_OUTPUT,
-    O_HELP,
-    O_VERSION,
-    O_BACKEND,
-    O_WORKER,
-    O_STATE,
-    O_LABEL,
-    O_LIMIT,
-    O_OP,
-    O_REDUCE,
-    O_ROOT,
-    O_DEVICES,
-    O_TENSOR,
-    O_TIMEOUT,
-    O_OUTPUT_TENSOR,
-    O_DTYPE,
-    O_VALUES,
-    O_FILE,
-    O_SHAPE,
-    O_TLS_CA,
-    O_TLS_CERT,
-    O_TLS_KEY,
-    O_COUNT
-};
-
-#define OPT(o) (1u << (o))
-#define GLOBAL_OPTS                                                                     \
-    (OPT(O_SERVER) | OPT(O_TOKEN_FILE) | OPT(O_OUTPUT) | OPT(O_HELP) | OPT(O_VERSION) | \
-     OPT(O_TLS_CA) | OPT(O_TLS_CERT) | OPT(O_TLS_KEY))
-
-struct opt_def {
-    const char *name;
-    char short_name;
-    bool has_arg;
-};
-
-static const struct opt_def opt_defs[O_COUNT] = {
-    [O_SERVER] = { "server", 's', true },    [O_TOKEN_FILE] = { "token-file", 0, true },
-    [O_TLS_CA] = { "tls-ca", 0, true },      [O_TLS_CERT] = { "tls-cert", 0, true },
-    [O_TLS_KEY] = { "tls-key", 0, true },    [O_OUTPUT] = { "output", 'o', true },
-    [O_HELP] = { "help", 'h', false },       [O_VERSION] = { "version", 0, false },
-    [O_BACKEND] = { "backend", 0, true },    [O_WORKER] = { "worker", 0, true },
-    [O_STATE] = { "state", 0, true },        [O_LABEL] = { "label", 0, true },
-    [O_LIMIT] = { "limit", 0, true },        [O_OP] = { "op", 0, true },
-    [O_REDUCE] = { "reduce", 0, true },      [O_ROOT] = { "root", 0, true },
-    [O_DEVICES] = { "devices", 0, true },    [O_TENSOR] = { "tensor", 0, true },
-    [O_TIMEOUT] = { "timeout-ms", 0, true }, [O_OUTPUT_TENSOR] = { "output-tensor", 0, true },
-    [O_DTYPE] = { "dtype", 0, true },        [O_VALUES] = { "values", 0, true },
-    [O_FILE] = { "file", 0, true },          [O_SHAPE] = { "shape", 0, true },
-};
-
-enum command {
-    CMD_STATUS,
-    CMD_WORKERS_LIST,
-    CMD_WORKERS_SHOW,
-    CMD_WORKERS_CORDON,
-    CMD_WORKERS_UNCORDON,
-    CMD_WORKERS_DRAIN,
-    CMD_DEVICES_LIST,
-    CMD_OPS_LIST,
-    CMD_OPS_SHOW,
-    CMD_PLAN,
-    CMD_SUBMIT,
-    CMD_TENSOR_PUT,
-    CMD_TENSOR_GET,
-    CMD_TENSOR_LIST,
-    CMD_TENSOR_DELETE,
-    CMD_HEALTH,
-};
-
-struct command_def {
-    enum command id;
-    const char *group;
-    const char *sub; /* NULL: a one-word command */
-    int n_args;      /* positional arguments after the command words */
-    const char *args;
-    unsigned opts;
-};
-
-#define OP_OPTS (OPT(O_OP) | OPT(O_REDUCE) | OPT(O_ROOT) | OPT(O_DEVICES))
-
-static const struct command_def commands[] = {
-    { CMD_STATUS, "status", NULL, 0, "", 0 },
-    { CMD_WORKERS_LIST, "workers", "list", 0, "", 0 },
-    { CMD_WORKERS_SHOW, "workers", "show", 1, " NAME", 0 },
-    { CMD_WORKERS_CORDON, "workers", "cordon", 1, " NAME", 0 },
-    { CMD_WORKERS_UNCORDON, "workers", "uncordon", 1, " NAME", 0 },
-    { CMD_WORKERS_DRAIN, "workers", "drain", 1, " NAME", 0 },
-    { CMD_DEVICES_LIST, "devices", "list", 0, "",
-      OPT(O_BACKEND) | OPT(O_WORKER) | OPT(O_STATE) | OPT(O_LABEL) },
-    { CMD_OPS_LIST, "ops", "list", 0, "", OPT(O_LIMIT) },
-    { CMD_OPS_SHOW, "ops", "show", 1, " ID", 0 },
-    { CMD_PLAN, "plan", NULL, 0, "", OP_OPTS },
-    { CMD_SUBMIT, "submit", NULL, 0, "",
-      OP_OPTS | OPT(O_TENSOR) | OPT(O_TIMEOUT) | OPT(O_OUTPUT_TENSOR) },
-    { CMD_TENSOR_PUT, "tensor", "put", 2, " DEVICE NAME",
-      OPT(O_DTYPE) | OPT(O_VALUES) | OPT(O_FILE) | OPT(O_SHAPE) },
-    { CMD_TENSOR_GET, "tensor", "get", 2, " DEVICE NAME", 0 },
-    { CMD_TENSOR_LIST, "tensor", "list", 1, " DEVICE", 0 },
-    { CMD_TENSOR_DELETE, "tensor", "delete", 2, " DEVICE NAME", 0 },
-    { CMD_HEALTH, "health", NULL, 0, "", 0 },
-};
-
-#define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
-
-struct cli {
-    const char *val[O_COUNT];
-    bool seen[O_COUNT];
-    const char *pos[MAX_POSITIONAL];
-    int n_pos;
-    const struct command_def *cmd;
-    const char *const *args; /* the command's positional arguments */
-    bool json;
-};
-
-/* Prints a usage error (one line, with the hint) and returns the usage exit code. */
-static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static int
-usage_error(const char *fmt, ...)
-{
-    va_list ap;
-
-    fputs("devcoordctl: INVALID_ARGUMENT: ", stderr);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputs(" (see 'devcoordctl --help')\n", stderr);
-    return EXIT_USAGE;
-}
-
-static int
-opt_find_long(const char *name, size_t len)
-{
-    for (int o = 0; o < O_COUNT; o++) {
-        if (strlen(opt_defs[o].name) == len && memcmp(opt_defs[o].name, name, len) == 0) {
-            return o;
-        }
-    }
-    return -1;
-}
-
-static int
-opt_find_short(char c)
-{
-    for (int o = 0; o < O_COUNT; o++) {
-        if (opt_defs[o].short_name != 0 && opt_defs[o].short_name == c) {
-            return o;
-        }
-    }
-    return -1;
-}
-
-/* Options may come anywhere (before or after the command); "--" ends them. Returns 0 or an
- * exit code. */
-static int
-cli_parse_argv(struct cli *cli, int argc, char **argv)
-{
-    bool opts_done = false;
-
-    for (int i = 1; i < argc; i++) {
-        const char *a     = argv[i];
-        const char *value = NULL;
-        int o;
-
-        if (!opts_done && strcmp(a, "--") == 0) {
-            opts_done = true;
-            continue;
-        }
-        if (!opts_done && a[0] == '-' && a[1] == '-') {
-            const char *eq = strchr(a + 2, '=');
-            size_t len     = eq != NULL ? (size_t)(eq - (a + 2)) : strlen(a + 2);
-            if ((o = opt_find_long(a + 2, len)) < 0) {
-                return usage_error("unknown option '%.*s'", (int)(len + 2), a);
-            }
-            if (opt_defs[o].has_arg) {
-                if (eq != NULL) {
-                    value = eq + 1;
-                } else if (i + 1 < argc) {
-                    value = argv[++i];
-                } else {
-                    return usage_error("option --%s needs a value", opt_defs[o].name);
-                }
-            } else if (eq != NULL) {
-                return usage_error("option --%s takes no value", opt_defs[o].name);
-            }
-        } else if (!opts_done && a[0] == '-' && a[1] != '\0') {
-            if ((o = opt_find_short(a[1])) < 0) {
-                return usage_error("unknown option '-%c'", a[1]);
-            }
-            if (opt_defs[o].has_arg) {
-                if (a[2] != '\0') {
-                    value = a + 2;
-                } else if (i + 1 < argc) {
-                    value = argv[++i];
-                } else {
-                    return usage_error("option -%c needs a value", a[1]);
-                }
-            } else if (a[2] != '\0') {
-                return usage_error("option -%c takes no value", a[1]);
-            }
-        } else {
-            if (cli->n_pos == MAX_POSITIONAL) {
-                return usage_error("too many arguments");
-            }
-            cli->pos[cli->n_pos++] = a;
-            continue;
-        }
-        cli->seen[o] = true;
-        cli->val[o]  = value;
-    }
-    return 0;
-}
-
-static int
-cli_find_command(struct cli *cli)
-{
-    const char *group = cli->pos[0];
-    const char *sub   = cli->n_pos > 1 ? cli->pos[1] : NULL;
-    bool group_known  = false;
-    int words;
-
-    for (size_t i = 0; i < N_COMMANDS; i++) {
-        const struct command_def *d = &commands[i];
-        if (strcmp(d->group, group) != 0) {
-            continue;
-        }
-        group_known = true;
-        if (d->sub == NULL || (sub != NULL && strcmp(d->sub, sub) == 0)) {
-            cli->cmd = d;
-            break;
-        }
-    }
-    if (cli->cmd == NULL) {
-        if (!group_known) {
-            return usage_error("unknown command '%s'", group);
-        }
-        if (sub == NULL) {
-            return usage_error("'%s' needs a subcommand", group);
-        }
-        return usage_error("unknown command '%s %s'", group, sub);
-    }
-    words = cli->cmd->sub != NULL ? 2 : 1;
-    if (cli->n_pos - words != cli->cmd->n_args) {
-        return usage_error("'%s%s%s' takes %s", cli->cmd->group, cli->cmd->sub ? " " : "",
-                           cli->cmd->sub ? cli->cmd->sub : "",
-                           cli->cmd->n_args > 0 ? cli->cmd->args + 1 : "no arguments");
-    }
-    cli->args = cli->pos + words;
-    for (int o = 0; o < O_COUNT; o++) {
-        if (cli->seen[o] && !((GLOBAL_OPTS | cli->cmd->opts) & OPT(o))) {
-            return usage_error("option --%s does not apply to '%s%s%s'", opt_defs[o].name,
-                               cli->cmd->group, cli->cmd->sub ? " " : "",
-                               cli->cmd->sub ? cli->cmd->sub : "");
-        }
-    }
-    return 0;
-}
+/* Transfers above this show their progress on a terminal. */
+#define PROGRESS_MIN_BYTES ((size_t)4 << 20)
+/* How often drain --wait asks whether the worker is idle. */
+#define DRAIN_POLL_MS             200u
+#define WATCH_DEFAULT_INTERVAL_MS 2000u
+/* What --timeout defaults to (the library's call deadline), and so how long drain --wait
+ * waits when given no --timeout. */
+#define DEFAULT_TIMEOUT_MS 30000u
 
 /* An unsigned decimal in [0, max]: no sign, no blanks, no trailing characters. */
 static bool
@@ -350,8 +66,8 @@ parse_u32_opt(const struct cli *cli, enum opt o, uint32_t *out)
         return 0;
     }
     if (!parse_u64(cli->val[o], UINT32_MAX, &v)) {
-        return usage_error("--%s wants a number from 0 to %u, not '%s'", opt_defs[o].name,
-                           UINT32_MAX, cli->val[o]);
+        return cli_usage_error("--%s wants a number from 0 to %u, not '%s'", cli_opt_name(o),
+                               UINT32_MAX, cli->val[o]);
     }
     *out = (uint32_t)v;
     return 0;
@@ -513,6 +229,27 @@ fmt_u64(char *buf, size_t cap, uint64_t v)
     snprintf(buf, cap, "%" PRIu64, v);
 }
 
+static uint64_t
+now_unix_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* The age of something stamped `unix_ms` by the coordinator's clock; "-" when unstamped. A
+ * stamp ahead of our clock (clocks differ between machines) counts as just now. */
+static void
+fmt_age_since(char *buf, size_t cap, uint64_t unix_ms, uint64_t now_ms)
+{
+    if (unix_ms == 0) {
+        snprintf(buf, cap, "-");
+        return;
+    }
+    human_age(buf, cap, now_ms > unix_ms ? now_ms - unix_ms : 0);
+}
+
 static void
 fmt_shape(char *buf, size_t cap, const uint64_t *shape, size_t ndim)
 {
@@ -571,23 +308,25 @@ worker_labels_text(const dc_worker_info *w, char *buf, size_t cap)
     }
 }
 
-static const char *const worker_header[] = { "NAME",    "ADDRESS",  "STATE",      "EPOCH",
-                                             "DEVICES", "EXECUTOR", "LAST_HB_MS", "LABELS" };
+static const char *const worker_header[] = { "NAME",    "ADDRESS",  "STATE",   "AGE",
+                                             "DEVICES", "EXECUTOR", "LAST_HB", "LABELS" };
 
+/* A worker's epoch is the coordinator's clock in ms when it registered (or one more than the
+ * epoch before, when two registrations share a millisecond): the age of the registration. */
 static void
-worker_row(struct table *t, const dc_worker_info *w)
+worker_row(struct table *t, const dc_worker_info *w, uint64_t now_ms)
 {
-    char epoch[24], devices[24], hb[24], labels[1024];
+    char age[24], devices[24], hb[24], labels[1024];
     const char *row[8];
 
-    fmt_u64(epoch, sizeof(epoch), w->epoch);
+    fmt_age_since(age, sizeof(age), w->epoch, now_ms);
     fmt_u64(devices, sizeof(devices), w->device_count);
-    fmt_u64(hb, sizeof(hb), w->since_heartbeat_ms);
+    human_age(hb, sizeof(hb), w->since_heartbeat_ms);
     worker_labels_text(w, labels, sizeof(labels));
     row[0] = w->name;
     row[1] = or_dash(w->address);
     row[2] = or_dash(dc_worker_state_name(w->state));
-    row[3] = epoch;
+    row[3] = age;
     row[4] = devices;
     row[5] = or_dash(w->executor);
     row[6] = hb;
@@ -615,9 +354,10 @@ print_workers(const struct cli *cli, const dc_worker_info *workers, size_t n)
         return rc;
     } else {
         struct table t;
+        uint64_t now = now_unix_ms();
         table_init(&t, 8, worker_header);
         for (size_t i = 0; i < n; i++) {
-            worker_row(&t, &workers[i]);
+            worker_row(&t, &workers[i], now);
         }
         return table_print(&t);
     }
@@ -646,7 +386,7 @@ json_device(struct json *j, const dc_device_info *d)
 }
 
 static const char *const device_header[] = { "NAME",    "WORKER", "DEVICE",
-                                             "BACKEND", "STATE",  "MEMORY_BYTES" };
+                                             "BACKEND", "STATE",  "MEMORY" };
 
 static void
 device_rows(struct table *t, const dc_device_list *list)
@@ -657,7 +397,11 @@ device_rows(struct table *t, const dc_device_list *list)
         const char *row[6];
 
         dc_device_format(&d->device, concrete, sizeof(concrete));
-        fmt_u64(mem, sizeof(mem), d->memory_bytes);
+        if (d->memory_bytes == 0) {
+            snprintf(mem, sizeof(mem), "-"); /* the worker did not say */
+        } else {
+            human_bytes(mem, sizeof(mem), d->memory_bytes);
+        }
         row[0] = d->name;
         row[1] = d->worker;
         row[2] = concrete;
@@ -769,6 +513,144 @@ cmd_status(const struct cli *cli, dc_client *c)
     }
 }
 
+/* ---- watching ------------------------------------------------------------------------ */
+
+static volatile sig_atomic_t interrupted;
+
+static void
+on_interrupt(int sig)
+{
+    (void)sig;
+    interrupted = 1;
+}
+
+/* SIGINT and SIGTERM end a watch cleanly instead of killing the process. */
+static void
+catch_interrupts(void)
+{
+    struct sigaction sa;
+
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_interrupt;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+/* Sleeps in short steps: the signal may land on one of nng's threads, not on this one, so
+ * the flag is what tells. */
+static void
+sleep_ms(uint32_t ms)
+{
+    while (ms > 0 && !interrupted) {
+        uint32_t step      = ms < 50 ? ms : 50;
+        struct timespec ts = { .tv_sec = 0, .tv_nsec = (long)step * 1000000L };
+        nanosleep(&ts, NULL);
+        ms -= step;
+    }
+}
+
+static uint64_t
+monotonic_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* What a watch compares between two listings: everything but the heartbeat's age, which
+ * moves all the time. NULL when out of memory. */
+static char *
+workers_signature(const dc_worker_list *list)
+{
+    struct json j;
+    char *sig = NULL;
+
+    json_init(&j);
+    json_array_begin(&j);
+    for (size_t i = 0; i < list->n; i++) {
+        const dc_worker_info *w = &list->workers[i];
+        json_array_begin(&j);
+        json_string(&j, w->name);
+        json_string(&j, w->address);
+        json_uint(&j, (uint64_t)w->state);
+        json_uint(&j, w->epoch);
+        json_uint(&j, w->device_count);
+        json_string(&j, w->executor);
+        for (size_t k = 0; k < w->n_labels; k++) {
+            json_string(&j, w->labels[k].key);
+            json_string(&j, w->labels[k].value);
+        }
+        json_array_end(&j);
+    }
+    json_array_end(&j);
+    if (json_text(&j) != NULL) {
+        sig = strdup(json_text(&j));
+    }
+    json_free(&j);
+    return sig;
+}
+
+/*
+ * workers list -w: a listing every interval. A terminal shows the latest in place of the
+ * last (ages move even when nothing else does); a pipe or file gets a new frame only when a
+ * worker joined, left or changed, so a script reading it sees changes, not ticks. A lost
+ * coordinator is reported once and waited for; a refusal ends the watch.
+ */
+static int
+workers_watch(const struct cli *cli, dc_client *c, uint32_t interval_ms)
+{
+    bool redraw = isatty(STDOUT_FILENO) && !cli->json, outage = false;
+    char *last    = NULL;
+    size_t frames = 0;
+    int rc        = 0;
+
+    catch_interrupts();
+    while (!interrupted && rc == 0) {
+        dc_worker_list *list = NULL;
+        dc_status st;
+        char *sig;
+
+        if (dc_list_workers(c, &list, &st) != DC_OK) {
+            if (!st.transport) {
+                rc = fail(&st);
+                break;
+            }
+            if (!outage) {
+                print_error(&st);
+                outage = true;
+            }
+            sleep_ms(interval_ms);
+            continue;
+        }
+        outage = false;
+        if ((sig = workers_signature(list)) == NULL) {
+            fputs("devcoordctl: RESOURCE_EXHAUSTED: out of memory\n", stderr);
+            rc = EXIT_REFUSED;
+        } else if (redraw || last == NULL || strcmp(sig, last) != 0) {
+            if (redraw) {
+                fputs("\033[H\033[2J", stdout);
+                printf("devcoordctl workers list, every %" PRIu32 " ms (Ctrl-C ends)\n\n",
+                       interval_ms);
+            } else if (frames > 0 && !cli->json) {
+                fputc('\n', stdout);
+            }
+            rc = print_workers(cli, list->workers, list->n);
+            fflush(stdout);
+            frames++;
+            free(last);
+            last = sig;
+        } else {
+            free(sig);
+        }
+        dc_worker_list_free(list);
+        sleep_ms(interval_ms);
+    }
+    free(last);
+    return rc;
+}
+
 static int
 cmd_workers_list(const struct cli *cli, dc_client *c)
 {
@@ -776,6 +658,13 @@ cmd_workers_list(const struct cli *cli, dc_client *c)
     dc_status st;
     int rc;
 
+    if (cli->seen[O_WATCH]) {
+        uint32_t interval = WATCH_DEFAULT_INTERVAL_MS;
+        if (cli->seen[O_WATCH_INTERVAL]) {
+            human_parse_duration(cli->val[O_WATCH_INTERVAL], &interval); /* checked before */
+        }
+        return workers_watch(cli, c, interval);
+    }
     if (dc_list_workers(c, &list, &st) != DC_OK) {
         return fail(&st);
     }
@@ -827,7 +716,7 @@ cmd_workers_show(const struct cli *cli, dc_client *c)
     } else {
         struct table t;
         table_init(&t, 8, worker_header);
-        worker_row(&t, w);
+        worker_row(&t, w, now_unix_ms());
         if ((rc = table_print(&t)) != 0) {
             goto out;
         }
@@ -839,6 +728,167 @@ cmd_workers_show(const struct cli *cli, dc_client *c)
 out:
     dc_device_list_free(devices);
     dc_worker_list_free(workers);
+    return rc;
+}
+
+/* Whether op r still needs worker `name`: queued with it in the plan, or running and not
+ * answered by it yet (a worker that answered has finished its part). */
+static bool
+op_uses_worker(const dc_op_result *r, const char *name)
+{
+    bool planned = false;
+
+    if (r->state != DC_OP_STATE_QUEUED && r->state != DC_OP_STATE_RUNNING) {
+        return false;
+    }
+    for (size_t i = 0; i < r->n_plan_workers && !planned; i++) {
+        planned = strcmp(r->plan_workers[i].name, name) == 0;
+    }
+    if (!planned || r->state == DC_OP_STATE_QUEUED) {
+        return planned;
+    }
+    for (size_t i = 0; i < r->n_waiting; i++) {
+        if (strcmp(r->waiting_on[i], name) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The ops in flight that use a worker: how many, and the ids of the first few. */
+#define BUSY_IDS_MAX 16
+
+struct busy_ops {
+    long n;
+    size_t shown;
+    char id[BUSY_IDS_MAX][40];
+};
+
+/* Fills b with the ops in flight that use worker `name`; false with st saying why. */
+static bool
+ops_using_worker(dc_client *c, const char *name, struct busy_ops *b, dc_status *st)
+{
+    dc_cluster_status cs;
+    dc_op_list *list = NULL;
+    uint64_t limit;
+
+    memset(b, 0, sizeof(*b));
+    if (dc_cluster_status_get(c, &cs, st) != DC_OK) {
+        return false;
+    }
+    if (cs.ops_in_flight == 0) {
+        return true;
+    }
+    /* A listing puts the ops in flight first; a little more than their number allows for
+     * ops submitted in between. */
+    limit = cs.ops_in_flight + 64 > 65536 ? 65536 : cs.ops_in_flight + 64;
+    if (dc_list_ops(c, (uint32_t)limit, &list, st) != DC_OK) {
+        return false;
+    }
+    for (size_t i = 0; i < list->n; i++) {
+        const dc_op_result *r = &list->ops[i];
+        if (!op_uses_worker(r, name)) {
+            continue;
+        }
+        if (b->shown < BUSY_IDS_MAX) {
+            snprintf(b->id[b->shown++], sizeof(b->id[0]), "%s", r->op_id);
+        }
+        b->n++;
+    }
+    dc_op_list_free(list);
+    return true;
+}
+
+static void
+busy_ops_text(const struct busy_ops *b, char *buf, size_t cap)
+{
+    size_t len = 0;
+
+    buf[0] = '\0';
+    for (size_t i = 0; i < b->shown && len < cap; i++) {
+        int w = snprintf(buf + len, cap - len, "%s%s", i > 0 ? ", " : "", b->id[i]);
+        len += w > 0 ? (size_t)w : 0;
+    }
+    if ((size_t)b->n > b->shown && len < cap) {
+        snprintf(buf + len, cap - len, ", ...");
+    }
+}
+
+/* drain: cordon, then say which ops in flight still use the worker; with --wait, poll until
+ * none does or --timeout runs out. */
+static int
+drain_report(const struct cli *cli, dc_client *c, const dc_worker_info *w)
+{
+    uint32_t bound    = cli->timeout_ms != 0 ? cli->timeout_ms : DEFAULT_TIMEOUT_MS;
+    uint64_t deadline = monotonic_ms() + bound;
+    bool wait         = cli->seen[O_WAIT];
+    char ids[BUSY_IDS_MAX * 42 + 8], bound_text[24], line[sizeof(ids) + 256];
+    struct busy_ops b;
+    dc_status st;
+    int rc = 0;
+
+    if (!ops_using_worker(c, w->name, &b, &st)) {
+        return fail(&st);
+    }
+    busy_ops_text(&b, ids, sizeof(ids));
+    if (!cli->json) {
+        if (b.n == 0) {
+            snprintf(line, sizeof(line),
+                     "draining %s: no new op will use its devices; no op in flight uses it",
+                     w->name);
+        } else {
+            snprintf(line, sizeof(line),
+                     "draining %s: no new op will use its devices; %s %ld op%s in flight: %s",
+                     w->name, wait ? "waiting for" : "still used by", b.n, b.n == 1 ? "" : "s",
+                     ids);
+        }
+        /* Names and ids come from the server: no control character reaches the terminal. */
+        fputc('\n', stdout);
+        print_sanitized(stdout, line);
+        fputc('\n', stdout);
+        fflush(stdout);
+    }
+    while (wait && b.n > 0 && monotonic_ms() < deadline) {
+        uint64_t left = deadline - monotonic_ms();
+        sleep_ms(left < DRAIN_POLL_MS ? (uint32_t)left : DRAIN_POLL_MS);
+        if (!ops_using_worker(c, w->name, &b, &st)) {
+            return fail(&st);
+        }
+    }
+    busy_ops_text(&b, ids, sizeof(ids));
+    if (cli->json) {
+        struct json j;
+        json_init(&j);
+        json_object_begin(&j);
+        json_key(&j, "worker");
+        json_worker(&j, w);
+        json_key(&j, "ops_in_flight");
+        json_uint(&j, (uint64_t)b.n);
+        json_key(&j, "op_ids");
+        json_array_begin(&j);
+        for (size_t i = 0; i < b.shown; i++) {
+            json_string(&j, b.id[i]);
+        }
+        json_array_end(&j);
+        json_key(&j, "drained");
+        json_bool(&j, b.n == 0);
+        json_object_end(&j);
+        rc = json_print(&j);
+        json_free(&j);
+    } else if (wait && b.n == 0) {
+        snprintf(line, sizeof(line), "%s is drained: no op in flight uses it", w->name);
+        print_sanitized(stdout, line);
+        fputc('\n', stdout);
+    }
+    if (wait && b.n > 0) {
+        human_age(bound_text, sizeof(bound_text), bound);
+        snprintf(line, sizeof(line), "%s still has %ld op%s in flight after %s: %s", w->name, b.n,
+                 b.n == 1 ? "" : "s", bound_text, ids);
+        fputs("devcoordctl: DEADLINE_EXCEEDED: ", stderr);
+        print_sanitized(stderr, line);
+        fputc('\n', stderr);
+        return EXIT_REFUSED;
+    }
     return rc;
 }
 
@@ -863,6 +913,15 @@ cmd_workers_steer(const struct cli *cli, dc_client *c)
     }
     if (code != DC_OK) {
         return fail(&st);
+    }
+    if (cli->cmd->id == CMD_WORKERS_DRAIN) {
+        if (!cli->json && (rc = print_workers(cli, &w, 1)) != 0) {
+            dc_worker_info_clear(&w);
+            return rc;
+        }
+        rc = drain_report(cli, c, &w);
+        dc_worker_info_clear(&w);
+        return rc;
     }
     if (cli->json) {
         struct json j;
@@ -890,16 +949,17 @@ devices_prepare(const struct cli *cli, struct devices_args *a)
     memset(a, 0, sizeof(*a));
     if (cli->seen[O_BACKEND] &&
         (a->filter.backend = dc_backend_from_name(cli->val[O_BACKEND])) == DC_BACKEND_NONE) {
-        return usage_error("unknown backend '%s'", cli->val[O_BACKEND]);
+        return cli_usage_error("unknown backend '%s'", cli->val[O_BACKEND]);
     }
     if (cli->seen[O_STATE] &&
         (a->filter.state = dc_device_state_from_name(cli->val[O_STATE])) == DC_DEVICE_NONE) {
-        return usage_error("--state wants healthy, unhealthy or dead, not '%s'", cli->val[O_STATE]);
+        return cli_usage_error("--state wants healthy, unhealthy or dead, not '%s'",
+                               cli->val[O_STATE]);
     }
     if (cli->seen[O_LABEL]) {
         const char *eq = strchr(cli->val[O_LABEL], '=');
         if (eq == NULL || eq == cli->val[O_LABEL]) {
-            return usage_error("--label wants KEY=VALUE, not '%s'", cli->val[O_LABEL]);
+            return cli_usage_error("--label wants KEY=VALUE, not '%s'", cli->val[O_LABEL]);
         }
         a->filter.label = cli->val[O_LABEL];
     }
@@ -1070,7 +1130,7 @@ print_op_table(const dc_op_result *r, const dc_status *st, bool with_results)
 {
     static const char *const kv_header[]   = { "FIELD", "VALUE" };
     static const char *const plan_header[] = { "RANK", "DEVICE", "WORKER", "ADDRESS" };
-    static const char *const res_header[]  = { "WORKER", "STATUS", "ELAPSED_US", "MESSAGE" };
+    static const char *const res_header[]  = { "WORKER", "STATUS", "ELAPSED", "MESSAGE" };
     char text[DC_DEVICE_TEXT_SIZE], num[24];
     struct table t;
     int rc;
@@ -1092,14 +1152,18 @@ print_op_table(const dc_op_result *r, const dc_status *st, bool with_results)
     if (with_results) {
         const char *state[2]   = { "state", or_dash(dc_op_state_name(r->state)) };
         const char *tensor[2]  = { "tensor", or_dash(r->tensor) };
-        const char *elapsed[2] = { "elapsed_us", num };
+        const char *elapsed[2] = { "elapsed", num };
+        char age[24];
+        const char *age_row[2] = { "age", age };
         char waiting[1024];
         const char *wait_row[2] = { "waiting_on", waiting };
         size_t n                = 0;
 
-        fmt_u64(num, sizeof(num), r->elapsed_us);
+        human_elapsed_us(num, sizeof(num), r->elapsed_us);
+        fmt_age_since(age, sizeof(age), r->submitted_unix_ms, now_unix_ms());
         table_add(&t, state);
         table_add(&t, tensor);
+        table_add(&t, age_row);
         table_add(&t, elapsed);
         waiting[0] = '\0';
         for (size_t i = 0; i < r->n_waiting && n < sizeof(waiting); i++) {
@@ -1142,7 +1206,7 @@ print_op_table(const dc_op_result *r, const dc_status *st, bool with_results)
         for (size_t i = 0; i < r->n_results; i++) {
             const dc_worker_result *w = &r->results[i];
             const char *row[4] = { w->name, dc_status_name(w->code), num, or_dash(w->message) };
-            fmt_u64(num, sizeof(num), w->elapsed_us);
+            human_elapsed_us(num, sizeof(num), w->elapsed_us);
             table_add(&t, row);
         }
         rc = table_print(&t);
@@ -1153,48 +1217,50 @@ print_op_table(const dc_op_result *r, const dc_status *st, bool with_results)
 struct op_args {
     dc_op_request req;
     dc_device_ref *devices;
-    dc_status parse_st; /* the device list's parse failure, if any */
-    bool parse_failed;
 };
 
 static int
 op_prepare(const struct cli *cli, struct op_args *a)
 {
     size_t n = 0;
+    dc_status st;
     int rc;
 
     memset(a, 0, sizeof(*a));
     if (!cli->seen[O_OP]) {
-        return usage_error("%s needs --op KIND", cli->cmd->group);
+        return cli_usage_error("%s needs --op KIND", cli->cmd->group);
     }
     if ((a->req.kind = dc_op_kind_from_name(cli->val[O_OP])) == DC_OP_NONE) {
-        return usage_error("--op wants all-reduce, reduce, broadcast, all-gather or barrier, "
-                           "not '%s'",
-                           cli->val[O_OP]);
+        return cli_usage_error("--op wants all-reduce, reduce, broadcast, all-gather or barrier, "
+                               "not '%s'",
+                               cli->val[O_OP]);
     }
     if (cli->seen[O_REDUCE] &&
         (a->req.reduce = dc_reduce_op_from_name(cli->val[O_REDUCE])) == DC_REDUCE_NONE) {
-        return usage_error("--reduce wants sum, mean, min, max or prod, not '%s'",
-                           cli->val[O_REDUCE]);
+        return cli_usage_error("--reduce wants sum, mean, min, max or prod, not '%s'",
+                               cli->val[O_REDUCE]);
     }
     if ((rc = parse_u32_opt(cli, O_ROOT, &a->req.root)) != 0 ||
-        (rc = parse_u32_opt(cli, O_TIMEOUT, &a->req.timeout_ms)) != 0) {
+        (rc = parse_u32_opt(cli, O_OP_TIMEOUT, &a->req.timeout_ms)) != 0) {
         return rc;
     }
+    if (!cli->seen[O_OP_TIMEOUT]) {
+        a->req.timeout_ms = cli->timeout_ms; /* 0: the coordinator's */
+    }
     if (!cli->seen[O_DEVICES]) {
-        return usage_error("%s needs --devices REF,REF,...", cli->cmd->group);
+        return cli_usage_error("%s needs --devices REF,REF,...", cli->cmd->group);
     }
     /* A barrier moves no data; everything else names the tensor it works on. */
     if (cli->cmd->id == CMD_SUBMIT && !cli->seen[O_TENSOR] && a->req.kind != DC_OP_BARRIER) {
-        return usage_error("submit needs --tensor NAME");
+        return cli_usage_error("submit needs --tensor NAME");
     }
     a->req.tensor        = cli->val[O_TENSOR];
     a->req.output_tensor = cli->val[O_OUTPUT_TENSOR];
     a->req.dry_run       = cli->cmd->id == CMD_PLAN;
-    /* A list that does not parse is a refusal like the server's, not a usage error. */
-    if (dc_device_list_parse(cli->val[O_DEVICES], &a->devices, &n, &a->parse_st) != DC_OK) {
-        a->parse_failed = true;
-        return 0;
+    /* A list that does not parse is the command line's fault, found here whether or not a
+     * server answers: a usage error. */
+    if (dc_device_list_parse(cli->val[O_DEVICES], &a->devices, &n, &st) != DC_OK) {
+        return cli_usage_error("--devices: %s", st.message);
     }
     a->req.devices   = a->devices;
     a->req.n_devices = n;
@@ -1240,8 +1306,8 @@ cmd_op(const struct cli *cli, dc_client *c, struct op_args *a)
 static int
 cmd_ops_list(const struct cli *cli, dc_client *c)
 {
-    static const char *const header[] = { "OP_ID",   "KIND",   "STATE",      "STATUS",
-                                          "DEVICES", "TENSOR", "ELAPSED_US", "WAITING_ON" };
+    static const char *const header[] = { "OP_ID",  "KIND", "STATE",   "STATUS",    "DEVICES",
+                                          "TENSOR", "AGE",  "ELAPSED", "WAITING_ON" };
     dc_op_list *list                  = NULL;
     uint32_t limit                    = 0;
     dc_status st;
@@ -1268,11 +1334,12 @@ cmd_ops_list(const struct cli *cli, dc_client *c)
         json_free(&j);
     } else {
         struct table t;
-        table_init(&t, 8, header);
+        uint64_t now = now_unix_ms();
+        table_init(&t, 9, header);
         for (size_t i = 0; i < list->n; i++) {
             const dc_op_result *r = &list->ops[i];
-            char ndev[24], elapsed[24], waiting[512];
-            const char *row[8];
+            char ndev[24], age[24], elapsed[24], waiting[512];
+            const char *row[9];
             size_t n = 0;
 
             waiting[0] = '\0';
@@ -1281,15 +1348,17 @@ cmd_ops_list(const struct cli *cli, dc_client *c)
                                       r->waiting_on[k]);
             }
             snprintf(ndev, sizeof(ndev), "%zu", r->n_devices);
-            fmt_u64(elapsed, sizeof(elapsed), r->elapsed_us);
+            fmt_age_since(age, sizeof(age), r->submitted_unix_ms, now);
+            human_elapsed_us(elapsed, sizeof(elapsed), r->elapsed_us);
             row[0] = or_dash(r->op_id);
             row[1] = or_dash(dc_op_kind_name(r->kind));
             row[2] = or_dash(dc_op_state_name(r->state));
             row[3] = dc_status_name(r->status.code);
             row[4] = ndev;
             row[5] = or_dash(r->tensor);
-            row[6] = elapsed;
-            row[7] = or_dash(waiting);
+            row[6] = age;
+            row[7] = elapsed;
+            row[8] = or_dash(waiting);
             table_add(&t, row);
         }
         rc = table_print(&t);
@@ -1388,7 +1457,7 @@ parse_values(const char *text, struct put_args *a, size_t *count)
         n += *p == ',';
     }
     if (n > SIZE_MAX / esize || (a->data = malloc(n * esize)) == NULL) {
-        return usage_error("--values: too many values");
+        return cli_usage_error("--values: too many values");
     }
     for (p = text; i < n; i++) {
         const char *e = strchr(p, ',');
@@ -1396,8 +1465,8 @@ parse_values(const char *text, struct put_args *a, size_t *count)
             e = p + strlen(p);
         }
         if (!parse_value(p, e, a->dtype, (unsigned char *)a->data + i * esize)) {
-            return usage_error("--values: entry %zu '%.*s' is not a valid %s value", i,
-                               (int)(e - p > 64 ? 64 : e - p), p, dc_dtype_name(a->dtype));
+            return cli_usage_error("--values: entry %zu '%.*s' is not a valid %s value", i,
+                                   (int)(e - p > 64 ? 64 : e - p), p, dc_dtype_name(a->dtype));
         }
         p = *e == ',' ? e + 1 : e;
     }
@@ -1406,15 +1475,18 @@ parse_values(const char *text, struct put_args *a, size_t *count)
     return 0;
 }
 
+/* The bytes of `path`, or of standard input for "-". */
 static int
 read_file(const char *path, void **out, size_t *len)
 {
-    FILE *f            = fopen(path, "rb");
+    bool is_stdin      = strcmp(path, "-") == 0;
+    FILE *f            = is_stdin ? stdin : fopen(path, "rb");
     unsigned char *buf = NULL;
     size_t n = 0, cap = 0;
+    int rc = 0;
 
     if (f == NULL) {
-        return usage_error("cannot read --file '%s': %s", path, strerror(errno));
+        return cli_usage_error("cannot read --file '%s': %s", path, strerror(errno));
     }
     for (;;) {
         size_t got;
@@ -1422,9 +1494,8 @@ read_file(const char *path, void **out, size_t *len)
             unsigned char *grow;
             cap = cap ? cap * 2 : 65536;
             if (cap < n || (grow = realloc(buf, cap)) == NULL) {
-                free(buf);
-                fclose(f);
-                return usage_error("--file '%s' is too large to read", path);
+                rc = cli_usage_error("--file '%s' is too large to read", path);
+                goto out;
             }
             buf = grow;
         }
@@ -1435,13 +1506,106 @@ read_file(const char *path, void **out, size_t *len)
         }
     }
     if (ferror(f)) {
-        free(buf);
-        fclose(f);
-        return usage_error("cannot read --file '%s'", path);
+        rc = cli_usage_error("cannot read --file '%s'", path);
+        goto out;
     }
-    fclose(f);
     *out = buf;
     *len = n;
+    buf  = NULL;
+out:
+    free(buf);
+    if (!is_stdin) {
+        fclose(f);
+    }
+    return rc;
+}
+
+/* Writes len bytes to `path`, or to standard output for "-". */
+static int
+write_file(const char *path, const void *data, size_t len)
+{
+    bool is_stdout = strcmp(path, "-") == 0;
+    FILE *f        = is_stdout ? stdout : fopen(path, "wb");
+    bool ok;
+
+    if (f == NULL) {
+        return cli_usage_error("cannot write --file '%s': %s", path, strerror(errno));
+    }
+    ok = len == 0 || fwrite(data, 1, len, f) == len;
+    ok = (is_stdout ? fflush(f) == 0 : fclose(f) == 0) && ok;
+    if (!ok) {
+        return cli_usage_error("cannot write --file '%s': %s", path, strerror(errno));
+    }
+    return 0;
+}
+
+/* A transfer's progress on standard error, for people: only on a terminal, and only for
+ * tensors big enough to take a while. */
+struct progress {
+    const char *verb, *device, *name;
+    bool on, shown;
+    int last_pct;
+};
+
+static void
+progress_init(struct progress *p, const char *verb, const char *device, const char *name)
+{
+    memset(p, 0, sizeof(*p));
+    p->verb   = verb;
+    p->device = device;
+    p->name   = name;
+    p->on     = isatty(STDERR_FILENO) == 1;
+}
+
+static void
+progress_show(size_t done, size_t total, void *arg)
+{
+    struct progress *p = arg;
+    char d[24], t[24];
+    int pct;
+
+    if (!p->on || total < PROGRESS_MIN_BYTES) {
+        return;
+    }
+    pct = (int)((double)done * 100.0 / (double)total);
+    if (p->shown && pct == p->last_pct) {
+        return;
+    }
+    human_bytes(d, sizeof(d), done);
+    human_bytes(t, sizeof(t), total);
+    /* \r and erase-to-end-of-line: one line, rewritten. */
+    fprintf(stderr, "\r%s %s %s: %sB of %sB (%d%%)\033[K", p->verb, p->device, p->name, d, t, pct);
+    fflush(stderr);
+    p->shown    = true;
+    p->last_pct = pct;
+}
+
+static void
+progress_end(const struct progress *p)
+{
+    if (p->shown) {
+        fputc('\n', stderr);
+    }
+}
+
+/* DEVICE and NAME of the tensor commands, checked before any server is asked. */
+static int
+tensor_prepare(const struct cli *cli)
+{
+    const char *device = cli->args[0];
+    dc_device_ref ref;
+    dc_status st;
+
+    if (dc_device_ref_parse(device, strlen(device), &ref, &st) != DC_OK) {
+        return cli_usage_error("device '%.*s': %s", DC_DEVICE_TEXT_MAX, device, st.message);
+    }
+    if (cli->cmd->n_args > 1 && (cli->args[1][0] == '\0' || strlen(cli->args[1]) > 255)) {
+        return cli_usage_error("a tensor name has 1 to 255 bytes");
+    }
+    if (cli->cmd->id == CMD_TENSOR_GET && cli->seen[O_FILE] && cli->json &&
+        strcmp(cli->val[O_FILE], "-") == 0) {
+        return cli_usage_error("--file - and -o json would both write to standard output");
+    }
     return 0;
 }
 
@@ -1454,14 +1618,14 @@ put_prepare(const struct cli *cli, struct put_args *a)
 
     memset(a, 0, sizeof(*a));
     if (!cli->seen[O_DTYPE]) {
-        return usage_error("tensor put needs --dtype f32|f64|i32|i64");
+        return cli_usage_error("tensor put needs --dtype f32|f64|i32|i64");
     }
     if ((a->dtype = dc_dtype_from_name(cli->val[O_DTYPE])) == DC_DTYPE_NONE) {
-        return usage_error("--dtype wants f32, f64, i32 or i64, not '%s'", cli->val[O_DTYPE]);
+        return cli_usage_error("--dtype wants f32, f64, i32 or i64, not '%s'", cli->val[O_DTYPE]);
     }
     esize = dc_dtype_size(a->dtype);
     if (cli->seen[O_VALUES] == cli->seen[O_FILE]) {
-        return usage_error("tensor put needs one of --values or --file");
+        return cli_usage_error("tensor put needs one of --values or --file");
     }
     if (cli->seen[O_SHAPE]) {
         const char *p = cli->val[O_SHAPE];
@@ -1470,24 +1634,25 @@ put_prepare(const struct cli *cli, struct put_args *a)
             const char *e = strchr(p, ',');
             size_t len    = e != NULL ? (size_t)(e - p) : strlen(p);
             if (a->ndim == DC_TENSOR_MAX_DIMS) {
-                return usage_error("--shape: at most %d dimensions", DC_TENSOR_MAX_DIMS);
+                return cli_usage_error("--shape: at most %d dimensions", DC_TENSOR_MAX_DIMS);
             }
             if (len == 0 || len >= sizeof(dim)) {
-                return usage_error("--shape wants sizes like 2,3, not '%s'", cli->val[O_SHAPE]);
+                return cli_usage_error("--shape wants sizes like 2,3, not '%s'", cli->val[O_SHAPE]);
             }
             memcpy(dim, p, len);
             dim[len] = '\0';
             if (!parse_u64(dim, UINT64_MAX, &a->shape[a->ndim])) {
-                return usage_error("--shape wants sizes like 2,3, not '%s'", cli->val[O_SHAPE]);
+                return cli_usage_error("--shape wants sizes like 2,3, not '%s'", cli->val[O_SHAPE]);
             }
             if (a->shape[a->ndim] != 0 && elems > UINT64_MAX / a->shape[a->ndim]) {
-                return usage_error("--shape '%s' is too large", cli->val[O_SHAPE]);
+                return cli_usage_error("--shape '%s' is too large", cli->val[O_SHAPE]);
             }
             elems *= a->shape[a->ndim++];
             p += len;
             if (*p == ',') {
                 if (*++p == '\0') {
-                    return usage_error("--shape wants sizes like 2,3, not '%s'", cli->val[O_SHAPE]);
+                    return cli_usage_error("--shape wants sizes like 2,3, not '%s'",
+                                           cli->val[O_SHAPE]);
                 }
             }
         }
@@ -1501,8 +1666,8 @@ put_prepare(const struct cli *cli, struct put_args *a)
             return rc;
         }
         if (a->bytes % esize != 0) {
-            return usage_error("--file '%s' has %zu bytes, not a whole number of %s values",
-                               cli->val[O_FILE], a->bytes, dc_dtype_name(a->dtype));
+            return cli_usage_error("--file '%s' has %zu bytes, not a whole number of %s values",
+                                   cli->val[O_FILE], a->bytes, dc_dtype_name(a->dtype));
         }
         count = a->bytes / esize;
     }
@@ -1510,8 +1675,8 @@ put_prepare(const struct cli *cli, struct put_args *a)
         a->shape[0] = count;
         a->ndim     = 1;
     } else if (elems != count) {
-        return usage_error("--shape %s holds %" PRIu64 " values, got %zu", cli->val[O_SHAPE], elems,
-                           count);
+        return cli_usage_error("--shape %s holds %" PRIu64 " values, got %zu", cli->val[O_SHAPE],
+                               elems, count);
     }
     return 0;
 }
@@ -1538,10 +1703,15 @@ static int
 cmd_tensor_put(const struct cli *cli, dc_client *c, struct put_args *a)
 {
     static const char *const header[] = { "DEVICE", "NAME", "DTYPE", "SHAPE", "BYTES" };
+    struct progress p;
     dc_status st;
+    dc_code code;
 
-    if (dc_tensor_put(c, cli->args[0], cli->args[1], a->dtype, a->shape, a->ndim, a->data, a->bytes,
-                      &st) != DC_OK) {
+    progress_init(&p, "put", cli->args[0], cli->args[1]);
+    code = dc_tensor_put_progress(c, cli->args[0], cli->args[1], a->dtype, a->shape, a->ndim,
+                                  a->data, a->bytes, progress_show, &p, &st);
+    progress_end(&p);
+    if (code != DC_OK) {
         return fail(&st);
     }
     if (cli->json) {
@@ -1640,29 +1810,61 @@ static int
 cmd_tensor_get(const struct cli *cli, dc_client *c)
 {
     static const char *const header[] = { "DEVICE", "NAME", "DTYPE", "SHAPE", "BYTES" };
+    const char *file                  = cli->seen[O_FILE] ? cli->val[O_FILE] : NULL;
     dc_tensor *t                      = NULL;
+    struct progress p;
     size_t n;
     dc_status st;
+    dc_code code;
     int rc;
 
-    if (dc_tensor_get(c, cli->args[0], cli->args[1], &t, &st) != DC_OK) {
+    progress_init(&p, "get", cli->args[0], cli->args[1]);
+    code = dc_tensor_get_progress(c, cli->args[0], cli->args[1], &t, progress_show, &p, &st);
+    progress_end(&p);
+    if (code != DC_OK) {
         return fail(&st);
     }
     n = dc_dtype_size(t->dtype) ? t->size_bytes / dc_dtype_size(t->dtype) : 0;
-    if (cli->json) {
+    if (file != NULL && (rc = write_file(file, t->data, t->size_bytes)) != 0) {
+        dc_tensor_free(t);
+        return rc;
+    }
+    if (file != NULL && strcmp(file, "-") == 0) {
+        rc = 0; /* the bytes were the output */
+    } else if (cli->json) {
         struct json j;
         json_init(&j);
         json_object_begin(&j);
         json_tensor_head(&j, t->device, t->name, t->dtype, t->shape, t->ndim);
         json_key(&j, "values");
-        json_array_begin(&j);
-        for (size_t i = 0; i < n; i++) {
-            json_value(&j, t, i);
+        if (file != NULL) {
+            json_null(&j);
+            json_key(&j, "file");
+            json_string(&j, file);
+            json_key(&j, "size_bytes");
+            json_uint(&j, t->size_bytes);
+        } else {
+            json_array_begin(&j);
+            for (size_t i = 0; i < n; i++) {
+                json_value(&j, t, i);
+            }
+            json_array_end(&j);
         }
-        json_array_end(&j);
         json_object_end(&j);
         rc = json_print(&j);
         json_free(&j);
+    } else if (file != NULL) {
+        struct table tab;
+        char shape[256], bytes[24];
+        const char *row[5] = { t->device, t->name, dc_dtype_name(t->dtype), shape, bytes };
+
+        fmt_shape(shape, sizeof(shape), t->shape, t->ndim);
+        snprintf(bytes, sizeof(bytes), "%zu", t->size_bytes);
+        table_init(&tab, 5, header);
+        table_add(&tab, row);
+        if ((rc = table_print(&tab)) == 0) {
+            printf("\nwrote %zu bytes to %s\n", t->size_bytes, file);
+        }
     } else {
         struct table tab;
         char shape[256], bytes[24], v[40];
@@ -1789,12 +1991,150 @@ cmd_health(const struct cli *cli, dc_client *c)
     return 0;
 }
 
+/* ---- version ------------------------------------------------------------------------- */
+
+/* The first `needle` inside line[0..len), or NULL. */
+static const char *
+find_in(const char *line, size_t len, const char *needle)
+{
+    size_t n = strlen(needle);
+
+    for (size_t i = 0; i + n <= len; i++) {
+        if (memcmp(line + i, needle, n) == 0) {
+            return line + i;
+        }
+    }
+    return NULL;
+}
+
+/* The coordinator's version in its /metrics text (devcoord_build_info{component=
+ * "coordinator",version="0.2.0"} 1) into buf; false when it is not there. */
+static bool
+metrics_version(const char *metrics, char *buf, size_t cap)
+{
+    static const char series[] = "devcoord_build_info{";
+    const char *line           = metrics;
+
+    for (; line != NULL && *line != '\0';
+         line = strchr(line, '\n'), line = line ? line + 1 : NULL) {
+        const char *end = strchr(line, '\n'), *v;
+        size_t len, n = 0;
+
+        len = end != NULL ? (size_t)(end - line) : strlen(line);
+        if (strncmp(line, series, sizeof(series) - 1) != 0 ||
+            find_in(line, len, "component=\"coordinator\"") == NULL ||
+            (v = find_in(line, len, "version=\"")) == NULL) {
+            continue;
+        }
+        v += 9;
+        while (v + n < line + len && v[n] != '"' && (unsigned char)v[n] >= 0x20 && n + 1 < cap) {
+            n++;
+        }
+        if (n == 0 || v + n == line + len || v[n] != '"') {
+            continue;
+        }
+        memcpy(buf, v, n);
+        buf[n] = '\0';
+        return true;
+    }
+    return false;
+}
+
+/*
+ * version: the client's own, and the coordinator's. No RPC of the coordinator carries its
+ * version (GetClusterStatus does not), so the server's comes from its /metrics when --http
+ * names its HTTP address, and is "unknown" otherwise; whether the coordinator answers is
+ * said either way.
+ */
+static int
+cmd_version(const struct cli *cli, const dc_client_options *opts)
+{
+    char server_version[64] = "", source[320] = "", why[DC_STATUS_MESSAGE_MAX + 64] = "";
+    uint32_t timeout = cli->timeout_ms != 0 ? cli->timeout_ms : DEFAULT_TIMEOUT_MS;
+    bool reachable   = false;
+    dc_client *c     = NULL;
+    dc_cluster_status cs;
+    dc_status st;
+    int rc = 0;
+
+    if (dc_client_open(cli->server, opts, &c, &st) != DC_OK && !st.transport) {
+        return cli_usage_error("%s", st.message);
+    }
+    if (c != NULL && dc_cluster_status_get(c, &cs, &st) == DC_OK) {
+        reachable = true;
+    } else {
+        snprintf(why, sizeof(why), "%s: %s", dc_status_name(st.code), st.message);
+        rc = st.transport ? EXIT_UNREACHABLE : EXIT_REFUSED;
+    }
+    dc_client_close(c);
+    if (cli->seen[O_HTTP]) {
+        char *body = NULL, err[512];
+        const char *hp =
+            strncmp(cli->val[O_HTTP], "http://", 7) == 0 ? cli->val[O_HTTP] + 7 : cli->val[O_HTTP];
+        snprintf(source, sizeof(source), "http://%s/metrics", hp);
+        if (http_get(hp, "/metrics", timeout, (size_t)16 << 20, &body, err, sizeof(err)) != 0) {
+            snprintf(why, sizeof(why), "%s", err);
+        } else if (!metrics_version(body, server_version, sizeof(server_version))) {
+            snprintf(why, sizeof(why), "%s names no coordinator version (devcoord_build_info)",
+                     source);
+        }
+        free(body);
+    } else if (reachable) {
+        snprintf(why, sizeof(why),
+                 "the coordinator's RPCs do not report it; --http HOST:PORT reads its /metrics");
+    }
+    if (cli->json) {
+        struct json j;
+        int jrc;
+        json_init(&j);
+        json_object_begin(&j);
+        json_key(&j, "client");
+        json_object_begin(&j);
+        json_key(&j, "devcoordctl");
+        json_string(&j, DEVCOORDCTL_VERSION);
+        json_key(&j, "libdevcoord");
+        json_string(&j, dc_version());
+        json_object_end(&j);
+        json_key(&j, "server");
+        json_object_begin(&j);
+        json_key(&j, "address");
+        json_string(&j, cli->server);
+        json_key(&j, "reachable");
+        json_bool(&j, reachable);
+        json_key(&j, "version");
+        json_string(&j, server_version[0] != '\0' ? server_version : NULL);
+        json_key(&j, "version_from");
+        json_string(&j, server_version[0] != '\0' ? source : NULL);
+        json_key(&j, "message");
+        json_string(&j, why);
+        json_object_end(&j);
+        json_object_end(&j);
+        jrc = json_print(&j);
+        json_free(&j);
+        rc = rc != 0 ? rc : jrc;
+    } else {
+        printf("client: devcoordctl %s, libdevcoord %s\n", DEVCOORDCTL_VERSION, dc_version());
+        if (server_version[0] != '\0') {
+            printf("server: %s (%s, from %s)\n", server_version, cli->server, source);
+        } else {
+            fputs("server: unknown (", stdout);
+            print_sanitized(stdout, why);
+            fputs(")\n", stdout);
+        }
+        if (!reachable) {
+            printf("        %s does not answer\n", cli->server);
+        }
+    }
+    return rc;
+}
+
 /* ---- main ---------------------------------------------------------------------------- */
 
 static int
 run(struct cli *cli)
 {
     dc_client_options opts = { .token_file = cli->val[O_TOKEN_FILE],
+                               .timeout_ms = cli->timeout_ms,
                                .fail_fast  = true,
                                .tls_ca     = cli->val[O_TLS_CA] != NULL
                                                  ? cli->val[O_TLS_CA]
@@ -1805,32 +2145,65 @@ run(struct cli *cli)
     struct op_args op_args   = { 0 };
     struct put_args put_args = { 0 };
     dc_client *c             = NULL;
+    uint32_t interval;
     dc_status st;
     int rc = 0;
 
     /* Everything that needs no server is checked first. */
     switch (cli->cmd->id) {
+    case CMD_WORKERS_LIST:
+        if (cli->seen[O_WATCH_INTERVAL] &&
+            (!cli->seen[O_WATCH] || !human_parse_duration(cli->val[O_WATCH_INTERVAL], &interval))) {
+            rc = cli_usage_error(
+                cli->seen[O_WATCH] ? "--watch-interval wants a duration like 500ms or 2s, not '%s'"
+                                   : "--watch-interval '%s' needs --watch",
+                cli->val[O_WATCH_INTERVAL]);
+        }
+        break;
+    case CMD_WORKERS_DRAIN:
+        break;
     case CMD_DEVICES_LIST:
         rc = devices_prepare(cli, &dev_args);
         break;
     case CMD_PLAN:
     case CMD_SUBMIT:
-        if ((rc = op_prepare(cli, &op_args)) == 0 && op_args.parse_failed) {
-            rc = op_refused(cli, NULL, &op_args.parse_st);
-        }
+        rc = op_prepare(cli, &op_args);
         break;
     case CMD_TENSOR_PUT:
-        rc = put_prepare(cli, &put_args);
+        if ((rc = tensor_prepare(cli)) == 0) {
+            rc = put_prepare(cli, &put_args);
+        }
         break;
+    case CMD_TENSOR_GET:
+    case CMD_TENSOR_LIST:
+    case CMD_TENSOR_DELETE:
+        rc = tensor_prepare(cli);
+        break;
+    case CMD_COMPLETION:
+        if (strcmp(cli->args[0], "bash") != 0) {
+            rc = cli_usage_error("completion for '%s': only bash is supported", cli->args[0]);
+        } else {
+            cli_print_completion_bash();
+        }
+        goto out;
+    case CMD_VERSION:
+        rc = cmd_version(cli, &opts);
+        goto out;
     default:
         break;
     }
     if (rc != 0) {
         goto out;
     }
-    if (dc_client_open(cli->val[O_SERVER], &opts, &c, &st) != DC_OK) {
-        print_error(&st);
-        rc = is_connection_failure(&st) ? EXIT_UNREACHABLE : EXIT_USAGE;
+    if (dc_client_open(cli->server, &opts, &c, &st) != DC_OK) {
+        /* No answer is "cannot reach"; anything else (the address, a token or TLS file)
+         * is the command line's. */
+        if (is_connection_failure(&st)) {
+            print_error(&st);
+            rc = EXIT_UNREACHABLE;
+        } else {
+            rc = cli_usage_error("%s", st.message);
+        }
         goto out;
     }
     switch (cli->cmd->id) {
@@ -1876,6 +2249,9 @@ run(struct cli *cli)
     case CMD_HEALTH:
         rc = cmd_health(cli, c);
         break;
+    case CMD_VERSION:
+    case CMD_COMPLETION:
+        break;
     }
 out:
     dc_client_close(c);
@@ -1890,33 +2266,11 @@ main(int argc, char **argv)
     struct cli cli = { 0 };
     int rc;
 
-    if ((rc = cli_parse_argv(&cli, argc, argv)) != 0) {
-        return rc;
+    if ((rc = cli_parse(&cli, argc, argv)) == CLI_RUN) {
+        rc = run(&cli);
     }
-    if (cli.seen[O_HELP]) {
-        fputs(usage_text, stdout);
-        return 0;
-    }
-    if (cli.seen[O_VERSION]) {
-        printf("devcoordctl %s\n", dc_version());
-        return 0;
-    }
-    if (cli.seen[O_OUTPUT]) {
-        if (strcmp(cli.val[O_OUTPUT], "json") == 0) {
-            cli.json = true;
-        } else if (strcmp(cli.val[O_OUTPUT], "table") != 0) {
-            return usage_error("-o wants table or json, not '%s'", cli.val[O_OUTPUT]);
-        }
-    }
-    if (cli.n_pos == 0) {
-        return usage_error("no command given");
-    }
-    if ((rc = cli_find_command(&cli)) != 0) {
-        return rc;
-    }
-    rc = run(&cli);
     if (fflush(stdout) != 0 || ferror(stdout)) {
-        fputs("devcoordctl: UNKNOWN: cannot write the output\n", stderr);
+        fputs("devcoordctl: cannot write the output\n", stderr);
         return rc != 0 ? rc : EXIT_REFUSED;
     }
     return rc;

@@ -1,6 +1,6 @@
 /*
  * libdevcoord's data plane: tensors travel straight between the caller and the worker that
- * owns the device (design §5), never through the coordinator, which is asked only where the
+ * owns the device, never through the coordinator, which is asked only where the
  * device lives. Bulk bytes ride in RPC attachments, in chunks under the message limit.
  */
 #include "client.h"
@@ -130,6 +130,12 @@ tensor_resolve(dc_client *c, const char *device, struct tensor_target *t, dc_sta
     } else {
         if ((code = client_worker_conn(c, w->address, &t->conn, st)) == DC_OK) {
             chunk_fit(t->conn, w->max_message_bytes);
+        } else if (st != NULL && st->transport) {
+            /* The address is the one the worker registered, which may resolve or route on
+             * its network but not on ours: say whose it is. */
+            char prefix[DC_WORKER_NAME_MAX + 48];
+            snprintf(prefix, sizeof(prefix), "data address advertised by worker %s", w->name);
+            status_prefix(st, prefix);
         }
     }
     if (code != DC_OK) {
@@ -209,6 +215,14 @@ dc_code
 dc_tensor_put(dc_client *c, const char *device, const char *name, dc_dtype dtype,
               const uint64_t *shape, size_t ndim, const void *data, size_t bytes, dc_status *st)
 {
+    return dc_tensor_put_progress(c, device, name, dtype, shape, ndim, data, bytes, NULL, NULL, st);
+}
+
+dc_code
+dc_tensor_put_progress(dc_client *c, const char *device, const char *name, dc_dtype dtype,
+                       const uint64_t *shape, size_t ndim, const void *data, size_t bytes,
+                       dc_progress_fn progress, void *arg, dc_status *st)
+{
     Devcoord__V1__PutTensorRequest req = DEVCOORD__V1__PUT_TENSOR_REQUEST__INIT;
     Devcoord__V1__Device dev_pb;
     struct tensor_target t = { 0 };
@@ -266,6 +280,9 @@ dc_tensor_put(dc_client *c, const char *device, const char *name, dc_dtype dtype
             goto out;
         }
         offset += len;
+        if (progress != NULL) {
+            progress(offset, bytes, arg);
+        }
         resp = (const Devcoord__V1__PutTensorResponse *)r.body;
         if (offset == bytes && (resp == NULL || !resp->complete)) {
             code = status_set(st, DC_DATA_LOSS,
@@ -338,6 +355,13 @@ tensor_same_layout(const dc_tensor *a, const dc_tensor *b)
 
 dc_code
 dc_tensor_get(dc_client *c, const char *device, const char *name, dc_tensor **out, dc_status *st)
+{
+    return dc_tensor_get_progress(c, device, name, out, NULL, NULL, st);
+}
+
+dc_code
+dc_tensor_get_progress(dc_client *c, const char *device, const char *name, dc_tensor **out,
+                       dc_progress_fn progress, void *arg, dc_status *st)
 {
     Devcoord__V1__GetTensorRequest req = DEVCOORD__V1__GET_TENSOR_REQUEST__INIT;
     Devcoord__V1__Device dev_pb;
@@ -427,6 +451,9 @@ dc_tensor_get(dc_client *c, const char *device, const char *name, dc_tensor **ou
         }
         offset += r.attachment_len;
         rpc_reply_free(&r);
+        if (progress != NULL) {
+            progress(offset, t->size_bytes, arg);
+        }
         if (offset == t->size_bytes) {
             break;
         }

@@ -1,5 +1,5 @@
 /*
- * libdevcoord: the C client of devcoord (design §11). Trainers and operators reach the
+ * libdevcoord: the C client of devcoord. Trainers and operators reach the
  * coordinator (registry, operations) and, for tensors, the worker that owns a device (data
  * plane) through one handle. Every call returns a dc_code and, given a dc_status, fills it
  * with the server's message; no call aborts the process. A dc_client is safe to use from
@@ -34,12 +34,14 @@ const char *dc_version(void);
 typedef struct dc_client dc_client;
 
 typedef struct dc_client_options {
-    /* Bearer token sent with every call (coordinator and workers); NULL for none. When NULL
-     * and token_file is NULL, $DEVCOORD_TOKEN is used if set. */
+    /* Bearer token sent with every call (coordinator and workers); NULL for none. When it
+     * and token_file are both NULL, $DEVCOORD_TOKEN (the token itself) is used if set, else
+     * $DEVCOORD_TOKEN_FILE (a file whose first line is the token). */
     const char *token;
     /* File whose first line is the token (as `--token-file`). */
     const char *token_file;
-    /* Default per-call deadline in ms (0: 30000). */
+    /* Deadline of each call in ms (0: 30000). A dc_submit waits for the op's own timeout
+     * plus a margin when that is longer. */
     uint32_t timeout_ms;
     /* Fail dc_client_open at once when the coordinator cannot be reached (CLI behaviour);
      * false keeps dialing in the background. */
@@ -55,7 +57,10 @@ typedef struct dc_client_options {
 } dc_client_options;
 
 /* Opens a client of the coordinator at `address` (NULL: $DEVCOORD_ADDR, then
- * "tcp://127.0.0.1:7400"). opts may be NULL. Free with dc_client_close. */
+ * "tcp://127.0.0.1:7400"; "HOST:PORT" without a scheme is "tcp://HOST:PORT"). opts may be NULL.
+ * Free with dc_client_close. A malformed address is DC_INVALID_ARGUMENT; one whose host does not
+ * resolve, like one that does not answer with fail_fast, is DC_UNAVAILABLE with st->transport set.
+ */
 dc_code dc_client_open(const char *address, const dc_client_options *opts, dc_client **out,
                        dc_status *st);
 void dc_client_close(dc_client *c);
@@ -250,6 +255,18 @@ dc_code dc_tensor_put(dc_client *c, const char *device, const char *name, dc_dty
 /* Reads a tensor; free with dc_tensor_free. */
 dc_code dc_tensor_get(dc_client *c, const char *device, const char *name, dc_tensor **out,
                       dc_status *st);
+
+/* Called on the caller's thread after each chunk of a tensor transfer: `done` of `total`
+ * bytes have been moved (for a get, total is known from the first chunk on). */
+typedef void (*dc_progress_fn)(size_t done, size_t total, void *arg);
+
+/* dc_tensor_put and dc_tensor_get reporting their progress to `progress` (may be NULL),
+ * which gets `arg` back. */
+dc_code dc_tensor_put_progress(dc_client *c, const char *device, const char *name, dc_dtype dtype,
+                               const uint64_t *shape, size_t ndim, const void *data, size_t bytes,
+                               dc_progress_fn progress, void *arg, dc_status *st);
+dc_code dc_tensor_get_progress(dc_client *c, const char *device, const char *name, dc_tensor **out,
+                               dc_progress_fn progress, void *arg, dc_status *st);
 void dc_tensor_free(dc_tensor *t);
 dc_code dc_tensor_delete(dc_client *c, const char *device, const char *name, dc_status *st);
 dc_code dc_tensor_list_get(dc_client *c, const char *device, dc_tensor_list **out, dc_status *st);

@@ -1,7 +1,7 @@
 /*
  * The vocabulary of devcoord shared by the daemons and the client API: backends, device
- * kinds, devices and device references with their canonical text form (design §3), and the
- * operation kinds, reduce ops and dtypes. Plain values; nothing here allocates.
+ * kinds, devices and device references with their canonical text form (README.md, "Devices"),
+ * and the operation kinds, reduce ops and dtypes. Plain values; nothing here allocates.
  */
 #ifndef DEVCOORD_TYPES_H
 #define DEVCOORD_TYPES_H
