@@ -70,7 +70,10 @@ dc_code rpc_server_start(const struct rpc_server_opts *opts, struct rpc_server *
 /* The TCP port the server listens on (useful with port 0), or 0. */
 int rpc_server_port(const struct rpc_server *s);
 
-/* Stops taking new calls; calls already taken still get their answers. */
+/* Stops taking new calls: closes the listener, which in nng closes every connection it
+ * accepted, so callers waiting hear the connection drop (UNAVAILABLE at once). Calls already
+ * taken still run until their handlers answer, but those answers are dropped: no connection
+ * is left to carry them. */
 void rpc_server_close(struct rpc_server *s);
 
 /* Waits until every taken call has been answered, then frees everything. The owner must

@@ -192,9 +192,15 @@ rpc_call_answer(const ProtobufCMessage *body, void *data)
                    rpc_now_us() - call->arrived_us);
     }
     rpc_call_reset(call);
-    if (rv != 0) {
-        /* Not even an error reply could be built: drop the request; the client times out. */
-        pthread_mutex_lock(&s->mtx);
+    pthread_mutex_lock(&s->mtx);
+    if (rv != 0 || s->closing) {
+        /* Not even an error reply could be built: drop the request; the client times out.
+         * Or the server is closing: closing its listener closed every connection, so the
+         * reply has nowhere to go (and nng 1.5.2 leaks a message sent on a connection as it
+         * closes). */
+        if (rv == 0) {
+            nng_msg_free(reply);
+        }
         if (--s->busy == 0 && s->closing) {
             pthread_cond_broadcast(&s->idle_cv);
         }
@@ -204,6 +210,7 @@ rpc_call_answer(const ProtobufCMessage *body, void *data)
         pthread_mutex_unlock(&s->mtx);
         return;
     }
+    pthread_mutex_unlock(&s->mtx);
     call->sending = true;
     nng_aio_set_msg(call->aio, reply);
     nng_ctx_send(call->ctx, call->aio);

@@ -220,6 +220,10 @@ main(int argc, char **argv)
 
     rv = 0;
 out_rpc:
+    /* The stop order and why it is bounded: daemon.c. Not ready any more, no new
+     * connections, nothing new taken; in-flight ops fail, so their handlers answer;
+     * rpc_server_free waits for the handlers (an intent write among them), then closes. */
+    daemon_stop_begin(DAEMON_STOP_BOUND_MS, rv);
     atomic_store(&c->ready, false);
     http_stop(c->http);
     rpc_server_close(c->rpc);
@@ -235,6 +239,7 @@ out:
     config_coordinator_free(&c->cfg);
     free(c);
     nng_fini();
+    daemon_stop_end();
     log_info("stopped");
     return rv;
 }

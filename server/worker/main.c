@@ -196,13 +196,16 @@ main(int argc, char **argv)
     }
     rv = atomic_load(&fenced) ? 1 : 0;
     log_info("shutting down");
-    /* Leave the cluster first so no new op names us, then fail what runs and stop serving. */
-    membership_stop(w->membership);
-    w->membership = NULL;
 out_rpc:
+    /* The stop order and why it is bounded: daemon.c. No new connections and nothing new
+     * taken; leave the cluster so no new op names us; fail the collectives that run, so
+     * their handlers answer; then close. */
+    daemon_stop_begin(DAEMON_STOP_BOUND_MS, rv);
     http_stop(w->http);
     w->http = NULL;
     rpc_server_close(w->rpc);
+    membership_stop(w->membership);
+    w->membership = NULL;
     collectives_free(w->collectives);
     w->collectives = NULL;
     rpc_server_free(w->rpc);
@@ -219,5 +222,6 @@ out:
     config_worker_free(&w->cfg);
     free(w);
     nng_fini();
+    daemon_stop_end();
     return rv;
 }

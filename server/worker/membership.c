@@ -265,11 +265,17 @@ membership_stop(struct membership *m)
     if (m->running) {
         pthread_join(m->thread, NULL);
     }
-    if ((req.epoch = atomic_load(&m->epoch)) != 0) {
+    if ((req.epoch = atomic_load(&m->epoch)) != 0 && !rpc_client_connected(m->client)) {
+        /* The stop is bounded (daemon.c): no time to wait for the connection to come back.
+         * The coordinator will find us dead instead. */
+        log_warn("not deregistering: no connection to %s", m->cfg->coordinator);
+    } else if (req.epoch != 0) {
         req.name                = m->cfg->name;
         req.session_secret.data = m->secret;
         req.session_secret.len  = m->secret_len;
-        if (rpc_call(m->client, SVC, M_COORDINATOR_DEREGISTER_WORKER, &req.base, NULL, 0, 1000,
+        /* Answered in a millisecond when the coordinator is there; 500 ms leaves the rest of
+         * the stop's bound to the closes. */
+        if (rpc_call(m->client, SVC, M_COORDINATOR_DEREGISTER_WORKER, &req.base, NULL, 0, 500,
                      &reply, &st) == DC_OK) {
             log_info("deregistered from %s", m->cfg->coordinator);
         } else {
