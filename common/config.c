@@ -21,6 +21,7 @@
 
 #include "address.h"
 #include "device.h"
+#include "rpc.h"
 #include "status.h"
 
 /* Bounds on what a file may make us hold. Devices are compared pairwise for duplicates, so
@@ -44,6 +45,7 @@
 #define MAX_MAX_MESSAGE_BYTES      (1024ULL * 1024 * 1024)
 #define MAX_MAX_TENSOR_BYTES       (1ULL << 40)
 #define DEFAULT_MAX_TENSOR_BYTES   (4ULL << 30)
+#define MAX_INFLIGHT_BYTES         (1ULL << 40)
 /* The registry's bounds (issue 12): a few thousand nodes of up to a few hundred devices
  * each; the total leaves room for the 100k-device registry benchmark. Registrations past
  * them are refused, so memory stays bounded whatever peers send. */
@@ -1169,6 +1171,16 @@ static const struct field coordinator_limits_fields[] = {
       .min    = 1,
       .max    = UINT32_MAX,
       .offset = offsetof(struct config_coordinator, max_devices) },
+    { .name   = "max_inflight_bytes",
+      .parse  = field_size,
+      .min    = 1,
+      .max    = MAX_INFLIGHT_BYTES,
+      .offset = offsetof(struct config_coordinator, max_inflight_bytes) },
+    { .name   = "max_inflight_bytes_per_connection",
+      .parse  = field_size,
+      .min    = 1,
+      .max    = MAX_INFLIGHT_BYTES,
+      .offset = offsetof(struct config_coordinator, max_inflight_bytes_per_connection) },
     { .name = NULL },
 };
 
@@ -1217,6 +1229,16 @@ static const struct field worker_limits_fields[] = {
       .min    = 1,
       .max    = MAX_MAX_TENSOR_BYTES,
       .offset = offsetof(struct config_worker, max_tensor_bytes) },
+    { .name   = "max_inflight_bytes",
+      .parse  = field_size,
+      .min    = 1,
+      .max    = MAX_INFLIGHT_BYTES,
+      .offset = offsetof(struct config_worker, max_inflight_bytes) },
+    { .name   = "max_inflight_bytes_per_connection",
+      .parse  = field_size,
+      .min    = 1,
+      .max    = MAX_INFLIGHT_BYTES,
+      .offset = offsetof(struct config_worker, max_inflight_bytes_per_connection) },
     { .name = NULL },
 };
 
@@ -1387,6 +1409,9 @@ config_coordinator_defaults(struct config_coordinator *cfg, dc_status *st)
     cfg->max_devices            = DEFAULT_MAX_DEVICES;
     cfg->log.level              = LOG_INFO;
     cfg->log.format             = LOG_FORMAT_TEXT;
+
+    cfg->max_inflight_bytes                = RPC_DEFAULT_MAX_INFLIGHT;
+    cfg->max_inflight_bytes_per_connection = RPC_DEFAULT_MAX_INFLIGHT_PER_CONNECTION;
     if ((cfg->listen = strdup(DEFAULT_COORDINATOR_LISTEN)) == NULL ||
         (cfg->http = strdup(DEFAULT_COORDINATOR_HTTP)) == NULL) {
         config_coordinator_free(cfg);
@@ -1431,6 +1456,9 @@ config_worker_defaults(struct config_worker *cfg, dc_status *st)
     cfg->max_message_bytes = DEFAULT_MAX_MESSAGE_BYTES;
     cfg->log.level         = LOG_INFO;
     cfg->log.format        = LOG_FORMAT_TEXT;
+
+    cfg->max_inflight_bytes                = RPC_DEFAULT_MAX_INFLIGHT;
+    cfg->max_inflight_bytes_per_connection = RPC_DEFAULT_MAX_INFLIGHT_PER_CONNECTION;
     if ((cfg->name = worker_default_name()) == NULL ||
         (cfg->coordinator = strdup(DEFAULT_COORDINATOR_LISTEN)) == NULL ||
         (cfg->listen = strdup(DEFAULT_WORKER_LISTEN)) == NULL ||

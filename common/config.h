@@ -44,6 +44,11 @@ struct config_coordinator {
     uint32_t max_devices;            /* limits.max_devices: all workers', default 131072 */
     char *tokens_file;               /* auth.tokens_file, NULL: auth off */
     char *state_dir;                 /* state_dir, NULL: operator intent not persisted */
+    /* limits.max_inflight_bytes and limits.max_inflight_bytes_per_connection: request bytes
+     * received and not yet answered, in all and per connection (defaults 64 MiB, 16 MiB);
+     * over them a request is refused with RESOURCE_EXHAUSTED. */
+    uint64_t max_inflight_bytes;
+    uint64_t max_inflight_bytes_per_connection;
     struct config_tls tls;
     struct config_log log;
 };
@@ -79,6 +84,10 @@ struct config_worker {
     bool collectives[DC_BACKEND_COUNT];
     uint64_t max_message_bytes; /* limits.max_message_bytes, default 4194304 */
     uint64_t max_tensor_bytes;  /* limits.max_tensor_bytes, default 4 GiB */
+    /* limits.max_inflight_bytes and limits.max_inflight_bytes_per_connection, as the
+     * coordinator's */
+    uint64_t max_inflight_bytes;
+    uint64_t max_inflight_bytes_per_connection;
     struct config_tls tls;
     struct config_log log;
 };

@@ -6,7 +6,9 @@
  * and the token, and dispatch through the protobuf-c service descriptor to the handler. A
  * handler answers by calling the closure it was given, at once or later from any thread;
  * until then it may keep the input message. Contexts are added under load up to a cap, so
- * long-running calls never starve short ones.
+ * long-running calls never starve short ones; what they may hold is capped too: a request
+ * that would take the bytes received and not yet answered over a limit, on its connection
+ * or in all, is refused at once with RESOURCE_EXHAUSTED, before anything is decoded.
  *
  * Client: one handle shared by many threads; each call gets its own nng context, a deadline,
  * and no silent resend (at most once): a call whose connection drops fails with UNAVAILABLE
@@ -30,6 +32,10 @@
 #define RPC_DEFAULT_MAX_MESSAGE (4u * 1024 * 1024)
 /* Room a frame needs besides its attachment: envelope and body of a chunk message. */
 #define RPC_FRAME_OVERHEAD (16u * 1024)
+
+/* Default admission limits (limits.max_inflight_bytes, ..._per_connection). */
+#define RPC_DEFAULT_MAX_INFLIGHT                (64u * 1024 * 1024)
+#define RPC_DEFAULT_MAX_INFLIGHT_PER_CONNECTION (16u * 1024 * 1024)
 
 /* ---- server ---------------------------------------------------------------------------- */
 
@@ -60,6 +66,11 @@ struct rpc_server_opts {
     /* NULL-terminated names of methods whose handlers are cheap and never wait: they run on
      * nng's callback thread, saving a hand-off. Everything else runs on the server threads. */
     const char *const *inline_methods;
+    /* Admission: request bytes received and not yet answered, on all connections and on
+     * one. A request over either is answered RESOURCE_EXHAUSTED at once, undecoded; one
+     * request is always taken when nothing else is in flight there. 0: the defaults. */
+    size_t max_inflight_bytes;
+    size_t max_inflight_bytes_per_connection;
 };
 
 #define RPC_MAX_METHODS 64

@@ -25,6 +25,10 @@ struct rpc_call {
     nng_aio *aio;
     bool sending;
     nng_msg *req; /* the received message, kept until the reply is sent */
+    /* Its connection (nng pipe id; 0: none known) and its bytes counted in flight, until it
+     * is answered. */
+    uint32_t pipe;
+    size_t admitted;
     struct rpc_request request;
     const ProtobufCMethodDescriptor *method;
     uint64_t request_id;
@@ -34,6 +38,11 @@ struct rpc_call {
     size_t reply_att_len;
     dc_status status;
     struct rpc_call *next; /* work queue */
+};
+
+struct rpc_pipe_load {
+    uint32_t pipe; /* 0: empty slot (nng pipe ids start at 1) */
+    size_t bytes;
 };
 
 struct rpc_server {
@@ -58,11 +67,125 @@ struct rpc_server {
     unsigned n_calls, max_calls;
     atomic_uint receiving; /* contexts waiting for a request */
 
+    /* Admission: request bytes received and not yet answered, in all and per connection
+     * (pipe loads: an open-addressing table keyed by pipe id, an entry while its connection
+     * has bytes in flight; at most max_calls entries, so half full at most). */
+    size_t max_inflight, max_inflight_per_pipe;
+    size_t inflight;
+    struct rpc_pipe_load *pipes;
+    size_t pipes_cap; /* power of two, >= 2 * max_calls */
+
     pthread_t *threads;
     unsigned n_threads;
 };
 
 static void rpc_call_cb(void *arg);
+
+static size_t
+rpc_pipe_home(const struct rpc_server *s, uint32_t pipe)
+{
+    return (size_t)((pipe * 2654435761u) & (s->pipes_cap - 1));
+}
+
+/* The slot of `pipe`, or the empty slot where it would go. mtx held. */
+static struct rpc_pipe_load *
+rpc_pipe_slot(struct rpc_server *s, uint32_t pipe)
+{
+    size_t i = rpc_pipe_home(s, pipe);
+
+    while (s->pipes[i].pipe != 0 && s->pipes[i].pipe != pipe) {
+        i = (i + 1) & (s->pipes_cap - 1);
+    }
+    return &s->pipes[i];
+}
+
+/* Empties a slot, shifting back the entries after it that probed past it. mtx held. */
+static void
+rpc_pipe_remove(struct rpc_server *s, struct rpc_pipe_load *slot)
+{
+    size_t mask = s->pipes_cap - 1;
+    size_t hole = (size_t)(slot - s->pipes);
+
+    for (size_t i = (hole + 1) & mask; s->pipes[i].pipe != 0; i = (i + 1) & mask) {
+        size_t home = rpc_pipe_home(s, s->pipes[i].pipe);
+        /* The entry may fill the hole unless its home lies cyclically in (hole, i]. */
+        if (((i - home) & mask) >= ((i - hole) & mask)) {
+            s->pipes[hole] = s->pipes[i];
+            hole           = i;
+        }
+    }
+    s->pipes[hole] = (struct rpc_pipe_load){ 0 };
+}
+
+/* Counts a received request in flight, or refuses it (false, with the reason in call's
+ * status) when it would take its connection or the server over the limit. A request is
+ * always taken when nothing else is in flight there, so a limit below the message size
+ * slows a client down without locking it out. mtx held. */
+static bool
+rpc_server_admit(struct rpc_server *s, struct rpc_call *call, size_t len)
+{
+    struct rpc_pipe_load *load = call->pipe != 0 ? rpc_pipe_slot(s, call->pipe) : NULL;
+
+    if (load != NULL && load->bytes > 0 && load->bytes + len > s->max_inflight_per_pipe) {
+        status_set(&call->status, DC_RESOURCE_EXHAUSTED,
+                   "request of %zu bytes refused: with the %zu bytes of requests already in "
+                   "flight on this connection it would pass "
+                   "limits.max_inflight_bytes_per_connection (%zu); wait for answers before "
+                   "sending more",
+                   len, load->bytes, s->max_inflight_per_pipe);
+        return false;
+    }
+    if (s->inflight > 0 && s->inflight + len > s->max_inflight) {
+        status_set(&call->status, DC_RESOURCE_EXHAUSTED,
+                   "request of %zu bytes refused: with the %zu bytes of requests already in "
+                   "flight on this server it would pass limits.max_inflight_bytes (%zu); "
+                   "retry later",
+                   len, s->inflight, s->max_inflight);
+        return false;
+    }
+    if (load != NULL) {
+        load->pipe = call->pipe;
+        load->bytes += len;
+    }
+    s->inflight += len;
+    call->admitted = len;
+    return true;
+}
+
+static int
+rpc_server_admission_init(struct rpc_server *s, const struct rpc_server_opts *opts)
+{
+    s->max_inflight =
+        opts->max_inflight_bytes ? opts->max_inflight_bytes : RPC_DEFAULT_MAX_INFLIGHT;
+    s->max_inflight_per_pipe = opts->max_inflight_bytes_per_connection
+                                   ? opts->max_inflight_bytes_per_connection
+                                   : RPC_DEFAULT_MAX_INFLIGHT_PER_CONNECTION;
+    for (s->pipes_cap = 16; s->pipes_cap < 2 * (size_t)s->max_calls; s->pipes_cap *= 2) {
+    }
+    s->pipes = calloc(s->pipes_cap, sizeof(*s->pipes));
+    return s->pipes != NULL ? 0 : NNG_ENOMEM;
+}
+
+/* The call is answered: its bytes are no longer in flight. */
+static void
+rpc_server_release(struct rpc_server *s, struct rpc_call *call)
+{
+    struct rpc_pipe_load *load;
+
+    if (call->admitted == 0) {
+        return;
+    }
+    pthread_mutex_lock(&s->mtx);
+    s->inflight -= call->admitted;
+    if (call->pipe != 0) {
+        load = rpc_pipe_slot(s, call->pipe);
+        if ((load->bytes -= call->admitted) == 0) {
+            rpc_pipe_remove(s, load);
+        }
+    }
+    pthread_mutex_unlock(&s->mtx);
+    call->admitted = 0;
+}
 
 uint64_t
 rpc_now_us(void)
@@ -142,6 +265,8 @@ rpc_call_arm(struct rpc_call *call)
 static void
 rpc_call_reset(struct rpc_call *call)
 {
+    rpc_server_release(call->server, call);
+    call->pipe = 0;
     if (call->req != NULL) {
         nng_msg_free(call->req);
         call->req = NULL;
@@ -410,6 +535,8 @@ rpc_call_cb(void *arg)
     struct rpc_call *call = arg;
     struct rpc_server *s  = call->server;
     int rv                = nng_aio_result(call->aio);
+    bool admitted;
+    int id;
 
     if (call->sending) {
         if (rv != 0) {
@@ -438,10 +565,18 @@ rpc_call_cb(void *arg)
     }
     call->req        = nng_aio_get_msg(call->aio);
     call->arrived_us = rpc_now_us();
+    id               = nng_pipe_id(nng_msg_get_pipe(call->req));
+    call->pipe       = id > 0 ? (uint32_t)id : 0;
     nng_aio_set_msg(call->aio, NULL);
     pthread_mutex_lock(&s->mtx);
     s->busy++;
+    admitted = rpc_server_admit(s, call, nng_msg_len(call->req));
     pthread_mutex_unlock(&s->mtx);
+    if (!admitted) {
+        /* Answered at once, undecoded: a refusal costs no memory beyond its reply. */
+        rpc_call_answer(NULL, call);
+        return;
+    }
     if (!rpc_call_open(call)) {
         return;
     }
@@ -507,7 +642,7 @@ rpc_server_start(const struct rpc_server_opts *opts, struct rpc_server **out, dc
 
     s->calls   = calloc(s->max_calls, sizeof(*s->calls));
     s->threads = calloc(s->n_threads, sizeof(*s->threads));
-    if (s->calls == NULL || s->threads == NULL) {
+    if (s->calls == NULL || s->threads == NULL || rpc_server_admission_init(s, opts) != 0) {
         code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
         goto fail;
     }
@@ -553,6 +688,7 @@ fail_sock:
 fail:
     free(s->calls);
     free(s->threads);
+    free(s->pipes);
     pthread_cond_destroy(&s->idle_cv);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mtx);
@@ -620,6 +756,7 @@ rpc_server_free(struct rpc_server *s)
     }
     free(s->calls);
     free(s->threads);
+    free(s->pipes);
     pthread_cond_destroy(&s->idle_cv);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mtx);

@@ -197,6 +197,9 @@ main(int argc, char **argv)
     so.threads           = 2;
     so.tls               = tls;
     so.inline_methods    = coordinator_inline_methods;
+
+    so.max_inflight_bytes                = c->cfg.max_inflight_bytes;
+    so.max_inflight_bytes_per_connection = c->cfg.max_inflight_bytes_per_connection;
     if (c->auth != NULL) {
         so.authorize     = coordinator_authorize;
         so.authorize_arg = c;

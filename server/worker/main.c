@@ -174,6 +174,9 @@ main(int argc, char **argv)
     so.threads           = 2;
     so.tls               = tls;
     so.inline_methods    = worker_inline_methods;
+
+    so.max_inflight_bytes                = w->cfg.max_inflight_bytes;
+    so.max_inflight_bytes_per_connection = w->cfg.max_inflight_bytes_per_connection;
     if (w->auth != NULL) {
         so.authorize     = worker_authorize;
         so.authorize_arg = w;

@@ -61,6 +61,8 @@ assert_coordinator_defaults(const struct config_coordinator *c)
     assert_int_equal(c->max_workers, 4096);
     assert_int_equal(c->max_devices_per_worker, 1024);
     assert_int_equal(c->max_devices, 131072);
+    assert_int_equal(c->max_inflight_bytes, 64 << 20);
+    assert_int_equal(c->max_inflight_bytes_per_connection, 16 << 20);
     assert_null(c->tokens_file);
     assert_null(c->state_dir);
     assert_null(c->tls.cert);
@@ -95,6 +97,8 @@ assert_worker_defaults(const struct config_worker *w)
     }
     assert_int_equal(w->max_message_bytes, 4194304);
     assert_true(w->max_tensor_bytes == (4ULL << 30));
+    assert_int_equal(w->max_inflight_bytes, 64 << 20);
+    assert_int_equal(w->max_inflight_bytes_per_connection, 16 << 20);
     assert_null(w->tls.cert);
     assert_null(w->tls.key);
     assert_null(w->tls.ca);
@@ -175,6 +179,8 @@ static const char coordinator_full[] = "# coordinator.yaml\n"
                                        "  max_workers: 10\n"
                                        "  max_devices_per_worker: 65536\n"
                                        "  max_devices: 100\n"
+                                       "  max_inflight_bytes: 1GiB\n"
+                                       "  max_inflight_bytes_per_connection: 100000\n"
                                        "auth: {tokens_file: /etc/devcoord/tokens.yaml}\n"
                                        "tls:\n"
                                        "  cert: /etc/devcoord/server.pem\n"
@@ -200,6 +206,8 @@ assert_coordinator_full(const struct config_coordinator *c)
     assert_int_equal(c->max_workers, 10);
     assert_int_equal(c->max_devices_per_worker, 65536);
     assert_int_equal(c->max_devices, 100);
+    assert_int_equal(c->max_inflight_bytes, 1 << 30);
+    assert_int_equal(c->max_inflight_bytes_per_connection, 100000);
     assert_string_equal(c->tokens_file, "/etc/devcoord/tokens.yaml");
     assert_string_equal(c->tls.cert, "/etc/devcoord/server.pem");
     assert_string_equal(c->tls.key, "/etc/devcoord/server.key");
@@ -261,7 +269,8 @@ static const char worker_full[] = "name: node-a\n"
                                   "    healthy: yes\n"
                                   "  - {device: libtorch, memory: 1000000}\n"
                                   "collectives: [cuda, remote]\n"
-                                  "limits: {max_message_bytes: 16MiB, max_tensor_bytes: 2GiB}\n"
+                                  "limits: {max_message_bytes: 16MiB, max_tensor_bytes: 2GiB,\n"
+                                  "         max_inflight_bytes_per_connection: 32MiB}\n"
                                   "tls:\n"
                                   "  cert: /etc/devcoord/worker.pem\n"
                                   "  key: /etc/devcoord/worker.key\n"
@@ -317,6 +326,8 @@ test_worker_full(void **state)
     }
     assert_int_equal(w.max_message_bytes, 16777216);
     assert_true(w.max_tensor_bytes == (2ULL << 30));
+    assert_int_equal(w.max_inflight_bytes, 64 << 20);
+    assert_int_equal(w.max_inflight_bytes_per_connection, 32 << 20);
     assert_string_equal(w.tls.cert, "/etc/devcoord/worker.pem");
     assert_string_equal(w.tls.key, "/etc/devcoord/worker.key");
     assert_string_equal(w.tls.ca, "/etc/devcoord/ca.pem");
@@ -546,7 +557,11 @@ static const struct bad worker_bad[] = {
     { "limits: {max_message_bytes: 1KiB}\n", NAME ":1:29: key 'limits.max_message_bytes': ",
       "must be between 4096 and 1073741824, found 1024" },
     { "limits: {op_timeout_ms: 5}\n", NAME ":1:10: key 'limits.op_timeout_ms': ",
-      "unknown key (expected one of: max_message_bytes, max_tensor_bytes)" },
+      "unknown key (expected one of: max_message_bytes, max_tensor_bytes, max_inflight_bytes, "
+      "max_inflight_bytes_per_connection)" },
+    { "limits: {max_inflight_bytes_per_connection: 0}\n",
+      NAME ":1:45: key 'limits.max_inflight_bytes_per_connection': ",
+      "must be between 1 and 1099511627776, found 0" },
     { "tls: {cert: a}\n", NAME ":1:13: key 'tls.cert': ", "needs tls.key" },
     { "log: {format: yaml}\n", NAME ":1:15: key 'log.format': ", "unknown log format 'yaml'" },
 };

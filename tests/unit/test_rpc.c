@@ -60,7 +60,6 @@ UNIMPL(heartbeat, Devcoord__V1__HeartbeatRequest, Devcoord__V1__HeartbeatRespons
 UNIMPL(deregister_worker, Devcoord__V1__DeregisterWorkerRequest,
        Devcoord__V1__DeregisterWorkerResponse_Closure)
 UNIMPL(get_op, Devcoord__V1__GetOpRequest, Devcoord__V1__GetOpResponse_Closure)
-UNIMPL(list_ops, Devcoord__V1__ListOpsRequest, Devcoord__V1__ListOpsResponse_Closure)
 UNIMPL(cordon_worker, Devcoord__V1__WorkerNameRequest, Devcoord__V1__WorkerNameResponse_Closure)
 UNIMPL(uncordon_worker, Devcoord__V1__WorkerNameRequest, Devcoord__V1__WorkerNameResponse_Closure)
 UNIMPL(drain_worker, Devcoord__V1__WorkerNameRequest, Devcoord__V1__WorkerNameResponse_Closure)
@@ -158,6 +157,33 @@ t_submit_op(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__SubmitOp
     (void)svc;
     (void)in;
     closure(&resp, cd);
+}
+
+/* ListOps holds its calls until the test opens the gate: requests in flight for as long as a
+ * test needs them. */
+#define GATE_MAX 64
+
+static struct {
+    pthread_mutex_t mtx;
+    pthread_cond_t cv;
+    unsigned held;
+    Devcoord__V1__ListOpsResponse_Closure closure[GATE_MAX];
+    void *cd[GATE_MAX];
+} gate = { .mtx = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
+
+static void
+t_list_ops(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__ListOpsRequest *in,
+           Devcoord__V1__ListOpsResponse_Closure closure, void *cd)
+{
+    (void)svc;
+    (void)in;
+    pthread_mutex_lock(&gate.mtx);
+    assert_true(gate.held < GATE_MAX);
+    gate.closure[gate.held] = closure;
+    gate.cd[gate.held]      = cd;
+    gate.held++;
+    pthread_cond_broadcast(&gate.cv);
+    pthread_mutex_unlock(&gate.mtx);
 }
 
 static Devcoord__V1__Coordinator_Service test_service = DEVCOORD__V1__COORDINATOR__INIT(t_);
@@ -298,6 +324,96 @@ assert_still_serving(struct fixture *f)
     assert_int_equal(get_device(f->client, "still-here", NULL, 0, 5000, &r, &st), DC_OK);
     assert_string_equal(((Devcoord__V1__GetDeviceResponse *)r.body)->device->name, "still-here");
     rpc_reply_free(&r);
+}
+
+/* Waits (up to 10 s) until the gate holds n calls. */
+static void
+gate_wait_held(unsigned n)
+{
+    uint64_t t0 = rpc_now_ms();
+
+    pthread_mutex_lock(&gate.mtx);
+    while (gate.held < n && rpc_now_ms() - t0 < 10000) {
+        pthread_mutex_unlock(&gate.mtx);
+        sleep_ms(5);
+        pthread_mutex_lock(&gate.mtx);
+    }
+    assert_int_equal(gate.held, n);
+    pthread_mutex_unlock(&gate.mtx);
+}
+
+/* Answers every held call. */
+static void
+gate_open(void)
+{
+    Devcoord__V1__ListOpsResponse resp = DEVCOORD__V1__LIST_OPS_RESPONSE__INIT;
+    unsigned n;
+
+    pthread_mutex_lock(&gate.mtx);
+    n         = gate.held;
+    gate.held = 0;
+    pthread_mutex_unlock(&gate.mtx);
+    for (unsigned i = 0; i < n; i++) {
+        gate.closure[i](&resp, gate.cd[i]);
+    }
+}
+
+/* What asynchronous calls came back with. */
+struct tally {
+    pthread_mutex_t mtx;
+    unsigned ok, exhausted, other;
+    char message[sizeof(((dc_status *)0)->message)];
+};
+
+static void
+tally_cb(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, bool *keep)
+{
+    struct tally *t = arg;
+
+    (void)reply;
+    (void)keep;
+    pthread_mutex_lock(&t->mtx);
+    if (code == DC_OK) {
+        t->ok++;
+    } else if (code == DC_RESOURCE_EXHAUSTED) {
+        t->exhausted++;
+        snprintf(t->message, sizeof(t->message), "%s", st->message);
+    } else {
+        t->other++;
+        snprintf(t->message, sizeof(t->message), "%s", st->message);
+    }
+    pthread_mutex_unlock(&t->mtx);
+}
+
+/* Waits (up to 10 s) until t has seen ok and exhausted answers, and checks it saw no more. */
+static void
+tally_wait(struct tally *t, unsigned ok, unsigned exhausted)
+{
+    uint64_t t0 = rpc_now_ms();
+
+    pthread_mutex_lock(&t->mtx);
+    while ((t->ok < ok || t->exhausted < exhausted) && t->other == 0 && rpc_now_ms() - t0 < 10000) {
+        pthread_mutex_unlock(&t->mtx);
+        sleep_ms(5);
+        pthread_mutex_lock(&t->mtx);
+    }
+    if (t->other != 0) {
+        fail_msg("unexpected answer: %s", t->message);
+    }
+    assert_int_equal(t->ok, ok);
+    assert_int_equal(t->exhausted, exhausted);
+    pthread_mutex_unlock(&t->mtx);
+}
+
+static void
+list_ops_async(struct rpc_client *c, const void *att, size_t alen, struct tally *t)
+{
+    Devcoord__V1__ListOpsRequest req = DEVCOORD__V1__LIST_OPS_REQUEST__INIT;
+    dc_status st;
+
+    assert_int_equal(rpc_call_async(c, SVC, M_COORDINATOR_LIST_OPS, &req.base, att, alen, 10000,
+                                    tally_cb, t, &st),
+                     DC_OK);
 }
 
 /* ---- tests ----------------------------------------------------------------------------- */
@@ -708,6 +824,69 @@ test_allocation_failure(void **state)
     assert_still_serving(f);
 }
 
+/* Requests received and not yet answered are capped per connection and in all: over a cap a
+ * request is refused at once with RESOURCE_EXHAUSTED naming the limit, while the calls
+ * already taken go on; once answered, their bytes no longer count. Requests here are 20 KiB
+ * and a bit; the caps 64 KiB per connection (3 fit) and 96 KiB in all (4 fit). */
+static void
+test_inflight_limits(void **state)
+{
+    struct rpc_server_opts so = { .url                               = "tcp://127.0.0.1:0",
+                                  .service                           = &test_service.base,
+                                  .max_inflight_bytes                = 96 << 10,
+                                  .max_inflight_bytes_per_connection = 64 << 10 };
+    struct fixture a = { 0 }, b = { 0 }, c = { 0 };
+    struct tally ta = { .mtx = PTHREAD_MUTEX_INITIALIZER };
+    struct tally tb = { .mtx = PTHREAD_MUTEX_INITIALIZER };
+    struct tally tc = { .mtx = PTHREAD_MUTEX_INITIALIZER };
+    static uint8_t att[20 << 10];
+    dc_status st;
+
+    (void)state;
+    assert_int_equal(rpc_server_start(&so, &a.server, &st), DC_OK);
+    snprintf(a.url, sizeof(a.url), "tcp://127.0.0.1:%d", rpc_server_port(a.server));
+    memcpy(b.url, a.url, sizeof(a.url));
+    memcpy(c.url, a.url, sizeof(a.url));
+    b.server = c.server = a.server;
+    open_client(&a, true);
+    open_client(&b, true);
+    open_client(&c, true);
+
+    /* Five pipelined on one connection: three are taken and held, two refused at once. */
+    for (int i = 0; i < 5; i++) {
+        list_ops_async(a.client, att, sizeof(att), &ta);
+    }
+    gate_wait_held(3);
+    tally_wait(&ta, 0, 2);
+    assert_non_null(strstr(ta.message, "limits.max_inflight_bytes_per_connection (65536)"));
+
+    /* Another connection has room of its own, up to the server's cap. */
+    list_ops_async(b.client, att, sizeof(att), &tb);
+    gate_wait_held(4);
+    list_ops_async(c.client, att, sizeof(att), &tc);
+    tally_wait(&tc, 0, 1);
+    assert_non_null(strstr(tc.message, "limits.max_inflight_bytes (98304)"));
+    /* A small request still fits. */
+    assert_still_serving(&c);
+
+    /* Answered, the held calls leave the count: the first connection has room for three. */
+    gate_open();
+    tally_wait(&ta, 3, 2);
+    tally_wait(&tb, 1, 0);
+    for (int i = 0; i < 3; i++) {
+        list_ops_async(a.client, att, sizeof(att), &ta);
+    }
+    gate_wait_held(3);
+    gate_open();
+    tally_wait(&ta, 6, 2);
+
+    rpc_client_close(a.client);
+    rpc_client_close(b.client);
+    rpc_client_close(c.client);
+    rpc_server_close(a.server);
+    rpc_server_free(a.server);
+}
+
 static void
 test_method_numbers_match_descriptor(void **state)
 {
@@ -736,6 +915,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_http_on_rpc_port, setup, teardown),
         cmocka_unit_test_setup_teardown(test_large_reply, setup, teardown),
         cmocka_unit_test_setup_teardown(test_allocation_failure, setup, teardown),
+        cmocka_unit_test(test_inflight_limits),
         cmocka_unit_test(test_connect_now_fails_fast),
         cmocka_unit_test(test_client_before_server),
         cmocka_unit_test(test_connection_lost_code),
