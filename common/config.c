@@ -1181,6 +1181,11 @@ static const struct field coordinator_limits_fields[] = {
       .min    = 1,
       .max    = MAX_INFLIGHT_BYTES,
       .offset = offsetof(struct config_coordinator, max_inflight_bytes_per_connection) },
+    { .name   = "handshake_timeout_ms",
+      .parse  = field_u32,
+      .min    = 100,
+      .max    = 3600000,
+      .offset = offsetof(struct config_coordinator, handshake_timeout_ms) },
     { .name = NULL },
 };
 
@@ -1239,6 +1244,11 @@ static const struct field worker_limits_fields[] = {
       .min    = 1,
       .max    = MAX_INFLIGHT_BYTES,
       .offset = offsetof(struct config_worker, max_inflight_bytes_per_connection) },
+    { .name   = "handshake_timeout_ms",
+      .parse  = field_u32,
+      .min    = 100,
+      .max    = 3600000,
+      .offset = offsetof(struct config_worker, handshake_timeout_ms) },
     { .name = NULL },
 };
 
@@ -1412,6 +1422,7 @@ config_coordinator_defaults(struct config_coordinator *cfg, dc_status *st)
 
     cfg->max_inflight_bytes                = RPC_DEFAULT_MAX_INFLIGHT;
     cfg->max_inflight_bytes_per_connection = RPC_DEFAULT_MAX_INFLIGHT_PER_CONNECTION;
+    cfg->handshake_timeout_ms              = RPC_DEFAULT_HANDSHAKE_TIMEOUT_MS;
     if ((cfg->listen = strdup(DEFAULT_COORDINATOR_LISTEN)) == NULL ||
         (cfg->http = strdup(DEFAULT_COORDINATOR_HTTP)) == NULL) {
         config_coordinator_free(cfg);
@@ -1459,6 +1470,7 @@ config_worker_defaults(struct config_worker *cfg, dc_status *st)
 
     cfg->max_inflight_bytes                = RPC_DEFAULT_MAX_INFLIGHT;
     cfg->max_inflight_bytes_per_connection = RPC_DEFAULT_MAX_INFLIGHT_PER_CONNECTION;
+    cfg->handshake_timeout_ms              = RPC_DEFAULT_HANDSHAKE_TIMEOUT_MS;
     if ((cfg->name = worker_default_name()) == NULL ||
         (cfg->coordinator = strdup(DEFAULT_COORDINATOR_LISTEN)) == NULL ||
         (cfg->listen = strdup(DEFAULT_WORKER_LISTEN)) == NULL ||

@@ -49,6 +49,9 @@ struct config_coordinator {
      * over them a request is refused with RESOURCE_EXHAUSTED. */
     uint64_t max_inflight_bytes;
     uint64_t max_inflight_bytes_per_connection;
+    /* limits.handshake_timeout_ms: a tls+tcp:// connection that has not finished its TLS
+     * handshake this long after it was accepted is closed (default 10000). */
+    uint32_t handshake_timeout_ms;
     struct config_tls tls;
     struct config_log log;
 };
@@ -88,6 +91,9 @@ struct config_worker {
      * coordinator's */
     uint64_t max_inflight_bytes;
     uint64_t max_inflight_bytes_per_connection;
+    /* limits.handshake_timeout_ms: a tls+tcp:// connection that has not finished its TLS
+     * handshake this long after it was accepted is closed (default 10000). */
+    uint32_t handshake_timeout_ms;
     struct config_tls tls;
     struct config_log log;
 };

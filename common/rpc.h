@@ -71,7 +71,13 @@ struct rpc_server_opts {
      * request is always taken when nothing else is in flight there. 0: the defaults. */
     size_t max_inflight_bytes;
     size_t max_inflight_bytes_per_connection;
+    /* tls+tcp:// only: a connection that has not finished its TLS handshake this long after
+     * it was accepted is shut down (common/handshake.h says why nng does not). 0: the
+     * default. */
+    uint32_t handshake_timeout_ms;
 };
+
+#define RPC_DEFAULT_HANDSHAKE_TIMEOUT_MS 10000u
 
 #define RPC_MAX_METHODS 64
 

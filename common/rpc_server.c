@@ -12,6 +12,7 @@
 
 #include "arena.h"
 #include "devcoord/v1/devcoord.pb-c.h"
+#include "handshake.h"
 #include "log.h"
 #include "rpc.h"
 #include "wire.h"
@@ -77,9 +78,22 @@ struct rpc_server {
 
     pthread_t *threads;
     unsigned n_threads;
+    struct handshake_watch *handshake; /* tls+tcp:// listeners only */
 };
 
 static void rpc_call_cb(void *arg);
+
+/* Tells the handshake watch which connections are pipes (nng thread: it only records). */
+static void
+rpc_server_pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
+{
+    struct rpc_server *s = arg;
+    nng_sockaddr sa;
+
+    if (nng_pipe_get_addr(pipe, NNG_OPT_REMADDR, &sa) == 0) {
+        handshake_watch_pipe(s->handshake, &sa, ev == NNG_PIPE_EV_ADD_POST);
+    }
+}
 
 static size_t
 rpc_pipe_home(const struct rpc_server *s, uint32_t pipe)
@@ -650,6 +664,19 @@ rpc_server_start(const struct rpc_server_opts *opts, struct rpc_server **out, dc
         code = wire_nng_status(rv, "rep socket", st);
         goto fail;
     }
+    if (strncmp(opts->url, "tls+tcp://", 10) == 0) {
+        /* Pipes are recorded from the first one on, before the listener starts. */
+        s->handshake =
+            handshake_watch_new(opts->handshake_timeout_ms != 0 ? opts->handshake_timeout_ms
+                                                                : RPC_DEFAULT_HANDSHAKE_TIMEOUT_MS);
+        if (s->handshake == NULL ||
+            (rv = nng_pipe_notify(s->sock, NNG_PIPE_EV_ADD_POST, rpc_server_pipe_cb, s)) != 0 ||
+            (rv = nng_pipe_notify(s->sock, NNG_PIPE_EV_REM_POST, rpc_server_pipe_cb, s)) != 0) {
+            code = s->handshake == NULL ? status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory")
+                                        : wire_nng_status(rv, "pipe notify", st);
+            goto fail_sock;
+        }
+    }
     if ((rv = rpc_socket_limits(s->sock, s->max_message)) != 0 ||
         (rv = nng_listener_create(&s->listener, s->sock, opts->url)) != 0 ||
         (opts->tls != NULL &&
@@ -660,6 +687,11 @@ rpc_server_start(const struct rpc_server_opts *opts, struct rpc_server **out, dc
         char what[300];
         snprintf(what, sizeof(what), "listen on %s", opts->url);
         code = wire_nng_status(rv, what, st);
+        goto fail_sock;
+    }
+    if (s->handshake != NULL &&
+        !handshake_watch_start(s->handshake, (uint16_t)rpc_server_port(s))) {
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "cannot start the handshake watch");
         goto fail_sock;
     }
     for (unsigned i = 0; i < s->n_threads; i++) {
@@ -685,6 +717,7 @@ fail_threads:
     return code;
 fail_sock:
     nng_close(s->sock);
+    handshake_watch_stop(s->handshake);
 fail:
     free(s->calls);
     free(s->threads);
@@ -749,6 +782,8 @@ rpc_server_free(struct rpc_server *s)
         nng_aio_stop(s->calls[i]->aio);
     }
     nng_close(s->sock);
+    /* After the socket: closing it reports its pipes' removal to the watch. */
+    handshake_watch_stop(s->handshake);
     for (unsigned i = 0; i < s->n_calls; i++) {
         nng_aio_free(s->calls[i]->aio);
         rpc_call_reset(s->calls[i]);

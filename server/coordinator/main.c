@@ -200,6 +200,7 @@ main(int argc, char **argv)
 
     so.max_inflight_bytes                = c->cfg.max_inflight_bytes;
     so.max_inflight_bytes_per_connection = c->cfg.max_inflight_bytes_per_connection;
+    so.handshake_timeout_ms              = c->cfg.handshake_timeout_ms;
     if (c->auth != NULL) {
         so.authorize     = coordinator_authorize;
         so.authorize_arg = c;

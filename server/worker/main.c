@@ -177,6 +177,7 @@ main(int argc, char **argv)
 
     so.max_inflight_bytes                = w->cfg.max_inflight_bytes;
     so.max_inflight_bytes_per_connection = w->cfg.max_inflight_bytes_per_connection;
+    so.handshake_timeout_ms              = w->cfg.handshake_timeout_ms;
     if (w->auth != NULL) {
         so.authorize     = worker_authorize;
         so.authorize_arg = w;

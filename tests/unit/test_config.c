@@ -432,6 +432,8 @@ static const struct bad coordinator_bad[] = {
     { "listen: 0.0.0.0:7400\n", NAME ":1:9: key 'listen': ", "invalid address '0.0.0.0:7400'" },
     { "http: localhost\n", NAME ":1:7: key 'http': ", "invalid address 'localhost'" },
     { "http: localhost:99999\n", NAME ":1:7: key 'http': ", "invalid address" },
+    { "limits: {handshake_timeout_ms: 5}\n", NAME ":1:32: key 'limits.handshake_timeout_ms': ",
+      "must be between 100 and 3600000, found 5" },
     { "listen: tcp://127.0.0.1:99999\n", NAME ":1:9: key 'listen': ",
       "invalid address 'tcp://127.0.0.1:99999': expected HOST:PORT with a port from 0 to 65535" },
     /* sanity */
@@ -558,7 +560,7 @@ static const struct bad worker_bad[] = {
       "must be between 4096 and 1073741824, found 1024" },
     { "limits: {op_timeout_ms: 5}\n", NAME ":1:10: key 'limits.op_timeout_ms': ",
       "unknown key (expected one of: max_message_bytes, max_tensor_bytes, max_inflight_bytes, "
-      "max_inflight_bytes_per_connection)" },
+      "max_inflight_bytes_per_connection, handshake_timeout_ms)" },
     { "limits: {max_inflight_bytes_per_connection: 0}\n",
       NAME ":1:45: key 'limits.max_inflight_bytes_per_connection': ",
       "must be between 1 and 1099511627776, found 0" },
