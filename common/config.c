@@ -1468,8 +1468,8 @@ config_worker_defaults(struct config_worker *cfg, dc_status *st)
     cfg->log.level         = LOG_INFO;
     cfg->log.format        = LOG_FORMAT_TEXT;
 
-    cfg->max_inflight_bytes                = RPC_DEFAULT_MAX_INFLIGHT;
-    cfg->max_inflight_bytes_per_connection = RPC_DEFAULT_MAX_INFLIGHT_PER_CONNECTION;
+    cfg->max_inflight_bytes                = RPC_WORKER_DEFAULT_MAX_INFLIGHT;
+    cfg->max_inflight_bytes_per_connection = RPC_WORKER_DEFAULT_MAX_INFLIGHT_PER_CONNECTION;
     cfg->handshake_timeout_ms              = RPC_DEFAULT_HANDSHAKE_TIMEOUT_MS;
     if ((cfg->name = worker_default_name()) == NULL ||
         (cfg->coordinator = strdup(DEFAULT_COORDINATOR_LISTEN)) == NULL ||

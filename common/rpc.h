@@ -36,6 +36,11 @@
 /* Default admission limits (limits.max_inflight_bytes, ..._per_connection). */
 #define RPC_DEFAULT_MAX_INFLIGHT                (64u * 1024 * 1024)
 #define RPC_DEFAULT_MAX_INFLIGHT_PER_CONNECTION (16u * 1024 * 1024)
+/* A worker's data plane pipelines by design: every op keeps up to 8 Exchange chunks of
+ * 512 KiB in flight to each peer over one connection, and clients stream tensor chunks, so
+ * its defaults leave room for 32 concurrent ops between two workers. */
+#define RPC_WORKER_DEFAULT_MAX_INFLIGHT                (1024u * 1024 * 1024)
+#define RPC_WORKER_DEFAULT_MAX_INFLIGHT_PER_CONNECTION (128u * 1024 * 1024)
 
 /* ---- server ---------------------------------------------------------------------------- */
 
@@ -108,6 +113,8 @@ const void *rpc_call_attachment(struct rpc_call *call, size_t *len);
 void rpc_call_set_reply_attachment(struct rpc_call *call, const void *data, size_t len);
 /* Absolute deadline on the monotonic clock in ms (rpc_now_ms), or 0 for none. */
 uint64_t rpc_call_deadline_ms(const struct rpc_call *call);
+/* The connection (nng pipe id) the call came on; 0 when unknown. */
+uint32_t rpc_call_pipe(const struct rpc_call *call);
 /* The bearer token the caller sent ("" for none), already accepted by the authorize
  * callback; for handlers that bind what a call may name to who makes it. Valid until the call
  * is answered. */

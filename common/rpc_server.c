@@ -267,6 +267,12 @@ rpc_call_deadline_ms(const struct rpc_call *call)
     return call->deadline_ms;
 }
 
+uint32_t
+rpc_call_pipe(const struct rpc_call *call)
+{
+    return call->pipe;
+}
+
 /* Arms a context to receive. Called with mtx held. */
 static void
 rpc_call_arm(struct rpc_call *call)

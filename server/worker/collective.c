@@ -34,14 +34,23 @@
 
 #define WORKER_SVC (&devcoord__v1__worker__descriptor)
 
-#define CHUNK_BYTES      (512u << 10) /* bytes per Exchange call */
-#define SEND_WINDOW      8            /* Exchange calls in flight per op */
-#define ORPHAN_MAX_BYTES ((size_t)256 << 20)
-#define ORPHAN_MAX_MS    10000
-#define RECENT_OPS       512
-#define OP_ID_MAX        64
-#define PLAN_MAX_WORKERS 4096
-#define PLAN_MAX_DEVICES (1u << 20)
+#define CHUNK_BYTES (512u << 10) /* bytes per Exchange call */
+#define SEND_WINDOW 8            /* Exchange calls in flight per op */
+/* Exchange calls for ops this worker has not been told of yet (a peer's Execute came first)
+ * wait for ours, each holding an RPC context. A peer sends at most SEND_WINDOW calls per op
+ * at once, so a few windows per connection is all a real cluster needs; more is a peer
+ * gone wrong or an attack, and is refused at once rather than allowed to hold the contexts
+ * every other method needs (4,800 such calls once made a worker deaf for ~10 s). */
+#define ORPHAN_MAX_BYTES    ((size_t)256 << 20)
+#define ORPHAN_MAX_MS       10000
+#define ORPHAN_MAX_CALLS    256
+#define ORPHAN_MAX_PER_PEER (4 * SEND_WINDOW)
+/* Calls parked on a known op that is still starting, per worker of the op. */
+#define PARKED_MAX_PER_WORKER (SEND_WINDOW + 2)
+#define RECENT_OPS            512
+#define OP_ID_MAX             64
+#define PLAN_MAX_WORKERS      4096
+#define PLAN_MAX_DEVICES      (1u << 20)
 
 /* An Exchange call waiting for its op to start (or to be ready for data). */
 struct parked {
@@ -49,6 +58,7 @@ struct parked {
     Devcoord__V1__ExchangeResponse_Closure closure;
     void *cd;
     size_t bytes;
+    uint32_t pipe; /* the connection it came on, for the per-peer bound */
     uint64_t expires_ms;
     struct parked *next;
 };
@@ -510,9 +520,10 @@ void
 collectives_exchange(struct collectives *co, const Devcoord__V1__ExchangeRequest *in,
                      Devcoord__V1__ExchangeResponse_Closure closure, void *cd)
 {
-    struct parked p = { .in = in, .closure = closure, .cd = cd }, *copy;
+    struct parked p = { .in = in, .closure = closure, .cd = cd, .pipe = rpc_call_pipe(cd) }, *copy;
     struct cop *op;
     char message[160];
+    size_t calls = 0, from_peer = 0;
 
     rpc_call_attachment(cd, &p.bytes);
     pthread_mutex_lock(&co->mtx);
@@ -529,6 +540,16 @@ collectives_exchange(struct collectives *co, const Devcoord__V1__ExchangeRequest
             op->refs--;
             pthread_cond_broadcast(&co->cv);
             pthread_mutex_unlock(&co->mtx);
+            return;
+        }
+        for (const struct parked *q = op->parked; q != NULL; q = q->next) {
+            calls++;
+        }
+        if (op->phase == PHASE_STARTING && calls >= op->n_workers * PARKED_MAX_PER_WORKER) {
+            pthread_mutex_unlock(&op->mtx);
+            pthread_mutex_unlock(&co->mtx);
+            answer_exchange(&p, DC_RESOURCE_EXHAUSTED,
+                            "too many calls waiting for this op to start here");
             return;
         }
         if (op->phase == PHASE_STARTING && (copy = malloc(sizeof(*copy))) != NULL) {
@@ -551,10 +572,19 @@ collectives_exchange(struct collectives *co, const Devcoord__V1__ExchangeRequest
         answer_exchange(&p, DC_ABORTED, message);
         return;
     }
-    /* The peer is ahead of us: hold the chunk until our Execute arrives. */
-    if (co->orphan_bytes + p.bytes > ORPHAN_MAX_BYTES || (copy = malloc(sizeof(*copy))) == NULL) {
+    /* The peer is ahead of us: hold the chunk until our Execute arrives, within bounds. */
+    for (const struct parked *q = co->orphans; q != NULL; q = q->next) {
+        calls++;
+        from_peer += q->pipe == p.pipe;
+    }
+    if (co->orphan_bytes + p.bytes > ORPHAN_MAX_BYTES || calls >= ORPHAN_MAX_CALLS ||
+        from_peer >= ORPHAN_MAX_PER_PEER || (copy = malloc(sizeof(*copy))) == NULL) {
         pthread_mutex_unlock(&co->mtx);
-        answer_exchange(&p, DC_RESOURCE_EXHAUSTED, "too much data waiting for ops not started");
+        snprintf(message, sizeof(message),
+                 "too many calls waiting for ops not started here (at most %d per connection, "
+                 "%d in all)",
+                 ORPHAN_MAX_PER_PEER, ORPHAN_MAX_CALLS);
+        answer_exchange(&p, DC_RESOURCE_EXHAUSTED, message);
         return;
     }
     *copy            = p;

@@ -15,6 +15,7 @@ import os
 import random
 import re
 import shutil
+import struct
 import subprocess
 import time
 import unittest
@@ -285,6 +286,51 @@ class WorkerHangTest(OpsMixin, SecureTestCase):
 
 
 # ---- the coordinator killed ------------------------------------------------------------------
+
+
+class ExchangeFloodTest(OpsMixin, SecureTestCase):
+    """Issue 12: Exchange calls for ops a worker does not know may wait for their Execute,
+    but only a few per connection; the rest are refused at once, so a flood cannot hold the
+    RPC contexts every other method needs (4,800 calls once made a worker deaf for ~10 s)."""
+
+    FLOOD = 4800
+
+    def setUp(self):
+        self.cluster = start_three(self)
+        self.put_values()
+
+    def test_flood_of_exchanges_for_unknown_ops(self):
+        c = self.cluster
+        port = c.worker_port("node-a")
+        method = b"/devcoord.v1.Worker/Exchange"
+        flood = harness.RpcConnection(port, timeout=60)
+        try:
+            out = bytearray()
+            for i in range(self.FLOOD):
+                rid = i + 1
+                header = (pb_uint(harness.F("RequestHeader", "request_id"), rid)
+                          + pb_bytes(harness.F("RequestHeader", "method"), method)
+                          + pb_uint(harness.F("RequestHeader", "timeout_ms"), 60000))
+                body = pb_bytes(harness.F("ExchangeRequest", "op_id"), b"op-flood-%d" % i)
+                payload = struct.pack(">I", rid | 0x80000000) + harness.frame(header, body)
+                out += struct.pack(">Q", len(payload)) + payload
+            flood.sock.sendall(bytes(out))
+            # Meanwhile the worker answers its other methods, and an op runs through it.
+            r = c.ctl("tensor", "list", "node-a/cuda:0", "--timeout", "5s")
+            self.assertEqual(r.rc, 0, repr(r))
+            self.assert_all_reduce_works(THREE)
+            codes = {}
+            for _ in range(self.FLOOD):
+                code, message, _ = harness.parse_reply(flood.recv_message()[4:])
+                codes[code] = codes.get(code, 0) + 1
+                if code == "RESOURCE_EXHAUSTED":
+                    self.assertIn("per connection", message)
+        finally:
+            flood.close()
+        # At most a few windows of calls waited (then NOT_FOUND: their op never came).
+        self.assertGreaterEqual(codes.get("RESOURCE_EXHAUSTED", 0), self.FLOOD - 32, codes)
+        self.assertEqual(sum(codes.values()), self.FLOOD, codes)
+        self.assertTrue(c.worker("node-a").running())
 
 
 class CoordinatorKillTest(OpsMixin, SecureTestCase):

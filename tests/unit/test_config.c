@@ -97,8 +97,8 @@ assert_worker_defaults(const struct config_worker *w)
     }
     assert_int_equal(w->max_message_bytes, 4194304);
     assert_true(w->max_tensor_bytes == (4ULL << 30));
-    assert_int_equal(w->max_inflight_bytes, 64 << 20);
-    assert_int_equal(w->max_inflight_bytes_per_connection, 16 << 20);
+    assert_int_equal(w->max_inflight_bytes, 1 << 30);
+    assert_int_equal(w->max_inflight_bytes_per_connection, 128 << 20);
     assert_null(w->tls.cert);
     assert_null(w->tls.key);
     assert_null(w->tls.ca);
@@ -326,7 +326,7 @@ test_worker_full(void **state)
     }
     assert_int_equal(w.max_message_bytes, 16777216);
     assert_true(w.max_tensor_bytes == (2ULL << 30));
-    assert_int_equal(w.max_inflight_bytes, 64 << 20);
+    assert_int_equal(w.max_inflight_bytes, 1 << 30);
     assert_int_equal(w.max_inflight_bytes_per_connection, 32 << 20);
     assert_string_equal(w.tls.cert, "/etc/devcoord/worker.pem");
     assert_string_equal(w.tls.key, "/etc/devcoord/worker.key");
