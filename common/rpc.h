@@ -83,6 +83,8 @@ struct rpc_server_opts {
 };
 
 #define RPC_DEFAULT_HANDSHAKE_TIMEOUT_MS 10000u
+/* A burst that had this many request bytes in flight gives its memory back when it ends. */
+#define RPC_TRIM_AFTER_BYTES ((size_t)32 << 20)
 
 #define RPC_MAX_METHODS 64
 

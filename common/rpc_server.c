@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <malloc.h>
 #include <string.h>
 
 #include <nng/nng.h>
@@ -79,6 +80,8 @@ struct rpc_server {
     pthread_t *threads;
     unsigned n_threads;
     struct handshake_watch *handshake; /* tls+tcp:// listeners only */
+    size_t inflight_peak;              /* since in-flight bytes were last 0 */
+    bool trim_due;                     /* a burst ended: a server thread gives memory back */
 };
 
 static void rpc_call_cb(void *arg);
@@ -162,6 +165,9 @@ rpc_server_admit(struct rpc_server *s, struct rpc_call *call, size_t len)
         load->bytes += len;
     }
     s->inflight += len;
+    if (s->inflight > s->inflight_peak) {
+        s->inflight_peak = s->inflight;
+    }
     call->admitted = len;
     return true;
 }
@@ -191,6 +197,15 @@ rpc_server_release(struct rpc_server *s, struct rpc_call *call)
     }
     pthread_mutex_lock(&s->mtx);
     s->inflight -= call->admitted;
+    /* A burst of big requests is over: hand its memory back to the system. glibc keeps
+     * freed memory below its trim threshold (which the daemons raise for speed), so a
+     * burst would otherwise leave its peak in RSS for good. A server thread trims: this
+     * may run on nng's callback thread, which must not take the time. */
+    if (s->inflight == 0 && s->inflight_peak >= RPC_TRIM_AFTER_BYTES) {
+        s->inflight_peak = 0;
+        s->trim_due      = true;
+        pthread_cond_signal(&s->cv);
+    }
     if (call->pipe != 0) {
         load = rpc_pipe_slot(s, call->pipe);
         if ((load->bytes -= call->admitted) == 0) {
@@ -530,8 +545,14 @@ rpc_server_thread(void *arg)
 
     for (;;) {
         pthread_mutex_lock(&s->mtx);
-        while (s->head == NULL && !s->threads_exit) {
+        while (s->head == NULL && !s->threads_exit && !s->trim_due) {
             pthread_cond_wait(&s->cv, &s->mtx);
+        }
+        if (s->trim_due && s->head == NULL && !s->threads_exit) {
+            s->trim_due = false;
+            pthread_mutex_unlock(&s->mtx);
+            malloc_trim(0);
+            continue;
         }
         if ((call = s->head) == NULL) {
             pthread_mutex_unlock(&s->mtx);
