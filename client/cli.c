@@ -169,6 +169,12 @@ static const struct opt_def opt_defs[O_COUNT] = {
         .metavar = "NAME",
         .help = "where all-gather writes (default NAME.gathered)",
     },
+    [O_IDEMPOTENCY_KEY] = {
+        .name = "idempotency-key",
+        .metavar = "K",
+        .help = "name the op: submitting K again returns the first outcome\n"
+                "and never runs the op twice (at most 128 bytes)",
+    },
     [O_DTYPE] = {
         .name = "dtype",
         .metavar = "T",
@@ -427,11 +433,12 @@ static const struct command_def commands[] = {
         .examples = ex_plan,
     },
     {
-        .id       = CMD_SUBMIT,
-        .group    = "submit",
-        .opts     = OP_OPTS | OPT(O_TENSOR) | OPT(O_OP_TIMEOUT) | OPT(O_OUTPUT_TENSOR),
+        .id    = CMD_SUBMIT,
+        .group = "submit",
+        .opts  = OP_OPTS | OPT(O_TENSOR) | OPT(O_OP_TIMEOUT) | OPT(O_OUTPUT_TENSOR) |
+                OPT(O_IDEMPOTENCY_KEY),
         .synopsis = "submit --op KIND [--reduce OP] [--root I] --tensor NAME --devices REF,...\n"
-                    "       [--timeout-ms N] [--output-tensor NAME]",
+                    "       [--timeout-ms N] [--output-tensor NAME] [--idempotency-key K]",
         .summary  = "run an op on the tensors on the devices and wait for its result",
         .details  = "Every device must hold the tensor, with one dtype and size; a barrier needs\n"
                     "none. The coordinator's autodiff policy applies: under `strip` (the\n"

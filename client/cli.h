@@ -46,6 +46,7 @@ enum opt {
     O_TENSOR,
     O_OP_TIMEOUT,
     O_OUTPUT_TENSOR,
+    O_IDEMPOTENCY_KEY,
     O_DTYPE,
     O_VALUES,
     O_FILE,

@@ -1305,6 +1305,13 @@ op_result_new(const Devcoord__V1__OpInfo *pb, dc_op_result **out, dc_status *st)
 dc_code
 dc_submit(dc_client *c, const dc_op_request *req, dc_op_result **out, dc_status *st)
 {
+    return dc_submit_keyed(c, req, NULL, out, st);
+}
+
+dc_code
+dc_submit_keyed(dc_client *c, const dc_op_request *req, const char *idempotency_key,
+                dc_op_result **out, dc_status *st)
+{
     Devcoord__V1__SubmitOpRequest pb = DEVCOORD__V1__SUBMIT_OP_REQUEST__INIT;
     const Devcoord__V1__SubmitOpResponse *resp;
     Devcoord__V1__DeviceRef *refs  = NULL;
@@ -1343,15 +1350,16 @@ dc_submit(dc_client *c, const dc_op_request *req, dc_op_result **out, dc_status 
             ptrs[i] = &refs[i];
         }
     }
-    pb.kind          = (Devcoord__V1__OpKind)req->kind;
-    pb.reduce        = (Devcoord__V1__ReduceOp)req->reduce;
-    pb.root          = req->root;
-    pb.n_devices     = req->n_devices;
-    pb.devices       = ptrs;
-    pb.tensor        = (char *)(req->tensor != NULL ? req->tensor : "");
-    pb.output_tensor = (char *)(req->output_tensor != NULL ? req->output_tensor : "");
-    pb.dry_run       = req->dry_run;
-    pb.timeout_ms    = req->timeout_ms;
+    pb.kind            = (Devcoord__V1__OpKind)req->kind;
+    pb.reduce          = (Devcoord__V1__ReduceOp)req->reduce;
+    pb.root            = req->root;
+    pb.n_devices       = req->n_devices;
+    pb.devices         = ptrs;
+    pb.tensor          = (char *)(req->tensor != NULL ? req->tensor : "");
+    pb.output_tensor   = (char *)(req->output_tensor != NULL ? req->output_tensor : "");
+    pb.dry_run         = req->dry_run;
+    pb.timeout_ms      = req->timeout_ms;
+    pb.idempotency_key = (char *)(idempotency_key != NULL ? idempotency_key : "");
 
     op_ms   = req->timeout_ms != 0 ? req->timeout_ms : coordinator_op_timeout(c);
     call_ms = op_ms > UINT32_MAX - SUBMIT_MARGIN_MS ? UINT32_MAX : op_ms + SUBMIT_MARGIN_MS;

@@ -1287,7 +1287,7 @@ cmd_op(const struct cli *cli, dc_client *c, struct op_args *a)
     dc_code code;
     int rc;
 
-    code = dc_submit(c, &a->req, &res, &st);
+    code = dc_submit_keyed(c, &a->req, cli->val[O_IDEMPOTENCY_KEY], &res, &st);
     if (code != DC_OK) {
         rc = op_refused(cli, res, &st);
     } else if (res == NULL) {
@@ -2008,7 +2008,7 @@ find_in(const char *line, size_t len, const char *needle)
 }
 
 /* The coordinator's version in its /metrics text (devcoord_build_info{component=
- * "coordinator",version="0.2.0"} 1) into buf; false when it is not there. */
+ * "coordinator",version="0.3.0"} 1) into buf; false when it is not there. */
 static bool
 metrics_version(const char *metrics, char *buf, size_t cap)
 {

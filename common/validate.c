@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "device.h"
+#include "log.h"
 #include "status.h"
 
 static const char *const policy_names[] = {
@@ -330,5 +331,20 @@ validate_group_id(const dc_device_ref *devs, size_t n, char out[VALIDATE_GROUP_I
     }
     free(v);
     snprintf(out, VALIDATE_GROUP_ID_SIZE, "%016llx", (unsigned long long)h);
+    return DC_OK;
+}
+
+dc_code
+validate_idempotency_key(const char *key, dc_status *st)
+{
+    size_t len = strnlen(key, DC_IDEMPOTENCY_KEY_MAX + 1);
+
+    if (len > DC_IDEMPOTENCY_KEY_MAX) {
+        return status_set(st, DC_INVALID_ARGUMENT, "idempotency key longer than %d bytes",
+                          DC_IDEMPOTENCY_KEY_MAX);
+    }
+    if (log_has_control(key)) {
+        return status_set(st, DC_INVALID_ARGUMENT, "control character in the idempotency key");
+    }
     return DC_OK;
 }

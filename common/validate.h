@@ -73,4 +73,8 @@ dc_code validate_op(const struct op_spec *op, const struct validate_limits *limi
 dc_code validate_group_id(const dc_device_ref *devs, size_t n, char out[VALIDATE_GROUP_ID_SIZE],
                           dc_status *st);
 
+/* An op's idempotency key (SubmitOpRequest.idempotency_key): "" (none), or at most
+ * DC_IDEMPOTENCY_KEY_MAX bytes without control characters; INVALID_ARGUMENT otherwise. */
+dc_code validate_idempotency_key(const char *key, dc_status *st);
+
 #endif

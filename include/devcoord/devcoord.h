@@ -23,10 +23,10 @@ extern "C" {
 #endif
 
 #define DC_VERSION_MAJOR 0
-#define DC_VERSION_MINOR 2
+#define DC_VERSION_MINOR 3
 #define DC_VERSION_PATCH 0
 
-/* "0.2.0" */
+/* "0.3.0" */
 const char *dc_version(void);
 
 /* ---- connection ---------------------------------------------------------------------- */
@@ -220,6 +220,16 @@ typedef struct dc_op_list {
  * free with dc_op_result_free.
  */
 dc_code dc_submit(dc_client *c, const dc_op_request *req, dc_op_result **out, dc_status *st);
+/*
+ * dc_submit with a name for safe retries: `idempotency_key` (NULL or "": none; at most
+ * DC_IDEMPOTENCY_KEY_MAX bytes, no control characters). Submitting the same key again
+ * returns the first op's outcome (same op id and status) and never runs the op twice, while
+ * the coordinator or the op's workers remember it (the workers keep the last 1,024 committed
+ * keys, so this holds across a coordinator restart); the same key with another request is
+ * refused with FAILED_PRECONDITION. (Since 0.3.0.)
+ */
+dc_code dc_submit_keyed(dc_client *c, const dc_op_request *req, const char *idempotency_key,
+                        dc_op_result **out, dc_status *st);
 dc_code dc_get_op(dc_client *c, const char *op_id, dc_op_result **out, dc_status *st);
 void dc_op_result_free(dc_op_result *r);
 /* Recent and in-flight ops, newest first; limit 0 means the server's default. */

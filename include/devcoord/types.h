@@ -57,6 +57,9 @@ typedef enum dc_kind {
 #define DC_DEVICE_TEXT_SIZE (DC_DEVICE_TEXT_MAX + 1)
 #define DC_TENSOR_MAX_DIMS  8 /* dimensions a tensor may have */
 
+/* Bytes of an op's idempotency key (dc_op_request.idempotency_key). */
+#define DC_IDEMPOTENCY_KEY_MAX 128
+
 typedef struct dc_device {
     dc_backend backend;
     dc_kind kind;

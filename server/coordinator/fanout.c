@@ -145,13 +145,27 @@ static void
 execute_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, bool *keep)
 {
     struct fanout_call *call = arg;
-    uint64_t elapsed_us      = 0;
+    struct fanout_prepared p = { 0 };
 
     (void)keep;
     if (code == DC_OK && reply->body != NULL) {
-        elapsed_us = ((Devcoord__V1__ExecuteResponse *)reply->body)->elapsed_us;
+        const Devcoord__V1__ExecuteResponse *r = (const Devcoord__V1__ExecuteResponse *)reply->body;
+        p.elapsed_us                           = r->elapsed_us;
+        p.already_committed                    = r->already_committed;
+        snprintf(p.committed_op_id, sizeof(p.committed_op_id), "%s", r->committed_op_id);
     }
-    call->f->opts.events.executed(call->f->opts.events.arg, call->tag, code, st, elapsed_us);
+    call->f->opts.events.executed(call->f->opts.events.arg, call->tag, code, st, &p);
+    free(call);
+}
+
+static void
+commit_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, bool *keep)
+{
+    struct fanout_call *call = arg;
+
+    (void)reply;
+    (void)keep;
+    call->f->opts.events.committed(call->f->opts.events.arg, call->tag, code, st);
     free(call);
 }
 
@@ -202,6 +216,14 @@ fanout_execute(struct fanout *f, struct fanout_conn *c, const Devcoord__V1__Exec
                uint32_t timeout_ms, void *tag, dc_status *st)
 {
     return fanout_send(f, c, M_WORKER_EXECUTE, &req->base, timeout_ms, execute_done, tag, st);
+}
+
+dc_code
+fanout_commit(struct fanout *f, struct fanout_conn *c, const Devcoord__V1__CommitRequest *req,
+              void *tag, dc_status *st)
+{
+    return fanout_send(f, c, M_WORKER_COMMIT, &req->base, FANOUT_COMMIT_TIMEOUT_MS, commit_done,
+                       tag, st);
 }
 
 dc_code

@@ -1,6 +1,7 @@
 /*
  * Fan-out from the coordinator to its workers: a cache of connections to workers' data
- * addresses, shared by the ops that use them, and the Execute and Abort calls sent on them.
+ * addresses, shared by the ops that use them, and the Execute, Commit and Abort calls sent on
+ * them.
  * Answers come back through struct fanout_events with the caller's tag; nothing here knows
  * what an op is. Thread-safe: one lock of its own, never held while the events run, so the
  * events may take the caller's lock (taken before this one, never after). A caller holds a
@@ -9,6 +10,7 @@
 #ifndef DEVCOORD_COORDINATOR_FANOUT_H
 #define DEVCOORD_COORDINATOR_FANOUT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -16,14 +18,30 @@
 #include "devcoord/v1/devcoord.pb-c.h"
 #include "status.h"
 
+/* How long a worker has to answer Commit. Commit only swaps names, so this is short; the
+ * workers hold their staging longer than the coordinator waits (ExecuteRequest.hold_ms). */
+#define FANOUT_COMMIT_TIMEOUT_MS 3000
+/* Bytes of an op id a worker may name in its answer. */
+#define FANOUT_OP_ID_MAX 64
+
 struct fanout;
 struct fanout_conn;
 
+/* What a worker's OK to Execute says besides OK. */
+struct fanout_prepared {
+    uint64_t elapsed_us;    /* the worker's own timing */
+    bool already_committed; /* it committed an op with the request's idempotency key before, */
+    char committed_op_id[FANOUT_OP_ID_MAX + 1]; /* this one, and ran nothing now */
+};
+
 struct fanout_events {
-    /* A worker answered Execute, or no answer came: code and st say which (elapsed_us: the
-     * worker's own timing, when it answered OK). Runs once per call fanout_execute started,
-     * on an nng thread: it may take the caller's lock, must not block otherwise. */
-    void (*executed)(void *arg, void *tag, dc_code code, const dc_status *st, uint64_t elapsed_us);
+    /* A worker answered Execute, or no answer came: code and st say which (p: what an OK
+     * said; zeroed otherwise). Runs once per call fanout_execute started, on an nng thread:
+     * it may take the caller's lock, must not block otherwise. */
+    void (*executed)(void *arg, void *tag, dc_code code, const dc_status *st,
+                     const struct fanout_prepared *p);
+    /* A worker answered Commit, or no answer came (st->transport). Same thread rules. */
+    void (*committed)(void *arg, void *tag, dc_code code, const dc_status *st);
     /* An Abort call fanout_abort started has ended, however it went. Same thread rules. */
     void (*aborted)(void *arg, void *tag);
     void *arg;
@@ -54,6 +72,9 @@ void fanout_conn_put(struct fanout *f, struct fanout_conn *c);
 dc_code fanout_execute(struct fanout *f, struct fanout_conn *c,
                        const Devcoord__V1__ExecuteRequest *req, uint32_t timeout_ms, void *tag,
                        dc_status *st);
+/* Sends req on c, with FANOUT_COMMIT_TIMEOUT_MS; the same contract, with events.committed. */
+dc_code fanout_commit(struct fanout *f, struct fanout_conn *c,
+                      const Devcoord__V1__CommitRequest *req, void *tag, dc_status *st);
 /* Sends req on c; the same contract, with events.aborted. */
 dc_code fanout_abort(struct fanout *f, struct fanout_conn *c, const Devcoord__V1__AbortRequest *req,
                      void *tag, dc_status *st);

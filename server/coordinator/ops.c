@@ -5,6 +5,23 @@
  * fanout.c. The table's lock (mtx) guards every op and the queues; fanout's own lock is only
  * ever taken inside it. Some 1,000 lines: an op's life, its queries and the timer all work on
  * struct op under that lock, and apart each would need the others' internals.
+ *
+ * An op's life, and why it has two phases. A collective moves data between workers while it
+ * runs, so a failure part way (a worker dies, a deadline passes) would leave some tensors
+ * with results, some with partial sums and some untouched, and a retry would compute garbage
+ * from them. So workers compute into staging and change nothing until told: the op is queued,
+ * then *prepares* (Execute to every worker; each answers OK once its results are staged), then
+ * *commits* (Commit to every worker once all have prepared; each publishes its results at
+ * once). A failure before Commit aborts every worker and changes nothing anywhere; the op is
+ * answered only once every worker has confirmed Commit, or with DATA_LOSS naming those that
+ * did not (README, "What holds when an op fails"). A barrier stages nothing and skips Commit.
+ *
+ * Idempotency keys. An op submitted with a key is found by it while the table remembers the
+ * op (in flight, or in the history): the same key again waits for that op or gets its outcome
+ * at once, and never starts another. A coordinator that does not know the key (restarted, or
+ * the op left the history) runs the op, but with the key in its Execute: a worker that
+ * committed the key answers already_committed, and then nothing new is committed and the op
+ * is reported with the first op's id (a replay).
  */
 #include "ops.h"
 
@@ -20,6 +37,7 @@
 #include "fanout.h"
 #include "log.h"
 #include "metrics.h"
+#include "opkey.h"
 #include "opqueue.h"
 #include "plan.h"
 #include "rpc.h"
@@ -35,20 +53,38 @@
 #define WORKER_TIME_SHARE 0.9
 /* Ends of ops answered per pass of ops_fail_where: their answers go out outside the lock. */
 #define FAIL_BATCH 32
+/* A worker holds a prepared op's staging for the op's time left plus the Commit timeout plus
+ * this, so that it still holds it when the last Commit the coordinator can send arrives. */
+#define HOLD_MARGIN_MS 5000
+/* Submissions of one key that wait for its op in flight. */
+#define KEY_WAITERS_MAX 64
 
 enum op_state { OP_QUEUED = 1, OP_RUNNING, OP_DONE, OP_FAILED };
 
 struct op;
 
-/* What the op has heard from one worker of its plan (op->plan.workers[i]). */
+/* What the op has heard from one worker of its plan (op->plan.workers[i]). code and message
+ * are its last word: Execute's answer, then Commit's when that failed. */
 struct op_worker {
     struct op *op;
     const struct plan_worker *plan;
     struct fanout_conn *conn; /* a reference, dropped when the op goes */
-    bool answered;
+    bool answered;            /* to Execute */
+    bool aborted;             /* sent Abort */
+    bool already;             /* answered that it committed the op's key before, as: */
+    char committed_op_id[FANOUT_OP_ID_MAX + 1];
+    bool commit_answered;
+    bool commit_unknown; /* no answer to Commit came: it may or may not have published */
     dc_code code;
     char message[DC_STATUS_MESSAGE_MAX];
     uint64_t elapsed_us;
+};
+
+/* A later SubmitOp with the same idempotency key, answered with the op's outcome. */
+struct op_waiter {
+    Devcoord__V1__SubmitOpResponse_Closure closure;
+    void *cd;
+    struct op_waiter *next;
 };
 
 struct op {
@@ -60,9 +96,15 @@ struct op {
     char output[256];
     enum op_state state;
     dc_status status;
-    struct plan plan;          /* empty for a refused op */
-    struct op_worker *workers; /* one per plan.workers, same order */
-    unsigned pending;          /* workers not answered yet */
+    struct plan plan;                     /* empty for a refused op */
+    struct op_worker *workers;            /* one per plan.workers, same order */
+    unsigned pending;                     /* workers not answered yet (Execute, then Commit) */
+    char key[DC_IDEMPOTENCY_KEY_MAX + 1]; /* "" for none */
+    uint64_t key_hash;                    /* the request's fingerprint (opkey.h) */
+    bool committing;                      /* every worker prepared; Commit sent, no Abort */
+    bool replay; /* a worker committed the key before: nothing new is committed */
+    struct op_waiter *waiters;
+    unsigned n_waiters;
     /* The first ABORTED answer, used only if no worker reports the cause. */
     dc_status secondary;
     bool have_secondary;
@@ -80,10 +122,11 @@ struct ops {
     const struct config_coordinator *cfg;
     struct fanout *fanout;
     pthread_mutex_t mtx;
-    pthread_cond_t cv;   /* wakes the timer to stop */
-    struct strmap by_id; /* id -> op (active and history) */
-    struct op *active;   /* queued and running, newest first */
-    struct op **history; /* ring of finished ops */
+    pthread_cond_t cv;    /* wakes the timer to stop */
+    struct strmap by_id;  /* id -> op (active and history) */
+    struct strmap by_key; /* idempotency key -> op, for the ops in by_id that have one */
+    struct op *active;    /* queued and running, newest first */
+    struct op **history;  /* ring of finished ops */
     size_t hist_cap, hist_len, hist_next;
     struct opqueue queues; /* of the active ops, per device */
     uint64_t counter;
@@ -175,6 +218,7 @@ op_info(struct arena *a, const struct op *op)
     info->root              = op->root;
     info->tensor            = arena_strdup(a, op->tensor);
     info->output_tensor     = arena_strdup(a, op->output);
+    info->idempotency_key   = arena_strdup(a, op->key);
     info->state             = op_states[op->state];
     info->status            = status_pb(a, &op->status);
     info->plan              = op->plan.n_devices > 0 ? plan_pb(a, &op->plan) : NULL;
@@ -183,12 +227,16 @@ op_info(struct arena *a, const struct op *op)
     info->workers    = arena_alloc(a, (n_workers + 1) * sizeof(*info->workers));
     info->waiting_on = arena_alloc(a, (n_workers + 1) * sizeof(*info->waiting_on));
     if (info->op_id == NULL || info->tensor == NULL || info->output_tensor == NULL ||
-        info->status == NULL || (op->plan.n_devices > 0 && info->plan == NULL) ||
-        info->workers == NULL || info->waiting_on == NULL) {
+        info->idempotency_key == NULL || info->status == NULL ||
+        (op->plan.n_devices > 0 && info->plan == NULL) || info->workers == NULL ||
+        info->waiting_on == NULL) {
         return NULL;
     }
     for (size_t i = 0; i < n_workers; i++) {
         const struct op_worker *w = &op->workers[i];
+        if (op->committing && !w->commit_answered && op->state == OP_RUNNING) {
+            info->waiting_on[nw++] = arena_strdup(a, w->plan->name);
+        }
         if (!w->answered) {
             if (op->state == OP_RUNNING) {
                 info->waiting_on[nw++] = arena_strdup(a, w->plan->name);
@@ -214,11 +262,15 @@ op_info(struct arena *a, const struct op *op)
 
 /* ---- ending ------------------------------------------------------------------------------ */
 
+/* The answer to an op's submitter and to every later submission of its key, prepared under
+ * the lock and sent after it. */
 struct pending_answer {
     struct arena *arena;
     Devcoord__V1__SubmitOpResponse resp;
+    dc_status status;
     Devcoord__V1__SubmitOpResponse_Closure closure;
     void *cd;
+    struct op_waiter *waiters;
 };
 
 /* Sends the SubmitOp answer prepared under the lock. */
@@ -226,13 +278,43 @@ static void
 answer_send(struct pending_answer *pa)
 {
     if (pa->closure != NULL) {
+        *rpc_call_status(pa->cd) = pa->status;
         pa->closure(pa->resp.op != NULL ? &pa->resp : NULL, pa->cd);
+    }
+    while (pa->waiters != NULL) {
+        struct op_waiter *w     = pa->waiters;
+        pa->waiters             = w->next;
+        *rpc_call_status(w->cd) = pa->status;
+        w->closure(pa->resp.op != NULL ? &pa->resp : NULL, w->cd);
+        free(w);
     }
     arena_free(pa->arena);
 }
 
-/* Tells the workers of op that have not answered to stop. Each Abort holds a reference to
- * op until ops_on_aborted. ops->mtx held. */
+/* Prepares in *pa the answer of op as it stands, for its submitter (closure, cd: NULL for
+ * none) and its key's waiters (moved out of op). ops->mtx held. */
+static void
+answer_prepare_locked(const struct op *op, Devcoord__V1__SubmitOpResponse_Closure closure, void *cd,
+                      struct op_waiter *waiters, struct pending_answer *pa)
+{
+    memset(pa, 0, sizeof(*pa));
+    devcoord__v1__submit_op_response__init(&pa->resp);
+    pa->closure = closure;
+    pa->cd      = cd;
+    pa->waiters = waiters;
+    pa->status  = op->status;
+    if (closure == NULL && waiters == NULL) {
+        return;
+    }
+    if ((pa->arena = arena_new(ARENA_OWN_BUDGET)) == NULL ||
+        (pa->resp.op = op_info(pa->arena, op)) == NULL) {
+        status_set(&pa->status, DC_RESOURCE_EXHAUSTED, "out of memory answering");
+    }
+}
+
+/* Tells every worker of op that may hold its staging to drop it and stop: those still
+ * running it and those that prepared. Each Abort holds a reference to op until
+ * ops_on_aborted. Never once Commit went out. ops->mtx held. */
 static void
 op_abort_workers_locked(struct ops *o, struct op *op)
 {
@@ -244,14 +326,21 @@ op_abort_workers_locked(struct ops *o, struct op *op)
     reason.worker  = op->status.worker;
     req.op_id      = op->id;
     req.reason     = &reason;
+    if (op->committing) {
+        return;
+    }
     for (size_t i = 0; i < op->plan.n_workers; i++) {
         struct op_worker *w = &op->workers[i];
         dc_status st;
-        if (w->answered || w->conn == NULL) {
+        /* A worker that failed holds nothing; one that committed the key before runs
+         * nothing. */
+        if (w->aborted || w->conn == NULL || w->already || (w->answered && w->code != DC_OK)) {
             continue;
         }
+        w->aborted = true;
         op->refs++;
-        /* Best effort: a worker not told stops at its own deadline. */
+        /* Best effort: a worker not told stops at its own deadline and discards its staging
+         * when its hold runs out. */
         if (fanout_abort(o->fanout, w->conn, &req, w, &st) != DC_OK) {
             op->refs--;
         }
@@ -287,17 +376,27 @@ ops_start_runnable_locked(struct ops *o)
     } while (op != NULL);
 }
 
+/* Takes op out of the lookup tables. ops->mtx held. */
+static void
+op_forget_locked(struct ops *o, struct op *op)
+{
+    strmap_del(&o->by_id, op->id);
+    if (op->key[0] != '\0' && strmap_get(&o->by_key, op->key) == op) {
+        strmap_del(&o->by_key, op->key);
+    }
+}
+
 static void
 history_add_locked(struct ops *o, struct op *op)
 {
     if (o->hist_cap == 0) {
-        strmap_del(&o->by_id, op->id);
+        op_forget_locked(o, op);
         op_unref_locked(o, op);
         return;
     }
     if (o->hist_len == o->hist_cap) {
         struct op *old = o->history[o->hist_next];
-        strmap_del(&o->by_id, old->id);
+        op_forget_locked(o, old);
         op_unref_locked(o, old);
     } else {
         o->hist_len++;
@@ -306,11 +405,20 @@ history_add_locked(struct ops *o, struct op *op)
     o->hist_next             = (o->hist_next + 1) % o->hist_cap;
 }
 
+static void op_commit_verdict(const struct op *op, const dc_status *cause, dc_status *out);
+
 /* Ends op with st (OK: done). Prepares the caller's answer in *pa; the caller sends it after
- * unlocking. ops->mtx held. */
+ * unlocking. An op ended from outside while Commit is out (shutdown) reports what its
+ * workers confirmed so far. ops->mtx held. */
 static void
 op_end_locked(struct ops *o, struct op *op, const dc_status *st, struct pending_answer *pa)
 {
+    dc_status verdict;
+
+    if (op->committing && st->code != DC_OK) {
+        op_commit_verdict(op, st, &verdict);
+        st = &verdict;
+    }
     op->status     = *st;
     op->state      = st->code == DC_OK ? OP_DONE : OP_FAILED;
     op->elapsed_us = op->started_us ? rpc_now_us() - op->started_us : 0;
@@ -335,18 +443,10 @@ op_end_locked(struct ops *o, struct op *op, const dc_status *st, struct pending_
         }
     }
     opqueue_remove(&o->queues, op, op->plan.devices, op->plan.n_devices);
-    memset(pa, 0, sizeof(*pa));
-    devcoord__v1__submit_op_response__init(&pa->resp);
-    if (op->closure != NULL) {
-        pa->closure              = op->closure;
-        pa->cd                   = op->cd;
-        op->closure              = NULL;
-        *rpc_call_status(pa->cd) = op->status;
-        if ((pa->arena = arena_new(ARENA_OWN_BUDGET)) == NULL ||
-            (pa->resp.op = op_info(pa->arena, op)) == NULL) {
-            status_set(rpc_call_status(pa->cd), DC_RESOURCE_EXHAUSTED, "out of memory answering");
-        }
-    }
+    answer_prepare_locked(op, op->closure, op->cd, op->waiters, pa);
+    op->closure   = NULL;
+    op->waiters   = NULL;
+    op->n_waiters = 0;
     history_add_locked(o, op);
     ops_start_runnable_locked(o);
 }
@@ -366,10 +466,147 @@ op_fail_now_locked(struct ops *o, struct op *op, const dc_status *st)
 
 /* ---- running ----------------------------------------------------------------------------- */
 
-/* A worker's answer to Execute (fanout_events.executed): the op ends at the first failure or
- * at the last answer. */
+/* Appends ", name" (or "name" first) to buf, as much as fits. */
 static void
-ops_on_executed(void *arg, void *tag, dc_code code, const dc_status *st, uint64_t elapsed_us)
+names_add(char *buf, size_t cap, const char *name)
+{
+    size_t n = strlen(buf);
+
+    snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", name);
+}
+
+/* The outcome of op's Commit from what its workers answered; cause: why it ends before every
+ * answer came (NULL when all came). A worker that answered anything but OK did not publish
+ * (Commit publishes all of a worker's tensors or none); one that did not answer may have.
+ * ops->mtx held. */
+static void
+op_commit_verdict(const struct op *op, const dc_status *cause, dc_status *out)
+{
+    char done[256] = "", refused[256] = "", unknown[256] = "", why[300] = "";
+    const struct op_worker *first = NULL;
+    size_t n_done = 0, n_unknown = 0;
+
+    for (size_t i = 0; i < op->plan.n_workers; i++) {
+        const struct op_worker *w = &op->workers[i];
+        if (w->commit_answered && w->code == DC_OK) {
+            names_add(done, sizeof(done), w->plan->name);
+            n_done++;
+            continue;
+        }
+        if (!w->commit_answered || w->commit_unknown) {
+            names_add(unknown, sizeof(unknown), w->plan->name);
+            n_unknown++;
+        } else {
+            names_add(refused, sizeof(refused), w->plan->name);
+        }
+        if (first == NULL) {
+            first = w;
+        }
+    }
+    if (first == NULL) {
+        status_clear(out);
+        return;
+    }
+    if (first->commit_answered) {
+        snprintf(why, sizeof(why), "worker %.63s: %.220s", first->plan->name, first->message);
+    } else {
+        snprintf(why, sizeof(why), "%.290s", cause != NULL ? cause->message : "no answer");
+    }
+    if (n_done == 0 && n_unknown == 0) {
+        status_set(out, DC_ABORTED, "op %s changed nothing: no worker committed it (%s)", op->id,
+                   why);
+    } else {
+        status_set(out, DC_DATA_LOSS,
+                   "op %s was committed partially: committed on [%s], not committed on [%s], "
+                   "unconfirmed on [%s] (%s); each worker holds all of the op's results or none "
+                   "of them",
+                   op->id, done, refused, unknown, why);
+    }
+    status_set_worker(out, first->plan->name);
+}
+
+/* Every worker prepared: sends Commit to each. Each call holds a reference to op until
+ * ops_on_committed. May end op at once (answers in *pa, *answer set). ops->mtx held. */
+static void
+op_commit_locked(struct ops *o, struct op *op, struct pending_answer *pa, bool *answer)
+{
+    Devcoord__V1__CommitRequest req = DEVCOORD__V1__COMMIT_REQUEST__INIT;
+
+    op->committing = true;
+    req.op_id      = op->id;
+    for (size_t i = 0; i < op->plan.n_workers; i++) {
+        struct op_worker *w = &op->workers[i];
+        dc_status st;
+
+        op->refs++;
+        op->pending++;
+        if (fanout_commit(o->fanout, w->conn, &req, w, &st) == DC_OK) {
+            continue;
+        }
+        /* Not sent: that worker surely did not publish. */
+        op->refs--;
+        op->pending--;
+        w->commit_answered = true;
+        w->code            = st.code;
+        snprintf(w->message, sizeof(w->message), "commit not sent: %.990s", st.message);
+    }
+    if (op->pending == 0) {
+        dc_status end;
+        op_commit_verdict(op, NULL, &end);
+        op_end_locked(o, op, &end, pa);
+        *answer = true;
+    }
+}
+
+/* The outcome of an op whose key a worker had committed before: nothing was run or
+ * committed now. When every worker says so, naming the same op, that op's success is the
+ * answer, under its id; otherwise the key's first op was committed partially (or some worker
+ * forgot it), which is what the answer says. ops->mtx held. */
+static void
+op_replay_verdict(struct ops *o, struct op *op, dc_status *out)
+{
+    char already[256] = "", other[256] = "";
+    const char *original = NULL;
+    bool same            = true;
+
+    for (size_t i = 0; i < op->plan.n_workers; i++) {
+        const struct op_worker *w = &op->workers[i];
+        if (w->already) {
+            names_add(already, sizeof(already), w->plan->name);
+            if (original == NULL) {
+                original = w->committed_op_id;
+            } else if (strcmp(original, w->committed_op_id) != 0) {
+                same = false;
+            }
+        } else {
+            names_add(other, sizeof(other), w->plan->name);
+            same = false;
+        }
+    }
+    if (same && original != NULL) {
+        log_info("op %s: key '%s' was committed as op %s on every worker; reported as that op",
+                 op->id, op->key, original);
+        /* The first op's id, unless this table knows another op by it. */
+        if (strlen(original) < sizeof(op->id) && strmap_get(&o->by_id, original) == NULL &&
+            strmap_put(&o->by_id, original, op)) {
+            strmap_del(&o->by_id, op->id);
+            memcpy(op->id, original, strlen(original) + 1); /* fits: checked above */
+        }
+        status_clear(out);
+        return;
+    }
+    status_set(out, DC_DATA_LOSS,
+               "idempotency key '%s' was committed before as op %s on [%s] but not on [%s] (its "
+               "commit was partial, or those workers restarted or forgot it); nothing was run "
+               "again",
+               op->key, original != NULL ? original : "?", already, other);
+}
+
+/* A worker's answer to Execute (fanout_events.executed): the op fails at the first failure;
+ * at the last answer it commits (or ends: a barrier, or a replay). */
+static void
+ops_on_executed(void *arg, void *tag, dc_code code, const dc_status *st,
+                const struct fanout_prepared *p)
 {
     struct ops *o            = arg;
     struct op_worker *w      = tag;
@@ -381,11 +618,29 @@ ops_on_executed(void *arg, void *tag, dc_code code, const dc_status *st, uint64_
     pthread_mutex_lock(&o->mtx);
     w->answered   = true;
     w->code       = code;
-    w->elapsed_us = elapsed_us;
+    w->elapsed_us = p->elapsed_us;
     snprintf(w->message, sizeof(w->message), "%s", st->message);
+    if (code == DC_OK && p->already_committed) {
+        w->already = true;
+        snprintf(w->committed_op_id, sizeof(w->committed_op_id), "%s", p->committed_op_id);
+        snprintf(w->message, sizeof(w->message), "committed before as op %s; not run again",
+                 p->committed_op_id);
+    }
     op->pending--;
-    if (op->state == OP_RUNNING) {
-        if (code != DC_OK) {
+    if (op->state == OP_RUNNING && !op->committing) {
+        if (w->already && !op->replay) {
+            /* Nothing may be committed now: stop the others, which wait for this one. */
+            op->replay = true;
+            op_abort_workers_locked(o, op);
+        }
+        if (op->replay) {
+            if (op->pending == 0) {
+                dc_status end;
+                op_replay_verdict(o, op, &end);
+                op_end_locked(o, op, &end, &pa);
+                answer = true;
+            }
+        } else if (code != DC_OK) {
             dc_status fail;
             /* The coordinator's own call timing out (no answer came at all) is about this
              * worker; anything the worker answered may be about a peer it names. */
@@ -417,13 +672,54 @@ ops_on_executed(void *arg, void *tag, dc_code code, const dc_status *st, uint64_
         } else if (op->pending == 0) {
             dc_status end;
             if (op->have_secondary) {
-                end = op->secondary;
-            } else {
+                op_end_locked(o, op, &op->secondary, &pa);
+                answer = true;
+            } else if (op->kind == DC_OP_BARRIER) {
                 status_clear(&end);
+                op_end_locked(o, op, &end, &pa);
+                answer = true;
+            } else {
+                op_commit_locked(o, op, &pa, &answer);
             }
-            op_end_locked(o, op, &end, &pa);
-            answer = true;
         }
+    }
+    op_unref_locked(o, op);
+    pthread_mutex_unlock(&o->mtx);
+    if (answer) {
+        answer_send(&pa);
+    }
+}
+
+/* A worker's answer to Commit (fanout_events.committed): the op ends at the last. */
+static void
+ops_on_committed(void *arg, void *tag, dc_code code, const dc_status *st)
+{
+    struct ops *o            = arg;
+    struct op_worker *w      = tag;
+    struct op *op            = w->op;
+    struct pending_answer pa = { 0 };
+    bool answer              = false;
+
+    pthread_mutex_lock(&o->mtx);
+    if (!w->commit_answered) {
+        w->commit_answered = true;
+        w->commit_unknown  = code != DC_OK && st->transport;
+        w->code            = code;
+        if (code != DC_OK) {
+            if (code == DC_DEADLINE_EXCEEDED && st->transport) {
+                snprintf(w->message, sizeof(w->message), "no answer to Commit within %d ms",
+                         FANOUT_COMMIT_TIMEOUT_MS);
+            } else {
+                snprintf(w->message, sizeof(w->message), "commit: %.1000s", st->message);
+            }
+        }
+    }
+    op->pending--;
+    if (op->state == OP_RUNNING && op->committing && op->pending == 0) {
+        dc_status end;
+        op_commit_verdict(op, NULL, &end);
+        op_end_locked(o, op, &end, &pa);
+        answer = true;
     }
     op_unref_locked(o, op);
     pthread_mutex_unlock(&o->mtx);
@@ -460,6 +756,13 @@ op_start_locked(struct ops *o, struct op *op)
     req.output_tensor = op->output;
     req.timeout_ms =
         (uint32_t)(left * WORKER_TIME_SHARE) > 0 ? (uint32_t)(left * WORKER_TIME_SHARE) : 1;
+    req.idempotency_key = op->key;
+    req.request_hash    = op->key_hash;
+    /* The last Commit can go out at the op's deadline and take FANOUT_COMMIT_TIMEOUT_MS to
+     * arrive; the staging must still be there then. */
+    req.hold_ms = left > UINT32_MAX - FANOUT_COMMIT_TIMEOUT_MS - HOLD_MARGIN_MS
+                      ? UINT32_MAX
+                      : left + FANOUT_COMMIT_TIMEOUT_MS + HOLD_MARGIN_MS;
     for (size_t i = 0; i < op->plan.n_workers; i++) {
         struct op_worker *w = &op->workers[i];
         dc_status fail;
@@ -536,6 +839,11 @@ op_new(const Devcoord__V1__SubmitOpRequest *in, const struct config_coordinator 
         snprintf(op->output, sizeof(op->output), "%s.gathered", in->tensor);
     }
     op->timeout_ms = in->timeout_ms ? in->timeout_ms : cfg->op_timeout_ms;
+    /* A dry run runs nothing, so it has nothing to remember under a key. */
+    if (!in->dry_run) {
+        snprintf(op->key, sizeof(op->key), "%.*s", DC_IDEMPOTENCY_KEY_MAX, in->idempotency_key);
+        op->key_hash = opkey_fingerprint(in);
+    }
     return op;
 }
 
@@ -634,8 +942,13 @@ op_enqueue_locked(struct ops *o, struct op *op, Devcoord__V1__SubmitOpResponse_C
         rv = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
         goto out;
     }
-    if (!opqueue_push(&o->queues, op, op->plan.devices, op->plan.n_devices)) {
+    if (op->key[0] != '\0' && !strmap_put(&o->by_key, op->key, op)) {
         strmap_del(&o->by_id, op->id);
+        rv = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    if (!opqueue_push(&o->queues, op, op->plan.devices, op->plan.n_devices)) {
+        op_forget_locked(o, op);
         rv = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
         goto out;
     }
@@ -654,6 +967,63 @@ out:
     return rv;
 }
 
+/* A submission naming the key of op prev (which the table knows) with request fingerprint
+ * hash: it gets prev's outcome, now if prev has ended (*answer set, the answer in *pa), or
+ * when prev ends. A different request under the same key, or too many waiting, is refused
+ * (and nothing changed). ops->mtx held. */
+static dc_code
+op_key_join_locked(struct op *prev, uint64_t hash, Devcoord__V1__SubmitOpResponse_Closure closure,
+                   void *cd, struct pending_answer *pa, bool *answer, dc_status *st)
+{
+    struct op_waiter *w;
+
+    *answer = false;
+    if (prev->key_hash != hash) {
+        return status_set(st, DC_FAILED_PRECONDITION,
+                          "idempotency key '%s' was used by op %s for a different request",
+                          prev->key, prev->id);
+    }
+    if (prev->state == OP_DONE || prev->state == OP_FAILED) {
+        answer_prepare_locked(prev, closure, cd, NULL, pa);
+        *answer = true;
+        return DC_OK;
+    }
+    if (prev->n_waiters >= KEY_WAITERS_MAX) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED,
+                          "%d submissions of idempotency key '%s' already wait for op %s",
+                          KEY_WAITERS_MAX, prev->key, prev->id);
+    }
+    if ((w = calloc(1, sizeof(*w))) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    w->closure    = closure;
+    w->cd         = cd;
+    w->next       = prev->waiters;
+    prev->waiters = w;
+    prev->n_waiters++;
+    return DC_OK;
+}
+
+/* If the table knows op's key: joins the op that has it (true, *code saying how that went;
+ * on DC_OK the caller is answered and op is not needed). ops->mtx held. */
+static bool
+op_key_known_locked(struct ops *o, const struct op *op,
+                    Devcoord__V1__SubmitOpResponse_Closure closure, void *cd,
+                    struct pending_answer *pa, bool *answer, dc_code *code, dc_status *st)
+{
+    struct op *prev = op->key[0] != '\0' ? strmap_get(&o->by_key, op->key) : NULL;
+
+    *answer = false;
+    if (prev == NULL) {
+        return false;
+    }
+    if ((*code = op_key_join_locked(prev, op->key_hash, closure, cd, pa, answer, st)) == DC_OK) {
+        log_info("op %s: idempotency key '%s' submitted again; answered with that op", prev->id,
+                 prev->key);
+    }
+    return true;
+}
+
 void
 ops_submit(struct ops *o, const Devcoord__V1__SubmitOpRequest *in,
            Devcoord__V1__SubmitOpResponse_Closure closure, void *cd)
@@ -665,14 +1035,27 @@ ops_submit(struct ops *o, const Devcoord__V1__SubmitOpRequest *in,
     dc_device_ref *refs = NULL, *concrete = NULL;
     char group_id[VALIDATE_GROUP_ID_SIZE];
     struct op_spec spec;
+    struct pending_answer pa;
     struct op *op;
     dc_status st;
     dc_code code;
+    bool known, answer;
 
     status_clear(&st);
     if ((op = op_new(in, o->cfg)) == NULL) {
         code = status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory");
         goto out;
+    }
+    /* A key the table knows gets its op's outcome, before any check: the retry of an op
+     * whose worker has died since must still learn what that op did. */
+    if ((code = validate_idempotency_key(in->idempotency_key, &st)) != DC_OK) {
+        goto out;
+    }
+    pthread_mutex_lock(&o->mtx);
+    known = op_key_known_locked(o, op, closure, cd, &pa, &answer, &code, &st);
+    pthread_mutex_unlock(&o->mtx);
+    if (known) {
+        goto joined;
     }
     /* Validate (design §4), then the tensors a run needs. */
     if ((code = request_devices(in, &limits, &refs, &concrete, &st)) != DC_OK) {
@@ -691,18 +1074,32 @@ ops_submit(struct ops *o, const Devcoord__V1__SubmitOpRequest *in,
     if ((code = op_plan(o, op, concrete, in->n_devices, group_id, &st)) != DC_OK || dry_run) {
         goto out;
     }
-    /* Queue behind earlier ops on the same devices, and fan out if none is ahead. */
+    /* Queue behind earlier ops on the same devices, and fan out if none is ahead; unless the
+     * same key came in meanwhile and has its op now. */
     pthread_mutex_lock(&o->mtx);
-    if ((code = op_enqueue_locked(o, op, closure, cd, &st)) == DC_OK &&
-        opqueue_runnable(&o->queues, op, op->plan.devices, op->plan.n_devices)) {
+    if ((known = op_key_known_locked(o, op, closure, cd, &pa, &answer, &code, &st))) {
+        /* answered below */
+    } else if ((code = op_enqueue_locked(o, op, closure, cd, &st)) == DC_OK &&
+               opqueue_runnable(&o->queues, op, op->plan.devices, op->plan.n_devices)) {
         op_start_locked(o, op);
     }
     pthread_mutex_unlock(&o->mtx);
+joined:
+    if (known && code == DC_OK) {
+        if (answer) {
+            answer_send(&pa);
+        }
+        op_free(op);
+        op   = NULL;
+        code = DC_OK;
+    }
 out:
     free(refs);
     free(concrete);
-    if (code != DC_OK || dry_run) {
+    if (op != NULL && (code != DC_OK || dry_run)) {
         submit_answer_now(op, code, &st, closure, cd);
+    } else if (op == NULL && code != DC_OK) {
+        submit_answer_now(NULL, code, &st, closure, cd);
     }
 }
 
@@ -811,11 +1208,16 @@ struct gone {
     uint64_t epoch;
 };
 
+/* An op whose Commit is out is not failed for a worker gone: its answer to Commit (or the
+ * lack of one, within FANOUT_COMMIT_TIMEOUT_MS) decides what the op reports. */
 static bool
 op_uses_worker(const struct op *op, const void *arg)
 {
     const struct gone *g = arg;
 
+    if (op->committing) {
+        return false;
+    }
     for (size_t i = 0; i < op->plan.n_workers; i++) {
         const struct plan_worker *w = &op->plan.workers[i];
         if (strcmp(w->name, g->name) == 0 && w->epoch == g->epoch) {
@@ -945,7 +1347,7 @@ ops_new(struct registry *registry, const struct config_coordinator *cfg, const c
     o->registry = registry;
     o->cfg      = cfg;
     o->hist_cap = cfg->op_history;
-    fo.events   = (struct fanout_events){ ops_on_executed, ops_on_aborted, o };
+    fo.events   = (struct fanout_events){ ops_on_executed, ops_on_committed, ops_on_aborted, o };
     if ((o->history = calloc(o->hist_cap ? o->hist_cap : 1, sizeof(*o->history))) == NULL ||
         (o->fanout = fanout_new(&fo)) == NULL) {
         free(o->history);
@@ -955,6 +1357,7 @@ ops_new(struct registry *registry, const struct config_coordinator *cfg, const c
     pthread_mutex_init(&o->mtx, NULL);
     pthread_cond_init(&o->cv, NULL);
     strmap_init(&o->by_id);
+    strmap_init(&o->by_key);
     opqueue_init(&o->queues);
     for (int k = 0; k < DC_OP_COUNT; k++) {
         histo_init(&o->duration[k], histo_seconds, histo_seconds_n);
@@ -963,6 +1366,7 @@ ops_new(struct registry *registry, const struct config_coordinator *cfg, const c
                sizeof(fanout_buckets) / sizeof(fanout_buckets[0]));
     if (pthread_create(&o->timer, NULL, ops_timer, o) != 0) {
         opqueue_fini(&o->queues);
+        strmap_fini(&o->by_key);
         strmap_fini(&o->by_id);
         pthread_cond_destroy(&o->cv);
         pthread_mutex_destroy(&o->mtx);
@@ -1012,6 +1416,7 @@ ops_free(struct ops *o)
     pthread_mutex_unlock(&o->mtx);
     fanout_free(o->fanout);
     opqueue_fini(&o->queues);
+    strmap_fini(&o->by_key);
     strmap_fini(&o->by_id);
     free(o->history);
     pthread_cond_destroy(&o->cv);

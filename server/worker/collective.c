@@ -12,9 +12,14 @@
  * come before their op), sending (and whom to blame at the deadline), the algorithms per op
  * kind, an op from start to end, and the Worker service entry points.
  *
- * Tensors are reached only through the executor (executor.h). All-reduce and broadcast map
- * the tensor they work on in place for the whole op and unmap it once no handler can write
- * to it any more (cop_release_work); everything else is copied in and out.
+ * Tensors are reached only through the executor (executor.h), and an op never writes one
+ * that is stored under a name: its results go to staging tensors made for it (executor_create),
+ * which are handed to the staging (staging.h) when the op is prepared and published only by
+ * Commit. So an op that fails, here or on any other worker, at any point, leaves every tensor
+ * as it was, and a retry reads the old values. All-reduce and a broadcast receiver map their
+ * first staging tensor as the op's work buffer for the whole op and unmap it once no handler
+ * can write to it any more (cop_release_work); the root of a broadcast maps its own tensor
+ * for reading; everything else is copied in and out.
  */
 #include "collective.h"
 
@@ -30,7 +35,9 @@
 #include "reduce.h"
 #include "ring.h"
 #include "rpc.h"
+#include "staging.h"
 #include "tpool.h"
+#include "validate.h"
 
 #define WORKER_SVC (&devcoord__v1__worker__descriptor)
 
@@ -51,6 +58,13 @@
 #define OP_ID_MAX             64
 #define PLAN_MAX_WORKERS      4096
 #define PLAN_MAX_DEVICES      (1u << 20)
+
+/* An op's time when Execute names none. A prepared op's staging is held for
+ * ExecuteRequest.hold_ms; without one, twice the op's time plus HOLD_DEFAULT_EXTRA_MS; and
+ * never longer than twice the op's time plus HOLD_MAX_EXTRA_MS. */
+#define EXECUTE_DEFAULT_TIMEOUT_MS 30000
+#define HOLD_DEFAULT_EXTRA_MS      10000
+#define HOLD_MAX_EXTRA_MS          60000
 
 /* An Exchange call waiting for its op to start (or to be ready for data). */
 struct parked {
@@ -122,12 +136,18 @@ struct cop {
     /* The tensor every rank has (checked alike on every worker before data moves). */
     dc_dtype dtype;
     size_t elements, elem_size, tensor_bytes;
-    /* The op's data, tensor_bytes long: all-reduce and broadcast map a local tensor and work
-     * on it in place (work_map); reduce works on a copy it owns, so only the root changes. */
+    /* The op's data, tensor_bytes long: all-reduce and a broadcast receiver map their first
+     * staging tensor (work_map), a broadcast root its own tensor, read only; reduce works on a
+     * copy it owns. */
     uint8_t *work;
     struct tensor_map work_map;
     bool work_mapped, work_owned;
     uint8_t *gathered; /* all-gather: every rank's tensor in rank order, n_ranks * tensor_bytes */
+    /* The results: new tensors, one per local device the op changes, that go to the staging
+     * once the op is prepared (then n_outputs is 0 here). */
+    struct staging_output *outputs;
+    size_t n_outputs;
+    uint64_t hold_until_ms; /* when the staging gives up waiting for Commit */
 
     /* Steps 0 .. n_steps-1: data steps (the ring's, or step 0 of broadcast and all-gather),
      * then meta_step. Per step, bytes this worker expects and has received; for ring ops,
@@ -170,6 +190,7 @@ struct collectives {
     const char *token;
     struct executor *ex;
     struct membership *m;
+    struct staging *staging; /* prepared ops waiting for Commit, committed keys */
     size_t chunk;
     struct tpool *pool;
 
@@ -1132,11 +1153,46 @@ cop_plan_steps(struct cop *op)
     }
 }
 
-/* Maps local tensor i as the op's work buffer. */
+/* A new staging tensor for the op's result `name` on local device i, shaped like shape[ndim]
+ * of the op's dtype; its contents are undefined until written. */
 static dc_code
-cop_map_work(struct cop *op, size_t i, enum tensor_access access, dc_status *st)
+cop_output_add(struct cop *op, size_t i, const char *name, const uint64_t *shape, size_t ndim,
+               dc_status *st)
 {
-    dc_code code = tensor_map(op->local_tensors[i], 0, op->tensor_bytes, access, &op->work_map, st);
+    struct staging_output *out = &op->outputs[op->n_outputs];
+    dc_code code;
+
+    if ((code = executor_create(op->co->ex, op->dtype, shape, ndim, &out->tensor, st)) != DC_OK) {
+        return code;
+    }
+    out->device = op->devices[op->local_ranks[i]].device;
+    snprintf(out->name, sizeof(out->name), "%s", name);
+    op->n_outputs++;
+    return DC_OK;
+}
+
+/* Staging tensors for `name` on every local device, each shaped as that device's tensor
+ * (the same dtype and element count everywhere, the shape may differ); local index `skip`
+ * gets none (SIZE_MAX: none skipped). */
+static dc_code
+cop_outputs_like_inputs(struct cop *op, size_t skip, dc_status *st)
+{
+    dc_code code = DC_OK;
+
+    for (size_t i = 0; i < op->n_local && code == DC_OK; i++) {
+        if (i != skip) {
+            const struct tensor *t = op->local_tensors[i];
+            code                   = cop_output_add(op, i, op->req->tensor, t->shape, t->ndim, st);
+        }
+    }
+    return code;
+}
+
+/* Maps t as the op's work buffer. */
+static dc_code
+cop_map_work(struct cop *op, struct tensor *t, enum tensor_access access, dc_status *st)
+{
+    dc_code code = tensor_map(t, 0, op->tensor_bytes, access, &op->work_map, st);
 
     if (code == DC_OK) {
         op->work        = op->work_map.data;
@@ -1160,7 +1216,8 @@ cop_reduce_local(struct cop *op, size_t i, dc_status *st)
     return tensor_unmap(&in, st);
 }
 
-/* Everything before data moves: tensors, buffers, the local part of the reduction. */
+/* Everything before data moves: tensors, buffers, the local part of the reduction. No
+ * stored tensor is written: results go to the op's staging tensors. */
 static dc_code
 cop_prepare(struct cop *op, dc_status *st)
 {
@@ -1169,8 +1226,12 @@ cop_prepare(struct cop *op, dc_status *st)
 
     switch (kind) {
     case DC_OP_ALL_REDUCE:
-        /* In place on the first local tensor; the others get the result at the end. */
-        if ((code = cop_map_work(op, 0, TENSOR_READ_WRITE, st)) != DC_OK) {
+        /* On the first staging tensor, starting from the first local tensor; the other
+         * staging tensors get the result at the end. */
+        if ((code = cop_outputs_like_inputs(op, SIZE_MAX, st)) != DC_OK ||
+            (code = cop_map_work(op, op->outputs[0].tensor, TENSOR_WRITE, st)) != DC_OK ||
+            (code = tensor_read(op->local_tensors[0], 0, op->work, op->tensor_bytes, st)) !=
+                DC_OK) {
             return code;
         }
         for (size_t i = 1; i < op->n_local && code == DC_OK; i++) {
@@ -1189,11 +1250,14 @@ cop_prepare(struct cop *op, dc_status *st)
         }
         break;
     case DC_OP_BROADCAST:
-        /* The root's worker sends from the root's tensor; the others receive into their
-         * first one and copy it to the rest at the end. */
-        code = op->self == op->worker_of[op->req->root]
-                   ? cop_map_work(op, cop_local_index(op, op->req->root), TENSOR_READ, st)
-                   : cop_map_work(op, 0, TENSOR_READ_WRITE, st);
+        /* The root's worker sends from the root's tensor, which does not change; the others
+         * receive into their first staging tensor and copy it to the rest at the end. */
+        if (op->self == op->worker_of[op->req->root]) {
+            code = cop_map_work(op, op->local_tensors[cop_local_index(op, op->req->root)],
+                                TENSOR_READ, st);
+        } else if ((code = cop_outputs_like_inputs(op, SIZE_MAX, st)) == DC_OK) {
+            code = cop_map_work(op, op->outputs[0].tensor, TENSOR_WRITE, st);
+        }
         break;
     case DC_OP_ALL_GATHER:
         if (op->tensor_bytes != 0 && op->n_ranks > SIZE_MAX / op->tensor_bytes) {
@@ -1217,49 +1281,58 @@ cop_prepare(struct cop *op, dc_status *st)
     return code;
 }
 
-/* Writes the work buffer to every local tensor but the one it maps. */
+/* Writes the work buffer to every staging tensor but the one it maps. */
 static dc_code
-cop_write_local(struct cop *op, dc_status *st)
+cop_write_outputs(struct cop *op, dc_status *st)
 {
     dc_code code = DC_OK;
 
-    for (size_t i = 0; i < op->n_local && code == DC_OK; i++) {
-        if (!op->work_mapped || op->local_tensors[i] != op->work_map.tensor) {
-            code = tensor_write(op->local_tensors[i], 0, op->work, op->tensor_bytes, st);
+    for (size_t i = 0; i < op->n_outputs && code == DC_OK; i++) {
+        if (!op->work_mapped || op->outputs[i].tensor != op->work_map.tensor) {
+            code = tensor_write(op->outputs[i].tensor, 0, op->work, op->tensor_bytes, st);
         }
     }
     return code;
 }
 
-/* Writes the results to the local devices (the mapped work buffer gets there when it is
+/* Puts the results in the staging tensors (the mapped work buffer gets to its own when it is
  * unmapped, cop_release_work). */
 static dc_code
 cop_finish(struct cop *op, dc_status *st)
 {
     dc_op_kind kind = (dc_op_kind)op->req->kind;
     bool mean       = (dc_reduce_op)op->req->reduce == DC_REDUCE_MEAN;
+    dc_code code;
 
     switch (kind) {
     case DC_OP_ALL_REDUCE:
         if (mean) {
             reduce_finish_mean(op->dtype, op->work, op->elements, op->n_ranks);
         }
-        return cop_write_local(op, st);
-    case DC_OP_REDUCE:
+        return cop_write_outputs(op, st);
+    case DC_OP_REDUCE: {
+        size_t root = cop_local_index(op, op->req->root);
         if (op->self != op->worker_of[op->req->root]) {
             return DC_OK;
         }
         if (mean) {
             reduce_finish_mean(op->dtype, op->work, op->elements, op->n_ranks);
         }
-        return tensor_write(op->local_tensors[cop_local_index(op, op->req->root)], 0, op->work,
-                            op->tensor_bytes, st);
+        if ((code = cop_output_add(op, root, op->req->tensor, op->local_tensors[root]->shape,
+                                   op->local_tensors[root]->ndim, st)) != DC_OK) {
+            return code;
+        }
+        return cop_write_outputs(op, st);
+    }
     case DC_OP_BROADCAST:
-        return cop_write_local(op, st);
+        if (op->self == op->worker_of[op->req->root] &&
+            (code = cop_outputs_like_inputs(op, cop_local_index(op, op->req->root), st)) != DC_OK) {
+            return code;
+        }
+        return cop_write_outputs(op, st);
     case DC_OP_ALL_GATHER: {
         uint64_t shape[DC_TENSOR_MAX_DIMS];
         const struct tensor *t0 = op->local_tensors[0];
-        struct executor *ex     = op->co->ex;
 
         if (t0->ndim + 1 > DC_TENSOR_MAX_DIMS) {
             return status_set(st, DC_INVALID_ARGUMENT,
@@ -1269,18 +1342,10 @@ cop_finish(struct cop *op, dc_status *st)
         shape[0] = op->n_ranks;
         memcpy(shape + 1, t0->shape, t0->ndim * sizeof(*shape));
         for (size_t i = 0; i < op->n_local; i++) {
-            struct tensor *out;
-            dc_code code = executor_create(ex, op->dtype, shape, t0->ndim + 1, &out, st);
-            if (code != DC_OK) {
-                return code;
-            }
-            if ((code = tensor_write(out, 0, op->gathered, (size_t)op->n_ranks * op->tensor_bytes,
-                                     st)) == DC_OK) {
-                code = executor_store(ex, &op->devices[op->local_ranks[i]].device,
-                                      op->req->output_tensor, out, st);
-            }
-            tensor_release(out);
-            if (code != DC_OK) {
+            if ((code = cop_output_add(op, i, op->req->output_tensor, shape, t0->ndim + 1, st)) !=
+                    DC_OK ||
+                (code = tensor_write(op->outputs[op->n_outputs - 1].tensor, 0, op->gathered,
+                                     (size_t)op->n_ranks * op->tensor_bytes, st)) != DC_OK) {
                 return code;
             }
         }
@@ -1313,6 +1378,10 @@ cop_free(struct cop *op)
     if (op->work_owned) {
         free(op->work);
     }
+    for (size_t i = 0; i < op->n_outputs; i++) {
+        tensor_release(op->outputs[i].tensor);
+    }
+    free(op->outputs);
     free(op->gathered);
     free(op->local_tensors);
     free(op->local_ranks);
@@ -1334,6 +1403,37 @@ cop_free(struct cop *op)
     pthread_cond_destroy(&op->cv);
     pthread_mutex_destroy(&op->mtx);
     free(op);
+}
+
+_Static_assert(OP_ID_MAX <= OUTCOME_ID_MAX, "the staging keeps whole op ids");
+
+/* Hands the op's results to the staging, to be published by Commit. */
+static dc_code
+cop_hold(struct cop *op, dc_status *st)
+{
+    dc_device *devices = calloc(op->n_local, sizeof(*devices));
+    struct staging_op held;
+    dc_code code;
+
+    if (devices == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory for op %s", op->id);
+    }
+    for (size_t i = 0; i < op->n_local; i++) {
+        devices[i] = op->devices[op->local_ranks[i]].device;
+    }
+    held = (struct staging_op){ .op_id      = op->id,
+                                .key        = op->req->idempotency_key,
+                                .hash       = op->req->request_hash,
+                                .devices    = devices,
+                                .n_devices  = op->n_local,
+                                .outputs    = op->outputs,
+                                .n_outputs  = op->n_outputs,
+                                .expires_ms = op->hold_until_ms };
+    if ((code = staging_hold(op->co->staging, &held, st)) == DC_OK) {
+        op->n_outputs = 0; /* the staging has the references now */
+    }
+    free(devices);
+    return code;
 }
 
 static void
@@ -1432,6 +1532,13 @@ cop_run(void *arg)
         pthread_mutex_unlock(&op->mtx);
         ok = false;
     }
+    /* Prepared: the results wait in the staging for Commit (a barrier has none to wait). */
+    if (ok && (dc_op_kind)op->req->kind != DC_OP_BARRIER && cop_hold(op, &st) != DC_OK) {
+        pthread_mutex_lock(&op->mtx);
+        cop_fail_locked(op, &st);
+        pthread_mutex_unlock(&op->mtx);
+        ok = false;
+    }
     pthread_mutex_lock(&co->mtx);
     if (ok) {
         co->stats.ops_done++;
@@ -1481,6 +1588,8 @@ cop_new(struct collectives *co, const Devcoord__V1__ExecuteRequest *in, struct c
 {
     const Devcoord__V1__Plan *plan = in->plan;
     uint64_t epoch                 = membership_epoch(co->m);
+    uint32_t timeout_ms            = in->timeout_ms ? in->timeout_ms : EXECUTE_DEFAULT_TIMEOUT_MS;
+    uint64_t hold_ms;
     struct cop *op;
     dc_code code = DC_INVALID_ARGUMENT;
 
@@ -1493,6 +1602,10 @@ cop_new(struct collectives *co, const Devcoord__V1__ExecuteRequest *in, struct c
         (strlen(in->tensor) == 0 && in->kind != DEVCOORD__V1__OP_KIND__OP_BARRIER) ||
         strlen(in->tensor) > TENSOR_NAME_MAX || strlen(in->output_tensor) > TENSOR_NAME_MAX) {
         return status_set(st, DC_INVALID_ARGUMENT, "execute: bad op id or tensor name");
+    }
+    if (validate_idempotency_key(in->idempotency_key, st) != DC_OK) {
+        status_prefix(st, "execute");
+        return DC_INVALID_ARGUMENT;
     }
     if (dc_op_kind_name((dc_op_kind)in->kind) == NULL ||
         ((in->kind == DEVCOORD__V1__OP_KIND__OP_ALL_REDUCE ||
@@ -1523,7 +1636,13 @@ cop_new(struct collectives *co, const Devcoord__V1__ExecuteRequest *in, struct c
     op->n_ranks     = (uint32_t)plan->n_devices;
     op->fan_in_step = SIZE_MAX;
     op->started_us  = rpc_now_us();
-    op->deadline_ms = rpc_now_ms() + (in->timeout_ms ? in->timeout_ms : 30000);
+    op->deadline_ms = rpc_now_ms() + timeout_ms;
+    /* Held at most twice the op's time and a minute, whatever the request asks. */
+    hold_ms = in->hold_ms != 0 ? in->hold_ms : 2 * (uint64_t)timeout_ms + HOLD_DEFAULT_EXTRA_MS;
+    if (hold_ms > 2 * (uint64_t)timeout_ms + HOLD_MAX_EXTRA_MS) {
+        hold_ms = 2 * (uint64_t)timeout_ms + HOLD_MAX_EXTRA_MS;
+    }
+    op->hold_until_ms = rpc_now_ms() + hold_ms;
     snprintf(op->id, sizeof(op->id), "%s", in->op_id);
     /* Steps 0..2W-1 may carry data (ring_steps); step 2W carries the tensor descriptions. */
     op->n_steps         = 2 * (size_t)op->n_workers + 1;
@@ -1587,6 +1706,10 @@ cop_new(struct collectives *co, const Devcoord__V1__ExecuteRequest *in, struct c
         code = status_set(st, DC_INVALID_ARGUMENT, "execute: no device of this worker in the plan");
         goto fail;
     }
+    if ((op->outputs = calloc(op->n_local, sizeof(*op->outputs))) == NULL) {
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        goto fail;
+    }
     op->ring = (struct ring){ .workers     = op->n_workers,
                               .to_root     = in->kind == DEVCOORD__V1__OP_KIND__OP_REDUCE,
                               .root_worker = op->worker_of[in->root] };
@@ -1595,6 +1718,53 @@ cop_new(struct collectives *co, const Devcoord__V1__ExecuteRequest *in, struct c
 fail:
     cop_free(op);
     return code;
+}
+
+/* Answers op's Execute with the op that committed its idempotency key here, if one did, and
+ * frees op; false (op untouched) when none did. A different request under the same key is
+ * refused. */
+static bool
+cop_answer_committed(struct collectives *co, struct cop *op,
+                     Devcoord__V1__ExecuteResponse_Closure closure, void *cd)
+{
+    Devcoord__V1__ExecuteResponse out = DEVCOORD__V1__EXECUTE_RESPONSE__INIT;
+    char committed[OUTCOME_ID_MAX + 1];
+    uint64_t hash;
+
+    if (!staging_committed_key(co->staging, op->req->idempotency_key, &hash, committed,
+                               sizeof(committed))) {
+        return false;
+    }
+    if (hash != op->req->request_hash) {
+        status_set(rpc_call_status(cd), DC_FAILED_PRECONDITION,
+                   "idempotency key '%.128s' was used by op %s for a different request",
+                   op->req->idempotency_key, committed);
+        cop_free(op);
+        closure(NULL, cd);
+        return true;
+    }
+    log_info("op %s: key '%.128s' committed here as op %s; not run again", op->id,
+             op->req->idempotency_key, committed);
+    out.already_committed = true;
+    out.committed_op_id   = committed;
+    cop_free(op);
+    closure(&out, cd);
+    return true;
+}
+
+static void
+cop_supersede(struct cop *op)
+{
+    dc_device *devices = calloc(op->n_local, sizeof(*devices));
+
+    if (devices == NULL) {
+        return; /* the held ops expire on their own */
+    }
+    for (size_t i = 0; i < op->n_local; i++) {
+        devices[i] = op->devices[op->local_ranks[i]].device;
+    }
+    staging_supersede(op->co->staging, devices, op->n_local, op->id);
+    free(devices);
 }
 
 void
@@ -1611,6 +1781,11 @@ collectives_execute(struct collectives *co, const Devcoord__V1__ExecuteRequest *
     op->closure = closure;
     op->cd      = cd;
     op->refs    = 1;
+    /* An op committed here under this key runs nothing again, whatever came since (this is
+     * asked before the abort record: an Abort may overtake its Execute). */
+    if (in->idempotency_key[0] != '\0' && cop_answer_committed(co, op, closure, cd)) {
+        return;
+    }
 
     pthread_mutex_lock(&co->mtx);
     if (co->stopping || cop_find_locked(co, op->id) != NULL || recent_has(co, op->id)) {
@@ -1637,6 +1812,9 @@ collectives_execute(struct collectives *co, const Devcoord__V1__ExecuteRequest *
     co->ops  = op;
     co->threads++;
     pthread_mutex_unlock(&co->mtx);
+    /* The coordinator starts an op only once the ops before it on its devices are decided:
+     * staging still held for them here was not committed and never may be. */
+    cop_supersede(op);
 
     /* Ops wait for their peers: they run on pool threads, never here (this may be an nng
      * callback). */
@@ -1670,6 +1848,24 @@ collectives_abort(struct collectives *co, const Devcoord__V1__AbortRequest *in,
         recent_add(co, in->op_id); /* its Execute, if it comes late, is refused */
     }
     pthread_mutex_unlock(&co->mtx);
+    /* A prepared op waiting for Commit: its staging goes, its tensors stay as they were. */
+    if (staging_abort(co->staging, in->op_id)) {
+        log_info("op %.64s: staging discarded (aborted by the coordinator)", in->op_id);
+    }
+    closure(&out, cd);
+}
+
+void
+collectives_commit(struct collectives *co, const Devcoord__V1__CommitRequest *in,
+                   Devcoord__V1__CommitResponse_Closure closure, void *cd)
+{
+    Devcoord__V1__CommitResponse out = DEVCOORD__V1__COMMIT_RESPONSE__INIT;
+
+    if (staging_commit(co->staging, in->op_id, &out.tensors, rpc_call_status(cd)) != DC_OK) {
+        log_info("op %.64s: commit refused: %s", in->op_id, rpc_call_status(cd)->message);
+        closure(NULL, cd);
+        return;
+    }
     closure(&out, cd);
 }
 
@@ -1692,12 +1888,17 @@ collectives_new(const struct config_worker *cfg, const char *token, struct execu
                         ? cfg->max_message_bytes - RPC_FRAME_OVERHEAD
                         : RPC_FRAME_OVERHEAD;
     }
+    if ((co->staging = staging_new(ex)) == NULL) {
+        free(co);
+        return NULL;
+    }
     pthread_mutex_init(&co->mtx, NULL);
     pthread_cond_init(&co->cv, NULL);
     /* Threads for ops come and go with the load; an idle worker keeps none after 30 s. */
     if ((co->pool = tpool_new(1024, 30000)) == NULL) {
         pthread_cond_destroy(&co->cv);
         pthread_mutex_destroy(&co->mtx);
+        staging_free(co->staging);
         free(co);
         return NULL;
     }
@@ -1705,6 +1906,7 @@ collectives_new(const struct config_worker *cfg, const char *token, struct execu
         tpool_free(co->pool);
         pthread_cond_destroy(&co->cv);
         pthread_mutex_destroy(&co->mtx);
+        staging_free(co->staging);
         free(co);
         return NULL;
     }
@@ -1748,6 +1950,7 @@ collectives_free(struct collectives *co)
         free(co->peers[i]);
     }
     free(co->peers);
+    staging_free(co->staging);
     pthread_cond_destroy(&co->cv);
     pthread_mutex_destroy(&co->mtx);
     free(co);

@@ -8,6 +8,11 @@
  * broadcast, all-to-all blocks for all-gather; barrier needs no data. Chunks are applied to
  * the op's buffer by the Exchange handler as they arrive (directly from the received
  * message); chunks for an op not started yet wait, bounded in time and bytes.
+ *
+ * An op writes no stored tensor: Execute computes into staging tensors and answers OK once
+ * they hold the result (the op is prepared); Commit publishes them, Abort discards them
+ * (staging.h). An Execute carrying an idempotency key this worker committed before runs
+ * nothing and answers already_committed with that op's id.
  */
 #ifndef DEVCOORD_WORKER_COLLECTIVE_H
 #define DEVCOORD_WORKER_COLLECTIVE_H
@@ -36,6 +41,8 @@ void collectives_execute(struct collectives *co, const Devcoord__V1__ExecuteRequ
                          Devcoord__V1__ExecuteResponse_Closure closure, void *cd);
 void collectives_abort(struct collectives *co, const Devcoord__V1__AbortRequest *in,
                        Devcoord__V1__AbortResponse_Closure closure, void *cd);
+void collectives_commit(struct collectives *co, const Devcoord__V1__CommitRequest *in,
+                        Devcoord__V1__CommitResponse_Closure closure, void *cd);
 void collectives_exchange(struct collectives *co, const Devcoord__V1__ExchangeRequest *in,
                           Devcoord__V1__ExchangeResponse_Closure closure, void *cd);
 

@@ -178,6 +178,60 @@ executor_store(struct executor *ex, const dc_device *dev, const char *name, stru
 }
 
 dc_code
+executor_store_all(struct executor *ex, const struct executor_publish *pubs, size_t n,
+                   dc_status *st)
+{
+    struct executor_device **devs = calloc(n ? n : 1, sizeof(*devs));
+    struct tensor **olds          = calloc(n ? n : 1, sizeof(*olds));
+    dc_code rv                    = DC_OK;
+    size_t i;
+
+    if (devs == NULL || olds == NULL) {
+        free(devs);
+        free(olds);
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    pthread_mutex_lock(&ex->mtx);
+    for (i = 0; i < n; i++) {
+        if ((devs[i] = executor_find(ex, pubs[i].device)) == NULL) {
+            pthread_mutex_unlock(&ex->mtx);
+            rv = no_device(pubs[i].device, st);
+            goto out;
+        }
+    }
+    for (i = 0; i < n; i++) {
+        olds[i] = strmap_get(&devs[i]->tensors, pubs[i].name);
+        if (!strmap_put(&devs[i]->tensors, pubs[i].name, pubs[i].tensor)) {
+            break;
+        }
+        tensor_retain(pubs[i].tensor);
+    }
+    if (i < n) {
+        olds[i] = NULL; /* still published: not ours to drop */
+        /* Undo in reverse, so a name given twice gets its first old tensor back. Putting back
+         * a name that is in never fails. */
+        while (i-- > 0) {
+            if (olds[i] != NULL) {
+                strmap_put(&devs[i]->tensors, pubs[i].name, olds[i]);
+            } else {
+                strmap_del(&devs[i]->tensors, pubs[i].name);
+            }
+            tensor_release(pubs[i].tensor);
+            olds[i] = NULL;
+        }
+        rv = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    pthread_mutex_unlock(&ex->mtx);
+    for (i = 0; i < n; i++) {
+        tensor_release(olds[i]);
+    }
+out:
+    free(devs);
+    free(olds);
+    return rv;
+}
+
+dc_code
 executor_lookup(struct executor *ex, const dc_device *dev, const char *name, struct tensor **out,
                 dc_status *st)
 {

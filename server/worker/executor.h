@@ -73,6 +73,18 @@ dc_code executor_create(struct executor *ex, dc_dtype dtype, const uint64_t *sha
 /* Publishes t as `name` on dev, replacing any older tensor; takes a reference. */
 dc_code executor_store(struct executor *ex, const dc_device *dev, const char *name,
                        struct tensor *t, dc_status *st);
+/* One tensor to publish: t as `name` on `device`. */
+struct executor_publish {
+    const dc_device *device;
+    const char *name;
+    struct tensor *tensor;
+};
+
+/* Publishes every one of pubs[0..n) at once, each replacing any older tensor of its name,
+ * under one lock: no lookup sees some of them and not the others, and on failure (a device
+ * not here, out of memory) none is published. Takes a reference to each tensor. */
+dc_code executor_store_all(struct executor *ex, const struct executor_publish *pubs, size_t n,
+                           dc_status *st);
 /* The tensor `name` on dev, with a reference the caller drops with tensor_release. */
 dc_code executor_lookup(struct executor *ex, const dc_device *dev, const char *name,
                         struct tensor **out, dc_status *st);

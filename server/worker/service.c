@@ -1,4 +1,4 @@
-/* The Worker service (design §6): tensors for clients, Execute and Abort for the
+/* The Worker service (design §6): tensors for clients, Execute, Commit and Abort for the
  * coordinator, Exchange for peers. */
 #include "auth.h"
 #include "collective.h"
@@ -19,6 +19,13 @@ w_abort(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__AbortRequest *in,
         Devcoord__V1__AbortResponse_Closure closure, void *cd)
 {
     collectives_abort(WORKER(svc)->collectives, in, closure, cd);
+}
+
+static void
+w_commit(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__CommitRequest *in,
+         Devcoord__V1__CommitResponse_Closure closure, void *cd)
+{
+    collectives_commit(WORKER(svc)->collectives, in, closure, cd);
 }
 
 static void
@@ -64,13 +71,10 @@ worker_service_init(struct worker *w)
 }
 
 static const struct auth_rule worker_rules[] = {
-    { "Execute", ROLE_WORKER },
-    { "Abort", ROLE_WORKER },
-    { "Exchange", ROLE_WORKER },
-    { "PutTensor", ROLE_TRAINER },
-    { "GetTensor", ROLE_TRAINER | ROLE_OPERATOR },
-    { "DeleteTensor", ROLE_TRAINER },
-    { "ListTensors", ROLE_TRAINER | ROLE_OPERATOR },
+    { "Execute", ROLE_WORKER },       { "Abort", ROLE_WORKER },
+    { "Commit", ROLE_WORKER },        { "Exchange", ROLE_WORKER },
+    { "PutTensor", ROLE_TRAINER },    { "GetTensor", ROLE_TRAINER | ROLE_OPERATOR },
+    { "DeleteTensor", ROLE_TRAINER }, { "ListTensors", ROLE_TRAINER | ROLE_OPERATOR },
 };
 
 dc_code

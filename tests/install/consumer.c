@@ -15,7 +15,7 @@ main(void)
     char text[DC_DEVICE_TEXT_SIZE];
     const char *in = "node-a/autodiff(cuda:3)";
 
-    if (strcmp(dc_version(), "0.2.0") != 0 || DC_VERSION_MAJOR != 0) {
+    if (strcmp(dc_version(), "0.3.0") != 0 || DC_VERSION_MAJOR != 0) {
         fprintf(stderr, "version %s\n", dc_version());
         return 1;
     }

@@ -14,6 +14,8 @@ import array
 import json
 import math
 import os
+import random
+import struct
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
@@ -239,3 +241,99 @@ def finish(p, timeout=60.0):
     except ValueError:
         doc = out
     return harness.CtlResult(p.argv, p.returncode, doc, err)
+
+
+# ---- the Worker service by hand (issue 12: prepared ops, Commit, Abort) -------------------
+
+WORKER_SERVICE = "/devcoord.v1.Worker/"
+_BACKENDS = {"cpu": 1, "cuda": 2}
+
+
+def worker_port(cluster, name):
+    """The data port of worker `name` (its listen address, tcp://127.0.0.1:PORT)."""
+    return int(cluster.worker_specs[name]["listen"].rsplit(":", 1)[1])
+
+
+def device_pb(device):
+    """Device message of "cuda:1" (the backends these tests use)."""
+    backend, _, index = device.partition(":")
+    return (harness.pb_uint(harness.F("Device", "backend"), _BACKENDS[backend])
+            + harness.pb_uint(harness.F("Device", "index"), int(index or 0)))
+
+
+def worker_call(cluster, worker, method, body, timeout=10.0, token=None):
+    """One call to a worker's data port: (code name, message, body, attachment)."""
+    F = harness.F
+    rid = random.randrange(1, 1 << 31)
+    header = (harness.pb_uint(F("RequestHeader", "request_id"), rid)
+              + harness.pb_bytes(F("RequestHeader", "method"), WORKER_SERVICE + method)
+              + harness.pb_uint(F("RequestHeader", "timeout_ms"), int(timeout * 1000))
+              + harness.pb_bytes(F("RequestHeader", "token"), token or ""))
+    with harness.RpcConnection(worker_port(cluster, worker), timeout) as conn:
+        conn.send_message(struct.pack(">I", rid | 0x80000000) + harness.frame(header, body))
+        while True:
+            reply = conn.recv_message()
+            if struct.unpack(">I", reply[:4])[0] == rid | 0x80000000:
+                break
+    data = reply[4:]
+    (hlen,) = struct.unpack(">I", data[:4])
+    rest = data[4 + hlen:]
+    (blen,) = struct.unpack(">I", rest[:4])
+    code, message, _ = harness.parse_reply(data)
+    return code, message, rest[4:4 + blen], rest[4 + blen:]
+
+
+def tensor_bytes(cluster, worker, device, name, chunk=1 << 20):
+    """The raw bytes of tensor `name` on worker/device, straight from the worker in chunks
+    (a big tensor through `tensor get -o json` would cost seconds); None when missing."""
+    F = harness.F
+    out = bytearray()
+    while True:
+        body = (harness.pb_bytes(F("GetTensorRequest", "device"), device_pb(device))
+                + harness.pb_bytes(F("GetTensorRequest", "name"), name)
+                + harness.pb_uint(F("GetTensorRequest", "offset"), len(out))
+                + harness.pb_uint(F("GetTensorRequest", "max_bytes"), chunk))
+        code, message, reply, att = worker_call(cluster, worker, "GetTensor", body)
+        if code == "NOT_FOUND":
+            return None
+        if code != "OK":
+            raise AssertionError("GetTensor %s/%s %s: %s: %s" % (worker, device, name, code,
+                                                                 message))
+        info = harness.pb_decode(harness.pb_decode(reply)[F("GetTensorResponse", "tensor")][0])
+        size = info.get(F("TensorInfo", "size_bytes"), [0])[0]
+        out += att
+        if len(out) >= size or not att:
+            return bytes(out)
+
+
+def execute_pb(op_id, kind, worker, address, epoch, devices, tensor, reduce=None,
+               timeout_ms=10000, hold_ms=0, key="", request_hash=0):
+    """An ExecuteRequest for a plan of one worker owning `devices` (ranks in that order), as
+    the coordinator would send it. kind and reduce are enum numbers."""
+    F = harness.F
+    refs = b"".join(harness.pb_bytes(F("Plan", "devices"),
+                                     harness.pb_bytes(F("DeviceRef", "worker"), worker)
+                                     + harness.pb_bytes(F("DeviceRef", "device"), device_pb(d)))
+                    for d in devices)
+    pw = (harness.pb_bytes(F("PlanWorker", "name"), worker)
+          + harness.pb_bytes(F("PlanWorker", "address"), address)
+          + b"".join(harness.pb_uint(F("PlanWorker", "ranks"), r) if r else
+                     harness.pb_varint(F("PlanWorker", "ranks") << 3) + b"\x00"
+                     for r in range(len(devices))))
+    plan = (harness.pb_bytes(F("Plan", "group_id"), "test") + refs
+            + harness.pb_bytes(F("Plan", "workers"), pw))
+    return (harness.pb_bytes(F("ExecuteRequest", "op_id"), op_id)
+            + harness.pb_uint(F("ExecuteRequest", "kind"), kind)
+            + harness.pb_uint(F("ExecuteRequest", "reduce"), reduce or 0)
+            + harness.pb_bytes(F("ExecuteRequest", "tensor"), tensor)
+            + harness.pb_bytes(F("ExecuteRequest", "plan"), plan)
+            + harness.pb_uint(F("ExecuteRequest", "timeout_ms"), timeout_ms)
+            + harness.pb_uint(F("ExecuteRequest", "epoch"), epoch)
+            + harness.pb_bytes(F("ExecuteRequest", "idempotency_key"), key)
+            + harness.pb_uint(F("ExecuteRequest", "request_hash"), request_hash)
+            + harness.pb_uint(F("ExecuteRequest", "hold_ms"), hold_ms))
+
+
+def op_id_pb(message, op_id):
+    """CommitRequest / AbortRequest naming op_id."""
+    return harness.pb_bytes(harness.F(message, "op_id"), op_id)

@@ -51,6 +51,9 @@ LAYOUTS = [(7, RANKS6, 2), (1001, RANKS5, 4)]
 ERROR_LINE = re.compile(r"^devcoordctl: ([A-Z][A-Z_]+): (.+)$")
 
 OP_STATES = ("queued", "running", "done", "failed")
+# OpKind and ReduceOp numbers of devcoord.proto, for requests made by hand.
+OP_ALL_REDUCE = 1
+REDUCE_SUM = 1
 
 
 def grid_spec(devices_per_worker=2, names=GRID):
@@ -926,6 +929,300 @@ class OpsQueryTest(OpsTestCase):
         self.assertEqual({k: counts.get(k) for k in ("in_flight", "done", "failed")},
                          {"in_flight": 0, "done": 0, "failed": 0}, counts)
         self.check_model(self.model, what="after dry runs")
+
+
+# ---- issue 12: all-or-nothing ops and safe retries ----------------------------------------
+
+
+class Blocks:
+    """A big i32 tensor that repeats one block of BLOCK values: cheap to make, to compute
+    the expected result of sums on, and to compare with raw bytes."""
+
+    BLOCK = 1024
+
+    def __init__(self, values, repeats):
+        self.values = [opsutil.wrap(v, "i32") for v in values]
+        self.repeats = repeats
+
+    @classmethod
+    def ramp(cls, base, repeats):
+        return cls([base + 7 * i for i in range(cls.BLOCK)], repeats)
+
+    def __add__(self, other):
+        return Blocks([a + b for a, b in zip(self.values, other.values)], self.repeats)
+
+    def raw(self):
+        return opsutil.raw_bytes("i32", self.values) * self.repeats
+
+    def differs(self, got):
+        """None when got (raw bytes) holds this tensor, else how many of its blocks differ."""
+        want = opsutil.raw_bytes("i32", self.values)
+        if got is None:
+            return "the tensor is gone"
+        if len(got) != len(want) * self.repeats:
+            return "%d bytes, want %d" % (len(got), len(want) * self.repeats)
+        bad = sum(1 for i in range(self.repeats)
+                  if got[i * len(want):(i + 1) * len(want)] != want)
+        return "%d of %d blocks differ" % (bad, self.repeats) if bad else None
+
+
+class AtomicOpsTest(OpsTestCase):
+    """Issue 12: an op that fails after data moved changes no tensor anywhere, a retry reads
+    the old values, and a prepared op changes nothing until Commit (Abort, a later op on its
+    devices or the end of its hold discard it)."""
+
+    dead_after_ms = 20000  # node-b is frozen a while before it is killed
+    MIB = 32
+    # The ring's workers are node-a, node-b, node-c (the order of their first ranks), node-a
+    # and node-c with two devices each: their local reductions also happen before any
+    # exchange, so a failing op had written to both of their devices before this fix.
+    DEVICES = ["node-a/cuda:0", "node-b/cuda:0", "node-c/cuda:0", "node-a/cuda:1",
+               "node-c/cuda:1"]
+    SURVIVORS = ["node-a/cuda:0", "node-c/cuda:0", "node-a/cuda:1", "node-c/cuda:1"]
+
+    def put_blocks(self, device, name, blocks):
+        path = self.cluster.path("blocks-%s.i32" % device.replace("/", "_"))
+        with open(path, "wb") as f:
+            f.write(blocks.raw())
+        r = self.ctl("tensor", "put", device, name, "--dtype", "i32", "--file", path,
+                     timeout=300)
+        self.assertEqual(r.rc, 0, repr(r))
+
+    def raw(self, device, name):
+        worker, _, dev = device.partition("/")
+        return opsutil.tensor_bytes(self.cluster, worker, dev, name)
+
+    def assert_holds(self, model, devices, name, what):
+        bad = {}
+        for d in devices:
+            why = model[d].differs(self.raw(d, name))
+            if why:
+                bad[d] = why
+        self.assertFalse(bad, "tensors %s: %r" % (what, bad))
+
+    def test_a_failed_op_changes_no_tensor_and_a_retry_on_the_survivors_is_right(self):
+        c = self.start(grid_spec(), coordinator_config={"limits": {"op_timeout_ms": 120000}})
+        repeats = (self.MIB << 20) // (4 * Blocks.BLOCK)
+        model = {d: Blocks.ramp(10 ** i, repeats) for i, d in enumerate(self.DEVICES)}
+        opsutil.parallel(lambda d: self.put_blocks(d, "big", model[d]), self.DEVICES, 2)
+
+        # Once undisturbed: how long the op takes here, to freeze node-b well inside it.
+        t0 = time.monotonic()
+        self.assert_op_ok(self.submit("all-reduce", self.DEVICES, "big", reduce="sum"),
+                          self.DEVICES)
+        alone = time.monotonic() - t0
+        total = model[self.DEVICES[0]]
+        for d in self.DEVICES[1:]:
+            total = total + model[d]
+        model = {d: total for d in self.DEVICES}
+        self.assert_holds(model, self.DEVICES, "big", "after one sum")
+
+        failed = 0
+        for fraction in (0.1, 0.3):
+            p = opsutil.ctl_popen(c, *self.op_args("all-reduce", self.DEVICES, "big",
+                                                   reduce="sum"))
+            try:
+                harness.wait_until(
+                    lambda: any(o["state"] == "running" and "node-b" in o["waiting_on"]
+                                for o in self.ops_list()) or p.poll() is not None,
+                    30, "the all-reduce to be running")
+                # Late enough that every worker has described its tensors and the ring has
+                # started (node-a and node-c then reduce what reaches them), too early for
+                # the op to end: node-b is frozen, then killed, in the middle of it.
+                time.sleep(alone * fraction)
+                c.worker("node-b").signal(signal.SIGSTOP)
+                time.sleep(0.2)
+                c.kill_worker("node-b")
+                r = opsutil.finish(p, timeout=180)
+            finally:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            if r.rc == 0:
+                # It ended before node-b froze: a whole sum, everywhere.
+                self.assertEqual(r.out.get("status"), "OK", repr(r))
+                s = model[self.DEVICES[0]]
+                for d in self.DEVICES[1:]:
+                    s = s + model[d]
+                model = {d: s for d in self.DEVICES}
+            else:
+                failed += 1
+                self.assertEqual(r.out.get("status"), "UNAVAILABLE", repr(r))
+                self.assertTrue(names_word(r.out.get("message", ""), "node-b"), repr(r))
+            # Whatever node-b was doing when it died, the survivors hold what they held.
+            self.assert_holds(model, self.SURVIVORS, "big",
+                              "of the survivors after the failed op (round %.1f)" % fraction)
+            # A retry on the survivors reads those values: its sum is exact.
+            self.assert_op_ok(self.submit("all-reduce", self.SURVIVORS, "big", reduce="sum",
+                                          timeout_ms=60000), self.SURVIVORS)
+            s = model[self.SURVIVORS[0]]
+            for d in self.SURVIVORS[1:]:
+                s = s + model[d]
+            model = {d: s for d in self.DEVICES}
+            self.assert_holds(model, self.SURVIVORS, "big", "after the retry")
+            # node-b back, with the survivors' value, for the next round.
+            c.restart_worker("node-b")
+            c.wait_workers(["node-b"])
+            self.put_blocks("node-b/cuda:0", "big", model["node-b/cuda:0"])
+        self.assertTrue(failed, "the op ended before node-b froze every time; make MIB larger")
+
+    # -- the worker's side, driven by hand as the coordinator would
+
+    def execute(self, op_id, **kw):
+        c = self.cluster
+        epoch = c.registry_workers()["node-a"]["epoch"]
+        body = opsutil.execute_pb(op_id, OP_ALL_REDUCE, "node-a",
+                                  c.worker_specs["node-a"]["listen"], epoch,
+                                  ["cuda:0", "cuda:1"], "t", reduce=REDUCE_SUM, **kw)
+        return opsutil.worker_call(c, "node-a", "Execute", body)
+
+    def worker_call(self, method, op_id):
+        message = "CommitRequest" if method == "Commit" else "AbortRequest"
+        return opsutil.worker_call(self.cluster, "node-a", method,
+                                   opsutil.op_id_pb(message, op_id))
+
+    def values(self):
+        return [self.get("node-a/cuda:%d" % i, "t").out["values"] for i in (0, 1)]
+
+    def test_a_prepared_op_changes_nothing_until_commit(self):
+        self.start({"node-a": ["cuda:0", "cuda:1"]})
+        self.put("node-a/cuda:0", "t", "i64", [1, 2, 3])
+        self.put("node-a/cuda:1", "t", "i64", [10, 20, 30])
+        old, summed = [[1, 2, 3], [10, 20, 30]], [[11, 22, 33], [11, 22, 33]]
+
+        # Prepared, then aborted: nothing changes, and a Commit that comes late is refused.
+        code, message, _, _ = self.execute("op-x-1")
+        self.assertEqual(code, "OK", message)
+        self.assertEqual(self.values(), old, "a prepared op changed tensors")
+        code, message, _, _ = self.worker_call("Abort", "op-x-1")
+        self.assertEqual(code, "OK", message)
+        self.assertEqual(self.values(), old, "an aborted op changed tensors")
+        code, message, _, _ = self.worker_call("Commit", "op-x-1")
+        self.assertEqual((code, "aborted by the coordinator" in message), ("ABORTED", True),
+                         message)
+        self.assertEqual(self.values(), old)
+
+        # Prepared, then superseded by a later op on the same devices: the first can no
+        # longer commit; the later one commits, from the old values, once.
+        for op_id in ("op-x-2", "op-x-3"):
+            code, message, _, _ = self.execute(op_id)
+            self.assertEqual(code, "OK", message)
+        code, message, _, _ = self.worker_call("Commit", "op-x-2")
+        self.assertEqual((code, "op-x-3 started" in message), ("ABORTED", True), message)
+        self.assertEqual(self.values(), old)
+        code, message, _, _ = self.worker_call("Commit", "op-x-3")
+        self.assertEqual(code, "OK", message)
+        self.assertEqual(self.values(), summed)
+        # Committing again publishes nothing again.
+        code, message, _, _ = self.worker_call("Commit", "op-x-3")
+        self.assertEqual(code, "OK", message)
+        self.assertEqual(self.values(), summed)
+
+        # Nobody commits or aborts: the hold runs out and the staging goes.
+        code, message, _, _ = self.execute("op-x-4", hold_ms=300)
+        self.assertEqual(code, "OK", message)
+        harness.wait_until(lambda: "op-x-4: staging discarded" in
+                           self.cluster.worker("node-a").log_text(), 20,
+                           "node-a to discard op-x-4 when its hold ran out")
+        code, message, _, _ = self.worker_call("Commit", "op-x-4")
+        self.assertEqual((code, "hold ran out" in message), ("ABORTED", True), message)
+        self.assertEqual(self.values(), summed)
+        code, message, _, _ = self.worker_call("Commit", "op-never-ran")
+        self.assertEqual(code, "NOT_FOUND", message)
+
+
+class IdempotencyTest(OpsTestCase):
+    """Issue 12: an op named by an idempotency key runs once; the same key again (in flight
+    or after) answers with the first op's id and status."""
+
+    dead_after_ms = 20000  # node-c is frozen for a while
+    DEVICES = ["node-a/cuda:0", "node-b/cuda:0", "node-c/cuda:0"]
+    VALUES = {"node-a/cuda:0": [1, 2], "node-b/cuda:0": [10, 20], "node-c/cuda:0": [100, 200]}
+
+    def setUp(self):
+        super().setUp()
+        self.start(grid_spec(1))
+        for d, v in self.VALUES.items():
+            self.put(d, "t", "i64", v)
+
+    def submit_key(self, key, tensor="t", **kw):
+        return self.ctl(*(self.op_args("all-reduce", self.DEVICES, tensor, reduce="sum", **kw)
+                          + ["--idempotency-key", key]), timeout=120)
+
+    def values(self):
+        return {d: self.get(d, "t").out["values"] for d in self.DEVICES}
+
+    def test_the_same_key_twice_runs_once(self):
+        once = {d: [111, 222] for d in self.DEVICES}
+        first = self.assert_op_ok(self.submit_key("step-1"), self.DEVICES)
+        again = self.assert_op_ok(self.submit_key("step-1"), self.DEVICES)
+        self.assertEqual(again["op_id"], first["op_id"], "a second op ran: %r" % (again,))
+        self.assertEqual(self.values(), once, "the sum was applied more than once")
+        self.assertEqual(len(self.ops_list()), 1, "the key ran two ops")
+
+        # In flight: node-c is frozen, so the op cannot end; the same key again waits for it.
+        c = self.cluster
+        c.stop_worker("node-c")
+        try:
+            p1 = opsutil.ctl_popen(c, *(self.op_args("all-reduce", self.DEVICES, "t",
+                                                     reduce="sum", timeout_ms=60000)
+                                        + ["--idempotency-key", "step-2"]))
+            harness.wait_until(lambda: len(self.ops_list()) == 2, 20, "the op to be listed")
+            p2 = opsutil.ctl_popen(c, *(self.op_args("all-reduce", self.DEVICES, "t",
+                                                     reduce="sum", timeout_ms=60000)
+                                        + ["--idempotency-key", "step-2"]))
+            time.sleep(0.5)
+            self.assertIsNone(p2.poll(), "the second submit did not wait for the first op")
+            self.assertEqual(len(self.ops_list()), 2, "the key in flight started another op")
+        finally:
+            c.cont_worker("node-c")
+        r1, r2 = opsutil.finish(p1, 120), opsutil.finish(p2, 120)
+        self.assert_op_ok(r1, self.DEVICES)
+        self.assert_op_ok(r2, self.DEVICES)
+        self.assertEqual(r2.out["op_id"], r1.out["op_id"])
+        self.assertEqual(self.values(), {d: [333, 666] for d in self.DEVICES})
+
+        # A failed op's key gives its failure again, and runs nothing, even once the cause
+        # is gone: retrying is the client's choice, under a new key.
+        failed = self.submit_key("step-3", tensor="absent")
+        self.assertEqual((failed.rc, failed.out.get("status")), (1, "FAILED_PRECONDITION"),
+                         repr(failed))
+        for d in self.DEVICES:
+            self.put(d, "absent", "i64", [1, 1])
+        again = self.submit_key("step-3", tensor="absent")
+        self.assertEqual((again.rc, again.out.get("status"), again.out.get("op_id")),
+                         (1, "FAILED_PRECONDITION", failed.out["op_id"]), repr(again))
+        self.assertEqual(self.get("node-a/cuda:0", "absent").out["values"], [1, 1])
+
+        # The same key for another request is refused; so are malformed keys.
+        other = self.submit_key("step-1", tensor="absent")
+        self.assertEqual((other.rc, other.out.get("status")), (1, "FAILED_PRECONDITION"),
+                         repr(other))
+        self.assertIn(first["op_id"], other.out.get("message", ""), repr(other))
+        for key in ("k" * 129, "bad\x01key", "line\nbreak"):
+            r = self.submit_key(key)
+            self.assertEqual((r.rc, r.out.get("status")), (1, "INVALID_ARGUMENT"), repr(r))
+        self.assertEqual(self.values(), {d: [333, 666] for d in self.DEVICES})
+        self.assert_op_ok(self.submit_key("k" * 128), self.DEVICES)
+
+    def test_the_same_key_after_a_coordinator_restart_is_not_run_again(self):
+        c = self.cluster
+        first = self.assert_op_ok(self.submit_key("epoch-7/step-1"), self.DEVICES)
+        once = {d: [111, 222] for d in self.DEVICES}
+        self.assertEqual(self.values(), once)
+        c.restart_coordinator()
+        c.wait_workers(GRID)
+        self.assertEqual(self.ops_list(), [], "the new coordinator knows the old op")
+        again = self.assert_op_ok(self.submit_key("epoch-7/step-1"), self.DEVICES)
+        self.assertEqual(again["op_id"], first["op_id"],
+                         "not reported as the first op: %r" % (again,))
+        self.assertEqual(self.values(), once, "the op ran again after the restart")
+        self.assertEqual(self.ops_show(first["op_id"])["state"], "done")
+        # Another request under that key: the workers refuse it.
+        other = self.submit_key("epoch-7/step-1", tensor="absent")
+        self.assertEqual((other.rc, other.out.get("status")), (1, "FAILED_PRECONDITION"),
+                         repr(other))
+        self.assertEqual(self.values(), once)
 
 
 if __name__ == "__main__":

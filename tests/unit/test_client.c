@@ -408,6 +408,7 @@ UNIMPL(f_, CSVC, list_ops, Devcoord__V1__ListOpsRequest, Devcoord__V1__ListOpsRe
 UNIMPL(w_, WSVC, execute, Devcoord__V1__ExecuteRequest, Devcoord__V1__ExecuteResponse_Closure)
 UNIMPL(w_, WSVC, abort, Devcoord__V1__AbortRequest, Devcoord__V1__AbortResponse_Closure)
 UNIMPL(w_, WSVC, exchange, Devcoord__V1__ExchangeRequest, Devcoord__V1__ExchangeResponse_Closure)
+UNIMPL(w_, WSVC, commit, Devcoord__V1__CommitRequest, Devcoord__V1__CommitResponse_Closure)
 UNIMPL(w_, WSVC, delete_tensor, Devcoord__V1__DeleteTensorRequest,
        Devcoord__V1__DeleteTensorResponse_Closure)
 
@@ -1228,8 +1229,9 @@ test_method_numbers(void **state)
     assert_int_equal(M_COORDINATOR_GET_CLUSTER_STATUS + 1, COORD_SVC->n_methods);
     assert_string_equal(WORKER_SVC->methods[M_WORKER_EXECUTE].name, "Execute");
     assert_string_equal(WORKER_SVC->methods[M_WORKER_EXCHANGE].name, "Exchange");
-    assert_int_equal(M_WORKER_LIST_TENSORS + 1, WORKER_SVC->n_methods);
-    assert_string_equal(dc_version(), "0.2.0");
+    assert_string_equal(WORKER_SVC->methods[M_WORKER_COMMIT].name, "Commit");
+    assert_int_equal(M_WORKER_COMMIT + 1, WORKER_SVC->n_methods);
+    assert_string_equal(dc_version(), "0.3.0");
     assert_string_equal(dc_op_state_name(DC_OP_STATE_FAILED), "failed");
     assert_null(dc_op_state_name(DC_OP_STATE_NONE));
 }

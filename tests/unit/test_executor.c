@@ -230,6 +230,56 @@ test_empty_tensor(void **state)
     }
 }
 
+/* executor_store_all publishes every tensor or none: a device not on the executor in the
+ * middle of the list leaves the names as they were; a good list replaces them all, each
+ * with its own reference, and the old tensors go with the executor's references. */
+static void
+test_store_all_is_all_or_nothing(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < 2; k++) {
+        struct executor *ex    = executor_new(kinds[k], devices, 2);
+        const uint64_t shape[] = { 3 };
+        struct tensor *old     = make_counting(ex, "g"), *a, *b, *found;
+        dc_status st;
+
+        assert_int_equal(executor_create(ex, DC_DTYPE_F32, shape, 1, &a, &st), DC_OK);
+        assert_int_equal(executor_create(ex, DC_DTYPE_F32, shape, 1, &b, &st), DC_OK);
+        {
+            const struct executor_publish bad[] = { { &devices[0], "g", a },
+                                                    { &elsewhere, "g", b },
+                                                    { &devices[1], "h", b } };
+            assert_int_equal(executor_store_all(ex, bad, 3, &st), DC_NOT_FOUND);
+        }
+        assert_int_equal(executor_lookup(ex, &devices[0], "g", &found, &st), DC_OK);
+        assert_ptr_equal(found, old);
+        tensor_release(found);
+        assert_int_equal(executor_lookup(ex, &devices[1], "h", &found, &st), DC_NOT_FOUND);
+        assert_int_equal(atomic_load(&a->refs), 1);
+        assert_int_equal(atomic_load(&b->refs), 1);
+        {
+            const struct executor_publish good[] = { { &devices[0], "g", a },
+                                                     { &devices[1], "g", b },
+                                                     { &devices[1], "h", b } };
+            assert_int_equal(executor_store_all(ex, good, 3, &st), DC_OK);
+        }
+        assert_int_equal(executor_lookup(ex, &devices[0], "g", &found, &st), DC_OK);
+        assert_ptr_equal(found, a);
+        tensor_release(found);
+        assert_int_equal(executor_lookup(ex, &devices[1], "h", &found, &st), DC_OK);
+        assert_ptr_equal(found, b);
+        tensor_release(found);
+        assert_int_equal(atomic_load(&a->refs), 2);
+        assert_int_equal(atomic_load(&b->refs), 3);
+        assert_int_equal(atomic_load(&old->refs), 1); /* the executor let go of it */
+        assert_int_equal(executor_store_all(ex, NULL, 0, &st), DC_OK);
+        tensor_release(old);
+        tensor_release(a);
+        tensor_release(b);
+        executor_free(ex);
+    }
+}
+
 int
 main(void)
 {
@@ -241,6 +291,7 @@ main(void)
         cmocka_unit_test(test_map_write_only),
         cmocka_unit_test(test_map_read_only_stores_nothing),
         cmocka_unit_test(test_empty_tensor),
+        cmocka_unit_test(test_store_all_is_all_or_nothing),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
