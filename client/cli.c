@@ -28,7 +28,7 @@ struct opt_def {
 
 #define KINDS    "all-reduce reduce broadcast all-gather barrier"
 #define REDUCES  "sum mean min max prod"
-#define DTYPES   "f32 f64 i32 i64"
+#define DTYPES   "f32 f64 i32 i64 f16 bf16"
 #define BACKENDS "cpu cuda rocm metal vulkan wgpu webgpu flex ndarray libtorch remote"
 
 static const struct opt_def opt_defs[O_COUNT] = {
@@ -178,7 +178,7 @@ static const struct opt_def opt_defs[O_COUNT] = {
     [O_DTYPE] = {
         .name = "dtype",
         .metavar = "T",
-        .help = "f32, f64, i32 or i64",
+        .help = "f32, f64, i32, i64, f16 or bf16",
         .values = DTYPES,
     },
     [O_VALUES] = {
@@ -618,13 +618,13 @@ print_global_help(void)
             print_option((enum opt)o);
         }
     }
-    fputs(
-        "\n"
-        "KIND: all-reduce reduce broadcast all-gather barrier.  OP: sum mean min max prod.\n"
-        "T: f32 f64 i32 i64.  REF: [worker/]device, e.g. node-a/cuda:0, node-a/autodiff(rocm:1).\n"
-        "Exit codes: 0 ok, 1 the server said no, 2 usage error, 3 cannot reach the server (or\n"
-        "the worker a tensor lives on).\n",
-        stdout);
+    fputs("\n"
+          "KIND: all-reduce reduce broadcast all-gather barrier.  OP: sum mean min max prod.\n"
+          "T: f32 f64 i32 i64 f16 bf16.  REF: [worker/]device, e.g. node-a/cuda:0, "
+          "node-a/autodiff(rocm:1).\n"
+          "Exit codes: 0 ok, 1 the server said no, 2 usage error, 3 cannot reach the server (or\n"
+          "the worker a tensor lives on).\n",
+          stdout);
     print_examples(global_examples);
     fputs("\n'devcoordctl COMMAND --help' shows a command's options and examples.\n", stdout);
 }

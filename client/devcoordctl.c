@@ -1408,7 +1408,17 @@ parse_value(const char *b, const char *e, dc_dtype dtype, unsigned char *slot)
     memcpy(buf, b, len);
     buf[len] = '\0';
     errno    = 0;
-    if (dtype == DC_DTYPE_F32 || dtype == DC_DTYPE_F64) {
+    if (dtype == DC_DTYPE_F16 || dtype == DC_DTYPE_BF16) {
+        /* Largest finite f16 and bf16; a bigger finite value would become inf. */
+        double max = dtype == DC_DTYPE_F16 ? 65504.0 : 0x1.fep127;
+        double v   = strtod(buf, &end);
+        uint16_t h;
+        if (*end != '\0' || (isfinite(v) && fabs(v) > max)) {
+            return false;
+        }
+        h = dtype == DC_DTYPE_F16 ? dc_float_to_f16((float)v) : dc_float_to_bf16((float)v);
+        memcpy(slot, &h, sizeof(h));
+    } else if (dtype == DC_DTYPE_F32 || dtype == DC_DTYPE_F64) {
         double v = strtod(buf, &end);
         if (*end != '\0' || (errno == ERANGE && isinf(v)) ||
             (dtype == DC_DTYPE_F32 && isfinite(v) && fabs(v) > FLT_MAX)) {
@@ -1618,7 +1628,7 @@ put_prepare(const struct cli *cli, struct put_args *a)
 
     memset(a, 0, sizeof(*a));
     if (!cli->seen[O_DTYPE]) {
-        return cli_usage_error("tensor put needs --dtype f32|f64|i32|i64");
+        return cli_usage_error("tensor put needs --dtype f32|f64|i32|i64|f16|bf16");
     }
     if ((a->dtype = dc_dtype_from_name(cli->val[O_DTYPE])) == DC_DTYPE_NONE) {
         return cli_usage_error("--dtype wants f32, f64, i32 or i64, not '%s'", cli->val[O_DTYPE]);
@@ -1740,12 +1750,26 @@ cmd_tensor_put(const struct cli *cli, dc_client *c, struct put_args *a)
     }
 }
 
+/* Element i of an f16 or bf16 tensor as a float (exact: both fit in one). */
+static float
+half_value(const dc_tensor *t, const unsigned char *p)
+{
+    uint16_t h;
+
+    memcpy(&h, p, sizeof(h));
+    return t->dtype == DC_DTYPE_F16 ? dc_f16_to_float(h) : dc_bf16_to_float(h);
+}
+
 static void
 value_text(const dc_tensor *t, size_t i, char *buf, size_t cap)
 {
     const unsigned char *p = (const unsigned char *)t->data + i * dc_dtype_size(t->dtype);
 
     switch (t->dtype) {
+    case DC_DTYPE_F16:
+    case DC_DTYPE_BF16:
+        json_format_number(buf, cap, half_value(t, p), true);
+        break;
     case DC_DTYPE_F32: {
         float f;
         memcpy(&f, p, sizeof(f));
@@ -1779,6 +1803,10 @@ json_value(struct json *j, const dc_tensor *t, size_t i)
     const unsigned char *p = (const unsigned char *)t->data + i * dc_dtype_size(t->dtype);
 
     switch (t->dtype) {
+    case DC_DTYPE_F16:
+    case DC_DTYPE_BF16:
+        json_float(j, half_value(t, p));
+        break;
     case DC_DTYPE_F32: {
         float f;
         memcpy(&f, p, sizeof(f));

@@ -15,10 +15,8 @@ static const char *const reduce_op_names[DC_REDUCE_COUNT] = {
 };
 
 static const char *const dtype_names[DC_DTYPE_COUNT] = {
-    [DC_DTYPE_F32] = "f32",
-    [DC_DTYPE_F64] = "f64",
-    [DC_DTYPE_I32] = "i32",
-    [DC_DTYPE_I64] = "i64",
+    [DC_DTYPE_F32] = "f32", [DC_DTYPE_F64] = "f64", [DC_DTYPE_I32] = "i32",
+    [DC_DTYPE_I64] = "i64", [DC_DTYPE_F16] = "f16", [DC_DTYPE_BF16] = "bf16",
 };
 
 static const char *const worker_state_names[DC_WORKER_STATE_COUNT] = {
@@ -94,6 +92,9 @@ size_t
 dc_dtype_size(dc_dtype dtype)
 {
     switch (dtype) {
+    case DC_DTYPE_F16:
+    case DC_DTYPE_BF16:
+        return 2;
     case DC_DTYPE_F32:
     case DC_DTYPE_I32:
         return 4;

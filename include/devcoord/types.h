@@ -122,6 +122,8 @@ typedef enum dc_dtype {
     DC_DTYPE_F64  = 2,
     DC_DTYPE_I32  = 3,
     DC_DTYPE_I64  = 4,
+    DC_DTYPE_F16  = 5, /* IEEE 754 binary16; reduced in float (since 0.3.0) */
+    DC_DTYPE_BF16 = 6, /* bfloat16; reduced in float (since 0.3.0) */
     DC_DTYPE_COUNT
 } dc_dtype;
 
@@ -134,6 +136,13 @@ const char *dc_dtype_name(dc_dtype dtype);
 dc_dtype dc_dtype_from_name(const char *name);
 /* Bytes per element, 0 for DC_DTYPE_NONE or an unknown value. */
 size_t dc_dtype_size(dc_dtype dtype);
+
+/* f16 and bf16 elements are their 16 bits in host byte order; these convert one to and
+ * from float, rounding to nearest even (too big for f16: inf; NaN stays NaN). */
+float dc_f16_to_float(uint16_t bits);
+uint16_t dc_float_to_f16(float value);
+float dc_bf16_to_float(uint16_t bits);
+uint16_t dc_float_to_bf16(float value);
 
 /* Registry states, numbered as the wire's WorkerState / DeviceState. */
 typedef enum dc_worker_state {

@@ -60,6 +60,24 @@ prod_i64_wrap(int64_t *restrict dst, const int64_t *restrict s, size_t n)
     }
 }
 
+/* f16 and bf16: each combination is computed in float and rounded once to the dtype. */
+#define KERNEL16(NAME, TO, FROM, EXPR)                                             \
+    static void NAME(uint16_t *restrict dst, const uint16_t *restrict s, size_t n) \
+    {                                                                              \
+        for (size_t i = 0; i < n; i++) {                                           \
+            float a = TO(dst[i]), b = TO(s[i]);                                    \
+            dst[i] = FROM(EXPR);                                                   \
+        }                                                                          \
+    }
+#define HALF_KERNELS(SUFFIX, TO, FROM)              \
+    KERNEL16(sum_##SUFFIX, TO, FROM, a + b)         \
+    KERNEL16(prod_##SUFFIX, TO, FROM, a *b)         \
+    KERNEL16(min_##SUFFIX, TO, FROM, b < a ? b : a) \
+    KERNEL16(max_##SUFFIX, TO, FROM, b > a ? b : a)
+
+HALF_KERNELS(f16, dc_f16_to_float, dc_float_to_f16)
+HALF_KERNELS(bf16, dc_bf16_to_float, dc_float_to_bf16)
+
 /* Applies the kernel to an aligned run of n elements. */
 static void
 reduce_aligned(dc_dtype dtype, dc_reduce_op op, void *dst, const void *src, size_t n)
@@ -91,6 +109,18 @@ reduce_aligned(dc_dtype dtype, dc_reduce_op op, void *dst, const void *src, size
          : op == DC_REDUCE_PROD ? prod_i64_wrap
          : op == DC_REDUCE_MIN  ? min_i64
                                 : max_i64)(dst, src, n);
+        break;
+    case DC_DTYPE_F16:
+        (op == DC_REDUCE_SUM    ? sum_f16
+         : op == DC_REDUCE_PROD ? prod_f16
+         : op == DC_REDUCE_MIN  ? min_f16
+                                : max_f16)(dst, src, n);
+        break;
+    case DC_DTYPE_BF16:
+        (op == DC_REDUCE_SUM    ? sum_bf16
+         : op == DC_REDUCE_PROD ? prod_bf16
+         : op == DC_REDUCE_MIN  ? min_bf16
+                                : max_bf16)(dst, src, n);
         break;
     default:
         break;
@@ -139,6 +169,17 @@ reduce_finish_mean(dc_dtype dtype, void *buf, size_t count, size_t contributions
         double k  = (double)contributions;
         for (size_t i = 0; i < count; i++) {
             p[i] /= k;
+        }
+        break;
+    }
+    case DC_DTYPE_F16:
+    case DC_DTYPE_BF16: {
+        uint16_t *p = buf;
+        float k     = (float)contributions;
+        bool f16    = dtype == DC_DTYPE_F16;
+        for (size_t i = 0; i < count; i++) {
+            p[i] = f16 ? dc_float_to_f16(dc_f16_to_float(p[i]) / k)
+                       : dc_float_to_bf16(dc_bf16_to_float(p[i]) / k);
         }
         break;
     }

@@ -1,6 +1,7 @@
 /*
  * Element-wise reduction kernels of the collectives: dst[i] = op(dst[i], src[i]) for the
- * four dtypes and five reduce ops. src may be unaligned (it points into a received
+ * six dtypes and five reduce ops (f16 and bf16 combine in float, rounding once per
+ * combination). src may be unaligned (it points into a received
  * message); dst is aligned for its dtype. MEAN reduces as SUM; reduce_finish_mean divides by
  * the number of contributions at the end (integer dtypes truncate toward zero).
  */

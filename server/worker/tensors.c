@@ -130,9 +130,10 @@ tensors_put(struct tensors *t, const Devcoord__V1__PutTensorRequest *in,
     }
     if (in->n_shape > DC_TENSOR_MAX_DIMS ||
         !tensor_size((dc_dtype)in->dtype, in->shape, in->n_shape, &elements, &bytes)) {
-        status_set(&st, DC_INVALID_ARGUMENT,
-                   "invalid tensor: a dtype (f32, f64, i32, i64) and at most %d dimensions",
-                   DC_TENSOR_MAX_DIMS);
+        status_set(
+            &st, DC_INVALID_ARGUMENT,
+            "invalid tensor: a dtype (f32, f64, i32, i64, f16, bf16) and at most %d dimensions",
+            DC_TENSOR_MAX_DIMS);
         fail(cd, (ProtobufCClosure)closure, &st);
         return;
     }

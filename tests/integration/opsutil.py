@@ -6,8 +6,8 @@ mean divides by the number of devices (integers truncate toward zero), min and m
 exact. Float results are compared with a bound on the rounding error of any summation
 order, since the ring and the local reduce add in an order the test does not fix:
 |got - exact| <= 2 * N * u * sum(|x_i|) for a sum of N terms (u = 2^-24 for f32, 2^-53 for
-f64), the same bound over N plus one rounding for mean, and 2 * (N + 1) * u * |exact| for a
-product. Everything else (integers, min, max, broadcast, all-gather) must match exactly.
+f64, 2^-11 for f16, 2^-8 for bf16: every combination rounds to the dtype once), the same
+bound over N plus one rounding for mean, and 2 * (N + 1) * u * |exact| for a product. Everything else (integers, min, max, broadcast, all-gather) must match exactly.
 """
 
 import array
@@ -22,12 +22,12 @@ from fractions import Fraction
 
 import harness
 
-DTYPES = ("f32", "f64", "i32", "i64")
+DTYPES = ("f32", "f64", "i32", "i64", "f16", "bf16")
 REDUCE_OPS = ("sum", "mean", "min", "max", "prod")
 KINDS = ("all-reduce", "reduce", "broadcast", "all-gather", "barrier")
 
 _BITS = {"i32": 32, "i64": 64}
-_UNIT_ROUNDOFF = {"f32": 2.0 ** -24, "f64": 2.0 ** -53}
+_UNIT_ROUNDOFF = {"f32": 2.0 ** -24, "f64": 2.0 ** -53, "f16": 2.0 ** -11, "bf16": 2.0 ** -8}
 _TYPECODE = {"f32": "f", "f64": "d", "i32": "i", "i64": "q"}  # native byte order (--file)
 
 
@@ -37,6 +37,24 @@ def is_float(dtype):
 
 def round_f32(x):
     return array.array("f", [x])[0]
+
+
+def round_bf16(x):
+    """x rounded to bfloat16 (nearest, ties to even), through its f32 bits."""
+    (bits,) = struct.unpack("<I", struct.pack("<f", x))
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+def round_to(dtype, x):
+    """x as the float dtype stores it (f64: unchanged)."""
+    if dtype == "f32":
+        return round_f32(x)
+    if dtype == "f16":
+        return struct.unpack("<e", struct.pack("<e", x))[0]
+    if dtype == "bf16":
+        return round_bf16(round_f32(x))
+    return x
 
 
 def wrap(v, dtype):
@@ -66,8 +84,8 @@ def gen_values(rng, dtype, n, reduce_op=None, ranks=6):
             elif rng.random() < 0.1:
                 v = float(rng.randint(-8, 8))
             else:
-                v = rng.uniform(-1000.0, 1000.0) if dtype == "f32" else rng.uniform(-1e6, 1e6)
-            out.append(round_f32(v) if dtype == "f32" else v)
+                v = rng.uniform(-1e6, 1e6) if dtype == "f64" else rng.uniform(-1000.0, 1000.0)
+            out.append(round_to(dtype, v))
         return out
     lo, hi = int_range(dtype)
     if reduce_op == "mean":
@@ -92,6 +110,11 @@ def values_arg(dtype, values):
 
 def raw_bytes(dtype, values):
     """The --file content: raw values in this machine's byte order."""
+    if dtype == "f16":
+        return struct.pack("=%de" % len(values), *values)
+    if dtype == "bf16":  # the high half of each (exactly bf16) f32
+        f32 = struct.pack("<%df" % len(values), *values)
+        return b"".join(f32[i + 2:i + 4] for i in range(0, len(f32), 4))
     return array.array(_TYPECODE[dtype], values).tobytes()
 
 
@@ -194,10 +217,11 @@ def mismatch(expected, got, limit=5):
     bad = []
     for i, (g, e, tol) in enumerate(zip(values, expected.values, expected.tols)):
         if is_float(expected.dtype):
-            # devcoordctl prints an f32 with the fewest digits that read back as that f32.
+            # devcoordctl prints f32, f16 and bf16 values with the fewest digits that read
+            # back as that f32.
             ok = isinstance(g, (int, float))
-            if ok and expected.dtype == "f32":
-                g = round_f32(g)
+            if ok:
+                g = round_to(expected.dtype, g)
             ok = ok and abs(g - e) <= tol
         else:
             ok = isinstance(g, int) and g == e

@@ -311,6 +311,11 @@ test_names(void **state)
     assert_int_equal(dc_dtype_from_name("i64"), DC_DTYPE_I64);
     assert_int_equal(dc_dtype_size(DC_DTYPE_F64), 8);
     assert_int_equal(dc_dtype_size(DC_DTYPE_I32), 4);
+    assert_int_equal(dc_dtype_from_name("bf16"), DC_DTYPE_BF16);
+    assert_string_equal(dc_dtype_name(DC_DTYPE_F16), "f16");
+    assert_int_equal(dc_dtype_size(DC_DTYPE_F16), 2);
+    assert_int_equal(dc_dtype_size(DC_DTYPE_BF16), 2);
+    assert_int_equal(dc_dtype_size(DC_DTYPE_COUNT), 0);
     assert_string_equal(dc_worker_state_name(DC_WORKER_DRAINING), "draining");
     assert_int_equal(dc_device_state_from_name("unhealthy"), DC_DEVICE_UNHEALTHY);
 }

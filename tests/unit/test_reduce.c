@@ -91,6 +91,44 @@ test_unaligned_source(void **state)
     assert_memory_equal(dst, expect, sizeof(dst));
 }
 
+/* f16 and bf16 combine in float and round once per combination. */
+static void
+test_half_precision(void **state)
+{
+    uint16_t h[4], hs[4], b[2], bs[2];
+    const float hv[4] = { 1.5f, 2048.0f, -3.0f, 0.5f }, hsv[4] = { 2.25f, 1.0f, 4.0f, 0.25f };
+
+    (void)state;
+    for (int k = 0; k < 4; k++) {
+        h[k]  = dc_float_to_f16(hv[k]);
+        hs[k] = dc_float_to_f16(hsv[k]);
+    }
+    reduce_into(DC_DTYPE_F16, DC_REDUCE_SUM, h, hs, 4);
+    assert_true(dc_f16_to_float(h[0]) == 3.75f);
+    assert_true(dc_f16_to_float(h[1]) == 2048.0f); /* 2049 is not an f16: ties to even */
+    assert_true(dc_f16_to_float(h[2]) == 1.0f);
+    reduce_into(DC_DTYPE_F16, DC_REDUCE_MAX, h, hs, 4);
+    assert_true(dc_f16_to_float(h[0]) == 3.75f && dc_f16_to_float(h[2]) == 4.0f);
+    reduce_into(DC_DTYPE_F16, DC_REDUCE_MIN, h, hs, 4);
+    assert_true(dc_f16_to_float(h[0]) == 2.25f && dc_f16_to_float(h[3]) == 0.25f);
+    reduce_into(DC_DTYPE_F16, DC_REDUCE_PROD, h, hs, 4);
+    assert_true(dc_f16_to_float(h[0]) == 5.0625f && dc_f16_to_float(h[2]) == 16.0f);
+    reduce_finish_mean(DC_DTYPE_F16, h, 4, 2);
+    assert_true(dc_f16_to_float(h[0]) == 2.53125f && dc_f16_to_float(h[2]) == 8.0f);
+
+    b[0]  = dc_float_to_bf16(256.0f);
+    b[1]  = dc_float_to_bf16(-1.5f);
+    bs[0] = dc_float_to_bf16(1.0f);
+    bs[1] = dc_float_to_bf16(0.25f);
+    reduce_into(DC_DTYPE_BF16, DC_REDUCE_SUM, b, bs, 2);
+    assert_true(dc_bf16_to_float(b[0]) == 256.0f); /* 257 needs 9 bits: ties to even */
+    assert_true(dc_bf16_to_float(b[1]) == -1.25f);
+    reduce_into(DC_DTYPE_BF16, DC_REDUCE_PROD, b, bs, 2);
+    assert_true(dc_bf16_to_float(b[1]) == -0.3125f);
+    reduce_finish_mean(DC_DTYPE_BF16, b, 2, 4);
+    assert_true(dc_bf16_to_float(b[0]) == 64.0f);
+}
+
 int
 main(void)
 {
@@ -98,6 +136,7 @@ main(void)
         cmocka_unit_test(test_f32_ops),
         cmocka_unit_test(test_f64_and_integers),
         cmocka_unit_test(test_unaligned_source),
+        cmocka_unit_test(test_half_precision),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
