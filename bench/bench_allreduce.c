@@ -18,9 +18,11 @@
 
 #include "bench.h"
 #include "cluster.h"
+#include "shm_probe.h"
 
-#define MAX_SIZES 16
-#define GB        1e9
+#define MAX_SIZES       16
+#define GB              1e9
+#define SHM_PROBE_BYTES (16u << 20)
 
 static const char usage[] = "usage: bench_allreduce [--quick] [--out DIR] [--build DIR]\n";
 
@@ -296,13 +298,33 @@ run_gloo(const struct bench_args *a, const struct plan *p, struct run *r)
 #endif
 }
 
-/* iperf3 single-stream loopback TCP throughput in bytes/s, or NAN. */
+#ifdef BENCH_IPERF3
+/* bits_per_second of the JSON object `key` (with its quotes) of iperf3's -J text, or NAN. */
 static double
-run_iperf(double seconds)
+iperf_bps(const char *text, const char *key)
+{
+    const char *at = strstr(text, key);
+    char *end;
+    double bps;
+
+    if (at == NULL || (at = strstr(at, "\"bits_per_second\":")) == NULL) {
+        return NAN;
+    }
+    at += strlen("\"bits_per_second\":");
+    errno = 0;
+    bps   = strtod(at, &end);
+    return errno != 0 || end == at ? NAN : bps;
+}
+#endif
+
+/* iperf3 loopback TCP throughput in bytes/s, or NAN: one stream, or with `bidir` one
+ * stream each way at once (iperf3 --bidir), reported per direction (the mean of the two). */
+static double
+run_iperf(double seconds, int bidir)
 {
 #ifdef BENCH_IPERF3
     char port[16], dur[16], out[1024], slog[1024];
-    char *sargv[8], *cargv[12], *text, *at, *end;
+    char *sargv[8], *cargv[12], *text;
     double bps = NAN;
     pid_t server, client;
     int p = bench_free_port();
@@ -331,7 +353,8 @@ run_iperf(double seconds)
     cargv[5] = "-t";
     cargv[6] = dur;
     cargv[7] = "-J";
-    cargv[8] = NULL;
+    cargv[8] = bidir ? "--bidir" : NULL;
+    cargv[9] = NULL;
     unlink(out);
     if ((client = bench_spawn(cargv, out)) < 0) {
         bench_stop(server, 1000);
@@ -344,19 +367,15 @@ run_iperf(double seconds)
     if ((text = bench_read_file(out, NULL)) == NULL) {
         return NAN;
     }
-    if ((at = strstr(text, "\"sum_received\"")) != NULL &&
-        (at = strstr(at, "\"bits_per_second\":")) != NULL) {
-        at += strlen("\"bits_per_second\":");
-        errno = 0;
-        bps   = strtod(at, &end);
-        if (errno != 0 || end == at) {
-            bps = NAN;
-        }
+    bps = iperf_bps(text, "\"sum_received\"");
+    if (bidir) {
+        bps = (bps + iperf_bps(text, "\"sum_received_bidir_reverse\"")) / 2;
     }
     free(text);
     return bps / 8;
 #else
     (void)seconds;
+    (void)bidir;
     fprintf(stderr, "bench_allreduce: iperf3 not found at configure time: no loopback limit\n");
     return NAN;
 #endif
@@ -424,7 +443,7 @@ main(int argc, char **argv)
     struct plan p      = { 0 };
     struct run runs[2] = { { .workers = 2 }, { .workers = 4 } };
     struct bench_summary sum;
-    double loop;
+    double loop, bidir, shm_s, shm;
     size_t i16, i4;
     FILE *f;
     int rv;
@@ -448,8 +467,14 @@ main(int argc, char **argv)
         p.min_reps = 5;
         p.max_reps = 50;
     }
-    loop = run_iperf(a.quick ? 1 : 3);
-    printf("loopback TCP (iperf3, one stream): %.3f GB/s\n", loop / GB);
+    loop  = run_iperf(a.quick ? 1 : 3, 0);
+    bidir = run_iperf(a.quick ? 1 : 3, 1);
+    shm_s = bench_shm_probe(SHM_PROBE_BYTES, a.quick ? 5 : 20);
+    shm   = shm_s > 0 ? (double)SHM_PROBE_BYTES / shm_s : NAN; /* 2 ranks: busbw = bytes/t */
+    printf("loopback TCP (iperf3): one stream %.3f GB/s; --bidir %.3f GB/s per direction\n",
+           loop / GB, bidir / GB);
+    printf("shared-memory probe (2 threads all-reduce 16 MiB f32): %.3f ms, %.3f GB/s\n",
+           shm_s * 1e3, shm / GB);
     for (size_t r = 0; r < 2; r++) {
         printf("running devcoord all-reduce with %u workers ...\n", runs[r].workers);
         fflush(stdout);
@@ -472,8 +497,10 @@ main(int argc, char **argv)
                 "trip through the coordinator (validate, plan, fan-out, ring exchange among the "
                 "workers, replies); gloo time is one all_reduce call on rank 0\",\n"
                 " \"dtype\": \"f32\", \"op\": \"sum\", \"loopback_tcp_gbs\": %.4f,\n"
+                " \"loopback_tcp_bidir_per_direction_gbs\": %.4f,\n"
+                " \"shm_probe\": {\"bytes\": %u, \"median_s\": %.9f, \"busbw_gbs\": %.4f},\n"
                 " \"runs\": [\n",
-                loop / GB);
+                loop / GB, bidir / GB, SHM_PROBE_BYTES, shm_s, shm / GB);
         for (size_t r = 0; r < 2; r++) {
             json_points(f, "devcoord", runs[r].workers, runs[r].dc, p.n_sizes);
             fprintf(f, ",\n");
@@ -512,6 +539,17 @@ main(int argc, char **argv)
                                   bench_fmt("%.3f GB/s", bd / GB),
                                   g->ok ? bench_fmt("gloo %.3f GB/s", bg / GB) : "-", bd / bg,
                                   ">= 1.6x gloo", isnan(bd / bg) ? -1 : bd / bg >= 1.6);
+                if (n == 2) { /* a 2-rank ring sends both ways at once: --bidir is its limit */
+                    bench_summary_row(
+                        &sum, "all-reduce 16 MiB, 2 workers: vs --bidir (per direction)",
+                        bench_fmt("%.3f GB/s", bd / GB),
+                        isnan(bidir) ? "-" : bench_fmt("iperf3 --bidir %.3f GB/s", bidir / GB),
+                        bd / bidir, ">= 0.9x --bidir", isnan(bd / bidir) ? -1 : bd / bidir >= 0.9);
+                    bench_summary_row(&sum, "all-reduce 16 MiB, 2 ranks: vs shared-memory probe",
+                                      bench_fmt("%.3f GB/s", bd / GB),
+                                      isnan(shm) ? "-" : bench_fmt("probe %.3f GB/s", shm / GB),
+                                      bd / shm, "(limit of shared memory)", -1);
+                }
                 bench_summary_row(&sum, bench_fmt("all-reduce 16 MiB, %u workers: vs loopback", n),
                                   bench_fmt("%.3f GB/s", bd / GB),
                                   isnan(loop) ? "-" : bench_fmt("iperf3 %.3f GB/s", loop / GB),
