@@ -16,6 +16,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import threading
 
 import harness
 import secutil
@@ -182,6 +183,43 @@ class Reload(secutil.SecureTestCase):
         wait_until(lambda: self.c.registry_workers()["w1"]["state"] == "alive", 5, "w1 alive")
         self.assertEqual(self.c.registry_workers()["w1"]["epoch"], before["epoch"])
         self.assertEqual(self.c.coordinator.starts, 1)
+        self.assertTrue(self.c.coordinator.running())
+
+    def test_calls_in_flight_across_reloads(self):
+        """Connections calling without pause while the table is swapped again and again:
+        every call is answered OK, none is dropped or refused."""
+        trainer = self.tokens.by_role["trainer"]
+        stop = threading.Event()
+        results = []
+
+        def caller():
+            codes = []
+            try:
+                with self.c.connect(token=trainer) as conn:
+                    while not stop.is_set():
+                        codes.append(conn.call(harness.COORDINATOR + "ListWorkers")[0])
+            except (OSError, harness.RpcError) as e:
+                codes.append("error %s" % e)
+            results.append(codes)
+
+        threads = [threading.Thread(target=caller) for _ in range(4)]
+        for t in threads:
+            t.start()
+        try:
+            for i in range(20):
+                # Each file holds the caller's token and a different extra one.
+                extra = "dc-extra-%d-%s" % (i, secrets.token_hex(8))
+                self.write_tokens(self.tokens.pairs() + [(extra, "trainer")])
+                self.hup(self.c.coordinator)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(30)
+        self.assertEqual(self.reloads(self.c.coordinator), 20)
+        self.assertEqual(len(results), 4)
+        for codes in results:
+            self.assertTrue(codes)
+            self.assertEqual(set(codes), {"OK"}, codes[-5:])
         self.assertTrue(self.c.coordinator.running())
 
     def test_broken_tokens_file_keeps_the_old_tokens(self):
