@@ -99,6 +99,17 @@ daemon_override(char **slot, const char *value)
 }
 
 int
+daemon_config_failed(const char *prog, const struct daemon_args *args, dc_code code,
+                     const dc_status *st)
+{
+    if (args->check_config != NULL) {
+        return daemon_check_config_result(prog, args->check_config, code, st);
+    }
+    fprintf(stderr, "%s: %s\n", prog, st->message);
+    return code == DC_RESOURCE_EXHAUSTED ? 1 : 2;
+}
+
+int
 daemon_check_config_result(const char *prog, const char *file, dc_code code, const dc_status *st)
 {
     if (code != DC_OK) {
@@ -191,27 +202,38 @@ struct reload_values {
 static dc_code
 reload_values_load(const struct daemon_reload *r, struct reload_values *out, dc_status *st)
 {
+    union {
+        struct config_worker worker;
+        struct config_coordinator coordinator;
+    } cfg;
+    const struct config_log *log;
+    char **tokens_file;
     dc_code code;
 
+    memset(&cfg, 0, sizeof(cfg)); /* all of it, whichever member is larger */
     memset(out, 0, sizeof(*out));
     if (r->worker) {
-        struct config_worker cfg = { 0 };
-        if ((code = config_worker_defaults(&cfg, st)) == DC_OK &&
-            (code = config_worker_load(r->config, &cfg, st)) == DC_OK) {
-            out->level       = cfg.log.level;
-            out->tokens_file = cfg.tokens_file;
-            cfg.tokens_file  = NULL;
+        log         = &cfg.worker.log;
+        tokens_file = &cfg.worker.tokens_file;
+        if ((code = config_worker_defaults(&cfg.worker, st)) == DC_OK) {
+            code = config_worker_load(r->config, &cfg.worker, st);
         }
-        config_worker_free(&cfg);
     } else {
-        struct config_coordinator cfg = { 0 };
-        if ((code = config_coordinator_defaults(&cfg, st)) == DC_OK &&
-            (code = config_coordinator_load(r->config, &cfg, st)) == DC_OK) {
-            out->level       = cfg.log.level;
-            out->tokens_file = cfg.tokens_file;
-            cfg.tokens_file  = NULL;
+        log         = &cfg.coordinator.log;
+        tokens_file = &cfg.coordinator.tokens_file;
+        if ((code = config_coordinator_defaults(&cfg.coordinator, st)) == DC_OK) {
+            code = config_coordinator_load(r->config, &cfg.coordinator, st);
         }
-        config_coordinator_free(&cfg);
+    }
+    if (code == DC_OK) {
+        out->level       = log->level;
+        out->tokens_file = *tokens_file;
+        *tokens_file     = NULL;
+    }
+    if (r->worker) {
+        config_worker_free(&cfg.worker);
+    } else {
+        config_coordinator_free(&cfg.coordinator);
     }
     return code;
 }

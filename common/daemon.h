@@ -35,6 +35,12 @@ int daemon_parse_args(int argc, char **argv, const char *prog, const char *usage
  * value is NULL. -1 when out of memory. */
 int daemon_override(char **slot, const char *value);
 
+/* The exit code of a daemon whose config did not load (code, st): with --check-config that
+ * of daemon_check_config_result, else 2 (1 when out of memory) after "prog: message" on
+ * stderr. */
+int daemon_config_failed(const char *prog, const struct daemon_args *args, dc_code code,
+                         const dc_status *st);
+
 /* The end of --check-config: prints "FILE: ok" on stdout and returns 0 when code is DC_OK,
  * else "prog: <st's message>" on stderr and returns 1. */
 int daemon_check_config_result(const char *prog, const char *file, dc_code code,

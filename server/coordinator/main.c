@@ -159,12 +159,7 @@ main(int argc, char **argv)
         return 1;
     }
     if ((code = coordinator_load_config(c, &args, &st)) != DC_OK) {
-        if (args.check_config != NULL) {
-            rv = daemon_check_config_result(prog, args.check_config, code, &st);
-        } else {
-            fprintf(stderr, "devcoord-server: %s\n", st.message);
-            rv = code == DC_RESOURCE_EXHAUSTED ? 1 : 2;
-        }
+        rv = daemon_config_failed(prog, &args, code, &st);
         config_coordinator_free(&c->cfg);
         free(c);
         return rv;

@@ -169,12 +169,7 @@ main(int argc, char **argv)
         return 1;
     }
     if ((code = worker_load_config(w, &args, &st)) != DC_OK) {
-        if (args.check_config != NULL) {
-            rv = daemon_check_config_result(prog, args.check_config, code, &st);
-        } else {
-            fprintf(stderr, "devcoord-worker: %s\n", st.message);
-            rv = code == DC_RESOURCE_EXHAUSTED ? 1 : 2;
-        }
+        rv = daemon_config_failed(prog, &args, code, &st);
         config_worker_free(&w->cfg);
         free(w);
         return rv;
