@@ -1,7 +1,9 @@
 #include "auth.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +36,7 @@ struct auth_slot {
 };
 
 struct auth {
+    atomic_uint refs;          /* auth_hold and auth_free */
     struct auth_token *tokens; /* in file order */
     size_t n, cap;
     struct auth_slot *slots; /* n of them, sorted by digest, then index */
@@ -187,10 +190,19 @@ auth_token_clear(struct auth_token *t)
     memset(t, 0, sizeof(*t));
 }
 
+struct auth *
+auth_hold(struct auth *a)
+{
+    if (a != NULL) {
+        atomic_fetch_add(&a->refs, 1);
+    }
+    return a;
+}
+
 void
 auth_free(struct auth *a)
 {
-    if (a == NULL) {
+    if (a == NULL || atomic_fetch_sub(&a->refs, 1) != 1) {
         return;
     }
     for (size_t i = 0; i < a->n; i++) {
@@ -602,6 +614,7 @@ auth_parse(const char *name, const char *data, size_t len, struct auth **out, dc
         free(r.a);
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
+    atomic_init(&r.a->refs, 1);
     yaml_parser_set_input_string(&r.parser, (const unsigned char *)data, len);
     if ((code = auth_random_bytes(r.a->key, sizeof(r.a->key), st)) != DC_OK) {
         goto out;
@@ -657,6 +670,83 @@ auth_load(const char *path, struct auth **out, dc_status *st)
     memset(data, 0, len);
     free(data);
     return code;
+}
+
+/* ---- the table in use, swapped on reload ---------------------------------------------------- */
+
+struct auth_current {
+    pthread_mutex_t mtx; /* guards `a` only: held for a pointer copy and a reference count */
+    struct auth *a;
+};
+
+dc_code
+auth_current_new(struct auth *a, struct auth_current **out, dc_status *st)
+{
+    struct auth_current *c = calloc(1, sizeof(*c));
+
+    if (c == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    pthread_mutex_init(&c->mtx, NULL);
+    c->a = a;
+    *out = c;
+    return DC_OK;
+}
+
+struct auth *
+auth_current_get(struct auth_current *c)
+{
+    struct auth *a;
+
+    pthread_mutex_lock(&c->mtx);
+    a = auth_hold(c->a);
+    pthread_mutex_unlock(&c->mtx);
+    return a;
+}
+
+void
+auth_current_set(struct auth_current *c, struct auth *a)
+{
+    struct auth *old;
+
+    pthread_mutex_lock(&c->mtx);
+    old  = c->a;
+    c->a = a;
+    pthread_mutex_unlock(&c->mtx);
+    /* Freed here, or by the last call still checking a token against it. */
+    auth_free(old);
+}
+
+void
+auth_current_free(struct auth_current *c)
+{
+    if (c == NULL) {
+        return;
+    }
+    auth_free(c->a);
+    pthread_mutex_destroy(&c->mtx);
+    free(c);
+}
+
+dc_code
+auth_current_check(struct auth_current *c, const struct auth_rule *rules, size_t n_rules,
+                   const ProtobufCMethodDescriptor *method, const char *token, dc_status *st)
+{
+    struct auth *a = auth_current_get(c);
+    dc_code code   = auth_check(a, rules, n_rules, method, token, st);
+
+    auth_free(a);
+    return code;
+}
+
+bool
+auth_current_worker_may_be(struct auth_current *c, const char *token, const char *name)
+{
+    struct auth *a = auth_current_get(c);
+    bool ok        = auth_worker_may_be(a, token, name);
+
+    auth_free(a);
+    return ok;
 }
 
 /* ---- lookups ------------------------------------------------------------------------------ */

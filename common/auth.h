@@ -52,7 +52,28 @@ struct auth;
 dc_code auth_load(const char *path, struct auth **out, dc_status *st);
 dc_code auth_parse(const char *name, const char *data, size_t len, struct auth **out,
                    dc_status *st);
+/* A loaded table is reference counted: auth_hold takes one more reference (returns a),
+ * auth_free drops one and frees the table with the last. A load returns one reference. */
+struct auth *auth_hold(struct auth *a);
 void auth_free(struct auth *a);
+
+/* The table a daemon checks calls against, replaced as a whole when its tokens file is
+ * reloaded (SIGHUP) while RPC threads keep checking: a reader takes a reference under a
+ * mutex held only for that (auth_current_get, released with auth_free), so a swap never
+ * frees a table a check still reads; the old table goes with its last reader. */
+struct auth_current;
+
+/* Takes over the reference to a. */
+dc_code auth_current_new(struct auth *a, struct auth_current **out, dc_status *st);
+struct auth *auth_current_get(struct auth_current *c);
+/* Takes over the reference to a and drops the one to the table it replaces. */
+void auth_current_set(struct auth_current *c, struct auth *a);
+void auth_current_free(struct auth_current *c);
+/* auth_check and auth_worker_may_be against the current table. */
+dc_code auth_current_check(struct auth_current *c, const struct auth_rule *rules, size_t n_rules,
+                           const ProtobufCMethodDescriptor *method, const char *token,
+                           dc_status *st);
+bool auth_current_worker_may_be(struct auth_current *c, const char *token, const char *name);
 
 /* The role of token, ROLE_NONE when unknown. Time depends on the token's length and on
  * whether it is known, not on how much of it matches a known token. */

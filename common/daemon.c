@@ -2,13 +2,19 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <pthread.h>
 
+#include "auth.h"
+#include "config.h"
 #include "log.h"
 
 static const char *
@@ -29,15 +35,16 @@ option_value(int argc, char **argv, int *i, const char *name)
 }
 
 int
-daemon_parse_args(int argc, char **argv, const char *usage, struct daemon_args *out)
+daemon_parse_args(int argc, char **argv, const char *prog, const char *usage,
+                  struct daemon_args *out)
 {
-    static const char *const names[] = { "--config", "--listen", "--http", "--name",
-                                         "--coordinator" };
+    static const char *const names[] = { "--config", "--listen",      "--http",
+                                         "--name",   "--coordinator", "--check-config" };
 
     memset(out, 0, sizeof(*out));
     for (int i = 1; i < argc; i++) {
-        const char **slots[] = { &out->config, &out->listen, &out->http, &out->name,
-                                 &out->coordinator };
+        const char **slots[] = { &out->config, &out->listen,      &out->http,
+                                 &out->name,   &out->coordinator, &out->check_config };
         bool matched         = false;
 
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
@@ -45,7 +52,7 @@ daemon_parse_args(int argc, char **argv, const char *usage, struct daemon_args *
             return 0;
         }
         if (strcmp(argv[i], "--version") == 0) {
-            printf("%s %s\n", argv[0], DEVCOORD_VERSION);
+            printf("%s %s\n", prog, DEVCOORD_VERSION);
             return 0;
         }
         for (size_t k = 0; k < sizeof(names) / sizeof(names[0]) && !matched; k++) {
@@ -55,16 +62,62 @@ daemon_parse_args(int argc, char **argv, const char *usage, struct daemon_args *
             }
             matched = true;
             if ((*slots[k] = option_value(argc, argv, &i, names[k])) == NULL) {
-                fprintf(stderr, "%s: %s needs a value (see --help)\n", argv[0], names[k]);
+                fprintf(stderr, "%s: %s needs a value (see --help)\n", prog, names[k]);
                 return 2;
             }
         }
         if (!matched) {
-            fprintf(stderr, "%s: unknown argument '%s' (see --help)\n", argv[0], argv[i]);
+            fprintf(stderr, "%s: unknown argument '%s' (see --help)\n", prog, argv[i]);
             return 2;
         }
     }
+    if (out->check_config != NULL) {
+        if (out->config != NULL && strcmp(out->config, out->check_config) != 0) {
+            fprintf(stderr, "%s: --check-config FILE checks FILE; drop --config (see --help)\n",
+                    prog);
+            return 2;
+        }
+        out->config = out->check_config;
+    }
     return -1;
+}
+
+int
+daemon_override(char **slot, const char *value)
+{
+    char *copy;
+
+    if (value == NULL) {
+        return 0;
+    }
+    if ((copy = strdup(value)) == NULL) {
+        return -1;
+    }
+    free(*slot);
+    *slot = copy;
+    return 0;
+}
+
+int
+daemon_config_failed(const char *prog, const struct daemon_args *args, dc_code code,
+                     const dc_status *st)
+{
+    if (args->check_config != NULL) {
+        return daemon_check_config_result(prog, args->check_config, code, st);
+    }
+    fprintf(stderr, "%s: %s\n", prog, st->message);
+    return code == DC_RESOURCE_EXHAUSTED ? 1 : 2;
+}
+
+int
+daemon_check_config_result(const char *prog, const char *file, dc_code code, const dc_status *st)
+{
+    if (code != DC_OK) {
+        fprintf(stderr, "%s: %s\n", prog, st->message);
+        return 1;
+    }
+    printf("%s: ok\n", file);
+    return 0;
 }
 
 static sigset_t
@@ -98,12 +151,145 @@ daemon_wait_signal(int timeout_ms)
     if (timeout_ms < 0) {
         while (sigwait(&set, &sig) != 0) {
         }
-        return sig == SIGHUP ? 0 : sig;
+        return sig;
     }
     ts.tv_sec  = timeout_ms / 1000;
     ts.tv_nsec = (long)(timeout_ms % 1000) * 1000000L;
     sig        = sigtimedwait(&set, NULL, &ts);
-    return sig == SIGINT || sig == SIGTERM ? sig : 0;
+    return sig == SIGINT || sig == SIGTERM || sig == SIGHUP ? sig : 0;
+}
+
+void
+daemon_notify(const char *state)
+{
+    const char *name = getenv("NOTIFY_SOCKET");
+    struct sockaddr_un sa;
+    size_t n;
+    int fd;
+
+    if (name == NULL || name[0] == '\0') {
+        return;
+    }
+    n = strlen(name);
+    if ((name[0] != '/' && name[0] != '@') || n >= sizeof(sa.sun_path)) {
+        log_debug("NOTIFY_SOCKET is neither an absolute path nor an abstract name: not "
+                  "notifying");
+        return;
+    }
+    memset(&sa, 0, sizeof(sa));
+    sa.sun_family = AF_UNIX;
+    memcpy(sa.sun_path, name, n);
+    if (name[0] == '@') {
+        sa.sun_path[0] = '\0'; /* the abstract namespace: the name is the n bytes, no NUL */
+    }
+    if ((fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0)) < 0) {
+        log_debug("NOTIFY_SOCKET: socket: %s", strerror(errno));
+        return;
+    }
+    if (sendto(fd, state, strlen(state), MSG_NOSIGNAL, (const struct sockaddr *)&sa,
+               (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n)) < 0) {
+        log_debug("NOTIFY_SOCKET %s: %s: %s", name, state, strerror(errno));
+    }
+    close(fd);
+}
+
+/* Where a reload takes its values: the config file loaded again, as at start. */
+struct reload_values {
+    enum log_level level;
+    char *tokens_file;
+};
+
+static dc_code
+reload_values_load(const struct daemon_reload *r, struct reload_values *out, dc_status *st)
+{
+    union {
+        struct config_worker worker;
+        struct config_coordinator coordinator;
+    } cfg;
+    const struct config_log *log;
+    char **tokens_file;
+    dc_code code;
+
+    memset(&cfg, 0, sizeof(cfg)); /* all of it, whichever member is larger */
+    memset(out, 0, sizeof(*out));
+    if (r->worker) {
+        log         = &cfg.worker.log;
+        tokens_file = &cfg.worker.tokens_file;
+        if ((code = config_worker_defaults(&cfg.worker, st)) == DC_OK) {
+            code = config_worker_load(r->config, &cfg.worker, st);
+        }
+    } else {
+        log         = &cfg.coordinator.log;
+        tokens_file = &cfg.coordinator.tokens_file;
+        if ((code = config_coordinator_defaults(&cfg.coordinator, st)) == DC_OK) {
+            code = config_coordinator_load(r->config, &cfg.coordinator, st);
+        }
+    }
+    if (code == DC_OK) {
+        out->level       = log->level;
+        out->tokens_file = *tokens_file;
+        *tokens_file     = NULL;
+    }
+    if (r->worker) {
+        config_worker_free(&cfg.worker);
+    } else {
+        config_coordinator_free(&cfg.coordinator);
+    }
+    return code;
+}
+
+static bool
+same_path(const char *a, const char *b)
+{
+    return a == NULL || b == NULL ? a == b : strcmp(a, b) == 0;
+}
+
+/* Replaces the tokens with those of r->tokens_file, or logs why not. */
+static void
+reload_tokens(const struct daemon_reload *r)
+{
+    struct auth *fresh = NULL;
+    dc_status st;
+
+    if (auth_load(r->tokens_file, &fresh, &st) != DC_OK) {
+        log_error("reload: %s: keeping the tokens loaded before", st.message);
+        return;
+    }
+    if (r->calls_with != NULL && auth_role_of(fresh, r->calls_with) != ROLE_WORKER) {
+        log_warn("reload: %s no longer holds the worker token this daemon calls workers "
+                 "with; it keeps calling with it until restarted",
+                 r->tokens_file);
+    }
+    auth_current_set(r->auth, fresh);
+    log_info("reload: tokens of %s in use", r->tokens_file);
+}
+
+void
+daemon_reload(const struct daemon_reload *r)
+{
+    struct reload_values now;
+    dc_status st;
+
+    daemon_notify("RELOADING=1");
+    if (r->config == NULL) {
+        log_info("SIGHUP: started without --config, nothing to reload");
+    } else if (reload_values_load(r, &now, &st) != DC_OK) {
+        log_error("reload: %s: keeping the running configuration", st.message);
+    } else {
+        log_set_level(now.level);
+        log_info("reload: %s: log level %s", r->config, log_level_name(now.level));
+        if (!same_path(now.tokens_file, r->tokens_file)) {
+            log_warn("reload: auth.tokens_file changed from %s to %s: that takes a restart%s",
+                     r->tokens_file != NULL ? r->tokens_file : "(none)",
+                     now.tokens_file != NULL ? now.tokens_file : "(none)",
+                     r->tokens_file != NULL ? "; reloading the file named at start" : "");
+        }
+        if (r->tokens_file != NULL && r->auth != NULL) {
+            reload_tokens(r);
+        }
+        free(now.tokens_file);
+    }
+    daemon_notify("READY=1");
 }
 
 /*

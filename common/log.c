@@ -60,6 +60,12 @@ log_configure(enum log_level level, enum log_format format, const char *componen
     snprintf(log_component, sizeof(log_component), "%s", component);
 }
 
+void
+log_set_level(enum log_level level)
+{
+    atomic_store(&log_threshold, (int)level);
+}
+
 bool
 log_is_control(unsigned char c)
 {

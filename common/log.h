@@ -14,6 +14,9 @@ enum log_level { LOG_DEBUG = 0, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_LEVEL_COUNT }
 /* Sets the threshold, the format and the component name printed with every line. */
 void log_configure(enum log_level level, enum log_format format, const char *component);
 
+/* Changes the threshold only (a reload: SIGHUP). */
+void log_set_level(enum log_level level);
+
 void log_msg(enum log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #define log_debug(...) log_msg(LOG_DEBUG, __VA_ARGS__)

@@ -7,9 +7,10 @@
 #   bash deploy/quickstart.sh          start (or show, when already running)
 #   bash deploy/quickstart.sh stop     stop all three
 #
-# deploy/compose.yaml publishes 7400 and 7480 too. To run both, move one of them: here with
+# deploy/compose.yaml publishes its coordinator on 7401 and 7481: both run side by side.
+# When 7400 or 7480 is taken by something else, move the quickstart with
 # DEVCOORD_QUICKSTART_PORT and DEVCOORD_QUICKSTART_HTTP_PORT (then point devcoordctl at it:
-# export DEVCOORD_ADDR=127.0.0.1:PORT), or compose with DEVCOORD_PORT and DEVCOORD_HTTP_PORT.
+# export DEVCOORD_ADDR=127.0.0.1:PORT).
 #
 # Environment:
 #   DEVCOORD_QUICKSTART_PORT       the coordinator's port (default 7400)
@@ -103,9 +104,9 @@ mkdir -p "$dir"
 if [[ -z $(pid_of coordinator) ]]; then
     for p in "$port" "$http_port"; do
         if listening "$p"; then
-            die "127.0.0.1:$p is taken (deploy/compose.yaml publishes 7400 and 7480 too): run" \
-                "with DEVCOORD_QUICKSTART_PORT=7410 DEVCOORD_QUICKSTART_HTTP_PORT=7490, or stop" \
-                "what listens there"
+            die "127.0.0.1:$p is taken: run with DEVCOORD_QUICKSTART_PORT=7410" \
+                "DEVCOORD_QUICKSTART_HTTP_PORT=7490 (other free ports will do), or stop what" \
+                "listens there"
         fi
     done
     sed -e "s|^listen:.*|listen: $addr|" -e "s|^http:.*|http: 127.0.0.1:$http_port|" \

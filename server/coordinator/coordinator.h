@@ -17,7 +17,7 @@
 #include "rpc.h"
 
 struct ops;
-struct auth;
+struct auth_current;
 
 struct coordinator {
     /* First member: handlers get &service and find the rest from it. */
@@ -25,7 +25,8 @@ struct coordinator {
     struct config_coordinator cfg;
     struct registry *registry;
     struct ops *ops;
-    struct auth *auth; /* NULL: no tokens file, every call is let in */
+    struct auth_current *auth; /* NULL: no tokens file, every call is let in; swapped on
+                                  SIGHUP (daemon_reload) */
     struct rpc_server *rpc;
     struct rpc_metrics rpc_metrics;
     struct http_server *http;

@@ -2,6 +2,7 @@
  * service, declares silent workers dead, and on SIGTERM/SIGINT fails in-flight ops cleanly
  * and exits. */
 #include <malloc.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,8 +16,11 @@
 #include "ops.h"
 #include "state.h"
 
+static const char prog[] = "devcoord-server";
+
 static const char usage[] =
     "usage: devcoord-server [--config FILE] [--listen ADDR] [--http HOST:PORT]\n"
+    "       devcoord-server --check-config FILE [--listen ADDR] [--http HOST:PORT]\n"
     "\n"
     "The devcoord coordinator: holds the device registry, validates and plans distributed\n"
     "operations and fans them out to the workers.\n"
@@ -26,8 +30,16 @@ static const char usage[] =
     "                     dead after 5000 ms\n"
     "  --listen ADDR      RPC address, overriding the config (tcp://, tls+tcp://, ipc://)\n"
     "  --http HOST:PORT   health and metrics address, overriding the config (\"\" = off)\n"
+    "  --check-config FILE\n"
+    "                     load FILE and everything it names as a start would (tokens file,\n"
+    "                     TLS files, a writable state_dir), print \"FILE: ok\" and exit 0, or\n"
+    "                     the first error and exit 1; binds nothing\n"
     "  --version          print the version\n"
-    "  -h, --help         this text\n";
+    "  -h, --help         this text\n"
+    "\n"
+    "Signals: SIGTERM or SIGINT stop it; SIGHUP reloads log.level and the tokens file from\n"
+    "the config file, keeping connections and calls. With $NOTIFY_SOCKET set it tells\n"
+    "systemd READY=1 once listening, RELOADING=1 and READY=1 around a reload, STOPPING=1.\n";
 
 /* Handlers that never wait run on nng's callback threads. Listings (which can be large),
  * operator steering (which writes the state file) and SubmitOp (whose first op to a worker
@@ -56,9 +68,9 @@ on_worker_gone(void *arg, const char *name, uint64_t epoch, enum registry_gone w
     }
 }
 
-/* Declares silent workers dead, a few times per heartbeat interval. */
+/* Declares silent workers dead, a few times per heartbeat interval; reloads on SIGHUP. */
 static void
-sweep_until_signal(struct coordinator *c)
+sweep_until_signal(struct coordinator *c, const struct daemon_reload *reload)
 {
     int tick = (int)(c->cfg.heartbeat_interval_ms / 4);
 
@@ -70,7 +82,9 @@ sweep_until_signal(struct coordinator *c)
     }
     for (;;) {
         int sig = daemon_wait_signal(tick);
-        if (sig != 0) {
+        if (sig == SIGHUP) {
+            daemon_reload(reload);
+        } else if (sig != 0) {
             log_info("signal %d: shutting down", sig);
             return;
         }
@@ -78,32 +92,45 @@ sweep_until_signal(struct coordinator *c)
     }
 }
 
-static int
-coordinator_load_config(struct coordinator *c, const struct daemon_args *args)
+static dc_code
+coordinator_load_config(struct coordinator *c, const struct daemon_args *args, dc_status *st)
 {
-    dc_status st;
-    char *copy;
+    dc_code code;
 
-    if (config_coordinator_defaults(&c->cfg, &st) != DC_OK ||
-        (args->config != NULL && config_coordinator_load(args->config, &c->cfg, &st) != DC_OK)) {
-        fprintf(stderr, "devcoord-server: %s\n", st.message);
-        return 2;
+    if ((code = config_coordinator_defaults(&c->cfg, st)) != DC_OK ||
+        (args->config != NULL &&
+         (code = config_coordinator_load(args->config, &c->cfg, st)) != DC_OK)) {
+        return code;
     }
-    if (args->listen != NULL) {
-        if ((copy = strdup(args->listen)) == NULL) {
-            return 1;
-        }
-        free(c->cfg.listen);
-        c->cfg.listen = copy;
+    if (daemon_override(&c->cfg.listen, args->listen) != 0 ||
+        daemon_override(&c->cfg.http, args->http) != 0) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
-    if (args->http != NULL) {
-        if ((copy = strdup(args->http)) == NULL) {
-            return 1;
-        }
-        free(c->cfg.http);
-        c->cfg.http = copy;
+    return DC_OK;
+}
+
+/* What a start reads and checks before it binds anything, and all that --check-config
+ * runs: the tokens file, the TLS certificate and key of a tls+tcp:// listener, and that
+ * state_dir can keep operator intent. On success c->auth and *tls hold what was loaded. */
+static dc_code
+coordinator_prepare(struct coordinator *c, nng_tls_config **tls, dc_status *st)
+{
+    struct auth *a = NULL;
+    dc_code code;
+
+    *tls = NULL;
+    if (c->cfg.tokens_file != NULL && ((code = auth_load(c->cfg.tokens_file, &a, st)) != DC_OK ||
+                                       (code = auth_current_new(a, &c->auth, st)) != DC_OK)) {
+        auth_free(a);
+        return code;
     }
-    return 0;
+    if (strncmp(c->cfg.listen, "tls+", 4) == 0 &&
+        (code = auth_tls_server(&c->cfg.tls, tls, st)) != DC_OK) {
+        return code;
+    }
+    /* A cordon that cannot be saved is refused: better not to start than to refuse them
+     * all. */
+    return c->cfg.state_dir != NULL ? state_check(c->cfg.state_dir, st) : DC_OK;
 }
 
 int
@@ -111,14 +138,16 @@ main(int argc, char **argv)
 {
     struct coordinator *c;
     struct daemon_args args;
-    struct rpc_server_opts so = { 0 };
-    struct registry_opts ro   = { 0 };
-    nng_tls_config *tls       = NULL;
-    const char *worker_token  = NULL;
+    struct rpc_server_opts so   = { 0 };
+    struct registry_opts ro     = { 0 };
+    struct daemon_reload reload = { 0 };
+    nng_tls_config *tls         = NULL;
+    char *worker_token          = NULL;
     dc_status st;
+    dc_code code;
     int rv;
 
-    if ((rv = daemon_parse_args(argc, argv, usage, &args)) >= 0) {
+    if ((rv = daemon_parse_args(argc, argv, prog, usage, &args)) >= 0) {
         return rv;
     }
     if (args.name != NULL || args.coordinator != NULL) {
@@ -129,10 +158,16 @@ main(int argc, char **argv)
     if ((c = calloc(1, sizeof(*c))) == NULL) {
         return 1;
     }
-    if ((rv = coordinator_load_config(c, &args)) != 0) {
+    if ((code = coordinator_load_config(c, &args, &st)) != DC_OK) {
+        rv = daemon_config_failed(prog, &args, code, &st);
         config_coordinator_free(&c->cfg);
         free(c);
         return rv;
+    }
+    if (args.check_config != NULL) {
+        rv = daemon_check_config_result(prog, args.check_config, coordinator_prepare(c, &tls, &st),
+                                        &st);
+        goto out;
     }
     log_configure(c->cfg.log.level, c->cfg.log.format, "coordinator");
     /* Large listings build and free megabytes per request: keep that memory in the heap
@@ -153,20 +188,24 @@ main(int argc, char **argv)
         ro.store = state_store(c->cfg.state_dir);
     }
     rv = 1;
-    if (c->cfg.tokens_file != NULL) {
-        if (auth_load(c->cfg.tokens_file, &c->auth, &st) != DC_OK) {
-            log_error("%s", st.message);
-            goto out;
-        }
-        if ((worker_token = auth_token_with(c->auth, ROLE_WORKER)) == NULL) {
+    if (coordinator_prepare(c, &tls, &st) != DC_OK) {
+        log_error("%s: not starting", st.message);
+        goto out;
+    }
+    if (c->auth != NULL) {
+        /* A copy: a reload may free the table it comes from. What the coordinator calls
+         * workers with stays this token until a restart. */
+        struct auth *a     = auth_current_get(c->auth);
+        const char *worker = auth_token_with(a, ROLE_WORKER);
+        if (worker == NULL) {
             log_warn("%s has no worker token: no worker can register, and ops cannot be sent",
                      c->cfg.tokens_file);
+        } else if ((worker_token = strdup(worker)) == NULL) {
+            auth_free(a);
+            log_error("out of memory");
+            goto out;
         }
-    }
-    if (strncmp(c->cfg.listen, "tls+", 4) == 0 &&
-        auth_tls_server(&c->cfg.tls, &tls, &st) != DC_OK) {
-        log_error("%s", st.message);
-        goto out;
+        auth_free(a);
     }
     if ((c->registry = registry_new(&ro)) == NULL ||
         (c->ops = ops_new(c->registry, &c->cfg, worker_token)) == NULL) {
@@ -175,12 +214,6 @@ main(int argc, char **argv)
     }
     if (c->cfg.state_dir != NULL) {
         size_t n = 0;
-        /* A cordon that cannot be saved is refused: better not to start than to refuse
-         * them all. */
-        if (state_check(c->cfg.state_dir, &st) != DC_OK) {
-            log_error("%s: not starting", st.message);
-            goto out;
-        }
         if (state_load(c->cfg.state_dir, c->registry, &n, &st) != DC_OK) {
             log_error("operator intent not restored: %s (starting without it)", st.message);
         } else if (n > 0) {
@@ -214,19 +247,26 @@ main(int argc, char **argv)
         goto out_rpc;
     }
     atomic_store(&c->ready, true);
+    daemon_notify("READY=1");
     log_info("devcoord-server %s listening on %s, http %s (autodiff %s, heartbeat %u ms, dead "
              "after %u ms, auth %s)",
              DEVCOORD_VERSION, c->cfg.listen, c->http != NULL ? c->cfg.http : "off",
              autodiff_policy_name(c->cfg.autodiff), c->cfg.heartbeat_interval_ms,
              c->cfg.dead_after_ms, c->auth ? "on" : "off");
 
-    sweep_until_signal(c);
+    reload.config      = args.config;
+    reload.worker      = false;
+    reload.tokens_file = c->cfg.tokens_file;
+    reload.auth        = c->auth;
+    reload.calls_with  = worker_token;
+    sweep_until_signal(c, &reload);
 
     rv = 0;
 out_rpc:
     /* The stop order and why it is bounded: daemon.c. Not ready any more, no new
      * connections, nothing new taken; in-flight ops fail, so their handlers answer;
      * rpc_server_free waits for the handlers (an intent write among them), then closes. */
+    daemon_notify("STOPPING=1");
     daemon_stop_begin(DAEMON_STOP_BOUND_MS, rv);
     atomic_store(&c->ready, false);
     http_stop(c->http);
@@ -236,7 +276,11 @@ out_rpc:
 out:
     ops_free(c->ops);
     registry_free(c->registry);
-    auth_free(c->auth);
+    auth_current_free(c->auth);
+    if (worker_token != NULL) {
+        memset(worker_token, 0, strlen(worker_token));
+        free(worker_token);
+    }
     if (tls != NULL) {
         nng_tls_config_free(tls);
     }
@@ -244,6 +288,8 @@ out:
     free(c);
     nng_fini();
     daemon_stop_end();
-    log_info("stopped");
+    if (args.check_config == NULL) {
+        log_info("stopped");
+    }
     return rv;
 }

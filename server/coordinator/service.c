@@ -48,7 +48,7 @@ c_register_worker(Devcoord__V1__Coordinator_Service *svc,
     status_clear(&st);
     /* A worker token names the workers it may be. The refusal does not list them: that
      * would tell a stolen token's holder which workers to try. */
-    if (c->auth != NULL && !auth_worker_may_be(c->auth, rpc_call_token(cd), in->name)) {
+    if (c->auth != NULL && !auth_current_worker_may_be(c->auth, rpc_call_token(cd), in->name)) {
         code = status_set(&st, DC_PERMISSION_DENIED, "this token may not register worker %.64s",
                           in->name);
     } else {
@@ -290,6 +290,7 @@ coordinator_authorize(void *arg, const ProtobufCMethodDescriptor *method, const 
 {
     struct coordinator *c = arg;
 
-    return auth_check(c->auth, coordinator_rules,
-                      sizeof(coordinator_rules) / sizeof(coordinator_rules[0]), method, token, st);
+    return auth_current_check(c->auth, coordinator_rules,
+                              sizeof(coordinator_rules) / sizeof(coordinator_rules[0]), method,
+                              token, st);
 }

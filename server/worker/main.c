@@ -20,8 +20,12 @@
 #include "tensors.h"
 #include "worker.h"
 
+static const char prog[] = "devcoord-worker";
+
 static const char usage[] =
     "usage: devcoord-worker [--config FILE] [--name NAME] [--coordinator ADDR]\n"
+    "                       [--listen ADDR] [--http HOST:PORT]\n"
+    "       devcoord-worker --check-config FILE [--name NAME] [--coordinator ADDR]\n"
     "                       [--listen ADDR] [--http HOST:PORT]\n"
     "\n"
     "A devcoord worker: owns the devices of its config, registers them with the coordinator\n"
@@ -35,8 +39,17 @@ static const char usage[] =
     "  --listen ADDR       data-plane address, overriding the config (advertised as-is\n"
     "                      unless the config sets advertise)\n"
     "  --http HOST:PORT    health and metrics address (\"\" = off)\n"
+    "  --check-config FILE\n"
+    "                      load FILE and everything it names as a start would (token file,\n"
+    "                      tokens file, TLS files), print \"FILE: ok\" and exit 0, or the\n"
+    "                      first error and exit 1; binds and dials nothing\n"
     "  --version           print the version\n"
-    "  -h, --help          this text\n";
+    "  -h, --help          this text\n"
+    "\n"
+    "Signals: SIGTERM or SIGINT stop it; SIGHUP reloads log.level and the tokens file from\n"
+    "the config file, keeping connections and calls. With $NOTIFY_SOCKET set it tells\n"
+    "systemd READY=1 once serving and registering, RELOADING=1 and READY=1 around a reload,\n"
+    "STOPPING=1.\n";
 
 /* Handlers that never wait: they run on nng's callback threads. Execute only starts its op
  * on a pool thread; Exchange and the tensor calls copy or reduce one chunk. */
@@ -56,46 +69,67 @@ on_fenced(void *arg)
     kill(getpid(), SIGTERM);
 }
 
-/* Replaces *slot with a copy of value. */
-static int
-override(char **slot, const char *value)
-{
-    char *copy;
-
-    if (value == NULL) {
-        return 0;
-    }
-    if ((copy = strdup(value)) == NULL) {
-        return -1;
-    }
-    free(*slot);
-    *slot = copy;
-    return 0;
-}
-
-static int
-worker_load_config(struct worker *w, const struct daemon_args *args)
+static dc_code
+worker_load_config(struct worker *w, const struct daemon_args *args, dc_status *st)
 {
     bool advertise_follows;
-    dc_status st;
+    dc_code code;
 
-    if (config_worker_defaults(&w->cfg, &st) != DC_OK ||
-        (args->config != NULL && config_worker_load(args->config, &w->cfg, &st) != DC_OK)) {
-        fprintf(stderr, "devcoord-worker: %s\n", st.message);
-        return 2;
+    if ((code = config_worker_defaults(&w->cfg, st)) != DC_OK ||
+        (args->config != NULL && (code = config_worker_load(args->config, &w->cfg, st)) != DC_OK)) {
+        return code;
     }
     advertise_follows = strcmp(w->cfg.advertise, w->cfg.listen) == 0;
-    if (override(&w->cfg.name, args->name) != 0 ||
-        override(&w->cfg.coordinator, args->coordinator) != 0 ||
-        override(&w->cfg.listen, args->listen) != 0 || override(&w->cfg.http, args->http) != 0 ||
-        (advertise_follows && override(&w->cfg.advertise, w->cfg.listen) != 0)) {
-        return 1;
+    if (daemon_override(&w->cfg.name, args->name) != 0 ||
+        daemon_override(&w->cfg.coordinator, args->coordinator) != 0 ||
+        daemon_override(&w->cfg.listen, args->listen) != 0 ||
+        daemon_override(&w->cfg.http, args->http) != 0 ||
+        (advertise_follows && daemon_override(&w->cfg.advertise, w->cfg.listen) != 0)) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
     if (args->name != NULL && !device_worker_name_valid(args->name, strlen(args->name))) {
-        fprintf(stderr, "devcoord-worker: invalid --name '%s'\n", args->name);
-        return 2;
+        return status_set(st, DC_INVALID_ARGUMENT, "invalid --name '%s'", args->name);
     }
-    return 0;
+    return DC_OK;
+}
+
+/* What a start reads and checks before it binds or dials anything, and all that
+ * --check-config runs: the token it presents, the tokens file it checks callers against,
+ * the certificate and key of a tls+tcp:// listener, and the CA (and client certificate) it
+ * dials a tls+tcp:// coordinator with. On success w->token, w->auth and *tls hold what was
+ * loaded. */
+static dc_code
+worker_prepare(struct worker *w, nng_tls_config **tls, dc_status *st)
+{
+    nng_tls_config *dialer = NULL;
+    struct auth *a         = NULL;
+    char host[256];
+    dc_code code;
+
+    *tls = NULL;
+    if ((w->cfg.token_file != NULL &&
+         (code = auth_read_token_file(w->cfg.token_file, &w->token, st)) != DC_OK) ||
+        (w->cfg.tokens_file != NULL && (code = auth_load(w->cfg.tokens_file, &a, st)) != DC_OK)) {
+        return code;
+    }
+    if (a != NULL && (code = auth_current_new(a, &w->auth, st)) != DC_OK) {
+        auth_free(a);
+        return code;
+    }
+    if (strncmp(w->cfg.listen, "tls+", 4) == 0 &&
+        (code = auth_tls_server(&w->cfg.tls, tls, st)) != DC_OK) {
+        return code;
+    }
+    if (strncmp(w->cfg.coordinator, "tls+", 4) == 0) {
+        auth_url_host(w->cfg.coordinator, host, sizeof(host));
+        if ((code = auth_tls_client(w->cfg.tls.ca, w->cfg.tls.cert, w->cfg.tls.key, host, &dialer,
+                                    st)) != DC_OK) {
+            status_prefix(st, "coordinator");
+            return code;
+        }
+        nng_tls_config_free(dialer);
+    }
+    return DC_OK;
 }
 
 static struct executor *
@@ -120,22 +154,29 @@ main(int argc, char **argv)
 {
     struct worker *w;
     struct daemon_args args;
-    struct rpc_server_opts so = { 0 };
-    nng_tls_config *tls       = NULL;
+    struct rpc_server_opts so   = { 0 };
+    struct daemon_reload reload = { 0 };
+    nng_tls_config *tls         = NULL;
     dc_status st;
-    int rv;
+    dc_code code;
+    int rv, sig;
 
-    if ((rv = daemon_parse_args(argc, argv, usage, &args)) >= 0) {
+    if ((rv = daemon_parse_args(argc, argv, prog, usage, &args)) >= 0) {
         return rv;
     }
     daemon_block_signals();
     if ((w = calloc(1, sizeof(*w))) == NULL) {
         return 1;
     }
-    if ((rv = worker_load_config(w, &args)) != 0) {
+    if ((code = worker_load_config(w, &args, &st)) != DC_OK) {
+        rv = daemon_config_failed(prog, &args, code, &st);
         config_worker_free(&w->cfg);
         free(w);
         return rv;
+    }
+    if (args.check_config != NULL) {
+        rv = daemon_check_config_result(prog, args.check_config, worker_prepare(w, &tls, &st), &st);
+        goto out;
     }
     log_configure(w->cfg.log.level, w->cfg.log.format, w->cfg.name);
 
@@ -145,12 +186,8 @@ main(int argc, char **argv)
     mallopt(M_TRIM_THRESHOLD, 512 * 1024 * 1024);
 
     rv = 1;
-    if ((w->cfg.token_file != NULL &&
-         auth_read_token_file(w->cfg.token_file, &w->token, &st) != DC_OK) ||
-        (w->cfg.tokens_file != NULL && auth_load(w->cfg.tokens_file, &w->auth, &st) != DC_OK) ||
-        (strncmp(w->cfg.listen, "tls+", 4) == 0 &&
-         auth_tls_server(&w->cfg.tls, &tls, &st) != DC_OK)) {
-        log_error("%s", st.message);
+    if (worker_prepare(w, &tls, &st) != DC_OK) {
+        log_error("%s: not starting", st.message);
         goto out;
     }
     if ((w->executor = worker_executor_new(&w->cfg)) == NULL ||
@@ -196,7 +233,15 @@ main(int argc, char **argv)
         log_error("cannot start the membership thread");
         goto out_rpc;
     }
-    while (daemon_wait_signal(-1) == 0) {
+    daemon_notify("READY=1");
+    reload.config      = args.config;
+    reload.worker      = true;
+    reload.tokens_file = w->cfg.tokens_file;
+    reload.auth        = w->auth;
+    while ((sig = daemon_wait_signal(-1)) == SIGHUP || sig == 0) {
+        if (sig == SIGHUP) {
+            daemon_reload(&reload);
+        }
     }
     rv = atomic_load(&fenced) ? 1 : 0;
     log_info("shutting down");
@@ -204,6 +249,7 @@ out_rpc:
     /* The stop order and why it is bounded: daemon.c. No new connections and nothing new
      * taken; leave the cluster so no new op names us; fail the collectives that run, so
      * their handlers answer; then close. */
+    daemon_notify("STOPPING=1");
     daemon_stop_begin(DAEMON_STOP_BOUND_MS, rv);
     http_stop(w->http);
     w->http = NULL;
@@ -221,7 +267,7 @@ out:
     if (tls != NULL) {
         nng_tls_config_free(tls);
     }
-    auth_free(w->auth);
+    auth_current_free(w->auth);
     free(w->token);
     config_worker_free(&w->cfg);
     free(w);

@@ -83,6 +83,6 @@ worker_authorize(void *arg, const ProtobufCMethodDescriptor *method, const char 
 {
     struct worker *w = arg;
 
-    return auth_check(w->auth, worker_rules, sizeof(worker_rules) / sizeof(worker_rules[0]), method,
-                      token, st);
+    return auth_current_check(w->auth, worker_rules, sizeof(worker_rules) / sizeof(worker_rules[0]),
+                              method, token, st);
 }

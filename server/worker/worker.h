@@ -11,7 +11,7 @@
 #include "metrics.h"
 #include "rpc.h"
 
-struct auth;
+struct auth_current;
 struct executor;
 struct tensors;
 struct collectives;
@@ -20,8 +20,9 @@ struct worker {
     /* First member: handlers get &service and find the rest from it. */
     Devcoord__V1__Worker_Service service;
     struct config_worker cfg;
-    char *token;       /* from token_file: what this worker shows others */
-    struct auth *auth; /* from auth.tokens_file: whom it lets in; NULL lets everyone in */
+    char *token; /* from token_file: what this worker shows others */
+    /* from auth.tokens_file: whom it lets in; NULL lets everyone in; swapped on SIGHUP */
+    struct auth_current *auth;
     struct membership *membership;
     struct executor *executor;
     struct tensors *tensors;

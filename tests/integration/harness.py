@@ -103,10 +103,11 @@ def _child_setup():
 class Daemon:
     """One daemon process: its argv, log file and signals. Restartable."""
 
-    def __init__(self, name, argv, log_path):
+    def __init__(self, name, argv, log_path, env=None):
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
+        self.env = dict(env or {})  # variables added to the runner's environment
         self.proc = None
         self.expected_exit = False  # set when the test stops or kills it on purpose
         self.starts = 0
@@ -118,7 +119,8 @@ class Daemon:
             log.flush()
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True,
-                                         preexec_fn=_child_setup)
+                                         preexec_fn=_child_setup,
+                                         env=dict(os.environ, **self.env) if self.env else None)
         self.starts += 1
         self.expected_exit = False
         _LIVE[self.proc.pid] = self

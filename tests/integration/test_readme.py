@@ -59,6 +59,9 @@ NOT_RUN = {
     "cc client/examples/trainer.c $(pkg-config --cflags --libs devcoord) -o trainer && "
     "./trainer": "needs an install under /usr/local; run against a temporary prefix in "
                  "test_library_blocks",
+    "devcoord-server --check-config /etc/devcoord/coordinator.yaml   # FILE: ok, exit 0; else 1":
+        "an installed node's files under /etc; test_daemons runs --check-config, --version "
+        "and SIGHUP on the build under test",
 }
 
 
@@ -411,6 +414,46 @@ class HelpExamplesTest(DocsTestCase):
             p.stdout.close()
             p.stderr.close()
         self.assertEqual(rc, 0, example)
+
+
+class QuickstartBesideCompose(unittest.TestCase):
+    """deploy/quickstart.sh and deploy/compose.yaml run on one host without a port clash,
+    and the README says which ports each one takes."""
+
+    @staticmethod
+    def read(*path):
+        with open(os.path.join(REPO, *path)) as f:
+            return f.read()
+
+    def default(self, text, variable):
+        m = re.search(r"\$\{%s:-(\d+)\}" % variable, text)
+        self.assertIsNotNone(m, "no default for %s" % variable)
+        return int(m.group(1))
+
+    def test_ports(self):
+        script = self.read("deploy", "quickstart.sh")
+        compose = self.read("deploy", "compose.yaml")
+        readme = self.read("README.md")
+        qs = {self.default(script, "DEVCOORD_QUICKSTART_PORT"),
+              self.default(script, "DEVCOORD_QUICKSTART_HTTP_PORT")}
+        published = {self.default(compose, "DEVCOORD_PORT"),
+                     self.default(compose, "DEVCOORD_HTTP_PORT")}
+        self.assertEqual(len(qs), 2)
+        self.assertEqual(len(published), 2)
+        self.assertEqual(qs & published, set(), "quickstart and compose share host ports")
+        # The quickstart's own config names its default ports (the script rewrites them only
+        # when moved), and the README names both the quickstart's and compose's.
+        config = self.read("deploy", "config", "quickstart", "coordinator.yaml")
+        self.assertEqual({int(p) for p in re.findall(r"(?m)^(?:listen|http): \S*:(\d+)", config)},
+                         qs)
+        for port in sorted(qs | published):
+            self.assertIn("127.0.0.1:%d" % port if port in qs else ":%d" % port, readme)
+        # The other ports the README and the script suggest for the quickstart are free of
+        # compose's too.
+        for text in (readme, script):
+            moved = {int(p) for p in re.findall(r"DEVCOORD_QUICKSTART_(?:HTTP_)?PORT=(\d+)", text)}
+            self.assertTrue(moved)
+            self.assertEqual(moved & published, set())
 
 
 class NoOutsideReferences(unittest.TestCase):

@@ -1,14 +1,21 @@
 /* The bounded stop of common/daemon.c: a stop that hangs ends the process with the exit code
  * it was given, a stop that finishes in time leaves nothing behind. Each case runs in a child
- * process, since the watchdog ends the process it runs in. */
+ * process, since the watchdog ends the process it runs in. Also: the command line
+ * (--check-config) and the notices to $NOTIFY_SOCKET. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/types.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -92,6 +99,90 @@ test_end_without_begin(void **state)
     daemon_stop_end();
 }
 
+static void
+test_check_config_args(void **state)
+{
+    char *ok[]       = { "prog", "--check-config", "a.yaml", "--listen", "tcp://h:1" };
+    char *same[]     = { "prog", "--config=a.yaml", "--check-config=a.yaml" };
+    char *differ[]   = { "prog", "--config", "a.yaml", "--check-config", "b.yaml" };
+    char *no_value[] = { "prog", "--check-config" };
+    struct daemon_args args;
+
+    (void)state;
+    assert_int_equal(daemon_parse_args(5, ok, "prog", "usage", &args), -1);
+    assert_string_equal(args.check_config, "a.yaml");
+    assert_string_equal(args.config, "a.yaml");
+    assert_string_equal(args.listen, "tcp://h:1");
+    assert_int_equal(daemon_parse_args(3, same, "prog", "usage", &args), -1);
+    assert_string_equal(args.check_config, "a.yaml");
+    assert_int_equal(daemon_parse_args(5, differ, "prog", "usage", &args), 2);
+    assert_int_equal(daemon_parse_args(2, no_value, "prog", "usage", &args), 2);
+}
+
+/* Receives one datagram within 5 s into buf (NUL-terminated); its length, or -1. */
+static ssize_t
+recv_notice(int fd, char *buf, size_t cap)
+{
+    struct timeval tv = { .tv_sec = 5 };
+    ssize_t n;
+
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    n                  = recv(fd, buf, cap - 1, 0);
+    buf[n > 0 ? n : 0] = '\0';
+    return n;
+}
+
+static void
+test_notify(void **state)
+{
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    char name[64], env[80], buf[64];
+    int fd;
+
+    (void)state;
+    /* Unset: nothing is sent, nothing fails. */
+    unsetenv("NOTIFY_SOCKET");
+    daemon_notify("READY=1");
+
+    /* An abstract name: '@' in the variable, a leading NUL in the address. */
+    snprintf(name, sizeof(name), "devcoord-unit-%d", (int)getpid());
+    snprintf(sa.sun_path + 1, sizeof(sa.sun_path) - 1, "%s", name);
+    assert_true((fd = socket(AF_UNIX, SOCK_DGRAM, 0)) >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa,
+                          (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(name))),
+                     0);
+    snprintf(env, sizeof(env), "@%s", name);
+    setenv("NOTIFY_SOCKET", env, 1);
+    daemon_notify("READY=1");
+    assert_int_equal(recv_notice(fd, buf, sizeof(buf)), 7);
+    assert_string_equal(buf, "READY=1");
+    daemon_notify("STOPPING=1");
+    assert_int_equal(recv_notice(fd, buf, sizeof(buf)), 10);
+    assert_string_equal(buf, "STOPPING=1");
+    close(fd);
+
+    /* A path. */
+    memset(&sa, 0, sizeof(sa));
+    sa.sun_family = AF_UNIX;
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "/tmp/devcoord-unit-notify-%d", (int)getpid());
+    unlink(sa.sun_path);
+    assert_true((fd = socket(AF_UNIX, SOCK_DGRAM, 0)) >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    setenv("NOTIFY_SOCKET", sa.sun_path, 1);
+    daemon_notify("RELOADING=1");
+    assert_int_equal(recv_notice(fd, buf, sizeof(buf)), 11);
+    assert_string_equal(buf, "RELOADING=1");
+    close(fd);
+    unlink(sa.sun_path);
+
+    /* Neither a path nor an abstract name, or nobody listening: ignored. */
+    setenv("NOTIFY_SOCKET", "relative/path", 1);
+    daemon_notify("READY=1");
+    setenv("NOTIFY_SOCKET", sa.sun_path, 1);
+    daemon_notify("READY=1");
+    unsetenv("NOTIFY_SOCKET");
+}
+
 int
 main(void)
 {
@@ -99,6 +190,8 @@ main(void)
         cmocka_unit_test(test_hung_stop_exits_with_its_code),
         cmocka_unit_test(test_clean_stop_leaves_nothing_behind),
         cmocka_unit_test(test_end_without_begin),
+        cmocka_unit_test(test_check_config_args),
+        cmocka_unit_test(test_notify),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
