@@ -45,7 +45,7 @@ static const char page_style[] =
     ".st-alive,.st-healthy,.st-done,.st-OK{background:#23864a}"
     ".st-cordoned,.st-queued,.st-unhealthy{background:#b7791f}"
     ".st-draining,.st-running{background:#2b6cb0}"
-    ".st-dead,.st-failed{background:#c53030}"
+    ".st-dead,.st-failed,.code:not(.st-OK){background:#c53030}"
     ".label{display:inline-block;background:#eceef2;border-radius:4px;padding:0 6px;"
     "margin:0 4px 2px 0;font-size:12px}"
     ".mono{font-family:ui-monospace,monospace;font-size:12px}"
@@ -288,7 +288,8 @@ render_op(struct mbuf *b, const struct statuspage_snapshot *s, const Devcoord__V
             mbuf_printf(b, " and %zu more", op->n_waiting_on - STATUSPAGE_MAX_WAITING);
         }
     } else if (op->status != NULL) {
-        put_state(b, dc_status_name((dc_code)op->status->code));
+        const char *code = dc_status_name((dc_code)op->status->code);
+        mbuf_printf(b, "<span class=\"st code st-%s\">%s</span>", code, code);
         if (op->status->message != NULL && op->status->message[0] != '\0') {
             mbuf_printf(b, " <span class=\"msg\">");
             put_text(b, op->status->message);
