@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian bookworm packages devcoord needs. Every entry point (README commands,
 # .ci/run, deploy scripts) calls this, so a fresh machine needs nothing installed by hand.
-#   .ci/setup-debian.sh [build] [dev] [bench] [docker]
+#   .ci/setup-debian.sh [build] [dev] [test] [bench] [docker]
 # build: compilers, cmake and the four libraries (always included)
 # dev:   clang (libFuzzer, sanitizers), clang-format, clang-tidy, valgrind
+# test:  headless chromium, which renders the coordinator's status page in
+#        integration.statuspage (skipped without it)
 # bench: the peers and tools the benchmarks compare against
 # docker: what deploy/ needs to build its base image without a registry
 set -euo pipefail
@@ -16,6 +18,7 @@ for g in "${groups[@]}"; do
     case "$g" in
     build) ;;
     dev) pkgs+=(clang clang-format clang-tidy libclang-rt-14-dev valgrind) ;;
+    test) pkgs+=(chromium) ;;
     bench) pkgs+=(python3-torch iperf3 gnuplot-nox libgrpc++-dev protobuf-compiler-grpc
                   libprotobuf-dev protobuf-compiler hyperfine) ;;
     docker) pkgs+=(debootstrap docker-compose) ;;

@@ -40,23 +40,6 @@ dc_version(void)
     return STR(DC_VERSION_MAJOR) "." STR(DC_VERSION_MINOR) "." STR(DC_VERSION_PATCH);
 }
 
-const char *
-dc_op_state_name(dc_op_state state)
-{
-    switch (state) {
-    case DC_OP_STATE_QUEUED:
-        return "queued";
-    case DC_OP_STATE_RUNNING:
-        return "running";
-    case DC_OP_STATE_DONE:
-        return "done";
-    case DC_OP_STATE_FAILED:
-        return "failed";
-    default:
-        return NULL;
-    }
-}
-
 /* ---- helpers ------------------------------------------------------------------------- */
 
 dc_code

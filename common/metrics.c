@@ -172,19 +172,37 @@ http_cb(nng_aio *aio)
 {
     nng_http_handler *h            = nng_aio_get_input(aio, 1);
     const struct http_route *route = nng_http_handler_get_data(h);
+    nng_http_req *req              = nng_aio_get_input(aio, 0);
     struct mbuf body               = { 0 };
+    const char *content_type       = route->content_type;
+    bool refused                   = false;
     nng_http_res *res;
-    int status;
+    int status, rv;
 
-    status = route->render(route->arg, &body);
+    if (route->authorize != NULL &&
+        (status = route->authorize(route->arg, nng_http_req_get_header(req, "Authorization"),
+                                   &body)) != 0) {
+        refused      = true;
+        content_type = "text/plain; charset=utf-8";
+    } else {
+        status = route->render(route->arg, &body);
+    }
     if (body.oom || nng_http_res_alloc(&res) != 0) {
         mbuf_free(&body);
         nng_aio_finish(aio, NNG_ENOMEM);
         return;
     }
     nng_http_res_set_status(res, (uint16_t)status);
-    nng_http_res_set_header(res, "Content-Type", route->content_type);
-    if (nng_http_res_copy_data(res, body.p != NULL ? body.p : "", body.len) != 0) {
+    /* A page without its headers (its Content-Security-Policy) is not served at all. */
+    rv = nng_http_res_set_header(res, "Content-Type", content_type);
+    if (rv == 0 && refused && status == 401) {
+        rv = nng_http_res_set_header(res, "WWW-Authenticate", "Bearer");
+    }
+    for (const char *const *hv = route->headers; rv == 0 && !refused && hv != NULL && hv[0] != NULL;
+         hv += 2) {
+        rv = nng_http_res_set_header(res, hv[0], hv[1]);
+    }
+    if (rv != 0 || nng_http_res_copy_data(res, body.p != NULL ? body.p : "", body.len) != 0) {
         nng_http_res_free(res);
         mbuf_free(&body);
         nng_aio_finish(aio, NNG_ENOMEM);

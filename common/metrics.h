@@ -66,6 +66,12 @@ struct http_route {
     const char *content_type;
     int (*render)(void *arg, struct mbuf *body);
     void *arg;
+    /* Optional: more response headers, name then value, ending with NULL. */
+    const char *const *headers;
+    /* Optional: runs before render with the request's Authorization header (NULL when it
+     * has none). Returns 0 to serve the route, or the HTTP status of the refusal (401, 403)
+     * with body filled with why, as "CODE: message" in text. */
+    int (*authorize)(void *arg, const char *authorization, struct mbuf *body);
 };
 
 struct http_server;

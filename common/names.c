@@ -1,7 +1,8 @@
-/* Text names of the enums in include/devcoord/types.h, as the CLI, configs, JSON and
- * logs spell them. */
+/* Text names of the enums in include/devcoord/types.h (and of dc_op_state), as the CLI,
+ * configs, JSON, logs and the coordinator's status page spell them. */
 #include <string.h>
 
+#include "devcoord/devcoord.h"
 #include "devcoord/types.h"
 
 static const char *const op_kind_names[DC_OP_COUNT] = {
@@ -30,6 +31,13 @@ static const char *const device_state_names[DC_DEVICE_STATE_COUNT] = {
     [DC_DEVICE_HEALTHY]   = "healthy",
     [DC_DEVICE_UNHEALTHY] = "unhealthy",
     [DC_DEVICE_DEAD]      = "dead",
+};
+
+static const char *const op_state_names[] = {
+    [DC_OP_STATE_QUEUED]  = "queued",
+    [DC_OP_STATE_RUNNING] = "running",
+    [DC_OP_STATE_DONE]    = "done",
+    [DC_OP_STATE_FAILED]  = "failed",
 };
 
 static const char *
@@ -128,4 +136,10 @@ dc_device_state
 dc_device_state_from_name(const char *name)
 {
     return (dc_device_state)value_of(device_state_names, DC_DEVICE_STATE_COUNT, name);
+}
+
+const char *
+dc_op_state_name(dc_op_state state)
+{
+    return name_of(op_state_names, sizeof(op_state_names) / sizeof(op_state_names[0]), (int)state);
 }

@@ -36,12 +36,22 @@ struct coordinator {
 /* The Coordinator service's handlers (service.c). */
 void coordinator_service_init(struct coordinator *c);
 
-/* Serves /healthz, /readyz and /metrics on cfg.http (nothing when it is ""). */
+/* What GetClusterStatus answers, strings in a. */
+void coordinator_cluster_status(struct coordinator *c, struct arena *a,
+                                Devcoord__V1__GetClusterStatusResponse *out);
+
+/* Serves /healthz, /readyz, /metrics and the status page (/) on cfg.http (nothing when it is
+ * ""). */
 dc_code coordinator_http_start(struct coordinator *c, dc_status *st);
 
 /* rpc_authorize_fn for the Coordinator service: the roles of design §8. arg: the
  * coordinator. */
 dc_code coordinator_authorize(void *arg, const ProtobufCMethodDescriptor *method, const char *token,
                               dc_status *st);
+
+/* Whether token (NULL: none) may see the status page: DC_OK without auth, else as
+ * coordinator_authorize for each call whose answer the page shows (UNAUTHENTICATED,
+ * PERMISSION_DENIED naming the first refused). */
+dc_code coordinator_authorize_status_page(struct coordinator *c, const char *token, dc_status *st);
 
 #endif

@@ -1,8 +1,15 @@
 /* The coordinator's HTTP endpoints (config `http`): /healthz says the process is up,
- * /readyz that it listens with its config loaded, /metrics is Prometheus text. */
+ * /readyz that it listens with its config loaded, /metrics is Prometheus text, and / is the
+ * status page for people (statuspage.h), behind the API's tokens when auth is on. */
+#include <string.h>
+#include <strings.h>
+
+#include "arena.h"
+#include "clock.h"
 #include "coordinator.h"
 #include "metrics.h"
 #include "ops.h"
+#include "statuspage.h"
 
 static int
 healthz(void *arg, struct mbuf *body)
@@ -44,16 +51,93 @@ metrics(void *arg, struct mbuf *body)
     return 200;
 }
 
+/* The page is taken from the same calls the API answers with, each under its own lock, so
+ * its parts may be a few microseconds apart: fine for people, as for devcoordctl. */
+static int
+status_page(void *arg, struct mbuf *body)
+{
+    struct coordinator *c = arg;
+    struct arena *a       = arena_new(ARENA_OWN_BUDGET);
+    Devcoord__V1__GetClusterStatusResponse status;
+    Devcoord__V1__ListWorkersResponse workers;
+    Devcoord__V1__ListOpsResponse ops;
+    struct registry_counts counts;
+    struct statuspage_snapshot snap = { .version = DEVCOORD_VERSION, .counts = &counts };
+    dc_status st;
+
+    if (a == NULL) {
+        mbuf_printf(body, "RESOURCE_EXHAUSTED: out of memory\n");
+        return 503;
+    }
+    snap.now_unix_ms = clock_unix_ms();
+    coordinator_cluster_status(c, a, &status);
+    registry_count(c->registry, &counts);
+    if (registry_list_workers(c->registry, rpc_now_ms(), a, &workers, &st) != DC_OK ||
+        ops_list_into(c->ops, STATUSPAGE_MAX_OPS, a, &ops, &snap.ops_total, &st) != DC_OK) {
+        arena_free(a);
+        mbuf_printf(body, "%s: %s\n", dc_status_name(st.code), st.message);
+        return 503;
+    }
+    snap.status  = &status;
+    snap.workers = &workers;
+    snap.ops     = &ops;
+    statuspage_render(body, &snap);
+    arena_free(a);
+    return 200;
+}
+
+/* Same tokens and roles as the API (coordinator_authorize_status_page), presented as
+ * "Authorization: Bearer TOKEN". */
+static int
+status_page_authorize(void *arg, const char *authorization, struct mbuf *body)
+{
+    static const char bearer[] = "Bearer ";
+    struct coordinator *c      = arg;
+    const char *token          = NULL;
+    dc_status st;
+    dc_code code;
+
+    status_clear(&st);
+    if (c->auth == NULL) {
+        return 0;
+    }
+    if (authorization != NULL && strncasecmp(authorization, bearer, sizeof(bearer) - 1) == 0) {
+        token = authorization + sizeof(bearer) - 1;
+        token += strspn(token, " ");
+    }
+    if (token == NULL || token[0] == '\0') {
+        code = status_set(&st, DC_UNAUTHENTICATED,
+                          "the status page needs a token: send \"Authorization: Bearer TOKEN\" "
+                          "with a trainer or operator token");
+    } else if ((code = coordinator_authorize_status_page(c, token, &st)) == DC_OK) {
+        return 0;
+    }
+    mbuf_printf(body, "%s: %s\n", dc_status_name(code), st.message);
+    return code == DC_UNAUTHENTICATED ? 401 : 403;
+}
+
 dc_code
 coordinator_http_start(struct coordinator *c, dc_status *st)
 {
-    static struct http_route routes[3];
+    static struct http_route routes[4];
 
-    routes[0] = (struct http_route){ "/healthz", "text/plain", healthz, c };
-    routes[1] = (struct http_route){ "/readyz", "text/plain", readyz, c };
-    routes[2] = (struct http_route){ "/metrics", "text/plain; version=0.0.4", metrics, c };
+    routes[0] = (struct http_route){
+        .path = "/healthz", .content_type = "text/plain", .render = healthz, .arg = c
+    };
+    routes[1] = (struct http_route){
+        .path = "/readyz", .content_type = "text/plain", .render = readyz, .arg = c
+    };
+    routes[2] = (struct http_route){
+        .path = "/metrics", .content_type = "text/plain; version=0.0.4", .render = metrics, .arg = c
+    };
+    routes[3] = (struct http_route){ .path         = "/",
+                                     .content_type = "text/html; charset=utf-8",
+                                     .render       = status_page,
+                                     .arg          = c,
+                                     .headers      = statuspage_headers,
+                                     .authorize    = status_page_authorize };
     if (c->cfg.http == NULL || c->cfg.http[0] == '\0') {
         return DC_OK;
     }
-    return http_start(c->cfg.http, routes, 3, &c->http, st);
+    return http_start(c->cfg.http, routes, 4, &c->http, st);
 }

@@ -1130,31 +1130,50 @@ ops_get(struct ops *o, const Devcoord__V1__GetOpRequest *in,
     arena_free(a);
 }
 
+dc_code
+ops_list_into(struct ops *o, size_t limit, struct arena *a, Devcoord__V1__ListOpsResponse *out,
+              size_t *total, dc_status *st)
+{
+    bool oom = false;
+
+    devcoord__v1__list_ops_response__init(out);
+    pthread_mutex_lock(&o->mtx);
+    if (total != NULL) {
+        *total = (size_t)o->in_flight + o->hist_len;
+    }
+    if ((out->ops = arena_alloc(a, (limit + 1) * sizeof(*out->ops))) == NULL) {
+        oom = true;
+    }
+    /* In flight first (newest first: active is a stack), then the history, newest first. */
+    for (struct op *op = o->active; !oom && op != NULL && out->n_ops < limit;
+         op            = op->next_active) {
+        oom = (out->ops[out->n_ops++] = op_info(a, op)) == NULL;
+    }
+    for (size_t i = 0; !oom && i < o->hist_len && out->n_ops < limit; i++) {
+        struct op *op = o->history[(o->hist_next + o->hist_cap - 1 - i) % o->hist_cap];
+        oom           = (out->ops[out->n_ops++] = op_info(a, op)) == NULL;
+    }
+    pthread_mutex_unlock(&o->mtx);
+    if (oom) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory listing ops");
+    }
+    return DC_OK;
+}
+
 void
 ops_list(struct ops *o, const Devcoord__V1__ListOpsRequest *in,
          Devcoord__V1__ListOpsResponse_Closure closure, void *cd)
 {
-    Devcoord__V1__ListOpsResponse resp = DEVCOORD__V1__LIST_OPS_RESPONSE__INIT;
-    size_t limit                       = in->limit ? in->limit : LIST_DEFAULT;
-    struct arena *a                    = arena_new(ARENA_OWN_BUDGET);
-    bool oom                           = a == NULL;
+    Devcoord__V1__ListOpsResponse resp;
+    struct arena *a = arena_new(ARENA_OWN_BUDGET);
 
-    pthread_mutex_lock(&o->mtx);
-    if (!oom && (resp.ops = arena_alloc(a, (limit + 1) * sizeof(*resp.ops))) == NULL) {
-        oom = true;
-    }
-    /* In flight first (newest first: active is a stack), then the history, newest first. */
-    for (struct op *op = o->active; !oom && op != NULL && resp.n_ops < limit;
-         op            = op->next_active) {
-        oom = (resp.ops[resp.n_ops++] = op_info(a, op)) == NULL;
-    }
-    for (size_t i = 0; !oom && i < o->hist_len && resp.n_ops < limit; i++) {
-        struct op *op = o->history[(o->hist_next + o->hist_cap - 1 - i) % o->hist_cap];
-        oom           = (resp.ops[resp.n_ops++] = op_info(a, op)) == NULL;
-    }
-    pthread_mutex_unlock(&o->mtx);
-    if (oom) {
+    if (a == NULL) {
         status_set(rpc_call_status(cd), DC_RESOURCE_EXHAUSTED, "out of memory listing ops");
+        closure(NULL, cd);
+        return;
+    }
+    if (ops_list_into(o, in->limit ? in->limit : LIST_DEFAULT, a, &resp, NULL,
+                      rpc_call_status(cd)) != DC_OK) {
         closure(NULL, cd);
     } else {
         closure(&resp, cd);

@@ -33,6 +33,11 @@ void ops_list(struct ops *o, const Devcoord__V1__ListOpsRequest *in,
               Devcoord__V1__ListOpsResponse_Closure closure, void *cd);
 void ops_counts(struct ops *o, uint64_t *in_flight, uint64_t *done, uint64_t *failed);
 
+/* What ListOps answers, at most limit ops: those in flight, newest first, then the history,
+ * newest first; strings in a. total (may be NULL) gets how many ops there are to list. */
+dc_code ops_list_into(struct ops *o, size_t limit, struct arena *a,
+                      Devcoord__V1__ListOpsResponse *out, size_t *total, dc_status *st);
+
 /* Ops by kind and final code, durations and fan-out sizes (Prometheus text). */
 struct mbuf;
 void ops_metrics_render(struct ops *o, struct mbuf *b);

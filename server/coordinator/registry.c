@@ -1164,34 +1164,40 @@ registry_worker_address(struct registry *r, const char *name, char *address, siz
 }
 
 void
-registry_metrics_render(struct registry *r, struct mbuf *b)
+registry_count(struct registry *r, struct registry_counts *out)
 {
-    uint32_t workers[DC_WORKER_STATE_COUNT]                   = { 0 };
-    uint32_t devices[DC_BACKEND_COUNT][DC_DEVICE_STATE_COUNT] = { { 0 } };
-
+    memset(out, 0, sizeof(*out));
     pthread_rwlock_rdlock(&r->lock);
     for (size_t i = 0; i < r->n_order; i++) {
         struct reg_worker *w = r->order[i];
-        workers[worker_state(r, w)]++;
+        out->workers[worker_state(r, w)]++;
         for (size_t k = 0; k < w->n_devices; k++) {
-            devices[w->devices[k].device.backend][device_state(&w->devices[k])]++;
+            out->devices[w->devices[k].device.backend][device_state(&w->devices[k])]++;
         }
     }
     pthread_rwlock_unlock(&r->lock);
+}
+
+void
+registry_metrics_render(struct registry *r, struct mbuf *b)
+{
+    struct registry_counts counts;
+
+    registry_count(r, &counts);
     mbuf_printf(b, "# HELP devcoord_workers Registered workers by state.\n"
                    "# TYPE devcoord_workers gauge\n");
     for (int s = DC_WORKER_ALIVE; s < DC_WORKER_STATE_COUNT; s++) {
         mbuf_printf(b, "devcoord_workers{state=\"%s\"} %u\n",
-                    dc_worker_state_name((dc_worker_state)s), workers[s]);
+                    dc_worker_state_name((dc_worker_state)s), counts.workers[s]);
     }
     mbuf_printf(b, "# HELP devcoord_devices Registered devices by backend and state.\n"
                    "# TYPE devcoord_devices gauge\n");
     for (int bk = DC_BACKEND_CPU; bk < DC_BACKEND_COUNT; bk++) {
         for (int s = DC_DEVICE_HEALTHY; s < DC_DEVICE_STATE_COUNT; s++) {
-            if (devices[bk][s] > 0) {
+            if (counts.devices[bk][s] > 0) {
                 mbuf_printf(b, "devcoord_devices{backend=\"%s\",state=\"%s\"} %u\n",
                             dc_backend_name((dc_backend)bk),
-                            dc_device_state_name((dc_device_state)s), devices[bk][s]);
+                            dc_device_state_name((dc_device_state)s), counts.devices[bk][s]);
             }
         }
     }

@@ -146,6 +146,14 @@ dc_code registry_validate(struct registry *r, const struct op_spec *op,
 bool registry_worker_address(struct registry *r, const char *name, char *address, size_t cap,
                              uint64_t *epoch);
 
+/* Workers by state and devices by backend and state, as the metrics and the status page
+ * show them (a dead worker's devices are dead). */
+struct registry_counts {
+    uint32_t workers[DC_WORKER_STATE_COUNT];
+    uint32_t devices[DC_BACKEND_COUNT][DC_DEVICE_STATE_COUNT];
+};
+void registry_count(struct registry *r, struct registry_counts *out);
+
 /* Workers by state, devices by backend and state, heartbeats received (Prometheus text). */
 struct mbuf;
 void registry_metrics_render(struct registry *r, struct mbuf *b);

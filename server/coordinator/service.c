@@ -222,20 +222,27 @@ c_get_cluster_status(Devcoord__V1__Coordinator_Service *svc,
                      const Devcoord__V1__GetClusterStatusRequest *in,
                      Devcoord__V1__GetClusterStatusResponse_Closure closure, void *cd)
 {
-    struct coordinator *c                      = COORD(svc);
-    Devcoord__V1__GetClusterStatusResponse out = DEVCOORD__V1__GET_CLUSTER_STATUS_RESPONSE__INIT;
-    struct arena *a                            = response_arena(cd, (ProtobufCClosure)closure);
+    Devcoord__V1__GetClusterStatusResponse out;
+    struct arena *a = response_arena(cd, (ProtobufCClosure)closure);
 
     (void)in;
     if (a == NULL) {
         return;
     }
-    registry_cluster_status(c->registry, a, &out);
-    ops_counts(c->ops, &out.ops_in_flight, &out.ops_done, &out.ops_failed);
-    out.ready         = atomic_load(&c->ready);
-    out.op_timeout_ms = c->cfg.op_timeout_ms;
+    coordinator_cluster_status(COORD(svc), a, &out);
     closure(&out, cd);
     arena_free(a);
+}
+
+void
+coordinator_cluster_status(struct coordinator *c, struct arena *a,
+                           Devcoord__V1__GetClusterStatusResponse *out)
+{
+    devcoord__v1__get_cluster_status_response__init(out);
+    registry_cluster_status(c->registry, a, out);
+    ops_counts(c->ops, &out->ops_in_flight, &out->ops_done, &out->ops_failed);
+    out->ready         = atomic_load(&c->ready);
+    out->op_timeout_ms = c->cfg.op_timeout_ms;
 }
 
 static void
@@ -283,6 +290,34 @@ static const struct auth_rule coordinator_rules[] = {
     { "DrainWorker", ROLE_OPERATOR },
     { "GetClusterStatus", ROLE_ANY },
 };
+
+/* The status page shows what these calls answer, so a token sees it only if it may make
+ * every one of them: the page shows nobody more than the API would. */
+static const char *const status_page_methods[] = { "GetClusterStatus", "ListWorkers", "ListDevices",
+                                                   "ListOps" };
+
+dc_code
+coordinator_authorize_status_page(struct coordinator *c, const char *token, dc_status *st)
+{
+    const ProtobufCServiceDescriptor *svc = &devcoord__v1__coordinator__descriptor;
+
+    if (c->auth == NULL) {
+        return DC_OK;
+    }
+    for (size_t i = 0; i < sizeof(status_page_methods) / sizeof(status_page_methods[0]); i++) {
+        const ProtobufCMethodDescriptor *m =
+            protobuf_c_service_descriptor_get_method_by_name(svc, status_page_methods[i]);
+        dc_code code;
+
+        if (m == NULL) {
+            return status_set(st, DC_INTERNAL, "no method %s", status_page_methods[i]);
+        }
+        if ((code = coordinator_authorize(c, m, token, st)) != DC_OK) {
+            return code;
+        }
+    }
+    return DC_OK;
+}
 
 dc_code
 coordinator_authorize(void *arg, const ProtobufCMethodDescriptor *method, const char *token,

@@ -60,9 +60,15 @@ worker_http_start(struct worker *w, dc_status *st)
 {
     static struct http_route routes[3];
 
-    routes[0] = (struct http_route){ "/healthz", "text/plain", healthz, w };
-    routes[1] = (struct http_route){ "/readyz", "text/plain", readyz, w };
-    routes[2] = (struct http_route){ "/metrics", "text/plain; version=0.0.4", metrics, w };
+    routes[0] = (struct http_route){
+        .path = "/healthz", .content_type = "text/plain", .render = healthz, .arg = w
+    };
+    routes[1] = (struct http_route){
+        .path = "/readyz", .content_type = "text/plain", .render = readyz, .arg = w
+    };
+    routes[2] = (struct http_route){
+        .path = "/metrics", .content_type = "text/plain; version=0.0.4", .render = metrics, .arg = w
+    };
     if (w->cfg.http == NULL || w->cfg.http[0] == '\0') {
         return DC_OK;
     }

@@ -1,4 +1,4 @@
-/* devcoordctl's text for people (client/human.c): durations it reads, sizes and ages it
+/* Text for people (common/human.c): durations it reads, sizes and ages it
  * prints, and the nearest word it suggests for a typo. */
 #include <setjmp.h>
 #include <stdarg.h>

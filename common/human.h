@@ -1,11 +1,11 @@
 /*
- * Text for people, as devcoordctl reads and prints it: durations typed on the command line
- * ("500ms", "10s", "2m"), byte counts and ages in tables ("80Gi", "12s", "3m"), and the word
- * nearest to a typo ("did you mean 'status'?"). Pure functions on caller-owned buffers;
- * the JSON output keeps the raw numbers.
+ * Text for people, as devcoordctl reads and prints it and the coordinator's status page
+ * shows it: durations typed on the command line ("500ms", "10s", "2m"), byte counts and ages
+ * in tables ("80Gi", "12s", "3m"), and the word nearest to a typo ("did you mean
+ * 'status'?"). Pure functions on caller-owned buffers; the JSON output keeps the raw numbers.
  */
-#ifndef DEVCOORD_CLIENT_HUMAN_H
-#define DEVCOORD_CLIENT_HUMAN_H
+#ifndef DEVCOORD_COMMON_HUMAN_H
+#define DEVCOORD_COMMON_HUMAN_H
 
 #include <stdbool.h>
 #include <stddef.h>
