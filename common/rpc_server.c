@@ -59,12 +59,13 @@ struct rpc_server {
 
     pthread_mutex_t mtx;
     pthread_cond_t cv;      /* work queued */
-    pthread_cond_t idle_cv; /* the last call answered, once closing */
+    pthread_cond_t idle_cv; /* the last call answered (or answer sent), once closing */
     bool inline_method[RPC_MAX_METHODS];
     struct rpc_call *head, *tail;
     bool closing;
     bool threads_exit;
-    unsigned busy; /* calls taken and not yet answered */
+    unsigned busy;      /* calls taken and not yet answered */
+    unsigned answering; /* threads inside nng_ctx_send of an answer (see rpc_call_answer) */
     struct rpc_call **calls;
     unsigned n_calls, max_calls;
     atomic_uint receiving; /* contexts waiting for a request */
@@ -370,10 +371,19 @@ rpc_call_answer(const ProtobufCMessage *body, void *data)
         pthread_mutex_unlock(&s->mtx);
         return;
     }
+    /* The send may complete (and the call count as answered) before nng_ctx_send returns
+     * here: rpc_server_free waits for this thread to leave it too, or it would close the
+     * socket under it. */
+    s->answering++;
     pthread_mutex_unlock(&s->mtx);
     call->sending = true;
     nng_aio_set_msg(call->aio, reply);
     nng_ctx_send(call->ctx, call->aio);
+    pthread_mutex_lock(&s->mtx);
+    if (--s->answering == 0 && s->closing) {
+        pthread_cond_broadcast(&s->idle_cv);
+    }
+    pthread_mutex_unlock(&s->mtx);
 }
 
 static void __attribute__((format(printf, 3, 4)))
@@ -793,8 +803,9 @@ rpc_server_free(struct rpc_server *s)
     }
     pthread_mutex_lock(&s->mtx);
     s->closing = true;
-    /* Calls already queued or in a handler are answered first. */
-    while (s->busy > 0) {
+    /* Calls already queued or in a handler are answered first, and every answer has left
+     * nng_ctx_send. */
+    while (s->busy > 0 || s->answering > 0) {
         pthread_cond_wait(&s->idle_cv, &s->mtx);
     }
     s->threads_exit = true;
