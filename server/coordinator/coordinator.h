@@ -17,6 +17,7 @@
 #include "rpc.h"
 
 struct ops;
+struct groupsvc;
 struct auth;
 
 struct coordinator {
@@ -25,6 +26,7 @@ struct coordinator {
     struct config_coordinator cfg;
     struct registry *registry;
     struct ops *ops;
+    struct groupsvc *groups;
     struct auth *auth; /* NULL: no tokens file, every call is let in */
     struct rpc_server *rpc;
     struct rpc_metrics rpc_metrics;

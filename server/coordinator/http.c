@@ -2,6 +2,7 @@
  * /readyz that it listens with its config loaded, /metrics is Prometheus text. */
 #include "coordinator.h"
 #include "metrics.h"
+#include "groupsvc.h"
 #include "ops.h"
 
 static int
@@ -40,6 +41,7 @@ metrics(void *arg, struct mbuf *body)
                 DEVCOORD_VERSION, atomic_load(&c->ready) ? 1 : 0);
     registry_metrics_render(c->registry, body);
     ops_metrics_render(c->ops, body);
+    groupsvc_metrics_render(c->groups, body);
     rpc_metrics_render(body, &c->rpc_metrics);
     return 200;
 }

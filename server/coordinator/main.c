@@ -12,6 +12,7 @@
 #include "coordinator.h"
 #include "daemon.h"
 #include "log.h"
+#include "groupsvc.h"
 #include "ops.h"
 #include "state.h"
 
@@ -169,7 +170,8 @@ main(int argc, char **argv)
         goto out;
     }
     if ((c->registry = registry_new(&ro)) == NULL ||
-        (c->ops = ops_new(c->registry, &c->cfg, worker_token)) == NULL) {
+        (c->ops = ops_new(c->registry, &c->cfg, worker_token)) == NULL ||
+        (c->groups = groupsvc_new(c->registry, &c->cfg, worker_token)) == NULL) {
         log_error("out of memory");
         goto out;
     }
@@ -232,8 +234,10 @@ out_rpc:
     http_stop(c->http);
     rpc_server_close(c->rpc);
     ops_shutdown(c->ops);
+    groupsvc_shutdown(c->groups);
     rpc_server_free(c->rpc);
 out:
+    groupsvc_free(c->groups);
     ops_free(c->ops);
     registry_free(c->registry);
     auth_free(c->auth);

@@ -410,6 +410,18 @@ UNIMPL(w_, WSVC, abort, Devcoord__V1__AbortRequest, Devcoord__V1__AbortResponse_
 UNIMPL(w_, WSVC, exchange, Devcoord__V1__ExchangeRequest, Devcoord__V1__ExchangeResponse_Closure)
 UNIMPL(w_, WSVC, delete_tensor, Devcoord__V1__DeleteTensorRequest,
        Devcoord__V1__DeleteTensorResponse_Closure)
+UNIMPL(f_, CSVC, group_join, Devcoord__V1__GroupJoinRequest,
+       Devcoord__V1__GroupJoinResponse_Closure)
+UNIMPL(f_, CSVC, group_leave, Devcoord__V1__GroupLeaveRequest,
+       Devcoord__V1__GroupLeaveResponse_Closure)
+UNIMPL(f_, CSVC, list_groups, Devcoord__V1__ListGroupsRequest,
+       Devcoord__V1__ListGroupsResponse_Closure)
+UNIMPL(w_, WSVC, group_setup, Devcoord__V1__GroupSetupRequest,
+       Devcoord__V1__GroupSetupResponse_Closure)
+UNIMPL(w_, WSVC, group_call, Devcoord__V1__GroupCallRequest,
+       Devcoord__V1__GroupCallResponse_Closure)
+UNIMPL(w_, WSVC, group_exchange, Devcoord__V1__GroupExchangeRequest,
+       Devcoord__V1__GroupExchangeResponse_Closure)
 
 static void
 fake_worker_info(Devcoord__V1__WorkerInfo *w, Devcoord__V1__Label *label,
