@@ -272,6 +272,73 @@ dc_code dc_tensor_delete(dc_client *c, const char *device, const char *name, dc_
 dc_code dc_tensor_list_get(dc_client *c, const char *device, dc_tensor_list **out, dc_status *st);
 void dc_tensor_list_free(dc_tensor_list *list);
 
+/* ---- groups: collectives called by every rank (design §13) --------------------------- */
+
+/* A rank's membership of a group, from dc_group_join until dc_group_leave. Calls on one
+ * group are made one at a time (the k-th call of every rank is matched with the others'). */
+typedef struct dc_group dc_group;
+
+typedef struct dc_group_options {
+    /* How long the join waits for every rank (0: the coordinator's limits.op_timeout_ms). */
+    uint32_t timeout_ms;
+    /* How long each call waits for every rank (0: 30000). */
+    uint32_t call_timeout_ms;
+} dc_group_options;
+
+/*
+ * Joins the group of `devices` ("ref,ref,..." in the device grammar, any order, autodiff
+ * wrappers allowed) as `self` (one entry of the list). Returns when every rank has joined,
+ * DEADLINE_EXCEEDED naming those who did not. Ranks are the positions in the sorted canonical
+ * list, the same for every rank whatever order it passed. opts may be NULL. Free with
+ * dc_group_leave.
+ */
+dc_code dc_group_join(dc_client *c, const char *devices, const char *self,
+                      const dc_group_options *opts, dc_group **out, dc_status *st);
+uint32_t dc_group_rank(const dc_group *g);
+uint32_t dc_group_size(const dc_group *g);
+/* 16 hex digits: the same for any order of the same devices. */
+const char *dc_group_id(const dc_group *g);
+/* Each completed rendezvous of the group is a new generation. */
+uint64_t dc_group_generation(const dc_group *g);
+/* Cluster name of rank `rank` ("node-a/cuda:0"); NULL outside the group. */
+const char *dc_group_device(const dc_group *g, uint32_t rank);
+/* Tells the coordinator this rank leaves, and frees g (also when that call fails). */
+dc_code dc_group_leave(dc_group *g, dc_status *st);
+
+/* In place: every rank's buf becomes op over all ranks' bufs (count elements of dtype). */
+dc_code dc_all_reduce(dc_group *g, void *buf, size_t count, dc_dtype dtype, dc_reduce_op op,
+                      dc_status *st);
+/* The root's buf becomes op over all ranks' bufs; the others' stay as they were. */
+dc_code dc_reduce(dc_group *g, void *buf, size_t count, dc_dtype dtype, dc_reduce_op op,
+                  uint32_t root, dc_status *st);
+/* Every rank's buf becomes the root's. */
+dc_code dc_broadcast(dc_group *g, void *buf, size_t count, dc_dtype dtype, uint32_t root,
+                     dc_status *st);
+/* recv (size * count elements) gets every rank's send (count elements), in rank order. */
+dc_code dc_all_gather(dc_group *g, const void *send, void *recv, size_t count, dc_dtype dtype,
+                      dc_status *st);
+/* Returns when every rank has called it. */
+dc_code dc_barrier(dc_group *g, dc_status *st);
+
+/* A group as the coordinator sees it. */
+typedef struct dc_group_info {
+    char group_id[17];
+    size_t n_devices;
+    char (*devices)[DC_DEVICE_TEXT_SIZE]; /* cluster names, rank order */
+    uint64_t generation;
+    uint32_t joined;  /* ranks of the current generation that have not left */
+    uint32_t joining; /* ranks waiting in the next rendezvous */
+} dc_group_info;
+
+typedef struct dc_group_list {
+    size_t n;
+    dc_group_info *groups;
+} dc_group_list;
+
+/* Every group, or only group_id when it is not NULL (NOT_FOUND when there is none). */
+dc_code dc_list_groups(dc_client *c, const char *group_id, dc_group_list **out, dc_status *st);
+void dc_group_list_free(dc_group_list *list);
+
 #ifdef __cplusplus
 }
 #endif

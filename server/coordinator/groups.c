@@ -29,6 +29,7 @@ struct group {
 
 struct group_table {
     size_t max_parked, parked;
+    size_t max_groups, n_groups;
     struct group *first, **last;
 };
 
@@ -76,12 +77,13 @@ group_new(const char *id, const dc_device_ref *ranked, size_t n)
 }
 
 struct group_table *
-group_table_new(size_t max_parked)
+group_table_new(size_t max_parked, size_t max_groups)
 {
     struct group_table *t = calloc(1, sizeof(*t));
 
     if (t != NULL) {
         t->max_parked = max_parked;
+        t->max_groups = max_groups;
         t->last       = &t->first;
     }
     return t;
@@ -125,18 +127,24 @@ group_same_devices(const struct group *g, const dc_device_ref *ranked, size_t n)
     return true;
 }
 
-/* Unlinks and frees g when nobody is in it nor joining. */
-static void
-group_maybe_drop(struct group_table *t, struct group *g)
+static bool
+group_idle(const struct group *g)
 {
     if (g->n_parked > 0) {
-        return;
+        return false;
     }
     for (size_t i = 0; i < g->n; i++) {
         if (g->member[i]) {
-            return;
+            return false;
         }
     }
+    return true;
+}
+
+/* Unlinks and frees g. */
+static void
+group_drop(struct group_table *t, struct group *g)
+{
     for (struct group **pp = &t->first; *pp != NULL; pp = &(*pp)->next) {
         if (*pp == g) {
             *pp = g->next;
@@ -146,7 +154,34 @@ group_maybe_drop(struct group_table *t, struct group *g)
             break;
         }
     }
+    t->n_groups--;
     group_free(g);
+}
+
+/* A group nobody is in nor joining stays listed (with its generation) until room is needed:
+ * then the oldest such goes. A group that never completed a rendezvous goes at once. */
+static void
+group_maybe_drop(struct group_table *t, struct group *g)
+{
+    if (group_idle(g) && g->generation == 0) {
+        group_drop(t, g);
+    }
+}
+
+/* Room for one more group: false when every group is in use. */
+static bool
+group_make_room(struct group_table *t)
+{
+    if (t->n_groups < t->max_groups) {
+        return true;
+    }
+    for (struct group *g = t->first; g != NULL; g = g->next) {
+        if (group_idle(g)) {
+            group_drop(t, g);
+            return true;
+        }
+    }
+    return false;
 }
 
 static void
@@ -184,6 +219,12 @@ group_join(struct group_table *t, const char group_id[VALIDATE_GROUP_ID_SIZE],
         return status_set(st, DC_RESOURCE_EXHAUSTED,
                           "too many joins waiting (%zu, the coordinator's limit)", t->max_parked);
     }
+    if (fresh && !group_make_room(t)) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED,
+                          "too many groups (%zu, the coordinator's "
+                          "limit)",
+                          t->max_groups);
+    }
     if (fresh && (g = group_new(group_id, ranked, n)) == NULL) {
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
@@ -196,6 +237,7 @@ group_join(struct group_table *t, const char group_id[VALIDATE_GROUP_ID_SIZE],
     if (fresh) {
         *t->last = g;
         t->last  = &g->next;
+        t->n_groups++;
     }
     g->parked[rank] = (struct parked){ true, tag, deadline_ms };
     g->n_parked++;

@@ -46,8 +46,10 @@ struct group_view {
     uint32_t joining; /* ranks parked in the next rendezvous */
 };
 
-/* max_parked bounds the joins parked in all groups together. NULL when out of memory. */
-struct group_table *group_table_new(size_t max_parked);
+/* max_parked bounds the joins parked in all groups together, max_groups the groups known.
+ * A group everybody left stays known (listed, with its generation) until a new group needs
+ * its room. NULL when out of memory. */
+struct group_table *group_table_new(size_t max_parked, size_t max_groups);
 void group_table_free(struct group_table *t);
 
 /*
@@ -74,8 +76,7 @@ size_t group_expire(struct group_table *t, uint64_t now, struct group_expired *o
 size_t group_take_all(struct group_table *t, void **out, size_t cap);
 
 /* Rank `rank` of generation `generation` leaves group_id. NOT_FOUND for an unknown group,
- * FAILED_PRECONDITION for an old generation or a rank out of range. A group nobody is in
- * nor joining goes from the table. */
+ * FAILED_PRECONDITION for an old generation, INVALID_ARGUMENT for a rank out of range. */
 dc_code group_leave(struct group_table *t, const char *group_id, uint64_t generation, uint32_t rank,
                     dc_status *st);
 

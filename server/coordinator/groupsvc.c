@@ -553,7 +553,7 @@ groupsvc_new(struct registry *registry, const struct config_coordinator *cfg,
     }
     g->registry = registry;
     g->cfg      = cfg;
-    if ((g->table = group_table_new(GROUPSVC_MAX_PARKED)) == NULL ||
+    if ((g->table = group_table_new(GROUPSVC_MAX_PARKED, GROUPSVC_MAX_GROUPS)) == NULL ||
         (g->fanout = fanout_new(&fo)) == NULL) {
         group_table_free(g->table);
         free(g);

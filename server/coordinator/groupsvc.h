@@ -15,6 +15,8 @@
 
 /* Joins parked at once, in all groups. */
 #define GROUPSVC_MAX_PARKED 4096
+/* Groups known at once (in use or kept for listing). */
+#define GROUPSVC_MAX_GROUPS 1024
 /* How long a worker has to install a generation (GroupSetup). */
 #define GROUPSVC_SETUP_TIMEOUT_MS 5000
 

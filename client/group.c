@@ -1,0 +1,400 @@
+/* Groups in libdevcoord (design §13): join and leave through the coordinator, then every call
+ * straight to this rank's worker (GroupCall), its bytes in the attachment both ways. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client.h"
+#include "device.h"
+#include "status.h"
+
+/* A call's RPC waits this much longer than the call's own deadline, so that the worker's
+ * answer (naming the missing ranks) arrives before the client gives up. */
+#define GROUP_MARGIN_MS       5000u
+#define GROUP_CALL_TIMEOUT_MS 30000u
+#define GROUP_ID_SIZE         17
+
+struct dc_group {
+    dc_client *client;
+    char id[GROUP_ID_SIZE];
+    uint64_t generation;
+    uint32_t rank, size;
+    char (*names)[DC_DEVICE_TEXT_SIZE];
+    char worker[CLIENT_ADDRESS_MAX + 1];
+    uint32_t call_timeout_ms;
+    pthread_mutex_t mtx; /* one call at a time; guards seq */
+    uint64_t seq;
+};
+
+static uint32_t
+add_margin(uint32_t ms)
+{
+    return ms > UINT32_MAX - GROUP_MARGIN_MS ? UINT32_MAX : ms + GROUP_MARGIN_MS;
+}
+
+static void
+group_free(dc_group *g)
+{
+    if (g != NULL) {
+        pthread_mutex_destroy(&g->mtx);
+        free(g->names);
+        free(g);
+    }
+}
+
+/* The join's answer into a new group. */
+static dc_code
+group_from_reply(dc_client *c, const Devcoord__V1__GroupJoinResponse *resp,
+                 const dc_group_options *opts, dc_group **out, dc_status *st)
+{
+    const Devcoord__V1__Plan *plan = resp->plan;
+    dc_group *g;
+
+    if (plan == NULL || resp->size == 0 || resp->rank >= resp->size ||
+        plan->n_devices != resp->size) {
+        return status_set(st, DC_INTERNAL, "malformed reply: GroupJoin without a plan");
+    }
+    if ((g = calloc(1, sizeof(*g))) == NULL ||
+        (g->names = calloc(resp->size, sizeof(*g->names))) == NULL) {
+        free(g);
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    pthread_mutex_init(&g->mtx, NULL);
+    g->client     = c;
+    g->generation = resp->generation;
+    g->rank       = resp->rank;
+    g->size       = resp->size;
+    g->call_timeout_ms =
+        opts != NULL && opts->call_timeout_ms ? opts->call_timeout_ms : GROUP_CALL_TIMEOUT_MS;
+    if (client_copy_field(g->id, sizeof(g->id), resp->group_id, "group id", st) != DC_OK ||
+        client_copy_field(g->worker, sizeof(g->worker), resp->worker_address, "worker address",
+                          st) != DC_OK) {
+        group_free(g);
+        return DC_INTERNAL;
+    }
+    for (size_t r = 0; r < g->size; r++) {
+        dc_device_ref ref;
+        if (device_ref_from_pb(plan->devices[r], &ref, st) != DC_OK) {
+            group_free(g);
+            return status_set(st, DC_INTERNAL, "malformed reply: device %zu of the group", r);
+        }
+        dc_device_ref_format(&ref, g->names[r], sizeof(g->names[r]));
+    }
+    *out = g;
+    return DC_OK;
+}
+
+dc_code
+dc_group_join(dc_client *c, const char *devices, const char *self, const dc_group_options *opts,
+              dc_group **out, dc_status *st)
+{
+    Devcoord__V1__GroupJoinRequest req = DEVCOORD__V1__GROUP_JOIN_REQUEST__INIT;
+    Devcoord__V1__DeviceRef self_pb    = DEVCOORD__V1__DEVICE_REF__INIT;
+    Devcoord__V1__Device self_dev      = DEVCOORD__V1__DEVICE__INIT;
+    Devcoord__V1__DeviceRef *refs      = NULL;
+    Devcoord__V1__Device *devs         = NULL;
+    Devcoord__V1__DeviceRef **ptrs     = NULL;
+    dc_device_ref *list                = NULL, me;
+    struct rpc_reply r                 = { 0 };
+    uint32_t join_ms;
+    size_t n = 0;
+    dc_code code;
+
+    status_clear(st);
+    if (out == NULL || devices == NULL || self == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "%s is NULL",
+                          out == NULL ? "out" : (devices == NULL ? "devices" : "self"));
+    }
+    *out = NULL;
+    if (c == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "client is NULL");
+    }
+    if ((code = dc_device_list_parse(devices, &list, &n, st)) != DC_OK) {
+        return code;
+    }
+    if ((code = dc_device_ref_parse(self, strlen(self), &me, st)) != DC_OK) {
+        status_prefix(st, "invalid self");
+        goto out;
+    }
+    if ((refs = calloc(n ? n : 1, sizeof(*refs))) == NULL ||
+        (devs = calloc(n ? n : 1, sizeof(*devs))) == NULL ||
+        (ptrs = calloc(n ? n : 1, sizeof(*ptrs))) == NULL) {
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        device_ref_to_pb(&list[i], &refs[i], &devs[i]);
+        ptrs[i] = &refs[i];
+    }
+    device_ref_to_pb(&me, &self_pb, &self_dev);
+    req.devices    = ptrs;
+    req.n_devices  = n;
+    req.self       = &self_pb;
+    req.timeout_ms = opts != NULL ? opts->timeout_ms : 0;
+    join_ms        = req.timeout_ms ? req.timeout_ms : client_op_timeout(c);
+    code           = rpc_call(c->coord, COORD_SVC, M_COORDINATOR_GROUP_JOIN, &req.base, NULL, 0,
+                              add_margin(join_ms), &r, st);
+    if (code == DC_OK) {
+        if (r.body == NULL) {
+            code = status_set(st, DC_INTERNAL, "malformed reply: GroupJoin without a body");
+        } else {
+            code =
+                group_from_reply(c, (const Devcoord__V1__GroupJoinResponse *)r.body, opts, out, st);
+        }
+    }
+out:
+    rpc_reply_free(&r);
+    free(list);
+    free(refs);
+    free(devs);
+    free(ptrs);
+    return code;
+}
+
+uint32_t
+dc_group_rank(const dc_group *g)
+{
+    return g != NULL ? g->rank : 0;
+}
+
+uint32_t
+dc_group_size(const dc_group *g)
+{
+    return g != NULL ? g->size : 0;
+}
+
+const char *
+dc_group_id(const dc_group *g)
+{
+    return g != NULL ? g->id : "";
+}
+
+uint64_t
+dc_group_generation(const dc_group *g)
+{
+    return g != NULL ? g->generation : 0;
+}
+
+const char *
+dc_group_device(const dc_group *g, uint32_t rank)
+{
+    return g != NULL && rank < g->size ? g->names[rank] : NULL;
+}
+
+dc_code
+dc_group_leave(dc_group *g, dc_status *st)
+{
+    Devcoord__V1__GroupLeaveRequest req = DEVCOORD__V1__GROUP_LEAVE_REQUEST__INIT;
+    struct rpc_reply r                  = { 0 };
+    dc_code code;
+
+    status_clear(st);
+    if (g == NULL) {
+        return DC_OK;
+    }
+    req.group_id   = g->id;
+    req.generation = g->generation;
+    req.rank       = g->rank;
+    code = rpc_call(g->client->coord, COORD_SVC, M_COORDINATOR_GROUP_LEAVE, &req.base, NULL, 0,
+                    g->client->timeout_ms, &r, st);
+    rpc_reply_free(&r);
+    group_free(g);
+    return code;
+}
+
+/* ---- calls ------------------------------------------------------------------------------- */
+
+struct call {
+    dc_op_kind kind;
+    dc_dtype dtype;
+    size_t count;
+    dc_reduce_op reduce;
+    uint32_t root;
+    const void *send; /* count elements (none for a barrier) */
+    void *recv;       /* recv_bytes of result (NULL: none) */
+    size_t recv_bytes;
+};
+
+/* One call: the next seq of g, to this rank's worker, the result into recv. */
+static dc_code
+group_call(dc_group *g, const struct call *k, dc_status *st)
+{
+    Devcoord__V1__GroupCallRequest req = DEVCOORD__V1__GROUP_CALL_REQUEST__INIT;
+    Devcoord__V1__GroupCallDesc desc   = DEVCOORD__V1__GROUP_CALL_DESC__INIT;
+    size_t elem                        = dc_dtype_size(k->dtype), bytes;
+    struct worker_conn *w;
+    struct rpc_reply r = { 0 };
+    dc_code code;
+
+    status_clear(st);
+    if (g == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "group is NULL");
+    }
+    if (k->kind != DC_OP_BARRIER) {
+        if (elem == 0) {
+            return status_set(st, DC_INVALID_ARGUMENT, "invalid operation: unknown dtype");
+        }
+        if (k->count == 0) {
+            return status_set(st, DC_INVALID_ARGUMENT,
+                              "invalid operation: count 0: a group %s needs at least one element",
+                              dc_op_kind_name(k->kind));
+        }
+        if (k->count > SIZE_MAX / elem / (k->kind == DC_OP_ALL_GATHER ? g->size : 1)) {
+            return status_set(st, DC_INVALID_ARGUMENT, "invalid operation: count too large");
+        }
+        if (k->send == NULL || (k->recv_bytes > 0 && k->recv == NULL)) {
+            return status_set(st, DC_INVALID_ARGUMENT, "buffer is NULL");
+        }
+    }
+    bytes = k->kind == DC_OP_BARRIER ? 0 : k->count * elem;
+    if ((code = client_worker_conn(g->client, g->worker, &w, st)) != DC_OK) {
+        return code;
+    }
+    desc.rank      = g->rank;
+    desc.kind      = (Devcoord__V1__OpKind)k->kind;
+    desc.dtype     = (Devcoord__V1__DType)k->dtype;
+    desc.count     = k->count;
+    desc.reduce    = (Devcoord__V1__ReduceOp)k->reduce;
+    desc.root      = k->root;
+    req.group_id   = g->id;
+    req.generation = g->generation;
+    req.call       = &desc;
+    req.timeout_ms = g->call_timeout_ms;
+    pthread_mutex_lock(&g->mtx);
+    req.seq = ++g->seq;
+    code    = rpc_call(w->rpc, WORKER_SVC, M_WORKER_GROUP_CALL, &req.base, k->send, bytes,
+                       add_margin(g->call_timeout_ms), &r, st);
+    pthread_mutex_unlock(&g->mtx);
+    if (code == DC_OK && k->recv_bytes > 0) {
+        if (r.attachment_len != k->recv_bytes) {
+            code = status_set(st, DC_INTERNAL, "malformed reply: %zu result bytes, not %zu",
+                              r.attachment_len, k->recv_bytes);
+        } else if (k->recv != r.attachment) {
+            memcpy(k->recv, r.attachment, k->recv_bytes);
+        }
+    }
+    rpc_reply_free(&r);
+    return code;
+}
+
+dc_code
+dc_all_reduce(dc_group *g, void *buf, size_t count, dc_dtype dtype, dc_reduce_op op, dc_status *st)
+{
+    struct call k = {
+        DC_OP_ALL_REDUCE, dtype, count, op, 0, buf, buf, count * dc_dtype_size(dtype)
+    };
+    return group_call(g, &k, st);
+}
+
+dc_code
+dc_reduce(dc_group *g, void *buf, size_t count, dc_dtype dtype, dc_reduce_op op, uint32_t root,
+          dc_status *st)
+{
+    struct call k = {
+        DC_OP_REDUCE, dtype, count, op, root, buf, buf, count * dc_dtype_size(dtype)
+    };
+    return group_call(g, &k, st);
+}
+
+dc_code
+dc_broadcast(dc_group *g, void *buf, size_t count, dc_dtype dtype, uint32_t root, dc_status *st)
+{
+    struct call k = {
+        DC_OP_BROADCAST, dtype, count, DC_REDUCE_NONE, root, buf, buf, count * dc_dtype_size(dtype)
+    };
+    return group_call(g, &k, st);
+}
+
+dc_code
+dc_all_gather(dc_group *g, const void *send, void *recv, size_t count, dc_dtype dtype,
+              dc_status *st)
+{
+    struct call k = { DC_OP_ALL_GATHER,
+                      dtype,
+                      count,
+                      DC_REDUCE_NONE,
+                      0,
+                      send,
+                      recv,
+                      g != NULL ? count * dc_dtype_size(dtype) * g->size : 0 };
+    return group_call(g, &k, st);
+}
+
+dc_code
+dc_barrier(dc_group *g, dc_status *st)
+{
+    struct call k = { DC_OP_BARRIER, DC_DTYPE_NONE, 0, DC_REDUCE_NONE, 0, NULL, NULL, 0 };
+    return group_call(g, &k, st);
+}
+
+/* ---- listing ----------------------------------------------------------------------------- */
+
+void
+dc_group_list_free(dc_group_list *list)
+{
+    if (list == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < list->n; i++) {
+        free(list->groups[i].devices);
+    }
+    free(list->groups);
+    free(list);
+}
+
+dc_code
+dc_list_groups(dc_client *c, const char *group_id, dc_group_list **out, dc_status *st)
+{
+    Devcoord__V1__ListGroupsRequest req = DEVCOORD__V1__LIST_GROUPS_REQUEST__INIT;
+    const Devcoord__V1__ListGroupsResponse *resp;
+    struct rpc_reply r = { 0 };
+    dc_group_list *l   = NULL;
+    dc_code code;
+
+    status_clear(st);
+    if (out == NULL || c == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "%s is NULL", out == NULL ? "out" : "client");
+    }
+    *out         = NULL;
+    req.group_id = (char *)(group_id != NULL ? group_id : "");
+    if ((code = rpc_call(c->coord, COORD_SVC, M_COORDINATOR_LIST_GROUPS, &req.base, NULL, 0,
+                         c->timeout_ms, &r, st)) != DC_OK) {
+        goto out;
+    }
+    /* No groups: an empty body, which may come as none. */
+    resp = (const Devcoord__V1__ListGroupsResponse *)r.body;
+    if ((l = calloc(1, sizeof(*l))) == NULL ||
+        (l->groups = calloc((resp != NULL ? resp->n_groups : 0) + 1, sizeof(*l->groups))) == NULL) {
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; resp != NULL && i < resp->n_groups; i++) {
+        const Devcoord__V1__GroupInfo *pb = resp->groups[i];
+        dc_group_info *gi                 = &l->groups[l->n++];
+        gi->generation                    = pb->generation;
+        gi->joined                        = pb->joined;
+        gi->joining                       = pb->joining;
+        if ((gi->devices = calloc(pb->n_devices + 1, sizeof(*gi->devices))) == NULL) {
+            code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+            goto out;
+        }
+        gi->n_devices = pb->n_devices;
+        if ((code = client_copy_field(gi->group_id, sizeof(gi->group_id), pb->group_id, "group id",
+                                      st)) != DC_OK) {
+            goto out;
+        }
+        for (size_t d = 0; d < pb->n_devices; d++) {
+            if ((code = client_copy_field(gi->devices[d], sizeof(gi->devices[d]), pb->devices[d],
+                                          "device", st)) != DC_OK) {
+                goto out;
+            }
+        }
+    }
+    *out = l;
+    l    = NULL;
+out:
+    dc_group_list_free(l);
+    rpc_reply_free(&r);
+    return code;
+}
