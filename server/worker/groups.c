@@ -58,6 +58,7 @@ struct lpart {
 /* What another worker sent for a call. */
 struct ppart {
     bool in;
+    bool *called;   /* from a partial note: which of its ranks had called (NULL: unknown) */
     struct desc *d; /* one per rank of that worker, in its order */
     uint8_t *data;
     size_t bytes;
@@ -73,6 +74,7 @@ struct wcall {
     uint8_t *mine; /* this worker's part, once every local rank is in */
     size_t mine_bytes;
     bool sent;
+    bool noted; /* a partial note went to the peers */
     uint64_t first_ms, deadline_ms;
     uint64_t first_us;
     bool stall_logged;
@@ -221,6 +223,7 @@ wcall_free(struct wgroup *g, struct wcall *c)
         return;
     }
     for (size_t w = 0; c->peer != NULL && w < g->n_workers; w++) {
+        free(c->peer[w].called);
         free(c->peer[w].d);
         free(c->peer[w].data);
     }
@@ -554,8 +557,8 @@ wcall_compute(struct wgroup *g, struct wcall *c, uint8_t **res, size_t *res_byte
             desc_text(&all[r], &all[0], mine, sizeof(mine));
             desc_text(&all[0], &all[r], first, sizeof(first));
             rv = status_set(st, DC_INVALID_ARGUMENT,
-                            "group call %llu: rank %zu (%s) passed %s, rank 0 (%s) passed %s",
-                            (unsigned long long)c->seq, r, g->names[r], mine, g->names[0], first);
+                            "rank %zu (%s) passed %s, rank 0 passed %s (group %s, call %llu)", r,
+                            g->names[r], mine, first, g->id, (unsigned long long)c->seq);
             goto out;
         }
     }
@@ -696,9 +699,10 @@ exch_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply,
     free(x);
 }
 
-/* Sends this worker's part of c to every other worker. mtx held. */
+/* Sends this worker's part of c to every other worker: the whole part (every local rank in),
+ * or a partial note naming the local ranks in so far. mtx held. */
 static void
-wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c)
+wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c, bool partial)
 {
     const struct gworker *me               = &g->workers[g->self];
     Devcoord__V1__GroupExchangeRequest req = DEVCOORD__V1__GROUP_EXCHANGE_REQUEST__INIT;
@@ -706,9 +710,13 @@ wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c)
     Devcoord__V1__GroupCallDesc **ptrs     = calloc(me->n_ranks, sizeof(*ptrs));
     dc_status st;
 
-    c->sent = true;
     status_clear(&st);
-    if (descs == NULL || ptrs == NULL || wcall_make_mine(g, c, &st) != DC_OK) {
+    if (partial) {
+        c->noted = true;
+    } else {
+        c->sent = true;
+    }
+    if (descs == NULL || ptrs == NULL || (!partial && wcall_make_mine(g, c, &st) != DC_OK)) {
         if (st.code == DC_OK) {
             status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory");
         }
@@ -716,16 +724,19 @@ wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c)
         goto out;
     }
     for (size_t i = 0; i < me->n_ranks; i++) {
-        desc_to_pb(&c->local[i].d, me->ranks[i], &descs[i]);
-        ptrs[i] = &descs[i];
+        if (c->local[i].in) {
+            desc_to_pb(&c->local[i].d, me->ranks[i], &descs[req.n_calls]);
+            ptrs[req.n_calls] = &descs[req.n_calls];
+            req.n_calls++;
+        }
     }
     req.group_id   = g->id;
     req.generation = g->generation;
     req.seq        = c->seq;
     req.from       = g->self;
     req.calls      = ptrs;
-    req.n_calls    = me->n_ranks;
-    req.has_data   = c->mine != NULL;
+    req.has_data   = !partial && c->mine != NULL;
+    req.partial    = partial;
     for (size_t w = 0; w < g->n_workers && !g->ended; w++) {
         struct exch_ctx *x;
         uint32_t left =
@@ -741,7 +752,8 @@ wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c)
         *x = (struct exch_ctx){ wg, "", g->generation, w };
         snprintf(x->group_id, sizeof(x->group_id), "%s", g->id);
         if (rpc_call_async(g->workers[w].peer->client, WORKER_SVC, M_WORKER_GROUP_EXCHANGE,
-                           &req.base, c->mine, c->mine_bytes, left, exch_done, x, &st) != DC_OK) {
+                           &req.base, req.has_data ? c->mine : NULL,
+                           req.has_data ? c->mine_bytes : 0, left, exch_done, x, &st) != DC_OK) {
             dc_status end;
             free(x);
             status_set(&end, DC_UNAVAILABLE, "worker %s of group %s: %s", g->workers[w].name, g->id,
@@ -893,9 +905,16 @@ wgroups_call(struct wgroups *wg, const Devcoord__V1__GroupCallRequest *in,
                           (unsigned long long)in->seq);
     } else {
         *p = (struct lpart){ true, d, data, bytes, closure, cd };
-        c->n_local_in++;
+        if (c->n_local_in++ == 0) {
+            /* The first of this worker's ranks sets the call's clock (a peer's part may
+             * have made the call earlier, with the default deadline). */
+            c->first_ms = rpc_now_ms();
+            c->first_us = rpc_now_us();
+            c->deadline_ms =
+                c->first_ms + (in->timeout_ms ? in->timeout_ms : GROUPS_DEFAULT_TIMEOUT_MS);
+        }
         if (c->n_local_in == g->workers[g->self].n_ranks) {
-            wcall_send(wg, g, c);
+            wcall_send(wg, g, c, false);
         }
         if (!g->ended) {
             wcall_try_finish(wg, g, c);
@@ -907,6 +926,24 @@ wgroups_call(struct wgroups *wg, const Devcoord__V1__GroupCallRequest *in,
         *rpc_call_status(cd) = st;
         closure(NULL, cd);
     }
+}
+
+/* A peer's partial note: which of its ranks have called. mtx held. */
+static dc_code
+peer_note(const struct gworker *gw, struct ppart *p, const Devcoord__V1__GroupExchangeRequest *in,
+          dc_status *st)
+{
+    if (p->called == NULL && (p->called = calloc(gw->n_ranks, sizeof(*p->called))) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (size_t k = 0; k < in->n_calls; k++) {
+        for (size_t i = 0; in->calls[k] != NULL && i < gw->n_ranks; i++) {
+            if (gw->ranks[i] == in->calls[k]->rank) {
+                p->called[i] = true;
+            }
+        }
+    }
+    return DC_OK;
 }
 
 void
@@ -928,12 +965,15 @@ wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *i
     if ((g = group_current(wg, in->group_id, in->generation, &st)) == NULL) {
         code = st.code;
     } else if (in->from >= g->n_workers || in->from == g->self ||
-               in->n_calls != g->workers[in->from].n_ranks) {
+               in->n_calls > g->workers[in->from].n_ranks ||
+               (!in->partial && in->n_calls != g->workers[in->from].n_ranks)) {
         code = status_set(&st, DC_INVALID_ARGUMENT, "malformed group exchange");
     } else if ((c = wcall_get(g, in->seq, 0, &st)) == NULL) {
         code = st.code;
     } else if ((p = &c->peer[in->from])->in) {
         code = status_set(&st, DC_ALREADY_EXISTS, "duplicate group exchange");
+    } else if (in->partial) {
+        code = peer_note(&g->workers[in->from], p, in, &st);
     } else if ((p->d = calloc(in->n_calls, sizeof(*p->d))) == NULL ||
                (in->has_data && (p->data = malloc(bytes ? bytes : 1)) == NULL)) {
         code = status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory");
@@ -972,7 +1012,9 @@ missing_ranks(const struct wgroup *g, const struct wcall *c, char *buf, size_t c
     for (size_t w = 0; w < g->n_workers; w++) {
         const struct gworker *gw = &g->workers[w];
         for (size_t k = 0; k < gw->n_ranks; k++) {
-            bool missing = w == g->self ? !c->local[k].in : !c->peer[w].in;
+            bool missing = w == g->self ? !c->local[k].in
+                                        : !c->peer[w].in &&
+                                              (c->peer[w].called == NULL || !c->peer[w].called[k]);
             uint32_t r   = gw->ranks[k];
             if (missing && len + strlen(g->names[r]) + 32 < cap) {
                 len += (size_t)snprintf(buf + len, cap - len, "%srank %u (%s)", len ? ", " : "", r,
@@ -998,7 +1040,16 @@ wgroups_tick_locked(struct wgroups *wg, uint64_t now)
                 wcall_unlink(g, c);
                 wcall_fail_locals(g, c, &st);
                 wcall_free(g, c);
-            } else if (!c->stall_logged && now - c->first_ms >= GROUPS_STALL_WARN_MS) {
+                continue;
+            }
+            if (!c->noted && !c->sent && c->n_local_in > 0 &&
+                now - c->first_ms >= (c->deadline_ms - c->first_ms) / 2) {
+                wcall_send(wg, g, c, true);
+                if (g->ended) {
+                    break;
+                }
+            }
+            if (!c->stall_logged && now - c->first_ms >= GROUPS_STALL_WARN_MS) {
                 c->stall_logged = true;
                 wg->stalls_total++;
                 missing_ranks(g, c, names, sizeof(names));

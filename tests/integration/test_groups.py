@@ -142,5 +142,229 @@ class JoinTest(GroupsTestCase):
         self.assertTrue(all(g["joining"] == 0 for g in c.ctl_ok("groups", "list")["groups"]))
 
 
+# Three workers with one or two devices each: five ranks, interleaved across workers in the
+# sorted order (node-a: ranks 0-1, node-b: rank 2, node-c: ranks 3-4).
+SPEC3 = {"node-a": ["cuda:0", "cuda:1"], "node-b": ["cuda:0"], "node-c": ["cuda:0", "cuda:1"]}
+DEVS3 = ["node-a/cuda:0", "node-a/cuda:1", "node-b/cuda:0", "node-c/cuda:0", "node-c/cuda:1"]
+
+
+class CallsTest(GroupsTestCase):
+    def run_ranks(self, kind, dtype, inputs, *extra, devices=DEVS3, timeout=60.0):
+        """One process per rank of `devices` (rank order), each passing inputs[rank]."""
+        procs = []
+        order = ",".join(reversed(devices))  # the order given does not matter
+        for rank, dev in enumerate(devices):
+            args = ["collective", kind, "--devices", order, "--self", dev] + list(extra)
+            if kind != "barrier":
+                args += ["--dtype", dtype, "--values", opsutil.values_arg(dtype, inputs[rank])]
+            procs.append(ctl_popen(self.cluster, *args))
+        rs = [finish(p, timeout=timeout) for p in procs]
+        for rank, r in enumerate(rs):
+            self.assertEqual(r.rc, 0, r)
+            self.assertEqual((r.out["rank"], r.out["size"], r.out["status"]),
+                             (rank, len(devices), "OK"), r)
+        return rs
+
+    def check(self, r, expected, what):
+        why = opsutil.mismatch(expected, {"dtype": expected.dtype, "shape": expected.shape,
+                                          "values": r.out["values"]})
+        self.assertIsNone(why, "%s: %s" % (what, why))
+
+    def test_all_reduce_every_op_and_dtype(self):
+        self.start(SPEC3)
+        rng = random.Random(self.id())
+        n = 7  # not a multiple of the 5 ranks nor of the 3 workers
+        for dtype in opsutil.DTYPES:
+            for op in opsutil.REDUCE_OPS:
+                with self.subTest(dtype=dtype, op=op):
+                    ins = [opsutil.gen_values(rng, dtype, n, op, ranks=5) for _ in DEVS3]
+                    rs = self.run_ranks("all-reduce", dtype, ins, "--reduce", op)
+                    cols = [opsutil.reduce_column(dtype, op, [x[j] for x in ins])
+                            for j in range(n)]
+                    want = opsutil.Tensor(dtype, [n], [c[0] for c in cols], [c[1] for c in cols])
+                    for r in rs:
+                        self.check(r, want, "rank %d" % r.out["rank"])
+                    # Every rank holds the same result, to the bit.
+                    self.assertEqual(len({tuple(r.out["values"]) for r in rs}), 1, rs)
+
+    def test_broadcast_reduce_all_gather_and_barrier(self):
+        self.start(SPEC3)
+        rng = random.Random(self.id())
+        ins = [opsutil.gen_values(rng, "f64", 5) for _ in DEVS3]
+        # Broadcast from rank 3 (on node-c): everybody gets its values, exactly.
+        for r in self.run_ranks("broadcast", "f64", ins, "--root", "3"):
+            self.assertEqual(r.out["values"], ins[3], r)
+        # Reduce to rank 2: the root gets the max, the others keep their own values.
+        rs = self.run_ranks("reduce", "i64", [[i + 10 * k for i in range(5)] for k in range(5)],
+                            "--reduce", "max", "--root", "2")
+        for k, r in enumerate(rs):
+            want = [i + 40 for i in range(5)] if k == 2 else [i + 10 * k for i in range(5)]
+            self.assertEqual(r.out["values"], want, r)
+        # All-gather: every rank's values in rank order.
+        ins = [[k * 100 + i for i in range(3)] for k in range(5)]
+        for r in self.run_ranks("all-gather", "i32", ins):
+            self.assertEqual(r.out["values"], [v for x in ins for v in x], r)
+        self.run_ranks("barrier", None, None)
+
+    def test_one_element_and_two_ranks_on_one_worker(self):
+        self.start({"node-a": ["cuda:0", "cuda:1"], "node-b": ["cuda:0"]})
+        devs = ["node-a/cuda:0", "node-a/cuda:1"]
+        rs = self.run_ranks("all-reduce", "i32", [[5], [-7]], "--reduce", "sum", devices=devs)
+        self.assertEqual([r.out["values"] for r in rs], [[-2], [-2]])
+        rs = self.run_ranks("all-reduce", "f32", [[1.5], [2.5]], "--reduce", "prod",
+                            devices=["node-a/cuda:1", "node-b/cuda:0"])
+        self.assertEqual([r.out["values"] for r in rs], [[3.75], [3.75]])
+
+    def test_count_zero_is_refused_clearly(self):
+        c = self.start({"node-a": ["cuda:0"]})
+        r = c.ctl("collective", "all-reduce", "--devices", "node-a/cuda:0", "--self",
+                  "node-a/cuda:0", "--dtype", "f32", "--count", "0", "--reduce", "sum")
+        self.assertEqual(r.rc, 1, r)
+        self.assertEqual(r.out["status"], "INVALID_ARGUMENT", r)
+        self.assertIn("count 0", r.out["message"])
+        self.assertIn("at least one element", r.out["message"])
+
+    def test_count_fills_rank_plus_one_and_repeat_times_calls(self):
+        self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]})
+        devs = "node-a/cuda:0,node-b/cuda:0"
+        procs = [ctl_popen(self.cluster, "collective", "all-reduce", "--devices", devs, "--self",
+                           d, "--dtype", "i64", "--count", "1001", "--reduce", "sum",
+                           "--repeat", "5") for d in devs.split(",")]
+        for p in procs:
+            r = finish(p)
+            self.assertEqual(r.rc, 0, r)
+            self.assertEqual(r.out["calls"], 5)
+            self.assertNotIn("values", r.out)
+            s = r.out["seconds"]
+            self.assertTrue(0 < s["min"] <= s["median"] <= s["max"], s)
+
+
+class FailuresTest(GroupsTestCase):
+    def test_a_disagreement_fails_every_rank_naming_the_first_that_differs(self):
+        self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"], "node-c": ["cuda:0"]})
+        devs = "node-a/cuda:0,node-b/cuda:0,node-c/cuda:0"
+        cases = [
+            # (per-rank extra args, what the message must say)
+            ([["--dtype", "f32"], ["--dtype", "f32"], ["--dtype", "f64"]],
+             "rank 2 (node-c/cuda:0) passed f64[4], rank 0 passed f32[4]"),
+            ([["--dtype", "f32"], ["--dtype", "f32", "--values", "1,2,3"], ["--dtype", "f32"]],
+             "rank 1 (node-b/cuda:0) passed f32[3], rank 0 passed f32[4]"),
+            ([["--dtype", "f32"], ["--dtype", "f32", "--reduce", "max"], ["--dtype", "f32"]],
+             "rank 1 (node-b/cuda:0) passed reduce max, rank 0 passed reduce sum"),
+        ]
+        for extras, text in cases:
+            with self.subTest(text=text):
+                procs = []
+                for i, d in enumerate(devs.split(",")):
+                    args = ["collective", "all-reduce", "--devices", devs, "--self", d]
+                    e = list(extras[i])
+                    if "--values" not in e:
+                        e += ["--values", "1,2,3,4"]
+                    if "--reduce" not in e:
+                        e += ["--reduce", "sum"]
+                    procs.append(ctl_popen(self.cluster, *(args + e)))
+                for p in procs:
+                    r = finish(p)
+                    self.assertEqual(r.rc, 1, r)
+                    self.assertEqual(r.out["status"], "INVALID_ARGUMENT", r)
+                    self.assertIn(text, r.out["message"])
+        # A broadcast whose ranks disagree on the root.
+        procs = [ctl_popen(self.cluster, "collective", "broadcast", "--devices", devs, "--self", d,
+                           "--dtype", "i32", "--values", "1", "--root", root)
+                 for d, root in zip(devs.split(","), ("0", "0", "1"))]
+        for p in procs:
+            r = finish(p)
+            self.assertEqual(r.out["status"], "INVALID_ARGUMENT", r)
+            self.assertIn("rank 2 (node-c/cuda:0) passed root 1, rank 0 passed root 0",
+                          r.out["message"])
+
+    def test_a_rank_that_never_calls_is_named_at_the_deadline(self):
+        self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0", "cuda:1"]})
+        devs = "node-a/cuda:0,node-b/cuda:0,node-b/cuda:1"
+        # Every rank joins and makes call 1; node-b/cuda:1 (rank 2) then stops.
+        procs = [ctl_popen(self.cluster, "--timeout", "3s", "collective", "barrier", "--devices",
+                           devs, "--self", d, "--repeat", "2" if d != "node-b/cuda:1" else "1")
+                 for d in devs.split(",")]
+        rs = [finish(p) for p in procs]
+        self.assertEqual(rs[2].rc, 0, rs[2])
+        for r in rs[:2]:
+            self.assertEqual(r.rc, 1, r)
+            self.assertEqual(r.out["status"], "DEADLINE_EXCEEDED", r)
+            self.assertEqual(r.out["calls"], 1, r)
+            self.assertIn("rank 2 (node-b/cuda:1)", r.out["message"])
+            self.assertNotIn("rank 0 (", r.out["message"])
+            self.assertNotIn("rank 1 (", r.out["message"])
+
+    def test_a_killed_worker_fails_the_others_naming_it_then_a_rejoin_works(self):
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"], "node-c": ["cuda:0"]})
+        devs = "node-a/cuda:0,node-b/cuda:0,node-c/cuda:0"
+        # Ranks on node-a and node-b wait in their second call, for node-c's rank which
+        # stopped after one; the call's deadline is far (60 s).
+        procs = [ctl_popen(c, "--timeout", "60s", "collective", "all-reduce", "--devices", devs,
+                           "--self", d, "--dtype", "f32", "--values", "1,2", "--reduce", "sum",
+                           "--repeat", "1" if d.startswith("node-c") else "2")
+                 for d in devs.split(",")]
+        self.assertEqual(finish(procs[2]).rc, 0)
+        time.sleep(0.3)  # the others' second calls reach their workers
+        c.kill_worker("node-c")
+        for p in procs[:2]:
+            r = finish(p, timeout=30)
+            self.assertEqual(r.rc, 1, r)
+            self.assertEqual(r.out["status"], "UNAVAILABLE", r)
+            self.assertIn("node-c", r.out["message"])
+            self.assertEqual(r.out["calls"], 1, r)
+        # node-c comes back; the ranks join again (the next generation) and all-reduce.
+        c.restart_worker("node-c")
+        c.wait_workers(["node-c"])
+        rs = [finish(p) for p in
+              [ctl_popen(c, "collective", "all-reduce", "--devices", devs, "--self", d,
+                         "--dtype", "f32", "--values", "1,2", "--reduce", "sum")
+               for d in devs.split(",")]]
+        for r in rs:
+            self.assertEqual(r.rc, 0, r)
+            self.assertEqual(r.out["values"], [3.0, 6.0])
+            self.assertEqual(r.out["generation"], 2)
+
+
+class DataPathTest(GroupsTestCase):
+    def metrics(self, port):
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as f:
+            text = f.read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out
+
+    def test_many_calls_reach_no_coordinator(self):
+        http = harness.free_port()
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]},
+                       coordinator_config={"http": "127.0.0.1:%d" % http}, http=True)
+        devs = "node-a/cuda:0,node-b/cuda:0"
+
+        def coordinator_calls():
+            m = self.metrics(http)
+            return sum(v for k, v in m.items()
+                       if k.startswith("devcoord_rpc_requests_total{") and
+                       "Heartbeat" not in k)
+
+        before = coordinator_calls()
+        procs = [ctl_popen(c, "--timeout", "60s", "collective", "all-reduce", "--devices", devs,
+                           "--self", d, "--dtype", "f32", "--count", "16", "--reduce", "sum",
+                           "--repeat", "1000") for d in devs.split(",")]
+        for p in procs:
+            r = finish(p, timeout=300)
+            self.assertEqual(r.rc, 0, r)
+            self.assertEqual(r.out["calls"], 1000, r)
+        # Each rank called the coordinator twice (GroupJoin, GroupLeave), whatever the number
+        # of group calls: none of them went through it.
+        self.assertEqual(coordinator_calls() - before, 4)
+        port = int(c.worker_specs["node-a"]["http"].rsplit(":", 1)[1])
+        wm = self.metrics(port)
+        self.assertEqual(wm['devcoord_group_calls_total{kind="all-reduce"}'], 1000)
+        self.assertEqual(wm["devcoord_group_call_seconds_count"], 1000)
+
+
 if __name__ == "__main__":
     unittest.main()
