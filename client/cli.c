@@ -10,7 +10,7 @@
 
 #define DEFAULT_ADDR "tcp://127.0.0.1:7400"
 /* The group id of node-a/cuda:0 alone (the quickstart's), which ex_collective leaves behind. */
-#define EXAMPLE_GROUP_ID "GROUPID"
+#define EXAMPLE_GROUP_ID "15284f939122477d"
 
 /* ---- the tables ---------------------------------------------------------------------- */
 
@@ -504,7 +504,8 @@ static const struct command_def commands[] = {
         .details  = "Run it once per rank, all at once (each in its own process): the join\n"
                     "waits for every rank of --devices, ranks are the positions in the sorted\n"
                     "list, and each call waits for every rank's. KIND: all-reduce, reduce,\n"
-                    "broadcast, all-gather or barrier (which needs no --dtype nor values).\n"
+                    "broadcast, all-gather or barrier (which needs no --dtype nor values);\n"
+                    "--root R is a rank in that sorted order.\n"
                     "--timeout bounds the join and each call.",
         .examples = ex_collective,
     },

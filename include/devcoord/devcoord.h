@@ -272,7 +272,7 @@ dc_code dc_tensor_delete(dc_client *c, const char *device, const char *name, dc_
 dc_code dc_tensor_list_get(dc_client *c, const char *device, dc_tensor_list **out, dc_status *st);
 void dc_tensor_list_free(dc_tensor_list *list);
 
-/* ---- groups: collectives called by every rank (design §13) --------------------------- */
+/* ---- groups: collectives called by every rank ----------------------------------------- */
 
 /* A rank's membership of a group, from dc_group_join until dc_group_leave. Calls on one
  * group are made one at a time (the k-th call of every rank is matched with the others'). */

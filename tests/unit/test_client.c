@@ -1237,10 +1237,13 @@ test_method_numbers(void **state)
     assert_string_equal(WORKER_SVC->methods[M_WORKER_LIST_TENSORS].name, "ListTensors");
     /* methods.h is generated from the .proto: its first and last entries of each service. */
     assert_string_equal(COORD_SVC->methods[M_COORDINATOR_REGISTER_WORKER].name, "RegisterWorker");
-    assert_int_equal(M_COORDINATOR_GET_CLUSTER_STATUS + 1, COORD_SVC->n_methods);
+    assert_string_equal(COORD_SVC->methods[M_COORDINATOR_LIST_GROUPS].name, "ListGroups");
+    assert_int_equal(M_COORDINATOR_LIST_GROUPS + 1, COORD_SVC->n_methods);
     assert_string_equal(WORKER_SVC->methods[M_WORKER_EXECUTE].name, "Execute");
     assert_string_equal(WORKER_SVC->methods[M_WORKER_EXCHANGE].name, "Exchange");
-    assert_int_equal(M_WORKER_LIST_TENSORS + 1, WORKER_SVC->n_methods);
+    assert_string_equal(WORKER_SVC->methods[M_WORKER_GROUP_CALL].name, "GroupCall");
+    assert_string_equal(WORKER_SVC->methods[M_WORKER_GROUP_EXCHANGE].name, "GroupExchange");
+    assert_int_equal(M_WORKER_GROUP_EXCHANGE + 1, WORKER_SVC->n_methods);
     assert_string_equal(dc_version(), "0.2.0");
     assert_string_equal(dc_op_state_name(DC_OP_STATE_FAILED), "failed");
     assert_null(dc_op_state_name(DC_OP_STATE_NONE));
