@@ -9,9 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "arena.h"
+#include "clock.h"
 #include "device.h"
 #include "devcoord/v1/methods.h"
 #include "fanout.h"
@@ -493,7 +493,6 @@ groupsvc_timer(void *arg)
 
     pthread_mutex_lock(&g->mtx);
     while (!g->stopping) {
-        struct timespec ts;
         size_t n;
 
         do {
@@ -512,14 +511,8 @@ groupsvc_timer(void *arg)
         pthread_mutex_unlock(&g->mtx);
         fanout_close_stale(g->fanout);
         pthread_mutex_lock(&g->mtx);
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += TIMER_TICK_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
         if (!g->stopping) {
-            pthread_cond_timedwait(&g->cv, &g->mtx, &ts);
+            clock_cond_wait_ms(&g->cv, &g->mtx, TIMER_TICK_MS);
         }
     }
     pthread_mutex_unlock(&g->mtx);

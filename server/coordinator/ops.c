@@ -842,7 +842,6 @@ ops_timer(void *arg)
                "deadline passed while waiting behind earlier ops on the same devices");
     pthread_mutex_lock(&o->mtx);
     while (!o->stopping) {
-        struct timespec ts;
         uint64_t now;
 
         pthread_mutex_unlock(&o->mtx);
@@ -850,14 +849,8 @@ ops_timer(void *arg)
         ops_fail_where(o, op_queued_too_long, &now, &late);
         fanout_close_stale(o->fanout);
         pthread_mutex_lock(&o->mtx);
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += TIMER_TICK_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
         if (!o->stopping) {
-            pthread_cond_timedwait(&o->cv, &o->mtx, &ts);
+            clock_cond_wait_ms(&o->cv, &o->mtx, TIMER_TICK_MS);
         }
     }
     pthread_mutex_unlock(&o->mtx);

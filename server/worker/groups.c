@@ -6,9 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "auth.h"
+#include "clock.h"
 #include "device.h"
 #include "devcoord/v1/methods.h"
 #include "log.h"
@@ -1068,15 +1068,8 @@ wgroups_timer(void *arg)
 
     pthread_mutex_lock(&wg->mtx);
     while (!wg->stopping) {
-        struct timespec ts;
         wgroups_tick_locked(wg, rpc_now_ms());
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += TIMER_TICK_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&wg->cv, &wg->mtx, &ts);
+        clock_cond_wait_ms(&wg->cv, &wg->mtx, TIMER_TICK_MS);
     }
     pthread_mutex_unlock(&wg->mtx);
     return NULL;
