@@ -108,6 +108,7 @@ struct wgroups {
     size_t n_peers;
     bool stopping;
     pthread_t timer;
+    size_t held, max_held; /* peers' parts kept until their call completes */
     uint64_t calls_total[KINDS];
     uint64_t stalls_total;
     struct histo call_seconds;
@@ -217,12 +218,15 @@ group_find(struct wgroups *wg, const char *id)
 /* ---- ending calls ------------------------------------------------------------------------ */
 
 static void
-wcall_free(struct wgroup *g, struct wcall *c)
+wcall_free(struct wgroups *wg, struct wgroup *g, struct wcall *c)
 {
     if (c == NULL) {
         return;
     }
     for (size_t w = 0; c->peer != NULL && w < g->n_workers; w++) {
+        if (c->peer[w].data != NULL) {
+            wg->held -= c->peer[w].bytes;
+        }
         free(c->peer[w].called);
         free(c->peer[w].d);
         free(c->peer[w].data);
@@ -262,7 +266,7 @@ wcall_fail_locals(struct wgroup *g, struct wcall *c, const dc_status *st)
 
 /* Ends g's generation with st: every pending call fails, later ones too. mtx held. */
 static void
-group_end_locked(struct wgroup *g, const dc_status *st)
+group_end_locked(struct wgroups *wg, struct wgroup *g, const dc_status *st)
 {
     if (!g->ended) {
         g->ended = true;
@@ -274,7 +278,7 @@ group_end_locked(struct wgroup *g, const dc_status *st)
         struct wcall *c = g->calls;
         wcall_unlink(g, c);
         wcall_fail_locals(g, c, st);
-        wcall_free(g, c);
+        wcall_free(wg, g, c);
     }
 }
 
@@ -314,7 +318,7 @@ peer_on_connection(void *arg, bool up)
                                "dropped): join again",
                                g->workers[w].name, g->id, p->address);
                     status_set_worker(&st, g->workers[w].name);
-                    group_end_locked(g, &st);
+                    group_end_locked(wg, g, &st);
                 }
             }
         }
@@ -360,18 +364,22 @@ group_from_setup(struct wgroups *wg, const Devcoord__V1__GroupSetupRequest *in, 
                  dc_status *st)
 {
     const Devcoord__V1__Plan *plan = in->plan;
-    struct wgroup *g;
+    struct wgroup *g               = NULL;
+    bool *taken                    = NULL;
+    size_t n_taken                 = 0;
+    dc_code rv                     = DC_OK;
 
     if (plan == NULL || plan->n_devices == 0 || plan->n_workers == 0 ||
-        plan->n_devices > GROUPS_MAX_RANKS || in->self >= plan->n_workers ||
-        strlen(in->group_id) >= VALIDATE_GROUP_ID_SIZE) {
+        plan->n_devices > GROUPS_MAX_RANKS || plan->n_workers > plan->n_devices ||
+        in->self >= plan->n_workers || strlen(in->group_id) >= VALIDATE_GROUP_ID_SIZE) {
         return status_set(st, DC_INVALID_ARGUMENT, "malformed group setup");
     }
     if ((g = calloc(1, sizeof(*g))) == NULL ||
         (g->names = calloc(plan->n_devices, sizeof(*g->names))) == NULL ||
-        (g->workers = calloc(plan->n_workers, sizeof(*g->workers))) == NULL) {
-        group_free(g);
-        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        (g->workers = calloc(plan->n_workers, sizeof(*g->workers))) == NULL ||
+        (taken = calloc(plan->n_devices, sizeof(*taken))) == NULL) {
+        rv = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
     }
     snprintf(g->id, sizeof(g->id), "%s", in->group_id);
     g->generation = in->generation;
@@ -381,32 +389,48 @@ group_from_setup(struct wgroups *wg, const Devcoord__V1__GroupSetupRequest *in, 
     for (size_t r = 0; r < g->n; r++) {
         dc_device_ref ref;
         if (device_ref_from_pb(plan->devices[r], &ref, st) != DC_OK) {
-            group_free(g);
-            return status_set(st, DC_INVALID_ARGUMENT, "malformed group setup: device %zu", r);
+            rv = status_set(st, DC_INVALID_ARGUMENT, "malformed group setup: device %zu", r);
+            goto out;
         }
         dc_device_ref_format(&ref, g->names[r], sizeof(g->names[r]));
     }
+    /* Every rank on exactly one worker, every worker with at least one. */
     for (size_t w = 0; w < g->n_workers; w++) {
         const Devcoord__V1__PlanWorker *pw = plan->workers[w];
         struct gworker *gw                 = &g->workers[w];
         snprintf(gw->name, sizeof(gw->name), "%s", pw->name);
         if (pw->n_ranks == 0 || pw->n_ranks > g->n ||
             (gw->ranks = calloc(pw->n_ranks, sizeof(*gw->ranks))) == NULL) {
-            group_free(g);
-            return status_set(st, DC_INVALID_ARGUMENT, "malformed group setup: worker %zu", w);
+            rv = status_set(st, DC_INVALID_ARGUMENT, "malformed group setup: worker %zu", w);
+            goto out;
         }
         for (size_t k = 0; k < pw->n_ranks; k++) {
-            if (pw->ranks[k] >= g->n) {
-                group_free(g);
-                return status_set(st, DC_INVALID_ARGUMENT, "malformed group setup: rank");
+            if (pw->ranks[k] >= g->n || taken[pw->ranks[k]]) {
+                rv = status_set(st, DC_INVALID_ARGUMENT, "malformed group setup: rank");
+                goto out;
             }
-            gw->ranks[k] = pw->ranks[k];
+            gw->ranks[k]        = pw->ranks[k];
+            taken[pw->ranks[k]] = true;
+            n_taken++;
         }
         gw->n_ranks = pw->n_ranks;
-        if (w != g->self && (gw->peer = peer_get_locked(wg, pw->address, st)) == NULL) {
-            group_free(g);
-            return st->code;
+    }
+    if (n_taken != g->n) {
+        rv = status_set(st, DC_INVALID_ARGUMENT, "malformed group setup: ranks of no worker");
+        goto out;
+    }
+    for (size_t w = 0; w < g->n_workers; w++) {
+        if (w != g->self &&
+            (g->workers[w].peer = peer_get_locked(wg, plan->workers[w]->address, st)) == NULL) {
+            rv = st->code;
+            goto out;
         }
+    }
+out:
+    free(taken);
+    if (rv != DC_OK) {
+        group_free(g);
+        return rv;
     }
     *out = g;
     return DC_OK;
@@ -433,7 +457,7 @@ wgroups_setup(struct wgroups *wg, const Devcoord__V1__GroupSetupRequest *in,
             status_set(&why, DC_ABORTED, "group %s generation %llu was replaced by generation %llu",
                        old->id, (unsigned long long)old->generation,
                        (unsigned long long)g->generation);
-            group_end_locked(old, &why);
+            group_end_locked(wg, old, &why);
             g->calls_done = old->calls_done;
             for (struct wgroup **pp = &wg->groups; *pp != NULL; pp = &(*pp)->next) {
                 if (*pp == old) {
@@ -663,7 +687,7 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
         histo_observe(&wg->call_seconds, out.elapsed_us);
     }
     free(res);
-    wcall_free(g, c);
+    wcall_free(wg, g, c);
 }
 
 /* ---- the exchange ------------------------------------------------------------------------ */
@@ -685,6 +709,7 @@ exch_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply,
     (void)reply;
     (void)keep;
     if (code != DC_OK) {
+        struct wgroups *wg = x->wg;
         pthread_mutex_lock(&x->wg->mtx);
         g = group_find(x->wg, x->group_id);
         if (g != NULL && g->generation == x->generation && !g->ended && !x->wg->stopping) {
@@ -692,7 +717,7 @@ exch_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply,
             status_set(&end, code == DC_INVALID_ARGUMENT ? DC_INVALID_ARGUMENT : DC_UNAVAILABLE,
                        "worker %s of group %s: %s", g->workers[x->to].name, g->id, st->message);
             status_set_worker(&end, g->workers[x->to].name);
-            group_end_locked(g, &end);
+            group_end_locked(wg, g, &end);
         }
         pthread_mutex_unlock(&x->wg->mtx);
     }
@@ -720,7 +745,7 @@ wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c, bool partial)
         if (st.code == DC_OK) {
             status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory");
         }
-        group_end_locked(g, &st);
+        group_end_locked(wg, g, &st);
         goto out;
     }
     for (size_t i = 0; i < me->n_ranks; i++) {
@@ -746,7 +771,7 @@ wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c, bool partial)
         }
         if ((x = calloc(1, sizeof(*x))) == NULL) {
             status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory");
-            group_end_locked(g, &st);
+            group_end_locked(wg, g, &st);
             break;
         }
         *x = (struct exch_ctx){ wg, "", g->generation, w };
@@ -759,7 +784,7 @@ wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c, bool partial)
             status_set(&end, DC_UNAVAILABLE, "worker %s of group %s: %s", g->workers[w].name, g->id,
                        st.message);
             status_set_worker(&end, g->workers[w].name);
-            group_end_locked(g, &end);
+            group_end_locked(wg, g, &end);
         }
     }
 out:
@@ -769,7 +794,7 @@ out:
 
 /* The call of seq in g, made on first use. NULL with st set past the bound. mtx held. */
 static struct wcall *
-wcall_get(struct wgroup *g, uint64_t seq, uint32_t timeout_ms, dc_status *st)
+wcall_get(struct wgroups *wg, struct wgroup *g, uint64_t seq, uint32_t timeout_ms, dc_status *st)
 {
     struct wcall *c;
     size_t n_local = g->workers[g->self].n_ranks;
@@ -787,7 +812,7 @@ wcall_get(struct wgroup *g, uint64_t seq, uint32_t timeout_ms, dc_status *st)
     if ((c = calloc(1, sizeof(*c))) == NULL ||
         (c->local = calloc(n_local, sizeof(*c->local))) == NULL ||
         (c->peer = calloc(g->n_workers, sizeof(*c->peer))) == NULL) {
-        wcall_free(g, c);
+        wcall_free(wg, g, c);
         status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
         return NULL;
     }
@@ -898,7 +923,7 @@ wgroups_call(struct wgroups *wg, const Devcoord__V1__GroupCallRequest *in,
         code = status_set(&st, DC_INVALID_ARGUMENT, "rank %u of group %s is not on this worker",
                           rank, g->id);
     } else if ((code = check_call(wg, g, &d, bytes, &st)) != DC_OK) {
-    } else if ((c = wcall_get(g, in->seq, in->timeout_ms, &st)) == NULL) {
+    } else if ((c = wcall_get(wg, g, in->seq, in->timeout_ms, &st)) == NULL) {
         code = st.code;
     } else if ((p = &c->local[li])->in) {
         code = status_set(&st, DC_ALREADY_EXISTS, "rank %u already made call %llu", rank,
@@ -968,12 +993,16 @@ wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *i
                in->n_calls > g->workers[in->from].n_ranks ||
                (!in->partial && in->n_calls != g->workers[in->from].n_ranks)) {
         code = status_set(&st, DC_INVALID_ARGUMENT, "malformed group exchange");
-    } else if ((c = wcall_get(g, in->seq, 0, &st)) == NULL) {
+    } else if ((c = wcall_get(wg, g, in->seq, 0, &st)) == NULL) {
         code = st.code;
     } else if ((p = &c->peer[in->from])->in) {
         code = status_set(&st, DC_ALREADY_EXISTS, "duplicate group exchange");
     } else if (in->partial) {
         code = peer_note(&g->workers[in->from], p, in, &st);
+    } else if (in->has_data && bytes > wg->max_held - wg->held) {
+        code = status_set(&st, DC_RESOURCE_EXHAUSTED,
+                          "group parts waiting on this worker hold %zu bytes already (limit %zu)",
+                          wg->held, wg->max_held);
     } else if ((p->d = calloc(in->n_calls, sizeof(*p->d))) == NULL ||
                (in->has_data && (p->data = malloc(bytes ? bytes : 1)) == NULL)) {
         code = status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory");
@@ -986,7 +1015,10 @@ wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *i
         }
         p->bytes    = bytes;
         p->has_data = in->has_data;
-        p->in       = true;
+        if (p->data != NULL) {
+            wg->held += bytes;
+        }
+        p->in = true;
         c->n_peer_in++;
         wcall_try_finish(wg, g, c);
     }
@@ -1039,7 +1071,7 @@ wgroups_tick_locked(struct wgroups *wg, uint64_t now)
                            (unsigned long long)c->seq, names);
                 wcall_unlink(g, c);
                 wcall_fail_locals(g, c, &st);
-                wcall_free(g, c);
+                wcall_free(wg, g, c);
                 continue;
             }
             if (!c->noted && !c->sent && c->n_local_in > 0 &&
@@ -1109,8 +1141,10 @@ wgroups_new(const struct config_worker *cfg, const char *token)
     if (wg == NULL) {
         return NULL;
     }
-    wg->cfg   = cfg;
-    wg->token = token;
+    wg->cfg      = cfg;
+    wg->token    = token;
+    wg->max_held = cfg->max_inflight_bytes ? (size_t)cfg->max_inflight_bytes
+                                           : (size_t)RPC_WORKER_DEFAULT_MAX_INFLIGHT;
     histo_init(&wg->call_seconds, histo_seconds, histo_seconds_n);
     pthread_mutex_init(&wg->mtx, NULL);
     pthread_cond_init(&wg->cv, NULL);
@@ -1136,7 +1170,7 @@ wgroups_free(struct wgroups *wg)
     pthread_cond_broadcast(&wg->cv);
     status_set(&st, DC_UNAVAILABLE, "worker shutting down");
     for (struct wgroup *g = wg->groups; g != NULL; g = g->next) {
-        group_end_locked(g, &st);
+        group_end_locked(wg, g, &st);
     }
     pthread_mutex_unlock(&wg->mtx);
     pthread_join(wg->timer, NULL);
