@@ -13,7 +13,7 @@ same bytes on every rank.
 import os
 import random
 import re
-import signal
+import subprocess
 import time
 import unittest
 import urllib.request
@@ -364,6 +364,22 @@ class DataPathTest(GroupsTestCase):
         wm = self.metrics(port)
         self.assertEqual(wm['devcoord_group_calls_total{kind="all-reduce"}'], 1000)
         self.assertEqual(wm["devcoord_group_call_seconds_count"], 1000)
+
+
+THREADS = os.environ.get("DEVCOORD_GROUP_THREADS") or os.path.join(
+    os.path.dirname(os.path.abspath(harness.CTL)), "..", "tests", "devcoord-group-threads")
+
+
+class ThreadsTest(GroupsTestCase):
+    @unittest.skipUnless(os.path.exists(THREADS), "devcoord-group-threads is not built")
+    def test_ranks_as_threads_of_one_process(self):
+        # Five ranks, as threads sharing one client: two on node-a, one on node-b, two on
+        # node-c. Every call's result is checked inside the program.
+        c = self.start(SPEC3)
+        p = subprocess.run([THREADS, c.addr, ",".join(DEVS3), "50"], capture_output=True,
+                           timeout=300, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.strip(), "ok 5")
 
 
 if __name__ == "__main__":
