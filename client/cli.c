@@ -142,7 +142,7 @@ static const struct opt_def opt_defs[O_COUNT] = {
     [O_REDUCE] = {
         .name = "reduce",
         .metavar = "OP",
-        .help = "sum, mean, min, max or prod (all-reduce, reduce)",
+        .help = "sum, mean, min, max or prod (all-reduce, reduce, reduce-scatter)",
         .values = REDUCES,
     },
     [O_ROOT] = {
@@ -504,7 +504,9 @@ static const struct command_def commands[] = {
         .details  = "Run it once per rank, all at once (each in its own process): the join\n"
                     "waits for every rank of --devices, ranks are the positions in the sorted\n"
                     "list, and each call waits for every rank's. KIND: all-reduce, reduce,\n"
-                    "broadcast, all-gather or barrier (which needs no --dtype nor values);\n"
+                    "broadcast, all-gather, reduce-scatter (the values are one block per\n"
+                    "rank; each rank gets its block of the reduction) or barrier (which\n"
+                    "needs no --dtype nor values);\n"
                     "--root R is a rank in that sorted order.\n"
                     "--timeout bounds the join and each call.",
         .examples = ex_collective,

@@ -2149,8 +2149,8 @@ collective_prepare(const struct cli *cli, struct collective_args *a)
     memset(a, 0, sizeof(*a));
     a->repeat = 1;
     if ((a->kind = dc_op_kind_from_name(cli->args[0])) == DC_OP_NONE) {
-        return cli_usage_error("collective KIND: all-reduce, reduce, broadcast, all-gather or "
-                               "barrier, not '%s'",
+        return cli_usage_error("collective KIND: all-reduce, reduce, broadcast, all-gather, "
+                               "reduce-scatter or barrier, not '%s'",
                                cli->args[0]);
     }
     if (!cli->seen[O_DEVICES] || !cli->seen[O_SELF]) {
@@ -2171,7 +2171,9 @@ collective_prepare(const struct cli *cli, struct collective_args *a)
         return cli_usage_error("--reduce wants sum, mean, min, max or prod, not '%s'",
                                cli->val[O_REDUCE]);
     }
-    if ((a->kind == DC_OP_ALL_REDUCE || a->kind == DC_OP_REDUCE) && !cli->seen[O_REDUCE]) {
+    if ((a->kind == DC_OP_ALL_REDUCE || a->kind == DC_OP_REDUCE ||
+         a->kind == DC_OP_REDUCE_SCATTER) &&
+        !cli->seen[O_REDUCE]) {
         return cli_usage_error("%s needs --reduce OP", cli->args[0]);
     }
     if (a->kind == DC_OP_BARRIER) {
@@ -2259,6 +2261,9 @@ collective_call(dc_group *g, const struct collective_args *a, const void *in, vo
         return dc_broadcast(g, out, a->count, a->in.dtype, a->root, st);
     case DC_OP_ALL_GATHER:
         return dc_all_gather(g, in, out, a->count, a->in.dtype, st);
+    case DC_OP_REDUCE_SCATTER:
+        return dc_reduce_scatter(g, in, out, a->count / dc_group_size(g), a->in.dtype, a->reduce,
+                                 st);
     default:
         return dc_barrier(g, st);
     }
@@ -2373,6 +2378,17 @@ cmd_collective(const struct cli *cli, dc_client *c, struct collective_args *a)
     }
     if (a->kind == DC_OP_ALL_GATHER) {
         out_count = a->count * dc_group_size(g);
+    } else if (a->kind == DC_OP_REDUCE_SCATTER) {
+        /* The rank's input is one block per rank; it gets its own block back. */
+        out_count = a->count / dc_group_size(g);
+        if (a->count % dc_group_size(g) != 0) {
+            st.code = DC_INVALID_ARGUMENT;
+            snprintf(st.message, sizeof(st.message),
+                     "invalid operation: reduce-scatter of %zu elements: not a multiple of the "
+                     "%u ranks",
+                     a->count, dc_group_size(g));
+            goto out;
+        }
     }
     if (!a->with_values && a->in.data != NULL) {
         fill_rank(a->in.data, a->count, a->in.dtype, dc_group_rank(g));

@@ -240,14 +240,18 @@ group_call(dc_group *g, const struct call *k, dc_status *st)
                               "invalid operation: count 0: a group %s needs at least one element",
                               dc_op_kind_name(k->kind));
         }
-        if (k->count > SIZE_MAX / elem / (k->kind == DC_OP_ALL_GATHER ? g->size : 1)) {
+        if (k->count >
+            SIZE_MAX / elem /
+                (k->kind == DC_OP_ALL_GATHER || k->kind == DC_OP_REDUCE_SCATTER ? g->size : 1)) {
             return status_set(st, DC_INVALID_ARGUMENT, "invalid operation: count too large");
         }
         if (k->send == NULL || (k->recv_bytes > 0 && k->recv == NULL)) {
             return status_set(st, DC_INVALID_ARGUMENT, "buffer is NULL");
         }
     }
-    bytes = k->kind == DC_OP_BARRIER ? 0 : k->count * elem;
+    bytes = k->kind == DC_OP_BARRIER
+                ? 0
+                : k->count * elem * (k->kind == DC_OP_REDUCE_SCATTER ? g->size : 1);
     if ((code = client_worker_conn(g->client, g->worker, &w, st)) != DC_OK) {
         return code;
     }
@@ -318,6 +322,15 @@ dc_all_gather(dc_group *g, const void *send, void *recv, size_t count, dc_dtype 
                       send,
                       recv,
                       g != NULL ? count * dc_dtype_size(dtype) * g->size : 0 };
+    return group_call(g, &k, st);
+}
+
+dc_code
+dc_reduce_scatter(dc_group *g, const void *send, void *recv, size_t count, dc_dtype dtype,
+                  dc_reduce_op op, dc_status *st)
+{
+    struct call k = { DC_OP_REDUCE_SCATTER,        dtype, count, op, 0, send, recv,
+                      count * dc_dtype_size(dtype) };
     return group_call(g, &k, st);
 }
 

@@ -317,6 +317,10 @@ dc_code dc_broadcast(dc_group *g, void *buf, size_t count, dc_dtype dtype, uint3
 /* recv (size * count elements) gets every rank's send (count elements), in rank order. */
 dc_code dc_all_gather(dc_group *g, const void *send, void *recv, size_t count, dc_dtype dtype,
                       dc_status *st);
+/* send (size * count elements) is reduced with op over all ranks; recv (count elements) gets
+ * this rank's block of the result: elements [rank * count, (rank + 1) * count). */
+dc_code dc_reduce_scatter(dc_group *g, const void *send, void *recv, size_t count, dc_dtype dtype,
+                          dc_reduce_op op, dc_status *st);
 /* Returns when every rank has called it. */
 dc_code dc_barrier(dc_group *g, dc_status *st);
 

@@ -125,7 +125,14 @@ kind_has_data(dc_op_kind k)
 static bool
 kind_uses_reduce(dc_op_kind k)
 {
-    return k == DC_OP_ALL_REDUCE || k == DC_OP_REDUCE;
+    return k == DC_OP_ALL_REDUCE || k == DC_OP_REDUCE || k == DC_OP_REDUCE_SCATTER;
+}
+
+/* Elements each rank passes: count, but count per rank for reduce-scatter. */
+static size_t
+input_elements(const struct desc *d, size_t n_ranks)
+{
+    return d->kind == DC_OP_REDUCE_SCATTER ? (size_t)d->count * n_ranks : (size_t)d->count;
 }
 
 static bool
@@ -501,12 +508,13 @@ wcall_make_mine(struct wgroup *g, struct wcall *c, dc_status *st)
     switch (d->kind) {
     case DC_OP_ALL_REDUCE:
     case DC_OP_REDUCE:
+    case DC_OP_REDUCE_SCATTER:
         if ((c->mine = malloc(bytes ? bytes : 1)) == NULL) {
             return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
         }
         memcpy(c->mine, c->local[0].data, bytes);
         for (size_t i = 1; i < me->n_ranks; i++) {
-            reduce_into(d->dtype, d->reduce, c->mine, c->local[i].data, (size_t)d->count);
+            reduce_into(d->dtype, d->reduce, c->mine, c->local[i].data, input_elements(d, g->n));
         }
         c->mine_bytes = bytes;
         break;
@@ -588,7 +596,7 @@ wcall_compute(struct wgroup *g, struct wcall *c, uint8_t **res, size_t *res_byte
     }
     d     = &all[0];
     elem  = dc_dtype_size(d->dtype);
-    bytes = (size_t)d->count * elem;
+    bytes = input_elements(d, g->n) * elem;
     if (!kind_has_data(d->kind)) {
         goto out;
     }
@@ -620,10 +628,11 @@ wcall_compute(struct wgroup *g, struct wcall *c, uint8_t **res, size_t *res_byte
         switch (d->kind) {
         case DC_OP_ALL_REDUCE:
         case DC_OP_REDUCE:
+        case DC_OP_REDUCE_SCATTER:
             if (w == 0) {
                 memcpy(*res, p, bytes);
             } else {
-                reduce_into(d->dtype, d->reduce, *res, p, (size_t)d->count);
+                reduce_into(d->dtype, d->reduce, *res, p, input_elements(d, g->n));
             }
             break;
         case DC_OP_BROADCAST:
@@ -641,7 +650,7 @@ wcall_compute(struct wgroup *g, struct wcall *c, uint8_t **res, size_t *res_byte
         }
     }
     if (d->reduce == DC_REDUCE_MEAN && kind_uses_reduce(d->kind)) {
-        reduce_finish_mean(d->dtype, *res, (size_t)d->count, g->n);
+        reduce_finish_mean(d->dtype, *res, input_elements(d, g->n), g->n);
     }
 out:
     free(all);
@@ -674,6 +683,9 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
             struct lpart *p = &c->local[i];
             if (kind == DC_OP_REDUCE && me->ranks[i] != p->d.root) {
                 rpc_call_set_reply_attachment(p->cd, p->data, p->bytes); /* unchanged */
+            } else if (kind == DC_OP_REDUCE_SCATTER) {
+                size_t slice = res_bytes / g->n; /* this rank's block of the result */
+                rpc_call_set_reply_attachment(p->cd, res + (size_t)me->ranks[i] * slice, slice);
             } else if (res_bytes > 0) {
                 rpc_call_set_reply_attachment(p->cd, res, res_bytes);
             }
@@ -882,17 +894,19 @@ check_call(const struct wgroups *wg, const struct wgroup *g, const struct desc *
         return status_set(st, DC_INVALID_ARGUMENT,
                           "invalid operation: root %u outside a group of %zu ranks", d->root, g->n);
     }
-    if (d->count > room / elem || (d->kind == DC_OP_ALL_GATHER && d->count * elem > room / g->n)) {
+    /* What one message must carry: the rank's input, or all-gather's whole result. */
+    if (d->count >
+        room / elem / (d->kind == DC_OP_ALL_GATHER || d->kind == DC_OP_REDUCE_SCATTER ? g->n : 1)) {
         return status_set(st, DC_OUT_OF_RANGE,
                           "group call of %llu %s elements is larger than one message "
                           "(limits.max_message_bytes %llu): split it",
                           (unsigned long long)d->count, dc_dtype_name(d->dtype),
                           (unsigned long long)wg->cfg->max_message_bytes);
     }
-    if (bytes != (size_t)d->count * elem) {
-        return status_set(
-            st, DC_INVALID_ARGUMENT, "group call carries %zu bytes, not %llu %s (%zu)", bytes,
-            (unsigned long long)d->count, dc_dtype_name(d->dtype), (size_t)d->count * elem);
+    if (bytes != input_elements(d, g->n) * elem) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "group call carries %zu bytes, not %zu %s elements", bytes,
+                          input_elements(d, g->n), dc_dtype_name(d->dtype));
     }
     return DC_OK;
 }

@@ -1,9 +1,9 @@
 /*
  * Ranks as threads of one process (burn's model), through the public API: one dc_client shared
  * by every thread, one dc_group per thread. Each thread joins as one device of the list, then
- * makes ITERATIONS all-reduces (sum, i64 and f64) and one reduce, broadcast, all-gather and
- * barrier, checking every result; then leaves. Prints "ok N" and exits 0 when every thread
- * saw every result right, else names the first wrong one and exits 1.
+ * makes ITERATIONS all-reduces (sum, i64 and f64) and one reduce, broadcast, all-gather,
+ * reduce-scatter and barrier, checking every result; then leaves. Prints "ok N" and exits 0 when
+ * every thread saw every result right, else names the first wrong one and exits 1.
  *
  *   devcoord-group-threads ADDR DEVICE,DEVICE,... ITERATIONS
  */
@@ -110,6 +110,22 @@ rank_main(void *arg)
                          i, (long long)gathered[r * COUNT + i]);
                 goto out;
             }
+        }
+    }
+    /* Reduce-scatter: gathered (n blocks) in, this rank's block of the sum out. */
+    for (size_t i = 0; i < (size_t)n * COUNT; i++) {
+        gathered[i] = (int64_t)rank + 1 + (int64_t)i;
+    }
+    if (dc_reduce_scatter(g, gathered, iv, COUNT, DC_DTYPE_I64, DC_REDUCE_SUM, &st) != DC_OK) {
+        snprintf(t->error, sizeof(t->error), "%s: reduce-scatter: %s", t->self, st.message);
+        goto out;
+    }
+    for (int i = 0; i < COUNT; i++) {
+        int64_t want = (int64_t)n * (n + 1) / 2 + (int64_t)n * ((int64_t)rank * COUNT + i);
+        if (iv[i] != want) {
+            snprintf(t->error, sizeof(t->error), "%s: reduce-scatter: [%d] = %lld, want %lld",
+                     t->self, i, (long long)iv[i], (long long)want);
+            goto out;
         }
     }
     if (dc_barrier(g, &st) != DC_OK) {

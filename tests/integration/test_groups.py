@@ -206,6 +206,37 @@ class CallsTest(GroupsTestCase):
             self.assertEqual(r.out["values"], [v for x in ins for v in x], r)
         self.run_ranks("barrier", None, None)
 
+    def test_reduce_scatter_gives_each_rank_its_block(self):
+        c = self.start(SPEC3)
+        rng = random.Random(self.id())
+        block = 3
+        for dtype, op in (("i64", "sum"), ("f64", "mean"), ("i32", "min")):
+            with self.subTest(dtype=dtype, op=op):
+                ins = [opsutil.gen_values(rng, dtype, block * 5, op, ranks=5) for _ in DEVS3]
+                rs = self.run_ranks("reduce-scatter", dtype, ins, "--reduce", op)
+                cols = [opsutil.reduce_column(dtype, op, [x[j] for x in ins])
+                        for j in range(block * 5)]
+                for r in rs:
+                    k = r.out["rank"]
+                    mine = cols[k * block:(k + 1) * block]
+                    want = opsutil.Tensor(dtype, [block], [m[0] for m in mine],
+                                          [m[1] for m in mine])
+                    self.check(r, want, "rank %d" % k)
+        # Seven values do not split among five ranks: refused, clearly.
+        rs = [finish(p) for p in
+              [ctl_popen(c, "collective", "reduce-scatter", "--devices", ",".join(DEVS3),
+                         "--self", d, "--dtype", "i32", "--values", "1,2,3,4,5,6,7",
+                         "--reduce", "sum") for d in DEVS3]]
+        for r in rs:
+            self.assertEqual(r.rc, 1, r)
+            self.assertEqual(r.out["status"], "INVALID_ARGUMENT", r)
+            self.assertIn("not a multiple of the 5 ranks", r.out["message"])
+        # Not a single-controller op.
+        sub = c.ctl("submit", "--op", "reduce-scatter", "--reduce", "sum", "--tensor", "t",
+                    "--devices", "node-a/cuda:0")
+        self.assertEqual(sub.rc, 1, sub)
+        self.assertIn("reduce-scatter is a group call", sub.out["message"])
+
     def test_one_element_and_two_ranks_on_one_worker(self):
         self.start({"node-a": ["cuda:0", "cuda:1"], "node-b": ["cuda:0"]})
         devs = ["node-a/cuda:0", "node-a/cuda:1"]
