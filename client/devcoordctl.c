@@ -2444,11 +2444,20 @@ json_group(struct json *j, const dc_group_info *gi)
     json_uint(j, gi->joined);
     json_key(j, "joining");
     json_uint(j, gi->joining);
-    /* Calls and stalls are counted by the workers, which the coordinator does not ask yet. */
     json_key(j, "calls");
-    json_uint(j, 0);
+    json_uint(j, gi->calls);
     json_key(j, "stalled");
     json_array_begin(j);
+    for (size_t i = 0; i < gi->n_stalled; i++) {
+        json_object_begin(j);
+        json_key(j, "rank");
+        json_uint(j, gi->stalled[i].rank);
+        json_key(j, "device");
+        json_string(j, gi->stalled[i].device);
+        json_key(j, "waiting_ms");
+        json_uint(j, gi->stalled[i].waiting_ms);
+        json_object_end(j);
+    }
     json_array_end(j);
     json_object_end(j);
 }
@@ -2457,18 +2466,20 @@ static int
 print_groups_table(const dc_group_list *l, bool show)
 {
     static const char *const header[]  = { "GROUP_ID", "GENERATION", "JOINED", "JOINING",
-                                           "DEVICES" };
-    static const char *const rheader[] = { "RANK", "DEVICE" };
+                                           "CALLS",    "STALLED",    "DEVICES" };
+    static const char *const rheader[] = { "RANK", "DEVICE", "STALLED" };
     struct table t;
     int rc;
 
-    table_init(&t, 5, header);
+    table_init(&t, 7, header);
     for (size_t i = 0; i < l->n; i++) {
         const dc_group_info *gi = &l->groups[i];
-        char gen[24], joined[48], joining[24], devs[1024];
-        const char *row[5] = { gi->group_id, gen, joined, joining, devs };
+        char gen[24], joined[48], joining[24], calls[24], stalled[24], devs[1024];
+        const char *row[7] = { gi->group_id, gen, joined, joining, calls, stalled, devs };
         size_t n           = 0;
         snprintf(gen, sizeof(gen), "%llu", (unsigned long long)gi->generation);
+        snprintf(calls, sizeof(calls), "%llu", (unsigned long long)gi->calls);
+        snprintf(stalled, sizeof(stalled), "%zu", gi->n_stalled);
         snprintf(joined, sizeof(joined), "%u/%zu", gi->joined, gi->n_devices);
         snprintf(joining, sizeof(joining), "%u", gi->joining);
         devs[0] = '\0';
@@ -2481,11 +2492,17 @@ print_groups_table(const dc_group_list *l, bool show)
         return rc;
     }
     fputc('\n', stdout);
-    table_init(&t, 2, rheader);
+    table_init(&t, 3, rheader);
     for (size_t d = 0; d < l->groups[0].n_devices; d++) {
-        char r[24];
-        const char *row[2] = { r, l->groups[0].devices[d] };
+        char r[24], waiting[32] = "-";
+        const char *row[3] = { r, l->groups[0].devices[d], waiting };
         snprintf(r, sizeof(r), "%zu", d);
+        for (size_t k = 0; k < l->groups[0].n_stalled; k++) {
+            if (l->groups[0].stalled[k].rank == d) {
+                human_elapsed_us(waiting, sizeof(waiting),
+                                 l->groups[0].stalled[k].waiting_ms * 1000);
+            }
+        }
         table_add(&t, row);
     }
     return table_print(&t);

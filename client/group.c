@@ -351,9 +351,52 @@ dc_group_list_free(dc_group_list *list)
     }
     for (size_t i = 0; i < list->n; i++) {
         free(list->groups[i].devices);
+        free(list->groups[i].stalled);
     }
     free(list->groups);
     free(list);
+}
+
+/* What the worker at address says of gi's calls, added to gi; a worker that does not answer
+ * (or no longer knows the group) adds nothing. */
+static void
+group_worker_status(dc_client *c, const char *address, dc_group_info *gi)
+{
+    Devcoord__V1__GroupStatusRequest req = DEVCOORD__V1__GROUP_STATUS_REQUEST__INIT;
+    const Devcoord__V1__GroupStatusResponse *resp;
+    struct rpc_reply r = { 0 };
+    struct worker_conn *w;
+    dc_group_stalled *grow;
+    dc_status st;
+
+    req.group_id = gi->group_id;
+    if (client_worker_conn(c, address, &w, &st) != DC_OK ||
+        rpc_call(w->rpc, WORKER_SVC, M_WORKER_GROUP_STATUS, &req.base, NULL, 0, c->timeout_ms, &r,
+                 &st) != DC_OK ||
+        (resp = (const Devcoord__V1__GroupStatusResponse *)r.body) == NULL ||
+        resp->generation != gi->generation) {
+        goto out;
+    }
+    if (resp->calls > gi->calls) {
+        gi->calls = resp->calls;
+    }
+    if (resp->n_stalled > gi->n_devices ||
+        (grow = realloc(gi->stalled, (gi->n_stalled + resp->n_stalled + 1) * sizeof(*grow))) ==
+            NULL) {
+        goto out;
+    }
+    gi->stalled = grow;
+    for (size_t i = 0; i < resp->n_stalled; i++) {
+        dc_group_stalled *s = &gi->stalled[gi->n_stalled];
+        s->rank             = resp->stalled[i]->rank;
+        s->waiting_ms       = resp->stalled[i]->waiting_ms;
+        if (client_copy_field(s->device, sizeof(s->device), resp->stalled[i]->device, "device",
+                              &st) == DC_OK) {
+            gi->n_stalled++;
+        }
+    }
+out:
+    rpc_reply_free(&r);
 }
 
 dc_code
@@ -402,6 +445,9 @@ dc_list_groups(dc_client *c, const char *group_id, dc_group_list **out, dc_statu
                                           "device", st)) != DC_OK) {
                 goto out;
             }
+        }
+        for (size_t a = 0; a < pb->n_worker_addresses && gi->generation > 0; a++) {
+            group_worker_status(c, pb->worker_addresses[a], gi);
         }
     }
     *out = l;

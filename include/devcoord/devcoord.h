@@ -324,7 +324,15 @@ dc_code dc_reduce_scatter(dc_group *g, const void *send, void *recv, size_t coun
 /* Returns when every rank has called it. */
 dc_code dc_barrier(dc_group *g, dc_status *st);
 
-/* A group as the coordinator sees it. */
+/* A rank missing from a call the others have made, for longer than its worker's
+ * groups.stall_warn_ms. */
+typedef struct dc_group_stalled {
+    uint32_t rank;
+    char device[DC_DEVICE_TEXT_SIZE];
+    uint64_t waiting_ms;
+} dc_group_stalled;
+
+/* A group as the coordinator sees it, with what its workers say of its calls. */
 typedef struct dc_group_info {
     char group_id[17];
     size_t n_devices;
@@ -332,6 +340,9 @@ typedef struct dc_group_info {
     uint64_t generation;
     uint32_t joined;  /* ranks of the current generation that have not left */
     uint32_t joining; /* ranks waiting in the next rendezvous */
+    uint64_t calls;   /* calls completed in its current generation (0 when no worker said) */
+    size_t n_stalled;
+    dc_group_stalled *stalled;
 } dc_group_info;
 
 typedef struct dc_group_list {
@@ -339,7 +350,9 @@ typedef struct dc_group_list {
     dc_group_info *groups;
 } dc_group_list;
 
-/* Every group, or only group_id when it is not NULL (NOT_FOUND when there is none). */
+/* Every group, or only group_id when it is not NULL (NOT_FOUND when there is none). Asks
+ * each group's workers for its calls and stalled ranks (a worker that does not answer is
+ * left out). */
 dc_code dc_list_groups(dc_client *c, const char *group_id, dc_group_list **out, dc_status *st);
 void dc_group_list_free(dc_group_list *list);
 

@@ -367,7 +367,7 @@ group_list(struct group_table *t, const char *group_id,
     size_t shown = 0;
 
     for (struct group *g = t->first; g != NULL; g = g->next) {
-        struct group_view v = { g->id, g->name_ptrs, g->n, g->generation, 0, 0 };
+        struct group_view v = { g->id, g->name_ptrs, g->ranked, g->n, g->generation, 0, 0 };
         if (group_id != NULL && group_id[0] != '\0' && strcmp(group_id, g->id) != 0) {
             continue;
         }

@@ -39,7 +39,8 @@ struct group_expired {
  * changes. */
 struct group_view {
     const char *group_id;
-    const char *const *devices; /* cluster names, rank order */
+    const char *const *devices;  /* cluster names, rank order */
+    const dc_device_ref *ranked; /* the same devices */
     size_t n;
     uint64_t generation;
     uint32_t joined;  /* ranks of the current generation that have not left */

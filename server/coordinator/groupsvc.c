@@ -392,10 +392,37 @@ groupsvc_leave(struct groupsvc *g, const Devcoord__V1__GroupLeaveRequest *in,
 }
 
 struct list_ctx {
+    struct registry *registry;
     struct arena *a;
     Devcoord__V1__ListGroupsResponse *out;
     bool oom;
 };
+
+/* The data addresses of the workers of v's devices (those the registry knows), once each. */
+static bool
+list_worker_addresses(struct list_ctx *lc, const struct group_view *v, Devcoord__V1__GroupInfo *gi)
+{
+    if ((gi->worker_addresses = arena_alloc(lc->a, (v->n + 1) * sizeof(char *))) == NULL) {
+        return false;
+    }
+    for (size_t i = 0; i < v->n; i++) {
+        char address[ADDRESS_MAX + 1];
+        uint64_t epoch;
+        bool seen = false;
+        for (size_t k = 0; k < i && !seen; k++) {
+            seen = strcmp(v->ranked[k].worker, v->ranked[i].worker) == 0;
+        }
+        if (seen || !registry_worker_address(lc->registry, v->ranked[i].worker, address,
+                                             sizeof(address), &epoch)) {
+            continue;
+        }
+        if ((gi->worker_addresses[gi->n_worker_addresses++] = arena_strdup(lc->a, address)) ==
+            NULL) {
+            return false;
+        }
+    }
+    return true;
+}
 
 static void
 list_one(void *arg, const struct group_view *v)
@@ -423,7 +450,11 @@ list_one(void *arg, const struct group_view *v)
             return;
         }
     }
-    gi->n_devices                        = v->n;
+    gi->n_devices = v->n;
+    if (!list_worker_addresses(lc, v, gi)) {
+        lc->oom = true;
+        return;
+    }
     lc->out->groups[lc->out->n_groups++] = gi;
 }
 
@@ -432,8 +463,8 @@ groupsvc_list(struct groupsvc *g, const Devcoord__V1__ListGroupsRequest *in,
               Devcoord__V1__ListGroupsResponse_Closure closure, void *cd)
 {
     Devcoord__V1__ListGroupsResponse out = DEVCOORD__V1__LIST_GROUPS_RESPONSE__INIT;
-    struct list_ctx lc                   = { arena_new(ARENA_OWN_BUDGET), &out, false };
-    size_t shown                         = 0;
+    struct list_ctx lc = { g->registry, arena_new(ARENA_OWN_BUDGET), &out, false };
+    size_t shown       = 0;
 
     if (lc.a == NULL) {
         status_set(rpc_call_status(cd), DC_RESOURCE_EXHAUSTED, "out of memory");

@@ -74,8 +74,9 @@ struct wcall {
     uint8_t *mine; /* this worker's part, once every local rank is in */
     size_t mine_bytes;
     bool sent;
-    bool noted; /* a partial note went to the peers */
-    uint64_t first_ms, deadline_ms;
+    bool noted;                     /* a partial note went to the peers */
+    uint64_t started_ms;            /* when any part of it first came, here or from a peer */
+    uint64_t first_ms, deadline_ms; /* from this worker's first rank's call */
     uint64_t first_us;
     bool stall_logged;
     struct wcall *next;
@@ -456,6 +457,21 @@ wgroups_setup(struct wgroups *wg, const Devcoord__V1__GroupSetupRequest *in,
     pthread_mutex_lock(&wg->mtx);
     old = group_find(wg, in->group_id);
     if (old == NULL && wg->n_groups >= GROUPS_MAX) {
+        /* Make room: the oldest group with no call in progress goes. */
+        struct wgroup **victim = NULL;
+        for (struct wgroup **pp = &wg->groups; *pp != NULL; pp = &(*pp)->next) {
+            if ((*pp)->calls == NULL) {
+                victim = pp;
+            }
+        }
+        if (victim != NULL) {
+            struct wgroup *v = *victim;
+            *victim          = v->next;
+            group_free(v);
+            wg->n_groups--;
+        }
+    }
+    if (old == NULL && wg->n_groups >= GROUPS_MAX) {
         code = status_set(&st, DC_RESOURCE_EXHAUSTED, "too many groups on this worker (%d)",
                           GROUPS_MAX);
     } else if ((code = group_from_setup(wg, in, &g, &st)) == DC_OK) {
@@ -465,7 +481,6 @@ wgroups_setup(struct wgroups *wg, const Devcoord__V1__GroupSetupRequest *in,
                        old->id, (unsigned long long)old->generation,
                        (unsigned long long)g->generation);
             group_end_locked(wg, old, &why);
-            g->calls_done = old->calls_done;
             for (struct wgroup **pp = &wg->groups; *pp != NULL; pp = &(*pp)->next) {
                 if (*pp == old) {
                     *pp = old->next;
@@ -829,7 +844,8 @@ wcall_get(struct wgroups *wg, struct wgroup *g, uint64_t seq, uint32_t timeout_m
         return NULL;
     }
     c->seq         = seq;
-    c->first_ms    = rpc_now_ms();
+    c->started_ms  = rpc_now_ms();
+    c->first_ms    = c->started_ms;
     c->first_us    = rpc_now_us();
     c->deadline_ms = c->first_ms + (timeout_ms ? timeout_ms : GROUPS_DEFAULT_TIMEOUT_MS);
     c->next        = g->calls;
@@ -1046,6 +1062,71 @@ wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *i
     closure(&out, cd);
 }
 
+/* ---- GroupStatus ------------------------------------------------------------------------- */
+
+/* This worker's ranks missing from a call of g that some rank made at least stall_ms ago, into
+ * out (room for every local rank); returns how many. mtx held. */
+static size_t
+stalled_ranks(const struct wgroup *g, uint64_t now, uint64_t stall_ms,
+              Devcoord__V1__GroupStalledRank *out)
+{
+    const struct gworker *me = &g->workers[g->self];
+    size_t n                 = 0;
+
+    for (size_t k = 0; k < me->n_ranks; k++) {
+        uint64_t waiting = 0;
+        for (const struct wcall *c = g->calls; c != NULL; c = c->next) {
+            if (!c->local[k].in && now - c->started_ms >= stall_ms &&
+                now - c->started_ms > waiting) {
+                waiting = now - c->started_ms;
+            }
+        }
+        if (waiting > 0) {
+            devcoord__v1__group_stalled_rank__init(&out[n]);
+            out[n].rank       = me->ranks[k];
+            out[n].device     = (char *)g->names[me->ranks[k]];
+            out[n].waiting_ms = waiting;
+            n++;
+        }
+    }
+    return n;
+}
+
+void
+wgroups_status(struct wgroups *wg, const Devcoord__V1__GroupStatusRequest *in,
+               Devcoord__V1__GroupStatusResponse_Closure closure, void *cd)
+{
+    Devcoord__V1__GroupStatusResponse out   = DEVCOORD__V1__GROUP_STATUS_RESPONSE__INIT;
+    Devcoord__V1__GroupStalledRank *stalled = NULL;
+    Devcoord__V1__GroupStalledRank **ptrs   = NULL;
+    struct wgroup *g;
+
+    pthread_mutex_lock(&wg->mtx);
+    if ((g = group_find(wg, in->group_id)) == NULL) {
+        status_set(rpc_call_status(cd), DC_NOT_FOUND, "no group %.32s on this worker",
+                   in->group_id);
+    } else {
+        size_t n_local = g->workers[g->self].n_ranks;
+        if ((stalled = calloc(n_local, sizeof(*stalled))) == NULL ||
+            (ptrs = calloc(n_local, sizeof(*ptrs))) == NULL) {
+            status_set(rpc_call_status(cd), DC_RESOURCE_EXHAUSTED, "out of memory");
+        } else {
+            out.generation = g->generation;
+            out.calls      = g->calls_done;
+            out.n_stalled  = stalled_ranks(g, rpc_now_ms(), wg->cfg->group_stall_warn_ms, stalled);
+            for (size_t i = 0; i < out.n_stalled; i++) {
+                ptrs[i] = &stalled[i];
+            }
+            out.stalled = ptrs;
+        }
+    }
+    /* Packed by the closure, under the lock: the names point into the group. */
+    closure(rpc_call_status(cd)->code == DC_OK ? &out : NULL, cd);
+    pthread_mutex_unlock(&wg->mtx);
+    free(stalled);
+    free(ptrs);
+}
+
 /* ---- the timer: deadlines and stalls ----------------------------------------------------- */
 
 /* "rank 1 (node-b/cpu:0), rank 2 (...)": the ranks whose part of c is not in. */
@@ -1095,12 +1176,12 @@ wgroups_tick_locked(struct wgroups *wg, uint64_t now)
                     break;
                 }
             }
-            if (!c->stall_logged && now - c->first_ms >= GROUPS_STALL_WARN_MS) {
+            if (!c->stall_logged && now - c->started_ms >= wg->cfg->group_stall_warn_ms) {
                 c->stall_logged = true;
                 wg->stalls_total++;
                 missing_ranks(g, c, names, sizeof(names));
                 log_warn("group %s call %llu stalled for %llu ms waiting for %s", g->id,
-                         (unsigned long long)c->seq, (unsigned long long)(now - c->first_ms),
+                         (unsigned long long)c->seq, (unsigned long long)(now - c->started_ms),
                          names);
             }
         }

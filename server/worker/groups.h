@@ -28,8 +28,6 @@
 #define GROUPS_MAX_RANKS 4096
 /* A call's deadline when the rank gives none. */
 #define GROUPS_DEFAULT_TIMEOUT_MS 30000
-/* A rank missing this long is logged as stalled (groups.stall_warn_ms's default). */
-#define GROUPS_STALL_WARN_MS 5000
 
 struct wgroups;
 struct mbuf;
@@ -45,6 +43,9 @@ void wgroups_call(struct wgroups *wg, const Devcoord__V1__GroupCallRequest *in,
                   Devcoord__V1__GroupCallResponse_Closure closure, void *cd);
 void wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *in,
                       Devcoord__V1__GroupExchangeResponse_Closure closure, void *cd);
+/* Calls completed in the group and this worker's stalled ranks (groups list | show). */
+void wgroups_status(struct wgroups *wg, const Devcoord__V1__GroupStatusRequest *in,
+                    Devcoord__V1__GroupStatusResponse_Closure closure, void *cd);
 
 /* devcoord_group_calls_total{kind}, devcoord_group_call_seconds, devcoord_group_stalls_total. */
 void wgroups_metrics_render(struct wgroups *wg, struct mbuf *b);

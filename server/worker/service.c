@@ -78,6 +78,13 @@ w_group_exchange(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__GroupExc
     wgroups_exchange(WORKER(svc)->groups, in, closure, cd);
 }
 
+static void
+w_group_status(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__GroupStatusRequest *in,
+               Devcoord__V1__GroupStatusResponse_Closure closure, void *cd)
+{
+    wgroups_status(WORKER(svc)->groups, in, closure, cd);
+}
+
 void
 worker_service_init(struct worker *w)
 {
@@ -96,6 +103,7 @@ static const struct auth_rule worker_rules[] = {
     { "GroupSetup", ROLE_WORKER },
     { "GroupCall", ROLE_TRAINER },
     { "GroupExchange", ROLE_WORKER },
+    { "GroupStatus", ROLE_TRAINER | ROLE_OPERATOR },
 };
 
 dc_code

@@ -36,12 +36,12 @@ class GroupsTestCase(ClusterTestCase):
     heartbeat_ms = 500
     dead_after_ms = 5000
 
-    def start(self, workers, coordinator_config=None, http=False):
+    def start(self, workers, coordinator_config=None, http=False, worker_extra=None):
         """workers: {name: [device, ...]}"""
         c = self.cluster = self.make_cluster(coordinator_config=coordinator_config)
         c.start_coordinator()
         for name, devices in workers.items():
-            extra = {}
+            extra = dict(worker_extra or {})
             if http:
                 extra["http"] = "127.0.0.1:%d" % harness.free_port()
             c.add_worker(name, [{"device": d, "memory": "8GiB"} for d in devices], extra=extra)
@@ -80,6 +80,7 @@ class JoinTest(GroupsTestCase):
         doc = c.ctl_ok("groups", "show", rs[0].out["group_id"])
         self.assertEqual(doc["devices"], ranked)
         self.assertEqual(doc["generation"], 1)
+        self.assertEqual((doc["calls"], doc["stalled"]), (1, []))
         listed = c.ctl_ok("groups", "list")["groups"]
         self.assertIn(rs[0].out["group_id"], [g["group_id"] for g in listed])
         # Joining again is the next generation.
@@ -310,12 +311,25 @@ class FailuresTest(GroupsTestCase):
                           r.out["message"])
 
     def test_a_rank_that_never_calls_is_named_at_the_deadline(self):
-        self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0", "cuda:1"]})
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0", "cuda:1"]},
+                       worker_extra={"groups": {"stall_warn_ms": 300}})
         devs = "node-a/cuda:0,node-b/cuda:0,node-b/cuda:1"
         # Every rank joins and makes call 1; node-b/cuda:1 (rank 2) then stops.
-        procs = [ctl_popen(self.cluster, "--timeout", "3s", "collective", "barrier", "--devices",
+        procs = [ctl_popen(self.cluster, "--timeout", "6s", "collective", "barrier", "--devices",
                            devs, "--self", d, "--repeat", "2" if d != "node-b/cuda:1" else "1")
                  for d in devs.split(",")]
+        self.assertEqual(finish(procs[2]).rc, 0)
+        # Before the deadline, groups show names it as stalled (past stall_warn_ms).
+        shown = []
+
+        def stalled():
+            groups = c.ctl_ok("groups", "list")["groups"]
+            shown[:] = [s for g in groups for s in g["stalled"]]
+            return shown
+
+        harness.wait_until(stalled, 5, "groups list to show a stalled rank")
+        self.assertEqual([(s["rank"], s["device"]) for s in shown], [(2, "node-b/cuda:1")])
+        self.assertGreaterEqual(shown[0]["waiting_ms"], 300)
         rs = [finish(p) for p in procs]
         self.assertEqual(rs[2].rc, 0, rs[2])
         for r in rs[:2]:
@@ -325,6 +339,7 @@ class FailuresTest(GroupsTestCase):
             self.assertIn("rank 2 (node-b/cuda:1)", r.out["message"])
             self.assertNotIn("rank 0 (", r.out["message"])
             self.assertNotIn("rank 1 (", r.out["message"])
+        self.assertIn("stalled", c.worker("node-b").log_text())
 
     def test_a_killed_worker_fails_the_others_naming_it_then_a_rejoin_works(self):
         c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"], "node-c": ["cuda:0"]})
