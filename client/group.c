@@ -216,9 +216,55 @@ struct call {
     size_t recv_bytes;
 };
 
-/* One call: the next seq of g, to this rank's worker, the result into recv. */
+/* A call started with an _async function. */
+struct dc_request {
+    pthread_mutex_t mtx;
+    pthread_cond_t cv;
+    bool done;
+    dc_code code;
+    dc_status st;
+    void *recv;
+    size_t recv_bytes;
+};
+
+/* The result of a call's reply into recv: DC_INTERNAL when its size is not recv_bytes. */
 static dc_code
-group_call(dc_group *g, const struct call *k, dc_status *st)
+take_result(const struct rpc_reply *r, void *recv, size_t recv_bytes, dc_status *st)
+{
+    if (recv_bytes == 0) {
+        return DC_OK;
+    }
+    if (r->attachment_len != recv_bytes) {
+        return status_set(st, DC_INTERNAL, "malformed reply: %zu result bytes, not %zu",
+                          r->attachment_len, recv_bytes);
+    }
+    memcpy(recv, r->attachment, recv_bytes);
+    return DC_OK;
+}
+
+/* An async call's reply (nng thread: copies and signals, never blocks). */
+static void
+request_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, bool *keep)
+{
+    dc_request *rq = arg;
+    dc_status out  = *st;
+
+    (void)keep;
+    if (code == DC_OK) {
+        code = take_result(reply, rq->recv, rq->recv_bytes, &out);
+    }
+    pthread_mutex_lock(&rq->mtx);
+    rq->code = code;
+    rq->st   = out;
+    rq->done = true;
+    pthread_cond_broadcast(&rq->cv);
+    pthread_mutex_unlock(&rq->mtx);
+}
+
+/* One call: the next seq of g, to this rank's worker, the result into recv. With rq, it is
+ * started and rq completes it; without, it is made and waited for. */
+static dc_code
+group_call_run(dc_group *g, const struct call *k, dc_request *rq, dc_status *st)
 {
     Devcoord__V1__GroupCallRequest req = DEVCOORD__V1__GROUP_CALL_REQUEST__INIT;
     Devcoord__V1__GroupCallDesc desc   = DEVCOORD__V1__GROUP_CALL_DESC__INIT;
@@ -265,29 +311,154 @@ group_call(dc_group *g, const struct call *k, dc_status *st)
     req.generation = g->generation;
     req.call       = &desc;
     req.timeout_ms = g->call_timeout_ms;
+    /* The k-th call of this rank is the k-th started, whichever thread starts it. */
     pthread_mutex_lock(&g->mtx);
     req.seq = ++g->seq;
-    code    = rpc_call(w->rpc, WORKER_SVC, M_WORKER_GROUP_CALL, &req.base, k->send, bytes,
-                       add_margin(g->call_timeout_ms), &r, st);
+    if (rq != NULL) {
+        code = rpc_call_async(w->rpc, WORKER_SVC, M_WORKER_GROUP_CALL, &req.base, k->send, bytes,
+                              add_margin(g->call_timeout_ms), request_done, rq, st);
+        pthread_mutex_unlock(&g->mtx);
+        return code;
+    }
     pthread_mutex_unlock(&g->mtx);
-    if (code == DC_OK && k->recv_bytes > 0) {
-        if (r.attachment_len != k->recv_bytes) {
-            code = status_set(st, DC_INTERNAL, "malformed reply: %zu result bytes, not %zu",
-                              r.attachment_len, k->recv_bytes);
-        } else if (k->recv != r.attachment) {
-            memcpy(k->recv, r.attachment, k->recv_bytes);
-        }
+    code = rpc_call(w->rpc, WORKER_SVC, M_WORKER_GROUP_CALL, &req.base, k->send, bytes,
+                    add_margin(g->call_timeout_ms), &r, st);
+    if (code == DC_OK) {
+        code = take_result(&r, k->recv, k->recv_bytes, st);
     }
     rpc_reply_free(&r);
     return code;
 }
 
+static dc_code
+group_call(dc_group *g, const struct call *k, dc_status *st)
+{
+    return group_call_run(g, k, NULL, st);
+}
+
+/* Starts k; NULL (st says why) when it could not start. */
+static dc_request *
+group_call_async(dc_group *g, const struct call *k, dc_status *st)
+{
+    dc_request *rq = calloc(1, sizeof(*rq));
+
+    if (rq == NULL) {
+        status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&rq->mtx, NULL);
+    pthread_cond_init(&rq->cv, NULL);
+    rq->recv       = k->recv;
+    rq->recv_bytes = k->recv_bytes;
+    if (group_call_run(g, k, rq, st) != DC_OK) {
+        pthread_cond_destroy(&rq->cv);
+        pthread_mutex_destroy(&rq->mtx);
+        free(rq);
+        return NULL;
+    }
+    return rq;
+}
+
+dc_code
+dc_wait(dc_request *req, dc_status *st)
+{
+    dc_code code;
+
+    status_clear(st);
+    if (req == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "request is NULL");
+    }
+    pthread_mutex_lock(&req->mtx);
+    while (!req->done) {
+        pthread_cond_wait(&req->cv, &req->mtx);
+    }
+    pthread_mutex_unlock(&req->mtx);
+    code = req->code;
+    if (st != NULL) {
+        *st = req->st;
+    }
+    pthread_cond_destroy(&req->cv);
+    pthread_mutex_destroy(&req->mtx);
+    free(req);
+    return code;
+}
+
+dc_code
+dc_test(dc_request *req, bool *done, dc_status *st)
+{
+    dc_code code = DC_OK;
+
+    status_clear(st);
+    if (req == NULL || done == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "%s is NULL", req == NULL ? "request" : "done");
+    }
+    pthread_mutex_lock(&req->mtx);
+    *done = req->done;
+    if (req->done) {
+        code = req->code;
+        if (st != NULL) {
+            *st = req->st;
+        }
+    }
+    pthread_mutex_unlock(&req->mtx);
+    return code;
+}
+
+/* The calls: struct call for each kind, made blocking or started. */
+
+static struct call
+call_all_reduce(void *buf, size_t count, dc_dtype dtype, dc_reduce_op op)
+{
+    return (struct call){
+        DC_OP_ALL_REDUCE, dtype, count, op, 0, buf, buf, count * dc_dtype_size(dtype)
+    };
+}
+
+static struct call
+call_reduce(void *buf, size_t count, dc_dtype dtype, dc_reduce_op op, uint32_t root)
+{
+    return (struct call){ DC_OP_REDUCE, dtype, count, op,
+                          root,         buf,   buf,   count * dc_dtype_size(dtype) };
+}
+
+static struct call
+call_broadcast(void *buf, size_t count, dc_dtype dtype, uint32_t root)
+{
+    return (struct call){
+        DC_OP_BROADCAST, dtype, count, DC_REDUCE_NONE, root, buf, buf, count * dc_dtype_size(dtype)
+    };
+}
+
+static struct call
+call_all_gather(const dc_group *g, const void *send, void *recv, size_t count, dc_dtype dtype)
+{
+    return (struct call){ DC_OP_ALL_GATHER,
+                          dtype,
+                          count,
+                          DC_REDUCE_NONE,
+                          0,
+                          send,
+                          recv,
+                          g != NULL ? count * dc_dtype_size(dtype) * g->size : 0 };
+}
+
+static struct call
+call_reduce_scatter(const void *send, void *recv, size_t count, dc_dtype dtype, dc_reduce_op op)
+{
+    return (struct call){ DC_OP_REDUCE_SCATTER,        dtype, count, op, 0, send, recv,
+                          count * dc_dtype_size(dtype) };
+}
+
+static struct call
+call_barrier(void)
+{
+    return (struct call){ DC_OP_BARRIER, DC_DTYPE_NONE, 0, DC_REDUCE_NONE, 0, NULL, NULL, 0 };
+}
+
 dc_code
 dc_all_reduce(dc_group *g, void *buf, size_t count, dc_dtype dtype, dc_reduce_op op, dc_status *st)
 {
-    struct call k = {
-        DC_OP_ALL_REDUCE, dtype, count, op, 0, buf, buf, count * dc_dtype_size(dtype)
-    };
+    struct call k = call_all_reduce(buf, count, dtype, op);
     return group_call(g, &k, st);
 }
 
@@ -295,18 +466,14 @@ dc_code
 dc_reduce(dc_group *g, void *buf, size_t count, dc_dtype dtype, dc_reduce_op op, uint32_t root,
           dc_status *st)
 {
-    struct call k = {
-        DC_OP_REDUCE, dtype, count, op, root, buf, buf, count * dc_dtype_size(dtype)
-    };
+    struct call k = call_reduce(buf, count, dtype, op, root);
     return group_call(g, &k, st);
 }
 
 dc_code
 dc_broadcast(dc_group *g, void *buf, size_t count, dc_dtype dtype, uint32_t root, dc_status *st)
 {
-    struct call k = {
-        DC_OP_BROADCAST, dtype, count, DC_REDUCE_NONE, root, buf, buf, count * dc_dtype_size(dtype)
-    };
+    struct call k = call_broadcast(buf, count, dtype, root);
     return group_call(g, &k, st);
 }
 
@@ -314,14 +481,7 @@ dc_code
 dc_all_gather(dc_group *g, const void *send, void *recv, size_t count, dc_dtype dtype,
               dc_status *st)
 {
-    struct call k = { DC_OP_ALL_GATHER,
-                      dtype,
-                      count,
-                      DC_REDUCE_NONE,
-                      0,
-                      send,
-                      recv,
-                      g != NULL ? count * dc_dtype_size(dtype) * g->size : 0 };
+    struct call k = call_all_gather(g, send, recv, count, dtype);
     return group_call(g, &k, st);
 }
 
@@ -329,16 +489,62 @@ dc_code
 dc_reduce_scatter(dc_group *g, const void *send, void *recv, size_t count, dc_dtype dtype,
                   dc_reduce_op op, dc_status *st)
 {
-    struct call k = { DC_OP_REDUCE_SCATTER,        dtype, count, op, 0, send, recv,
-                      count * dc_dtype_size(dtype) };
+    struct call k = call_reduce_scatter(send, recv, count, dtype, op);
     return group_call(g, &k, st);
 }
 
 dc_code
 dc_barrier(dc_group *g, dc_status *st)
 {
-    struct call k = { DC_OP_BARRIER, DC_DTYPE_NONE, 0, DC_REDUCE_NONE, 0, NULL, NULL, 0 };
+    struct call k = call_barrier();
     return group_call(g, &k, st);
+}
+
+dc_request *
+dc_all_reduce_async(dc_group *g, void *buf, size_t count, dc_dtype dtype, dc_reduce_op op,
+                    dc_status *st)
+{
+    struct call k = call_all_reduce(buf, count, dtype, op);
+    return group_call_async(g, &k, st);
+}
+
+dc_request *
+dc_reduce_async(dc_group *g, void *buf, size_t count, dc_dtype dtype, dc_reduce_op op,
+                uint32_t root, dc_status *st)
+{
+    struct call k = call_reduce(buf, count, dtype, op, root);
+    return group_call_async(g, &k, st);
+}
+
+dc_request *
+dc_broadcast_async(dc_group *g, void *buf, size_t count, dc_dtype dtype, uint32_t root,
+                   dc_status *st)
+{
+    struct call k = call_broadcast(buf, count, dtype, root);
+    return group_call_async(g, &k, st);
+}
+
+dc_request *
+dc_all_gather_async(dc_group *g, const void *send, void *recv, size_t count, dc_dtype dtype,
+                    dc_status *st)
+{
+    struct call k = call_all_gather(g, send, recv, count, dtype);
+    return group_call_async(g, &k, st);
+}
+
+dc_request *
+dc_reduce_scatter_async(dc_group *g, const void *send, void *recv, size_t count, dc_dtype dtype,
+                        dc_reduce_op op, dc_status *st)
+{
+    struct call k = call_reduce_scatter(send, recv, count, dtype, op);
+    return group_call_async(g, &k, st);
+}
+
+dc_request *
+dc_barrier_async(dc_group *g, dc_status *st)
+{
+    struct call k = call_barrier();
+    return group_call_async(g, &k, st);
 }
 
 /* ---- listing ----------------------------------------------------------------------------- */

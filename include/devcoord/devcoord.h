@@ -324,6 +324,29 @@ dc_code dc_reduce_scatter(dc_group *g, const void *send, void *recv, size_t coun
 /* Returns when every rank has called it. */
 dc_code dc_barrier(dc_group *g, dc_status *st);
 
+/* The same calls started without waiting: each returns a request to finish with dc_wait
+ * (NULL, st saying why, when it could not start). Several may be in flight on one group;
+ * the k-th started by a rank is matched with the k-th of the others. Buffers must stay
+ * valid, and untouched, until dc_wait returns. */
+typedef struct dc_request dc_request;
+
+dc_request *dc_all_reduce_async(dc_group *g, void *buf, size_t count, dc_dtype dtype,
+                                dc_reduce_op op, dc_status *st);
+dc_request *dc_reduce_async(dc_group *g, void *buf, size_t count, dc_dtype dtype, dc_reduce_op op,
+                            uint32_t root, dc_status *st);
+dc_request *dc_broadcast_async(dc_group *g, void *buf, size_t count, dc_dtype dtype, uint32_t root,
+                               dc_status *st);
+dc_request *dc_all_gather_async(dc_group *g, const void *send, void *recv, size_t count,
+                                dc_dtype dtype, dc_status *st);
+dc_request *dc_reduce_scatter_async(dc_group *g, const void *send, void *recv, size_t count,
+                                    dc_dtype dtype, dc_reduce_op op, dc_status *st);
+dc_request *dc_barrier_async(dc_group *g, dc_status *st);
+/* Waits for the call to end, frees req and returns its code (st: its message). */
+dc_code dc_wait(dc_request *req, dc_status *st);
+/* *done: whether the call has ended; if so, returns its code (st: its message). req stays
+ * valid: finish it with dc_wait, which then returns at once. */
+dc_code dc_test(dc_request *req, bool *done, dc_status *st);
+
 /* A rank missing from a call the others have made, for longer than its worker's
  * groups.stall_warn_ms. */
 typedef struct dc_group_stalled {

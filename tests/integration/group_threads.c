@@ -2,7 +2,8 @@
  * Ranks as threads of one process (burn's model), through the public API: one dc_client shared
  * by every thread, one dc_group per thread. Each thread joins as one device of the list, then
  * makes ITERATIONS all-reduces (sum, i64 and f64) and one reduce, broadcast, all-gather,
- * reduce-scatter and barrier, checking every result; then leaves. Prints "ok N" and exits 0 when
+ * reduce-scatter and barrier, then IN_FLIGHT all-reduces started at once (_async) and
+ * finished with dc_test/dc_wait, checking every result; then leaves. Prints "ok N" and exits 0 when
  * every thread saw every result right, else names the first wrong one and exits 1.
  *
  *   devcoord-group-threads ADDR DEVICE,DEVICE,... ITERATIONS
@@ -14,7 +15,8 @@
 
 #include "devcoord/devcoord.h"
 
-#define COUNT 5 /* not a multiple of the usual 2 or 3 ranks */
+#define COUNT     5 /* not a multiple of the usual 2 or 3 ranks */
+#define IN_FLIGHT 4
 
 struct rank_thread {
     pthread_t tid;
@@ -130,6 +132,42 @@ rank_main(void *arg)
     }
     if (dc_barrier(g, &st) != DC_OK) {
         snprintf(t->error, sizeof(t->error), "%s: barrier: %s", t->self, st.message);
+        goto out;
+    }
+    /* Several calls in flight on the group, each with its own buffer. */
+    {
+        dc_request *reqs[IN_FLIGHT] = { 0 };
+        int32_t bufs[IN_FLIGHT][COUNT];
+        bool done = false;
+        for (int q = 0; q < IN_FLIGHT; q++) {
+            for (int i = 0; i < COUNT; i++) {
+                bufs[q][i] = (int32_t)(rank + 1) * (q + 1) + i;
+            }
+            if ((reqs[q] = dc_all_reduce_async(g, bufs[q], COUNT, DC_DTYPE_I32, DC_REDUCE_SUM,
+                                               &st)) == NULL) {
+                snprintf(t->error, sizeof(t->error), "%s: all-reduce %d did not start: %s", t->self,
+                         q, st.message);
+            }
+        }
+        if (reqs[0] != NULL && dc_test(reqs[0], &done, &st) != DC_OK && done) {
+            snprintf(t->error, sizeof(t->error), "%s: test: %s", t->self, st.message);
+        }
+        for (int q = IN_FLIGHT - 1; q >= 0; q--) { /* waited for in any order */
+            if (reqs[q] != NULL && dc_wait(reqs[q], &st) != DC_OK && t->error[0] == '\0') {
+                snprintf(t->error, sizeof(t->error), "%s: all-reduce %d: %s", t->self, q,
+                         st.message);
+            }
+        }
+        for (int q = 0; q < IN_FLIGHT && t->error[0] == '\0'; q++) {
+            for (int i = 0; i < COUNT; i++) {
+                int32_t want = (int32_t)((q + 1) * n * (n + 1) / 2 + n * i);
+                if (bufs[q][i] != want) {
+                    snprintf(t->error, sizeof(t->error), "%s: all-reduce %d: [%d] = %d, want %d",
+                             t->self, q, i, bufs[q][i], want);
+                    break;
+                }
+            }
+        }
     }
 out:
     free(gathered);
