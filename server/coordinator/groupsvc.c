@@ -194,16 +194,16 @@ setup_start(struct groupsvc *g, struct group_done *done, const dc_device_ref *ra
             free(w);
         }
         group_done_fini(done);
+        pthread_mutex_lock(&g->mtx);
+        g->setups--;
+        pthread_cond_broadcast(&g->cv);
+        pthread_mutex_unlock(&g->mtx);
         return;
     }
     s->g    = g;
     s->done = *done;
     memset(done, 0, sizeof(*done));
     status_clear(&s->fail);
-    pthread_mutex_lock(&g->mtx);
-    g->setups++;
-    g->generations++;
-    pthread_mutex_unlock(&g->mtx);
     if (plan_build(&s->plan, ranked, s->done.n, s->done.group_id, &lookup, &s->fail) != DC_OK) {
         goto answer;
     }
@@ -349,6 +349,10 @@ groupsvc_join(struct groupsvc *g, const Devcoord__V1__GroupJoinRequest *in,
     }
     if (code != DC_OK) {
         g->joins_failed++;
+    } else if (completed) {
+        /* Counted before the lock goes, so a shutdown waits for its answers. */
+        g->setups++;
+        g->generations++;
     }
     pthread_mutex_unlock(&g->mtx);
     if (code == DC_OK) {

@@ -455,8 +455,8 @@ wgroups_setup(struct wgroups *wg, const Devcoord__V1__GroupSetupRequest *in,
 
     status_clear(&st);
     pthread_mutex_lock(&wg->mtx);
-    old = group_find(wg, in->group_id);
-    if (old == NULL && wg->n_groups >= GROUPS_MAX) {
+    old = wg->stopping ? NULL : group_find(wg, in->group_id);
+    if (!wg->stopping && old == NULL && wg->n_groups >= GROUPS_MAX) {
         /* Make room: the oldest group with no call in progress goes. */
         struct wgroup **victim = NULL;
         for (struct wgroup **pp = &wg->groups; *pp != NULL; pp = &(*pp)->next) {
@@ -471,7 +471,9 @@ wgroups_setup(struct wgroups *wg, const Devcoord__V1__GroupSetupRequest *in,
             wg->n_groups--;
         }
     }
-    if (old == NULL && wg->n_groups >= GROUPS_MAX) {
+    if (wg->stopping) {
+        code = status_set(&st, DC_UNAVAILABLE, "worker shutting down");
+    } else if (old == NULL && wg->n_groups >= GROUPS_MAX) {
         code = status_set(&st, DC_RESOURCE_EXHAUSTED, "too many groups on this worker (%d)",
                           GROUPS_MAX);
     } else if ((code = group_from_setup(wg, in, &g, &st)) == DC_OK) {
@@ -1253,7 +1255,7 @@ wgroups_new(const struct config_worker *cfg, const char *token)
 }
 
 void
-wgroups_free(struct wgroups *wg)
+wgroups_shutdown(struct wgroups *wg)
 {
     dc_status st;
 
@@ -1261,6 +1263,10 @@ wgroups_free(struct wgroups *wg)
         return;
     }
     pthread_mutex_lock(&wg->mtx);
+    if (wg->stopping) {
+        pthread_mutex_unlock(&wg->mtx);
+        return;
+    }
     wg->stopping = true;
     pthread_cond_broadcast(&wg->cv);
     status_set(&st, DC_UNAVAILABLE, "worker shutting down");
@@ -1269,9 +1275,22 @@ wgroups_free(struct wgroups *wg)
     }
     pthread_mutex_unlock(&wg->mtx);
     pthread_join(wg->timer, NULL);
-    /* Closing waits for the exchange callbacks, which take mtx: not under it. */
+    /* Closing waits for the exchange callbacks, which take mtx: not under it. Nothing opens
+     * or uses a peer once stopping is set. */
     for (size_t i = 0; i < wg->n_peers; i++) {
         rpc_client_close(wg->peers[i]->client);
+        wg->peers[i]->client = NULL;
+    }
+}
+
+void
+wgroups_free(struct wgroups *wg)
+{
+    if (wg == NULL) {
+        return;
+    }
+    wgroups_shutdown(wg);
+    for (size_t i = 0; i < wg->n_peers; i++) {
         free(wg->peers[i]);
     }
     free(wg->peers);

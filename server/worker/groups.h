@@ -34,7 +34,10 @@ struct mbuf;
 
 /* token (may be NULL) is what this worker shows its peers; it must outlive wg. */
 struct wgroups *wgroups_new(const struct config_worker *cfg, const char *token);
-/* Fails every waiting call (UNAVAILABLE) and frees everything. */
+/* Fails every waiting call and refuses new ones (UNAVAILABLE), closes the connections to
+ * peers. Handlers may still run (and are refused) until wgroups_free. */
+void wgroups_shutdown(struct wgroups *wg);
+/* wgroups_shutdown if not done, then frees everything: no handler may run any more. */
 void wgroups_free(struct wgroups *wg);
 
 void wgroups_setup(struct wgroups *wg, const Devcoord__V1__GroupSetupRequest *in,

@@ -215,8 +215,7 @@ out_rpc:
     w->membership = NULL;
     collectives_free(w->collectives);
     w->collectives = NULL;
-    wgroups_free(w->groups);
-    w->groups = NULL;
+    wgroups_shutdown(w->groups);
     rpc_server_free(w->rpc);
 out:
     collectives_free(w->collectives);

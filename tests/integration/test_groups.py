@@ -371,6 +371,25 @@ class FailuresTest(GroupsTestCase):
             self.assertEqual(r.out["values"], [3.0, 6.0])
             self.assertEqual(r.out["generation"], 2)
 
+    def test_a_stopping_worker_answers_its_waiting_ranks_and_exits_cleanly(self):
+        c = self.start({"node-a": ["cuda:0", "cuda:1"], "node-b": ["cuda:0"]})
+        devs = "node-a/cuda:0,node-a/cuda:1,node-b/cuda:0"
+        # node-a's two ranks wait in their second call for node-b's, which stopped.
+        procs = [ctl_popen(c, "--timeout", "60s", "collective", "all-reduce", "--devices", devs,
+                           "--self", d, "--dtype", "i32", "--values", "1", "--reduce", "sum",
+                           "--repeat", "1" if d.startswith("node-b") else "2")
+                 for d in devs.split(",")]
+        self.assertEqual(finish(procs[2]).rc, 0)
+        time.sleep(0.3)
+        self.assertEqual(c.terminate_worker("node-a"), 0)
+        for p in procs[:2]:
+            # The worker's own connections close first (its stop order): the ranks hear
+            # UNAVAILABLE, as an unreachable worker (exit 3) or its refusal (exit 1).
+            r = finish(p, timeout=30)
+            self.assertIn(r.rc, (1, 3), r)
+            self.assertEqual(r.out["status"], "UNAVAILABLE", r)
+            self.assertEqual(r.out["calls"], 1, r)
+
 
 class DataPathTest(GroupsTestCase):
     def metrics(self, port):
