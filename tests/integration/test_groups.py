@@ -272,6 +272,17 @@ class CallsTest(GroupsTestCase):
 
 
 class FailuresTest(GroupsTestCase):
+    def waiting_in_second_call(self, devs, stopper):
+        """Every rank of devs all-reduces once; all but the one on worker `stopper` (the last
+        rank) then start a second call, whose deadline is far (60 s), and wait in it. Returns
+        their processes."""
+        procs = [ctl_popen(self.cluster, "--timeout", "60s", "collective", "all-reduce",
+                           "--devices", devs, "--self", d, "--dtype", "f32", "--values", "1,2",
+                           "--reduce", "sum", "--repeat", "1" if d.startswith(stopper) else "2")
+                 for d in devs.split(",")]
+        self.assertEqual(finish(procs[-1]).rc, 0)
+        time.sleep(0.3)  # the others' second calls reach their workers
+        return procs[:-1]
     def test_a_disagreement_fails_every_rank_naming_the_first_that_differs(self):
         self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"], "node-c": ["cuda:0"]})
         devs = "node-a/cuda:0,node-b/cuda:0,node-c/cuda:0"
@@ -345,15 +356,10 @@ class FailuresTest(GroupsTestCase):
         c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"], "node-c": ["cuda:0"]})
         devs = "node-a/cuda:0,node-b/cuda:0,node-c/cuda:0"
         # Ranks on node-a and node-b wait in their second call, for node-c's rank which
-        # stopped after one; the call's deadline is far (60 s).
-        procs = [ctl_popen(c, "--timeout", "60s", "collective", "all-reduce", "--devices", devs,
-                           "--self", d, "--dtype", "f32", "--values", "1,2", "--reduce", "sum",
-                           "--repeat", "1" if d.startswith("node-c") else "2")
-                 for d in devs.split(",")]
-        self.assertEqual(finish(procs[2]).rc, 0)
-        time.sleep(0.3)  # the others' second calls reach their workers
+        # stopped after one.
+        procs = self.waiting_in_second_call(devs, "node-c")
         c.kill_worker("node-c")
-        for p in procs[:2]:
+        for p in procs:
             r = finish(p, timeout=30)
             self.assertEqual(r.rc, 1, r)
             self.assertEqual(r.out["status"], "UNAVAILABLE", r)
@@ -375,14 +381,9 @@ class FailuresTest(GroupsTestCase):
         c = self.start({"node-a": ["cuda:0", "cuda:1"], "node-b": ["cuda:0"]})
         devs = "node-a/cuda:0,node-a/cuda:1,node-b/cuda:0"
         # node-a's two ranks wait in their second call for node-b's, which stopped.
-        procs = [ctl_popen(c, "--timeout", "60s", "collective", "all-reduce", "--devices", devs,
-                           "--self", d, "--dtype", "i32", "--values", "1", "--reduce", "sum",
-                           "--repeat", "1" if d.startswith("node-b") else "2")
-                 for d in devs.split(",")]
-        self.assertEqual(finish(procs[2]).rc, 0)
-        time.sleep(0.3)
+        procs = self.waiting_in_second_call(devs, "node-b")
         self.assertEqual(c.terminate_worker("node-a"), 0)
-        for p in procs[:2]:
+        for p in procs:
             # The worker's own connections close first (its stop order): the ranks hear
             # UNAVAILABLE, as an unreachable worker (exit 3) or its refusal (exit 1).
             r = finish(p, timeout=30)
