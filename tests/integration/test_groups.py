@@ -20,7 +20,7 @@ import urllib.request
 
 import harness
 import opsutil
-from harness import ClusterTestCase
+from harness import F, ClusterTestCase, pb_bytes
 from opsutil import ctl_popen, finish
 
 GRID = ("node-a", "node-b", "node-c")
@@ -430,6 +430,125 @@ class DataPathTest(GroupsTestCase):
         wm = self.metrics(port)
         self.assertEqual(wm['devcoord_group_calls_total{kind="all-reduce"}'], 1000)
         self.assertEqual(wm["devcoord_group_call_seconds_count"], 1000)
+
+
+WORKER_SVC = "/devcoord.v1.Worker/"
+CUDA = 2  # Backend.BACKEND_CUDA
+
+
+def pb_msg(field, data):
+    """A length-delimited field, even when empty (pb_bytes drops empty values)."""
+    return harness.pb_varint(field << 3 | 2) + harness.pb_varint(len(data)) + data
+
+
+def device_ref(worker, index):
+    dev = harness.pb_uint(F("Device", "backend"), CUDA) + harness.pb_uint(F("Device", "index"),
+                                                                          index)
+    return pb_bytes(F("DeviceRef", "worker"), worker) + pb_msg(F("DeviceRef", "device"), dev)
+
+
+def plan(devices, workers):
+    """devices: [(worker, index)]; workers: [(name, address, [rank, ...])]."""
+    body = b"".join(pb_msg(F("Plan", "devices"), device_ref(w, i)) for w, i in devices)
+    for name, address, ranks in workers:
+        pw = (pb_bytes(F("PlanWorker", "name"), name) + pb_bytes(F("PlanWorker", "address"), address)
+              + pb_msg(F("PlanWorker", "ranks"), b"".join(harness.pb_varint(r) for r in ranks)))
+        body += pb_msg(F("Plan", "workers"), pw)
+    return body
+
+
+def setup_body(group_id, generation, plan_body, self_index):
+    return (pb_bytes(F("GroupSetupRequest", "group_id"), group_id)
+            + harness.pb_uint(F("GroupSetupRequest", "generation"), generation)
+            + (pb_msg(F("GroupSetupRequest", "plan"), plan_body) if plan_body is not None else b"")
+            + harness.pb_uint(F("GroupSetupRequest", "self"), self_index))
+
+
+def call_desc(rank, kind, dtype, count, reduce=1):
+    return (harness.pb_uint(F("GroupCallDesc", "rank"), rank)
+            + harness.pb_uint(F("GroupCallDesc", "kind"), kind)
+            + harness.pb_uint(F("GroupCallDesc", "dtype"), dtype)
+            + harness.pb_uint(F("GroupCallDesc", "count"), count)
+            + harness.pb_uint(F("GroupCallDesc", "reduce"), reduce))
+
+
+class PeerInputTest(GroupsTestCase):
+    """What a peer (or anyone with the token) sends a worker's group methods is checked:
+    refused with a code and a message, and the worker keeps serving."""
+
+    def call(self, port, method, body, attachment=b"", timeout_ms=3000):
+        with harness.RpcConnection(port) as conn:
+            rid = random.randrange(1, 1 << 31)
+            header = (harness.pb_uint(F("RequestHeader", "request_id"), rid)
+                      + pb_bytes(F("RequestHeader", "method"), WORKER_SVC + method)
+                      + harness.pb_uint(F("RequestHeader", "timeout_ms"), timeout_ms))
+            return conn.call_raw(harness.frame(header, body, attachment), rid)
+
+    def test_malformed_group_messages_are_refused_and_the_worker_goes_on(self):
+        c = self.start({"node-a": ["cuda:0", "cuda:1"]})
+        address = c.worker_specs["node-a"]["listen"]
+        port = int(address.rsplit(":", 1)[1])
+        gid = "00000000000000ab"
+        two = [("node-a", 0), ("node-a", 1)]
+        refusals = [
+            ("GroupSetup", setup_body(gid, 1, None, 0)),
+            ("GroupSetup", setup_body(gid, 1, plan(two, [("node-a", address, [0, 1])]), 5)),
+            ("GroupSetup", setup_body(gid, 1, plan(two, [("node-a", address, [0, 0])]), 0)),
+            ("GroupSetup", setup_body(gid, 1, plan(two, [("node-a", address, [0])]), 0)),
+            ("GroupSetup", setup_body(gid, 1, plan(two, [("node-a", address, [0, 9])]), 0)),
+            ("GroupSetup", setup_body(gid, 1, plan(two[:1], [("a", address, [0]),
+                                                            ("b", address, [0])]), 0)),
+            ("GroupSetup", setup_body("x" * 40, 1, plan(two, [("node-a", address, [0, 1])]), 0)),
+        ]
+        for method, body in refusals:
+            code, message, _ = self.call(port, method, body)
+            self.assertEqual(code, "INVALID_ARGUMENT", message)
+            self.assertIn("malformed group setup", message)
+        # Calls and exchanges for a group the worker does not have.
+        code, message, _ = self.call(port, "GroupCall",
+                                     pb_bytes(F("GroupCallRequest", "group_id"), gid))
+        self.assertEqual(code, "INVALID_ARGUMENT", message)  # no call in it
+        call = lambda rank, kind, dtype, count, gen=1: (
+            pb_bytes(F("GroupCallRequest", "group_id"), gid)
+            + harness.pb_uint(F("GroupCallRequest", "generation"), gen)
+            + harness.pb_uint(F("GroupCallRequest", "seq"), 1)
+            + pb_msg(F("GroupCallRequest", "call"), call_desc(rank, kind, dtype, count)))
+        code, message, _ = self.call(port, "GroupCall", call(0, 1, 1, 4))
+        self.assertEqual(code, "FAILED_PRECONDITION", message)
+        exchange = (pb_bytes(F("GroupExchangeRequest", "group_id"), gid)
+                    + harness.pb_uint(F("GroupExchangeRequest", "generation"), 1)
+                    + harness.pb_uint(F("GroupExchangeRequest", "seq"), 1))
+        code, message, _ = self.call(port, "GroupExchange", exchange)
+        self.assertEqual(code, "FAILED_PRECONDITION", message)
+        # A well-formed setup: one worker, two ranks. Then calls that do not hold.
+        code, message, _ = self.call(
+            port, "GroupSetup", setup_body(gid, 1, plan(two, [("node-a", address, [0, 1])]), 0))
+        self.assertEqual(code, "OK", message)
+        bad_calls = [
+            (call(0, 1, 1, 4, gen=2), b"\0" * 16, "FAILED_PRECONDITION", "generation"),
+            (call(7, 1, 1, 4), b"\0" * 16, "INVALID_ARGUMENT", "not on this worker"),
+            (call(0, 99, 1, 4), b"\0" * 16, "INVALID_ARGUMENT", "unknown group call kind"),
+            (call(0, 1, 99, 4), b"\0" * 16, "INVALID_ARGUMENT", "unknown dtype"),
+            (call(0, 1, 1, 1 << 60), b"\0" * 16, "OUT_OF_RANGE", "larger than one message"),
+            (call(0, 1, 1, 4), b"\0" * 15, "INVALID_ARGUMENT", "carries 15 bytes"),
+            (call(0, 4, 1, 1 << 20), b"", "OUT_OF_RANGE", "larger than one message"),
+        ]
+        for body, att, want, text in bad_calls:
+            code, message, _ = self.call(port, "GroupCall", body, att)
+            self.assertEqual(code, want, message)
+            self.assertIn(text, message)
+        bad_exchange = exchange + harness.pb_uint(F("GroupExchangeRequest", "from"), 0)
+        code, message, _ = self.call(port, "GroupExchange", bad_exchange)
+        self.assertEqual(code, "INVALID_ARGUMENT", message)
+        code, message, _ = self.call(port, "GroupStatus",
+                                     pb_bytes(F("GroupStatusRequest", "group_id"), gid))
+        self.assertEqual(code, "OK", message)
+        # The worker still serves a real group.
+        rs = [finish(p) for p in
+              [ctl_popen(c, "collective", "all-reduce", "--devices", "node-a/cuda:0,node-a/cuda:1",
+                         "--self", d, "--dtype", "i64", "--values", "2,3", "--reduce", "prod")
+               for d in ("node-a/cuda:0", "node-a/cuda:1")]]
+        self.assertEqual([r.out.get("values") for r in rs], [[4, 9], [4, 9]], rs)
 
 
 THREADS = os.environ.get("DEVCOORD_GROUP_THREADS") or os.path.join(
