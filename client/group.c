@@ -14,6 +14,9 @@
 #define GROUP_MARGIN_MS       5000u
 #define GROUP_CALL_TIMEOUT_MS 30000u
 #define GROUP_ID_SIZE         17
+/* The most bytes one call carries each way (the default message limit less the envelope);
+ * a blocking call larger than that is split into several. */
+#define GROUP_CALL_BYTES_MAX TENSOR_CHUNK_MAX
 
 struct dc_group {
     dc_client *client;
@@ -214,6 +217,7 @@ struct call {
     const void *send; /* count elements (none for a barrier) */
     void *recv;       /* recv_bytes of result (NULL: none) */
     size_t recv_bytes;
+    size_t total; /* a part of a split call: the whole call's count (0: not split) */
 };
 
 /* A call started with an _async function. */
@@ -307,6 +311,7 @@ group_call_run(dc_group *g, const struct call *k, dc_request *rq, dc_status *st)
     desc.count     = k->count;
     desc.reduce    = (Devcoord__V1__ReduceOp)k->reduce;
     desc.root      = k->root;
+    desc.total     = k->total;
     req.group_id   = g->id;
     req.generation = g->generation;
     req.call       = &desc;
@@ -330,19 +335,102 @@ group_call_run(dc_group *g, const struct call *k, dc_request *rq, dc_status *st)
     return code;
 }
 
+/* Elements of one part of k when it is split into calls of one message each: the rank's
+ * input (reduce-scatter: one block per rank) and its result (all-gather: every rank's) must
+ * fit. Every rank splits the same call the same way. */
+static size_t
+part_elements(const dc_group *g, const struct call *k)
+{
+    size_t per = GROUP_CALL_BYTES_MAX / dc_dtype_size(k->dtype);
+
+    if (k->kind == DC_OP_ALL_GATHER || k->kind == DC_OP_REDUCE_SCATTER) {
+        per /= g->size;
+    }
+    return per > 0 ? per : 1;
+}
+
+/* k as a series of calls of one message each. All-gather's and reduce-scatter's blocks are
+ * per rank, so each part goes through tmp: [rank][part] there, [rank][count] in the user's
+ * buffer. */
+static dc_code
+group_call_split(dc_group *g, const struct call *k, size_t per, dc_status *st)
+{
+    size_t elem = dc_dtype_size(k->dtype), n = g->size, len;
+    bool blocks  = k->kind == DC_OP_ALL_GATHER || k->kind == DC_OP_REDUCE_SCATTER;
+    uint8_t *tmp = NULL;
+    dc_code code = DC_OK;
+
+    if (k->count > SIZE_MAX / elem / n || k->send == NULL || k->recv == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          k->send == NULL || k->recv == NULL
+                              ? "buffer is NULL"
+                              : "invalid operation: count too large");
+    }
+    if (blocks && (tmp = malloc(n * per * elem)) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (size_t off = 0; off < k->count && code == DC_OK; off += len) {
+        const uint8_t *send = k->send;
+        uint8_t *recv       = k->recv;
+        struct call part    = *k;
+
+        len        = k->count - off < per ? k->count - off : per;
+        part.count = len;
+        part.total = k->count;
+        if (k->kind == DC_OP_ALL_GATHER) {
+            part.send       = send + off * elem;
+            part.recv       = tmp;
+            part.recv_bytes = n * len * elem;
+        } else if (k->kind == DC_OP_REDUCE_SCATTER) {
+            for (size_t r = 0; r < n; r++) {
+                memcpy(tmp + r * len * elem, send + (r * k->count + off) * elem, len * elem);
+            }
+            part.send       = tmp;
+            part.recv       = recv + off * elem;
+            part.recv_bytes = len * elem;
+        } else {
+            part.send       = send + off * elem;
+            part.recv       = recv + off * elem;
+            part.recv_bytes = len * elem;
+        }
+        if ((code = group_call_run(g, &part, NULL, st)) == DC_OK && k->kind == DC_OP_ALL_GATHER) {
+            for (size_t r = 0; r < n; r++) {
+                memcpy(recv + (r * k->count + off) * elem, tmp + r * len * elem, len * elem);
+            }
+        }
+    }
+    free(tmp);
+    return code;
+}
+
+/* A blocking call: one message, or split into several when it is larger. */
 static dc_code
 group_call(dc_group *g, const struct call *k, dc_status *st)
 {
-    return group_call_run(g, k, NULL, st);
+    size_t per;
+
+    if (g == NULL || k->kind == DC_OP_BARRIER || dc_dtype_size(k->dtype) == 0 ||
+        k->count <= (per = part_elements(g, k))) {
+        return group_call_run(g, k, NULL, st);
+    }
+    return group_call_split(g, k, per, st);
 }
 
 /* Starts k; NULL (st says why) when it could not start. */
 static dc_request *
 group_call_async(dc_group *g, const struct call *k, dc_status *st)
 {
-    dc_request *rq = calloc(1, sizeof(*rq));
+    dc_request *rq;
 
-    if (rq == NULL) {
+    if (g != NULL && k->kind != DC_OP_BARRIER && dc_dtype_size(k->dtype) != 0 &&
+        k->count > part_elements(g, k)) {
+        status_set(st, DC_OUT_OF_RANGE,
+                   "an asynchronous %s of %zu elements is larger than one message (%zu bytes): "
+                   "split it, or make the call blocking",
+                   dc_op_kind_name(k->kind), k->count, (size_t)GROUP_CALL_BYTES_MAX);
+        return NULL;
+    }
+    if ((rq = calloc(1, sizeof(*rq))) == NULL) {
         status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
         return NULL;
     }
@@ -409,50 +497,67 @@ dc_test(dc_request *req, bool *done, dc_status *st)
 static struct call
 call_all_reduce(void *buf, size_t count, dc_dtype dtype, dc_reduce_op op)
 {
-    return (struct call){
-        DC_OP_ALL_REDUCE, dtype, count, op, 0, buf, buf, count * dc_dtype_size(dtype)
-    };
+    return (struct call){ .kind       = DC_OP_ALL_REDUCE,
+                          .dtype      = dtype,
+                          .count      = count,
+                          .reduce     = op,
+                          .send       = buf,
+                          .recv       = buf,
+                          .recv_bytes = count * dc_dtype_size(dtype) };
 }
 
 static struct call
 call_reduce(void *buf, size_t count, dc_dtype dtype, dc_reduce_op op, uint32_t root)
 {
-    return (struct call){ DC_OP_REDUCE, dtype, count, op,
-                          root,         buf,   buf,   count * dc_dtype_size(dtype) };
+    return (struct call){ .kind       = DC_OP_REDUCE,
+                          .dtype      = dtype,
+                          .count      = count,
+                          .reduce     = op,
+                          .root       = root,
+                          .send       = buf,
+                          .recv       = buf,
+                          .recv_bytes = count * dc_dtype_size(dtype) };
 }
 
 static struct call
 call_broadcast(void *buf, size_t count, dc_dtype dtype, uint32_t root)
 {
-    return (struct call){
-        DC_OP_BROADCAST, dtype, count, DC_REDUCE_NONE, root, buf, buf, count * dc_dtype_size(dtype)
-    };
+    return (struct call){ .kind       = DC_OP_BROADCAST,
+                          .dtype      = dtype,
+                          .count      = count,
+                          .root       = root,
+                          .send       = buf,
+                          .recv       = buf,
+                          .recv_bytes = count * dc_dtype_size(dtype) };
 }
 
 static struct call
 call_all_gather(const dc_group *g, const void *send, void *recv, size_t count, dc_dtype dtype)
 {
-    return (struct call){ DC_OP_ALL_GATHER,
-                          dtype,
-                          count,
-                          DC_REDUCE_NONE,
-                          0,
-                          send,
-                          recv,
-                          g != NULL ? count * dc_dtype_size(dtype) * g->size : 0 };
+    return (struct call){ .kind       = DC_OP_ALL_GATHER,
+                          .dtype      = dtype,
+                          .count      = count,
+                          .send       = send,
+                          .recv       = recv,
+                          .recv_bytes = g != NULL ? count * dc_dtype_size(dtype) * g->size : 0 };
 }
 
 static struct call
 call_reduce_scatter(const void *send, void *recv, size_t count, dc_dtype dtype, dc_reduce_op op)
 {
-    return (struct call){ DC_OP_REDUCE_SCATTER,        dtype, count, op, 0, send, recv,
-                          count * dc_dtype_size(dtype) };
+    return (struct call){ .kind       = DC_OP_REDUCE_SCATTER,
+                          .dtype      = dtype,
+                          .count      = count,
+                          .reduce     = op,
+                          .send       = send,
+                          .recv       = recv,
+                          .recv_bytes = count * dc_dtype_size(dtype) };
 }
 
 static struct call
 call_barrier(void)
 {
-    return (struct call){ DC_OP_BARRIER, DC_DTYPE_NONE, 0, DC_REDUCE_NONE, 0, NULL, NULL, 0 };
+    return (struct call){ .kind = DC_OP_BARRIER };
 }
 
 dc_code

@@ -28,6 +28,7 @@ struct desc {
     uint64_t count;
     dc_reduce_op reduce;
     uint32_t root;
+    uint64_t total; /* the rank's whole call, when the library split it (0: not split) */
 };
 
 /* A cached connection to a peer's data address, watched for drops. */
@@ -148,8 +149,12 @@ desc_from_pb(const Devcoord__V1__GroupCallDesc *pb)
     struct desc d = { 0 };
 
     if (pb != NULL) {
-        d = (struct desc){ (dc_op_kind)pb->kind, (dc_dtype)pb->dtype, pb->count,
-                           (dc_reduce_op)pb->reduce, pb->root };
+        d = (struct desc){ (dc_op_kind)pb->kind,
+                           (dc_dtype)pb->dtype,
+                           pb->count,
+                           (dc_reduce_op)pb->reduce,
+                           pb->root,
+                           pb->total };
     }
     return d;
 }
@@ -164,6 +169,7 @@ desc_to_pb(const struct desc *d, uint32_t rank, Devcoord__V1__GroupCallDesc *pb)
     pb->count  = d->count;
     pb->reduce = (Devcoord__V1__ReduceOp)d->reduce;
     pb->root   = d->root;
+    pb->total  = d->total;
 }
 
 static const char *
@@ -178,9 +184,10 @@ desc_text(const struct desc *d, const struct desc *other, char *buf, size_t cap)
 {
     if (d->kind != other->kind) {
         snprintf(buf, cap, "%s", name_or(dc_op_kind_name(d->kind), "an unknown kind"));
-    } else if (kind_has_data(d->kind) && (d->dtype != other->dtype || d->count != other->count)) {
+    } else if (kind_has_data(d->kind) &&
+               (d->dtype != other->dtype || d->count != other->count || d->total != other->total)) {
         snprintf(buf, cap, "%s[%llu]", name_or(dc_dtype_name(d->dtype), "?"),
-                 (unsigned long long)d->count);
+                 (unsigned long long)(d->total ? d->total : d->count));
     } else if (kind_uses_reduce(d->kind) && d->reduce != other->reduce) {
         snprintf(buf, cap, "reduce %s", name_or(dc_reduce_op_name(d->reduce), "?"));
     } else {
@@ -192,7 +199,8 @@ static bool
 desc_differs(const struct desc *a, const struct desc *b)
 {
     return a->kind != b->kind ||
-           (kind_has_data(a->kind) && (a->dtype != b->dtype || a->count != b->count)) ||
+           (kind_has_data(a->kind) &&
+            (a->dtype != b->dtype || a->count != b->count || a->total != b->total)) ||
            (kind_uses_reduce(a->kind) && a->reduce != b->reduce) ||
            (kind_uses_root(a->kind) && a->root != b->root);
 }

@@ -3,8 +3,10 @@
  * by every thread, one dc_group per thread. Each thread joins as one device of the list, then
  * makes ITERATIONS all-reduces (sum, i64 and f64) and one reduce, broadcast, all-gather,
  * reduce-scatter and barrier, then IN_FLIGHT all-reduces started at once (_async) and
- * finished with dc_test/dc_wait, checking every result; then leaves. Prints "ok N" and exits 0 when
- * every thread saw every result right, else names the first wrong one and exits 1.
+ * finished with dc_test/dc_wait, then an all-reduce, an all-gather and a reduce-scatter
+ * several messages long (which the library splits), checking every result; then leaves. Prints "ok
+ * N" and exits 0 when every thread saw every result right, else names the first wrong one and
+ * exits 1.
  *
  *   devcoord-group-threads ADDR DEVICE,DEVICE,... ITERATIONS
  */
@@ -17,6 +19,11 @@
 
 #define COUNT     5 /* not a multiple of the usual 2 or 3 ranks */
 #define IN_FLIGHT 4
+/* Elements of the calls larger than one message (4 MiB): about 5 MB of i32 for the
+ * all-reduce, 2.4 MB of i64 per rank for the others (their results or inputs hold one block
+ * per rank). Not multiples of the parts the library cuts them into. */
+#define BIG_REDUCE  1300007
+#define BIG_BLOCKED 300007
 
 struct rank_thread {
     pthread_t tid;
@@ -26,6 +33,69 @@ struct rank_thread {
     long iterations;
     char error[DC_STATUS_MESSAGE_MAX + DC_DEVICE_TEXT_SIZE + 128];
 };
+
+/* The calls larger than one message; "" when all is well, else what went wrong. */
+static void
+big_calls(dc_group *g, const char *self, char *error, size_t cap)
+{
+    uint32_t rank = dc_group_rank(g), n = dc_group_size(g);
+    int32_t *a   = malloc(BIG_REDUCE * sizeof(*a));
+    int64_t *in  = malloc((size_t)n * BIG_BLOCKED * sizeof(*in));
+    int64_t *out = malloc((size_t)n * BIG_BLOCKED * sizeof(*out));
+    dc_status st;
+
+    if (a == NULL || in == NULL || out == NULL) {
+        snprintf(error, cap, "%s: out of memory", self);
+        goto out;
+    }
+    for (size_t i = 0; i < BIG_REDUCE; i++) {
+        a[i] = (int32_t)(i % 1000) + (int32_t)rank;
+    }
+    if (dc_all_reduce(g, a, BIG_REDUCE, DC_DTYPE_I32, DC_REDUCE_SUM, &st) != DC_OK) {
+        snprintf(error, cap, "%s: big all-reduce: %s", self, st.message);
+        goto out;
+    }
+    for (size_t i = 0; i < BIG_REDUCE; i++) {
+        if (a[i] != (int32_t)(n * (i % 1000) + n * (n - 1) / 2)) {
+            snprintf(error, cap, "%s: big all-reduce: [%zu] = %d", self, i, a[i]);
+            goto out;
+        }
+    }
+    /* Not split when asynchronous: refused at once, and no call is used up. */
+    if (dc_all_reduce_async(g, a, BIG_REDUCE, DC_DTYPE_I32, DC_REDUCE_SUM, &st) != NULL ||
+        st.code != DC_OUT_OF_RANGE) {
+        snprintf(error, cap, "%s: a big async all-reduce started (%s)", self, st.message);
+        goto out;
+    }
+    for (size_t i = 0; i < BIG_BLOCKED; i++) {
+        in[i] = (int64_t)rank * BIG_BLOCKED + (int64_t)i;
+    }
+    if (dc_all_gather(g, in, out, BIG_BLOCKED, DC_DTYPE_I64, &st) != DC_OK) {
+        snprintf(error, cap, "%s: big all-gather: %s", self, st.message);
+        goto out;
+    }
+    for (size_t i = 0; i < (size_t)n * BIG_BLOCKED; i++) {
+        if (out[i] != (int64_t)i) {
+            snprintf(error, cap, "%s: big all-gather: [%zu] = %lld", self, i, (long long)out[i]);
+            goto out;
+        }
+    }
+    /* Reduce-scatter of out (every rank the same): each rank gets n times its block. */
+    if (dc_reduce_scatter(g, out, in, BIG_BLOCKED, DC_DTYPE_I64, DC_REDUCE_SUM, &st) != DC_OK) {
+        snprintf(error, cap, "%s: big reduce-scatter: %s", self, st.message);
+        goto out;
+    }
+    for (size_t i = 0; i < BIG_BLOCKED; i++) {
+        if (in[i] != (int64_t)n * ((int64_t)rank * BIG_BLOCKED + (int64_t)i)) {
+            snprintf(error, cap, "%s: big reduce-scatter: [%zu] = %lld", self, i, (long long)in[i]);
+            goto out;
+        }
+    }
+out:
+    free(a);
+    free(in);
+    free(out);
+}
 
 static void *
 rank_main(void *arg)
@@ -168,6 +238,9 @@ rank_main(void *arg)
                 }
             }
         }
+    }
+    if (t->error[0] == '\0') {
+        big_calls(g, t->self, t->error, sizeof(t->error));
     }
 out:
     free(gathered);
