@@ -305,7 +305,9 @@ const char *dc_group_device(const dc_group *g, uint32_t rank);
 /* Tells the coordinator this rank leaves, and frees g (also when that call fails). */
 dc_code dc_group_leave(dc_group *g, dc_status *st);
 
-/* In place: every rank's buf becomes op over all ranks' bufs (count elements of dtype). */
+/* The calls. A call larger than one message (4 MiB each way) is made as several, in order.
+ *
+ * In place: every rank's buf becomes op over all ranks' bufs (count elements of dtype). */
 dc_code dc_all_reduce(dc_group *g, void *buf, size_t count, dc_dtype dtype, dc_reduce_op op,
                       dc_status *st);
 /* The root's buf becomes op over all ranks' bufs; the others' stay as they were. */
