@@ -96,6 +96,7 @@ struct wgroup {
     struct wcall *calls;
     size_t n_calls;
     uint64_t calls_done;
+    uint64_t local_seq_max; /* the highest call any of this worker's ranks has made */
     struct wgroup *next;
 };
 
@@ -829,17 +830,26 @@ out:
     free(ptrs);
 }
 
+static struct wcall *
+wcall_find(const struct wgroup *g, uint64_t seq)
+{
+    for (struct wcall *c = g->calls; c != NULL; c = c->next) {
+        if (c->seq == seq) {
+            return c;
+        }
+    }
+    return NULL;
+}
+
 /* The call of seq in g, made on first use. NULL with st set past the bound. mtx held. */
 static struct wcall *
 wcall_get(struct wgroups *wg, struct wgroup *g, uint64_t seq, uint32_t timeout_ms, dc_status *st)
 {
-    struct wcall *c;
-    size_t n_local = g->workers[g->self].n_ranks;
+    struct wcall *c = wcall_find(g, seq);
+    size_t n_local  = g->workers[g->self].n_ranks;
 
-    for (c = g->calls; c != NULL; c = c->next) {
-        if (c->seq == seq) {
-            return c;
-        }
+    if (c != NULL) {
+        return c;
     }
     if (g->n_calls >= GROUPS_MAX_CALLS) {
         status_set(st, DC_RESOURCE_EXHAUSTED, "group %s has %d calls in progress on this worker",
@@ -970,6 +980,9 @@ wgroups_call(struct wgroups *wg, const Devcoord__V1__GroupCallRequest *in,
                           (unsigned long long)in->seq);
     } else {
         *p = (struct lpart){ true, d, data, bytes, closure, cd };
+        if (in->seq > g->local_seq_max) {
+            g->local_seq_max = in->seq;
+        }
         if (c->n_local_in++ == 0) {
             /* The first of this worker's ranks sets the call's clock (a peer's part may
              * have made the call earlier, with the default deadline). */
@@ -1033,12 +1046,16 @@ wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *i
                in->n_calls > g->workers[in->from].n_ranks ||
                (!in->partial && in->n_calls != g->workers[in->from].n_ranks)) {
         code = status_set(&st, DC_INVALID_ARGUMENT, "malformed group exchange");
+    } else if (in->partial) {
+        /* A progress note only matters to a call under way here; one that comes late (its
+         * call done, or its whole part already in) is dropped. */
+        if ((c = wcall_find(g, in->seq)) != NULL && !(p = &c->peer[in->from])->in) {
+            code = peer_note(&g->workers[in->from], p, in, &st);
+        }
     } else if ((c = wcall_get(wg, g, in->seq, 0, &st)) == NULL) {
         code = st.code;
     } else if ((p = &c->peer[in->from])->in) {
         code = status_set(&st, DC_ALREADY_EXISTS, "duplicate group exchange");
-    } else if (in->partial) {
-        code = peer_note(&g->workers[in->from], p, in, &st);
     } else if (in->has_data && bytes > wg->max_held - wg->held) {
         code = status_set(&st, DC_RESOURCE_EXHAUSTED,
                           "group parts waiting on this worker hold %zu bytes already (limit %zu)",
@@ -1086,7 +1103,10 @@ stalled_ranks(const struct wgroup *g, uint64_t now, uint64_t stall_ms,
     for (size_t k = 0; k < me->n_ranks; k++) {
         uint64_t waiting = 0;
         for (const struct wcall *c = g->calls; c != NULL; c = c->next) {
-            if (!c->local[k].in && now - c->started_ms >= stall_ms &&
+            /* A peer's part for a call this worker's ranks have moved past (theirs failed
+             * at its deadline) waits for nobody: it only expires. */
+            bool past = c->n_local_in == 0 && c->seq < g->local_seq_max;
+            if (!past && !c->local[k].in && now - c->started_ms >= stall_ms &&
                 now - c->started_ms > waiting) {
                 waiting = now - c->started_ms;
             }
@@ -1186,7 +1206,8 @@ wgroups_tick_locked(struct wgroups *wg, uint64_t now)
                     break;
                 }
             }
-            if (!c->stall_logged && now - c->started_ms >= wg->cfg->group_stall_warn_ms) {
+            if (!c->stall_logged && !(c->n_local_in == 0 && c->seq < g->local_seq_max) &&
+                now - c->started_ms >= wg->cfg->group_stall_warn_ms) {
                 c->stall_logged = true;
                 wg->stalls_total++;
                 missing_ranks(g, c, names, sizeof(names));
