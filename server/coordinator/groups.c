@@ -321,14 +321,15 @@ group_expire(struct group_table *t, uint64_t now, struct group_expired *out, siz
 }
 
 size_t
-group_take_all(struct group_table *t, void **out, size_t cap)
+group_take_if(struct group_table *t, bool (*pred)(void *tag, void *arg), void *arg, void **out,
+              size_t cap)
 {
     size_t k = 0;
 
     for (struct group *g = t->first, *next; g != NULL && k < cap; g = next) {
         next = g->next;
         for (size_t r = 0; r < g->n && k < cap; r++) {
-            if (g->parked[r].on) {
+            if (g->parked[r].on && (pred == NULL || pred(g->parked[r].tag, arg))) {
                 out[k++] = g->parked[r].tag;
                 unpark_at(t, g, r);
             }
@@ -336,6 +337,12 @@ group_take_all(struct group_table *t, void **out, size_t cap)
         group_maybe_drop(t, g);
     }
     return k;
+}
+
+size_t
+group_take_all(struct group_table *t, void **out, size_t cap)
+{
+    return group_take_if(t, NULL, NULL, out, cap);
 }
 
 dc_code

@@ -75,6 +75,9 @@ size_t group_expire(struct group_table *t, uint64_t now, struct group_expired *o
 
 /* Takes every parked join (shutdown) into out[0..cap), as group_expire does. */
 size_t group_take_all(struct group_table *t, void **out, size_t cap);
+/* The same for the parked joins whose tag pred (NULL: every one) says true of. */
+size_t group_take_if(struct group_table *t, bool (*pred)(void *tag, void *arg), void *arg,
+                     void **out, size_t cap);
 
 /* Rank `rank` of generation `generation` leaves group_id. NOT_FOUND for an unknown group,
  * FAILED_PRECONDITION for an old generation, INVALID_ARGUMENT for a rank out of range. */

@@ -31,7 +31,11 @@ struct waiter {
     Devcoord__V1__GroupJoinResponse_Closure closure;
     void *cd;
     uint32_t rank;
+    uint32_t pipe; /* the caller's connection */
 };
+
+/* Connections closed and not yet looked at by the timer. */
+#define GONE_MAX 256
 
 /* A completed rendezvous on its way to the workers. */
 struct setup {
@@ -52,6 +56,10 @@ struct groupsvc {
     struct group_table *table;
     unsigned setups; /* struct setup alive */
     bool stopping;
+    /* Connections closed since the timer last looked (more at once: the rest of their joins
+     * wait for their deadline). */
+    uint32_t gone[GONE_MAX];
+    size_t n_gone;
     pthread_t timer;
     /* metrics, under mtx */
     uint64_t joins_ok, joins_failed, generations;
@@ -339,7 +347,7 @@ groupsvc_join(struct groupsvc *g, const Devcoord__V1__GroupJoinRequest *in,
         code = status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory");
         goto out;
     }
-    *w = (struct waiter){ closure, cd, rank };
+    *w = (struct waiter){ closure, cd, rank, rpc_call_pipe(cd) };
     pthread_mutex_lock(&g->mtx);
     if (g->stopping) {
         code = status_set(&st, DC_UNAVAILABLE, "coordinator shutting down");
@@ -519,6 +527,66 @@ groupsvc_metrics_render(struct groupsvc *g, struct mbuf *b)
 
 /* ---- timer and life ---------------------------------------------------------------------- */
 
+void
+groupsvc_disconnected(struct groupsvc *g, uint32_t pipe)
+{
+    pthread_mutex_lock(&g->mtx);
+    if (g->n_gone < GONE_MAX) {
+        g->gone[g->n_gone++] = pipe;
+    }
+    pthread_mutex_unlock(&g->mtx);
+}
+
+struct gone_set {
+    const uint32_t *pipes;
+    size_t n;
+};
+
+static bool
+waiter_gone(void *tag, void *arg)
+{
+    const struct waiter *w   = tag;
+    const struct gone_set *s = arg;
+
+    for (size_t i = 0; i < s->n; i++) {
+        if (s->pipes[i] == w->pipe) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Lets go of the joins whose caller's connection closed: their rank may join again at once.
+ * Their calls are answered (CANCELLED), though nobody hears it. mtx held; released and taken
+ * again to answer. */
+static void
+release_gone_locked(struct groupsvc *g)
+{
+    uint32_t pipes[GONE_MAX];
+    struct gone_set set = { pipes, g->n_gone };
+    void *tags[EXPIRE_BATCH];
+    dc_status st;
+    size_t n;
+
+    if (g->n_gone == 0) {
+        return;
+    }
+    memcpy(pipes, g->gone, g->n_gone * sizeof(*pipes));
+    g->n_gone = 0;
+    status_set(&st, DC_CANCELLED, "the caller's connection closed");
+    do {
+        n = group_take_if(g->table, waiter_gone, &set, tags, EXPIRE_BATCH);
+        g->joins_failed += n;
+        pthread_mutex_unlock(&g->mtx);
+        for (size_t i = 0; i < n; i++) {
+            struct waiter *w = tags[i];
+            answer_error(w->closure, w->cd, &st);
+            free(w);
+        }
+        pthread_mutex_lock(&g->mtx);
+    } while (n == EXPIRE_BATCH);
+}
+
 /* Fails the joins whose deadline passed, naming who never joined; closes stale connections. */
 static void *
 groupsvc_timer(void *arg)
@@ -543,6 +611,7 @@ groupsvc_timer(void *arg)
             }
             pthread_mutex_lock(&g->mtx);
         } while (n == EXPIRE_BATCH);
+        release_gone_locked(g);
         pthread_mutex_unlock(&g->mtx);
         fanout_close_stale(g->fanout);
         pthread_mutex_lock(&g->mtx);

@@ -38,6 +38,10 @@ void groupsvc_leave(struct groupsvc *g, const Devcoord__V1__GroupLeaveRequest *i
 void groupsvc_list(struct groupsvc *g, const Devcoord__V1__ListGroupsRequest *in,
                    Devcoord__V1__ListGroupsResponse_Closure closure, void *cd);
 
+/* A connection of the coordinator's RPC server closed (rpc_server_opts.on_disconnect): the
+ * joins parked on it are let go within a timer tick, so that their ranks may join again. */
+void groupsvc_disconnected(struct groupsvc *g, uint32_t pipe);
+
 /* Joins by outcome, generations completed (Prometheus text). */
 void groupsvc_metrics_render(struct groupsvc *g, struct mbuf *b);
 

@@ -57,6 +57,13 @@ on_worker_gone(void *arg, const char *name, uint64_t epoch, enum registry_gone w
     }
 }
 
+static void
+on_disconnect(void *arg, uint32_t pipe)
+{
+    struct coordinator *c = arg;
+    groupsvc_disconnected(c->groups, pipe);
+}
+
 /* Declares silent workers dead, a few times per heartbeat interval. */
 static void
 sweep_until_signal(struct coordinator *c)
@@ -199,6 +206,8 @@ main(int argc, char **argv)
     so.threads           = 2;
     so.tls               = tls;
     so.inline_methods    = coordinator_inline_methods;
+    so.on_disconnect     = on_disconnect;
+    so.on_disconnect_arg = c;
 
     so.max_inflight_bytes                = c->cfg.max_inflight_bytes;
     so.max_inflight_bytes_per_connection = c->cfg.max_inflight_bytes_per_connection;

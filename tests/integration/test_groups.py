@@ -129,6 +129,24 @@ class JoinTest(GroupsTestCase):
         r = finish(first)
         self.assertEqual(r.rc, 0, r)
 
+    def test_a_join_whose_caller_went_away_does_not_hold_its_rank(self):
+        c = self.start({"node-a": ["cuda:0", "cuda:1"]})
+        devs = "node-a/cuda:0,node-a/cuda:1"
+
+        def joining():
+            return sum(g["joining"] for g in c.ctl_ok("groups", "list")["groups"])
+
+        first = ctl_popen(c, "--timeout", "60s", "collective", "barrier", "--devices", devs,
+                          "--self", "node-a/cuda:0")
+        harness.wait_until(lambda: joining() == 1, 10, "the first join to wait")
+        first.kill()
+        first.communicate()
+        # The coordinator lets the join go when its connection closes, well before its
+        # deadline: the rank joins again, without ALREADY_EXISTS.
+        harness.wait_until(lambda: joining() == 0, 10, "the dead caller's join to go")
+        rs = self.ranks(devs, devs.split(","), "barrier")
+        self.assertEqual([r.rc for r in rs], [0, 0], rs)
+
     def test_deadline_names_the_devices_that_did_not_join(self):
         c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0", "cuda:1"]})
         r = c.ctl("--timeout", "1s", "collective", "barrier", "--devices",

@@ -221,6 +221,34 @@ test_another_device_list_under_the_same_id_is_refused(void **state)
     group_table_free(t);
 }
 
+static bool
+is_tag2(void *tag, void *arg)
+{
+    (void)arg;
+    return tag == &tags[2];
+}
+
+static void
+test_take_if_hands_back_only_the_matching_joins(void **state)
+{
+    struct group_table *t = group_table_new(16, 4);
+    struct group_done done;
+    void *out[4];
+    bool completed;
+    dc_status st;
+
+    (void)state;
+    assert_int_equal(join(t, 0, 1000, &tags[0], &completed, &done, &st), DC_OK);
+    assert_int_equal(join(t, 2, 1000, &tags[2], &completed, &done, &st), DC_OK);
+    assert_int_equal(group_take_if(t, is_tag2, NULL, out, 4), 1);
+    assert_ptr_equal(out[0], &tags[2]);
+    assert_int_equal(group_parked(t), 1);
+    /* Its rank may join again; the other is still parked. */
+    assert_int_equal(join(t, 2, 1000, &tags[3], &completed, &done, &st), DC_OK);
+    assert_int_equal(join(t, 0, 1000, &tags[4], &completed, &done, &st), DC_ALREADY_EXISTS);
+    group_table_free(t);
+}
+
 static void
 test_take_all_hands_back_every_parked_join(void **state)
 {
@@ -252,6 +280,7 @@ main(void)
         cmocka_unit_test(test_leave_checks_group_generation_and_rank),
         cmocka_unit_test(test_another_device_list_under_the_same_id_is_refused),
         cmocka_unit_test(test_take_all_hands_back_every_parked_join),
+        cmocka_unit_test(test_take_if_hands_back_only_the_matching_joins),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
