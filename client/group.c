@@ -285,17 +285,14 @@ group_call_run(dc_group *g, const struct call *k, dc_request *rq, dc_status *st)
         if (elem == 0) {
             return status_set(st, DC_INVALID_ARGUMENT, "invalid operation: unknown dtype");
         }
-        if (k->count == 0) {
-            return status_set(st, DC_INVALID_ARGUMENT,
-                              "invalid operation: count 0: a group %s needs at least one element",
-                              dc_op_kind_name(k->kind));
-        }
+        /* A count of 0 goes to the worker like any other: the other ranks must hear of it
+         * (it is refused there, for every rank, as a disagreement or as empty). */
         if (k->count >
             SIZE_MAX / elem /
                 (k->kind == DC_OP_ALL_GATHER || k->kind == DC_OP_REDUCE_SCATTER ? g->size : 1)) {
             return status_set(st, DC_INVALID_ARGUMENT, "invalid operation: count too large");
         }
-        if (k->send == NULL || (k->recv_bytes > 0 && k->recv == NULL)) {
+        if (k->count > 0 && (k->send == NULL || (k->recv_bytes > 0 && k->recv == NULL))) {
             return status_set(st, DC_INVALID_ARGUMENT, "buffer is NULL");
         }
     }

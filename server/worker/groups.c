@@ -519,17 +519,25 @@ wgroups_setup(struct wgroups *wg, const Devcoord__V1__GroupSetupRequest *in,
 
 /* This worker's part of c: its ranks' data reduced (all-reduce, reduce), the root's (broadcast,
  * when it is here) or concatenated in rank order (all-gather). mtx held. */
+static dc_code check_desc(const struct wgroups *wg, const struct wgroup *g, const struct desc *d,
+                          dc_status *st);
+
 static dc_code
-wcall_make_mine(struct wgroup *g, struct wcall *c, dc_status *st)
+wcall_make_mine(const struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status *st)
 {
     const struct gworker *me = &g->workers[g->self];
     const struct desc *d     = &c->local[0].d;
     size_t bytes             = c->local[0].bytes;
 
+    dc_status why;
+
     for (size_t i = 1; i < me->n_ranks; i++) {
         if (desc_differs(&c->local[i].d, d)) {
             return DC_OK; /* no data: every worker will see the disagreement in the descs */
         }
+    }
+    if (check_desc(wg, g, d, &why) != DC_OK) {
+        return DC_OK; /* no data either: every worker will refuse the call */
     }
     switch (d->kind) {
     case DC_OP_ALL_REDUCE:
@@ -596,7 +604,8 @@ wcall_descs(const struct wgroup *g, const struct wcall *c, struct desc *out)
 
 /* The call's result into *res (res_bytes), the same bytes on every worker. mtx held. */
 static dc_code
-wcall_compute(struct wgroup *g, struct wcall *c, uint8_t **res, size_t *res_bytes, dc_status *st)
+wcall_compute(const struct wgroups *wg, struct wgroup *g, struct wcall *c, uint8_t **res,
+              size_t *res_bytes, dc_status *st)
 {
     struct desc *all = calloc(g->n, sizeof(*all));
     const struct desc *d;
@@ -620,7 +629,10 @@ wcall_compute(struct wgroup *g, struct wcall *c, uint8_t **res, size_t *res_byte
             goto out;
         }
     }
-    d     = &all[0];
+    d = &all[0];
+    if ((rv = check_desc(wg, g, d, st)) != DC_OK) {
+        goto out;
+    }
     elem  = dc_dtype_size(d->dtype);
     bytes = input_elements(d, g->n) * elem;
     if (!kind_has_data(d->kind)) {
@@ -700,7 +712,7 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
     wcall_unlink(g, c);
     status_clear(&st);
     kind = c->local[0].d.kind;
-    if (wcall_compute(g, c, &res, &res_bytes, &st) != DC_OK) {
+    if (wcall_compute(wg, g, c, &res, &res_bytes, &st) != DC_OK) {
         log_info("group %s call %llu failed: %s", g->id, (unsigned long long)c->seq, st.message);
         wcall_fail_locals(g, c, &st);
     } else {
@@ -779,7 +791,7 @@ wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c, bool partial)
     } else {
         c->sent = true;
     }
-    if (descs == NULL || ptrs == NULL || (!partial && wcall_make_mine(g, c, &st) != DC_OK)) {
+    if (descs == NULL || ptrs == NULL || (!partial && wcall_make_mine(wg, g, c, &st) != DC_OK)) {
         if (st.code == DC_OK) {
             status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory");
         }
@@ -899,8 +911,7 @@ group_current(struct wgroups *wg, const char *id, uint64_t generation, dc_status
 
 /* A rank's own call, checked alone (the others are compared once all are in). */
 static dc_code
-check_call(const struct wgroups *wg, const struct wgroup *g, const struct desc *d, size_t bytes,
-           dc_status *st)
+check_desc(const struct wgroups *wg, const struct wgroup *g, const struct desc *d, dc_status *st)
 {
     size_t elem = dc_dtype_size(d->dtype);
     size_t room = wg->cfg->max_message_bytes > RPC_FRAME_OVERHEAD
@@ -939,7 +950,20 @@ check_call(const struct wgroups *wg, const struct wgroup *g, const struct desc *
                           (unsigned long long)d->count, dc_dtype_name(d->dtype),
                           (unsigned long long)wg->cfg->max_message_bytes);
     }
-    if (bytes != input_elements(d, g->n) * elem) {
+    return DC_OK;
+}
+
+/* A well-formed call carries the bytes its desc says. A call whose desc does not hold
+ * (check_desc) still takes part, without data: the others learn what it passed, and every
+ * rank gets the same refusal (the disagreement, or what is wrong when all agree). */
+static dc_code
+check_call(const struct wgroups *wg, const struct wgroup *g, const struct desc *d, size_t bytes,
+           dc_status *st)
+{
+    dc_status why;
+
+    if (check_desc(wg, g, d, &why) == DC_OK && kind_has_data(d->kind) &&
+        bytes != input_elements(d, g->n) * dc_dtype_size(d->dtype)) {
         return status_set(st, DC_INVALID_ARGUMENT,
                           "group call carries %zu bytes, not %zu %s elements", bytes,
                           input_elements(d, g->n), dc_dtype_name(d->dtype));

@@ -12,6 +12,7 @@ same bytes on every rank.
 
 import os
 import random
+from concurrent.futures import ThreadPoolExecutor
 import re
 import subprocess
 import time
@@ -266,13 +267,27 @@ class CallsTest(GroupsTestCase):
         self.assertEqual([r.out["values"] for r in rs], [[3.75], [3.75]])
 
     def test_count_zero_is_refused_clearly(self):
-        c = self.start({"node-a": ["cuda:0"]})
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]})
         r = c.ctl("collective", "all-reduce", "--devices", "node-a/cuda:0", "--self",
                   "node-a/cuda:0", "--dtype", "f32", "--count", "0", "--reduce", "sum")
         self.assertEqual(r.rc, 1, r)
         self.assertEqual(r.out["status"], "INVALID_ARGUMENT", r)
         self.assertIn("count 0", r.out["message"])
         self.assertIn("at least one element", r.out["message"])
+        # Every rank with 0: each hears that; one rank with 0: every rank hears who differs.
+        devs = "node-a/cuda:0,node-b/cuda:0"
+        for counts, text in ((("0", "0"), "count 0: a group all-reduce needs at least one element"),
+                             (("3", "0"), "rank 1 (node-b/cuda:0) passed f32[0], rank 0 passed "
+                                          "f32[3]")):
+            with self.subTest(counts=counts):
+                rs = [finish(p) for p in
+                      [ctl_popen(c, "collective", "all-reduce", "--devices", devs, "--self", d,
+                                 "--dtype", "f32", "--count", n, "--reduce", "sum")
+                       for d, n in zip(devs.split(","), counts)]]
+                for r in rs:
+                    self.assertEqual(r.rc, 1, r)
+                    self.assertEqual(r.out["status"], "INVALID_ARGUMENT", r)
+                    self.assertIn(text, r.out["message"])
 
     def test_count_fills_rank_plus_one_and_repeat_times_calls(self):
         self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]})
@@ -526,10 +541,10 @@ class PeerInputTest(GroupsTestCase):
         code, message, _ = self.call(port, "GroupCall",
                                      pb_bytes(F("GroupCallRequest", "group_id"), gid))
         self.assertEqual(code, "INVALID_ARGUMENT", message)  # no call in it
-        call = lambda rank, kind, dtype, count, gen=1: (
+        call = lambda rank, kind, dtype, count, gen=1, seq=1: (
             pb_bytes(F("GroupCallRequest", "group_id"), gid)
             + harness.pb_uint(F("GroupCallRequest", "generation"), gen)
-            + harness.pb_uint(F("GroupCallRequest", "seq"), 1)
+            + harness.pb_uint(F("GroupCallRequest", "seq"), seq)
             + pb_msg(F("GroupCallRequest", "call"), call_desc(rank, kind, dtype, count)))
         code, message, _ = self.call(port, "GroupCall", call(0, 1, 1, 4))
         self.assertEqual(code, "FAILED_PRECONDITION", message)
@@ -542,19 +557,31 @@ class PeerInputTest(GroupsTestCase):
         code, message, _ = self.call(
             port, "GroupSetup", setup_body(gid, 1, plan(two, [("node-a", address, [0, 1])]), 0))
         self.assertEqual(code, "OK", message)
+        # Malformed: refused at once.
         bad_calls = [
             (call(0, 1, 1, 4, gen=2), b"\0" * 16, "FAILED_PRECONDITION", "generation"),
             (call(7, 1, 1, 4), b"\0" * 16, "INVALID_ARGUMENT", "not on this worker"),
-            (call(0, 99, 1, 4), b"\0" * 16, "INVALID_ARGUMENT", "unknown group call kind"),
-            (call(0, 1, 99, 4), b"\0" * 16, "INVALID_ARGUMENT", "unknown dtype"),
-            (call(0, 1, 1, 1 << 60), b"\0" * 16, "OUT_OF_RANGE", "larger than one message"),
             (call(0, 1, 1, 4), b"\0" * 15, "INVALID_ARGUMENT", "carries 15 bytes"),
-            (call(0, 4, 1, 1 << 20), b"", "OUT_OF_RANGE", "larger than one message"),
         ]
         for body, att, want, text in bad_calls:
             code, message, _ = self.call(port, "GroupCall", body, att)
             self.assertEqual(code, want, message)
             self.assertIn(text, message)
+        # Well formed but not a call that can be made: both ranks make it, both hear why.
+        undoable = [
+            ((99, 1, 4), b"\0" * 16, "INVALID_ARGUMENT", "unknown group call kind"),
+            ((1, 99, 4), b"\0" * 16, "INVALID_ARGUMENT", "unknown dtype"),
+            ((1, 1, 1 << 60), b"\0" * 16, "OUT_OF_RANGE", "larger than one message"),
+            ((4, 1, 1 << 20), b"", "OUT_OF_RANGE", "larger than one message"),
+        ]
+        for seq, (desc, att, want, text) in enumerate(undoable, start=1):
+            with ThreadPoolExecutor(2) as ex:
+                futures = [ex.submit(self.call, port, "GroupCall", call(r, *desc, seq=seq), att)
+                           for r in (0, 1)]
+                for f in futures:
+                    code, message, _ = f.result()
+                    self.assertEqual(code, want, message)
+                    self.assertIn(text, message)
         bad_exchange = exchange + harness.pb_uint(F("GroupExchangeRequest", "from"), 0)
         code, message, _ = self.call(port, "GroupExchange", bad_exchange)
         self.assertEqual(code, "INVALID_ARGUMENT", message)
