@@ -9,6 +9,8 @@
 #include "human.h"
 
 #define DEFAULT_ADDR "tcp://127.0.0.1:7400"
+/* The group id of node-a/cuda:0 alone (the quickstart's), which ex_collective leaves behind. */
+#define EXAMPLE_GROUP_ID "15284f939122477d"
 
 /* ---- the tables ---------------------------------------------------------------------- */
 
@@ -140,7 +142,7 @@ static const struct opt_def opt_defs[O_COUNT] = {
     [O_REDUCE] = {
         .name = "reduce",
         .metavar = "OP",
-        .help = "sum, mean, min, max or prod (all-reduce, reduce)",
+        .help = "sum, mean, min, max or prod (all-reduce, reduce, reduce-scatter)",
         .values = REDUCES,
     },
     [O_ROOT] = {
@@ -197,6 +199,21 @@ static const struct opt_def opt_defs[O_COUNT] = {
         .name = "shape",
         .metavar = "DIMS",
         .help = "dimensions, e.g. 2,3 (default: one dimension)",
+    },
+    [O_SELF] = {
+        .name = "self",
+        .metavar = "REF",
+        .help = "the entry of --devices this rank is",
+    },
+    [O_ELEMENTS] = {
+        .name = "count",
+        .metavar = "N",
+        .help = "N elements, each the rank + 1 (instead of --values)",
+    },
+    [O_REPEAT] = {
+        .name = "repeat",
+        .metavar = "K",
+        .help = "make the call K times and print the time per call (default 1)",
     },
     [O_HTTP] = {
         .name = "http",
@@ -275,6 +292,20 @@ static const char *const ex_o_list[] = {
 };
 static const char *const ex_o_show[] = {
     "ops show $(devcoordctl ops list --limit 1 | awk 'NR == 2 {print $1}')",
+    NULL,
+};
+static const char *const ex_collective[] = {
+    "collective all-reduce --devices node-a/cuda:0 --self node-a/cuda:0 --dtype f32 "
+    "--values 1,2,3 --reduce sum",
+    "collective barrier --devices node-a/cuda:0 --self node-a/cuda:0 --repeat 10",
+    NULL,
+};
+static const char *const ex_g_list[] = {
+    "groups list",
+    NULL,
+};
+static const char *const ex_g_show[] = {
+    "groups show " EXAMPLE_GROUP_ID,
     NULL,
 };
 static const char *const ex_health[] = {
@@ -466,6 +497,44 @@ static const struct command_def commands[] = {
         .synopsis = "ops show ID",
         .summary  = "one op: its plan and each worker's answer",
         .examples = ex_o_show,
+    },
+    {
+        .id     = CMD_COLLECTIVE,
+        .group  = "collective",
+        .n_args = 1,
+        .args   = " KIND",
+        .opts   = OPT(O_DEVICES) | OPT(O_SELF) | OPT(O_DTYPE) | OPT(O_VALUES) | OPT(O_ELEMENTS) |
+                OPT(O_REDUCE) | OPT(O_ROOT) | OPT(O_REPEAT),
+        .synopsis = "collective KIND --devices REF,... --self REF --dtype T\n"
+                    "       (--values LIST | --count N) [--reduce OP] [--root R] [--repeat K]",
+        .summary  = "join a group as one rank, make a group call, print the result, leave",
+        .details  = "Run it once per rank, all at once (each in its own process): the join\n"
+                    "waits for every rank of --devices, ranks are the positions in the sorted\n"
+                    "list, and each call waits for every rank's. KIND: all-reduce, reduce,\n"
+                    "broadcast, all-gather, reduce-scatter (the values are one block per\n"
+                    "rank; each rank gets its block of the reduction) or barrier (which\n"
+                    "needs no --dtype nor values);\n"
+                    "--root R is a rank in that sorted order.\n"
+                    "--timeout bounds the join and each call.",
+        .examples = ex_collective,
+    },
+    {
+        .id       = CMD_GROUPS_LIST,
+        .group    = "groups",
+        .sub      = "list",
+        .synopsis = "groups list",
+        .summary  = "the groups ranks have joined: devices, generation, ranks in it",
+        .examples = ex_g_list,
+    },
+    {
+        .id       = CMD_GROUPS_SHOW,
+        .group    = "groups",
+        .sub      = "show",
+        .n_args   = 1,
+        .args     = " ID",
+        .synopsis = "groups show ID",
+        .summary  = "one group: its ranks and devices",
+        .examples = ex_g_show,
     },
     {
         .id       = CMD_HEALTH,

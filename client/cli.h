@@ -52,6 +52,9 @@ enum opt {
     O_FILE,
     O_SHAPE,
     O_HTTP,
+    O_SELF,
+    O_ELEMENTS,
+    O_REPEAT,
     O_COUNT
 };
 
@@ -71,6 +74,9 @@ enum command {
     CMD_TENSOR_GET,
     CMD_TENSOR_LIST,
     CMD_TENSOR_DELETE,
+    CMD_COLLECTIVE,
+    CMD_GROUPS_LIST,
+    CMD_GROUPS_SHOW,
     CMD_HEALTH,
     CMD_VERSION,
     CMD_COMPLETION,

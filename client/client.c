@@ -1024,8 +1024,8 @@ dc_drain_worker(dc_client *c, const char *name, dc_worker_info *out, dc_status *
 
 /* The coordinator's op timeout for a submit that names none: asked once (GetClusterStatus),
  * then kept; OP_FALLBACK_TIMEOUT_MS when it does not say. */
-static uint32_t
-coordinator_op_timeout(dc_client *c)
+uint32_t
+client_op_timeout(dc_client *c)
 {
     Devcoord__V1__GetClusterStatusRequest req = DEVCOORD__V1__GET_CLUSTER_STATUS_REQUEST__INIT;
     const Devcoord__V1__GetClusterStatusResponse *resp;
@@ -1344,7 +1344,7 @@ dc_submit_keyed(dc_client *c, const dc_op_request *req, const char *idempotency_
     pb.timeout_ms      = req->timeout_ms;
     pb.idempotency_key = (char *)(idempotency_key != NULL ? idempotency_key : "");
 
-    op_ms   = req->timeout_ms != 0 ? req->timeout_ms : coordinator_op_timeout(c);
+    op_ms   = req->timeout_ms != 0 ? req->timeout_ms : client_op_timeout(c);
     call_ms = op_ms > UINT32_MAX - SUBMIT_MARGIN_MS ? UINT32_MAX : op_ms + SUBMIT_MARGIN_MS;
     if (call_ms < c->timeout_ms) {
         call_ms = c->timeout_ms;

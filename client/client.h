@@ -66,4 +66,8 @@ dc_code client_copy_field(char *dst, size_t cap, const char *src, const char *wh
 dc_code tensor_expected_bytes(dc_dtype dtype, const uint64_t *shape, size_t ndim, size_t *out,
                               dc_status *st);
 
+/* The coordinator's limits.op_timeout_ms (asked once, then kept; a fallback when it does not
+ * say): what a call naming no timeout waits for. */
+uint32_t client_op_timeout(dc_client *c);
+
 #endif

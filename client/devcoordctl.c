@@ -2156,6 +2156,421 @@ cmd_version(const struct cli *cli, const dc_client_options *opts)
     return rc;
 }
 
+/* ---- groups ------------------------------------------------------------------------------ */
+
+struct collective_args {
+    dc_op_kind kind;
+    dc_reduce_op reduce;
+    uint32_t root;
+    uint64_t repeat;
+    struct put_args in; /* dtype, data, bytes */
+    size_t count;
+    bool with_values; /* --values (printed back), not --count */
+};
+
+static int
+collective_prepare(const struct cli *cli, struct collective_args *a)
+{
+    uint64_t v;
+    int rc;
+
+    memset(a, 0, sizeof(*a));
+    a->repeat = 1;
+    if ((a->kind = dc_op_kind_from_name(cli->args[0])) == DC_OP_NONE) {
+        return cli_usage_error("collective KIND: all-reduce, reduce, broadcast, all-gather, "
+                               "reduce-scatter or barrier, not '%s'",
+                               cli->args[0]);
+    }
+    if (!cli->seen[O_DEVICES] || !cli->seen[O_SELF]) {
+        return cli_usage_error("collective needs --devices REF,... and --self REF");
+    }
+    if (cli->seen[O_REPEAT]) {
+        if (!parse_u64(cli->val[O_REPEAT], 1000000, &v) || v == 0) {
+            return cli_usage_error("--repeat wants a number from 1 to 1000000, not '%s'",
+                                   cli->val[O_REPEAT]);
+        }
+        a->repeat = v;
+    }
+    if ((rc = parse_u32_opt(cli, O_ROOT, &a->root)) != 0) {
+        return rc;
+    }
+    if (cli->seen[O_REDUCE] &&
+        (a->reduce = dc_reduce_op_from_name(cli->val[O_REDUCE])) == DC_REDUCE_NONE) {
+        return cli_usage_error("--reduce wants sum, mean, min, max or prod, not '%s'",
+                               cli->val[O_REDUCE]);
+    }
+    if ((a->kind == DC_OP_ALL_REDUCE || a->kind == DC_OP_REDUCE ||
+         a->kind == DC_OP_REDUCE_SCATTER) &&
+        !cli->seen[O_REDUCE]) {
+        return cli_usage_error("%s needs --reduce OP", cli->args[0]);
+    }
+    if (a->kind == DC_OP_BARRIER) {
+        return 0;
+    }
+    if (!cli->seen[O_DTYPE] ||
+        (a->in.dtype = dc_dtype_from_name(cli->val[O_DTYPE])) == DC_DTYPE_NONE) {
+        return cli_usage_error("collective %s needs --dtype f32|f64|i32|i64", cli->args[0]);
+    }
+    if (cli->seen[O_VALUES] == cli->seen[O_ELEMENTS]) {
+        return cli_usage_error("collective %s needs one of --values or --count", cli->args[0]);
+    }
+    if (cli->seen[O_VALUES]) {
+        a->with_values = true;
+        return parse_values(cli->val[O_VALUES], &a->in, &a->count);
+    }
+    if (!parse_u64(cli->val[O_ELEMENTS], (uint64_t)(SIZE_MAX / 8), &v)) {
+        return cli_usage_error("--count wants a number, not '%s'", cli->val[O_ELEMENTS]);
+    }
+    a->count    = (size_t)v;
+    a->in.bytes = a->count * dc_dtype_size(a->in.dtype);
+    if ((a->in.data = calloc(1, a->in.bytes + 1)) == NULL) {
+        return cli_usage_error("--count %s: too many elements", cli->val[O_ELEMENTS]);
+    }
+    return 0;
+}
+
+/* --count's values: every element is rank + 1. */
+static void
+fill_rank(void *buf, size_t count, dc_dtype dtype, uint32_t rank)
+{
+    double d    = (double)rank + 1;
+    float f     = (float)d;
+    int32_t i32 = (int32_t)rank + 1;
+    int64_t i64 = (int64_t)rank + 1;
+
+    for (size_t i = 0; i < count; i++) {
+        unsigned char *slot = (unsigned char *)buf + i * dc_dtype_size(dtype);
+        switch (dtype) {
+        case DC_DTYPE_F32:
+            memcpy(slot, &f, sizeof(f));
+            break;
+        case DC_DTYPE_F64:
+            memcpy(slot, &d, sizeof(d));
+            break;
+        case DC_DTYPE_I32:
+            memcpy(slot, &i32, sizeof(i32));
+            break;
+        default:
+            memcpy(slot, &i64, sizeof(i64));
+            break;
+        }
+    }
+}
+
+static int
+compare_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : (x > y ? 1 : 0);
+}
+
+static double
+mono_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* One call of a's kind on g: in is the rank's input, out its result. */
+static dc_code
+collective_call(dc_group *g, const struct collective_args *a, const void *in, void *out,
+                dc_status *st)
+{
+    switch (a->kind) {
+    case DC_OP_ALL_REDUCE:
+        memcpy(out, in, a->in.bytes);
+        return dc_all_reduce(g, out, a->count, a->in.dtype, a->reduce, st);
+    case DC_OP_REDUCE:
+        memcpy(out, in, a->in.bytes);
+        return dc_reduce(g, out, a->count, a->in.dtype, a->reduce, a->root, st);
+    case DC_OP_BROADCAST:
+        memcpy(out, in, a->in.bytes);
+        return dc_broadcast(g, out, a->count, a->in.dtype, a->root, st);
+    case DC_OP_ALL_GATHER:
+        return dc_all_gather(g, in, out, a->count, a->in.dtype, st);
+    case DC_OP_REDUCE_SCATTER:
+        return dc_reduce_scatter(g, in, out, a->count / dc_group_size(g), a->in.dtype, a->reduce,
+                                 st);
+    default:
+        return dc_barrier(g, st);
+    }
+}
+
+static void
+print_collective_json(const struct collective_args *a, const dc_group *g, const dc_status *st,
+                      const void *out, size_t out_count, uint64_t calls, const double *secs,
+                      bool timed)
+{
+    dc_tensor t = { .dtype = a->in.dtype, .data = (void *)out };
+    struct json j;
+
+    json_init(&j);
+    json_object_begin(&j);
+    json_key(&j, "group_id");
+    json_string(&j, g != NULL ? dc_group_id(g) : "");
+    json_key(&j, "generation");
+    json_uint(&j, dc_group_generation(g));
+    json_key(&j, "rank");
+    json_uint(&j, dc_group_rank(g));
+    json_key(&j, "size");
+    json_uint(&j, dc_group_size(g));
+    json_key(&j, "status");
+    json_string(&j, dc_status_name(st->code));
+    json_key(&j, "message");
+    json_string(&j, st->message);
+    json_key(&j, "kind");
+    json_string(&j, dc_op_kind_name(a->kind));
+    if (a->with_values) {
+        json_key(&j, "values");
+        if (st->code == DC_OK && out != NULL) {
+            json_array_begin(&j);
+            for (size_t i = 0; i < out_count; i++) {
+                json_value(&j, &t, i);
+            }
+            json_array_end(&j);
+        } else {
+            json_null(&j);
+        }
+    }
+    json_key(&j, "calls");
+    json_uint(&j, calls);
+    if (timed && calls > 0) {
+        json_key(&j, "seconds");
+        json_object_begin(&j);
+        json_key(&j, "min");
+        json_double(&j, secs[0]);
+        json_key(&j, "median");
+        json_double(&j, secs[calls / 2]);
+        json_key(&j, "max");
+        json_double(&j, secs[calls - 1]);
+        json_object_end(&j);
+    }
+    json_object_end(&j);
+    json_print(&j);
+    json_free(&j);
+}
+
+static void
+print_collective_text(const struct collective_args *a, const dc_group *g, const dc_status *st,
+                      const void *out, size_t out_count, uint64_t calls, const double *secs,
+                      bool timed)
+{
+    dc_tensor t = { .dtype = a->in.dtype, .data = (void *)out };
+    char v[40];
+
+    if (g == NULL) {
+        return;
+    }
+    printf("group %s generation %llu: rank %u of %u (%s)\n", dc_group_id(g),
+           (unsigned long long)dc_group_generation(g), dc_group_rank(g), dc_group_size(g),
+           dc_group_device(g, dc_group_rank(g)));
+    if (st->code != DC_OK) {
+        return;
+    }
+    if (a->with_values && out != NULL) {
+        printf("%s:", dc_op_kind_name(a->kind));
+        for (size_t i = 0; i < out_count; i++) {
+            value_text(&t, i, v, sizeof(v));
+            printf(" %s", v);
+        }
+        fputc('\n', stdout);
+    } else {
+        printf("%s: %llu call%s ok\n", dc_op_kind_name(a->kind), (unsigned long long)calls,
+               calls == 1 ? "" : "s");
+    }
+    if (timed && calls > 0) {
+        char lo[24], mid[24], hi[24];
+        human_elapsed_us(lo, sizeof(lo), (uint64_t)(secs[0] * 1e6));
+        human_elapsed_us(mid, sizeof(mid), (uint64_t)(secs[calls / 2] * 1e6));
+        human_elapsed_us(hi, sizeof(hi), (uint64_t)(secs[calls - 1] * 1e6));
+        printf("%llu calls: min %s, median %s, max %s\n", (unsigned long long)calls, lo, mid, hi);
+    }
+}
+
+static int
+cmd_collective(const struct cli *cli, dc_client *c, struct collective_args *a)
+{
+    dc_group_options go = { .timeout_ms = cli->timeout_ms, .call_timeout_ms = cli->timeout_ms };
+    dc_group *g         = NULL;
+    double *secs        = NULL;
+    void *out           = NULL;
+    size_t out_count    = a->count;
+    uint64_t calls      = 0;
+    dc_status st, leave_st;
+    int rc = 0;
+
+    memset(&st, 0, sizeof(st));
+    if (dc_group_join(c, cli->val[O_DEVICES], cli->val[O_SELF], &go, &g, &st) != DC_OK) {
+        goto out;
+    }
+    if (a->kind == DC_OP_ALL_GATHER) {
+        out_count = a->count * dc_group_size(g);
+    } else if (a->kind == DC_OP_REDUCE_SCATTER) {
+        /* The rank's input is one block per rank; it gets its own block back. */
+        out_count = a->count / dc_group_size(g);
+        if (a->count % dc_group_size(g) != 0) {
+            st.code = DC_INVALID_ARGUMENT;
+            snprintf(st.message, sizeof(st.message),
+                     "invalid operation: reduce-scatter of %zu elements: not a multiple of the "
+                     "%u ranks",
+                     a->count, dc_group_size(g));
+            goto out;
+        }
+    }
+    if (!a->with_values && a->in.data != NULL) {
+        fill_rank(a->in.data, a->count, a->in.dtype, dc_group_rank(g));
+    }
+    if ((secs = calloc(a->repeat, sizeof(*secs))) == NULL ||
+        (out = calloc(1, out_count * dc_dtype_size(a->in.dtype) + 1)) == NULL) {
+        st.code = DC_RESOURCE_EXHAUSTED;
+        snprintf(st.message, sizeof(st.message), "out of memory");
+        goto out;
+    }
+    for (; calls < a->repeat; calls++) {
+        double t0 = mono_seconds();
+        if (collective_call(g, a, a->in.data, out, &st) != DC_OK) {
+            break;
+        }
+        secs[calls] = mono_seconds() - t0;
+    }
+    if (calls > 1) {
+        qsort(secs, calls, sizeof(*secs), compare_double);
+    }
+out:
+    if (cli->json) {
+        print_collective_json(a, g, &st, out, out_count, calls, secs, cli->seen[O_REPEAT]);
+    } else {
+        print_collective_text(a, g, &st, out, out_count, calls, secs, cli->seen[O_REPEAT]);
+    }
+    if (st.code != DC_OK) {
+        rc = fail(&st);
+    }
+    if (g != NULL && dc_group_leave(g, &leave_st) != DC_OK && rc == 0) {
+        rc = fail(&leave_st);
+    }
+    free(secs);
+    free(out);
+    return rc;
+}
+
+static void
+json_group(struct json *j, const dc_group_info *gi)
+{
+    json_object_begin(j);
+    json_key(j, "group_id");
+    json_string(j, gi->group_id);
+    json_key(j, "devices");
+    json_array_begin(j);
+    for (size_t d = 0; d < gi->n_devices; d++) {
+        json_string(j, gi->devices[d]);
+    }
+    json_array_end(j);
+    json_key(j, "generation");
+    json_uint(j, gi->generation);
+    json_key(j, "joined");
+    json_uint(j, gi->joined);
+    json_key(j, "joining");
+    json_uint(j, gi->joining);
+    json_key(j, "calls");
+    json_uint(j, gi->calls);
+    json_key(j, "stalled");
+    json_array_begin(j);
+    for (size_t i = 0; i < gi->n_stalled; i++) {
+        json_object_begin(j);
+        json_key(j, "rank");
+        json_uint(j, gi->stalled[i].rank);
+        json_key(j, "device");
+        json_string(j, gi->stalled[i].device);
+        json_key(j, "waiting_ms");
+        json_uint(j, gi->stalled[i].waiting_ms);
+        json_object_end(j);
+    }
+    json_array_end(j);
+    json_object_end(j);
+}
+
+static int
+print_groups_table(const dc_group_list *l, bool show)
+{
+    static const char *const header[]  = { "GROUP_ID", "GENERATION", "JOINED", "JOINING",
+                                           "CALLS",    "STALLED",    "DEVICES" };
+    static const char *const rheader[] = { "RANK", "DEVICE", "STALLED" };
+    struct table t;
+    int rc;
+
+    table_init(&t, 7, header);
+    for (size_t i = 0; i < l->n; i++) {
+        const dc_group_info *gi = &l->groups[i];
+        char gen[24], joined[48], joining[24], calls[24], stalled[24], devs[1024];
+        const char *row[7] = { gi->group_id, gen, joined, joining, calls, stalled, devs };
+        size_t n           = 0;
+        snprintf(gen, sizeof(gen), "%llu", (unsigned long long)gi->generation);
+        snprintf(calls, sizeof(calls), "%llu", (unsigned long long)gi->calls);
+        snprintf(stalled, sizeof(stalled), "%zu", gi->n_stalled);
+        snprintf(joined, sizeof(joined), "%u/%zu", gi->joined, gi->n_devices);
+        snprintf(joining, sizeof(joining), "%u", gi->joining);
+        devs[0] = '\0';
+        for (size_t d = 0; d < gi->n_devices && n < sizeof(devs); d++) {
+            n += (size_t)snprintf(devs + n, sizeof(devs) - n, "%s%s", d ? "," : "", gi->devices[d]);
+        }
+        table_add(&t, row);
+    }
+    if ((rc = table_print(&t)) != 0 || !show || l->n == 0) {
+        return rc;
+    }
+    fputc('\n', stdout);
+    table_init(&t, 3, rheader);
+    for (size_t d = 0; d < l->groups[0].n_devices; d++) {
+        char r[24], waiting[32] = "-";
+        const char *row[3] = { r, l->groups[0].devices[d], waiting };
+        snprintf(r, sizeof(r), "%zu", d);
+        for (size_t k = 0; k < l->groups[0].n_stalled; k++) {
+            if (l->groups[0].stalled[k].rank == d) {
+                human_elapsed_us(waiting, sizeof(waiting),
+                                 l->groups[0].stalled[k].waiting_ms * 1000);
+            }
+        }
+        table_add(&t, row);
+    }
+    return table_print(&t);
+}
+
+static int
+cmd_groups(const struct cli *cli, dc_client *c)
+{
+    bool show        = cli->cmd->id == CMD_GROUPS_SHOW;
+    dc_group_list *l = NULL;
+    dc_status st;
+    int rc;
+
+    if (dc_list_groups(c, show ? cli->args[0] : NULL, &l, &st) != DC_OK) {
+        return fail(&st);
+    }
+    if (cli->json) {
+        struct json j;
+        json_init(&j);
+        if (show && l->n > 0) {
+            json_group(&j, &l->groups[0]);
+        } else {
+            json_object_begin(&j);
+            json_key(&j, "groups");
+            json_array_begin(&j);
+            for (size_t i = 0; i < l->n; i++) {
+                json_group(&j, &l->groups[i]);
+            }
+            json_array_end(&j);
+            json_object_end(&j);
+        }
+        rc = json_print(&j);
+        json_free(&j);
+    } else {
+        rc = print_groups_table(l, show);
+    }
+    dc_group_list_free(l);
+    return rc;
+}
+
 /* ---- main ---------------------------------------------------------------------------- */
 
 static int
@@ -2170,9 +2585,10 @@ run(struct cli *cli)
                                .tls_cert   = cli->val[O_TLS_CERT],
                                .tls_key    = cli->val[O_TLS_KEY] };
     struct devices_args dev_args;
-    struct op_args op_args   = { 0 };
-    struct put_args put_args = { 0 };
-    dc_client *c             = NULL;
+    struct op_args op_args           = { 0 };
+    struct put_args put_args         = { 0 };
+    struct collective_args coll_args = { 0 };
+    dc_client *c                     = NULL;
     uint32_t interval;
     dc_status st;
     int rc = 0;
@@ -2206,6 +2622,9 @@ run(struct cli *cli)
     case CMD_TENSOR_LIST:
     case CMD_TENSOR_DELETE:
         rc = tensor_prepare(cli);
+        break;
+    case CMD_COLLECTIVE:
+        rc = collective_prepare(cli, &coll_args);
         break;
     case CMD_COMPLETION:
         if (strcmp(cli->args[0], "bash") != 0) {
@@ -2274,6 +2693,13 @@ run(struct cli *cli)
     case CMD_TENSOR_DELETE:
         rc = cmd_tensor_delete(cli, c);
         break;
+    case CMD_COLLECTIVE:
+        rc = cmd_collective(cli, c, &coll_args);
+        break;
+    case CMD_GROUPS_LIST:
+    case CMD_GROUPS_SHOW:
+        rc = cmd_groups(cli, c);
+        break;
     case CMD_HEALTH:
         rc = cmd_health(cli, c);
         break;
@@ -2285,6 +2711,7 @@ out:
     dc_client_close(c);
     free(op_args.devices);
     free(put_args.data);
+    free(coll_args.in.data);
     return rc;
 }
 

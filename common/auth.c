@@ -964,6 +964,16 @@ auth_client_open(const char *url, const char *token, const struct config_tls *tl
                  size_t max_message_bytes, uint32_t reconnect_max_ms, struct rpc_client **out,
                  dc_status *st)
 {
+    return auth_client_open_watched(url, token, tls, max_message_bytes, reconnect_max_ms, NULL,
+                                    NULL, out, st);
+}
+
+dc_code
+auth_client_open_watched(const char *url, const char *token, const struct config_tls *tls,
+                         size_t max_message_bytes, uint32_t reconnect_max_ms,
+                         void (*on_connection)(void *arg, bool up), void *arg,
+                         struct rpc_client **out, dc_status *st)
+{
     struct rpc_client_opts opts = { 0 };
     nng_tls_config *cfg         = NULL;
     char host[256];
@@ -981,6 +991,8 @@ auth_client_open(const char *url, const char *token, const struct config_tls *tl
     opts.max_message_bytes = max_message_bytes;
     opts.reconnect_min_ms  = 20;
     opts.reconnect_max_ms  = reconnect_max_ms;
+    opts.on_connection     = on_connection;
+    opts.on_connection_arg = arg;
     code                   = rpc_client_open(&opts, out, st);
     /* The dialer holds its own reference. */
     if (cfg != NULL) {

@@ -116,6 +116,13 @@ dc_code auth_client_open(const char *url, const char *token, const struct config
                          size_t max_message_bytes, uint32_t reconnect_max_ms,
                          struct rpc_client **out, dc_status *st);
 
+/* auth_client_open, telling on_connection (nng thread, no blocking) when the connection comes
+ * up and drops (rpc_client_opts.on_connection). */
+dc_code auth_client_open_watched(const char *url, const char *token, const struct config_tls *tls,
+                                 size_t max_message_bytes, uint32_t reconnect_max_ms,
+                                 void (*on_connection)(void *arg, bool up), void *arg,
+                                 struct rpc_client **out, dc_status *st);
+
 /* The host part of a tls+tcp://host:port address, for the server name. */
 void auth_url_host(const char *url, char *host, size_t cap);
 

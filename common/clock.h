@@ -5,9 +5,14 @@
 #ifndef DEVCOORD_COMMON_CLOCK_H
 #define DEVCOORD_COMMON_CLOCK_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 /* Milliseconds since the Unix epoch. */
 uint64_t clock_unix_ms(void);
+
+/* pthread_cond_timedwait on cv (mtx held) for at most ms milliseconds: the tick of the
+ * daemons' timer threads. */
+void clock_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mtx, unsigned ms);
 
 #endif

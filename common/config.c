@@ -1252,6 +1252,15 @@ static const struct field worker_limits_fields[] = {
     { .name = NULL },
 };
 
+static const struct field worker_groups_fields[] = {
+    { .name   = "stall_warn_ms",
+      .parse  = field_u32,
+      .min    = 1,
+      .max    = UINT32_MAX,
+      .offset = offsetof(struct config_worker, group_stall_warn_ms) },
+    { .name = NULL },
+};
+
 static const struct field worker_auth_fields[] = {
     { .name   = "tokens_file",
       .parse  = field_string,
@@ -1281,6 +1290,7 @@ static const struct field worker_fields[] = {
       .parse  = field_collectives,
       .offset = offsetof(struct config_worker, collectives) },
     { .name = "limits", .parse = field_map, .sub = worker_limits_fields },
+    { .name = "groups", .parse = field_map, .sub = worker_groups_fields },
     { .name = "auth", .parse = field_map, .sub = worker_auth_fields },
     { .name   = "tls",
       .parse  = field_map,
@@ -1463,10 +1473,11 @@ config_worker_defaults(struct config_worker *cfg, dc_status *st)
     for (int b = DC_BACKEND_CPU; b < DC_BACKEND_COUNT; b++) {
         cfg->collectives[b] = true;
     }
-    cfg->max_tensor_bytes  = DEFAULT_MAX_TENSOR_BYTES;
-    cfg->max_message_bytes = DEFAULT_MAX_MESSAGE_BYTES;
-    cfg->log.level         = LOG_INFO;
-    cfg->log.format        = LOG_FORMAT_TEXT;
+    cfg->max_tensor_bytes    = DEFAULT_MAX_TENSOR_BYTES;
+    cfg->group_stall_warn_ms = 5000;
+    cfg->max_message_bytes   = DEFAULT_MAX_MESSAGE_BYTES;
+    cfg->log.level           = LOG_INFO;
+    cfg->log.format          = LOG_FORMAT_TEXT;
 
     cfg->max_inflight_bytes                = RPC_WORKER_DEFAULT_MAX_INFLIGHT;
     cfg->max_inflight_bytes_per_connection = RPC_WORKER_DEFAULT_MAX_INFLIGHT_PER_CONNECTION;

@@ -94,6 +94,9 @@ struct config_worker {
     /* limits.handshake_timeout_ms: a tls+tcp:// connection that has not finished its TLS
      * handshake this long after it was accepted is closed (default 10000). */
     uint32_t handshake_timeout_ms;
+    /* groups.stall_warn_ms: a rank missing from a group call other ranks have made for this
+     * long is logged and reported stalled (default 5000). */
+    uint32_t group_stall_warn_ms;
     struct config_tls tls;
     struct config_log log;
 };

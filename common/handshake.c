@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "clock.h"
 #include "log.h"
 #include "rpc.h"
 
@@ -246,19 +247,12 @@ handshake_watch_run(void *arg)
 
     pthread_mutex_lock(&w->mtx);
     while (!w->stopping) {
-        struct timespec ts;
 
         pthread_mutex_unlock(&w->mtx);
         handshake_scan(w);
         pthread_mutex_lock(&w->mtx);
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += SCAN_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
         if (!w->stopping) {
-            pthread_cond_timedwait(&w->cv, &w->mtx, &ts);
+            clock_cond_wait_ms(&w->cv, &w->mtx, SCAN_MS);
         }
     }
     pthread_mutex_unlock(&w->mtx);

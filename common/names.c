@@ -6,8 +6,9 @@
 #include "devcoord/types.h"
 
 static const char *const op_kind_names[DC_OP_COUNT] = {
-    [DC_OP_ALL_REDUCE] = "all-reduce", [DC_OP_REDUCE] = "reduce",   [DC_OP_BROADCAST] = "broadcast",
-    [DC_OP_ALL_GATHER] = "all-gather", [DC_OP_BARRIER] = "barrier",
+    [DC_OP_ALL_REDUCE] = "all-reduce", [DC_OP_REDUCE] = "reduce",
+    [DC_OP_BROADCAST] = "broadcast",   [DC_OP_ALL_GATHER] = "all-gather",
+    [DC_OP_BARRIER] = "barrier",       [DC_OP_REDUCE_SCATTER] = "reduce-scatter",
 };
 
 static const char *const reduce_op_names[DC_REDUCE_COUNT] = {

@@ -80,6 +80,11 @@ struct rpc_server_opts {
      * it was accepted is shut down (common/handshake.h says why nng does not). 0: the
      * default. */
     uint32_t handshake_timeout_ms;
+    /* Told when a connection closes, with its pipe id (as rpc_call_pipe): a handler that
+     * parks calls can let go of those whose caller left. nng thread: it must not block nor
+     * answer calls; NULL for none. */
+    void (*on_disconnect)(void *arg, uint32_t pipe);
+    void *on_disconnect_arg;
 };
 
 #define RPC_DEFAULT_HANDSHAKE_TIMEOUT_MS 10000u

@@ -81,21 +81,27 @@ struct rpc_server {
     pthread_t *threads;
     unsigned n_threads;
     struct handshake_watch *handshake; /* tls+tcp:// listeners only */
-    size_t inflight_peak;              /* since in-flight bytes were last 0 */
-    bool trim_due;                     /* a burst ended: a server thread gives memory back */
+    void (*on_disconnect)(void *arg, uint32_t pipe);
+    void *on_disconnect_arg;
+    size_t inflight_peak; /* since in-flight bytes were last 0 */
+    bool trim_due;        /* a burst ended: a server thread gives memory back */
 };
 
 static void rpc_call_cb(void *arg);
 
-/* Tells the handshake watch which connections are pipes (nng thread: it only records). */
+/* Tells the handshake watch which connections are pipes, and the owner which closed (nng
+ * thread: both only record). */
 static void
 rpc_server_pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
 {
     struct rpc_server *s = arg;
     nng_sockaddr sa;
 
-    if (nng_pipe_get_addr(pipe, NNG_OPT_REMADDR, &sa) == 0) {
+    if (s->handshake != NULL && nng_pipe_get_addr(pipe, NNG_OPT_REMADDR, &sa) == 0) {
         handshake_watch_pipe(s->handshake, &sa, ev == NNG_PIPE_EV_ADD_POST);
+    }
+    if (ev == NNG_PIPE_EV_REM_POST && s->on_disconnect != NULL) {
+        s->on_disconnect(s->on_disconnect_arg, (uint32_t)nng_pipe_id(pipe));
     }
 }
 
@@ -701,6 +707,8 @@ rpc_server_start(const struct rpc_server_opts *opts, struct rpc_server **out, dc
         code = wire_nng_status(rv, "rep socket", st);
         goto fail;
     }
+    s->on_disconnect     = opts->on_disconnect;
+    s->on_disconnect_arg = opts->on_disconnect_arg;
     if (strncmp(opts->url, "tls+tcp://", 10) == 0) {
         /* Pipes are recorded from the first one on, before the listener starts. */
         s->handshake =
@@ -713,6 +721,10 @@ rpc_server_start(const struct rpc_server_opts *opts, struct rpc_server **out, dc
                                         : wire_nng_status(rv, "pipe notify", st);
             goto fail_sock;
         }
+    } else if (s->on_disconnect != NULL &&
+               (rv = nng_pipe_notify(s->sock, NNG_PIPE_EV_REM_POST, rpc_server_pipe_cb, s)) != 0) {
+        code = wire_nng_status(rv, "pipe notify", st);
+        goto fail_sock;
     }
     if ((rv = rpc_socket_limits(s->sock, s->max_message)) != 0 ||
         (rv = nng_listener_create(&s->listener, s->sock, opts->url)) != 0 ||

@@ -61,6 +61,11 @@ check_operation(const struct op_spec *op, dc_status *st)
                           "broadcast, all-gather or barrier)",
                           (int)op->kind);
     }
+    if (op->kind == DC_OP_REDUCE_SCATTER) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "invalid operation: reduce-scatter is a group call (every rank calls "
+                          "it), not an op to submit");
+    }
     if ((op->kind == DC_OP_ALL_REDUCE || op->kind == DC_OP_REDUCE) &&
         dc_reduce_op_name(op->reduce) == NULL) {
         return status_set(st, DC_INVALID_ARGUMENT,

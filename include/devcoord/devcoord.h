@@ -282,6 +282,115 @@ dc_code dc_tensor_delete(dc_client *c, const char *device, const char *name, dc_
 dc_code dc_tensor_list_get(dc_client *c, const char *device, dc_tensor_list **out, dc_status *st);
 void dc_tensor_list_free(dc_tensor_list *list);
 
+/* ---- groups: collectives called by every rank ----------------------------------------- */
+
+/* A rank's membership of a group, from dc_group_join until dc_group_leave. Calls on one
+ * group are made one at a time (the k-th call of every rank is matched with the others'). */
+typedef struct dc_group dc_group;
+
+typedef struct dc_group_options {
+    /* How long the join waits for every rank (0: the coordinator's limits.op_timeout_ms). */
+    uint32_t timeout_ms;
+    /* How long each call waits for every rank (0: 30000). */
+    uint32_t call_timeout_ms;
+} dc_group_options;
+
+/*
+ * Joins the group of `devices` ("ref,ref,..." in the device grammar, any order, autodiff
+ * wrappers allowed) as `self` (one entry of the list). Returns when every rank has joined,
+ * DEADLINE_EXCEEDED naming those who did not. Ranks are the positions in the sorted canonical
+ * list, the same for every rank whatever order it passed. opts may be NULL. Free with
+ * dc_group_leave.
+ */
+dc_code dc_group_join(dc_client *c, const char *devices, const char *self,
+                      const dc_group_options *opts, dc_group **out, dc_status *st);
+uint32_t dc_group_rank(const dc_group *g);
+uint32_t dc_group_size(const dc_group *g);
+/* 16 hex digits: the same for any order of the same devices. */
+const char *dc_group_id(const dc_group *g);
+/* Each completed rendezvous of the group is a new generation. */
+uint64_t dc_group_generation(const dc_group *g);
+/* Cluster name of rank `rank` ("node-a/cuda:0"); NULL outside the group. */
+const char *dc_group_device(const dc_group *g, uint32_t rank);
+/* Tells the coordinator this rank leaves, and frees g (also when that call fails). */
+dc_code dc_group_leave(dc_group *g, dc_status *st);
+
+/* The calls. A call larger than one message (4 MiB each way) is made as several, in order.
+ *
+ * In place: every rank's buf becomes op over all ranks' bufs (count elements of dtype). */
+dc_code dc_all_reduce(dc_group *g, void *buf, size_t count, dc_dtype dtype, dc_reduce_op op,
+                      dc_status *st);
+/* The root's buf becomes op over all ranks' bufs; the others' stay as they were. */
+dc_code dc_reduce(dc_group *g, void *buf, size_t count, dc_dtype dtype, dc_reduce_op op,
+                  uint32_t root, dc_status *st);
+/* Every rank's buf becomes the root's. */
+dc_code dc_broadcast(dc_group *g, void *buf, size_t count, dc_dtype dtype, uint32_t root,
+                     dc_status *st);
+/* recv (size * count elements) gets every rank's send (count elements), in rank order. */
+dc_code dc_all_gather(dc_group *g, const void *send, void *recv, size_t count, dc_dtype dtype,
+                      dc_status *st);
+/* send (size * count elements) is reduced with op over all ranks; recv (count elements) gets
+ * this rank's block of the result: elements [rank * count, (rank + 1) * count). */
+dc_code dc_reduce_scatter(dc_group *g, const void *send, void *recv, size_t count, dc_dtype dtype,
+                          dc_reduce_op op, dc_status *st);
+/* Returns when every rank has called it. */
+dc_code dc_barrier(dc_group *g, dc_status *st);
+
+/* The same calls started without waiting: each returns a request to finish with dc_wait
+ * (NULL, st saying why, when it could not start). Several may be in flight on one group;
+ * the k-th started by a rank is matched with the k-th of the others. Buffers must stay
+ * valid, and untouched, until dc_wait returns. */
+typedef struct dc_request dc_request;
+
+dc_request *dc_all_reduce_async(dc_group *g, void *buf, size_t count, dc_dtype dtype,
+                                dc_reduce_op op, dc_status *st);
+dc_request *dc_reduce_async(dc_group *g, void *buf, size_t count, dc_dtype dtype, dc_reduce_op op,
+                            uint32_t root, dc_status *st);
+dc_request *dc_broadcast_async(dc_group *g, void *buf, size_t count, dc_dtype dtype, uint32_t root,
+                               dc_status *st);
+dc_request *dc_all_gather_async(dc_group *g, const void *send, void *recv, size_t count,
+                                dc_dtype dtype, dc_status *st);
+dc_request *dc_reduce_scatter_async(dc_group *g, const void *send, void *recv, size_t count,
+                                    dc_dtype dtype, dc_reduce_op op, dc_status *st);
+dc_request *dc_barrier_async(dc_group *g, dc_status *st);
+/* Waits for the call to end, frees req and returns its code (st: its message). */
+dc_code dc_wait(dc_request *req, dc_status *st);
+/* *done: whether the call has ended; if so, returns its code (st: its message). req stays
+ * valid: finish it with dc_wait, which then returns at once. */
+dc_code dc_test(dc_request *req, bool *done, dc_status *st);
+
+/* A rank missing from a call the others have made, for longer than its worker's
+ * groups.stall_warn_ms. */
+typedef struct dc_group_stalled {
+    uint32_t rank;
+    char device[DC_DEVICE_TEXT_SIZE];
+    uint64_t waiting_ms;
+} dc_group_stalled;
+
+/* A group as the coordinator sees it, with what its workers say of its calls. */
+typedef struct dc_group_info {
+    char group_id[17];
+    size_t n_devices;
+    char (*devices)[DC_DEVICE_TEXT_SIZE]; /* cluster names, rank order */
+    uint64_t generation;
+    uint32_t joined;  /* ranks of the current generation that have not left */
+    uint32_t joining; /* ranks waiting in the next rendezvous */
+    uint64_t calls;   /* calls completed in its current generation (0 when no worker said) */
+    size_t n_stalled;
+    dc_group_stalled *stalled;
+} dc_group_info;
+
+typedef struct dc_group_list {
+    size_t n;
+    dc_group_info *groups;
+} dc_group_list;
+
+/* Every group, or only group_id when it is not NULL (NOT_FOUND when there is none). Asks
+ * each group's workers for its calls and stalled ranks (a worker that does not answer is
+ * left out). */
+dc_code dc_list_groups(dc_client *c, const char *group_id, dc_group_list **out, dc_status *st);
+void dc_group_list_free(dc_group_list *list);
+
 #ifdef __cplusplus
 }
 #endif

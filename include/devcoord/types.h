@@ -103,6 +103,8 @@ typedef enum dc_op_kind {
     DC_OP_BROADCAST  = 3,
     DC_OP_ALL_GATHER = 4,
     DC_OP_BARRIER    = 5,
+    /* Group calls only (dc_reduce_scatter); SubmitOp refuses it. */
+    DC_OP_REDUCE_SCATTER = 6,
     DC_OP_COUNT
 } dc_op_kind;
 

@@ -17,6 +17,7 @@
 #include "rpc.h"
 
 struct ops;
+struct groupsvc;
 struct auth_current;
 
 struct coordinator {
@@ -25,6 +26,7 @@ struct coordinator {
     struct config_coordinator cfg;
     struct registry *registry;
     struct ops *ops;
+    struct groupsvc *groups;
     struct auth_current *auth; /* NULL: no tokens file, every call is let in; swapped on
                                   SIGHUP (daemon_reload) */
     struct rpc_server *rpc;

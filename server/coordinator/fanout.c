@@ -182,6 +182,22 @@ abort_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply
     free(call);
 }
 
+dc_code
+fanout_call(struct fanout *f, struct fanout_conn *c, unsigned method, const ProtobufCMessage *req,
+            uint32_t timeout_ms, rpc_done_fn done, void *arg, dc_status *st)
+{
+    dc_code rv;
+
+    pthread_mutex_lock(&f->mtx);
+    if (c->client == NULL) {
+        rv = status_set(st, DC_UNAVAILABLE, "connection to %s closed", c->address);
+    } else {
+        rv = rpc_call_async(c->client, WORKER_SVC, method, req, NULL, 0, timeout_ms, done, arg, st);
+    }
+    pthread_mutex_unlock(&f->mtx);
+    return rv;
+}
+
 /* Starts `method` on c with done(call) as its completion. The lock is held across the start
  * so fanout_close_all cannot close the client under it; completions run on nng threads, never
  * inside rpc_call_async. */
@@ -197,15 +213,7 @@ fanout_send(struct fanout *f, struct fanout_conn *c, unsigned method, const Prot
     }
     call->f   = f;
     call->tag = tag;
-    pthread_mutex_lock(&f->mtx);
-    if (c->client == NULL) {
-        rv = status_set(st, DC_UNAVAILABLE, "connection to %s closed", c->address);
-    } else {
-        rv =
-            rpc_call_async(c->client, WORKER_SVC, method, req, NULL, 0, timeout_ms, done, call, st);
-    }
-    pthread_mutex_unlock(&f->mtx);
-    if (rv != DC_OK) {
+    if ((rv = fanout_call(f, c, method, req, timeout_ms, done, call, st)) != DC_OK) {
         free(call);
     }
     return rv;

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "rpc.h"
 #include "devcoord/v1/devcoord.pb-c.h"
 #include "status.h"
 
@@ -78,6 +79,13 @@ dc_code fanout_commit(struct fanout *f, struct fanout_conn *c,
 /* Sends req on c; the same contract, with events.aborted. */
 dc_code fanout_abort(struct fanout *f, struct fanout_conn *c, const Devcoord__V1__AbortRequest *req,
                      void *tag, dc_status *st);
+
+/* Sends method `method` of the Worker service with req on c; done(arg, ...) runs once on an
+ * nng thread (the rpc_done_fn rules) when DC_OK is returned, never otherwise. For calls the
+ * events above do not cover (GroupSetup). */
+dc_code fanout_call(struct fanout *f, struct fanout_conn *c, unsigned method,
+                    const ProtobufCMessage *req, uint32_t timeout_ms, rpc_done_fn done, void *arg,
+                    dc_status *st);
 
 /* Closes the connections nobody holds any more. Closing waits for their callbacks: call it
  * from a thread that holds no lock the events take, never from a callback. */

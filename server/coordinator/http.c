@@ -8,6 +8,7 @@
 #include "clock.h"
 #include "coordinator.h"
 #include "metrics.h"
+#include "groupsvc.h"
 #include "ops.h"
 #include "statuspage.h"
 
@@ -47,6 +48,7 @@ metrics(void *arg, struct mbuf *body)
                 DEVCOORD_VERSION, atomic_load(&c->ready) ? 1 : 0);
     registry_metrics_render(c->registry, body);
     ops_metrics_render(c->ops, body);
+    groupsvc_metrics_render(c->groups, body);
     rpc_metrics_render(body, &c->rpc_metrics);
     return 200;
 }

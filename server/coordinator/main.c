@@ -13,6 +13,7 @@
 #include "coordinator.h"
 #include "daemon.h"
 #include "log.h"
+#include "groupsvc.h"
 #include "ops.h"
 #include "state.h"
 
@@ -66,6 +67,13 @@ on_worker_gone(void *arg, const char *name, uint64_t epoch, enum registry_gone w
     if (c->ops != NULL) {
         ops_worker_gone(c->ops, name, epoch, why);
     }
+}
+
+static void
+on_disconnect(void *arg, uint32_t pipe)
+{
+    struct coordinator *c = arg;
+    groupsvc_disconnected(c->groups, pipe);
 }
 
 /* Declares silent workers dead, a few times per heartbeat interval; reloads on SIGHUP. */
@@ -208,7 +216,8 @@ main(int argc, char **argv)
         auth_free(a);
     }
     if ((c->registry = registry_new(&ro)) == NULL ||
-        (c->ops = ops_new(c->registry, &c->cfg, worker_token)) == NULL) {
+        (c->ops = ops_new(c->registry, &c->cfg, worker_token)) == NULL ||
+        (c->groups = groupsvc_new(c->registry, &c->cfg, worker_token)) == NULL) {
         log_error("out of memory");
         goto out;
     }
@@ -230,6 +239,8 @@ main(int argc, char **argv)
     so.threads           = 2;
     so.tls               = tls;
     so.inline_methods    = coordinator_inline_methods;
+    so.on_disconnect     = on_disconnect;
+    so.on_disconnect_arg = c;
 
     so.max_inflight_bytes                = c->cfg.max_inflight_bytes;
     so.max_inflight_bytes_per_connection = c->cfg.max_inflight_bytes_per_connection;
@@ -272,8 +283,10 @@ out_rpc:
     http_stop(c->http);
     rpc_server_close(c->rpc);
     ops_shutdown(c->ops);
+    groupsvc_shutdown(c->groups);
     rpc_server_free(c->rpc);
 out:
+    groupsvc_free(c->groups);
     ops_free(c->ops);
     registry_free(c->registry);
     auth_current_free(c->auth);

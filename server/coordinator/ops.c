@@ -847,34 +847,6 @@ op_new(const Devcoord__V1__SubmitOpRequest *in, const struct config_coordinator 
     return op;
 }
 
-/* The request's devices as a peer sent them, checked one by one, in *refs; *concrete gets room
- * for validation's output. The count comes from the wire and sizes both: rule 1 bounds it
- * before anything is allocated. */
-static dc_code
-request_devices(const Devcoord__V1__SubmitOpRequest *in, const struct validate_limits *limits,
-                dc_device_ref **refs, dc_device_ref **concrete, dc_status *st)
-{
-    dc_code rv;
-
-    if ((rv = validate_device_count(in->n_devices, limits, st)) != DC_OK) {
-        return rv;
-    }
-    if ((*refs = calloc(in->n_devices, sizeof(**refs))) == NULL ||
-        (*concrete = calloc(in->n_devices, sizeof(**concrete))) == NULL) {
-        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
-    }
-    for (size_t i = 0; i < in->n_devices; i++) {
-        if (device_ref_from_pb(in->devices[i], &(*refs)[i], st) != DC_OK) {
-            char where[64];
-            snprintf(where, sizeof(where), "invalid device: devices[%zu]", i);
-            status_prefix(st, where);
-            st->device_index = (int32_t)i;
-            return DC_INVALID_ARGUMENT;
-        }
-    }
-    return DC_OK;
-}
-
 /* The tensors an op that runs needs (a dry run runs nothing, so it needs none). */
 static dc_code
 op_check_tensors(const struct op *op, bool dry_run, dc_status *st)
@@ -1058,7 +1030,8 @@ ops_submit(struct ops *o, const Devcoord__V1__SubmitOpRequest *in,
         goto joined;
     }
     /* Validate (design §4), then the tensors a run needs. */
-    if ((code = request_devices(in, &limits, &refs, &concrete, &st)) != DC_OK) {
+    if ((code = plan_request_devices(in->devices, in->n_devices, &limits, &refs, &concrete, &st)) !=
+        DC_OK) {
         goto out;
     }
     spec = (struct op_spec){ .kind      = op->kind,
@@ -1290,7 +1263,6 @@ ops_timer(void *arg)
                "deadline passed while waiting behind earlier ops on the same devices");
     pthread_mutex_lock(&o->mtx);
     while (!o->stopping) {
-        struct timespec ts;
         uint64_t now;
 
         pthread_mutex_unlock(&o->mtx);
@@ -1298,14 +1270,8 @@ ops_timer(void *arg)
         ops_fail_where(o, op_queued_too_long, &now, &late);
         fanout_close_stale(o->fanout);
         pthread_mutex_lock(&o->mtx);
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += TIMER_TICK_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
         if (!o->stopping) {
-            pthread_cond_timedwait(&o->cv, &o->mtx, &ts);
+            clock_cond_wait_ms(&o->cv, &o->mtx, TIMER_TICK_MS);
         }
     }
     pthread_mutex_unlock(&o->mtx);

@@ -139,3 +139,32 @@ plan_pb(struct arena *a, const struct plan *p)
     pb->n_workers = p->n_workers;
     return pb;
 }
+
+/* The request's devices as a peer sent them, checked one by one, in *refs; *concrete gets room
+ * for validation's output. The count comes from the wire and sizes both: rule 1 bounds it
+ * before anything is allocated. */
+dc_code
+plan_request_devices(Devcoord__V1__DeviceRef *const *devices, size_t n,
+                     const struct validate_limits *limits, dc_device_ref **refs,
+                     dc_device_ref **concrete, dc_status *st)
+{
+    dc_code rv;
+
+    if ((rv = validate_device_count(n, limits, st)) != DC_OK) {
+        return rv;
+    }
+    if ((*refs = calloc(n, sizeof(**refs))) == NULL ||
+        (*concrete = calloc(n, sizeof(**concrete))) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (device_ref_from_pb(devices[i], &(*refs)[i], st) != DC_OK) {
+            char where[64];
+            snprintf(where, sizeof(where), "invalid device: devices[%zu]", i);
+            status_prefix(st, where);
+            st->device_index = (int32_t)i;
+            return DC_INVALID_ARGUMENT;
+        }
+    }
+    return DC_OK;
+}

@@ -59,4 +59,12 @@ void plan_fini(struct plan *p);
 /* The plan as the wire carries it, strings copied into a; NULL when out of memory. */
 Devcoord__V1__Plan *plan_pb(struct arena *a, const struct plan *p);
 
+/* The devices a peer sent (a request's repeated DeviceRef), checked one by one, in new arrays
+ * *refs and *concrete (room for validation's output; the caller frees both, also on failure).
+ * The count comes from the wire and sizes both: rule 1 bounds it before anything is allocated.
+ */
+dc_code plan_request_devices(Devcoord__V1__DeviceRef *const *devices, size_t n,
+                             const struct validate_limits *limits, dc_device_ref **refs,
+                             dc_device_ref **concrete, dc_status *st);
+
 #endif

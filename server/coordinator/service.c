@@ -6,6 +6,7 @@
 #include "auth.h"
 #include "coordinator.h"
 #include "log.h"
+#include "groupsvc.h"
 #include "ops.h"
 #include "status.h"
 
@@ -266,6 +267,27 @@ c_list_ops(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__ListOpsRe
     ops_list(COORD(svc)->ops, in, closure, cd);
 }
 
+static void
+c_group_join(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__GroupJoinRequest *in,
+             Devcoord__V1__GroupJoinResponse_Closure closure, void *cd)
+{
+    groupsvc_join(COORD(svc)->groups, in, closure, cd);
+}
+
+static void
+c_group_leave(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__GroupLeaveRequest *in,
+              Devcoord__V1__GroupLeaveResponse_Closure closure, void *cd)
+{
+    groupsvc_leave(COORD(svc)->groups, in, closure, cd);
+}
+
+static void
+c_list_groups(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__ListGroupsRequest *in,
+              Devcoord__V1__ListGroupsResponse_Closure closure, void *cd)
+{
+    groupsvc_list(COORD(svc)->groups, in, closure, cd);
+}
+
 void
 coordinator_service_init(struct coordinator *c)
 {
@@ -289,6 +311,9 @@ static const struct auth_rule coordinator_rules[] = {
     { "UncordonWorker", ROLE_OPERATOR },
     { "DrainWorker", ROLE_OPERATOR },
     { "GetClusterStatus", ROLE_ANY },
+    { "GroupJoin", ROLE_TRAINER },
+    { "GroupLeave", ROLE_TRAINER },
+    { "ListGroups", ROLE_TRAINER | ROLE_OPERATOR },
 };
 
 /* The status page shows what these calls answer, so a token sees it only if it may make

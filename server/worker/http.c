@@ -1,6 +1,7 @@
 /* The worker's HTTP endpoints (config `http`, off by default): /healthz says the process is
  * up, /readyz that it is registered with the coordinator, /metrics is Prometheus text. */
 #include "collective.h"
+#include "groups.h"
 #include "metrics.h"
 #include "worker.h"
 
@@ -52,6 +53,7 @@ metrics(void *arg, struct mbuf *body)
                 (unsigned long long)cs.ops_done, (unsigned long long)cs.ops_failed,
                 (unsigned long long)cs.bytes_sent, (unsigned long long)cs.bytes_received);
     rpc_metrics_render(body, &w->rpc_metrics);
+    wgroups_metrics_render(w->groups, body);
     return 200;
 }
 

@@ -14,6 +14,7 @@
 
 #include "auth.h"
 #include "collective.h"
+#include "groups.h"
 #include "daemon.h"
 #include "device.h"
 #include "log.h"
@@ -54,7 +55,8 @@ static const char usage[] =
 /* Handlers that never wait: they run on nng's callback threads. Execute only starts its op
  * on a pool thread; Exchange and the tensor calls copy or reduce one chunk. */
 static const char *const worker_inline_methods[] = {
-    "Execute", "Abort", "Exchange", "PutTensor", "GetTensor", "DeleteTensor", NULL,
+    "Execute",      "Abort",      "Exchange",      "PutTensor",   "GetTensor",
+    "DeleteTensor", "GroupSetup", "GroupExchange", "GroupStatus", NULL,
 };
 
 /* Set when the worker stops because the coordinator refused it or another instance took its
@@ -197,7 +199,8 @@ main(int argc, char **argv)
         goto out;
     }
     if ((w->membership = membership_new(&w->cfg, w->token, on_fenced, w)) == NULL ||
-        (w->collectives = collectives_new(&w->cfg, w->token, w->executor, w->membership)) == NULL) {
+        (w->collectives = collectives_new(&w->cfg, w->token, w->executor, w->membership)) == NULL ||
+        (w->groups = wgroups_new(&w->cfg, w->token)) == NULL) {
         log_error("cannot start");
         goto out;
     }
@@ -258,9 +261,11 @@ out_rpc:
     w->membership = NULL;
     collectives_free(w->collectives);
     w->collectives = NULL;
+    wgroups_shutdown(w->groups);
     rpc_server_free(w->rpc);
 out:
     collectives_free(w->collectives);
+    wgroups_free(w->groups);
     membership_stop(w->membership);
     tensors_free(w->tensors);
     executor_free(w->executor);

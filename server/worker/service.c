@@ -2,6 +2,7 @@
  * coordinator, Exchange for peers. */
 #include "auth.h"
 #include "collective.h"
+#include "groups.h"
 #include "tensors.h"
 #include "worker.h"
 
@@ -63,6 +64,34 @@ w_list_tensors(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__ListTensor
     tensors_list(WORKER(svc)->tensors, in, closure, cd);
 }
 
+static void
+w_group_setup(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__GroupSetupRequest *in,
+              Devcoord__V1__GroupSetupResponse_Closure closure, void *cd)
+{
+    wgroups_setup(WORKER(svc)->groups, in, closure, cd);
+}
+
+static void
+w_group_call(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__GroupCallRequest *in,
+             Devcoord__V1__GroupCallResponse_Closure closure, void *cd)
+{
+    wgroups_call(WORKER(svc)->groups, in, closure, cd);
+}
+
+static void
+w_group_exchange(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__GroupExchangeRequest *in,
+                 Devcoord__V1__GroupExchangeResponse_Closure closure, void *cd)
+{
+    wgroups_exchange(WORKER(svc)->groups, in, closure, cd);
+}
+
+static void
+w_group_status(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__GroupStatusRequest *in,
+               Devcoord__V1__GroupStatusResponse_Closure closure, void *cd)
+{
+    wgroups_status(WORKER(svc)->groups, in, closure, cd);
+}
+
 void
 worker_service_init(struct worker *w)
 {
@@ -71,10 +100,18 @@ worker_service_init(struct worker *w)
 }
 
 static const struct auth_rule worker_rules[] = {
-    { "Execute", ROLE_WORKER },       { "Abort", ROLE_WORKER },
-    { "Commit", ROLE_WORKER },        { "Exchange", ROLE_WORKER },
-    { "PutTensor", ROLE_TRAINER },    { "GetTensor", ROLE_TRAINER | ROLE_OPERATOR },
-    { "DeleteTensor", ROLE_TRAINER }, { "ListTensors", ROLE_TRAINER | ROLE_OPERATOR },
+    { "Execute", ROLE_WORKER },
+    { "Abort", ROLE_WORKER },
+    { "Commit", ROLE_WORKER },
+    { "Exchange", ROLE_WORKER },
+    { "PutTensor", ROLE_TRAINER },
+    { "GetTensor", ROLE_TRAINER | ROLE_OPERATOR },
+    { "DeleteTensor", ROLE_TRAINER },
+    { "ListTensors", ROLE_TRAINER | ROLE_OPERATOR },
+    { "GroupSetup", ROLE_WORKER },
+    { "GroupCall", ROLE_TRAINER },
+    { "GroupExchange", ROLE_WORKER },
+    { "GroupStatus", ROLE_TRAINER | ROLE_OPERATOR },
 };
 
 dc_code

@@ -15,6 +15,7 @@ struct auth_current;
 struct executor;
 struct tensors;
 struct collectives;
+struct wgroups;
 
 struct worker {
     /* First member: handlers get &service and find the rest from it. */
@@ -27,6 +28,7 @@ struct worker {
     struct executor *executor;
     struct tensors *tensors;
     struct collectives *collectives;
+    struct wgroups *groups;
     struct rpc_server *rpc;
     struct rpc_metrics rpc_metrics;
     struct http_server *http;

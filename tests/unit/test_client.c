@@ -411,6 +411,20 @@ UNIMPL(w_, WSVC, exchange, Devcoord__V1__ExchangeRequest, Devcoord__V1__Exchange
 UNIMPL(w_, WSVC, commit, Devcoord__V1__CommitRequest, Devcoord__V1__CommitResponse_Closure)
 UNIMPL(w_, WSVC, delete_tensor, Devcoord__V1__DeleteTensorRequest,
        Devcoord__V1__DeleteTensorResponse_Closure)
+UNIMPL(f_, CSVC, group_join, Devcoord__V1__GroupJoinRequest,
+       Devcoord__V1__GroupJoinResponse_Closure)
+UNIMPL(f_, CSVC, group_leave, Devcoord__V1__GroupLeaveRequest,
+       Devcoord__V1__GroupLeaveResponse_Closure)
+UNIMPL(f_, CSVC, list_groups, Devcoord__V1__ListGroupsRequest,
+       Devcoord__V1__ListGroupsResponse_Closure)
+UNIMPL(w_, WSVC, group_setup, Devcoord__V1__GroupSetupRequest,
+       Devcoord__V1__GroupSetupResponse_Closure)
+UNIMPL(w_, WSVC, group_call, Devcoord__V1__GroupCallRequest,
+       Devcoord__V1__GroupCallResponse_Closure)
+UNIMPL(w_, WSVC, group_exchange, Devcoord__V1__GroupExchangeRequest,
+       Devcoord__V1__GroupExchangeResponse_Closure)
+UNIMPL(w_, WSVC, group_status, Devcoord__V1__GroupStatusRequest,
+       Devcoord__V1__GroupStatusResponse_Closure)
 
 static void
 fake_worker_info(Devcoord__V1__WorkerInfo *w, Devcoord__V1__Label *label,
@@ -1226,11 +1240,15 @@ test_method_numbers(void **state)
     assert_string_equal(WORKER_SVC->methods[M_WORKER_LIST_TENSORS].name, "ListTensors");
     /* methods.h is generated from the .proto: its first and last entries of each service. */
     assert_string_equal(COORD_SVC->methods[M_COORDINATOR_REGISTER_WORKER].name, "RegisterWorker");
-    assert_int_equal(M_COORDINATOR_GET_CLUSTER_STATUS + 1, COORD_SVC->n_methods);
+    assert_string_equal(COORD_SVC->methods[M_COORDINATOR_LIST_GROUPS].name, "ListGroups");
+    assert_int_equal(M_COORDINATOR_LIST_GROUPS + 1, COORD_SVC->n_methods);
     assert_string_equal(WORKER_SVC->methods[M_WORKER_EXECUTE].name, "Execute");
     assert_string_equal(WORKER_SVC->methods[M_WORKER_EXCHANGE].name, "Exchange");
     assert_string_equal(WORKER_SVC->methods[M_WORKER_COMMIT].name, "Commit");
-    assert_int_equal(M_WORKER_COMMIT + 1, WORKER_SVC->n_methods);
+    assert_string_equal(WORKER_SVC->methods[M_WORKER_GROUP_CALL].name, "GroupCall");
+    assert_string_equal(WORKER_SVC->methods[M_WORKER_GROUP_EXCHANGE].name, "GroupExchange");
+    assert_string_equal(WORKER_SVC->methods[M_WORKER_GROUP_STATUS].name, "GroupStatus");
+    assert_int_equal(M_WORKER_GROUP_STATUS + 1, WORKER_SVC->n_methods);
     assert_string_equal(dc_version(), "0.3.0");
     assert_string_equal(dc_op_state_name(DC_OP_STATE_FAILED), "failed");
     assert_null(dc_op_state_name(DC_OP_STATE_NONE));

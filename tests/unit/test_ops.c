@@ -195,6 +195,11 @@ UNIMPL(put_tensor, Devcoord__V1__PutTensorRequest, Devcoord__V1__PutTensorRespon
 UNIMPL(get_tensor, Devcoord__V1__GetTensorRequest, Devcoord__V1__GetTensorResponse_Closure)
 UNIMPL(delete_tensor, Devcoord__V1__DeleteTensorRequest, Devcoord__V1__DeleteTensorResponse_Closure)
 UNIMPL(list_tensors, Devcoord__V1__ListTensorsRequest, Devcoord__V1__ListTensorsResponse_Closure)
+UNIMPL(group_setup, Devcoord__V1__GroupSetupRequest, Devcoord__V1__GroupSetupResponse_Closure)
+UNIMPL(group_call, Devcoord__V1__GroupCallRequest, Devcoord__V1__GroupCallResponse_Closure)
+UNIMPL(group_exchange, Devcoord__V1__GroupExchangeRequest,
+       Devcoord__V1__GroupExchangeResponse_Closure)
+UNIMPL(group_status, Devcoord__V1__GroupStatusRequest, Devcoord__V1__GroupStatusResponse_Closure)
 #undef UNIMPL
 
 /* ---- the coordinator: SubmitOp and GetOp over the op table ------------------------------ */
@@ -240,6 +245,9 @@ UNIMPL(uncordon_worker, Devcoord__V1__WorkerNameRequest, Devcoord__V1__WorkerNam
 UNIMPL(drain_worker, Devcoord__V1__WorkerNameRequest, Devcoord__V1__WorkerNameResponse_Closure)
 UNIMPL(get_cluster_status, Devcoord__V1__GetClusterStatusRequest,
        Devcoord__V1__GetClusterStatusResponse_Closure)
+UNIMPL(group_join, Devcoord__V1__GroupJoinRequest, Devcoord__V1__GroupJoinResponse_Closure)
+UNIMPL(group_leave, Devcoord__V1__GroupLeaveRequest, Devcoord__V1__GroupLeaveResponse_Closure)
+UNIMPL(list_groups, Devcoord__V1__ListGroupsRequest, Devcoord__V1__ListGroupsResponse_Closure)
 #undef UNIMPL
 
 static Devcoord__V1__Coordinator_Service coordinator_service = DEVCOORD__V1__COORDINATOR__INIT(c_);

@@ -65,6 +65,9 @@ UNIMPL(uncordon_worker, Devcoord__V1__WorkerNameRequest, Devcoord__V1__WorkerNam
 UNIMPL(drain_worker, Devcoord__V1__WorkerNameRequest, Devcoord__V1__WorkerNameResponse_Closure)
 UNIMPL(get_cluster_status, Devcoord__V1__GetClusterStatusRequest,
        Devcoord__V1__GetClusterStatusResponse_Closure)
+UNIMPL(group_join, Devcoord__V1__GroupJoinRequest, Devcoord__V1__GroupJoinResponse_Closure)
+UNIMPL(group_leave, Devcoord__V1__GroupLeaveRequest, Devcoord__V1__GroupLeaveResponse_Closure)
+UNIMPL(list_groups, Devcoord__V1__ListGroupsRequest, Devcoord__V1__ListGroupsResponse_Closure)
 
 /* GetDevice echoes: the name back, the attachment back; "boom" fails with detail. */
 static void

@@ -1,0 +1,767 @@
+/* Groups in libdevcoord (design §13): join and leave through the coordinator, then every call
+ * straight to this rank's worker (GroupCall), its bytes in the attachment both ways. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client.h"
+#include "device.h"
+#include "status.h"
+
+/* A call's RPC waits this much longer than the call's own deadline, so that the worker's
+ * answer (naming the missing ranks) arrives before the client gives up. */
+#define GROUP_MARGIN_MS       5000u
+#define GROUP_CALL_TIMEOUT_MS 30000u
+#define GROUP_ID_SIZE         17
+/* The most bytes one call carries each way (the default message limit less the envelope);
+ * a blocking call larger than that is split into several. */
+#define GROUP_CALL_BYTES_MAX TENSOR_CHUNK_MAX
+
+struct dc_group {
+    dc_client *client;
+    char id[GROUP_ID_SIZE];
+    uint64_t generation;
+    uint32_t rank, size;
+    char (*names)[DC_DEVICE_TEXT_SIZE];
+    char worker[CLIENT_ADDRESS_MAX + 1];
+    uint32_t call_timeout_ms;
+    pthread_mutex_t mtx; /* one call at a time; guards seq */
+    uint64_t seq;
+};
+
+static uint32_t
+add_margin(uint32_t ms)
+{
+    return ms > UINT32_MAX - GROUP_MARGIN_MS ? UINT32_MAX : ms + GROUP_MARGIN_MS;
+}
+
+static void
+group_free(dc_group *g)
+{
+    if (g != NULL) {
+        pthread_mutex_destroy(&g->mtx);
+        free(g->names);
+        free(g);
+    }
+}
+
+/* The join's answer into a new group. */
+static dc_code
+group_from_reply(dc_client *c, const Devcoord__V1__GroupJoinResponse *resp,
+                 const dc_group_options *opts, dc_group **out, dc_status *st)
+{
+    const Devcoord__V1__Plan *plan = resp->plan;
+    dc_group *g;
+
+    if (plan == NULL || resp->size == 0 || resp->rank >= resp->size ||
+        plan->n_devices != resp->size) {
+        return status_set(st, DC_INTERNAL, "malformed reply: GroupJoin without a plan");
+    }
+    if ((g = calloc(1, sizeof(*g))) == NULL ||
+        (g->names = calloc(resp->size, sizeof(*g->names))) == NULL) {
+        free(g);
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    pthread_mutex_init(&g->mtx, NULL);
+    g->client     = c;
+    g->generation = resp->generation;
+    g->rank       = resp->rank;
+    g->size       = resp->size;
+    g->call_timeout_ms =
+        opts != NULL && opts->call_timeout_ms ? opts->call_timeout_ms : GROUP_CALL_TIMEOUT_MS;
+    if (client_copy_field(g->id, sizeof(g->id), resp->group_id, "group id", st) != DC_OK ||
+        client_copy_field(g->worker, sizeof(g->worker), resp->worker_address, "worker address",
+                          st) != DC_OK) {
+        group_free(g);
+        return DC_INTERNAL;
+    }
+    for (size_t r = 0; r < g->size; r++) {
+        dc_device_ref ref;
+        if (device_ref_from_pb(plan->devices[r], &ref, st) != DC_OK) {
+            group_free(g);
+            return status_set(st, DC_INTERNAL, "malformed reply: device %zu of the group", r);
+        }
+        dc_device_ref_format(&ref, g->names[r], sizeof(g->names[r]));
+    }
+    *out = g;
+    return DC_OK;
+}
+
+dc_code
+dc_group_join(dc_client *c, const char *devices, const char *self, const dc_group_options *opts,
+              dc_group **out, dc_status *st)
+{
+    Devcoord__V1__GroupJoinRequest req = DEVCOORD__V1__GROUP_JOIN_REQUEST__INIT;
+    Devcoord__V1__DeviceRef self_pb    = DEVCOORD__V1__DEVICE_REF__INIT;
+    Devcoord__V1__Device self_dev      = DEVCOORD__V1__DEVICE__INIT;
+    Devcoord__V1__DeviceRef *refs      = NULL;
+    Devcoord__V1__Device *devs         = NULL;
+    Devcoord__V1__DeviceRef **ptrs     = NULL;
+    dc_device_ref *list                = NULL, me;
+    struct rpc_reply r                 = { 0 };
+    uint32_t join_ms;
+    size_t n = 0;
+    dc_code code;
+
+    status_clear(st);
+    if (out == NULL || devices == NULL || self == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "%s is NULL",
+                          out == NULL ? "out" : (devices == NULL ? "devices" : "self"));
+    }
+    *out = NULL;
+    if (c == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "client is NULL");
+    }
+    if ((code = dc_device_list_parse(devices, &list, &n, st)) != DC_OK) {
+        return code;
+    }
+    if ((code = dc_device_ref_parse(self, strlen(self), &me, st)) != DC_OK) {
+        status_prefix(st, "invalid self");
+        goto out;
+    }
+    if ((refs = calloc(n ? n : 1, sizeof(*refs))) == NULL ||
+        (devs = calloc(n ? n : 1, sizeof(*devs))) == NULL ||
+        (ptrs = calloc(n ? n : 1, sizeof(*ptrs))) == NULL) {
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        device_ref_to_pb(&list[i], &refs[i], &devs[i]);
+        ptrs[i] = &refs[i];
+    }
+    device_ref_to_pb(&me, &self_pb, &self_dev);
+    req.devices    = ptrs;
+    req.n_devices  = n;
+    req.self       = &self_pb;
+    req.timeout_ms = opts != NULL ? opts->timeout_ms : 0;
+    join_ms        = req.timeout_ms ? req.timeout_ms : client_op_timeout(c);
+    code           = rpc_call(c->coord, COORD_SVC, M_COORDINATOR_GROUP_JOIN, &req.base, NULL, 0,
+                              add_margin(join_ms), &r, st);
+    if (code == DC_OK) {
+        if (r.body == NULL) {
+            code = status_set(st, DC_INTERNAL, "malformed reply: GroupJoin without a body");
+        } else {
+            code =
+                group_from_reply(c, (const Devcoord__V1__GroupJoinResponse *)r.body, opts, out, st);
+        }
+    }
+out:
+    rpc_reply_free(&r);
+    free(list);
+    free(refs);
+    free(devs);
+    free(ptrs);
+    return code;
+}
+
+uint32_t
+dc_group_rank(const dc_group *g)
+{
+    return g != NULL ? g->rank : 0;
+}
+
+uint32_t
+dc_group_size(const dc_group *g)
+{
+    return g != NULL ? g->size : 0;
+}
+
+const char *
+dc_group_id(const dc_group *g)
+{
+    return g != NULL ? g->id : "";
+}
+
+uint64_t
+dc_group_generation(const dc_group *g)
+{
+    return g != NULL ? g->generation : 0;
+}
+
+const char *
+dc_group_device(const dc_group *g, uint32_t rank)
+{
+    return g != NULL && rank < g->size ? g->names[rank] : NULL;
+}
+
+dc_code
+dc_group_leave(dc_group *g, dc_status *st)
+{
+    Devcoord__V1__GroupLeaveRequest req = DEVCOORD__V1__GROUP_LEAVE_REQUEST__INIT;
+    struct rpc_reply r                  = { 0 };
+    dc_code code;
+
+    status_clear(st);
+    if (g == NULL) {
+        return DC_OK;
+    }
+    req.group_id   = g->id;
+    req.generation = g->generation;
+    req.rank       = g->rank;
+    code = rpc_call(g->client->coord, COORD_SVC, M_COORDINATOR_GROUP_LEAVE, &req.base, NULL, 0,
+                    g->client->timeout_ms, &r, st);
+    rpc_reply_free(&r);
+    group_free(g);
+    return code;
+}
+
+/* ---- calls ------------------------------------------------------------------------------- */
+
+struct call {
+    dc_op_kind kind;
+    dc_dtype dtype;
+    size_t count;
+    dc_reduce_op reduce;
+    uint32_t root;
+    const void *send; /* count elements (none for a barrier) */
+    void *recv;       /* recv_bytes of result (NULL: none) */
+    size_t recv_bytes;
+    size_t total; /* a part of a split call: the whole call's count (0: not split) */
+};
+
+/* A call started with an _async function. */
+struct dc_request {
+    pthread_mutex_t mtx;
+    pthread_cond_t cv;
+    bool done;
+    dc_code code;
+    dc_status st;
+    void *recv;
+    size_t recv_bytes;
+};
+
+/* The result of a call's reply into recv: DC_INTERNAL when its size is not recv_bytes. */
+static dc_code
+take_result(const struct rpc_reply *r, void *recv, size_t recv_bytes, dc_status *st)
+{
+    if (recv_bytes == 0) {
+        return DC_OK;
+    }
+    if (r->attachment_len != recv_bytes) {
+        return status_set(st, DC_INTERNAL, "malformed reply: %zu result bytes, not %zu",
+                          r->attachment_len, recv_bytes);
+    }
+    memcpy(recv, r->attachment, recv_bytes);
+    return DC_OK;
+}
+
+/* An async call's reply (nng thread: copies and signals, never blocks). */
+static void
+request_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, bool *keep)
+{
+    dc_request *rq = arg;
+    dc_status out  = *st;
+
+    (void)keep;
+    if (code == DC_OK) {
+        code = take_result(reply, rq->recv, rq->recv_bytes, &out);
+    }
+    pthread_mutex_lock(&rq->mtx);
+    rq->code = code;
+    rq->st   = out;
+    rq->done = true;
+    pthread_cond_broadcast(&rq->cv);
+    pthread_mutex_unlock(&rq->mtx);
+}
+
+/* One call: the next seq of g, to this rank's worker, the result into recv. With rq, it is
+ * started and rq completes it; without, it is made and waited for. */
+static dc_code
+group_call_run(dc_group *g, const struct call *k, dc_request *rq, dc_status *st)
+{
+    Devcoord__V1__GroupCallRequest req = DEVCOORD__V1__GROUP_CALL_REQUEST__INIT;
+    Devcoord__V1__GroupCallDesc desc   = DEVCOORD__V1__GROUP_CALL_DESC__INIT;
+    size_t elem                        = dc_dtype_size(k->dtype), bytes;
+    struct worker_conn *w;
+    struct rpc_reply r = { 0 };
+    dc_code code;
+
+    status_clear(st);
+    if (g == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "group is NULL");
+    }
+    if (k->kind != DC_OP_BARRIER) {
+        if (elem == 0) {
+            return status_set(st, DC_INVALID_ARGUMENT, "invalid operation: unknown dtype");
+        }
+        /* A count of 0 goes to the worker like any other: the other ranks must hear of it
+         * (it is refused there, for every rank, as a disagreement or as empty). */
+        if (k->count >
+            SIZE_MAX / elem /
+                (k->kind == DC_OP_ALL_GATHER || k->kind == DC_OP_REDUCE_SCATTER ? g->size : 1)) {
+            return status_set(st, DC_INVALID_ARGUMENT, "invalid operation: count too large");
+        }
+        if (k->count > 0 && (k->send == NULL || (k->recv_bytes > 0 && k->recv == NULL))) {
+            return status_set(st, DC_INVALID_ARGUMENT, "buffer is NULL");
+        }
+    }
+    bytes = k->kind == DC_OP_BARRIER
+                ? 0
+                : k->count * elem * (k->kind == DC_OP_REDUCE_SCATTER ? g->size : 1);
+    if ((code = client_worker_conn(g->client, g->worker, &w, st)) != DC_OK) {
+        return code;
+    }
+    desc.rank      = g->rank;
+    desc.kind      = (Devcoord__V1__OpKind)k->kind;
+    desc.dtype     = (Devcoord__V1__DType)k->dtype;
+    desc.count     = k->count;
+    desc.reduce    = (Devcoord__V1__ReduceOp)k->reduce;
+    desc.root      = k->root;
+    desc.total     = k->total;
+    req.group_id   = g->id;
+    req.generation = g->generation;
+    req.call       = &desc;
+    req.timeout_ms = g->call_timeout_ms;
+    /* The k-th call of this rank is the k-th started, whichever thread starts it. */
+    pthread_mutex_lock(&g->mtx);
+    req.seq = ++g->seq;
+    if (rq != NULL) {
+        code = rpc_call_async(w->rpc, WORKER_SVC, M_WORKER_GROUP_CALL, &req.base, k->send, bytes,
+                              add_margin(g->call_timeout_ms), request_done, rq, st);
+        pthread_mutex_unlock(&g->mtx);
+        return code;
+    }
+    pthread_mutex_unlock(&g->mtx);
+    code = rpc_call(w->rpc, WORKER_SVC, M_WORKER_GROUP_CALL, &req.base, k->send, bytes,
+                    add_margin(g->call_timeout_ms), &r, st);
+    if (code == DC_OK) {
+        code = take_result(&r, k->recv, k->recv_bytes, st);
+    }
+    rpc_reply_free(&r);
+    return code;
+}
+
+/* Elements of one part of k when it is split into calls of one message each: the rank's
+ * input (reduce-scatter: one block per rank) and its result (all-gather: every rank's) must
+ * fit. Every rank splits the same call the same way. */
+static size_t
+part_elements(const dc_group *g, const struct call *k)
+{
+    size_t per = GROUP_CALL_BYTES_MAX / dc_dtype_size(k->dtype);
+
+    if (k->kind == DC_OP_ALL_GATHER || k->kind == DC_OP_REDUCE_SCATTER) {
+        per /= g->size;
+    }
+    return per > 0 ? per : 1;
+}
+
+/* k as a series of calls of one message each. All-gather's and reduce-scatter's blocks are
+ * per rank, so each part goes through tmp: [rank][part] there, [rank][count] in the user's
+ * buffer. */
+static dc_code
+group_call_split(dc_group *g, const struct call *k, size_t per, dc_status *st)
+{
+    size_t elem = dc_dtype_size(k->dtype), n = g->size, len;
+    bool blocks  = k->kind == DC_OP_ALL_GATHER || k->kind == DC_OP_REDUCE_SCATTER;
+    uint8_t *tmp = NULL;
+    dc_code code = DC_OK;
+
+    if (k->count > SIZE_MAX / elem / n || k->send == NULL || k->recv == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          k->send == NULL || k->recv == NULL
+                              ? "buffer is NULL"
+                              : "invalid operation: count too large");
+    }
+    if (blocks && (tmp = malloc(n * per * elem)) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (size_t off = 0; off < k->count && code == DC_OK; off += len) {
+        const uint8_t *send = k->send;
+        uint8_t *recv       = k->recv;
+        struct call part    = *k;
+
+        len        = k->count - off < per ? k->count - off : per;
+        part.count = len;
+        part.total = k->count;
+        if (k->kind == DC_OP_ALL_GATHER) {
+            part.send       = send + off * elem;
+            part.recv       = tmp;
+            part.recv_bytes = n * len * elem;
+        } else if (k->kind == DC_OP_REDUCE_SCATTER) {
+            for (size_t r = 0; r < n; r++) {
+                memcpy(tmp + r * len * elem, send + (r * k->count + off) * elem, len * elem);
+            }
+            part.send       = tmp;
+            part.recv       = recv + off * elem;
+            part.recv_bytes = len * elem;
+        } else {
+            part.send       = send + off * elem;
+            part.recv       = recv + off * elem;
+            part.recv_bytes = len * elem;
+        }
+        if ((code = group_call_run(g, &part, NULL, st)) == DC_OK && k->kind == DC_OP_ALL_GATHER) {
+            for (size_t r = 0; r < n; r++) {
+                memcpy(recv + (r * k->count + off) * elem, tmp + r * len * elem, len * elem);
+            }
+        }
+    }
+    free(tmp);
+    return code;
+}
+
+/* A blocking call: one message, or split into several when it is larger. */
+static dc_code
+group_call(dc_group *g, const struct call *k, dc_status *st)
+{
+    size_t per;
+
+    if (g == NULL || k->kind == DC_OP_BARRIER || dc_dtype_size(k->dtype) == 0 ||
+        k->count <= (per = part_elements(g, k))) {
+        return group_call_run(g, k, NULL, st);
+    }
+    return group_call_split(g, k, per, st);
+}
+
+/* Starts k; NULL (st says why) when it could not start. */
+static dc_request *
+group_call_async(dc_group *g, const struct call *k, dc_status *st)
+{
+    dc_request *rq;
+
+    if (g != NULL && k->kind != DC_OP_BARRIER && dc_dtype_size(k->dtype) != 0 &&
+        k->count > part_elements(g, k)) {
+        status_set(st, DC_OUT_OF_RANGE,
+                   "an asynchronous %s of %zu elements is larger than one message (%zu bytes): "
+                   "split it, or make the call blocking",
+                   dc_op_kind_name(k->kind), k->count, (size_t)GROUP_CALL_BYTES_MAX);
+        return NULL;
+    }
+    if ((rq = calloc(1, sizeof(*rq))) == NULL) {
+        status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&rq->mtx, NULL);
+    pthread_cond_init(&rq->cv, NULL);
+    rq->recv       = k->recv;
+    rq->recv_bytes = k->recv_bytes;
+    if (group_call_run(g, k, rq, st) != DC_OK) {
+        pthread_cond_destroy(&rq->cv);
+        pthread_mutex_destroy(&rq->mtx);
+        free(rq);
+        return NULL;
+    }
+    return rq;
+}
+
+dc_code
+dc_wait(dc_request *req, dc_status *st)
+{
+    dc_code code;
+
+    status_clear(st);
+    if (req == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "request is NULL");
+    }
+    pthread_mutex_lock(&req->mtx);
+    while (!req->done) {
+        pthread_cond_wait(&req->cv, &req->mtx);
+    }
+    pthread_mutex_unlock(&req->mtx);
+    code = req->code;
+    if (st != NULL) {
+        *st = req->st;
+    }
+    pthread_cond_destroy(&req->cv);
+    pthread_mutex_destroy(&req->mtx);
+    free(req);
+    return code;
+}
+
+dc_code
+dc_test(dc_request *req, bool *done, dc_status *st)
+{
+    dc_code code = DC_OK;
+
+    status_clear(st);
+    if (req == NULL || done == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "%s is NULL", req == NULL ? "request" : "done");
+    }
+    pthread_mutex_lock(&req->mtx);
+    *done = req->done;
+    if (req->done) {
+        code = req->code;
+        if (st != NULL) {
+            *st = req->st;
+        }
+    }
+    pthread_mutex_unlock(&req->mtx);
+    return code;
+}
+
+/* The calls: struct call for each kind, made blocking or started. */
+
+static struct call
+call_all_reduce(void *buf, size_t count, dc_dtype dtype, dc_reduce_op op)
+{
+    return (struct call){ .kind       = DC_OP_ALL_REDUCE,
+                          .dtype      = dtype,
+                          .count      = count,
+                          .reduce     = op,
+                          .send       = buf,
+                          .recv       = buf,
+                          .recv_bytes = count * dc_dtype_size(dtype) };
+}
+
+static struct call
+call_reduce(void *buf, size_t count, dc_dtype dtype, dc_reduce_op op, uint32_t root)
+{
+    return (struct call){ .kind       = DC_OP_REDUCE,
+                          .dtype      = dtype,
+                          .count      = count,
+                          .reduce     = op,
+                          .root       = root,
+                          .send       = buf,
+                          .recv       = buf,
+                          .recv_bytes = count * dc_dtype_size(dtype) };
+}
+
+static struct call
+call_broadcast(void *buf, size_t count, dc_dtype dtype, uint32_t root)
+{
+    return (struct call){ .kind       = DC_OP_BROADCAST,
+                          .dtype      = dtype,
+                          .count      = count,
+                          .root       = root,
+                          .send       = buf,
+                          .recv       = buf,
+                          .recv_bytes = count * dc_dtype_size(dtype) };
+}
+
+static struct call
+call_all_gather(const dc_group *g, const void *send, void *recv, size_t count, dc_dtype dtype)
+{
+    return (struct call){ .kind       = DC_OP_ALL_GATHER,
+                          .dtype      = dtype,
+                          .count      = count,
+                          .send       = send,
+                          .recv       = recv,
+                          .recv_bytes = g != NULL ? count * dc_dtype_size(dtype) * g->size : 0 };
+}
+
+static struct call
+call_reduce_scatter(const void *send, void *recv, size_t count, dc_dtype dtype, dc_reduce_op op)
+{
+    return (struct call){ .kind       = DC_OP_REDUCE_SCATTER,
+                          .dtype      = dtype,
+                          .count      = count,
+                          .reduce     = op,
+                          .send       = send,
+                          .recv       = recv,
+                          .recv_bytes = count * dc_dtype_size(dtype) };
+}
+
+static struct call
+call_barrier(void)
+{
+    return (struct call){ .kind = DC_OP_BARRIER };
+}
+
+dc_code
+dc_all_reduce(dc_group *g, void *buf, size_t count, dc_dtype dtype, dc_reduce_op op, dc_status *st)
+{
+    struct call k = call_all_reduce(buf, count, dtype, op);
+    return group_call(g, &k, st);
+}
+
+dc_code
+dc_reduce(dc_group *g, void *buf, size_t count, dc_dtype dtype, dc_reduce_op op, uint32_t root,
+          dc_status *st)
+{
+    struct call k = call_reduce(buf, count, dtype, op, root);
+    return group_call(g, &k, st);
+}
+
+dc_code
+dc_broadcast(dc_group *g, void *buf, size_t count, dc_dtype dtype, uint32_t root, dc_status *st)
+{
+    struct call k = call_broadcast(buf, count, dtype, root);
+    return group_call(g, &k, st);
+}
+
+dc_code
+dc_all_gather(dc_group *g, const void *send, void *recv, size_t count, dc_dtype dtype,
+              dc_status *st)
+{
+    struct call k = call_all_gather(g, send, recv, count, dtype);
+    return group_call(g, &k, st);
+}
+
+dc_code
+dc_reduce_scatter(dc_group *g, const void *send, void *recv, size_t count, dc_dtype dtype,
+                  dc_reduce_op op, dc_status *st)
+{
+    struct call k = call_reduce_scatter(send, recv, count, dtype, op);
+    return group_call(g, &k, st);
+}
+
+dc_code
+dc_barrier(dc_group *g, dc_status *st)
+{
+    struct call k = call_barrier();
+    return group_call(g, &k, st);
+}
+
+dc_request *
+dc_all_reduce_async(dc_group *g, void *buf, size_t count, dc_dtype dtype, dc_reduce_op op,
+                    dc_status *st)
+{
+    struct call k = call_all_reduce(buf, count, dtype, op);
+    return group_call_async(g, &k, st);
+}
+
+dc_request *
+dc_reduce_async(dc_group *g, void *buf, size_t count, dc_dtype dtype, dc_reduce_op op,
+                uint32_t root, dc_status *st)
+{
+    struct call k = call_reduce(buf, count, dtype, op, root);
+    return group_call_async(g, &k, st);
+}
+
+dc_request *
+dc_broadcast_async(dc_group *g, void *buf, size_t count, dc_dtype dtype, uint32_t root,
+                   dc_status *st)
+{
+    struct call k = call_broadcast(buf, count, dtype, root);
+    return group_call_async(g, &k, st);
+}
+
+dc_request *
+dc_all_gather_async(dc_group *g, const void *send, void *recv, size_t count, dc_dtype dtype,
+                    dc_status *st)
+{
+    struct call k = call_all_gather(g, send, recv, count, dtype);
+    return group_call_async(g, &k, st);
+}
+
+dc_request *
+dc_reduce_scatter_async(dc_group *g, const void *send, void *recv, size_t count, dc_dtype dtype,
+                        dc_reduce_op op, dc_status *st)
+{
+    struct call k = call_reduce_scatter(send, recv, count, dtype, op);
+    return group_call_async(g, &k, st);
+}
+
+dc_request *
+dc_barrier_async(dc_group *g, dc_status *st)
+{
+    struct call k = call_barrier();
+    return group_call_async(g, &k, st);
+}
+
+/* ---- listing ----------------------------------------------------------------------------- */
+
+void
+dc_group_list_free(dc_group_list *list)
+{
+    if (list == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < list->n; i++) {
+        free(list->groups[i].devices);
+        free(list->groups[i].stalled);
+    }
+    free(list->groups);
+    free(list);
+}
+
+/* What the worker at address says of gi's calls, added to gi; a worker that does not answer
+ * (or no longer knows the group) adds nothing. */
+static void
+group_worker_status(dc_client *c, const char *address, dc_group_info *gi)
+{
+    Devcoord__V1__GroupStatusRequest req = DEVCOORD__V1__GROUP_STATUS_REQUEST__INIT;
+    const Devcoord__V1__GroupStatusResponse *resp;
+    struct rpc_reply r = { 0 };
+    struct worker_conn *w;
+    dc_group_stalled *grow;
+    dc_status st;
+
+    req.group_id = gi->group_id;
+    if (client_worker_conn(c, address, &w, &st) != DC_OK ||
+        rpc_call(w->rpc, WORKER_SVC, M_WORKER_GROUP_STATUS, &req.base, NULL, 0, c->timeout_ms, &r,
+                 &st) != DC_OK ||
+        (resp = (const Devcoord__V1__GroupStatusResponse *)r.body) == NULL ||
+        resp->generation != gi->generation) {
+        goto out;
+    }
+    if (resp->calls > gi->calls) {
+        gi->calls = resp->calls;
+    }
+    if (resp->n_stalled > gi->n_devices ||
+        (grow = realloc(gi->stalled, (gi->n_stalled + resp->n_stalled + 1) * sizeof(*grow))) ==
+            NULL) {
+        goto out;
+    }
+    gi->stalled = grow;
+    for (size_t i = 0; i < resp->n_stalled; i++) {
+        dc_group_stalled *s = &gi->stalled[gi->n_stalled];
+        s->rank             = resp->stalled[i]->rank;
+        s->waiting_ms       = resp->stalled[i]->waiting_ms;
+        if (client_copy_field(s->device, sizeof(s->device), resp->stalled[i]->device, "device",
+                              &st) == DC_OK) {
+            gi->n_stalled++;
+        }
+    }
+out:
+    rpc_reply_free(&r);
+}
+
+dc_code
+dc_list_groups(dc_client *c, const char *group_id, dc_group_list **out, dc_status *st)
+{
+    Devcoord__V1__ListGroupsRequest req = DEVCOORD__V1__LIST_GROUPS_REQUEST__INIT;
+    const Devcoord__V1__ListGroupsResponse *resp;
+    struct rpc_reply r = { 0 };
+    dc_group_list *l   = NULL;
+    dc_code code;
+
+    status_clear(st);
+    if (out == NULL || c == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT, "%s is NULL", out == NULL ? "out" : "client");
+    }
+    *out         = NULL;
+    req.group_id = (char *)(group_id != NULL ? group_id : "");
+    if ((code = rpc_call(c->coord, COORD_SVC, M_COORDINATOR_LIST_GROUPS, &req.base, NULL, 0,
+                         c->timeout_ms, &r, st)) != DC_OK) {
+        goto out;
+    }
+    /* No groups: an empty body, which may come as none. */
+    resp = (const Devcoord__V1__ListGroupsResponse *)r.body;
+    if ((l = calloc(1, sizeof(*l))) == NULL ||
+        (l->groups = calloc((resp != NULL ? resp->n_groups : 0) + 1, sizeof(*l->groups))) == NULL) {
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; resp != NULL && i < resp->n_groups; i++) {
+        const Devcoord__V1__GroupInfo *pb = resp->groups[i];
+        dc_group_info *gi                 = &l->groups[l->n++];
+        gi->generation                    = pb->generation;
+        gi->joined                        = pb->joined;
+        gi->joining                       = pb->joining;
+        if ((gi->devices = calloc(pb->n_devices + 1, sizeof(*gi->devices))) == NULL) {
+            code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+            goto out;
+        }
+        gi->n_devices = pb->n_devices;
+        if ((code = client_copy_field(gi->group_id, sizeof(gi->group_id), pb->group_id, "group id",
+                                      st)) != DC_OK) {
+            goto out;
+        }
+        for (size_t d = 0; d < pb->n_devices; d++) {
+            if ((code = client_copy_field(gi->devices[d], sizeof(gi->devices[d]), pb->devices[d],
+                                          "device", st)) != DC_OK) {
+                goto out;
+            }
+        }
+        for (size_t a = 0; a < pb->n_worker_addresses && gi->generation > 0; a++) {
+            group_worker_status(c, pb->worker_addresses[a], gi);
+        }
+    }
+    *out = l;
+    l    = NULL;
+out:
+    dc_group_list_free(l);
+    rpc_reply_free(&r);
+    return code;
+}

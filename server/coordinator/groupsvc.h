@@ -1,0 +1,48 @@
+/*
+ * Groups on the coordinator (design §13): GroupJoin validates the device list (design §4),
+ * ranks it in sorted canonical order and parks the caller in the group's rendezvous
+ * (groups.c); when the last rank joins, every worker of the group gets the new generation
+ * (GroupSetup) and then every rank its answer. GroupLeave and ListGroups read and change the
+ * table. Nothing here is in a group call's path: after the join, ranks talk to their workers.
+ * Asynchronous like ops: no handler thread waits for a rendezvous or a worker.
+ */
+#ifndef DEVCOORD_COORDINATOR_GROUPSVC_H
+#define DEVCOORD_COORDINATOR_GROUPSVC_H
+
+#include "config.h"
+#include "devcoord/v1/devcoord.pb-c.h"
+#include "registry.h"
+
+/* Joins parked at once, in all groups. */
+#define GROUPSVC_MAX_PARKED 4096
+/* Groups known at once (in use or kept for listing). */
+#define GROUPSVC_MAX_GROUPS 1024
+/* How long a worker has to install a generation (GroupSetup). */
+#define GROUPSVC_SETUP_TIMEOUT_MS 5000
+
+struct groupsvc;
+struct mbuf;
+
+/* worker_token (NULL without auth) is what workers are called with; it must outlive it. */
+struct groupsvc *groupsvc_new(struct registry *registry, const struct config_coordinator *cfg,
+                              const char *worker_token);
+/* Fails every parked join (UNAVAILABLE, "coordinator shutting down") and ends the calls to
+ * workers still out. */
+void groupsvc_shutdown(struct groupsvc *g);
+void groupsvc_free(struct groupsvc *g);
+
+void groupsvc_join(struct groupsvc *g, const Devcoord__V1__GroupJoinRequest *in,
+                   Devcoord__V1__GroupJoinResponse_Closure closure, void *cd);
+void groupsvc_leave(struct groupsvc *g, const Devcoord__V1__GroupLeaveRequest *in,
+                    Devcoord__V1__GroupLeaveResponse_Closure closure, void *cd);
+void groupsvc_list(struct groupsvc *g, const Devcoord__V1__ListGroupsRequest *in,
+                   Devcoord__V1__ListGroupsResponse_Closure closure, void *cd);
+
+/* A connection of the coordinator's RPC server closed (rpc_server_opts.on_disconnect): the
+ * joins parked on it are let go within a timer tick, so that their ranks may join again. */
+void groupsvc_disconnected(struct groupsvc *g, uint32_t pipe);
+
+/* Joins by outcome, generations completed (Prometheus text). */
+void groupsvc_metrics_render(struct groupsvc *g, struct mbuf *b);
+
+#endif

@@ -1,0 +1,1358 @@
+/* A worker's side of groups: generations, matched calls, the exchange (see groups.h). One lock
+ * (mtx) guards everything; answers only pack and queue a send, so they go out under it. */
+#include "groups.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "auth.h"
+#include "clock.h"
+#include "device.h"
+#include "devcoord/v1/methods.h"
+#include "log.h"
+#include "metrics.h"
+#include "reduce.h"
+#include "rpc.h"
+#include "status.h"
+#include "validate.h"
+
+#define WORKER_SVC    (&devcoord__v1__worker__descriptor)
+#define TIMER_TICK_MS 20
+#define KINDS         (DC_OP_COUNT)
+
+struct desc {
+    dc_op_kind kind;
+    dc_dtype dtype;
+    uint64_t count;
+    dc_reduce_op reduce;
+    uint32_t root;
+    uint64_t total; /* the rank's whole call, when the library split it (0: not split) */
+};
+
+/* A cached connection to a peer's data address, watched for drops. */
+struct wpeer {
+    struct wgroups *wg;
+    char address[256];
+    struct rpc_client *client;
+    bool was_up;
+};
+
+struct gworker {
+    char name[DC_WORKER_NAME_MAX + 1];
+    struct wpeer *peer; /* NULL for this worker */
+    uint32_t *ranks;
+    size_t n_ranks;
+};
+
+/* What one of this worker's ranks passed to a call. */
+struct lpart {
+    bool in;
+    struct desc d;
+    const uint8_t *data; /* the call's attachment: valid until it is answered */
+    size_t bytes;
+    Devcoord__V1__GroupCallResponse_Closure closure;
+    void *cd;
+};
+
+/* What another worker sent for a call. */
+struct ppart {
+    bool in;
+    bool *called;   /* from a partial note: which of its ranks had called (NULL: unknown) */
+    struct desc *d; /* one per rank of that worker, in its order */
+    uint8_t *data;
+    size_t bytes;
+    bool has_data;
+};
+
+struct wcall {
+    uint64_t seq;
+    struct lpart *local; /* per rank of this worker */
+    size_t n_local_in;
+    struct ppart *peer; /* per worker of the group (self's unused) */
+    size_t n_peer_in;
+    uint8_t *mine; /* this worker's part, once every local rank is in */
+    size_t mine_bytes;
+    bool sent;
+    bool noted;                     /* a partial note went to the peers */
+    uint64_t started_ms;            /* when any part of it first came, here or from a peer */
+    uint64_t first_ms, deadline_ms; /* from this worker's first rank's call */
+    uint64_t first_us;
+    bool stall_logged;
+    struct wcall *next;
+};
+
+struct wgroup {
+    char id[VALIDATE_GROUP_ID_SIZE];
+    uint64_t generation;
+    size_t n; /* ranks */
+    char (*names)[DC_DEVICE_TEXT_SIZE];
+    struct gworker *workers;
+    size_t n_workers;
+    uint32_t self;
+    bool ended;
+    dc_status end;
+    struct wcall *calls;
+    size_t n_calls;
+    uint64_t calls_done;
+    uint64_t local_seq_max; /* the highest call any of this worker's ranks has made */
+    struct wgroup *next;
+};
+
+struct wgroups {
+    const struct config_worker *cfg;
+    const char *token;
+    pthread_mutex_t mtx;
+    pthread_cond_t cv;
+    struct wgroup *groups;
+    size_t n_groups;
+    struct wpeer **peers;
+    size_t n_peers;
+    bool stopping;
+    pthread_t timer;
+    size_t held, max_held; /* peers' parts kept until their call completes */
+    uint64_t calls_total[KINDS];
+    uint64_t stalls_total;
+    struct histo call_seconds;
+};
+
+/* ---- small helpers ----------------------------------------------------------------------- */
+
+static bool
+kind_has_data(dc_op_kind k)
+{
+    return k != DC_OP_BARRIER;
+}
+
+static bool
+kind_uses_reduce(dc_op_kind k)
+{
+    return k == DC_OP_ALL_REDUCE || k == DC_OP_REDUCE || k == DC_OP_REDUCE_SCATTER;
+}
+
+/* Elements each rank passes: count, but count per rank for reduce-scatter. */
+static size_t
+input_elements(const struct desc *d, size_t n_ranks)
+{
+    return d->kind == DC_OP_REDUCE_SCATTER ? (size_t)d->count * n_ranks : (size_t)d->count;
+}
+
+static bool
+kind_uses_root(dc_op_kind k)
+{
+    return k == DC_OP_REDUCE || k == DC_OP_BROADCAST;
+}
+
+static struct desc
+desc_from_pb(const Devcoord__V1__GroupCallDesc *pb)
+{
+    struct desc d = { 0 };
+
+    if (pb != NULL) {
+        d = (struct desc){ (dc_op_kind)pb->kind,
+                           (dc_dtype)pb->dtype,
+                           pb->count,
+                           (dc_reduce_op)pb->reduce,
+                           pb->root,
+                           pb->total };
+    }
+    return d;
+}
+
+static void
+desc_to_pb(const struct desc *d, uint32_t rank, Devcoord__V1__GroupCallDesc *pb)
+{
+    devcoord__v1__group_call_desc__init(pb);
+    pb->rank   = rank;
+    pb->kind   = (Devcoord__V1__OpKind)d->kind;
+    pb->dtype  = (Devcoord__V1__DType)d->dtype;
+    pb->count  = d->count;
+    pb->reduce = (Devcoord__V1__ReduceOp)d->reduce;
+    pb->root   = d->root;
+    pb->total  = d->total;
+}
+
+static const char *
+name_or(const char *name, const char *what)
+{
+    return name != NULL ? name : what;
+}
+
+/* What a rank passed, as far as it differs from `other`: "f64[1024]", "broadcast", ... */
+static void
+desc_text(const struct desc *d, const struct desc *other, char *buf, size_t cap)
+{
+    if (d->kind != other->kind) {
+        snprintf(buf, cap, "%s", name_or(dc_op_kind_name(d->kind), "an unknown kind"));
+    } else if (kind_has_data(d->kind) &&
+               (d->dtype != other->dtype || d->count != other->count || d->total != other->total)) {
+        snprintf(buf, cap, "%s[%llu]", name_or(dc_dtype_name(d->dtype), "?"),
+                 (unsigned long long)(d->total ? d->total : d->count));
+    } else if (kind_uses_reduce(d->kind) && d->reduce != other->reduce) {
+        snprintf(buf, cap, "reduce %s", name_or(dc_reduce_op_name(d->reduce), "?"));
+    } else {
+        snprintf(buf, cap, "root %u", d->root);
+    }
+}
+
+static bool
+desc_differs(const struct desc *a, const struct desc *b)
+{
+    return a->kind != b->kind ||
+           (kind_has_data(a->kind) &&
+            (a->dtype != b->dtype || a->count != b->count || a->total != b->total)) ||
+           (kind_uses_reduce(a->kind) && a->reduce != b->reduce) ||
+           (kind_uses_root(a->kind) && a->root != b->root);
+}
+
+static size_t
+local_index(const struct wgroup *g, uint32_t rank, bool *found)
+{
+    const struct gworker *me = &g->workers[g->self];
+
+    for (size_t i = 0; i < me->n_ranks; i++) {
+        if (me->ranks[i] == rank) {
+            *found = true;
+            return i;
+        }
+    }
+    *found = false;
+    return 0;
+}
+
+static struct wgroup *
+group_find(struct wgroups *wg, const char *id)
+{
+    for (struct wgroup *g = wg->groups; g != NULL; g = g->next) {
+        if (strcmp(g->id, id) == 0) {
+            return g;
+        }
+    }
+    return NULL;
+}
+
+/* ---- ending calls ------------------------------------------------------------------------ */
+
+static void
+wcall_free(struct wgroups *wg, struct wgroup *g, struct wcall *c)
+{
+    if (c == NULL) {
+        return;
+    }
+    for (size_t w = 0; c->peer != NULL && w < g->n_workers; w++) {
+        if (c->peer[w].data != NULL) {
+            wg->held -= c->peer[w].bytes;
+        }
+        free(c->peer[w].called);
+        free(c->peer[w].d);
+        free(c->peer[w].data);
+    }
+    free(c->peer);
+    free(c->local);
+    free(c->mine);
+    free(c);
+}
+
+/* Unlinks c from g. mtx held. */
+static void
+wcall_unlink(struct wgroup *g, struct wcall *c)
+{
+    for (struct wcall **pp = &g->calls; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == c) {
+            *pp = c->next;
+            g->n_calls--;
+            return;
+        }
+    }
+}
+
+/* Answers every local rank of c still waiting with st. mtx held. */
+static void
+wcall_fail_locals(struct wgroup *g, struct wcall *c, const dc_status *st)
+{
+    for (size_t i = 0; i < g->workers[g->self].n_ranks; i++) {
+        struct lpart *p = &c->local[i];
+        if (p->in && p->closure != NULL) {
+            *rpc_call_status(p->cd) = *st;
+            p->closure(NULL, p->cd);
+            p->closure = NULL;
+        }
+    }
+}
+
+/* Ends g's generation with st: every pending call fails, later ones too. mtx held. */
+static void
+group_end_locked(struct wgroups *wg, struct wgroup *g, const dc_status *st)
+{
+    if (!g->ended) {
+        g->ended = true;
+        g->end   = *st;
+        log_warn("group %s generation %llu ended: %s", g->id, (unsigned long long)g->generation,
+                 st->message);
+    }
+    while (g->calls != NULL) {
+        struct wcall *c = g->calls;
+        wcall_unlink(g, c);
+        wcall_fail_locals(g, c, st);
+        wcall_free(wg, g, c);
+    }
+}
+
+static void
+group_free(struct wgroup *g)
+{
+    if (g == NULL) {
+        return;
+    }
+    for (size_t w = 0; g->workers != NULL && w < g->n_workers; w++) {
+        free(g->workers[w].ranks);
+    }
+    free(g->workers);
+    free(g->names);
+    free(g);
+}
+
+/* ---- peers ------------------------------------------------------------------------------- */
+
+/* A peer's connection came up or dropped (nng thread): a drop ends every group using it. */
+static void
+peer_on_connection(void *arg, bool up)
+{
+    struct wpeer *p    = arg;
+    struct wgroups *wg = p->wg;
+
+    pthread_mutex_lock(&wg->mtx);
+    if (up) {
+        p->was_up = true;
+    } else if (p->was_up && !wg->stopping) {
+        for (struct wgroup *g = wg->groups; g != NULL; g = g->next) {
+            for (size_t w = 0; w < g->n_workers; w++) {
+                if (g->workers[w].peer == p && !g->ended) {
+                    dc_status st;
+                    status_set(&st, DC_UNAVAILABLE,
+                               "worker %s of group %s is unreachable (its connection at %s "
+                               "dropped): join again",
+                               g->workers[w].name, g->id, p->address);
+                    status_set_worker(&st, g->workers[w].name);
+                    group_end_locked(wg, g, &st);
+                }
+            }
+        }
+    }
+    pthread_mutex_unlock(&wg->mtx);
+}
+
+/* The connection to the peer at address, opened on first use and kept. mtx held. */
+static struct wpeer *
+peer_get_locked(struct wgroups *wg, const char *address, dc_status *st)
+{
+    struct wpeer *p, **grow;
+
+    for (size_t i = 0; i < wg->n_peers; i++) {
+        if (strcmp(wg->peers[i]->address, address) == 0) {
+            return wg->peers[i];
+        }
+    }
+    if ((grow = realloc(wg->peers, (wg->n_peers + 1) * sizeof(*grow))) == NULL) {
+        status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    wg->peers = grow;
+    if ((p = calloc(1, sizeof(*p))) == NULL) {
+        status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    p->wg = wg;
+    snprintf(p->address, sizeof(p->address), "%s", address);
+    if (auth_client_open_watched(address, wg->token, &wg->cfg->tls, wg->cfg->max_message_bytes, 500,
+                                 peer_on_connection, p, &p->client, st) != DC_OK) {
+        free(p);
+        return NULL;
+    }
+    wg->peers[wg->n_peers++] = p;
+    return p;
+}
+
+/* ---- GroupSetup -------------------------------------------------------------------------- */
+
+static dc_code
+group_from_setup(struct wgroups *wg, const Devcoord__V1__GroupSetupRequest *in, struct wgroup **out,
+                 dc_status *st)
+{
+    const Devcoord__V1__Plan *plan = in->plan;
+    struct wgroup *g               = NULL;
+    bool *taken                    = NULL;
+    size_t n_taken                 = 0;
+    dc_code rv                     = DC_OK;
+
+    if (plan == NULL || plan->n_devices == 0 || plan->n_workers == 0 ||
+        plan->n_devices > GROUPS_MAX_RANKS || plan->n_workers > plan->n_devices ||
+        in->self >= plan->n_workers || strlen(in->group_id) >= VALIDATE_GROUP_ID_SIZE) {
+        return status_set(st, DC_INVALID_ARGUMENT, "malformed group setup");
+    }
+    if ((g = calloc(1, sizeof(*g))) == NULL ||
+        (g->names = calloc(plan->n_devices, sizeof(*g->names))) == NULL ||
+        (g->workers = calloc(plan->n_workers, sizeof(*g->workers))) == NULL ||
+        (taken = calloc(plan->n_devices, sizeof(*taken))) == NULL) {
+        rv = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    snprintf(g->id, sizeof(g->id), "%s", in->group_id);
+    g->generation = in->generation;
+    g->n          = plan->n_devices;
+    g->n_workers  = plan->n_workers;
+    g->self       = in->self;
+    for (size_t r = 0; r < g->n; r++) {
+        dc_device_ref ref;
+        if (device_ref_from_pb(plan->devices[r], &ref, st) != DC_OK) {
+            rv = status_set(st, DC_INVALID_ARGUMENT, "malformed group setup: device %zu", r);
+            goto out;
+        }
+        dc_device_ref_format(&ref, g->names[r], sizeof(g->names[r]));
+    }
+    /* Every rank on exactly one worker, every worker with at least one. */
+    for (size_t w = 0; w < g->n_workers; w++) {
+        const Devcoord__V1__PlanWorker *pw = plan->workers[w];
+        struct gworker *gw                 = &g->workers[w];
+        snprintf(gw->name, sizeof(gw->name), "%s", pw->name);
+        if (pw->n_ranks == 0 || pw->n_ranks > g->n ||
+            (gw->ranks = calloc(pw->n_ranks, sizeof(*gw->ranks))) == NULL) {
+            rv = status_set(st, DC_INVALID_ARGUMENT, "malformed group setup: worker %zu", w);
+            goto out;
+        }
+        for (size_t k = 0; k < pw->n_ranks; k++) {
+            if (pw->ranks[k] >= g->n || taken[pw->ranks[k]]) {
+                rv = status_set(st, DC_INVALID_ARGUMENT, "malformed group setup: rank");
+                goto out;
+            }
+            gw->ranks[k]        = pw->ranks[k];
+            taken[pw->ranks[k]] = true;
+            n_taken++;
+        }
+        gw->n_ranks = pw->n_ranks;
+    }
+    if (n_taken != g->n) {
+        rv = status_set(st, DC_INVALID_ARGUMENT, "malformed group setup: ranks of no worker");
+        goto out;
+    }
+    for (size_t w = 0; w < g->n_workers; w++) {
+        if (w != g->self &&
+            (g->workers[w].peer = peer_get_locked(wg, plan->workers[w]->address, st)) == NULL) {
+            rv = st->code;
+            goto out;
+        }
+    }
+out:
+    free(taken);
+    if (rv != DC_OK) {
+        group_free(g);
+        return rv;
+    }
+    *out = g;
+    return DC_OK;
+}
+
+void
+wgroups_setup(struct wgroups *wg, const Devcoord__V1__GroupSetupRequest *in,
+              Devcoord__V1__GroupSetupResponse_Closure closure, void *cd)
+{
+    Devcoord__V1__GroupSetupResponse out = DEVCOORD__V1__GROUP_SETUP_RESPONSE__INIT;
+    struct wgroup *g                     = NULL, *old;
+    dc_status st;
+    dc_code code;
+
+    status_clear(&st);
+    pthread_mutex_lock(&wg->mtx);
+    old = wg->stopping ? NULL : group_find(wg, in->group_id);
+    if (!wg->stopping && old == NULL && wg->n_groups >= GROUPS_MAX) {
+        /* Make room: the oldest group with no call in progress goes. */
+        struct wgroup **victim = NULL;
+        for (struct wgroup **pp = &wg->groups; *pp != NULL; pp = &(*pp)->next) {
+            if ((*pp)->calls == NULL) {
+                victim = pp;
+            }
+        }
+        if (victim != NULL) {
+            struct wgroup *v = *victim;
+            *victim          = v->next;
+            group_free(v);
+            wg->n_groups--;
+        }
+    }
+    if (wg->stopping) {
+        code = status_set(&st, DC_UNAVAILABLE, "worker shutting down");
+    } else if (old == NULL && wg->n_groups >= GROUPS_MAX) {
+        code = status_set(&st, DC_RESOURCE_EXHAUSTED, "too many groups on this worker (%d)",
+                          GROUPS_MAX);
+    } else if ((code = group_from_setup(wg, in, &g, &st)) == DC_OK) {
+        if (old != NULL) {
+            dc_status why;
+            status_set(&why, DC_ABORTED, "group %s generation %llu was replaced by generation %llu",
+                       old->id, (unsigned long long)old->generation,
+                       (unsigned long long)g->generation);
+            group_end_locked(wg, old, &why);
+            for (struct wgroup **pp = &wg->groups; *pp != NULL; pp = &(*pp)->next) {
+                if (*pp == old) {
+                    *pp = old->next;
+                    break;
+                }
+            }
+            group_free(old);
+            wg->n_groups--;
+        }
+        g->next    = wg->groups;
+        wg->groups = g;
+        wg->n_groups++;
+    }
+    pthread_mutex_unlock(&wg->mtx);
+    if (code != DC_OK) {
+        *rpc_call_status(cd)      = st;
+        rpc_call_status(cd)->code = code;
+        closure(NULL, cd);
+        return;
+    }
+    closure(&out, cd);
+}
+
+/* ---- computing a call -------------------------------------------------------------------- */
+
+/* This worker's part of c: its ranks' data reduced (all-reduce, reduce), the root's (broadcast,
+ * when it is here) or concatenated in rank order (all-gather). mtx held. */
+static dc_code check_desc(const struct wgroups *wg, const struct wgroup *g, const struct desc *d,
+                          dc_status *st);
+
+static dc_code
+wcall_make_mine(const struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status *st)
+{
+    const struct gworker *me = &g->workers[g->self];
+    const struct desc *d     = &c->local[0].d;
+    size_t bytes             = c->local[0].bytes;
+
+    dc_status why;
+
+    for (size_t i = 1; i < me->n_ranks; i++) {
+        if (desc_differs(&c->local[i].d, d)) {
+            return DC_OK; /* no data: every worker will see the disagreement in the descs */
+        }
+    }
+    if (check_desc(wg, g, d, &why) != DC_OK) {
+        return DC_OK; /* no data either: every worker will refuse the call */
+    }
+    switch (d->kind) {
+    case DC_OP_ALL_REDUCE:
+    case DC_OP_REDUCE:
+    case DC_OP_REDUCE_SCATTER:
+        if ((c->mine = malloc(bytes ? bytes : 1)) == NULL) {
+            return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        memcpy(c->mine, c->local[0].data, bytes);
+        for (size_t i = 1; i < me->n_ranks; i++) {
+            reduce_into(d->dtype, d->reduce, c->mine, c->local[i].data, input_elements(d, g->n));
+        }
+        c->mine_bytes = bytes;
+        break;
+    case DC_OP_BROADCAST:
+        for (size_t i = 0; i < me->n_ranks; i++) {
+            if (me->ranks[i] == d->root) {
+                if ((c->mine = malloc(bytes ? bytes : 1)) == NULL) {
+                    return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+                }
+                memcpy(c->mine, c->local[i].data, bytes);
+                c->mine_bytes = bytes;
+            }
+        }
+        break;
+    case DC_OP_ALL_GATHER:
+        if ((c->mine = malloc(bytes * me->n_ranks + 1)) == NULL) {
+            return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        for (size_t i = 0; i < me->n_ranks; i++) {
+            memcpy(c->mine + i * bytes, c->local[i].data, bytes);
+        }
+        c->mine_bytes = bytes * me->n_ranks;
+        break;
+    default:
+        break;
+    }
+    return DC_OK;
+}
+
+/* The data worker w contributed to c (this worker's own part for self). */
+static const uint8_t *
+part_data(const struct wgroup *g, const struct wcall *c, size_t w, size_t *bytes)
+{
+    if (w == g->self) {
+        *bytes = c->mine_bytes;
+        return c->mine;
+    }
+    *bytes = c->peer[w].has_data ? c->peer[w].bytes : 0;
+    return c->peer[w].has_data ? c->peer[w].data : NULL;
+}
+
+/* Every rank's desc in rank order, from this worker's calls and the peers' parts. */
+static void
+wcall_descs(const struct wgroup *g, const struct wcall *c, struct desc *out)
+{
+    for (size_t w = 0; w < g->n_workers; w++) {
+        const struct gworker *gw = &g->workers[w];
+        for (size_t k = 0; k < gw->n_ranks; k++) {
+            out[gw->ranks[k]] = w == g->self ? c->local[k].d : c->peer[w].d[k];
+        }
+    }
+}
+
+/* The call's result into *res (res_bytes), the same bytes on every worker. mtx held. */
+static dc_code
+wcall_compute(const struct wgroups *wg, struct wgroup *g, struct wcall *c, uint8_t **res,
+              size_t *res_bytes, dc_status *st)
+{
+    struct desc *all = calloc(g->n, sizeof(*all));
+    const struct desc *d;
+    size_t elem, bytes, nb;
+    dc_code rv = DC_OK;
+
+    *res       = NULL;
+    *res_bytes = 0;
+    if (all == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    wcall_descs(g, c, all);
+    for (size_t r = 1; r < g->n; r++) {
+        if (desc_differs(&all[r], &all[0])) {
+            char mine[64], first[64];
+            desc_text(&all[r], &all[0], mine, sizeof(mine));
+            desc_text(&all[0], &all[r], first, sizeof(first));
+            rv = status_set(st, DC_INVALID_ARGUMENT,
+                            "rank %zu (%s) passed %s, rank 0 passed %s (group %s, call %llu)", r,
+                            g->names[r], mine, first, g->id, (unsigned long long)c->seq);
+            goto out;
+        }
+    }
+    d = &all[0];
+    if ((rv = check_desc(wg, g, d, st)) != DC_OK) {
+        goto out;
+    }
+    elem  = dc_dtype_size(d->dtype);
+    bytes = input_elements(d, g->n) * elem;
+    if (!kind_has_data(d->kind)) {
+        goto out;
+    }
+    for (size_t w = 0; w < g->n_workers; w++) {
+        size_t want      = d->kind == DC_OP_ALL_GATHER ? bytes * g->workers[w].n_ranks : bytes;
+        const uint8_t *p = part_data(g, c, w, &nb);
+        bool needs       = d->kind != DC_OP_BROADCAST;
+        if (d->kind == DC_OP_BROADCAST) {
+            for (size_t k = 0; k < g->workers[w].n_ranks; k++) {
+                needs = needs || g->workers[w].ranks[k] == d->root;
+            }
+        }
+        if (needs && (p == NULL || nb != want)) {
+            rv = status_set(st, DC_INTERNAL, "group call %llu: worker %s sent %zu bytes, not %zu",
+                            (unsigned long long)c->seq, g->workers[w].name, nb, want);
+            goto out;
+        }
+    }
+    nb = d->kind == DC_OP_ALL_GATHER ? bytes * g->n : bytes;
+    if ((*res = malloc(nb + 1)) == NULL) {
+        rv = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    *res_bytes = nb;
+    for (size_t w = 0; w < g->n_workers; w++) {
+        size_t pb;
+        const uint8_t *p         = part_data(g, c, w, &pb);
+        const struct gworker *gw = &g->workers[w];
+        switch (d->kind) {
+        case DC_OP_ALL_REDUCE:
+        case DC_OP_REDUCE:
+        case DC_OP_REDUCE_SCATTER:
+            if (w == 0) {
+                memcpy(*res, p, bytes);
+            } else {
+                reduce_into(d->dtype, d->reduce, *res, p, input_elements(d, g->n));
+            }
+            break;
+        case DC_OP_BROADCAST:
+            if (p != NULL) {
+                memcpy(*res, p, bytes);
+            }
+            break;
+        case DC_OP_ALL_GATHER:
+            for (size_t k = 0; k < gw->n_ranks; k++) {
+                memcpy(*res + (size_t)gw->ranks[k] * bytes, p + k * bytes, bytes);
+            }
+            break;
+        default:
+            break;
+        }
+    }
+    if (d->reduce == DC_REDUCE_MEAN && kind_uses_reduce(d->kind)) {
+        reduce_finish_mean(d->dtype, *res, input_elements(d, g->n), g->n);
+    }
+out:
+    free(all);
+    return rv;
+}
+
+/* Answers c's local ranks when every part is in, and frees it. mtx held. */
+static void
+wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
+{
+    const struct gworker *me            = &g->workers[g->self];
+    Devcoord__V1__GroupCallResponse out = DEVCOORD__V1__GROUP_CALL_RESPONSE__INIT;
+    uint8_t *res                        = NULL;
+    size_t res_bytes                    = 0;
+    dc_status st;
+    dc_op_kind kind;
+
+    if (c->n_local_in < me->n_ranks || c->n_peer_in + 1 < g->n_workers || !c->sent) {
+        return;
+    }
+    wcall_unlink(g, c);
+    status_clear(&st);
+    kind = c->local[0].d.kind;
+    if (wcall_compute(wg, g, c, &res, &res_bytes, &st) != DC_OK) {
+        log_info("group %s call %llu failed: %s", g->id, (unsigned long long)c->seq, st.message);
+        wcall_fail_locals(g, c, &st);
+    } else {
+        out.elapsed_us = rpc_now_us() - c->first_us;
+        for (size_t i = 0; i < me->n_ranks; i++) {
+            struct lpart *p = &c->local[i];
+            if (kind == DC_OP_REDUCE && me->ranks[i] != p->d.root) {
+                rpc_call_set_reply_attachment(p->cd, p->data, p->bytes); /* unchanged */
+            } else if (kind == DC_OP_REDUCE_SCATTER) {
+                size_t slice = res_bytes / g->n; /* this rank's block of the result */
+                rpc_call_set_reply_attachment(p->cd, res + (size_t)me->ranks[i] * slice, slice);
+            } else if (res_bytes > 0) {
+                rpc_call_set_reply_attachment(p->cd, res, res_bytes);
+            }
+            p->closure(&out, p->cd);
+            p->closure = NULL;
+        }
+        g->calls_done++;
+        if ((unsigned)kind < KINDS) {
+            wg->calls_total[kind]++;
+        }
+        histo_observe(&wg->call_seconds, out.elapsed_us);
+    }
+    free(res);
+    wcall_free(wg, g, c);
+}
+
+/* ---- the exchange ------------------------------------------------------------------------ */
+
+struct exch_ctx {
+    struct wgroups *wg;
+    char group_id[VALIDATE_GROUP_ID_SIZE];
+    uint64_t generation;
+    size_t to;
+};
+
+/* A peer answered (or did not answer) this worker's part (nng thread). */
+static void
+exch_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, bool *keep)
+{
+    struct exch_ctx *x = arg;
+    struct wgroup *g;
+
+    (void)reply;
+    (void)keep;
+    if (code != DC_OK) {
+        struct wgroups *wg = x->wg;
+        pthread_mutex_lock(&x->wg->mtx);
+        g = group_find(x->wg, x->group_id);
+        if (g != NULL && g->generation == x->generation && !g->ended && !x->wg->stopping) {
+            dc_status end;
+            status_set(&end, code == DC_INVALID_ARGUMENT ? DC_INVALID_ARGUMENT : DC_UNAVAILABLE,
+                       "worker %s of group %s: %s", g->workers[x->to].name, g->id, st->message);
+            status_set_worker(&end, g->workers[x->to].name);
+            group_end_locked(wg, g, &end);
+        }
+        pthread_mutex_unlock(&x->wg->mtx);
+    }
+    free(x);
+}
+
+/* Sends this worker's part of c to every other worker: the whole part (every local rank in),
+ * or a partial note naming the local ranks in so far. mtx held. */
+static void
+wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c, bool partial)
+{
+    const struct gworker *me               = &g->workers[g->self];
+    Devcoord__V1__GroupExchangeRequest req = DEVCOORD__V1__GROUP_EXCHANGE_REQUEST__INIT;
+    Devcoord__V1__GroupCallDesc *descs     = calloc(me->n_ranks, sizeof(*descs));
+    Devcoord__V1__GroupCallDesc **ptrs     = calloc(me->n_ranks, sizeof(*ptrs));
+    dc_status st;
+
+    status_clear(&st);
+    if (partial) {
+        c->noted = true;
+    } else {
+        c->sent = true;
+    }
+    if (descs == NULL || ptrs == NULL || (!partial && wcall_make_mine(wg, g, c, &st) != DC_OK)) {
+        if (st.code == DC_OK) {
+            status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        group_end_locked(wg, g, &st);
+        goto out;
+    }
+    for (size_t i = 0; i < me->n_ranks; i++) {
+        if (c->local[i].in) {
+            desc_to_pb(&c->local[i].d, me->ranks[i], &descs[req.n_calls]);
+            ptrs[req.n_calls] = &descs[req.n_calls];
+            req.n_calls++;
+        }
+    }
+    req.group_id   = g->id;
+    req.generation = g->generation;
+    req.seq        = c->seq;
+    req.from       = g->self;
+    req.calls      = ptrs;
+    req.has_data   = !partial && c->mine != NULL;
+    req.partial    = partial;
+    for (size_t w = 0; w < g->n_workers && !g->ended; w++) {
+        struct exch_ctx *x;
+        uint32_t left =
+            c->deadline_ms > rpc_now_ms() ? (uint32_t)(c->deadline_ms - rpc_now_ms()) : 1;
+        if (w == g->self) {
+            continue;
+        }
+        if ((x = calloc(1, sizeof(*x))) == NULL) {
+            status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory");
+            group_end_locked(wg, g, &st);
+            break;
+        }
+        *x = (struct exch_ctx){ wg, "", g->generation, w };
+        snprintf(x->group_id, sizeof(x->group_id), "%s", g->id);
+        if (rpc_call_async(g->workers[w].peer->client, WORKER_SVC, M_WORKER_GROUP_EXCHANGE,
+                           &req.base, req.has_data ? c->mine : NULL,
+                           req.has_data ? c->mine_bytes : 0, left, exch_done, x, &st) != DC_OK) {
+            dc_status end;
+            free(x);
+            status_set(&end, DC_UNAVAILABLE, "worker %s of group %s: %s", g->workers[w].name, g->id,
+                       st.message);
+            status_set_worker(&end, g->workers[w].name);
+            group_end_locked(wg, g, &end);
+        }
+    }
+out:
+    free(descs);
+    free(ptrs);
+}
+
+static struct wcall *
+wcall_find(const struct wgroup *g, uint64_t seq)
+{
+    for (struct wcall *c = g->calls; c != NULL; c = c->next) {
+        if (c->seq == seq) {
+            return c;
+        }
+    }
+    return NULL;
+}
+
+/* The call of seq in g, made on first use. NULL with st set past the bound. mtx held. */
+static struct wcall *
+wcall_get(struct wgroups *wg, struct wgroup *g, uint64_t seq, uint32_t timeout_ms, dc_status *st)
+{
+    struct wcall *c = wcall_find(g, seq);
+    size_t n_local  = g->workers[g->self].n_ranks;
+
+    if (c != NULL) {
+        return c;
+    }
+    if (g->n_calls >= GROUPS_MAX_CALLS) {
+        status_set(st, DC_RESOURCE_EXHAUSTED, "group %s has %d calls in progress on this worker",
+                   g->id, GROUPS_MAX_CALLS);
+        return NULL;
+    }
+    if ((c = calloc(1, sizeof(*c))) == NULL ||
+        (c->local = calloc(n_local, sizeof(*c->local))) == NULL ||
+        (c->peer = calloc(g->n_workers, sizeof(*c->peer))) == NULL) {
+        wcall_free(wg, g, c);
+        status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    c->seq         = seq;
+    c->started_ms  = rpc_now_ms();
+    c->first_ms    = c->started_ms;
+    c->first_us    = rpc_now_us();
+    c->deadline_ms = c->first_ms + (timeout_ms ? timeout_ms : GROUPS_DEFAULT_TIMEOUT_MS);
+    c->next        = g->calls;
+    g->calls       = c;
+    g->n_calls++;
+    return c;
+}
+
+/* The group and generation a call or exchange names, or why not. mtx held. */
+static struct wgroup *
+group_current(struct wgroups *wg, const char *id, uint64_t generation, dc_status *st)
+{
+    struct wgroup *g = group_find(wg, id);
+
+    if (g == NULL) {
+        status_set(st, DC_FAILED_PRECONDITION, "no group %.32s on this worker: join first", id);
+        return NULL;
+    }
+    if (g->generation != generation) {
+        status_set(st, DC_FAILED_PRECONDITION,
+                   "group %s is at generation %llu, not %llu: join again", g->id,
+                   (unsigned long long)g->generation, (unsigned long long)generation);
+        return NULL;
+    }
+    if (g->ended) {
+        *st = g->end;
+        return NULL;
+    }
+    return g;
+}
+
+/* A rank's own call, checked alone (the others are compared once all are in). */
+static dc_code
+check_desc(const struct wgroups *wg, const struct wgroup *g, const struct desc *d, dc_status *st)
+{
+    size_t elem = dc_dtype_size(d->dtype);
+    size_t room = wg->cfg->max_message_bytes > RPC_FRAME_OVERHEAD
+                      ? wg->cfg->max_message_bytes - RPC_FRAME_OVERHEAD
+                      : 0;
+
+    if (d->kind <= DC_OP_NONE || d->kind >= DC_OP_COUNT) {
+        return status_set(st, DC_INVALID_ARGUMENT, "invalid operation: unknown group call kind");
+    }
+    if (!kind_has_data(d->kind)) {
+        return DC_OK;
+    }
+    if (elem == 0) {
+        return status_set(st, DC_INVALID_ARGUMENT, "invalid operation: unknown dtype");
+    }
+    if (d->count == 0) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "invalid operation: count 0: a group %s needs at least one element",
+                          dc_op_kind_name(d->kind));
+    }
+    if (kind_uses_reduce(d->kind) &&
+        (d->reduce <= DC_REDUCE_NONE || d->reduce >= DC_REDUCE_COUNT)) {
+        return status_set(st, DC_INVALID_ARGUMENT, "invalid operation: %s needs a reduce op",
+                          dc_op_kind_name(d->kind));
+    }
+    if (kind_uses_root(d->kind) && d->root >= g->n) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "invalid operation: root %u outside a group of %zu ranks", d->root, g->n);
+    }
+    /* What one message must carry: the rank's input, or all-gather's whole result. */
+    if (d->count >
+        room / elem / (d->kind == DC_OP_ALL_GATHER || d->kind == DC_OP_REDUCE_SCATTER ? g->n : 1)) {
+        return status_set(st, DC_OUT_OF_RANGE,
+                          "group call of %llu %s elements is larger than one message "
+                          "(limits.max_message_bytes %llu): split it",
+                          (unsigned long long)d->count, dc_dtype_name(d->dtype),
+                          (unsigned long long)wg->cfg->max_message_bytes);
+    }
+    return DC_OK;
+}
+
+/* A well-formed call carries the bytes its desc says. A call whose desc does not hold
+ * (check_desc) still takes part, without data: the others learn what it passed, and every
+ * rank gets the same refusal (the disagreement, or what is wrong when all agree). */
+static dc_code
+check_call(const struct wgroups *wg, const struct wgroup *g, const struct desc *d, size_t bytes,
+           dc_status *st)
+{
+    dc_status why;
+
+    if (check_desc(wg, g, d, &why) == DC_OK && kind_has_data(d->kind) &&
+        bytes != input_elements(d, g->n) * dc_dtype_size(d->dtype)) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "group call carries %zu bytes, not %zu %s elements", bytes,
+                          input_elements(d, g->n), dc_dtype_name(d->dtype));
+    }
+    return DC_OK;
+}
+
+void
+wgroups_call(struct wgroups *wg, const Devcoord__V1__GroupCallRequest *in,
+             Devcoord__V1__GroupCallResponse_Closure closure, void *cd)
+{
+    struct desc d = desc_from_pb(in->call);
+    uint32_t rank = in->call != NULL ? in->call->rank : 0;
+    const void *data;
+    struct wgroup *g;
+    struct wcall *c;
+    struct lpart *p;
+    size_t bytes = 0, li;
+    bool local   = false;
+    dc_status st;
+    dc_code code = DC_OK;
+
+    status_clear(&st);
+    data = rpc_call_attachment(cd, &bytes);
+    pthread_mutex_lock(&wg->mtx);
+    if (in->call == NULL) {
+        code = status_set(&st, DC_INVALID_ARGUMENT, "group call without a call");
+    } else if ((g = group_current(wg, in->group_id, in->generation, &st)) == NULL) {
+        code = st.code;
+    } else if ((li = local_index(g, rank, &local)), !local) {
+        code = status_set(&st, DC_INVALID_ARGUMENT, "rank %u of group %s is not on this worker",
+                          rank, g->id);
+    } else if ((code = check_call(wg, g, &d, bytes, &st)) != DC_OK) {
+    } else if ((c = wcall_get(wg, g, in->seq, in->timeout_ms, &st)) == NULL) {
+        code = st.code;
+    } else if ((p = &c->local[li])->in) {
+        code = status_set(&st, DC_ALREADY_EXISTS, "rank %u already made call %llu", rank,
+                          (unsigned long long)in->seq);
+    } else {
+        *p = (struct lpart){ true, d, data, bytes, closure, cd };
+        if (in->seq > g->local_seq_max) {
+            g->local_seq_max = in->seq;
+        }
+        if (c->n_local_in++ == 0) {
+            /* The first of this worker's ranks sets the call's clock (a peer's part may
+             * have made the call earlier, with the default deadline). */
+            c->first_ms = rpc_now_ms();
+            c->first_us = rpc_now_us();
+            c->deadline_ms =
+                c->first_ms + (in->timeout_ms ? in->timeout_ms : GROUPS_DEFAULT_TIMEOUT_MS);
+        }
+        if (c->n_local_in == g->workers[g->self].n_ranks) {
+            wcall_send(wg, g, c, false);
+        }
+        if (!g->ended) {
+            wcall_try_finish(wg, g, c);
+        }
+    }
+    pthread_mutex_unlock(&wg->mtx);
+    if (code != DC_OK) {
+        st.code              = code;
+        *rpc_call_status(cd) = st;
+        closure(NULL, cd);
+    }
+}
+
+/* A peer's partial note: which of its ranks have called. mtx held. */
+static dc_code
+peer_note(const struct gworker *gw, struct ppart *p, const Devcoord__V1__GroupExchangeRequest *in,
+          dc_status *st)
+{
+    if (p->called == NULL && (p->called = calloc(gw->n_ranks, sizeof(*p->called))) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (size_t k = 0; k < in->n_calls; k++) {
+        for (size_t i = 0; in->calls[k] != NULL && i < gw->n_ranks; i++) {
+            if (gw->ranks[i] == in->calls[k]->rank) {
+                p->called[i] = true;
+            }
+        }
+    }
+    return DC_OK;
+}
+
+void
+wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *in,
+                 Devcoord__V1__GroupExchangeResponse_Closure closure, void *cd)
+{
+    Devcoord__V1__GroupExchangeResponse out = DEVCOORD__V1__GROUP_EXCHANGE_RESPONSE__INIT;
+    const void *data;
+    struct wgroup *g;
+    struct wcall *c;
+    struct ppart *p;
+    size_t bytes = 0;
+    dc_status st;
+    dc_code code = DC_OK;
+
+    status_clear(&st);
+    data = rpc_call_attachment(cd, &bytes);
+    pthread_mutex_lock(&wg->mtx);
+    if ((g = group_current(wg, in->group_id, in->generation, &st)) == NULL) {
+        code = st.code;
+    } else if (in->from >= g->n_workers || in->from == g->self ||
+               in->n_calls > g->workers[in->from].n_ranks ||
+               (!in->partial && in->n_calls != g->workers[in->from].n_ranks)) {
+        code = status_set(&st, DC_INVALID_ARGUMENT, "malformed group exchange");
+    } else if (in->partial) {
+        /* A progress note only matters to a call under way here; one that comes late (its
+         * call done, or its whole part already in) is dropped. */
+        if ((c = wcall_find(g, in->seq)) != NULL && !(p = &c->peer[in->from])->in) {
+            code = peer_note(&g->workers[in->from], p, in, &st);
+        }
+    } else if ((c = wcall_get(wg, g, in->seq, 0, &st)) == NULL) {
+        code = st.code;
+    } else if ((p = &c->peer[in->from])->in) {
+        code = status_set(&st, DC_ALREADY_EXISTS, "duplicate group exchange");
+    } else if (in->has_data && bytes > wg->max_held - wg->held) {
+        code = status_set(&st, DC_RESOURCE_EXHAUSTED,
+                          "group parts waiting on this worker hold %zu bytes already (limit %zu)",
+                          wg->held, wg->max_held);
+    } else if ((p->d = calloc(in->n_calls, sizeof(*p->d))) == NULL ||
+               (in->has_data && (p->data = malloc(bytes ? bytes : 1)) == NULL)) {
+        code = status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    } else {
+        for (size_t k = 0; k < in->n_calls; k++) {
+            p->d[k] = desc_from_pb(in->calls[k]);
+        }
+        if (in->has_data && bytes > 0) {
+            memcpy(p->data, data, bytes);
+        }
+        p->bytes    = bytes;
+        p->has_data = in->has_data;
+        if (p->data != NULL) {
+            wg->held += bytes;
+        }
+        p->in = true;
+        c->n_peer_in++;
+        wcall_try_finish(wg, g, c);
+    }
+    pthread_mutex_unlock(&wg->mtx);
+    if (code != DC_OK) {
+        st.code              = code;
+        *rpc_call_status(cd) = st;
+        closure(NULL, cd);
+        return;
+    }
+    closure(&out, cd);
+}
+
+/* ---- GroupStatus ------------------------------------------------------------------------- */
+
+/* This worker's ranks missing from a call of g that some rank made at least stall_ms ago, into
+ * out (room for every local rank); returns how many. mtx held. */
+static size_t
+stalled_ranks(const struct wgroup *g, uint64_t now, uint64_t stall_ms,
+              Devcoord__V1__GroupStalledRank *out)
+{
+    const struct gworker *me = &g->workers[g->self];
+    size_t n                 = 0;
+
+    for (size_t k = 0; k < me->n_ranks; k++) {
+        uint64_t waiting = 0;
+        for (const struct wcall *c = g->calls; c != NULL; c = c->next) {
+            /* A peer's part for a call this worker's ranks have moved past (theirs failed
+             * at its deadline) waits for nobody: it only expires. */
+            bool past = c->n_local_in == 0 && c->seq < g->local_seq_max;
+            if (!past && !c->local[k].in && now - c->started_ms >= stall_ms &&
+                now - c->started_ms > waiting) {
+                waiting = now - c->started_ms;
+            }
+        }
+        if (waiting > 0) {
+            devcoord__v1__group_stalled_rank__init(&out[n]);
+            out[n].rank       = me->ranks[k];
+            out[n].device     = (char *)g->names[me->ranks[k]];
+            out[n].waiting_ms = waiting;
+            n++;
+        }
+    }
+    return n;
+}
+
+void
+wgroups_status(struct wgroups *wg, const Devcoord__V1__GroupStatusRequest *in,
+               Devcoord__V1__GroupStatusResponse_Closure closure, void *cd)
+{
+    Devcoord__V1__GroupStatusResponse out   = DEVCOORD__V1__GROUP_STATUS_RESPONSE__INIT;
+    Devcoord__V1__GroupStalledRank *stalled = NULL;
+    Devcoord__V1__GroupStalledRank **ptrs   = NULL;
+    struct wgroup *g;
+
+    pthread_mutex_lock(&wg->mtx);
+    if ((g = group_find(wg, in->group_id)) == NULL) {
+        status_set(rpc_call_status(cd), DC_NOT_FOUND, "no group %.32s on this worker",
+                   in->group_id);
+    } else {
+        size_t n_local = g->workers[g->self].n_ranks;
+        if ((stalled = calloc(n_local, sizeof(*stalled))) == NULL ||
+            (ptrs = calloc(n_local, sizeof(*ptrs))) == NULL) {
+            status_set(rpc_call_status(cd), DC_RESOURCE_EXHAUSTED, "out of memory");
+        } else {
+            out.generation = g->generation;
+            out.calls      = g->calls_done;
+            out.n_stalled  = stalled_ranks(g, rpc_now_ms(), wg->cfg->group_stall_warn_ms, stalled);
+            for (size_t i = 0; i < out.n_stalled; i++) {
+                ptrs[i] = &stalled[i];
+            }
+            out.stalled = ptrs;
+        }
+    }
+    /* Packed by the closure, under the lock: the names point into the group. */
+    closure(rpc_call_status(cd)->code == DC_OK ? &out : NULL, cd);
+    pthread_mutex_unlock(&wg->mtx);
+    free(stalled);
+    free(ptrs);
+}
+
+/* ---- the timer: deadlines and stalls ----------------------------------------------------- */
+
+/* "rank 1 (node-b/cpu:0), rank 2 (...)": the ranks whose part of c is not in. */
+static void
+missing_ranks(const struct wgroup *g, const struct wcall *c, char *buf, size_t cap)
+{
+    size_t len = 0;
+
+    buf[0] = '\0';
+    for (size_t w = 0; w < g->n_workers; w++) {
+        const struct gworker *gw = &g->workers[w];
+        for (size_t k = 0; k < gw->n_ranks; k++) {
+            bool missing = w == g->self ? !c->local[k].in
+                                        : !c->peer[w].in &&
+                                              (c->peer[w].called == NULL || !c->peer[w].called[k]);
+            uint32_t r   = gw->ranks[k];
+            if (missing && len + strlen(g->names[r]) + 32 < cap) {
+                len += (size_t)snprintf(buf + len, cap - len, "%srank %u (%s)", len ? ", " : "", r,
+                                        g->names[r]);
+            }
+        }
+    }
+}
+
+static void
+wgroups_tick_locked(struct wgroups *wg, uint64_t now)
+{
+    for (struct wgroup *g = wg->groups; g != NULL; g = g->next) {
+        for (struct wcall *c = g->calls, *next; c != NULL; c = next) {
+            char names[DC_STATUS_MESSAGE_MAX - 128];
+            next = c->next;
+            if (now >= c->deadline_ms) {
+                dc_status st;
+                missing_ranks(g, c, names, sizeof(names));
+                status_set(&st, DC_DEADLINE_EXCEEDED,
+                           "group %s call %llu: deadline passed waiting for %s", g->id,
+                           (unsigned long long)c->seq, names);
+                wcall_unlink(g, c);
+                wcall_fail_locals(g, c, &st);
+                wcall_free(wg, g, c);
+                continue;
+            }
+            if (!c->noted && !c->sent && c->n_local_in > 0 &&
+                now - c->first_ms >= (c->deadline_ms - c->first_ms) / 2) {
+                wcall_send(wg, g, c, true);
+                if (g->ended) {
+                    break;
+                }
+            }
+            if (!c->stall_logged && !(c->n_local_in == 0 && c->seq < g->local_seq_max) &&
+                now - c->started_ms >= wg->cfg->group_stall_warn_ms) {
+                c->stall_logged = true;
+                wg->stalls_total++;
+                missing_ranks(g, c, names, sizeof(names));
+                log_warn("group %s call %llu stalled for %llu ms waiting for %s", g->id,
+                         (unsigned long long)c->seq, (unsigned long long)(now - c->started_ms),
+                         names);
+            }
+        }
+    }
+}
+
+static void *
+wgroups_timer(void *arg)
+{
+    struct wgroups *wg = arg;
+
+    pthread_mutex_lock(&wg->mtx);
+    while (!wg->stopping) {
+        wgroups_tick_locked(wg, rpc_now_ms());
+        clock_cond_wait_ms(&wg->cv, &wg->mtx, TIMER_TICK_MS);
+    }
+    pthread_mutex_unlock(&wg->mtx);
+    return NULL;
+}
+
+void
+wgroups_metrics_render(struct wgroups *wg, struct mbuf *b)
+{
+    pthread_mutex_lock(&wg->mtx);
+    mbuf_printf(b, "# HELP devcoord_group_calls_total Group calls completed on this worker, by "
+                   "kind.\n"
+                   "# TYPE devcoord_group_calls_total counter\n");
+    for (int k = DC_OP_ALL_REDUCE; k < DC_OP_COUNT; k++) {
+        mbuf_printf(b, "devcoord_group_calls_total{kind=\"%s\"} %llu\n",
+                    dc_op_kind_name((dc_op_kind)k), (unsigned long long)wg->calls_total[k]);
+    }
+    mbuf_printf(b,
+                "# HELP devcoord_group_stalls_total Group calls a rank was missing from for "
+                "longer than the stall warning.\n"
+                "# TYPE devcoord_group_stalls_total counter\n"
+                "devcoord_group_stalls_total %llu\n",
+                (unsigned long long)wg->stalls_total);
+    pthread_mutex_unlock(&wg->mtx);
+    mbuf_printf(b, "# HELP devcoord_group_call_seconds Time from a group call's first rank to "
+                   "its result.\n"
+                   "# TYPE devcoord_group_call_seconds histogram\n");
+    histo_render(b, "devcoord_group_call_seconds", "", &wg->call_seconds);
+}
+
+/* ---- life -------------------------------------------------------------------------------- */
+
+struct wgroups *
+wgroups_new(const struct config_worker *cfg, const char *token)
+{
+    struct wgroups *wg = calloc(1, sizeof(*wg));
+
+    if (wg == NULL) {
+        return NULL;
+    }
+    wg->cfg      = cfg;
+    wg->token    = token;
+    wg->max_held = cfg->max_inflight_bytes ? (size_t)cfg->max_inflight_bytes
+                                           : (size_t)RPC_WORKER_DEFAULT_MAX_INFLIGHT;
+    histo_init(&wg->call_seconds, histo_seconds, histo_seconds_n);
+    pthread_mutex_init(&wg->mtx, NULL);
+    pthread_cond_init(&wg->cv, NULL);
+    if (pthread_create(&wg->timer, NULL, wgroups_timer, wg) != 0) {
+        pthread_cond_destroy(&wg->cv);
+        pthread_mutex_destroy(&wg->mtx);
+        free(wg);
+        return NULL;
+    }
+    return wg;
+}
+
+void
+wgroups_shutdown(struct wgroups *wg)
+{
+    dc_status st;
+
+    if (wg == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&wg->mtx);
+    if (wg->stopping) {
+        pthread_mutex_unlock(&wg->mtx);
+        return;
+    }
+    wg->stopping = true;
+    pthread_cond_broadcast(&wg->cv);
+    status_set(&st, DC_UNAVAILABLE, "worker shutting down");
+    for (struct wgroup *g = wg->groups; g != NULL; g = g->next) {
+        group_end_locked(wg, g, &st);
+    }
+    pthread_mutex_unlock(&wg->mtx);
+    pthread_join(wg->timer, NULL);
+    /* Closing waits for the exchange callbacks, which take mtx: not under it. Nothing opens
+     * or uses a peer once stopping is set. */
+    for (size_t i = 0; i < wg->n_peers; i++) {
+        rpc_client_close(wg->peers[i]->client);
+        wg->peers[i]->client = NULL;
+    }
+}
+
+void
+wgroups_free(struct wgroups *wg)
+{
+    if (wg == NULL) {
+        return;
+    }
+    wgroups_shutdown(wg);
+    for (size_t i = 0; i < wg->n_peers; i++) {
+        free(wg->peers[i]);
+    }
+    free(wg->peers);
+    while (wg->groups != NULL) {
+        struct wgroup *g = wg->groups;
+        wg->groups       = g->next;
+        group_free(g);
+    }
+    pthread_cond_destroy(&wg->cv);
+    pthread_mutex_destroy(&wg->mtx);
+    free(wg);
+}

@@ -1,0 +1,56 @@
+/*
+ * A worker's side of groups (design §13). GroupSetup (from the coordinator, at each completed
+ * join) installs a generation of a group: its ranks in order, its workers with their data
+ * addresses, which ranks are this worker's. GroupCall (from a rank's client) parks until the
+ * k-th calls of all this worker's ranks are in; the worker then sends what they passed and
+ * their data, reduced (or gathered) across its own ranks, to every other worker of the group
+ * (GroupExchange), and once it has every worker's part it checks that all ranks agree,
+ * computes the result in a fixed order (so every worker gets the same bytes) and answers its
+ * ranks. Each worker sends its part straight to every other one: one step, n - 1 messages a
+ * worker, which suits the small groups and messages of this first version (a ring for big
+ * buffers is the data-plane issue's).
+ *
+ * Bounds: calls in progress per group (GROUPS_MAX_CALLS), groups per worker (GROUPS_MAX),
+ * bytes per call (one message: limits.max_message_bytes). A call's deadline fails its waiting
+ * ranks naming the missing ones; a peer whose connection drops ends the generation (every
+ * pending and later call fails UNAVAILABLE naming it) until the next GroupSetup.
+ */
+#ifndef DEVCOORD_WORKER_GROUPS_H
+#define DEVCOORD_WORKER_GROUPS_H
+
+#include <stdint.h>
+
+#include "config.h"
+#include "devcoord/v1/devcoord.pb-c.h"
+
+#define GROUPS_MAX       1024
+#define GROUPS_MAX_CALLS 64
+#define GROUPS_MAX_RANKS 4096
+/* A call's deadline when the rank gives none. */
+#define GROUPS_DEFAULT_TIMEOUT_MS 30000
+
+struct wgroups;
+struct mbuf;
+
+/* token (may be NULL) is what this worker shows its peers; it must outlive wg. */
+struct wgroups *wgroups_new(const struct config_worker *cfg, const char *token);
+/* Fails every waiting call and refuses new ones (UNAVAILABLE), closes the connections to
+ * peers. Handlers may still run (and are refused) until wgroups_free. */
+void wgroups_shutdown(struct wgroups *wg);
+/* wgroups_shutdown if not done, then frees everything: no handler may run any more. */
+void wgroups_free(struct wgroups *wg);
+
+void wgroups_setup(struct wgroups *wg, const Devcoord__V1__GroupSetupRequest *in,
+                   Devcoord__V1__GroupSetupResponse_Closure closure, void *cd);
+void wgroups_call(struct wgroups *wg, const Devcoord__V1__GroupCallRequest *in,
+                  Devcoord__V1__GroupCallResponse_Closure closure, void *cd);
+void wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *in,
+                      Devcoord__V1__GroupExchangeResponse_Closure closure, void *cd);
+/* Calls completed in the group and this worker's stalled ranks (groups list | show). */
+void wgroups_status(struct wgroups *wg, const Devcoord__V1__GroupStatusRequest *in,
+                    Devcoord__V1__GroupStatusResponse_Closure closure, void *cd);
+
+/* devcoord_group_calls_total{kind}, devcoord_group_call_seconds, devcoord_group_stalls_total. */
+void wgroups_metrics_render(struct wgroups *wg, struct mbuf *b);
+
+#endif

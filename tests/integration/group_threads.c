@@ -1,0 +1,304 @@
+/*
+ * Ranks as threads of one process (burn's model), through the public API: one dc_client shared
+ * by every thread, one dc_group per thread. Each thread joins as one device of the list, then
+ * makes ITERATIONS all-reduces (sum, i64 and f64) and one reduce, broadcast, all-gather,
+ * reduce-scatter and barrier, then IN_FLIGHT all-reduces started at once (_async) and
+ * finished with dc_test/dc_wait, then an all-reduce, an all-gather and a reduce-scatter
+ * several messages long (which the library splits), checking every result; then leaves. Prints "ok
+ * N" and exits 0 when every thread saw every result right, else names the first wrong one and
+ * exits 1.
+ *
+ *   devcoord-group-threads ADDR DEVICE,DEVICE,... ITERATIONS
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "devcoord/devcoord.h"
+
+#define COUNT     5 /* not a multiple of the usual 2 or 3 ranks */
+#define IN_FLIGHT 4
+/* Elements of the calls larger than one message (4 MiB): about 5 MB of i32 for the
+ * all-reduce, 2.4 MB of i64 per rank for the others (their results or inputs hold one block
+ * per rank). Not multiples of the parts the library cuts them into. */
+#define BIG_REDUCE  1300007
+#define BIG_BLOCKED 300007
+
+struct rank_thread {
+    pthread_t tid;
+    dc_client *client;
+    const char *devices;
+    char self[DC_DEVICE_TEXT_SIZE];
+    long iterations;
+    char error[DC_STATUS_MESSAGE_MAX + DC_DEVICE_TEXT_SIZE + 128];
+};
+
+/* The calls larger than one message; "" when all is well, else what went wrong. */
+static void
+big_calls(dc_group *g, const char *self, char *error, size_t cap)
+{
+    uint32_t rank = dc_group_rank(g), n = dc_group_size(g);
+    int32_t *a   = malloc(BIG_REDUCE * sizeof(*a));
+    int64_t *in  = malloc((size_t)n * BIG_BLOCKED * sizeof(*in));
+    int64_t *out = malloc((size_t)n * BIG_BLOCKED * sizeof(*out));
+    dc_status st;
+
+    if (a == NULL || in == NULL || out == NULL) {
+        snprintf(error, cap, "%s: out of memory", self);
+        goto out;
+    }
+    for (size_t i = 0; i < BIG_REDUCE; i++) {
+        a[i] = (int32_t)(i % 1000) + (int32_t)rank;
+    }
+    if (dc_all_reduce(g, a, BIG_REDUCE, DC_DTYPE_I32, DC_REDUCE_SUM, &st) != DC_OK) {
+        snprintf(error, cap, "%s: big all-reduce: %s", self, st.message);
+        goto out;
+    }
+    for (size_t i = 0; i < BIG_REDUCE; i++) {
+        if (a[i] != (int32_t)(n * (i % 1000) + n * (n - 1) / 2)) {
+            snprintf(error, cap, "%s: big all-reduce: [%zu] = %d", self, i, a[i]);
+            goto out;
+        }
+    }
+    /* Not split when asynchronous: refused at once, and no call is used up. */
+    if (dc_all_reduce_async(g, a, BIG_REDUCE, DC_DTYPE_I32, DC_REDUCE_SUM, &st) != NULL ||
+        st.code != DC_OUT_OF_RANGE) {
+        snprintf(error, cap, "%s: a big async all-reduce started (%s)", self, st.message);
+        goto out;
+    }
+    for (size_t i = 0; i < BIG_BLOCKED; i++) {
+        in[i] = (int64_t)rank * BIG_BLOCKED + (int64_t)i;
+    }
+    if (dc_all_gather(g, in, out, BIG_BLOCKED, DC_DTYPE_I64, &st) != DC_OK) {
+        snprintf(error, cap, "%s: big all-gather: %s", self, st.message);
+        goto out;
+    }
+    for (size_t i = 0; i < (size_t)n * BIG_BLOCKED; i++) {
+        if (out[i] != (int64_t)i) {
+            snprintf(error, cap, "%s: big all-gather: [%zu] = %lld", self, i, (long long)out[i]);
+            goto out;
+        }
+    }
+    /* Reduce-scatter of out (every rank the same): each rank gets n times its block. */
+    if (dc_reduce_scatter(g, out, in, BIG_BLOCKED, DC_DTYPE_I64, DC_REDUCE_SUM, &st) != DC_OK) {
+        snprintf(error, cap, "%s: big reduce-scatter: %s", self, st.message);
+        goto out;
+    }
+    for (size_t i = 0; i < BIG_BLOCKED; i++) {
+        if (in[i] != (int64_t)n * ((int64_t)rank * BIG_BLOCKED + (int64_t)i)) {
+            snprintf(error, cap, "%s: big reduce-scatter: [%zu] = %lld", self, i, (long long)in[i]);
+            goto out;
+        }
+    }
+out:
+    free(a);
+    free(in);
+    free(out);
+}
+
+static void *
+rank_main(void *arg)
+{
+    struct rank_thread *t = arg;
+    dc_group_options opts = { .timeout_ms = 20000, .call_timeout_ms = 20000 };
+    dc_group *g           = NULL;
+    dc_status st;
+    int64_t iv[COUNT], *gathered = NULL;
+    double dv[COUNT];
+    uint32_t rank, n;
+
+    if (dc_group_join(t->client, t->devices, t->self, &opts, &g, &st) != DC_OK) {
+        snprintf(t->error, sizeof(t->error), "%s: join: %s: %s", t->self, dc_status_name(st.code),
+                 st.message);
+        return NULL;
+    }
+    rank = dc_group_rank(g);
+    n    = dc_group_size(g);
+    for (long k = 0; k < t->iterations; k++) {
+        for (int i = 0; i < COUNT; i++) {
+            iv[i] = (int64_t)(rank + 1) * (k + 1) + i;
+            dv[i] = (double)(rank + 1) * 0.5;
+        }
+        if (dc_all_reduce(g, iv, COUNT, DC_DTYPE_I64, DC_REDUCE_SUM, &st) != DC_OK ||
+            dc_all_reduce(g, dv, COUNT, DC_DTYPE_F64, DC_REDUCE_MAX, &st) != DC_OK) {
+            snprintf(t->error, sizeof(t->error), "%s: call %ld: %s: %s", t->self, k,
+                     dc_status_name(st.code), st.message);
+            goto out;
+        }
+        for (int i = 0; i < COUNT; i++) {
+            int64_t want = (int64_t)(k + 1) * n * (n + 1) / 2 + (int64_t)n * i;
+            if (iv[i] != want || dv[i] != (double)n * 0.5) {
+                snprintf(t->error, sizeof(t->error), "%s: call %ld: [%d] = %lld / %g, want %lld",
+                         t->self, k, i, (long long)iv[i], dv[i], (long long)want);
+                goto out;
+            }
+        }
+    }
+    /* One of each other kind. */
+    for (int i = 0; i < COUNT; i++) {
+        iv[i] = (int64_t)rank * 10 + i;
+    }
+    if (dc_broadcast(g, iv, COUNT, DC_DTYPE_I64, n - 1, &st) != DC_OK ||
+        iv[1] != (n - 1) * 10 + 1) {
+        snprintf(t->error, sizeof(t->error), "%s: broadcast: %s %lld", t->self, st.message,
+                 (long long)iv[1]);
+        goto out;
+    }
+    /* Reduce to rank 0: the product 1 * 2 * ... * n there, the others keep theirs. */
+    iv[0] = rank + 1;
+    if (dc_reduce(g, iv, 1, DC_DTYPE_I64, DC_REDUCE_PROD, 0, &st) != DC_OK) {
+        snprintf(t->error, sizeof(t->error), "%s: reduce: %s", t->self, st.message);
+        goto out;
+    }
+    {
+        int64_t want = rank + 1;
+        if (rank == 0) {
+            for (uint32_t r = 2; r <= n; r++) {
+                want *= r;
+            }
+        }
+        if (iv[0] != want) {
+            snprintf(t->error, sizeof(t->error), "%s: reduce: %lld, want %lld", t->self,
+                     (long long)iv[0], (long long)want);
+            goto out;
+        }
+    }
+    if ((gathered = calloc((size_t)n * COUNT, sizeof(*gathered))) == NULL) {
+        snprintf(t->error, sizeof(t->error), "%s: out of memory", t->self);
+        goto out;
+    }
+    for (int i = 0; i < COUNT; i++) {
+        iv[i] = (int64_t)rank * 100 + i;
+    }
+    if (dc_all_gather(g, iv, gathered, COUNT, DC_DTYPE_I64, &st) != DC_OK) {
+        snprintf(t->error, sizeof(t->error), "%s: all-gather: %s", t->self, st.message);
+        goto out;
+    }
+    for (uint32_t r = 0; r < n; r++) {
+        for (int i = 0; i < COUNT; i++) {
+            if (gathered[r * COUNT + i] != (int64_t)r * 100 + i) {
+                snprintf(t->error, sizeof(t->error), "%s: all-gather: [%u][%d] = %lld", t->self, r,
+                         i, (long long)gathered[r * COUNT + i]);
+                goto out;
+            }
+        }
+    }
+    /* Reduce-scatter: gathered (n blocks) in, this rank's block of the sum out. */
+    for (size_t i = 0; i < (size_t)n * COUNT; i++) {
+        gathered[i] = (int64_t)rank + 1 + (int64_t)i;
+    }
+    if (dc_reduce_scatter(g, gathered, iv, COUNT, DC_DTYPE_I64, DC_REDUCE_SUM, &st) != DC_OK) {
+        snprintf(t->error, sizeof(t->error), "%s: reduce-scatter: %s", t->self, st.message);
+        goto out;
+    }
+    for (int i = 0; i < COUNT; i++) {
+        int64_t want = (int64_t)n * (n + 1) / 2 + (int64_t)n * ((int64_t)rank * COUNT + i);
+        if (iv[i] != want) {
+            snprintf(t->error, sizeof(t->error), "%s: reduce-scatter: [%d] = %lld, want %lld",
+                     t->self, i, (long long)iv[i], (long long)want);
+            goto out;
+        }
+    }
+    if (dc_barrier(g, &st) != DC_OK) {
+        snprintf(t->error, sizeof(t->error), "%s: barrier: %s", t->self, st.message);
+        goto out;
+    }
+    /* Several calls in flight on the group, each with its own buffer. */
+    {
+        dc_request *reqs[IN_FLIGHT] = { 0 };
+        int32_t bufs[IN_FLIGHT][COUNT];
+        bool done = false;
+        for (int q = 0; q < IN_FLIGHT; q++) {
+            for (int i = 0; i < COUNT; i++) {
+                bufs[q][i] = (int32_t)(rank + 1) * (q + 1) + i;
+            }
+            if ((reqs[q] = dc_all_reduce_async(g, bufs[q], COUNT, DC_DTYPE_I32, DC_REDUCE_SUM,
+                                               &st)) == NULL) {
+                snprintf(t->error, sizeof(t->error), "%s: all-reduce %d did not start: %s", t->self,
+                         q, st.message);
+            }
+        }
+        if (reqs[0] != NULL && dc_test(reqs[0], &done, &st) != DC_OK && done) {
+            snprintf(t->error, sizeof(t->error), "%s: test: %s", t->self, st.message);
+        }
+        for (int q = IN_FLIGHT - 1; q >= 0; q--) { /* waited for in any order */
+            if (reqs[q] != NULL && dc_wait(reqs[q], &st) != DC_OK && t->error[0] == '\0') {
+                snprintf(t->error, sizeof(t->error), "%s: all-reduce %d: %s", t->self, q,
+                         st.message);
+            }
+        }
+        for (int q = 0; q < IN_FLIGHT && t->error[0] == '\0'; q++) {
+            for (int i = 0; i < COUNT; i++) {
+                int32_t want = (int32_t)((q + 1) * n * (n + 1) / 2 + n * i);
+                if (bufs[q][i] != want) {
+                    snprintf(t->error, sizeof(t->error), "%s: all-reduce %d: [%d] = %d, want %d",
+                             t->self, q, i, bufs[q][i], want);
+                    break;
+                }
+            }
+        }
+    }
+    if (t->error[0] == '\0') {
+        big_calls(g, t->self, t->error, sizeof(t->error));
+    }
+out:
+    free(gathered);
+    if (dc_group_leave(g, &st) != DC_OK && t->error[0] == '\0') {
+        snprintf(t->error, sizeof(t->error), "%s: leave: %s", t->self, st.message);
+    }
+    return NULL;
+}
+
+int
+main(int argc, char **argv)
+{
+    dc_client_options copts = { .fail_fast = true };
+    struct rank_thread *threads;
+    dc_client *c;
+    dc_status st;
+    size_t n = 0;
+    char *list, *save = NULL;
+    int rc = 0;
+
+    if (argc != 4) {
+        fprintf(stderr, "usage: %s ADDR DEVICE,DEVICE,... ITERATIONS\n", argv[0]);
+        return 2;
+    }
+    if (dc_client_open(argv[1], &copts, &c, &st) != DC_OK) {
+        fprintf(stderr, "open: %s\n", st.message);
+        return 1;
+    }
+    list    = strdup(argv[2]);
+    threads = calloc(strlen(argv[2]) + 1, sizeof(*threads));
+    if (list == NULL || threads == NULL) {
+        return 1;
+    }
+    for (char *tok = strtok_r(list, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
+        struct rank_thread *t = &threads[n++];
+        t->client             = c;
+        t->devices            = argv[2];
+        t->iterations         = atol(argv[3]);
+        snprintf(t->self, sizeof(t->self), "%s", tok);
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (pthread_create(&threads[i].tid, NULL, rank_main, &threads[i]) != 0) {
+            fprintf(stderr, "cannot start a thread\n");
+            return 1;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        pthread_join(threads[i].tid, NULL);
+        if (threads[i].error[0] != '\0') {
+            fprintf(stderr, "%s\n", threads[i].error);
+            rc = 1;
+        }
+    }
+    if (rc == 0) {
+        printf("ok %zu\n", n);
+    }
+    dc_client_close(c);
+    free(threads);
+    free(list);
+    return rc;
+}

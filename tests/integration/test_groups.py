@@ -1,0 +1,616 @@
+"""Issue 13 (first slice): groups, collectives called by every rank, against the real binaries.
+
+Each rank is its own `devcoordctl collective` process (as a trainer runs one process per
+device), all started at once: they join the group through the coordinator, make their calls
+straight to their workers, print the result and leave. Expected numbers are computed in Python
+(opsutil.py); the order every worker reduces in is fixed (rank order within a worker, then
+worker order), so f32/f64 results are checked within opsutil's rounding bound and must be the
+same bytes on every rank.
+
+    cd tests/integration && python3 -m unittest -v test_groups
+"""
+
+import os
+import random
+from concurrent.futures import ThreadPoolExecutor
+import re
+import subprocess
+import time
+import unittest
+import urllib.request
+
+import harness
+import opsutil
+from harness import F, ClusterTestCase, pb_bytes
+from opsutil import ctl_popen, finish
+
+GRID = ("node-a", "node-b", "node-c")
+ERROR_LINE = re.compile(r"^devcoordctl: ([A-Z][A-Z_]+): (.+)$", re.M)
+
+
+def error_of(r):
+    m = ERROR_LINE.search(r.err)
+    return (m.group(1), m.group(2)) if m else (None, r.err)
+
+
+class GroupsTestCase(ClusterTestCase):
+    heartbeat_ms = 500
+    dead_after_ms = 5000
+
+    def start(self, workers, coordinator_config=None, http=False, worker_extra=None):
+        """workers: {name: [device, ...]}"""
+        c = self.cluster = self.make_cluster(coordinator_config=coordinator_config)
+        c.start_coordinator()
+        for name, devices in workers.items():
+            extra = dict(worker_extra or {})
+            if http:
+                extra["http"] = "127.0.0.1:%d" % harness.free_port()
+            c.add_worker(name, [{"device": d, "memory": "8GiB"} for d in devices], extra=extra)
+        c.wait_workers(list(workers))
+        return c
+
+    def ranks(self, devices_arg, selves, *args, orders=None, timeout=60.0):
+        """Runs `collective ARGS --devices D --self S` once per self, all at once; returns
+        their results in the order of selves. orders: one --devices text per self."""
+        procs = []
+        for i, s in enumerate(selves):
+            devs = orders[i] if orders else devices_arg
+            procs.append(ctl_popen(self.cluster, "collective", *args, "--devices", devs,
+                                   "--self", s))
+        return [finish(p, timeout=timeout) for p in procs]
+
+    def sorted_devices(self, devices):
+        """Rank order: the sorted canonical list (worker name, then device; all cuda here)."""
+        return sorted(devices, key=lambda d: (d.split("/")[0], int(d.rsplit(":", 1)[1])))
+
+
+class JoinTest(GroupsTestCase):
+    def test_ranks_and_group_id_do_not_depend_on_the_order_given(self):
+        c = self.start({"node-a": ["cuda:0", "cuda:1"], "node-b": ["cuda:0"]})
+        devs = ["node-b/cuda:0", "node-a/cuda:1", "node-a/cuda:0"]
+        orders = [",".join(devs), ",".join(reversed(devs)), ",".join(devs[1:] + devs[:1])]
+        rs = self.ranks(None, devs, "barrier", orders=orders)
+        for r in rs:
+            self.assertEqual(r.rc, 0, r)
+        ranked = self.sorted_devices(devs)
+        self.assertEqual({r.out["group_id"] for r in rs}, {rs[0].out["group_id"]})
+        self.assertEqual([r.out["rank"] for r in rs], [ranked.index(d) for d in devs])
+        self.assertEqual({r.out["size"] for r in rs}, {3})
+        self.assertEqual({r.out["generation"] for r in rs}, {1})
+        # The coordinator's view: same id, devices in rank order, generation 1.
+        doc = c.ctl_ok("groups", "show", rs[0].out["group_id"])
+        self.assertEqual(doc["devices"], ranked)
+        self.assertEqual(doc["generation"], 1)
+        self.assertEqual((doc["calls"], doc["stalled"]), (1, []))
+        listed = c.ctl_ok("groups", "list")["groups"]
+        self.assertIn(rs[0].out["group_id"], [g["group_id"] for g in listed])
+        # Joining again is the next generation.
+        rs = self.ranks(",".join(devs), devs, "barrier")
+        self.assertEqual({r.out["generation"] for r in rs}, {2}, rs)
+
+    def test_self_not_in_the_list_is_refused(self):
+        c = self.start({"node-a": ["cuda:0", "cuda:1"]})
+        r = c.ctl("collective", "barrier", "--devices", "node-a/cuda:0", "--self",
+                  "node-a/cuda:1")
+        self.assertEqual(r.rc, 1, r)
+        self.assertEqual(r.out["status"], "INVALID_ARGUMENT")
+        self.assertIn("self node-a/cuda:1 is not in the group's device list", r.out["message"])
+        self.assertEqual(error_of(r)[0], "INVALID_ARGUMENT")
+
+    def test_double_autodiff_wrap_is_refused_like_submit(self):
+        c = self.start({"node-a": ["cuda:0", "cuda:1"]})
+        devs = "node-a/autodiff(autodiff(cuda:0)),node-a/autodiff(cuda:1)"
+        r = c.ctl("collective", "barrier", "--devices", devs, "--self", "node-a/cuda:1")
+        self.assertEqual(r.rc, 1, r)
+        sub = c.ctl("submit", "--op", "barrier", "--devices", devs)
+        self.assertEqual(sub.rc, 1, sub)
+        self.assertEqual(r.out["status"], "INVALID_ARGUMENT")
+        self.assertIn("autodiff should not wrap an autodiff device", r.out["message"])
+        self.assertEqual(r.out["message"], sub.out["message"])
+        # Wrapped once is stripped (the `strip` policy): the join works.
+        rs = self.ranks("node-a/autodiff(cuda:0),node-a/autodiff(cuda:1)",
+                        ["node-a/cuda:0", "node-a/autodiff(cuda:1)"], "barrier")
+        self.assertEqual([r.rc for r in rs], [0, 0], rs)
+
+    def test_a_second_live_join_of_the_same_self_is_already_exists(self):
+        c = self.start({"node-a": ["cuda:0", "cuda:1"]})
+        devs = "node-a/cuda:0,node-a/cuda:1"
+        first = ctl_popen(c, "--timeout", "20s", "collective", "barrier", "--devices", devs,
+                          "--self", "node-a/cuda:0")
+        harness.wait_until(lambda: any(g["joining"] == 1 for g in
+                                       c.ctl_ok("groups", "list")["groups"]),
+                           10, "the first join to wait")
+        second = c.ctl("collective", "barrier", "--devices", devs, "--self", "node-a/cuda:0")
+        self.assertEqual(second.rc, 1, second)
+        self.assertEqual(second.out["status"], "ALREADY_EXISTS", second)
+        self.assertIn("node-a/cuda:0", second.out["message"])
+        # The other rank comes: the first join completes.
+        other = c.ctl("collective", "barrier", "--devices", devs, "--self", "node-a/cuda:1")
+        self.assertEqual(other.rc, 0, other)
+        r = finish(first)
+        self.assertEqual(r.rc, 0, r)
+
+    def test_a_join_whose_caller_went_away_does_not_hold_its_rank(self):
+        c = self.start({"node-a": ["cuda:0", "cuda:1"]})
+        devs = "node-a/cuda:0,node-a/cuda:1"
+
+        def joining():
+            return sum(g["joining"] for g in c.ctl_ok("groups", "list")["groups"])
+
+        first = ctl_popen(c, "--timeout", "60s", "collective", "barrier", "--devices", devs,
+                          "--self", "node-a/cuda:0")
+        harness.wait_until(lambda: joining() == 1, 10, "the first join to wait")
+        first.kill()
+        first.communicate()
+        # The coordinator lets the join go when its connection closes, well before its
+        # deadline: the rank joins again, without ALREADY_EXISTS.
+        harness.wait_until(lambda: joining() == 0, 10, "the dead caller's join to go")
+        rs = self.ranks(devs, devs.split(","), "barrier")
+        self.assertEqual([r.rc for r in rs], [0, 0], rs)
+
+    def test_deadline_names_the_devices_that_did_not_join(self):
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0", "cuda:1"]})
+        r = c.ctl("--timeout", "1s", "collective", "barrier", "--devices",
+                  "node-a/cuda:0,node-b/cuda:0,node-b/cuda:1", "--self", "node-b/cuda:0")
+        self.assertEqual(r.rc, 1, r)
+        self.assertEqual(r.out["status"], "DEADLINE_EXCEEDED", r)
+        m = r.out["message"]
+        self.assertIn("node-a/cuda:0", m)
+        self.assertIn("node-b/cuda:1", m)
+        self.assertNotIn("not joined: node-b/cuda:0", m)
+        # Nothing stays parked.
+        self.assertTrue(all(g["joining"] == 0 for g in c.ctl_ok("groups", "list")["groups"]))
+
+
+# Three workers with one or two devices each: five ranks, interleaved across workers in the
+# sorted order (node-a: ranks 0-1, node-b: rank 2, node-c: ranks 3-4).
+SPEC3 = {"node-a": ["cuda:0", "cuda:1"], "node-b": ["cuda:0"], "node-c": ["cuda:0", "cuda:1"]}
+DEVS3 = ["node-a/cuda:0", "node-a/cuda:1", "node-b/cuda:0", "node-c/cuda:0", "node-c/cuda:1"]
+
+
+class CallsTest(GroupsTestCase):
+    def run_ranks(self, kind, dtype, inputs, *extra, devices=DEVS3, timeout=60.0):
+        """One process per rank of `devices` (rank order), each passing inputs[rank]."""
+        procs = []
+        order = ",".join(reversed(devices))  # the order given does not matter
+        for rank, dev in enumerate(devices):
+            args = ["collective", kind, "--devices", order, "--self", dev] + list(extra)
+            if kind != "barrier":
+                args += ["--dtype", dtype, "--values", opsutil.values_arg(dtype, inputs[rank])]
+            procs.append(ctl_popen(self.cluster, *args))
+        rs = [finish(p, timeout=timeout) for p in procs]
+        for rank, r in enumerate(rs):
+            self.assertEqual(r.rc, 0, r)
+            self.assertEqual((r.out["rank"], r.out["size"], r.out["status"]),
+                             (rank, len(devices), "OK"), r)
+        return rs
+
+    def check(self, r, expected, what):
+        why = opsutil.mismatch(expected, {"dtype": expected.dtype, "shape": expected.shape,
+                                          "values": r.out["values"]})
+        self.assertIsNone(why, "%s: %s" % (what, why))
+
+    def test_all_reduce_every_op_and_dtype(self):
+        self.start(SPEC3)
+        rng = random.Random(self.id())
+        n = 7  # not a multiple of the 5 ranks nor of the 3 workers
+        for dtype in opsutil.DTYPES:
+            for op in opsutil.REDUCE_OPS:
+                with self.subTest(dtype=dtype, op=op):
+                    ins = [opsutil.gen_values(rng, dtype, n, op, ranks=5) for _ in DEVS3]
+                    rs = self.run_ranks("all-reduce", dtype, ins, "--reduce", op)
+                    cols = [opsutil.reduce_column(dtype, op, [x[j] for x in ins])
+                            for j in range(n)]
+                    want = opsutil.Tensor(dtype, [n], [c[0] for c in cols], [c[1] for c in cols])
+                    for r in rs:
+                        self.check(r, want, "rank %d" % r.out["rank"])
+                    # Every rank holds the same result, to the bit.
+                    self.assertEqual(len({tuple(r.out["values"]) for r in rs}), 1, rs)
+
+    def test_broadcast_reduce_all_gather_and_barrier(self):
+        self.start(SPEC3)
+        rng = random.Random(self.id())
+        ins = [opsutil.gen_values(rng, "f64", 5) for _ in DEVS3]
+        # Broadcast from rank 3 (on node-c): everybody gets its values, exactly.
+        for r in self.run_ranks("broadcast", "f64", ins, "--root", "3"):
+            self.assertEqual(r.out["values"], ins[3], r)
+        # Reduce to rank 2: the root gets the max, the others keep their own values.
+        rs = self.run_ranks("reduce", "i64", [[i + 10 * k for i in range(5)] for k in range(5)],
+                            "--reduce", "max", "--root", "2")
+        for k, r in enumerate(rs):
+            want = [i + 40 for i in range(5)] if k == 2 else [i + 10 * k for i in range(5)]
+            self.assertEqual(r.out["values"], want, r)
+        # All-gather: every rank's values in rank order.
+        ins = [[k * 100 + i for i in range(3)] for k in range(5)]
+        for r in self.run_ranks("all-gather", "i32", ins):
+            self.assertEqual(r.out["values"], [v for x in ins for v in x], r)
+        self.run_ranks("barrier", None, None)
+
+    def test_reduce_scatter_gives_each_rank_its_block(self):
+        c = self.start(SPEC3)
+        rng = random.Random(self.id())
+        block = 3
+        for dtype, op in (("i64", "sum"), ("f64", "mean"), ("i32", "min")):
+            with self.subTest(dtype=dtype, op=op):
+                ins = [opsutil.gen_values(rng, dtype, block * 5, op, ranks=5) for _ in DEVS3]
+                rs = self.run_ranks("reduce-scatter", dtype, ins, "--reduce", op)
+                cols = [opsutil.reduce_column(dtype, op, [x[j] for x in ins])
+                        for j in range(block * 5)]
+                for r in rs:
+                    k = r.out["rank"]
+                    mine = cols[k * block:(k + 1) * block]
+                    want = opsutil.Tensor(dtype, [block], [m[0] for m in mine],
+                                          [m[1] for m in mine])
+                    self.check(r, want, "rank %d" % k)
+        # Seven values do not split among five ranks: refused, clearly.
+        rs = [finish(p) for p in
+              [ctl_popen(c, "collective", "reduce-scatter", "--devices", ",".join(DEVS3),
+                         "--self", d, "--dtype", "i32", "--values", "1,2,3,4,5,6,7",
+                         "--reduce", "sum") for d in DEVS3]]
+        for r in rs:
+            self.assertEqual(r.rc, 1, r)
+            self.assertEqual(r.out["status"], "INVALID_ARGUMENT", r)
+            self.assertIn("not a multiple of the 5 ranks", r.out["message"])
+        # Not a single-controller op.
+        sub = c.ctl("submit", "--op", "reduce-scatter", "--reduce", "sum", "--tensor", "t",
+                    "--devices", "node-a/cuda:0")
+        self.assertEqual(sub.rc, 1, sub)
+        self.assertIn("reduce-scatter is a group call", sub.out["message"])
+
+    def test_one_element_and_two_ranks_on_one_worker(self):
+        self.start({"node-a": ["cuda:0", "cuda:1"], "node-b": ["cuda:0"]})
+        devs = ["node-a/cuda:0", "node-a/cuda:1"]
+        rs = self.run_ranks("all-reduce", "i32", [[5], [-7]], "--reduce", "sum", devices=devs)
+        self.assertEqual([r.out["values"] for r in rs], [[-2], [-2]])
+        rs = self.run_ranks("all-reduce", "f32", [[1.5], [2.5]], "--reduce", "prod",
+                            devices=["node-a/cuda:1", "node-b/cuda:0"])
+        self.assertEqual([r.out["values"] for r in rs], [[3.75], [3.75]])
+
+    def test_count_zero_is_refused_clearly(self):
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]})
+        r = c.ctl("collective", "all-reduce", "--devices", "node-a/cuda:0", "--self",
+                  "node-a/cuda:0", "--dtype", "f32", "--count", "0", "--reduce", "sum")
+        self.assertEqual(r.rc, 1, r)
+        self.assertEqual(r.out["status"], "INVALID_ARGUMENT", r)
+        self.assertIn("count 0", r.out["message"])
+        self.assertIn("at least one element", r.out["message"])
+        # Every rank with 0: each hears that; one rank with 0: every rank hears who differs.
+        devs = "node-a/cuda:0,node-b/cuda:0"
+        for counts, text in ((("0", "0"), "count 0: a group all-reduce needs at least one element"),
+                             (("3", "0"), "rank 1 (node-b/cuda:0) passed f32[0], rank 0 passed "
+                                          "f32[3]")):
+            with self.subTest(counts=counts):
+                rs = [finish(p) for p in
+                      [ctl_popen(c, "collective", "all-reduce", "--devices", devs, "--self", d,
+                                 "--dtype", "f32", "--count", n, "--reduce", "sum")
+                       for d, n in zip(devs.split(","), counts)]]
+                for r in rs:
+                    self.assertEqual(r.rc, 1, r)
+                    self.assertEqual(r.out["status"], "INVALID_ARGUMENT", r)
+                    self.assertIn(text, r.out["message"])
+
+    def test_count_fills_rank_plus_one_and_repeat_times_calls(self):
+        self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]})
+        devs = "node-a/cuda:0,node-b/cuda:0"
+        procs = [ctl_popen(self.cluster, "collective", "all-reduce", "--devices", devs, "--self",
+                           d, "--dtype", "i64", "--count", "1001", "--reduce", "sum",
+                           "--repeat", "5") for d in devs.split(",")]
+        for p in procs:
+            r = finish(p)
+            self.assertEqual(r.rc, 0, r)
+            self.assertEqual(r.out["calls"], 5)
+            self.assertNotIn("values", r.out)
+            s = r.out["seconds"]
+            self.assertTrue(0 < s["min"] <= s["median"] <= s["max"], s)
+
+
+class FailuresTest(GroupsTestCase):
+    def waiting_in_second_call(self, devs, stopper):
+        """Every rank of devs all-reduces once; all but the one on worker `stopper` (the last
+        rank) then start a second call, whose deadline is far (60 s), and wait in it. Returns
+        their processes."""
+        procs = [ctl_popen(self.cluster, "--timeout", "60s", "collective", "all-reduce",
+                           "--devices", devs, "--self", d, "--dtype", "f32", "--values", "1,2",
+                           "--reduce", "sum", "--repeat", "1" if d.startswith(stopper) else "2")
+                 for d in devs.split(",")]
+        self.assertEqual(finish(procs[-1]).rc, 0)
+        time.sleep(0.3)  # the others' second calls reach their workers
+        return procs[:-1]
+    def test_a_disagreement_fails_every_rank_naming_the_first_that_differs(self):
+        self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"], "node-c": ["cuda:0"]})
+        devs = "node-a/cuda:0,node-b/cuda:0,node-c/cuda:0"
+        cases = [
+            # (per-rank extra args, what the message must say)
+            ([["--dtype", "f32"], ["--dtype", "f32"], ["--dtype", "f64"]],
+             "rank 2 (node-c/cuda:0) passed f64[4], rank 0 passed f32[4]"),
+            ([["--dtype", "f32"], ["--dtype", "f32", "--values", "1,2,3"], ["--dtype", "f32"]],
+             "rank 1 (node-b/cuda:0) passed f32[3], rank 0 passed f32[4]"),
+            ([["--dtype", "f32"], ["--dtype", "f32", "--reduce", "max"], ["--dtype", "f32"]],
+             "rank 1 (node-b/cuda:0) passed reduce max, rank 0 passed reduce sum"),
+        ]
+        for extras, text in cases:
+            with self.subTest(text=text):
+                procs = []
+                for i, d in enumerate(devs.split(",")):
+                    args = ["collective", "all-reduce", "--devices", devs, "--self", d]
+                    e = list(extras[i])
+                    if "--values" not in e:
+                        e += ["--values", "1,2,3,4"]
+                    if "--reduce" not in e:
+                        e += ["--reduce", "sum"]
+                    procs.append(ctl_popen(self.cluster, *(args + e)))
+                for p in procs:
+                    r = finish(p)
+                    self.assertEqual(r.rc, 1, r)
+                    self.assertEqual(r.out["status"], "INVALID_ARGUMENT", r)
+                    self.assertIn(text, r.out["message"])
+        # A broadcast whose ranks disagree on the root.
+        procs = [ctl_popen(self.cluster, "collective", "broadcast", "--devices", devs, "--self", d,
+                           "--dtype", "i32", "--values", "1", "--root", root)
+                 for d, root in zip(devs.split(","), ("0", "0", "1"))]
+        for p in procs:
+            r = finish(p)
+            self.assertEqual(r.out["status"], "INVALID_ARGUMENT", r)
+            self.assertIn("rank 2 (node-c/cuda:0) passed root 1, rank 0 passed root 0",
+                          r.out["message"])
+
+    def test_a_rank_that_never_calls_is_named_at_the_deadline(self):
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0", "cuda:1"]},
+                       worker_extra={"groups": {"stall_warn_ms": 300}})
+        devs = "node-a/cuda:0,node-b/cuda:0,node-b/cuda:1"
+        # Every rank joins and makes call 1; node-b/cuda:1 (rank 2) then stops.
+        procs = [ctl_popen(self.cluster, "--timeout", "6s", "collective", "barrier", "--devices",
+                           devs, "--self", d, "--repeat", "2" if d != "node-b/cuda:1" else "1")
+                 for d in devs.split(",")]
+        self.assertEqual(finish(procs[2]).rc, 0)
+        # Before the deadline, groups show names it as stalled (past stall_warn_ms).
+        shown = []
+
+        def stalled():
+            groups = c.ctl_ok("groups", "list")["groups"]
+            shown[:] = [s for g in groups for s in g["stalled"]]
+            return shown
+
+        harness.wait_until(stalled, 5, "groups list to show a stalled rank")
+        self.assertEqual([(s["rank"], s["device"]) for s in shown], [(2, "node-b/cuda:1")])
+        self.assertGreaterEqual(shown[0]["waiting_ms"], 300)
+        rs = [finish(p) for p in procs]
+        self.assertEqual(rs[2].rc, 0, rs[2])
+        for r in rs[:2]:
+            self.assertEqual(r.rc, 1, r)
+            self.assertEqual(r.out["status"], "DEADLINE_EXCEEDED", r)
+            self.assertEqual(r.out["calls"], 1, r)
+            self.assertIn("rank 2 (node-b/cuda:1)", r.out["message"])
+            self.assertNotIn("rank 0 (", r.out["message"])
+            self.assertNotIn("rank 1 (", r.out["message"])
+        self.assertIn("stalled", c.worker("node-b").log_text())
+
+    def test_a_killed_worker_fails_the_others_naming_it_then_a_rejoin_works(self):
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"], "node-c": ["cuda:0"]})
+        devs = "node-a/cuda:0,node-b/cuda:0,node-c/cuda:0"
+        # Ranks on node-a and node-b wait in their second call, for node-c's rank which
+        # stopped after one.
+        procs = self.waiting_in_second_call(devs, "node-c")
+        c.kill_worker("node-c")
+        for p in procs:
+            r = finish(p, timeout=30)
+            self.assertEqual(r.rc, 1, r)
+            self.assertEqual(r.out["status"], "UNAVAILABLE", r)
+            self.assertIn("node-c", r.out["message"])
+            self.assertEqual(r.out["calls"], 1, r)
+        # node-c comes back; the ranks join again (the next generation) and all-reduce.
+        c.restart_worker("node-c")
+        c.wait_workers(["node-c"])
+        rs = [finish(p) for p in
+              [ctl_popen(c, "collective", "all-reduce", "--devices", devs, "--self", d,
+                         "--dtype", "f32", "--values", "1,2", "--reduce", "sum")
+               for d in devs.split(",")]]
+        for r in rs:
+            self.assertEqual(r.rc, 0, r)
+            self.assertEqual(r.out["values"], [3.0, 6.0])
+            self.assertEqual(r.out["generation"], 2)
+
+    def test_a_stopping_worker_answers_its_waiting_ranks_and_exits_cleanly(self):
+        c = self.start({"node-a": ["cuda:0", "cuda:1"], "node-b": ["cuda:0"]})
+        devs = "node-a/cuda:0,node-a/cuda:1,node-b/cuda:0"
+        # node-a's two ranks wait in their second call for node-b's, which stopped.
+        procs = self.waiting_in_second_call(devs, "node-b")
+        self.assertEqual(c.terminate_worker("node-a"), 0)
+        for p in procs:
+            # The worker's own connections close first (its stop order): the ranks hear
+            # UNAVAILABLE, as an unreachable worker (exit 3) or its refusal (exit 1).
+            r = finish(p, timeout=30)
+            self.assertIn(r.rc, (1, 3), r)
+            self.assertEqual(r.out["status"], "UNAVAILABLE", r)
+            self.assertEqual(r.out["calls"], 1, r)
+
+
+class DataPathTest(GroupsTestCase):
+    def metrics(self, port):
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as f:
+            text = f.read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out
+
+    def test_many_calls_reach_no_coordinator(self):
+        http = harness.free_port()
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]},
+                       coordinator_config={"http": "127.0.0.1:%d" % http}, http=True)
+        devs = "node-a/cuda:0,node-b/cuda:0"
+
+        def coordinator_calls():
+            m = self.metrics(http)
+            return sum(v for k, v in m.items()
+                       if k.startswith("devcoord_rpc_requests_total{") and
+                       "Heartbeat" not in k)
+
+        before = coordinator_calls()
+        procs = [ctl_popen(c, "--timeout", "60s", "collective", "all-reduce", "--devices", devs,
+                           "--self", d, "--dtype", "f32", "--count", "16", "--reduce", "sum",
+                           "--repeat", "1000") for d in devs.split(",")]
+        for p in procs:
+            r = finish(p, timeout=300)
+            self.assertEqual(r.rc, 0, r)
+            self.assertEqual(r.out["calls"], 1000, r)
+        # Each rank called the coordinator twice (GroupJoin, GroupLeave), whatever the number
+        # of group calls: none of them went through it.
+        self.assertEqual(coordinator_calls() - before, 4)
+        port = int(c.worker_specs["node-a"]["http"].rsplit(":", 1)[1])
+        wm = self.metrics(port)
+        self.assertEqual(wm['devcoord_group_calls_total{kind="all-reduce"}'], 1000)
+        self.assertEqual(wm["devcoord_group_call_seconds_count"], 1000)
+
+
+WORKER_SVC = "/devcoord.v1.Worker/"
+CUDA = 2  # Backend.BACKEND_CUDA
+
+
+def pb_msg(field, data):
+    """A length-delimited field, even when empty (pb_bytes drops empty values)."""
+    return harness.pb_varint(field << 3 | 2) + harness.pb_varint(len(data)) + data
+
+
+def device_ref(worker, index):
+    dev = harness.pb_uint(F("Device", "backend"), CUDA) + harness.pb_uint(F("Device", "index"),
+                                                                          index)
+    return pb_bytes(F("DeviceRef", "worker"), worker) + pb_msg(F("DeviceRef", "device"), dev)
+
+
+def plan(devices, workers):
+    """devices: [(worker, index)]; workers: [(name, address, [rank, ...])]."""
+    body = b"".join(pb_msg(F("Plan", "devices"), device_ref(w, i)) for w, i in devices)
+    for name, address, ranks in workers:
+        pw = (pb_bytes(F("PlanWorker", "name"), name) + pb_bytes(F("PlanWorker", "address"), address)
+              + pb_msg(F("PlanWorker", "ranks"), b"".join(harness.pb_varint(r) for r in ranks)))
+        body += pb_msg(F("Plan", "workers"), pw)
+    return body
+
+
+def setup_body(group_id, generation, plan_body, self_index):
+    return (pb_bytes(F("GroupSetupRequest", "group_id"), group_id)
+            + harness.pb_uint(F("GroupSetupRequest", "generation"), generation)
+            + (pb_msg(F("GroupSetupRequest", "plan"), plan_body) if plan_body is not None else b"")
+            + harness.pb_uint(F("GroupSetupRequest", "self"), self_index))
+
+
+def call_desc(rank, kind, dtype, count, reduce=1):
+    return (harness.pb_uint(F("GroupCallDesc", "rank"), rank)
+            + harness.pb_uint(F("GroupCallDesc", "kind"), kind)
+            + harness.pb_uint(F("GroupCallDesc", "dtype"), dtype)
+            + harness.pb_uint(F("GroupCallDesc", "count"), count)
+            + harness.pb_uint(F("GroupCallDesc", "reduce"), reduce))
+
+
+class PeerInputTest(GroupsTestCase):
+    """What a peer (or anyone with the token) sends a worker's group methods is checked:
+    refused with a code and a message, and the worker keeps serving."""
+
+    def call(self, port, method, body, attachment=b"", timeout_ms=3000):
+        with harness.RpcConnection(port) as conn:
+            rid = random.randrange(1, 1 << 31)
+            header = (harness.pb_uint(F("RequestHeader", "request_id"), rid)
+                      + pb_bytes(F("RequestHeader", "method"), WORKER_SVC + method)
+                      + harness.pb_uint(F("RequestHeader", "timeout_ms"), timeout_ms))
+            return conn.call_raw(harness.frame(header, body, attachment), rid)
+
+    def test_malformed_group_messages_are_refused_and_the_worker_goes_on(self):
+        c = self.start({"node-a": ["cuda:0", "cuda:1"]})
+        address = c.worker_specs["node-a"]["listen"]
+        port = int(address.rsplit(":", 1)[1])
+        gid = "00000000000000ab"
+        two = [("node-a", 0), ("node-a", 1)]
+        refusals = [
+            ("GroupSetup", setup_body(gid, 1, None, 0)),
+            ("GroupSetup", setup_body(gid, 1, plan(two, [("node-a", address, [0, 1])]), 5)),
+            ("GroupSetup", setup_body(gid, 1, plan(two, [("node-a", address, [0, 0])]), 0)),
+            ("GroupSetup", setup_body(gid, 1, plan(two, [("node-a", address, [0])]), 0)),
+            ("GroupSetup", setup_body(gid, 1, plan(two, [("node-a", address, [0, 9])]), 0)),
+            ("GroupSetup", setup_body(gid, 1, plan(two[:1], [("a", address, [0]),
+                                                            ("b", address, [0])]), 0)),
+            ("GroupSetup", setup_body("x" * 40, 1, plan(two, [("node-a", address, [0, 1])]), 0)),
+        ]
+        for method, body in refusals:
+            code, message, _ = self.call(port, method, body)
+            self.assertEqual(code, "INVALID_ARGUMENT", message)
+            self.assertIn("malformed group setup", message)
+        # Calls and exchanges for a group the worker does not have.
+        code, message, _ = self.call(port, "GroupCall",
+                                     pb_bytes(F("GroupCallRequest", "group_id"), gid))
+        self.assertEqual(code, "INVALID_ARGUMENT", message)  # no call in it
+        call = lambda rank, kind, dtype, count, gen=1, seq=1: (
+            pb_bytes(F("GroupCallRequest", "group_id"), gid)
+            + harness.pb_uint(F("GroupCallRequest", "generation"), gen)
+            + harness.pb_uint(F("GroupCallRequest", "seq"), seq)
+            + pb_msg(F("GroupCallRequest", "call"), call_desc(rank, kind, dtype, count)))
+        code, message, _ = self.call(port, "GroupCall", call(0, 1, 1, 4))
+        self.assertEqual(code, "FAILED_PRECONDITION", message)
+        exchange = (pb_bytes(F("GroupExchangeRequest", "group_id"), gid)
+                    + harness.pb_uint(F("GroupExchangeRequest", "generation"), 1)
+                    + harness.pb_uint(F("GroupExchangeRequest", "seq"), 1))
+        code, message, _ = self.call(port, "GroupExchange", exchange)
+        self.assertEqual(code, "FAILED_PRECONDITION", message)
+        # A well-formed setup: one worker, two ranks. Then calls that do not hold.
+        code, message, _ = self.call(
+            port, "GroupSetup", setup_body(gid, 1, plan(two, [("node-a", address, [0, 1])]), 0))
+        self.assertEqual(code, "OK", message)
+        # Malformed: refused at once.
+        bad_calls = [
+            (call(0, 1, 1, 4, gen=2), b"\0" * 16, "FAILED_PRECONDITION", "generation"),
+            (call(7, 1, 1, 4), b"\0" * 16, "INVALID_ARGUMENT", "not on this worker"),
+            (call(0, 1, 1, 4), b"\0" * 15, "INVALID_ARGUMENT", "carries 15 bytes"),
+        ]
+        for body, att, want, text in bad_calls:
+            code, message, _ = self.call(port, "GroupCall", body, att)
+            self.assertEqual(code, want, message)
+            self.assertIn(text, message)
+        # Well formed but not a call that can be made: both ranks make it, both hear why.
+        undoable = [
+            ((99, 1, 4), b"\0" * 16, "INVALID_ARGUMENT", "unknown group call kind"),
+            ((1, 99, 4), b"\0" * 16, "INVALID_ARGUMENT", "unknown dtype"),
+            ((1, 1, 1 << 60), b"\0" * 16, "OUT_OF_RANGE", "larger than one message"),
+            ((4, 1, 1 << 20), b"", "OUT_OF_RANGE", "larger than one message"),
+        ]
+        for seq, (desc, att, want, text) in enumerate(undoable, start=1):
+            with ThreadPoolExecutor(2) as ex:
+                futures = [ex.submit(self.call, port, "GroupCall", call(r, *desc, seq=seq), att)
+                           for r in (0, 1)]
+                for f in futures:
+                    code, message, _ = f.result()
+                    self.assertEqual(code, want, message)
+                    self.assertIn(text, message)
+        bad_exchange = exchange + harness.pb_uint(F("GroupExchangeRequest", "from"), 0)
+        code, message, _ = self.call(port, "GroupExchange", bad_exchange)
+        self.assertEqual(code, "INVALID_ARGUMENT", message)
+        code, message, _ = self.call(port, "GroupStatus",
+                                     pb_bytes(F("GroupStatusRequest", "group_id"), gid))
+        self.assertEqual(code, "OK", message)
+        # The worker still serves a real group.
+        rs = [finish(p) for p in
+              [ctl_popen(c, "collective", "all-reduce", "--devices", "node-a/cuda:0,node-a/cuda:1",
+                         "--self", d, "--dtype", "i64", "--values", "2,3", "--reduce", "prod")
+               for d in ("node-a/cuda:0", "node-a/cuda:1")]]
+        self.assertEqual([r.out.get("values") for r in rs], [[4, 9], [4, 9]], rs)
+
+
+THREADS = os.environ.get("DEVCOORD_GROUP_THREADS") or os.path.join(
+    os.path.dirname(os.path.abspath(harness.CTL)), "..", "tests", "devcoord-group-threads")
+
+
+class ThreadsTest(GroupsTestCase):
+    @unittest.skipUnless(os.path.exists(THREADS), "devcoord-group-threads is not built")
+    def test_ranks_as_threads_of_one_process(self):
+        # Five ranks, as threads sharing one client: two on node-a, one on node-b, two on
+        # node-c. Every call's result is checked inside the program.
+        c = self.start(SPEC3)
+        p = subprocess.run([THREADS, c.addr, ",".join(DEVS3), "50"], capture_output=True,
+                           timeout=300, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.strip(), "ok 5")
+
+
+if __name__ == "__main__":
+    unittest.main()
