@@ -108,6 +108,9 @@ void rpc_server_close(struct rpc_server *s);
 /* Waits until every taken call has been answered, then frees everything. The owner must
  * make its handlers answer (fail in-flight work) before calling this. */
 void rpc_server_free(struct rpc_server *s);
+/* Whether an rpc_server_free gave up waiting for nng_close (nng 1.5.2's hang on a connection
+ * closed mid-read); then nng_fini would wait forever too and must not be called. */
+bool rpc_server_abandoned(void);
 
 /* The call's status: a handler fills it (status_set) and then calls closure(NULL, call) to
  * answer with an error, or closure(msg, call) to answer with a body (and the status, if it

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <malloc.h>
 #include <string.h>
+#include <time.h>
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
@@ -805,6 +806,82 @@ rpc_server_close(struct rpc_server *s)
     nng_listener_close(s->listener);
 }
 
+/*
+ * nng 1.5.2's tcp transport can start reading a request body on a connection that is already
+ * closed (tcptran_pipe_recv_cb; fixed in nng 1.6.0, PR #1636), and nng_close then waits for
+ * that read forever. So the close runs on a thread of its own and is waited for at most
+ * RPC_CLOSE_BOUND_MS; past that it is abandoned (rpc_server_abandoned() says so, and nng_fini,
+ * which would wait for it too, must not be called).
+ */
+#define RPC_CLOSE_BOUND_MS 3000
+
+static atomic_bool close_abandoned;
+
+struct closer {
+    nng_socket sock;
+    pthread_mutex_t mtx;
+    pthread_cond_t cv;
+    bool done;
+};
+
+static void *
+closer_run(void *arg)
+{
+    struct closer *c = arg;
+
+    nng_close(c->sock);
+    pthread_mutex_lock(&c->mtx);
+    c->done = true;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mtx);
+    return NULL;
+}
+
+static bool
+close_bounded(nng_socket sock)
+{
+    struct closer *c = calloc(1, sizeof(*c));
+    struct timespec until;
+    pthread_t t;
+    bool done;
+
+    if (c == NULL) {
+        nng_close(sock);
+        return true;
+    }
+    c->sock = sock;
+    pthread_mutex_init(&c->mtx, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    if (pthread_create(&t, NULL, closer_run, c) != 0) {
+        closer_run(c);
+        done = true;
+    } else {
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += RPC_CLOSE_BOUND_MS / 1000;
+        pthread_mutex_lock(&c->mtx);
+        while (!c->done && pthread_cond_timedwait(&c->cv, &c->mtx, &until) == 0) {
+        }
+        done = c->done;
+        pthread_mutex_unlock(&c->mtx);
+        if (!done) {
+            atomic_store(&close_abandoned, true);
+            pthread_detach(t);
+            return false; /* c stays: the thread still uses it */
+        }
+        pthread_join(t, NULL);
+    }
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mtx);
+    free(c);
+    return done;
+}
+
+bool
+rpc_server_abandoned(void)
+{
+    return atomic_load(&close_abandoned);
+}
+
 void
 rpc_server_free(struct rpc_server *s)
 {
@@ -831,7 +908,14 @@ rpc_server_free(struct rpc_server *s)
     for (unsigned i = 0; i < s->n_calls; i++) {
         nng_aio_stop(s->calls[i]->aio);
     }
-    nng_close(s->sock);
+    if (!close_bounded(s->sock)) {
+        /* The server is left as it is: the stuck close may still reach any of it. */
+        log_warn("rpc server: closing its socket did not finish within %d ms (nng 1.5.2 "
+                 "waits for a read on a connection already closed, fixed in nng 1.6.0); left "
+                 "behind",
+                 RPC_CLOSE_BOUND_MS);
+        return;
+    }
     /* After the socket: closing it reports its pipes' removal to the watch. */
     handshake_watch_stop(s->handshake);
     for (unsigned i = 0; i < s->n_calls; i++) {

@@ -15,6 +15,7 @@
 #include "log.h"
 #include "groupsvc.h"
 #include "ops.h"
+#include "rpc.h"
 #include "state.h"
 
 static const char prog[] = "devcoord-server";
@@ -299,7 +300,9 @@ out:
     }
     config_coordinator_free(&c->cfg);
     free(c);
-    nng_fini();
+    if (!rpc_server_abandoned()) {
+        nng_fini(); /* it would wait for the abandoned close too */
+    }
     daemon_stop_end();
     if (args.check_config == NULL) {
         log_info("stopped");

@@ -18,6 +18,7 @@
 #include "daemon.h"
 #include "device.h"
 #include "log.h"
+#include "rpc.h"
 #include "tensors.h"
 #include "worker.h"
 
@@ -276,7 +277,9 @@ out:
     free(w->token);
     config_worker_free(&w->cfg);
     free(w);
-    nng_fini();
+    if (!rpc_server_abandoned()) {
+        nng_fini(); /* it would wait for the abandoned close too */
+    }
     daemon_stop_end();
     return rv;
 }
