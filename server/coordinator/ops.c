@@ -25,6 +25,7 @@
  */
 #include "ops.h"
 
+#include <ctype.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,6 +72,7 @@ struct op_worker {
     struct fanout_conn *conn; /* a reference, dropped when the op goes */
     bool answered;            /* to Execute */
     bool aborted;             /* sent Abort */
+    bool transport_failed;    /* Execute failed without a worker's answer: it may hold staging */
     bool already;             /* answered that it committed the op's key before, as: */
     char committed_op_id[FANOUT_OP_ID_MAX + 1];
     bool commit_answered;
@@ -332,9 +334,11 @@ op_abort_workers_locked(struct ops *o, struct op *op)
     for (size_t i = 0; i < op->plan.n_workers; i++) {
         struct op_worker *w = &op->workers[i];
         dc_status st;
-        /* A worker that failed holds nothing; one that committed the key before runs
-         * nothing. */
-        if (w->aborted || w->conn == NULL || w->already || (w->answered && w->code != DC_OK)) {
+        /* A worker that answered a failure holds nothing; one that committed the key before
+         * runs nothing. One whose call failed on the way (timeout, lost connection) may have
+         * prepared: it is told too. */
+        if (w->aborted || w->conn == NULL || w->already ||
+            (w->answered && w->code != DC_OK && !w->transport_failed)) {
             continue;
         }
         w->aborted = true;
@@ -432,6 +436,12 @@ op_end_locked(struct ops *o, struct op *op, const dc_status *st, struct pending_
         o->done++;
     } else {
         o->failed++;
+        /* A failure changed nothing (DATA_LOSS aside: then some workers committed, and they
+         * remember the key too): a later submit under the key runs the op again. */
+        if (st->code != DC_DATA_LOSS && op->key[0] != '\0' &&
+            strmap_get(&o->by_key, op->key) == op) {
+            strmap_del(&o->by_key, op->key);
+        }
         log_info("op %s failed: %s: %s", op->id, dc_status_name(st->code), st->message);
         op_abort_workers_locked(o, op);
     }
@@ -602,6 +612,23 @@ op_replay_verdict(struct ops *o, struct op *op, dc_status *out)
                op->key, original != NULL ? original : "?", already, other);
 }
 
+/* Whether id has the form of the op ids this coordinator makes ("op-<hex>-<hex>"). */
+static bool
+committed_op_id_ok(const char *id)
+{
+    size_t n = strlen(id);
+
+    if (n < 4 || n >= OP_ID_SIZE || strncmp(id, "op-", 3) != 0) {
+        return false;
+    }
+    for (size_t i = 3; i < n; i++) {
+        if (!isxdigit((unsigned char)id[i]) && id[i] != '-') {
+            return false;
+        }
+    }
+    return true;
+}
+
 /* A worker's answer to Execute (fanout_events.executed): the op fails at the first failure;
  * at the last answer it commits (or ends: a barrier, or a replay). */
 static void
@@ -614,13 +641,25 @@ ops_on_executed(void *arg, void *tag, dc_code code, const dc_status *st,
     const char *name         = w->plan->name;
     struct pending_answer pa = { 0 };
     bool answer              = false;
+    dc_status bad = { 0 };
 
     pthread_mutex_lock(&o->mtx);
-    w->answered   = true;
-    w->code       = code;
-    w->elapsed_us = p->elapsed_us;
+    w->answered         = true;
+    w->code             = code;
+    w->transport_failed = code != DC_OK && st->transport;
+    w->elapsed_us       = p->elapsed_us;
     snprintf(w->message, sizeof(w->message), "%s", st->message);
-    if (code == DC_OK && p->already_committed) {
+    if (code == DC_OK && p->already_committed &&
+        (op->key[0] == '\0' || !committed_op_id_ok(p->committed_op_id))) {
+        /* Only a keyed op can have been committed before, under an op id of ours. */
+        status_set(&bad, DC_INTERNAL, "answered already_committed %s",
+                   op->key[0] == '\0' ? "for an op without an idempotency key"
+                                      : "with a malformed committed_op_id");
+        code    = DC_INTERNAL;
+        st      = &bad;
+        w->code = code;
+        snprintf(w->message, sizeof(w->message), "%s", bad.message);
+    } else if (code == DC_OK && p->already_committed) {
         w->already = true;
         snprintf(w->committed_op_id, sizeof(w->committed_op_id), "%s", p->committed_op_id);
         snprintf(w->message, sizeof(w->message), "committed before as op %s; not run again",
@@ -703,8 +742,10 @@ ops_on_committed(void *arg, void *tag, dc_code code, const dc_status *st)
     pthread_mutex_lock(&o->mtx);
     if (!w->commit_answered) {
         w->commit_answered = true;
-        w->commit_unknown  = code != DC_OK && st->transport;
-        w->code            = code;
+        /* No answer, or a worker too old to know Commit (it wrote its results in place at
+         * Execute): either way it may hold the results. */
+        w->commit_unknown = code != DC_OK && (st->transport || code == DC_UNIMPLEMENTED);
+        w->code           = code;
         if (code != DC_OK) {
             if (code == DC_DEADLINE_EXCEEDED && st->transport) {
                 snprintf(w->message, sizeof(w->message), "no answer to Commit within %d ms",

@@ -60,10 +60,10 @@
 #define PLAN_MAX_DEVICES      (1u << 20)
 
 /* An op's time when Execute names none. A prepared op's staging is held for
- * ExecuteRequest.hold_ms; without one, twice the op's time plus HOLD_DEFAULT_EXTRA_MS; and
- * never longer than twice the op's time plus HOLD_MAX_EXTRA_MS. */
+ * ExecuteRequest.hold_ms, never longer than twice the op's time plus HOLD_MAX_EXTRA_MS. An
+ * Execute without hold_ms comes from a coordinator older than Commit and is refused (but for
+ * a barrier, which stages nothing). */
 #define EXECUTE_DEFAULT_TIMEOUT_MS 30000
-#define HOLD_DEFAULT_EXTRA_MS      10000
 #define HOLD_MAX_EXTRA_MS          60000
 
 /* An Exchange call waiting for its op to start (or to be ready for data). */
@@ -1607,6 +1607,12 @@ cop_new(struct collectives *co, const Devcoord__V1__ExecuteRequest *in, struct c
         status_prefix(st, "execute");
         return DC_INVALID_ARGUMENT;
     }
+    if (in->hold_ms == 0 && in->kind != DEVCOORD__V1__OP_KIND__OP_BARRIER) {
+        /* Its results would be staged for a Commit that never comes, and the op answered OK. */
+        return status_set(st, DC_FAILED_PRECONDITION,
+                          "execute: no hold_ms: this worker publishes results only on Commit, "
+                          "which the coordinator does not send (upgrade the coordinator first)");
+    }
     if (dc_op_kind_name((dc_op_kind)in->kind) == NULL ||
         ((in->kind == DEVCOORD__V1__OP_KIND__OP_ALL_REDUCE ||
           in->kind == DEVCOORD__V1__OP_KIND__OP_REDUCE) &&
@@ -1638,8 +1644,8 @@ cop_new(struct collectives *co, const Devcoord__V1__ExecuteRequest *in, struct c
     op->started_us  = rpc_now_us();
     op->deadline_ms = rpc_now_ms() + timeout_ms;
     /* Held at most twice the op's time and a minute, whatever the request asks. */
-    hold_ms = in->hold_ms != 0 ? in->hold_ms : 2 * (uint64_t)timeout_ms + HOLD_DEFAULT_EXTRA_MS;
-    if (hold_ms > 2 * (uint64_t)timeout_ms + HOLD_MAX_EXTRA_MS) {
+    hold_ms = in->hold_ms;
+    if (hold_ms == 0 || hold_ms > 2 * (uint64_t)timeout_ms + HOLD_MAX_EXTRA_MS) {
         hold_ms = 2 * (uint64_t)timeout_ms + HOLD_MAX_EXTRA_MS;
     }
     op->hold_until_ms = rpc_now_ms() + hold_ms;
@@ -1781,6 +1787,11 @@ collectives_execute(struct collectives *co, const Devcoord__V1__ExecuteRequest *
     op->closure = closure;
     op->cd      = cd;
     op->refs    = 1;
+    /* The coordinator starts an op only once the ops before it on its devices are decided:
+     * staging still held for them here was not committed and never may be. Dropped before
+     * the key is looked up, so a late Commit of an earlier op cannot publish (and record its
+     * key) between the two. */
+    cop_supersede(op);
     /* An op committed here under this key runs nothing again, whatever came since (this is
      * asked before the abort record: an Abort may overtake its Execute). */
     if (in->idempotency_key[0] != '\0' && cop_answer_committed(co, op, closure, cd)) {
@@ -1812,9 +1823,6 @@ collectives_execute(struct collectives *co, const Devcoord__V1__ExecuteRequest *
     co->ops  = op;
     co->threads++;
     pthread_mutex_unlock(&co->mtx);
-    /* The coordinator starts an op only once the ops before it on its devices are decided:
-     * staging still held for them here was not committed and never may be. */
-    cop_supersede(op);
 
     /* Ops wait for their peers: they run on pool threads, never here (this may be an nng
      * callback). */

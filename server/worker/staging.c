@@ -357,7 +357,7 @@ staging_supersede(struct staging *s, const dc_device *devices, size_t n, const c
     snprintf(why, sizeof(why), "op %.64s started on its devices before Commit came", by);
     pthread_mutex_lock(&s->mtx);
     for (struct held **pp = &s->held; *pp != NULL;) {
-        if (held_uses(*pp, devices, n)) {
+        if (strcmp((*pp)->id, by) != 0 && held_uses(*pp, devices, n)) {
             struct held *h = held_unlink_locked(s, pp, false, why);
             h->next        = gone;
             gone           = h;

@@ -66,7 +66,7 @@ bool staging_abort(struct staging *s, const char *op_id);
 
 /* Discards the held ops that use any of devices[0..n): op `by` is starting on them, so the
  * coordinator has decided those ops, and one it did not commit must never publish later
- * over what `by` computes. */
+ * over what `by` computes (a duplicate Execute of `by` itself keeps its staging). */
 void staging_supersede(struct staging *s, const dc_device *devices, size_t n, const char *by);
 
 /* Whether an op with idempotency key `key` committed here; if so its fingerprint and id. */

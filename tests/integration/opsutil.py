@@ -331,7 +331,7 @@ def tensor_bytes(cluster, worker, device, name, chunk=1 << 20):
 
 
 def execute_pb(op_id, kind, worker, address, epoch, devices, tensor, reduce=None,
-               timeout_ms=10000, hold_ms=0, key="", request_hash=0):
+               timeout_ms=10000, hold_ms=30000, key="", request_hash=0):
     """An ExecuteRequest for a plan of one worker owning `devices` (ranks in that order), as
     the coordinator would send it. kind and reduce are enum numbers."""
     F = harness.F

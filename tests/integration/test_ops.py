@@ -1130,6 +1130,13 @@ class AtomicOpsTest(OpsTestCase):
         code, message, _, _ = self.worker_call("Commit", "op-never-ran")
         self.assertEqual(code, "NOT_FOUND", message)
 
+        # A coordinator older than Commit sends no hold_ms: refused, or its op would answer
+        # OK and change nothing.
+        code, message, _, _ = self.execute("op-x-5", hold_ms=0)
+        self.assertEqual((code, "upgrade the coordinator" in message),
+                         ("FAILED_PRECONDITION", True), message)
+        self.assertEqual(self.values(), summed)
+
 
 class IdempotencyTest(OpsTestCase):
     """Issue 12: an op named by an idempotency key runs once; the same key again (in flight
@@ -1182,17 +1189,18 @@ class IdempotencyTest(OpsTestCase):
         self.assertEqual(r2.out["op_id"], r1.out["op_id"])
         self.assertEqual(self.values(), {d: [333, 666] for d in self.DEVICES})
 
-        # A failed op's key gives its failure again, and runs nothing, even once the cause
-        # is gone: retrying is the client's choice, under a new key.
+        # A failed op changed nothing and its key is not kept: once the cause is gone, a
+        # retry under the same key runs the op, once.
         failed = self.submit_key("step-3", tensor="absent")
         self.assertEqual((failed.rc, failed.out.get("status")), (1, "FAILED_PRECONDITION"),
                          repr(failed))
         for d in self.DEVICES:
             self.put(d, "absent", "i64", [1, 1])
-        again = self.submit_key("step-3", tensor="absent")
-        self.assertEqual((again.rc, again.out.get("status"), again.out.get("op_id")),
-                         (1, "FAILED_PRECONDITION", failed.out["op_id"]), repr(again))
-        self.assertEqual(self.get("node-a/cuda:0", "absent").out["values"], [1, 1])
+        again = self.assert_op_ok(self.submit_key("step-3", tensor="absent"), self.DEVICES)
+        self.assertNotEqual(again["op_id"], failed.out["op_id"])
+        third = self.assert_op_ok(self.submit_key("step-3", tensor="absent"), self.DEVICES)
+        self.assertEqual(third["op_id"], again["op_id"], "the retried key ran twice")
+        self.assertEqual(self.get("node-a/cuda:0", "absent").out["values"], [3, 3])
 
         # The same key for another request is refused; so are malformed keys.
         other = self.submit_key("step-1", tensor="absent")

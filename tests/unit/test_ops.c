@@ -31,7 +31,7 @@
 enum execute_mode {
     EX_PREPARE, /* OK: prepared */
     EX_FAIL,    /* UNAVAILABLE */
-    EX_ALREADY, /* OK, already committed as op-first */
+    EX_ALREADY, /* OK, already committed as op-1f-2 */
     EX_PARK,    /* no answer until released (fake_release) or aborted (then ABORTED) */
 };
 
@@ -39,6 +39,7 @@ enum commit_mode {
     CM_OK,
     CM_REFUSE, /* ABORTED: the staging was discarded */
     CM_SILENT, /* no answer until the test ends */
+    CM_UNIMPL, /* UNIMPLEMENTED: a worker older than Commit */
 };
 
 /* A parked call: answered later. */
@@ -123,7 +124,7 @@ w_execute(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__ExecuteRequest 
         return;
     case EX_ALREADY:
         out.already_committed = true;
-        out.committed_op_id   = "op-first";
+        out.committed_op_id   = "op-1f-2";
         break;
     case EX_PREPARE:
         break;
@@ -150,6 +151,9 @@ w_commit(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__CommitRequest *i
     if (mode == CM_REFUSE) {
         status_set(rpc_call_status(cd), DC_ABORTED,
                    "op %s was discarded on this worker: its hold ran out", in->op_id);
+        closure(NULL, cd);
+    } else if (mode == CM_UNIMPL) {
+        status_set(rpc_call_status(cd), DC_UNIMPLEMENTED, "unknown method Commit");
         closure(NULL, cd);
     } else if (mode == CM_OK) {
         closure(&out, cd);
@@ -647,14 +651,14 @@ test_a_key_committed_before_is_a_replay_under_the_first_id(void **state)
     set_modes(EX_ALREADY, EX_ALREADY, EX_ALREADY, CM_OK, CM_OK, CM_OK);
     r = submit(f, DC_OP_ALL_REDUCE, "step-1");
     assert_int_equal(r.code, DC_OK);
-    assert_string_equal(r.op_id, "op-first");
+    assert_string_equal(r.op_id, "op-1f-2");
     for (int i = 0; i < N_WORKERS; i++) {
         assert_int_equal(count(&fakes[i].commits), 0);
     }
     /* The table knows the key now: the same key again asks no worker. */
     r = submit(f, DC_OP_ALL_REDUCE, "step-1");
     assert_int_equal(r.code, DC_OK);
-    assert_string_equal(r.op_id, "op-first");
+    assert_string_equal(r.op_id, "op-1f-2");
     for (int i = 0; i < N_WORKERS; i++) {
         assert_int_equal(count(&fakes[i].executes), 1);
     }
@@ -730,6 +734,61 @@ test_the_same_key_runs_once_in_flight_and_after(void **state)
     pthread_mutex_destroy(&second.mtx);
 }
 
+/* A worker that does not know Commit wrote its results at Execute: it may hold them. */
+static void
+test_a_commit_unknown_to_an_old_worker_is_unconfirmed(void **state)
+{
+    struct fixture *f = *state;
+    struct result r;
+
+    set_modes(EX_PREPARE, EX_PREPARE, EX_PREPARE, CM_REFUSE, CM_UNIMPL, CM_REFUSE);
+    r = submit(f, DC_OP_ALL_REDUCE, "");
+    assert_int_equal(r.code, DC_DATA_LOSS);
+    assert_non_null(strstr(r.st.message, "unconfirmed on [node-b]"));
+    assert_null(strstr(r.st.message, "changed nothing"));
+}
+
+/* Only an op with a key can have been committed before: a worker saying so of another op
+ * fails it, and nothing is reported as done. */
+static void
+test_already_committed_for_an_op_without_a_key_fails_it(void **state)
+{
+    struct fixture *f = *state;
+    struct result r;
+
+    set_modes(EX_ALREADY, EX_PREPARE, EX_PREPARE, CM_OK, CM_OK, CM_OK);
+    r = submit(f, DC_OP_ALL_REDUCE, "");
+    assert_int_equal(r.code, DC_INTERNAL);
+    assert_non_null(strstr(r.st.message, "without an idempotency key"));
+    assert_non_null(strstr(r.st.message, "node-a"));
+    for (int i = 0; i < N_WORKERS; i++) {
+        assert_int_equal(count(&fakes[i].commits), 0);
+    }
+}
+
+/* A failed op changed nothing: its key is not kept, so a retry under it runs the op. */
+static void
+test_a_failed_op_runs_again_under_its_key(void **state)
+{
+    struct fixture *f = *state;
+    struct result r;
+
+    set_modes(EX_PREPARE, EX_FAIL, EX_PREPARE, CM_OK, CM_OK, CM_OK);
+    r = submit(f, DC_OP_ALL_REDUCE, "step-4");
+    assert_int_equal(r.code, DC_UNAVAILABLE);
+    set_modes(EX_PREPARE, EX_PREPARE, EX_PREPARE, CM_OK, CM_OK, CM_OK);
+    r = submit(f, DC_OP_ALL_REDUCE, "step-4");
+    assert_int_equal(r.code, DC_OK);
+    for (int i = 0; i < N_WORKERS; i++) {
+        assert_int_equal(count(&fakes[i].executes), 2);
+        assert_int_equal(count(&fakes[i].commits), 1);
+    }
+    /* Once done, the key is kept. */
+    r = submit(f, DC_OP_ALL_REDUCE, "step-4");
+    assert_int_equal(r.code, DC_OK);
+    assert_int_equal(count(&fakes[0].executes), 2);
+}
+
 int
 main(void)
 {
@@ -747,6 +806,11 @@ main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_a_key_some_workers_remember_runs_nothing_and_says_so,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_commit_unknown_to_an_old_worker_is_unconfirmed,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_already_committed_for_an_op_without_a_key_fails_it,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_failed_op_runs_again_under_its_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_the_same_key_runs_once_in_flight_and_after, setup,
                                         teardown),
     };
