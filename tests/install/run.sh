@@ -38,4 +38,9 @@ echo "== installed devcoordctl and man pages"
 for page in man1/devcoordctl.1 man8/devcoord-server.8 man8/devcoord-worker.8; do
     test -s "$prefix/share/man/$page" && echo "  $page"
 done
+echo "== installed Python package (finds the installed library by itself)"
+pkgdir=$(find "$prefix" -type d -name devcoord -path '*-packages/devcoord' | head -n 1)
+test -n "$pkgdir" && test -s "$pkgdir/_libpath.py"
+(cd "$work" && env -u DEVCOORD_LIB PYTHONPATH="$(dirname "$pkgdir")" /usr/bin/python3 -c \
+    'import devcoord; print("devcoord", devcoord.version(), devcoord.parse_device("node-a/cuda"))')
 echo "install test: ok"

@@ -1,8 +1,9 @@
 """ctypes mirror of libdevcoord's public API (include/devcoord/*.h) and the loader.
 
 Private to the package: the structs below must match the C headers field for field. The
-library is found, in order, at $DEVCOORD_LIB (a path to libdevcoord.so), through
-ctypes.util.find_library("devcoord"), then by its soname libdevcoord.so.0.
+library is found, in order, at $DEVCOORD_LIB (a path to libdevcoord.so); at the path
+_libpath.py names (written by `cmake --install`: the library installed with the package);
+through ctypes.util.find_library("devcoord"); then by its soname libdevcoord.so.0.
 """
 
 import ctypes
@@ -121,8 +122,14 @@ def _candidates():
     env = os.environ.get("DEVCOORD_LIB")
     if env:
         return [env]
+    out = []
+    try:
+        from ._libpath import LIB  # only in an installed package
+        out.append(LIB)
+    except ImportError:
+        pass
     found = ctypes.util.find_library("devcoord")
-    return ([found] if found else []) + ["libdevcoord.so.0"]
+    return out + ([found] if found else []) + ["libdevcoord.so.0"]
 
 
 def _load():

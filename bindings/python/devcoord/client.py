@@ -171,7 +171,7 @@ def _parse_ref(s):
 
 
 def parse_device(s):
-    """The canonical text form of device reference `s` (design §3: "node-a/cuda" gives
+    """The canonical text form of device reference `s` (README, "Devices": "node-a/cuda" gives
     "node-a/cuda:0"); raises InvalidArgument saying where the text is wrong."""
     return _ref_text(_parse_ref(s))
 
@@ -385,10 +385,11 @@ class Client:
         """Runs an operation and waits for it; returns the Op.
 
         kind: "all-reduce", "reduce", "broadcast", "all-gather" or "barrier". devices: device
-        references in rank order, in the text form of design §3 ("node-a/cuda:0"). reduce:
-        "sum", "mean", "min", "max" or "prod" (all-reduce and reduce). root: rank of the root
-        (broadcast, reduce). output_tensor: all-gather's output (None: "<tensor>.gathered").
-        timeout_ms: 0 for the coordinator's default. dry_run: plan only.
+        references in rank order, in the text form of the README's "Devices"
+        ("node-a/cuda:0"). reduce: "sum", "mean", "min", "max" or "prod" (all-reduce and
+        reduce). root: rank of the root (broadcast, reduce). output_tensor: all-gather's
+        output (None: "<tensor>.gathered"). timeout_ms: 0 for the coordinator's default.
+        dry_run: plan only.
 
         A refused or failed op raises the Error of its code, with .op set to the Op when the
         coordinator answered.

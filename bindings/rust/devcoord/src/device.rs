@@ -1,5 +1,5 @@
 //! [`Device`], shaped like burn's `DispatchDevice`, and [`DeviceRef`] (a device optionally on a
-//! named worker), both formatting to the text form of design §3.
+//! named worker), both formatting to the text form of the README's "Devices".
 
 use std::fmt;
 use std::str::FromStr;
@@ -81,7 +81,7 @@ impl LibTorchKind {
 }
 
 /// A device as burn's `DispatchDevice` names it. Formats (`Display`) to the text form of
-/// design §3: `Cuda(0)` is `cuda:0`, `Wgpu(WgpuKind::Discrete, 1)` is `wgpu:discrete:1`,
+/// the README's "Devices": `Cuda(0)` is `cuda:0`, `Wgpu(WgpuKind::Discrete, 1)` is `wgpu:discrete:1`,
 /// `Autodiff(Box::new(Cuda(0)))` is `autodiff(cuda:0)`. `Cpu`, `Flex` and `NdArray` are index
 /// 0 (`cpu:0`, `flex:0`, `ndarray:0`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
