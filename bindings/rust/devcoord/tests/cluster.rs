@@ -137,15 +137,32 @@ fn dead_address() {
     assert_eq!(Client::connect("tcp://").err().unwrap().code, Code::InvalidArgument);
 }
 
+/// The ```rust block under "## Rust" in the README, as printed.
+fn readme_block() -> String {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../README.md")).unwrap();
+    let section = readme.split("\n## Rust\n").nth(1).expect("README has a '## Rust' section");
+    let block = section.split("```rust\n").nth(1).expect("a ```rust block under '## Rust'");
+    block.split("```").next().unwrap().to_string()
+}
+
 #[test]
-fn example_all_reduce_runs() {
+fn example_all_reduce_is_the_readmes_and_runs() {
+    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/all_reduce.rs")).unwrap();
+    let block = readme_block();
+    assert!(block.lines().count() >= 10 && source.contains(&block), "README block not in all_reduce.rs:\n{}", block);
     // cargo builds the examples next to the test binaries: target/debug/{deps,examples}
     let exe = std::env::current_exe().unwrap();
     let example = exe.parent().unwrap().parent().unwrap().join("examples").join("all_reduce");
     let cluster = two_nodes();
-    let out = std::process::Command::new(&example).args([cluster.addr.as_str(), A, B]).output().unwrap();
+    let out = std::process::Command::new(&example).env("DEVCOORD_ADDR", &cluster.addr).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{:?}: {}{}", example, stdout, String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("node-a/cuda:0 grad = [11.0, 22.0, 33.0]"), "{}", stdout);
-    assert!(stdout.contains("node-b/cuda:0 grad = [11.0, 22.0, 33.0]"), "{}", stdout);
+    assert!(stdout.contains("node-a/cuda:0 grad = [11.0, 22.0, 33.0]\n"), "{}", stdout);
+    assert!(stdout.contains("node-b/cuda:0 grad = [11.0, 22.0, 33.0]\n"), "{}", stdout);
+    assert!(stdout.contains(": done\n"), "{}", stdout);
+    assert!(
+        stdout.contains("INVALID_ARGUMENT: autodiff should not wrap an autodiff device: devices[0] = node-a/autodiff(autodiff(cuda:0))"),
+        "{}",
+        stdout
+    );
 }
