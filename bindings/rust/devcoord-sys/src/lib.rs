@@ -6,6 +6,7 @@
 //! Linking: the build script uses `$DEVCOORD_LIB_DIR` when set, else `pkg-config --libs
 //! devcoord`.
 #![allow(non_camel_case_types)]
+#![deny(missing_docs)]
 
 use std::os::raw::{c_char, c_int, c_void};
 
@@ -43,48 +44,79 @@ pub const DC_BACKEND_COUNT: usize = 12;
 
 /// `dc_backend` values.
 pub const DC_BACKEND_NONE: dc_backend = 0;
+/// `DC_BACKEND_CPU` of the C headers.
 pub const DC_BACKEND_CPU: dc_backend = 1;
+/// `DC_BACKEND_CUDA` of the C headers.
 pub const DC_BACKEND_CUDA: dc_backend = 2;
+/// `DC_BACKEND_ROCM` of the C headers.
 pub const DC_BACKEND_ROCM: dc_backend = 3;
+/// `DC_BACKEND_METAL` of the C headers.
 pub const DC_BACKEND_METAL: dc_backend = 4;
+/// `DC_BACKEND_VULKAN` of the C headers.
 pub const DC_BACKEND_VULKAN: dc_backend = 5;
+/// `DC_BACKEND_WGPU` of the C headers.
 pub const DC_BACKEND_WGPU: dc_backend = 6;
+/// `DC_BACKEND_WEBGPU` of the C headers.
 pub const DC_BACKEND_WEBGPU: dc_backend = 7;
+/// `DC_BACKEND_FLEX` of the C headers.
 pub const DC_BACKEND_FLEX: dc_backend = 8;
+/// `DC_BACKEND_NDARRAY` of the C headers.
 pub const DC_BACKEND_NDARRAY: dc_backend = 9;
+/// `DC_BACKEND_LIBTORCH` of the C headers.
 pub const DC_BACKEND_LIBTORCH: dc_backend = 10;
+/// `DC_BACKEND_REMOTE` of the C headers.
 pub const DC_BACKEND_REMOTE: dc_backend = 11;
 
 /// `dc_kind` values.
 pub const DC_KIND_NONE: dc_kind = 0;
+/// `DC_KIND_DISCRETE` of the C headers.
 pub const DC_KIND_DISCRETE: dc_kind = 1;
+/// `DC_KIND_INTEGRATED` of the C headers.
 pub const DC_KIND_INTEGRATED: dc_kind = 2;
+/// `DC_KIND_VIRTUAL` of the C headers.
 pub const DC_KIND_VIRTUAL: dc_kind = 3;
+/// `DC_KIND_CPU` of the C headers.
 pub const DC_KIND_CPU: dc_kind = 4;
+/// `DC_KIND_DEFAULT` of the C headers.
 pub const DC_KIND_DEFAULT: dc_kind = 5;
+/// `DC_KIND_CUDA` of the C headers.
 pub const DC_KIND_CUDA: dc_kind = 6;
+/// `DC_KIND_MPS` of the C headers.
 pub const DC_KIND_MPS: dc_kind = 7;
+/// `DC_KIND_VULKAN` of the C headers.
 pub const DC_KIND_VULKAN: dc_kind = 8;
 
 /// `dc_op_kind` values.
 pub const DC_OP_ALL_REDUCE: dc_op_kind = 1;
+/// `DC_OP_REDUCE` of the C headers.
 pub const DC_OP_REDUCE: dc_op_kind = 2;
+/// `DC_OP_BROADCAST` of the C headers.
 pub const DC_OP_BROADCAST: dc_op_kind = 3;
+/// `DC_OP_ALL_GATHER` of the C headers.
 pub const DC_OP_ALL_GATHER: dc_op_kind = 4;
+/// `DC_OP_BARRIER` of the C headers.
 pub const DC_OP_BARRIER: dc_op_kind = 5;
 
 /// `dc_reduce_op` values.
 pub const DC_REDUCE_NONE: dc_reduce_op = 0;
+/// `DC_REDUCE_SUM` of the C headers.
 pub const DC_REDUCE_SUM: dc_reduce_op = 1;
+/// `DC_REDUCE_MEAN` of the C headers.
 pub const DC_REDUCE_MEAN: dc_reduce_op = 2;
+/// `DC_REDUCE_MIN` of the C headers.
 pub const DC_REDUCE_MIN: dc_reduce_op = 3;
+/// `DC_REDUCE_MAX` of the C headers.
 pub const DC_REDUCE_MAX: dc_reduce_op = 4;
+/// `DC_REDUCE_PROD` of the C headers.
 pub const DC_REDUCE_PROD: dc_reduce_op = 5;
 
 /// `dc_dtype` values (F16 = 5 and BF16 = 6 as the C library adds them).
 pub const DC_DTYPE_F32: dc_dtype = 1;
+/// `DC_DTYPE_F64` of the C headers.
 pub const DC_DTYPE_F64: dc_dtype = 2;
+/// `DC_DTYPE_I32` of the C headers.
 pub const DC_DTYPE_I32: dc_dtype = 3;
+/// `DC_DTYPE_I64` of the C headers.
 pub const DC_DTYPE_I64: dc_dtype = 4;
 
 /// Opaque client handle (`dc_client`); safe to use from many threads at once.
@@ -97,6 +129,7 @@ pub struct dc_client {
 /// and message.
 #[repr(C)]
 #[derive(Clone, Copy)]
+#[allow(missing_docs)] // fields as the C struct's
 pub struct dc_status {
     pub code: dc_code,
     pub transport: bool,
@@ -107,6 +140,7 @@ pub struct dc_status {
 
 /// `dc_client_options`.
 #[repr(C)]
+#[allow(missing_docs)] // fields as the C struct's
 pub struct dc_client_options {
     pub token: *const c_char,
     pub token_file: *const c_char,
@@ -120,6 +154,7 @@ pub struct dc_client_options {
 
 /// `dc_label`.
 #[repr(C)]
+#[allow(missing_docs)] // fields as the C struct's
 pub struct dc_label {
     pub key: *mut c_char,
     pub value: *mut c_char,
@@ -127,6 +162,7 @@ pub struct dc_label {
 
 /// `dc_worker_info`.
 #[repr(C)]
+#[allow(missing_docs)] // fields as the C struct's
 pub struct dc_worker_info {
     pub name: [c_char; DC_WORKER_NAME_MAX + 1],
     pub address: [c_char; 256],
@@ -142,6 +178,7 @@ pub struct dc_worker_info {
 
 /// `dc_worker_list`.
 #[repr(C)]
+#[allow(missing_docs)] // fields as the C struct's
 pub struct dc_worker_list {
     pub n: usize,
     pub workers: *mut dc_worker_info,
@@ -150,6 +187,7 @@ pub struct dc_worker_list {
 /// `dc_device`: a concrete device.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[allow(missing_docs)] // fields as the C struct's
 pub struct dc_device {
     pub backend: dc_backend,
     pub kind: dc_kind,
@@ -158,6 +196,7 @@ pub struct dc_device {
 
 /// `dc_device_info`.
 #[repr(C)]
+#[allow(missing_docs)] // fields as the C struct's
 pub struct dc_device_info {
     pub name: *const c_char,
     pub worker: *const c_char,
@@ -168,6 +207,7 @@ pub struct dc_device_info {
 
 /// `dc_device_list`.
 #[repr(C)]
+#[allow(missing_docs)] // fields as the C struct's
 pub struct dc_device_list {
     pub n: usize,
     pub devices: *mut dc_device_info,
@@ -175,6 +215,7 @@ pub struct dc_device_list {
 
 /// `dc_device_filter`.
 #[repr(C)]
+#[allow(missing_docs)] // fields as the C struct's
 pub struct dc_device_filter {
     pub backend: dc_backend,
     pub worker: *const c_char,
@@ -185,6 +226,7 @@ pub struct dc_device_filter {
 /// `dc_cluster_status`.
 #[repr(C)]
 #[derive(Clone, Copy)]
+#[allow(missing_docs)] // fields as the C struct's
 pub struct dc_cluster_status {
     pub workers_alive: u32,
     pub workers_dead: u32,
@@ -200,6 +242,7 @@ pub struct dc_cluster_status {
 /// `dc_device_ref`: optional worker ("" when not named), device, autodiff depth.
 #[repr(C)]
 #[derive(Clone, Copy)]
+#[allow(missing_docs)] // fields as the C struct's
 pub struct dc_device_ref {
     pub worker: [c_char; DC_WORKER_NAME_MAX + 1],
     pub device: dc_device,
@@ -208,6 +251,7 @@ pub struct dc_device_ref {
 
 /// `dc_op_request`.
 #[repr(C)]
+#[allow(missing_docs)] // fields as the C struct's
 pub struct dc_op_request {
     pub kind: dc_op_kind,
     pub reduce: dc_reduce_op,
@@ -222,6 +266,7 @@ pub struct dc_op_request {
 
 /// `dc_plan_worker`.
 #[repr(C)]
+#[allow(missing_docs)] // fields as the C struct's
 pub struct dc_plan_worker {
     pub name: [c_char; DC_WORKER_NAME_MAX + 1],
     pub address: [c_char; 256],
@@ -231,6 +276,7 @@ pub struct dc_plan_worker {
 
 /// `dc_worker_result`.
 #[repr(C)]
+#[allow(missing_docs)] // fields as the C struct's
 pub struct dc_worker_result {
     pub name: [c_char; DC_WORKER_NAME_MAX + 1],
     pub code: dc_code,
@@ -240,6 +286,7 @@ pub struct dc_worker_result {
 
 /// `dc_op_result`.
 #[repr(C)]
+#[allow(missing_docs)] // fields as the C struct's
 pub struct dc_op_result {
     pub op_id: [c_char; 40],
     pub kind: dc_op_kind,
@@ -264,6 +311,7 @@ pub struct dc_op_result {
 
 /// `dc_op_list`.
 #[repr(C)]
+#[allow(missing_docs)] // fields as the C struct's
 pub struct dc_op_list {
     pub n: usize,
     pub ops: *mut dc_op_result,
@@ -271,6 +319,7 @@ pub struct dc_op_list {
 
 /// `dc_tensor`.
 #[repr(C)]
+#[allow(missing_docs)] // fields as the C struct's
 pub struct dc_tensor {
     pub device: [c_char; DC_DEVICE_TEXT_SIZE],
     pub name: [c_char; 256],
@@ -283,6 +332,7 @@ pub struct dc_tensor {
 
 /// `dc_tensor_list`.
 #[repr(C)]
+#[allow(missing_docs)] // fields as the C struct's
 pub struct dc_tensor_list {
     pub n: usize,
     pub tensors: *mut dc_tensor,
@@ -293,44 +343,69 @@ pub type dc_progress_fn = Option<unsafe extern "C" fn(done: usize, total: usize,
 
 #[link(name = "devcoord")]
 extern "C" {
+    /// `dc_version` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_version() -> *const c_char;
+    /// `dc_status_name` of `include/devcoord/status.h`, whose comment documents it.
     pub fn dc_status_name(code: dc_code) -> *const c_char;
+    /// `dc_status_from_name` of `include/devcoord/status.h`, whose comment documents it.
     pub fn dc_status_from_name(name: *const c_char) -> c_int;
 
+    /// `dc_client_open` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_client_open(
         address: *const c_char,
         opts: *const dc_client_options,
         out: *mut *mut dc_client,
         st: *mut dc_status,
     ) -> dc_code;
+    /// `dc_client_close` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_client_close(c: *mut dc_client);
 
+    /// `dc_list_workers` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_list_workers(c: *mut dc_client, out: *mut *mut dc_worker_list, st: *mut dc_status) -> dc_code;
+    /// `dc_worker_list_free` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_worker_list_free(list: *mut dc_worker_list);
+    /// `dc_list_devices` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_list_devices(
         c: *mut dc_client,
         filter: *const dc_device_filter,
         out: *mut *mut dc_device_list,
         st: *mut dc_status,
     ) -> dc_code;
+    /// `dc_device_list_free` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_device_list_free(list: *mut dc_device_list);
+    /// `dc_get_device` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_get_device(c: *mut dc_client, name: *const c_char, out: *mut dc_device_info, st: *mut dc_status) -> dc_code;
+    /// `dc_device_info_clear` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_device_info_clear(d: *mut dc_device_info);
+    /// `dc_cordon_worker` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_cordon_worker(c: *mut dc_client, name: *const c_char, out: *mut dc_worker_info, st: *mut dc_status) -> dc_code;
+    /// `dc_uncordon_worker` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_uncordon_worker(c: *mut dc_client, name: *const c_char, out: *mut dc_worker_info, st: *mut dc_status) -> dc_code;
+    /// `dc_drain_worker` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_drain_worker(c: *mut dc_client, name: *const c_char, out: *mut dc_worker_info, st: *mut dc_status) -> dc_code;
+    /// `dc_worker_info_clear` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_worker_info_clear(w: *mut dc_worker_info);
+    /// `dc_cluster_status_get` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_cluster_status_get(c: *mut dc_client, out: *mut dc_cluster_status, st: *mut dc_status) -> dc_code;
+    /// `dc_health` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_health(c: *mut dc_client, st: *mut dc_status) -> dc_code;
 
+    /// `dc_op_state_name` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_op_state_name(state: dc_op_state) -> *const c_char;
+    /// `dc_submit` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_submit(c: *mut dc_client, req: *const dc_op_request, out: *mut *mut dc_op_result, st: *mut dc_status) -> dc_code;
+    /// `dc_get_op` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_get_op(c: *mut dc_client, op_id: *const c_char, out: *mut *mut dc_op_result, st: *mut dc_status) -> dc_code;
+    /// `dc_op_result_free` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_op_result_free(r: *mut dc_op_result);
+    /// `dc_list_ops` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_list_ops(c: *mut dc_client, limit: u32, out: *mut *mut dc_op_list, st: *mut dc_status) -> dc_code;
+    /// `dc_op_list_free` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_op_list_free(list: *mut dc_op_list);
+    /// `dc_device_list_parse` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_device_list_parse(text: *const c_char, out: *mut *mut dc_device_ref, n: *mut usize, st: *mut dc_status) -> dc_code;
 
+    /// `dc_tensor_put` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_tensor_put(
         c: *mut dc_client,
         device: *const c_char,
@@ -342,7 +417,9 @@ extern "C" {
         bytes: usize,
         st: *mut dc_status,
     ) -> dc_code;
+    /// `dc_tensor_get` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_tensor_get(c: *mut dc_client, device: *const c_char, name: *const c_char, out: *mut *mut dc_tensor, st: *mut dc_status) -> dc_code;
+    /// `dc_tensor_put_progress` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_tensor_put_progress(
         c: *mut dc_client,
         device: *const c_char,
@@ -356,6 +433,7 @@ extern "C" {
         arg: *mut c_void,
         st: *mut dc_status,
     ) -> dc_code;
+    /// `dc_tensor_get_progress` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_tensor_get_progress(
         c: *mut dc_client,
         device: *const c_char,
@@ -365,27 +443,48 @@ extern "C" {
         arg: *mut c_void,
         st: *mut dc_status,
     ) -> dc_code;
+    /// `dc_tensor_free` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_tensor_free(t: *mut dc_tensor);
+    /// `dc_tensor_delete` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_tensor_delete(c: *mut dc_client, device: *const c_char, name: *const c_char, st: *mut dc_status) -> dc_code;
+    /// `dc_tensor_list_get` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_tensor_list_get(c: *mut dc_client, device: *const c_char, out: *mut *mut dc_tensor_list, st: *mut dc_status) -> dc_code;
+    /// `dc_tensor_list_free` of `include/devcoord/devcoord.h`, whose comment documents it.
     pub fn dc_tensor_list_free(list: *mut dc_tensor_list);
 
+    /// `dc_device_ref_parse` of `include/devcoord/types.h`, whose comment documents it.
     pub fn dc_device_ref_parse(text: *const c_char, len: usize, out: *mut dc_device_ref, st: *mut dc_status) -> dc_code;
+    /// `dc_device_ref_format` of `include/devcoord/types.h`, whose comment documents it.
     pub fn dc_device_ref_format(r: *const dc_device_ref, buf: *mut c_char, cap: usize) -> usize;
+    /// `dc_device_format` of `include/devcoord/types.h`, whose comment documents it.
     pub fn dc_device_format(dev: *const dc_device, buf: *mut c_char, cap: usize) -> usize;
+    /// `dc_backend_name` of `include/devcoord/types.h`, whose comment documents it.
     pub fn dc_backend_name(backend: dc_backend) -> *const c_char;
+    /// `dc_backend_from_name` of `include/devcoord/types.h`, whose comment documents it.
     pub fn dc_backend_from_name(name: *const c_char) -> dc_backend;
+    /// `dc_kind_name` of `include/devcoord/types.h`, whose comment documents it.
     pub fn dc_kind_name(kind: dc_kind) -> *const c_char;
+    /// `dc_op_kind_name` of `include/devcoord/types.h`, whose comment documents it.
     pub fn dc_op_kind_name(kind: dc_op_kind) -> *const c_char;
+    /// `dc_op_kind_from_name` of `include/devcoord/types.h`, whose comment documents it.
     pub fn dc_op_kind_from_name(name: *const c_char) -> dc_op_kind;
+    /// `dc_reduce_op_name` of `include/devcoord/types.h`, whose comment documents it.
     pub fn dc_reduce_op_name(op: dc_reduce_op) -> *const c_char;
+    /// `dc_reduce_op_from_name` of `include/devcoord/types.h`, whose comment documents it.
     pub fn dc_reduce_op_from_name(name: *const c_char) -> dc_reduce_op;
+    /// `dc_dtype_name` of `include/devcoord/types.h`, whose comment documents it.
     pub fn dc_dtype_name(dtype: dc_dtype) -> *const c_char;
+    /// `dc_dtype_from_name` of `include/devcoord/types.h`, whose comment documents it.
     pub fn dc_dtype_from_name(name: *const c_char) -> dc_dtype;
+    /// `dc_dtype_size` of `include/devcoord/types.h`, whose comment documents it.
     pub fn dc_dtype_size(dtype: dc_dtype) -> usize;
+    /// `dc_worker_state_name` of `include/devcoord/types.h`, whose comment documents it.
     pub fn dc_worker_state_name(state: dc_worker_state) -> *const c_char;
+    /// `dc_worker_state_from_name` of `include/devcoord/types.h`, whose comment documents it.
     pub fn dc_worker_state_from_name(name: *const c_char) -> dc_worker_state;
+    /// `dc_device_state_name` of `include/devcoord/types.h`, whose comment documents it.
     pub fn dc_device_state_name(state: dc_device_state) -> *const c_char;
+    /// `dc_device_state_from_name` of `include/devcoord/types.h`, whose comment documents it.
     pub fn dc_device_state_from_name(name: *const c_char) -> dc_device_state;
 }
 

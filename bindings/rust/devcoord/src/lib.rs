@@ -17,6 +17,8 @@
 //! server's message, never a panic. Linking: `devcoord-sys` finds libdevcoord through
 //! `$DEVCOORD_LIB_DIR` or `pkg-config devcoord`.
 
+#![deny(missing_docs)]
+
 mod client;
 mod device;
 mod error;
