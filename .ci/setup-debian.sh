@@ -4,7 +4,8 @@
 #   .ci/setup-debian.sh [build] [dev] [bench] [docker]
 # build: compilers, cmake and the four libraries (always included)
 # dev:   clang (libFuzzer, sanitizers), clang-format, clang-tidy, valgrind, and Debian's
-#        cargo and rustc for bindings/rust (test bindings.rust is skipped without them)
+#        cargo and rustc for bindings/rust (test bindings.rust is skipped without them),
+#        python3-numpy for the numpy paths of bindings/python (skipped without it)
 # bench: the peers and tools the benchmarks compare against
 # docker: what deploy/ needs to build its base image without a registry
 set -euo pipefail
@@ -16,7 +17,8 @@ pkgs=(build-essential cmake pkg-config libprotobuf-c-dev protobuf-c-compiler lib
 for g in "${groups[@]}"; do
     case "$g" in
     build) ;;
-    dev) pkgs+=(clang clang-format clang-tidy libclang-rt-14-dev valgrind cargo rustc) ;;
+    dev) pkgs+=(clang clang-format clang-tidy libclang-rt-14-dev valgrind cargo rustc
+                python3-numpy) ;;
     bench) pkgs+=(python3-torch iperf3 gnuplot-nox libgrpc++-dev protobuf-compiler-grpc
                   libprotobuf-dev protobuf-compiler hyperfine) ;;
     docker) pkgs+=(debootstrap docker-compose) ;;

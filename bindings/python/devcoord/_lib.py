@@ -182,6 +182,8 @@ _PROTOTYPES = {
     "dc_reduce_op_name": (c_char_p, [c_int]),
     "dc_reduce_op_from_name": (c_int, [c_char_p]),
     "dc_op_state_name": (c_char_p, [c_int]),
+    "dc_dtype_name": (c_char_p, [c_int]),
+    "dc_dtype_size": (c_size_t, [c_int]),
     "dc_worker_state_name": (c_char_p, [c_int]),
     "dc_worker_state_from_name": (c_int, [c_char_p]),
     "dc_device_state_name": (c_char_p, [c_int]),

@@ -100,11 +100,35 @@ class ClientTest(unittest.TestCase):
 
     @unittest.skipIf(numpy is None, "numpy is not installed")
     def test_numpy(self):
-        x = numpy.arange(12, dtype=numpy.float64).reshape(3, 4)
-        self.client.put(A, "np", x)
-        y = self.client.get(A, "np", numpy=True)
-        self.assertEqual(y.shape, (3, 4))
-        self.assertTrue((x == y).all())
+        for dt in ("float32", "float64", "int32", "int64"):
+            with self.subTest(dtype=dt):
+                x = numpy.arange(12, dtype=dt).reshape(3, 4) - 5
+                self.client.put(A, "np", x)
+                y = self.client.get(A, "np", numpy=True)
+                self.assertEqual((y.dtype, y.shape), (x.dtype, (3, 4)))
+                self.assertTrue((x == y).all())
+        # not contiguous (made contiguous in C), read-only, and converted by dtype=
+        x = numpy.arange(12, dtype="float64").reshape(3, 4).T
+        x.flags.writeable = False
+        self.client.put(A, "npt", x, dtype="f32")
+        y = self.client.get(A, "npt", numpy=True)
+        self.assertEqual((y.dtype, y.shape), (numpy.float32, (4, 3)))
+        self.assertTrue((y == x).all())
+        self.assertEqual(self.client.get(A, "npt").tolist(), x.ravel().tolist())
+
+    @unittest.skipIf(numpy is None, "numpy is not installed")
+    def test_f16(self):
+        """f16 round trips where the C library has it (DC_DTYPE_F16 = 5); before that the
+        library refuses it with InvalidArgument, and the package passes that on."""
+        from devcoord._lib import lib
+        x = numpy.array([1.5, -2.0, 65504.0], dtype=numpy.float16)
+        if lib.dc_dtype_size(5) == 2:
+            self.client.put(A, "h", x)
+            self.assertTrue((self.client.get(A, "h", numpy=True) == x).all())
+            self.assertEqual(self.client.get(A, "h").tolist(), x.view(numpy.uint16).tolist())
+        else:
+            with self.assertRaises(devcoord.InvalidArgument):
+                self.client.put(A, "h", x)
 
     def test_all_reduce(self):
         self.client.put(A, "g", [1.0, 2.0, 3.0])
