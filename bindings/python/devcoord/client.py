@@ -299,7 +299,10 @@ class Client:
         self.close()
 
     def __del__(self):
-        self.close()
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown may have torn the module down already
+            pass
 
     def _call(self, fn, *args):
         if not self._h:

@@ -226,5 +226,30 @@ class SecureTest(unittest.TestCase):
             self.assertEqual(len(c.devices()), 4)
 
 
+class TlsTest(unittest.TestCase):
+    """tls+tcp:// with a client certificate the daemons require: the TLS options reach the
+    library (coordinator and, for tensors, the workers)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = start_cluster(secutil.SecureCluster(tls=True, require_client_cert=True,
+                                                          heartbeat_ms=500,
+                                                          dead_after_ms=5000), cls)
+
+    def test_tls(self):
+        pki = self.cluster.pki
+        self.assertTrue(self.cluster.addr.startswith("tls+tcp://"))
+        with devcoord.Client(self.cluster.addr, tls_ca=pki.ca, tls_cert=pki.client,
+                             tls_key=pki.client_key) as c:
+            self.assertEqual(len(c.workers()), 2)
+            c.put(A, "t", array.array("q", [5, -6]))
+            self.assertEqual(c.get(A, "t").tolist(), [5, -6])
+        with devcoord.Client(self.cluster.addr, tls_ca=pki.other_ca, tls_cert=pki.client,
+                             tls_key=pki.client_key, timeout_ms=2000) as c:
+            with self.assertRaises(devcoord.Error) as cm:
+                c.workers()  # the servers' certificate does not verify against this CA
+            self.assertTrue(cm.exception.transport, cm.exception)
+
+
 if __name__ == "__main__":
     unittest.main()

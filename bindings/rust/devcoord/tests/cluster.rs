@@ -126,6 +126,22 @@ fn one_client_many_threads() {
 }
 
 #[test]
+fn tokens() {
+    let cluster = Cluster::start_with(&[("node-a", DEVICES), ("node-b", DEVICES)], true);
+    let c = cluster.client(); // the trainer token
+    c.put(A, "t", &[1i32, 2]).unwrap();
+    c.put(B, "t", &[3i32, 4]).unwrap();
+    c.submit(&OpRequest::all_reduce(pair(), "t", ReduceOp::Prod)).unwrap();
+    assert_eq!(c.get::<i32>(B, "t").unwrap().data, vec![3, 8]);
+    for token in [None, Some("dc-trainer-not-a-token".to_string())] {
+        let c = Client::connect_with(&cluster.addr, &Options { token, ..Options::default() }).unwrap();
+        let e = c.workers().unwrap_err();
+        assert_eq!(e.code, Code::Unauthenticated, "{}", e);
+        assert!(!e.transport);
+    }
+}
+
+#[test]
 fn dead_address() {
     let addr = common::dead_address();
     let e = Client::connect_with(&addr, &Options { fail_fast: true, ..Options::default() }).err().unwrap();

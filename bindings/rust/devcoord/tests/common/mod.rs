@@ -28,9 +28,16 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// A running cluster; `addr` is the coordinator's address.
+/// Tokens of a cluster started with auth (`token: role` tokens file at the coordinator).
+pub const WORKER_TOKEN: &str = "dc-worker-rust-bindings-test-0001";
+/// The trainer role's token.
+pub const TRAINER_TOKEN: &str = "dc-trainer-rust-bindings-test-0001";
+
+/// A running cluster; `addr` is the coordinator's address, `token` the trainer token the
+/// fixture uses when the cluster has auth.
 pub struct Cluster {
     pub addr: String,
+    pub token: Option<String>,
     dir: PathBuf,
     children: Vec<Child>,
 }
@@ -67,6 +74,12 @@ impl Cluster {
     /// Starts a coordinator and `workers` (name, devices such as "cuda:0") and waits until
     /// every worker is alive in the registry.
     pub fn start(workers: &[(&str, &[&str])]) -> Cluster {
+        Cluster::start_with(workers, false)
+    }
+
+    /// As start; with `auth` the coordinator needs tokens (WORKER_TOKEN for the workers,
+    /// TRAINER_TOKEN for clients).
+    pub fn start_with(workers: &[(&str, &[&str])], auth: bool) -> Cluster {
         static N: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
             "devcoord-rust-{}-{}",
@@ -75,19 +88,37 @@ impl Cluster {
         ));
         fs::create_dir_all(&dir).unwrap();
         let addr = format!("tcp://127.0.0.1:{}", free_port());
-        let mut cluster = Cluster { addr: addr.clone(), dir: dir.clone(), children: Vec::new() };
-        let coordinator = format!(
+        let mut cluster = Cluster {
+            addr: addr.clone(),
+            token: if auth { Some(TRAINER_TOKEN.to_string()) } else { None },
+            dir: dir.clone(),
+            children: Vec::new(),
+        };
+        let mut coordinator = format!(
             "listen: {}\nhttp: \"\"\nheartbeat:\n  interval_ms: 500\n  dead_after_ms: 5000\nlog:\n  level: info\n",
             addr
         );
+        let mut worker_auth = String::new();
+        if auth {
+            let tokens = dir.join("tokens.yaml");
+            fs::write(&tokens, format!("{}: worker\n{}: trainer\n", WORKER_TOKEN, TRAINER_TOKEN)).unwrap();
+            coordinator += &format!("auth:\n  tokens_file: {}\n", tokens.display());
+            let token_file = dir.join("worker.token");
+            fs::write(&token_file, format!("{}\n", WORKER_TOKEN)).unwrap();
+            worker_auth = format!("token_file: {}\n", token_file.display());
+        }
         cluster.spawn("coordinator", &binary("DEVCOORD_SERVER", "server/coordinator/devcoord-server"), &coordinator);
-        let client = Client::connect_with(&addr, &Options { timeout_ms: 2000, ..Options::default() }).unwrap();
+        let client = Client::connect_with(
+            &addr,
+            &Options { timeout_ms: 2000, token: cluster.token.clone(), ..Options::default() },
+        )
+        .unwrap();
         wait_until("the coordinator to be ready", || client.cluster_status().ok().filter(|s| s.ready));
         for (name, devices) in workers {
             let listen = format!("tcp://127.0.0.1:{}", free_port());
             let mut cfg = format!(
-                "name: {}\ncoordinator: {}\nlisten: {}\nadvertise: {}\nlog:\n  level: info\ndevices:\n",
-                name, addr, listen, listen
+                "name: {}\ncoordinator: {}\nlisten: {}\nadvertise: {}\n{}log:\n  level: info\ndevices:\n",
+                name, addr, listen, listen, worker_auth
             );
             for d in devices.iter() {
                 cfg += &format!("  - device: \"{}\"\n    memory: 8GiB\n", d);
@@ -123,7 +154,8 @@ impl Cluster {
 
     /// A client of this cluster.
     pub fn client(&self) -> Client {
-        Client::connect_with(&self.addr, &Options { timeout_ms: 20000, ..Options::default() }).unwrap()
+        let opts = Options { timeout_ms: 20000, token: self.token.clone(), ..Options::default() };
+        Client::connect_with(&self.addr, &opts).unwrap()
     }
 }
 
