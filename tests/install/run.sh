@@ -43,4 +43,12 @@ pkgdir=$(find "$prefix" -type d -name devcoord -path '*-packages/devcoord' | hea
 test -n "$pkgdir" && test -s "$pkgdir/_libpath.py"
 (cd "$work" && env -u DEVCOORD_LIB PYTHONPATH="$(dirname "$pkgdir")" /usr/bin/python3 -c \
     'import devcoord; print("devcoord", devcoord.version(), devcoord.parse_device("node-a/cuda"))')
+echo "== Rust crate linked through pkg-config against the install (Debian's cargo)"
+if [ -x /usr/bin/cargo ]; then
+    (cd "$here/../../bindings/rust" && env -u DEVCOORD_LIB_DIR RUSTC=/usr/bin/rustc \
+        CARGO_TARGET_DIR="$work/cargo" /usr/bin/cargo build --offline --quiet --example all_reduce)
+    ldd "$work/cargo/debug/examples/all_reduce" | grep -F "$prefix/lib/" | grep devcoord
+else
+    echo "  skipped: /usr/bin/cargo is not installed (.ci/setup-debian.sh dev)"
+fi
 echo "install test: ok"
