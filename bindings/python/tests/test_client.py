@@ -179,6 +179,14 @@ class ClientTest(unittest.TestCase):
             self.assertIn("cordoned", cm.exception.message)
         finally:
             self.assertEqual(self.client.uncordon("node-b").state, "alive")
+        self.assertEqual(self.client.drain("node-b").state, "draining")
+        try:
+            self.assertEqual(self.client.cluster_status().workers_draining, 1)
+            with self.assertRaises(devcoord.Error) as cm:
+                self.client.submit("all-reduce", [A, B], "g", reduce="sum")
+            self.assertIn("draining", cm.exception.message)
+        finally:
+            self.assertEqual(self.client.uncordon("node-b").state, "alive")
 
     def test_local_errors(self):
         with self.assertRaises(devcoord.InvalidArgument):

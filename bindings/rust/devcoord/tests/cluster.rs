@@ -74,6 +74,17 @@ fn registry_tensors_and_all_reduce() {
     let e = c.get::<f32>(A, "f32").unwrap_err();
     assert_eq!(e.code, Code::NotFound);
     assert!(e.to_string().starts_with("NOT_FOUND: "), "{}", e);
+
+    // operator steering
+    assert_eq!(c.cordon("node-b").unwrap().state, "cordoned");
+    let e = c.submit(&OpRequest::all_reduce(pair(), "g", ReduceOp::Sum)).unwrap_err();
+    assert!(e.message.contains("cordoned"), "{}", e);
+    assert_eq!(c.drain("node-b").unwrap().state, "draining");
+    assert_eq!(c.cluster_status().unwrap().workers_draining, 1);
+    assert_eq!(c.uncordon("node-b").unwrap().state, "alive");
+    c.submit(&OpRequest::all_reduce(pair(), "g", ReduceOp::Sum)).unwrap();
+    assert_eq!(c.get::<f32>(B, "g").unwrap().data, vec![22.0, 44.0, 66.0]);
+    assert_eq!(c.cordon("node-q").unwrap_err().code, Code::NotFound);
 }
 
 #[test]
