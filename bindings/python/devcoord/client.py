@@ -217,7 +217,7 @@ def _op(r):
 def _lookup(fn, what, value):
     number = fn(_b(value))
     if number <= 0:
-        raise ValueError("devcoord: unknown %s %r" % (what, value))
+        raise error_for(3, "unknown %s %r" % (what, value))
     return number
 
 
@@ -232,20 +232,20 @@ def _as_buffer(data, dtype, shape):
     if isinstance(data, (list, tuple)):
         dt = dt or DTYPES["f32"]
         if dt.typecode == "H":
-            raise ValueError("devcoord: %s tensors are put from a numpy array or a buffer of "
+            raise error_for(3, "%s tensors are put from a numpy array or a buffer of "
                              "16-bit patterns, not from a list" % dt.name)
         arr = array.array(dt.typecode, data)  # converted in C, no Python loop
         data = arr
     mv = memoryview(data)
     if not mv.c_contiguous:
-        raise ValueError("devcoord: put needs a C-contiguous buffer")
+        raise error_for(3, "put needs a C-contiguous buffer")
     if dt is None:
         dt = from_format(mv.format, mv.itemsize)
         if dt is None:
-            raise ValueError("devcoord: cannot tell the dtype of a buffer of format %r; pass "
+            raise error_for(3, "cannot tell the dtype of a buffer of format %r; pass "
                              "dtype=" % mv.format)
     if mv.nbytes % dt.size:
-        raise ValueError("devcoord: %d bytes are not a whole number of %s elements"
+        raise error_for(3, "%d bytes are not a whole number of %s elements"
                          % (mv.nbytes, dt.name))
     if shape is None:
         same = mv.itemsize == dt.size and mv.ndim > 0
@@ -461,9 +461,9 @@ class Client:
     def get(self, device, name, numpy=False):
         """Reads tensor `name` from `device`: an array.array of its elements (flat; f16/bf16
         as 16-bit patterns, typecode "H"), or with numpy=True a numpy array of its shape
-        (ImportError when numpy is not installed)."""
+        (FailedPrecondition when numpy is not installed)."""
         if numpy and _np is None:
-            raise ImportError("devcoord: numpy=True needs numpy")
+            raise error_for(9, "numpy=True needs numpy, which is not installed")
         out = ctypes.POINTER(_lib.Tensor)()
         self._call(lib.dc_tensor_get, _b(device), _b(name), ctypes.byref(out))
         try:

@@ -9,6 +9,8 @@ as uint16 patterns.
 import array
 from dataclasses import dataclass
 
+from .errors import error_for
+
 
 @dataclass(frozen=True)
 class DType:
@@ -45,7 +47,8 @@ _FORMAT_KINDS = {"f": "f", "d": "f", "e": "f", "b": "i", "h": "i", "i": "i", "l"
 
 
 def dtype(value):
-    """The DType for a name ("f32"), a DType, or a numpy dtype; raises ValueError."""
+    """The DType for a name ("f32"), a DType, or a numpy dtype; raises
+    devcoord.InvalidArgument (a ValueError)."""
     if isinstance(value, DType):
         return value
     if isinstance(value, str) and value in DTYPES:
@@ -53,7 +56,7 @@ def dtype(value):
     name = getattr(value, "name", None)
     if name in _FROM_NUMPY:
         return _FROM_NUMPY[name]
-    raise ValueError("devcoord: unknown dtype %r (expected one of %s)"
+    raise error_for(3, "unknown dtype %r (expected one of %s)"
                      % (value, ", ".join(DTYPES)))
 
 

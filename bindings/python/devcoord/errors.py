@@ -48,11 +48,13 @@ def _class_name(code):
 # Cancelled, Unknown, InvalidArgument, DeadlineExceeded, NotFound, AlreadyExists,
 # PermissionDenied, ResourceExhausted, FailedPrecondition, Aborted, OutOfRange, Unimplemented,
 # Internal, Unavailable, DataLoss, Unauthenticated.
+# InvalidArgument is a ValueError too: the package's own argument checks raise it as well.
 BY_CODE = {}
 for _number, _code in CODES.items():
     if _number == 0:
         continue
-    BY_CODE[_number] = type(_class_name(_code), (Error,), {
+    _bases = (Error, ValueError) if _code == "INVALID_ARGUMENT" else (Error,)
+    BY_CODE[_number] = type(_class_name(_code), _bases, {
         "code": _code, "__doc__": "devcoord.Error with code %s." % _code})
 globals().update({cls.__name__: cls for cls in BY_CODE.values()})
 

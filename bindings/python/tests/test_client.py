@@ -191,8 +191,14 @@ class ClientTest(unittest.TestCase):
     def test_local_errors(self):
         with self.assertRaises(devcoord.InvalidArgument):
             self.client.submit("all-reduce", ["cuda:("], "g", reduce="sum")
-        with self.assertRaises(ValueError):
+        with self.assertRaises(devcoord.InvalidArgument) as cm:
             self.client.put(A, "x", [1.0], dtype="f128")
+        self.assertIsInstance(cm.exception, ValueError)
+        self.assertIn("f128", cm.exception.message)
+        with self.assertRaises(devcoord.InvalidArgument):
+            self.client.put(A, "x", [1.0], dtype="bf16")  # 16-bit patterns come as buffers
+        with self.assertRaises(devcoord.InvalidArgument):
+            self.client.submit("all-reduce", [A, B], "g", reduce="average")
         self.assertEqual(devcoord.dtype("bf16").number, 6)
         self.assertEqual(devcoord.dtype("f16").size, 2)
 
