@@ -226,6 +226,8 @@ def _as_buffer(data, dtype, shape):
     dt = _dtype(dtype) if dtype is not None else None
     if _np is not None and isinstance(data, _np.ndarray):
         dt = dt or _dtype(data.dtype)
+        if dt.name == "bf16" and data.dtype != _np.uint16:
+            raise error_for(3, "bf16 tensors are put from numpy arrays of uint16 bit patterns")
         arr = _np.ascontiguousarray(data, dtype=dt.numpy)
         return (ctypes.c_void_p(arr.ctypes.data), arr.nbytes, dt,
                 shape or (list(arr.shape) or [1]), arr)
@@ -233,7 +235,7 @@ def _as_buffer(data, dtype, shape):
         dt = dt or DTYPES["f32"]
         if dt.typecode == "H":
             raise error_for(3, "%s tensors are put from a numpy array or a buffer of "
-                             "16-bit patterns, not from a list" % dt.name)
+                            "16-bit patterns, not from a list" % dt.name)
         arr = array.array(dt.typecode, data)  # converted in C, no Python loop
         data = arr
     mv = memoryview(data)
@@ -243,10 +245,10 @@ def _as_buffer(data, dtype, shape):
         dt = from_format(mv.format, mv.itemsize)
         if dt is None:
             raise error_for(3, "cannot tell the dtype of a buffer of format %r; pass "
-                             "dtype=" % mv.format)
+                            "dtype=" % mv.format)
     if mv.nbytes % dt.size:
         raise error_for(3, "%d bytes are not a whole number of %s elements"
-                         % (mv.nbytes, dt.name))
+                        % (mv.nbytes, dt.name))
     if shape is None:
         same = mv.itemsize == dt.size and mv.ndim > 0
         shape = list(mv.shape) if same else [mv.nbytes // dt.size]

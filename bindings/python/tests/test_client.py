@@ -115,6 +115,8 @@ class ClientTest(unittest.TestCase):
         self.assertEqual((y.dtype, y.shape), (numpy.float32, (4, 3)))
         self.assertTrue((y == x).all())
         self.assertEqual(self.client.get(A, "npt").tolist(), x.ravel().tolist())
+        with self.assertRaises(devcoord.InvalidArgument):  # bf16 comes as bit patterns
+            self.client.put(A, "b", numpy.ones(3, dtype=numpy.float32), dtype="bf16")
 
     @unittest.skipIf(numpy is None, "numpy is not installed")
     def test_f16(self):
