@@ -3,7 +3,9 @@
 # .ci/run, deploy scripts) calls this, so a fresh machine needs nothing installed by hand.
 #   .ci/setup-debian.sh [build] [dev] [test] [bench] [docker]
 # build: compilers, cmake and the four libraries (always included)
-# dev:   clang (libFuzzer, sanitizers), clang-format, clang-tidy, valgrind
+# dev:   clang (libFuzzer, sanitizers), clang-format, clang-tidy, valgrind, and Debian's
+#        cargo and rustc for bindings/rust (test bindings.rust is skipped without them),
+#        python3-numpy for the numpy paths of bindings/python (skipped without it)
 # test:  headless chromium, which renders the coordinator's status page in
 #        integration.statuspage (skipped without it)
 # bench: the peers and tools the benchmarks compare against
@@ -17,7 +19,8 @@ pkgs=(build-essential cmake pkg-config libprotobuf-c-dev protobuf-c-compiler lib
 for g in "${groups[@]}"; do
     case "$g" in
     build) ;;
-    dev) pkgs+=(clang clang-format clang-tidy libclang-rt-14-dev valgrind) ;;
+    dev) pkgs+=(clang clang-format clang-tidy libclang-rt-14-dev valgrind cargo rustc
+                python3-numpy) ;;
     test) pkgs+=(chromium) ;;
     bench) pkgs+=(python3-torch iperf3 gnuplot-nox libgrpc++-dev protobuf-compiler-grpc
                   libprotobuf-dev protobuf-compiler hyperfine) ;;

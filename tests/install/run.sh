@@ -38,4 +38,17 @@ echo "== installed devcoordctl and man pages"
 for page in man1/devcoordctl.1 man8/devcoord-server.8 man8/devcoord-worker.8; do
     test -s "$prefix/share/man/$page" && echo "  $page"
 done
+echo "== installed Python package (finds the installed library by itself)"
+pkgdir=$(find "$prefix" -type d -name devcoord -path '*-packages/devcoord' | head -n 1)
+test -n "$pkgdir" && test -s "$pkgdir/_libpath.py"
+(cd "$work" && env -u DEVCOORD_LIB PYTHONPATH="$(dirname "$pkgdir")" /usr/bin/python3 -c \
+    'import devcoord; print("devcoord", devcoord.version(), devcoord.parse_device("node-a/cuda"))')
+echo "== Rust crate linked through pkg-config against the install (Debian's cargo)"
+if [ -x /usr/bin/cargo ]; then
+    (cd "$here/../../bindings/rust" && env -u DEVCOORD_LIB_DIR RUSTC=/usr/bin/rustc \
+        CARGO_TARGET_DIR="$work/cargo" /usr/bin/cargo build --offline --quiet --example all_reduce)
+    ldd "$work/cargo/debug/examples/all_reduce" | grep -F "$prefix/lib/" | grep devcoord
+else
+    echo "  skipped: /usr/bin/cargo is not installed (.ci/setup-debian.sh dev)"
+fi
 echo "install test: ok"

@@ -1,0 +1,271 @@
+"""devcoord (Python) against real daemons: registry, tensors of every dtype, ops, refusals and
+auth. The daemons come from tests/integration/harness.py and secutil.py (imported by path);
+the library from $DEVCOORD_LIB (set by CTest), else build/client/libdevcoord.so.
+
+    DEVCOORD_LIB=build/client/libdevcoord.so /usr/bin/python3 -m unittest -v \
+        discover -s bindings/python/tests
+"""
+
+import array
+import os
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
+sys.path.insert(0, os.path.dirname(HERE))
+os.environ.setdefault("DEVCOORD_LIB", os.path.join(
+    os.environ.get("DEVCOORD_BUILD_DIR", os.path.join(REPO, "build")), "client", "libdevcoord.so"))
+
+import harness  # noqa: E402
+import secutil  # noqa: E402
+
+import devcoord  # noqa: E402
+
+try:
+    import numpy
+except ImportError:
+    numpy = None
+
+A, B = "node-a/cuda:0", "node-b/cuda:0"
+
+
+def start_cluster(cluster, tc):
+    """Coordinator and workers node-a, node-b (cuda:0 and cuda:1 each) on `cluster`, closed
+    at the end of the test class `tc`."""
+    tc.addClassCleanup(cluster.close)
+    cluster.start_coordinator()
+    for name in ("node-a", "node-b"):
+        cluster.add_worker(name, [{"device": "cuda:0", "memory": "8GiB"},
+                                  {"device": "cuda:1", "memory": "8GiB"}],
+                           labels={"rack": name[-1]})
+    cluster.wait_workers(["node-a", "node-b"])
+    return cluster
+
+
+class ClientTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = start_cluster(harness.Cluster(heartbeat_ms=500, dead_after_ms=5000), cls)
+        cls.client = devcoord.Client(cls.cluster.addr, timeout_ms=20000)
+        cls.addClassCleanup(cls.client.close)
+
+    def test_workers_and_devices(self):
+        workers = {w.name: w for w in self.client.workers()}
+        self.assertEqual(sorted(workers), ["node-a", "node-b"])
+        self.assertEqual(workers["node-a"].state, "alive")
+        self.assertEqual(workers["node-a"].device_count, 2)
+        self.assertEqual(workers["node-b"].labels, {"rack": "b"})
+        devices = self.client.devices()
+        self.assertEqual([d.name for d in devices],
+                         ["node-a/cuda:0", "node-a/cuda:1", "node-b/cuda:0", "node-b/cuda:1"])
+        self.assertEqual((devices[1].backend, devices[1].index, devices[1].device,
+                          devices[1].state, devices[1].memory_bytes),
+                         ("cuda", 1, "cuda:1", "healthy", 8 << 30))
+        self.assertEqual([d.name for d in self.client.devices(worker="node-b")],
+                         ["node-b/cuda:0", "node-b/cuda:1"])
+        self.assertEqual(self.client.devices(backend="rocm"), [])
+        self.assertEqual(self.client.device("node-b/cuda:1").worker, "node-b")
+        status = self.client.cluster_status()
+        self.assertEqual((status.workers_alive, status.devices_by_backend["cuda"], status.ready),
+                         (2, 4, True))
+        self.assertTrue(self.client.health())
+
+    def test_put_get_every_dtype(self):
+        cases = {"f32": [1.5, -2.25, 3.0e10], "f64": [1.0 / 3, -1e300, 0.0],
+                 "i32": [-(2 ** 31), 2 ** 31 - 1, 7], "i64": [-(2 ** 63), 2 ** 63 - 1, 7]}
+        for dt, values in cases.items():
+            with self.subTest(dtype=dt):
+                self.client.put(A, "rt-" + dt, values, dtype=dt)
+                got = self.client.get(A, "rt-" + dt)
+                self.assertEqual(got.typecode, devcoord.DTYPES[dt].typecode)
+                self.assertEqual(got.tolist(), array.array(got.typecode, values).tolist())
+        listed = {t.name: t for t in self.client.tensors(A)}
+        self.assertEqual((listed["rt-i64"].dtype, listed["rt-i64"].shape,
+                          listed["rt-i64"].size_bytes), ("i64", [3], 24))
+        # buffers: array.array keeps its dtype; a 2-D memoryview keeps its shape
+        self.client.put(A, "buf", array.array("d", range(6)))
+        self.assertEqual(self.client.get(A, "buf").tolist(), [0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+        m = memoryview(bytearray(array.array("i", range(6)).tobytes())).cast("B").cast(
+            "i", [2, 3])
+        self.client.put(A, "mat", m)
+        listed = {t.name: t for t in self.client.tensors(A)}
+        self.assertEqual((listed["mat"].dtype, listed["mat"].shape), ("i32", [2, 3]))
+        self.client.put(A, "raw", bytes(array.array("f", [9.0, 8.0])), dtype="f32")
+        self.assertEqual(self.client.get(A, "raw").tolist(), [9.0, 8.0])
+        self.client.delete(A, "raw")
+        with self.assertRaises(devcoord.NotFound):
+            self.client.get(A, "raw")
+
+    @unittest.skipIf(numpy is None, "numpy is not installed")
+    def test_numpy(self):
+        for dt in ("float32", "float64", "int32", "int64"):
+            with self.subTest(dtype=dt):
+                x = numpy.arange(12, dtype=dt).reshape(3, 4) - 5
+                self.client.put(A, "np", x)
+                y = self.client.get(A, "np", numpy=True)
+                self.assertEqual((y.dtype, y.shape), (x.dtype, (3, 4)))
+                self.assertTrue((x == y).all())
+        # not contiguous (made contiguous in C), read-only, and converted by dtype=
+        x = numpy.arange(12, dtype="float64").reshape(3, 4).T
+        x.flags.writeable = False
+        self.client.put(A, "npt", x, dtype="f32")
+        y = self.client.get(A, "npt", numpy=True)
+        self.assertEqual((y.dtype, y.shape), (numpy.float32, (4, 3)))
+        self.assertTrue((y == x).all())
+        self.assertEqual(self.client.get(A, "npt").tolist(), x.ravel().tolist())
+        with self.assertRaises(devcoord.InvalidArgument):  # bf16 comes as bit patterns
+            self.client.put(A, "b", numpy.ones(3, dtype=numpy.float32), dtype="bf16")
+
+    @unittest.skipIf(numpy is None, "numpy is not installed")
+    def test_f16(self):
+        """f16 round trips where the C library has it (DC_DTYPE_F16 = 5); before that the
+        library refuses it with InvalidArgument, and the package passes that on."""
+        from devcoord._lib import lib
+        x = numpy.array([1.5, -2.0, 65504.0], dtype=numpy.float16)
+        if lib.dc_dtype_size(5) == 2:
+            self.client.put(A, "h", x)
+            self.assertTrue((self.client.get(A, "h", numpy=True) == x).all())
+            self.assertEqual(self.client.get(A, "h").tolist(), x.view(numpy.uint16).tolist())
+        else:
+            with self.assertRaises(devcoord.InvalidArgument):
+                self.client.put(A, "h", x)
+
+    def test_all_reduce(self):
+        self.client.put(A, "g", [1.0, 2.0, 3.0])
+        self.client.put(B, "g", [10.0, 20.0, 30.0])
+        op = self.client.submit("all-reduce", [A, B], "g", reduce="sum")
+        self.assertEqual((op.kind, op.reduce, op.state, op.code), ("all-reduce", "sum", "done",
+                                                                   "OK"))
+        self.assertEqual(op.devices, [A, B])
+        self.assertEqual(sorted(p.name for p in op.plan), ["node-a", "node-b"])
+        for dev in (A, B):
+            self.assertEqual(self.client.get(dev, "g").tolist(), [11.0, 22.0, 33.0])
+        self.assertEqual(self.client.get_op(op.op_id).state, "done")
+        self.assertIn(op.op_id, [o.op_id for o in self.client.list_ops()])
+
+    def test_plan_refuses_nested_autodiff(self):
+        plan = self.client.plan("all-reduce", ["node-a/autodiff(cuda:0)",
+                                               "node-b/autodiff(cuda:0)"], "g", reduce="sum")
+        self.assertEqual(plan.devices, [A, B])
+        self.assertEqual(sorted(p.name for p in plan.plan), ["node-a", "node-b"])
+        with self.assertRaises(devcoord.InvalidArgument) as cm:
+            self.client.plan("all-reduce", ["node-a/autodiff(autodiff(cuda:0))"], "g",
+                             reduce="sum")
+        e = cm.exception
+        self.assertEqual(e.code, "INVALID_ARGUMENT")
+        self.assertTrue(e.message.startswith("autodiff should not wrap an autodiff device"),
+                        e.message)
+        self.assertIn("node-a/autodiff(autodiff(cuda:0))", e.message)
+        self.assertEqual(e.device_index, 0)
+        self.assertFalse(e.transport)
+        self.assertTrue(str(e).startswith("INVALID_ARGUMENT: autodiff should not"), str(e))
+
+    def test_not_found(self):
+        with self.assertRaises(devcoord.NotFound) as cm:
+            self.client.get(A, "no-such-tensor")
+        self.assertEqual(cm.exception.code, "NOT_FOUND")
+        self.assertIn("no-such-tensor", cm.exception.message)
+        with self.assertRaises(devcoord.NotFound):
+            self.client.submit("all-reduce", ["node-z/cuda:0"], "g", reduce="sum")
+        with self.assertRaises(devcoord.NotFound):
+            self.client.device("node-a/cuda:7")
+
+    def test_cordon_uncordon(self):
+        self.assertEqual(self.client.cordon("node-b").state, "cordoned")
+        try:
+            with self.assertRaises(devcoord.Error) as cm:
+                self.client.submit("all-reduce", [A, B], "g", reduce="sum")
+            self.assertEqual(cm.exception.code, "FAILED_PRECONDITION")
+            self.assertIn("cordoned", cm.exception.message)
+        finally:
+            self.assertEqual(self.client.uncordon("node-b").state, "alive")
+        self.assertEqual(self.client.drain("node-b").state, "draining")
+        try:
+            self.assertEqual(self.client.cluster_status().workers_draining, 1)
+            with self.assertRaises(devcoord.Error) as cm:
+                self.client.submit("all-reduce", [A, B], "g", reduce="sum")
+            self.assertIn("draining", cm.exception.message)
+        finally:
+            self.assertEqual(self.client.uncordon("node-b").state, "alive")
+
+    def test_local_errors(self):
+        with self.assertRaises(devcoord.InvalidArgument):
+            self.client.submit("all-reduce", ["cuda:("], "g", reduce="sum")
+        with self.assertRaises(devcoord.InvalidArgument) as cm:
+            self.client.put(A, "x", [1.0], dtype="f128")
+        self.assertIsInstance(cm.exception, ValueError)
+        self.assertIn("f128", cm.exception.message)
+        with self.assertRaises(devcoord.InvalidArgument):
+            self.client.put(A, "x", [1.0], dtype="bf16")  # 16-bit patterns come as buffers
+        with self.assertRaises(devcoord.InvalidArgument):
+            self.client.submit("all-reduce", [A, B], "g", reduce="average")
+        self.assertEqual(devcoord.dtype("bf16").number, 6)
+        self.assertEqual(devcoord.dtype("f16").size, 2)
+
+
+class UnreachableTest(unittest.TestCase):
+    def test_dead_address(self):
+        port = harness.free_port()  # nothing listens there
+        with self.assertRaises(devcoord.Unavailable) as cm:
+            devcoord.Client(harness.tcp_addr(port), fail_fast=True)
+        self.assertTrue(cm.exception.transport)
+        with devcoord.Client(harness.tcp_addr(port), timeout_ms=300) as c:
+            with self.assertRaises(devcoord.Error) as cm:
+                c.workers()
+            self.assertIn(cm.exception.code, ("UNAVAILABLE", "DEADLINE_EXCEEDED"))
+            self.assertTrue(cm.exception.transport)
+        with self.assertRaises(devcoord.FailedPrecondition):
+            c.workers()  # closed
+
+
+class SecureTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = start_cluster(secutil.SecureCluster(auth=True, heartbeat_ms=500,
+                                                          dead_after_ms=5000), cls)
+
+    def test_token(self):
+        tokens = self.cluster.tokens
+        with devcoord.Client(self.cluster.addr, token=tokens.by_role["trainer"]) as c:
+            self.assertEqual(sorted(w.name for w in c.workers()), ["node-a", "node-b"])
+            c.put(A, "t", [1.0, 2.0])
+            c.put(B, "t", [3.0, 4.0])
+            c.submit("all-reduce", [A, B], "t", reduce="max")
+            self.assertEqual(c.get(B, "t").tolist(), [3.0, 4.0])
+            self.assertEqual(c.get(A, "t").tolist(), [3.0, 4.0])
+        with devcoord.Client(self.cluster.addr, token=tokens.unknown) as c:
+            with self.assertRaises(devcoord.Unauthenticated):
+                c.workers()
+        with devcoord.Client(self.cluster.addr, token_file=tokens.files["trainer"]) as c:
+            self.assertEqual(len(c.devices()), 4)
+
+
+class TlsTest(unittest.TestCase):
+    """tls+tcp:// with a client certificate the daemons require: the TLS options reach the
+    library (coordinator and, for tensors, the workers)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = start_cluster(secutil.SecureCluster(tls=True, require_client_cert=True,
+                                                          heartbeat_ms=500,
+                                                          dead_after_ms=5000), cls)
+
+    def test_tls(self):
+        pki = self.cluster.pki
+        self.assertTrue(self.cluster.addr.startswith("tls+tcp://"))
+        with devcoord.Client(self.cluster.addr, tls_ca=pki.ca, tls_cert=pki.client,
+                             tls_key=pki.client_key) as c:
+            self.assertEqual(len(c.workers()), 2)
+            c.put(A, "t", array.array("q", [5, -6]))
+            self.assertEqual(c.get(A, "t").tolist(), [5, -6])
+        with devcoord.Client(self.cluster.addr, tls_ca=pki.other_ca, tls_cert=pki.client,
+                             tls_key=pki.client_key, timeout_ms=2000) as c:
+            with self.assertRaises(devcoord.Error) as cm:
+                c.workers()  # the servers' certificate does not verify against this CA
+            self.assertTrue(cm.exception.transport, cm.exception)
+
+
+if __name__ == "__main__":
+    unittest.main()

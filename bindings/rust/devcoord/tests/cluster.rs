@@ -1,0 +1,195 @@
+//! The safe API against real daemons (see tests/common for the fixture).
+
+mod common;
+
+use std::sync::Arc;
+
+use common::Cluster;
+use devcoord::{Client, Code, Device, OpKind, OpRequest, Options, ReduceOp};
+
+const A: &str = "node-a/cuda:0";
+const B: &str = "node-b/cuda:0";
+const DEVICES: &[&str] = &["cuda:0", "cuda:1"];
+
+fn two_nodes() -> Cluster {
+    Cluster::start(&[("node-a", DEVICES), ("node-b", DEVICES)])
+}
+
+fn pair() -> Vec<devcoord::DeviceRef> {
+    vec![Device::Cuda(0).on("node-a"), Device::Cuda(0).on("node-b")]
+}
+
+#[test]
+fn registry_tensors_and_all_reduce() {
+    let cluster = two_nodes();
+    let c = cluster.client();
+    let mut names: Vec<String> = c.workers().unwrap().into_iter().map(|w| w.name).collect();
+    names.sort();
+    assert_eq!(names, vec!["node-a", "node-b"]);
+    let devices = c.devices().unwrap();
+    assert_eq!(
+        devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(),
+        vec!["node-a/cuda:0", "node-a/cuda:1", "node-b/cuda:0", "node-b/cuda:1"]
+    );
+    assert_eq!(devices[1].device, Some(Device::Cuda(1)));
+    assert_eq!(c.device("node-b/cuda:1").unwrap().worker, "node-b");
+    let status = c.cluster_status().unwrap();
+    assert_eq!(status.workers_alive, 2);
+    assert!(status.devices_by_backend.contains(&("cuda".to_string(), 4)));
+
+    // every dtype round trips
+    c.put(A, "f32", &[1.5f32, -2.25]).unwrap();
+    c.put(A, "f64", &[1.0f64 / 3.0, -1e300]).unwrap();
+    c.put(A, "i32", &[i32::MIN, i32::MAX]).unwrap();
+    c.put_shaped(A, "i64", &[2, 2], &[i64::MIN, i64::MAX, 0, 7]).unwrap();
+    assert_eq!(c.get::<f32>(A, "f32").unwrap().data, vec![1.5, -2.25]);
+    assert_eq!(c.get::<f64>(A, "f64").unwrap().data, vec![1.0 / 3.0, -1e300]);
+    assert_eq!(c.get::<i32>(A, "i32").unwrap().data, vec![i32::MIN, i32::MAX]);
+    let t = c.get::<i64>(A, "i64").unwrap();
+    assert_eq!((t.shape, t.data), (vec![2, 2], vec![i64::MIN, i64::MAX, 0, 7]));
+    assert_eq!(c.get::<f32>(A, "i64").unwrap_err().code, Code::InvalidArgument);
+    let listed = c.tensors(A).unwrap();
+    let i64_info = listed.iter().find(|t| t.name == "i64").unwrap();
+    assert_eq!((i64_info.dtype.as_str(), i64_info.size_bytes), ("i64", 32));
+
+    // all-reduce across the two workers
+    c.put(A, "g", &[1.0f32, 2.0, 3.0]).unwrap();
+    c.put(B, "g", &[10.0f32, 20.0, 30.0]).unwrap();
+    let op = c.submit(&OpRequest::all_reduce(pair(), "g", ReduceOp::Sum)).unwrap();
+    assert_eq!((op.kind.as_str(), op.state.as_str(), op.error.clone()), ("all-reduce", "done", None));
+    assert_eq!(op.devices, vec![A, B]);
+    for d in [A, B] {
+        assert_eq!(c.get::<f32>(d, "g").unwrap().data, vec![11.0, 22.0, 33.0]);
+    }
+    assert_eq!(c.get_op(&op.op_id).unwrap().state, "done");
+    assert!(c.list_ops(0).unwrap().iter().any(|o| o.op_id == op.op_id));
+
+    // broadcast from rank 1
+    c.submit(&OpRequest::broadcast(pair(), "f32", 0)).unwrap_err(); // not on node-b
+    c.put(B, "f32", &[7.0f32, 8.0]).unwrap();
+    c.submit(&OpRequest::broadcast(pair(), "f32", 1)).unwrap();
+    assert_eq!(c.get::<f32>(A, "f32").unwrap().data, vec![7.0, 8.0]);
+
+    c.delete(A, "f32").unwrap();
+    let e = c.get::<f32>(A, "f32").unwrap_err();
+    assert_eq!(e.code, Code::NotFound);
+    assert!(e.to_string().starts_with("NOT_FOUND: "), "{}", e);
+
+    // operator steering
+    assert_eq!(c.cordon("node-b").unwrap().state, "cordoned");
+    let e = c.submit(&OpRequest::all_reduce(pair(), "g", ReduceOp::Sum)).unwrap_err();
+    assert!(e.message.contains("cordoned"), "{}", e);
+    assert_eq!(c.drain("node-b").unwrap().state, "draining");
+    assert_eq!(c.cluster_status().unwrap().workers_draining, 1);
+    assert_eq!(c.uncordon("node-b").unwrap().state, "alive");
+    c.submit(&OpRequest::all_reduce(pair(), "g", ReduceOp::Sum)).unwrap();
+    assert_eq!(c.get::<f32>(B, "g").unwrap().data, vec![22.0, 44.0, 66.0]);
+    assert_eq!(c.cordon("node-q").unwrap_err().code, Code::NotFound);
+}
+
+#[test]
+fn nested_autodiff_is_an_err_with_the_servers_message() {
+    let cluster = two_nodes();
+    let c = cluster.client();
+    let once = vec![Device::Cuda(0).autodiff().on("node-a"), Device::Cuda(0).autodiff().on("node-b")];
+    let plan = c.plan(&OpRequest::all_reduce(once, "g", ReduceOp::Sum)).unwrap();
+    assert_eq!(plan.devices, vec![A, B]);
+    let twice = vec![Device::Autodiff(Box::new(Device::Autodiff(Box::new(Device::Cuda(0))))).on("node-a")];
+    for req in [OpRequest::all_reduce(twice.clone(), "g", ReduceOp::Sum), OpRequest::new(OpKind::Barrier, twice, "g")] {
+        for result in [c.plan(&req), c.submit(&req)] {
+            let e = result.unwrap_err();
+            assert_eq!(e.code, Code::InvalidArgument);
+            assert_eq!(e.device_index, Some(0));
+            let text = e.to_string();
+            assert!(
+                text.starts_with("INVALID_ARGUMENT: autodiff should not wrap an autodiff device: "),
+                "{}",
+                text
+            );
+            assert!(text.contains("node-a/autodiff(autodiff(cuda:0))"), "{}", text);
+        }
+    }
+    let unknown = vec![Device::Cuda(0).on("node-z")];
+    assert_eq!(c.plan(&OpRequest::all_reduce(unknown, "g", ReduceOp::Sum)).unwrap_err().code, Code::NotFound);
+}
+
+#[test]
+fn one_client_many_threads() {
+    let cluster = two_nodes();
+    let c = Arc::new(cluster.client());
+    let handles: Vec<_> = (0..4)
+        .map(|t| {
+            let c = Arc::clone(&c);
+            std::thread::spawn(move || {
+                let name = format!("t{}", t);
+                for i in 0..5 {
+                    let v: Vec<f64> = (0..100).map(|k| (t * 1000 + i * 100 + k) as f64).collect();
+                    c.put(A, &name, &v).unwrap();
+                    assert_eq!(c.get::<f64>(A, &name).unwrap().data, v);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(c.tensors(A).unwrap().len(), 4);
+}
+
+#[test]
+fn tokens() {
+    let cluster = Cluster::start_with(&[("node-a", DEVICES), ("node-b", DEVICES)], true);
+    let c = cluster.client(); // the trainer token
+    c.put(A, "t", &[1i32, 2]).unwrap();
+    c.put(B, "t", &[3i32, 4]).unwrap();
+    c.submit(&OpRequest::all_reduce(pair(), "t", ReduceOp::Prod)).unwrap();
+    assert_eq!(c.get::<i32>(B, "t").unwrap().data, vec![3, 8]);
+    for token in [None, Some("dc-trainer-not-a-token".to_string())] {
+        let c = Client::connect_with(&cluster.addr, &Options { token, ..Options::default() }).unwrap();
+        let e = c.workers().unwrap_err();
+        assert_eq!(e.code, Code::Unauthenticated, "{}", e);
+        assert!(!e.transport);
+    }
+}
+
+#[test]
+fn dead_address() {
+    let addr = common::dead_address();
+    let e = Client::connect_with(&addr, &Options { fail_fast: true, ..Options::default() }).err().unwrap();
+    assert_eq!(e.code, Code::Unavailable);
+    assert!(e.transport);
+    let c = Client::connect_with(&addr, &Options { timeout_ms: 300, ..Options::default() }).unwrap();
+    let e = c.workers().unwrap_err();
+    assert!(matches!(e.code, Code::Unavailable | Code::DeadlineExceeded), "{}", e);
+    assert_eq!(Client::connect("tcp://").err().unwrap().code, Code::InvalidArgument);
+}
+
+/// The ```rust block under "## Rust" in the README, as printed.
+fn readme_block() -> String {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../README.md")).unwrap();
+    let section = readme.split("\n## Rust\n").nth(1).expect("README has a '## Rust' section");
+    let block = section.split("```rust\n").nth(1).expect("a ```rust block under '## Rust'");
+    block.split("```").next().unwrap().to_string()
+}
+
+#[test]
+fn example_all_reduce_is_the_readmes_and_runs() {
+    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/all_reduce.rs")).unwrap();
+    let block = readme_block();
+    assert!(block.lines().count() >= 10 && source.contains(&block), "README block not in all_reduce.rs:\n{}", block);
+    // cargo builds the examples next to the test binaries: target/debug/{deps,examples}
+    let exe = std::env::current_exe().unwrap();
+    let example = exe.parent().unwrap().parent().unwrap().join("examples").join("all_reduce");
+    let cluster = two_nodes();
+    let out = std::process::Command::new(&example).env("DEVCOORD_ADDR", &cluster.addr).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{:?}: {}{}", example, stdout, String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("node-a/cuda:0 grad = [11.0, 22.0, 33.0]\n"), "{}", stdout);
+    assert!(stdout.contains("node-b/cuda:0 grad = [11.0, 22.0, 33.0]\n"), "{}", stdout);
+    assert!(stdout.contains(": done\n"), "{}", stdout);
+    assert!(
+        stdout.contains("INVALID_ARGUMENT: autodiff should not wrap an autodiff device: devices[0] = node-a/autodiff(autodiff(cuda:0))"),
+        "{}",
+        stdout
+    );
+}
