@@ -146,7 +146,7 @@ def _check(code, st):
 
 
 def version():
-    """libdevcoord's version, "0.2.0"."""
+    """libdevcoord's version, "0.3.0"."""
     return text(lib.dc_version())
 
 

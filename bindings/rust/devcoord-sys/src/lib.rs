@@ -496,7 +496,7 @@ mod tests {
     #[test]
     fn version_and_names() {
         unsafe {
-            assert_eq!(CStr::from_ptr(dc_version()).to_str().unwrap(), "0.2.0");
+            assert_eq!(CStr::from_ptr(dc_version()).to_str().unwrap(), "0.3.0");
             assert_eq!(CStr::from_ptr(dc_status_name(3)).to_str().unwrap(), "INVALID_ARGUMENT");
             assert_eq!(CStr::from_ptr(dc_backend_name(DC_BACKEND_LIBTORCH)).to_str().unwrap(), "libtorch");
         }

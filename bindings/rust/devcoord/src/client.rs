@@ -706,7 +706,7 @@ impl Client {
     }
 }
 
-/// libdevcoord's version, `"0.2.0"`.
+/// libdevcoord's version, `"0.3.0"`.
 pub fn version() -> String {
     // SAFETY: a static string.
     cstr_ptr(unsafe { sys::dc_version() })
