@@ -641,7 +641,7 @@ ops_on_executed(void *arg, void *tag, dc_code code, const dc_status *st,
     const char *name         = w->plan->name;
     struct pending_answer pa = { 0 };
     bool answer              = false;
-    dc_status bad = { 0 };
+    dc_status bad            = { 0 };
 
     pthread_mutex_lock(&o->mtx);
     w->answered         = true;

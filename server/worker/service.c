@@ -100,18 +100,12 @@ worker_service_init(struct worker *w)
 }
 
 static const struct auth_rule worker_rules[] = {
-    { "Execute", ROLE_WORKER },
-    { "Abort", ROLE_WORKER },
-    { "Commit", ROLE_WORKER },
-    { "Exchange", ROLE_WORKER },
-    { "PutTensor", ROLE_TRAINER },
-    { "GetTensor", ROLE_TRAINER | ROLE_OPERATOR },
-    { "DeleteTensor", ROLE_TRAINER },
-    { "ListTensors", ROLE_TRAINER | ROLE_OPERATOR },
-    { "GroupSetup", ROLE_WORKER },
-    { "GroupCall", ROLE_TRAINER },
-    { "GroupExchange", ROLE_WORKER },
-    { "GroupStatus", ROLE_TRAINER | ROLE_OPERATOR },
+    { "Execute", ROLE_WORKER },       { "Abort", ROLE_WORKER },
+    { "Commit", ROLE_WORKER },        { "Exchange", ROLE_WORKER },
+    { "PutTensor", ROLE_TRAINER },    { "GetTensor", ROLE_TRAINER | ROLE_OPERATOR },
+    { "DeleteTensor", ROLE_TRAINER }, { "ListTensors", ROLE_TRAINER | ROLE_OPERATOR },
+    { "GroupSetup", ROLE_WORKER },    { "GroupCall", ROLE_TRAINER },
+    { "GroupExchange", ROLE_WORKER }, { "GroupStatus", ROLE_TRAINER | ROLE_OPERATOR },
 };
 
 dc_code
