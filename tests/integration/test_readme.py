@@ -245,6 +245,11 @@ class ReadmeTest(DocsTestCase):
             "$ctl workers uncordon node-b": lambda out: self.assertRegex(
                 out, r"node-b\s+\S+\s+alive"),
             "$ctl -o json ops list": self.check_ops_json,
+            "for r in node-a/cuda:0 node-b/cuda:0; do $ctl collective all-reduce --reduce sum "
+            "--devices node-a/cuda:0,node-b/cuda:0 --self $r --dtype f32 --values 1,2 & done; "
+            "wait": lambda out: self.assertEqual(out.count("all-reduce: 2 4\n"), 2, out),
+            "$ctl groups list": lambda out: self.assertRegex(
+                out, r"\s1\s+0/2\s+0\s+1\s+0\s+node-a/cuda:0,node-b/cuda:0"),
         }
         used = set()
         for line in lines:
