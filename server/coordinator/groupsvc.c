@@ -475,34 +475,46 @@ groupsvc_list(struct groupsvc *g, const Devcoord__V1__ListGroupsRequest *in,
               Devcoord__V1__ListGroupsResponse_Closure closure, void *cd)
 {
     Devcoord__V1__ListGroupsResponse out = DEVCOORD__V1__LIST_GROUPS_RESPONSE__INIT;
-    struct list_ctx lc = { g->registry, arena_new(ARENA_OWN_BUDGET), &out, false };
-    size_t shown       = 0;
+    struct arena *a                      = arena_new(ARENA_OWN_BUDGET);
 
-    if (lc.a == NULL) {
+    if (a == NULL) {
         status_set(rpc_call_status(cd), DC_RESOURCE_EXHAUSTED, "out of memory");
         closure(NULL, cd);
         return;
     }
-    pthread_mutex_lock(&g->mtx);
-    /* Room for every group: count them first. */
-    out.groups = arena_alloc(lc.a, (group_list(g->table, in->group_id, NULL, NULL) + 1) *
-                                       sizeof(*out.groups));
-    if (out.groups == NULL) {
-        lc.oom = true;
-    } else {
-        shown = group_list(g->table, in->group_id, list_one, &lc);
-    }
-    pthread_mutex_unlock(&g->mtx);
-    if (lc.oom) {
-        status_set(rpc_call_status(cd), DC_RESOURCE_EXHAUSTED, "out of memory listing groups");
-        closure(NULL, cd);
-    } else if (shown == 0 && in->group_id[0] != '\0') {
-        status_set(rpc_call_status(cd), DC_NOT_FOUND, "no group %.32s", in->group_id);
+    if (groupsvc_list_into(g, in->group_id, a, &out, rpc_call_status(cd)) != DC_OK) {
         closure(NULL, cd);
     } else {
         closure(&out, cd);
     }
-    arena_free(lc.a);
+    arena_free(a);
+}
+
+dc_code
+groupsvc_list_into(struct groupsvc *g, const char *group_id, struct arena *a,
+                   Devcoord__V1__ListGroupsResponse *out, dc_status *st)
+{
+    struct list_ctx lc = { g->registry, a, out, false };
+    size_t shown       = 0;
+
+    devcoord__v1__list_groups_response__init(out);
+    pthread_mutex_lock(&g->mtx);
+    /* Room for every group: count them first. */
+    out->groups =
+        arena_alloc(a, (group_list(g->table, group_id, NULL, NULL) + 1) * sizeof(*out->groups));
+    if (out->groups == NULL) {
+        lc.oom = true;
+    } else {
+        shown = group_list(g->table, group_id, list_one, &lc);
+    }
+    pthread_mutex_unlock(&g->mtx);
+    if (lc.oom) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory listing groups");
+    }
+    if (shown == 0 && group_id[0] != '\0') {
+        return status_set(st, DC_NOT_FOUND, "no group %.32s", group_id);
+    }
+    return DC_OK;
 }
 
 void

@@ -37,6 +37,11 @@ void groupsvc_leave(struct groupsvc *g, const Devcoord__V1__GroupLeaveRequest *i
                     Devcoord__V1__GroupLeaveResponse_Closure closure, void *cd);
 void groupsvc_list(struct groupsvc *g, const Devcoord__V1__ListGroupsRequest *in,
                    Devcoord__V1__ListGroupsResponse_Closure closure, void *cd);
+/* What ListGroups answers, the coordinator's view only (no calls, no stalled ranks: the
+ * workers know those), built in a (group_id "" for all; NOT_FOUND for an unknown one). */
+struct arena;
+dc_code groupsvc_list_into(struct groupsvc *g, const char *group_id, struct arena *a,
+                           Devcoord__V1__ListGroupsResponse *out, dc_status *st);
 
 /* A connection of the coordinator's RPC server closed (rpc_server_opts.on_disconnect): the
  * joins parked on it are let go within a timer tick, so that their ranks may join again. */

@@ -63,6 +63,7 @@ status_page(void *arg, struct mbuf *body)
     Devcoord__V1__GetClusterStatusResponse status;
     Devcoord__V1__ListWorkersResponse workers;
     Devcoord__V1__ListOpsResponse ops;
+    Devcoord__V1__ListGroupsResponse groups;
     struct registry_counts counts;
     struct statuspage_snapshot snap = { .version = DEVCOORD_VERSION, .counts = &counts };
     dc_status st;
@@ -75,7 +76,8 @@ status_page(void *arg, struct mbuf *body)
     coordinator_cluster_status(c, a, &status);
     registry_count(c->registry, &counts);
     if (registry_list_workers(c->registry, rpc_now_ms(), a, &workers, &st) != DC_OK ||
-        ops_list_into(c->ops, STATUSPAGE_MAX_OPS, a, &ops, &snap.ops_total, &st) != DC_OK) {
+        ops_list_into(c->ops, STATUSPAGE_MAX_OPS, a, &ops, &snap.ops_total, &st) != DC_OK ||
+        (c->groups != NULL && groupsvc_list_into(c->groups, "", a, &groups, &st) != DC_OK)) {
         arena_free(a);
         mbuf_printf(body, "%s: %s\n", dc_status_name(st.code), st.message);
         return 503;
@@ -83,6 +85,7 @@ status_page(void *arg, struct mbuf *body)
     snap.status  = &status;
     snap.workers = &workers;
     snap.ops     = &ops;
+    snap.groups  = c->groups != NULL ? &groups : NULL;
     statuspage_render(body, &snap);
     arena_free(a);
     return 200;

@@ -243,15 +243,46 @@ render_devices(struct mbuf *b, const struct statuspage_snapshot *s)
                        : "<p class=\"empty\">no devices registered</p></section>\n");
 }
 
-/* Groups (design §13) are not in this coordinator yet. When they are, this renders them from
- * the snapshot (a groups listing as `devcoordctl groups list` has it: group id, devices,
- * generation, calls, and the stalled ranks with how long each has been waited for). */
+/* The groups the coordinator knows: id, devices in rank order, generation, ranks joined and
+ * waiting to join. Calls and stalled ranks are known to the group's workers only:
+ * `devcoordctl groups show ID` asks them. */
 static void
 render_groups(struct mbuf *b, const struct statuspage_snapshot *s)
 {
-    (void)s;
-    mbuf_printf(b, "<section id=\"groups\"><h2>Groups</h2>"
-                   "<p class=\"empty\">no groups</p></section>\n");
+    const Devcoord__V1__ListGroupsResponse *gs = s->groups;
+    size_t n = gs != NULL ? gs->n_groups : 0, shown = 0;
+
+    mbuf_printf(b, "<section id=\"groups\"><h2>Groups (%zu)</h2>\n", n);
+    if (n == 0) {
+        mbuf_printf(b, "<p class=\"empty\">no groups</p></section>\n");
+        return;
+    }
+    mbuf_printf(b, "<table><tr><th>group</th><th class=\"num\">generation</th>"
+                   "<th class=\"num\">joined</th><th class=\"num\">joining</th>"
+                   "<th>devices (rank order)</th></tr>\n");
+    for (; shown < n && shown < STATUSPAGE_MAX_GROUPS; shown++) {
+        const Devcoord__V1__GroupInfo *g = gs->groups[shown];
+        mbuf_printf(b, "<tr class=\"group\"><td class=\"mono\">");
+        put_text(b, g->group_id);
+        mbuf_printf(b,
+                    "</td><td class=\"num\">%llu</td><td class=\"num\">%u/%zu</td>"
+                    "<td class=\"num\">%u</td><td class=\"mono\">",
+                    (unsigned long long)g->generation, g->joined, g->n_devices, g->joining);
+        for (size_t i = 0; i < g->n_devices && i < STATUSPAGE_MAX_GROUP_DEVICES; i++) {
+            mbuf_printf(b, "%s", i ? ", " : "");
+            put_text(b, g->devices[i]);
+        }
+        if (g->n_devices > STATUSPAGE_MAX_GROUP_DEVICES) {
+            mbuf_printf(b, " <span class=\"more\">+%zu</span>",
+                        g->n_devices - STATUSPAGE_MAX_GROUP_DEVICES);
+        }
+        mbuf_printf(b, "</td></tr>\n");
+    }
+    mbuf_printf(b, "</table>\n<p class=\"note\">Calls and stalled ranks: "
+                   "<code>devcoordctl groups show ID</code> (the group&#39;s workers know "
+                   "them).</p>\n");
+    put_more(b, n - shown, "groups (devcoordctl groups list)");
+    mbuf_printf(b, "</section>\n");
 }
 
 static bool

@@ -18,12 +18,14 @@
 
 struct mbuf;
 
-#define STATUSPAGE_REFRESH_S   2
-#define STATUSPAGE_MAX_WORKERS 200 /* rows; dead, draining and cordoned ones first */
-#define STATUSPAGE_MAX_OPS     50  /* rows, in flight and recent together */
-#define STATUSPAGE_MAX_LABELS  8   /* per worker */
-#define STATUSPAGE_MAX_WAITING 8   /* worker names an op waits on */
-#define STATUSPAGE_MAX_TEXT    160 /* bytes of one string from the cluster */
+#define STATUSPAGE_REFRESH_S         2
+#define STATUSPAGE_MAX_WORKERS       200 /* rows; dead, draining and cordoned ones first */
+#define STATUSPAGE_MAX_OPS           50  /* rows, in flight and recent together */
+#define STATUSPAGE_MAX_LABELS        8   /* per worker */
+#define STATUSPAGE_MAX_WAITING       8   /* worker names an op waits on */
+#define STATUSPAGE_MAX_TEXT          160 /* bytes of one string from the cluster */
+#define STATUSPAGE_MAX_GROUPS        50  /* rows */
+#define STATUSPAGE_MAX_GROUP_DEVICES 16  /* device names per group row */
 
 /* What the page shows; the caller owns every part. */
 struct statuspage_snapshot {
@@ -35,6 +37,8 @@ struct statuspage_snapshot {
     /* In flight first, then the history, newest first (ops_list_into), of ops_total. */
     const Devcoord__V1__ListOpsResponse *ops;
     size_t ops_total;
+    /* The coordinator's groups (groupsvc_list_into); NULL: none. */
+    const Devcoord__V1__ListGroupsResponse *groups;
 };
 
 /* The response headers the page goes with (http_route.headers): no caching, and a

@@ -183,6 +183,17 @@ class StatusPage(SecureTestCase):
         self.assertEqual(recent[0][6], "OK")
         self.assertEqual(p.count("ops-done"), 1)
 
+        # A group two ranks joined (and left after one barrier) is listed, in rank order.
+        ranks = [ctl_popen(c, "collective", "barrier", "--devices",
+                           "node-b/cpu:0,node-a/cpu:0", "--self", d)
+                 for d in ("node-a/cpu:0", "node-b/cpu:0")]
+        for r in [finish(x) for x in ranks]:
+            self.assertEqual(r.rc, 0, repr(r))
+        groups = Page(get(http)[2]).sections["groups"]
+        self.assertIn("Groups (1)", groups)
+        self.assertIn("node-a/cpu:0, node-b/cpu:0", groups)
+        self.assertNotIn("no groups", groups)
+
     def test_same_tokens_as_the_api(self):
         c, http = start(self, auth=True)
         t = c.tokens

@@ -188,6 +188,40 @@ test_cluster_strings_are_escaped(void **state)
     fixture_free(&f);
 }
 
+/* The coordinator's groups: one row each, escaped, with generation and joined ranks. */
+static void
+test_groups(void **state)
+{
+    struct fixture f;
+    Devcoord__V1__ListGroupsResponse groups = DEVCOORD__V1__LIST_GROUPS_RESPONSE__INIT;
+    Devcoord__V1__GroupInfo g = DEVCOORD__V1__GROUP_INFO__INIT, *gp[1] = { &g };
+    char *devices[2] = { "node-a/cuda:0", "<blink>node-b</blink>/cuda:0" }, *page, *part;
+
+    (void)state;
+    fixture_init(&f, 1, 1);
+    g.group_id      = "afc643df9f1e6570";
+    g.devices       = devices;
+    g.n_devices     = 2;
+    g.generation    = 3;
+    g.joined        = 1;
+    g.joining       = 1;
+    groups.groups   = gp;
+    groups.n_groups = 1;
+    f.snap.groups   = &groups;
+    page            = render(&f);
+    part            = section(page, "groups");
+    assert_non_null(strstr(part, "Groups (1)"));
+    assert_non_null(strstr(part, "afc643df9f1e6570"));
+    assert_non_null(strstr(part, "<td class=\"num\">3</td><td class=\"num\">1/2</td>"
+                                 "<td class=\"num\">1</td>"));
+    assert_non_null(strstr(part, "node-a/cuda:0, &lt;blink&gt;node-b&lt;/blink&gt;/cuda:0"));
+    assert_null(strstr(part, "no groups"));
+    assert_null(strstr(page, "<blink>"));
+    free(part);
+    free(page);
+    fixture_free(&f);
+}
+
 static void
 test_every_section_and_nothing_external(void **state)
 {
@@ -387,6 +421,7 @@ main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cluster_strings_are_escaped),
         cmocka_unit_test(test_every_section_and_nothing_external),
+        cmocka_unit_test(test_groups),
         cmocka_unit_test(test_empty_cluster),
         cmocka_unit_test(test_many_workers_and_ops_are_bounded),
         cmocka_unit_test(test_long_text_is_cut),
