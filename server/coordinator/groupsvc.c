@@ -737,3 +737,161 @@ groupsvc_free(struct groupsvc *g)
     pthread_mutex_destroy(&g->mtx);
     free(g);
 }
+
+/* ---- what the workers say of the groups' calls (the status page) ------------------------- */
+
+struct ask_all;
+
+struct ask {
+    struct ask_all *all;
+    size_t group;
+    struct fanout_conn *conn;
+    struct rpc_reply reply; /* kept from the callback when OK */
+    bool ok;
+};
+
+struct ask_all {
+    pthread_mutex_t mtx;
+    pthread_cond_t cv;
+    struct groupsvc *g;
+    unsigned refs; /* the asker, and each call out */
+    unsigned out;  /* calls not answered yet */
+    size_t n;
+    struct ask *asks;
+};
+
+/* Drops a reference; the last frees everything. all->mtx held, released here. */
+static void
+ask_all_unref_unlock(struct ask_all *all)
+{
+    bool last = --all->refs == 0;
+
+    pthread_mutex_unlock(&all->mtx);
+    if (!last) {
+        return;
+    }
+    for (size_t i = 0; i < all->n; i++) {
+        fanout_conn_put(all->g->fanout, all->asks[i].conn);
+        rpc_reply_free(&all->asks[i].reply);
+    }
+    free(all->asks);
+    pthread_cond_destroy(&all->cv);
+    pthread_mutex_destroy(&all->mtx);
+    free(all);
+}
+
+static void
+ask_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, bool *keep)
+{
+    struct ask *k       = arg;
+    struct ask_all *all = k->all;
+
+    (void)st;
+    pthread_mutex_lock(&all->mtx);
+    if (code == DC_OK && reply->body != NULL) {
+        k->reply = *reply;
+        k->ok    = true;
+        *keep    = true;
+    }
+    if (--all->out == 0) {
+        pthread_cond_signal(&all->cv);
+    }
+    ask_all_unref_unlock(all);
+}
+
+/* Adds what one worker said of gi (same generation only) to gi, in arena a. */
+static void
+ask_merge(Devcoord__V1__GroupInfo *gi, const Devcoord__V1__GroupStatusResponse *r, struct arena *a)
+{
+    Devcoord__V1__GroupStalledRank **grow;
+
+    if (r->generation != gi->generation || r->n_stalled > gi->n_devices) {
+        return;
+    }
+    if (r->calls > gi->calls) {
+        gi->calls = r->calls;
+    }
+    if (r->n_stalled == 0 ||
+        (grow = arena_alloc(a, (gi->n_stalled + r->n_stalled) * sizeof(*grow))) == NULL) {
+        return;
+    }
+    if (gi->n_stalled > 0) {
+        memcpy(grow, gi->stalled, gi->n_stalled * sizeof(*grow));
+    }
+    for (size_t i = 0; i < r->n_stalled; i++) {
+        Devcoord__V1__GroupStalledRank *s = arena_alloc(a, sizeof(*s));
+        if (s == NULL) {
+            break;
+        }
+        devcoord__v1__group_stalled_rank__init(s);
+        s->rank               = r->stalled[i]->rank;
+        s->waiting_ms         = r->stalled[i]->waiting_ms;
+        s->device             = arena_strdup(a, r->stalled[i]->device);
+        grow[gi->n_stalled++] = s;
+    }
+    gi->stalled = grow;
+}
+
+void
+groupsvc_ask_workers(struct groupsvc *g, Devcoord__V1__ListGroupsResponse *groups, struct arena *a,
+                     uint32_t timeout_ms)
+{
+    Devcoord__V1__GroupStatusRequest req = DEVCOORD__V1__GROUP_STATUS_REQUEST__INIT;
+    struct ask_all *all;
+    size_t n = 0;
+    uint64_t until;
+    dc_status st;
+
+    for (size_t i = 0; i < groups->n_groups; i++) {
+        n += groups->groups[i]->n_worker_addresses;
+    }
+    if (n == 0 || (all = calloc(1, sizeof(*all))) == NULL) {
+        return;
+    }
+    if ((all->asks = calloc(n, sizeof(*all->asks))) == NULL) {
+        free(all);
+        return;
+    }
+    pthread_mutex_init(&all->mtx, NULL);
+    pthread_cond_init(&all->cv, NULL);
+    all->g    = g;
+    all->refs = 1;
+    for (size_t i = 0; i < groups->n_groups; i++) {
+        const Devcoord__V1__GroupInfo *gi = groups->groups[i];
+        req.group_id                      = gi->group_id;
+        for (size_t w = 0; w < gi->n_worker_addresses; w++) {
+            struct ask *k = &all->asks[all->n++];
+            k->all        = all;
+            k->group      = i;
+            /* Keyed by address: the page asks whoever serves there now. */
+            if (fanout_conn_get(g->fanout, gi->worker_addresses[w], gi->worker_addresses[w],
+                                &k->conn, &st) != DC_OK) {
+                continue;
+            }
+            pthread_mutex_lock(&all->mtx);
+            all->refs++;
+            all->out++;
+            pthread_mutex_unlock(&all->mtx);
+            if (fanout_call(g->fanout, k->conn, M_WORKER_GROUP_STATUS, &req.base, timeout_ms,
+                            ask_done, k, &st) != DC_OK) {
+                pthread_mutex_lock(&all->mtx);
+                all->refs--;
+                all->out--;
+                pthread_mutex_unlock(&all->mtx);
+            }
+        }
+    }
+    until = rpc_now_ms() + timeout_ms;
+    pthread_mutex_lock(&all->mtx);
+    while (all->out > 0 && rpc_now_ms() < until) {
+        clock_cond_wait_ms(&all->cv, &all->mtx, (unsigned)(until - rpc_now_ms()) + 1);
+    }
+    /* The answers in by now; later ones are dropped with the last reference. */
+    for (size_t i = 0; i < all->n; i++) {
+        if (all->asks[i].ok) {
+            ask_merge(groups->groups[all->asks[i].group],
+                      (const Devcoord__V1__GroupStatusResponse *)all->asks[i].reply.body, a);
+        }
+    }
+    ask_all_unref_unlock(all);
+}

@@ -42,6 +42,12 @@ void groupsvc_list(struct groupsvc *g, const Devcoord__V1__ListGroupsRequest *in
 struct arena;
 dc_code groupsvc_list_into(struct groupsvc *g, const char *group_id, struct arena *a,
                            Devcoord__V1__ListGroupsResponse *out, dc_status *st);
+/* Adds to each group of `groups` (from groupsvc_list_into, arena a) what its workers say
+ * (GroupStatus, as devcoordctl groups list asks): calls done and stalled ranks. Waits at
+ * most timeout_ms; a worker that has not answered by then adds nothing. Not from an nng
+ * callback. */
+void groupsvc_ask_workers(struct groupsvc *g, Devcoord__V1__ListGroupsResponse *groups,
+                          struct arena *a, uint32_t timeout_ms);
 
 /* A connection of the coordinator's RPC server closed (rpc_server_opts.on_disconnect): the
  * joins parked on it are let go within a timer tick, so that their ranks may join again. */

@@ -86,6 +86,9 @@ status_page(void *arg, struct mbuf *body)
     snap.workers = &workers;
     snap.ops     = &ops;
     snap.groups  = c->groups != NULL ? &groups : NULL;
+    if (c->groups != NULL) {
+        groupsvc_ask_workers(c->groups, &groups, a, STATUSPAGE_WORKER_WAIT_MS);
+    }
     statuspage_render(body, &snap);
     arena_free(a);
     return 200;

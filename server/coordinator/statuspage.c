@@ -50,6 +50,7 @@ static const char page_style[] =
     "margin:0 4px 2px 0;font-size:12px}"
     ".mono{font-family:ui-monospace,monospace;font-size:12px}"
     ".more,.empty{color:#5a6478;font-style:italic;margin:6px 0}"
+    ".stalled{color:#b3261e;white-space:nowrap}"
     ".msg{color:#5a6478;font-size:12px}";
 
 /* ---- text --------------------------------------------------------------------------------- */
@@ -243,9 +244,27 @@ render_devices(struct mbuf *b, const struct statuspage_snapshot *s)
                        : "<p class=\"empty\">no devices registered</p></section>\n");
 }
 
+/* "rank 1 (node-b/cuda:0) waited 12s", one per stalled rank, or "-". */
+static void
+render_stalled(struct mbuf *b, const Devcoord__V1__GroupInfo *g)
+{
+    char waited[32];
+
+    if (g->n_stalled == 0) {
+        mbuf_printf(b, "-");
+    }
+    for (size_t i = 0; i < g->n_stalled && i < STATUSPAGE_MAX_GROUP_DEVICES; i++) {
+        const Devcoord__V1__GroupStalledRank *r = g->stalled[i];
+        human_age(waited, sizeof(waited), r->waiting_ms);
+        mbuf_printf(b, "%s<span class=\"stalled\">rank %u (", i ? " " : "", r->rank);
+        put_text(b, r->device);
+        mbuf_printf(b, ") waited %s</span>", waited);
+    }
+}
+
 /* The groups the coordinator knows: id, devices in rank order, generation, ranks joined and
- * waiting to join. Calls and stalled ranks are known to the group's workers only:
- * `devcoordctl groups show ID` asks them. */
+ * waiting to join; and from their workers (asked for the page, briefly), calls done and the
+ * stalled ranks with how long each has been waited for. */
 static void
 render_groups(struct mbuf *b, const struct statuspage_snapshot *s)
 {
@@ -259,6 +278,7 @@ render_groups(struct mbuf *b, const struct statuspage_snapshot *s)
     }
     mbuf_printf(b, "<table><tr><th>group</th><th class=\"num\">generation</th>"
                    "<th class=\"num\">joined</th><th class=\"num\">joining</th>"
+                   "<th class=\"num\">calls</th><th>stalled ranks</th>"
                    "<th>devices (rank order)</th></tr>\n");
     for (; shown < n && shown < STATUSPAGE_MAX_GROUPS; shown++) {
         const Devcoord__V1__GroupInfo *g = gs->groups[shown];
@@ -266,8 +286,11 @@ render_groups(struct mbuf *b, const struct statuspage_snapshot *s)
         put_text(b, g->group_id);
         mbuf_printf(b,
                     "</td><td class=\"num\">%llu</td><td class=\"num\">%u/%zu</td>"
-                    "<td class=\"num\">%u</td><td class=\"mono\">",
-                    (unsigned long long)g->generation, g->joined, g->n_devices, g->joining);
+                    "<td class=\"num\">%u</td><td class=\"num\">%llu</td><td>",
+                    (unsigned long long)g->generation, g->joined, g->n_devices, g->joining,
+                    (unsigned long long)g->calls);
+        render_stalled(b, g);
+        mbuf_printf(b, "</td><td class=\"mono\">");
         for (size_t i = 0; i < g->n_devices && i < STATUSPAGE_MAX_GROUP_DEVICES; i++) {
             mbuf_printf(b, "%s", i ? ", " : "");
             put_text(b, g->devices[i]);
@@ -278,9 +301,7 @@ render_groups(struct mbuf *b, const struct statuspage_snapshot *s)
         }
         mbuf_printf(b, "</td></tr>\n");
     }
-    mbuf_printf(b, "</table>\n<p class=\"note\">Calls and stalled ranks: "
-                   "<code>devcoordctl groups show ID</code> (the group&#39;s workers know "
-                   "them).</p>\n");
+    mbuf_printf(b, "</table>\n");
     put_more(b, n - shown, "groups (devcoordctl groups list)");
     mbuf_printf(b, "</section>\n");
 }

@@ -26,6 +26,7 @@ struct mbuf;
 #define STATUSPAGE_MAX_TEXT          160 /* bytes of one string from the cluster */
 #define STATUSPAGE_MAX_GROUPS        50  /* rows */
 #define STATUSPAGE_MAX_GROUP_DEVICES 16  /* device names per group row */
+#define STATUSPAGE_WORKER_WAIT_MS    300 /* for the groups' workers to say what they know */
 
 /* What the page shows; the caller owns every part. */
 struct statuspage_snapshot {

@@ -194,6 +194,30 @@ class StatusPage(SecureTestCase):
         self.assertIn("node-a/cpu:0, node-b/cpu:0", groups)
         self.assertNotIn("no groups", groups)
 
+    def test_a_stalled_rank_is_shown_with_its_group(self):
+        http = harness.free_port()
+        c = self.make_secure_cluster(coordinator_config={"http": "%s:%d" % (harness.HOST, http)})
+        c.start_coordinator()
+        for name in ("node-a", "node-b"):
+            c.add_worker(name, [{"device": "cpu:0", "memory": "1GiB"}],
+                         extra={"groups": {"stall_warn_ms": 300}})
+        c.wait_workers(["node-a", "node-b"])
+        devs = "node-a/cpu:0,node-b/cpu:0"
+        # Both ranks make call 1; node-b's rank (rank 1) then stops, node-a's waits in call 2.
+        procs = [ctl_popen(c, "--timeout", "8s", "collective", "barrier", "--devices", devs,
+                           "--self", d, "--repeat", "2" if d == "node-a/cpu:0" else "1")
+                 for d in devs.split(",")]
+        self.assertEqual(finish(procs[1]).rc, 0)
+
+        def shown():
+            g = Page(get(http)[2]).sections["groups"]
+            return g if "rank 1 (node-b/cpu:0) waited" in g else False
+        groups = harness.wait_until(shown, 6, "the page to show rank 1 as stalled")
+        self.assertIn("node-a/cpu:0, node-b/cpu:0", groups)
+        self.assertNotIn("rank 0 (", groups)
+        r = finish(procs[0])
+        self.assertEqual((r.rc, r.out.get("status")), (1, "DEADLINE_EXCEEDED"), repr(r))
+
     def test_same_tokens_as_the_api(self):
         c, http = start(self, auth=True)
         t = c.tokens
