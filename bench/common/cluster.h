@@ -1,7 +1,8 @@
 /*
  * A devcoord cluster on 127.0.0.1 for the benches: one devcoord-server and real
- * devcoord-worker processes (one cpu:0 device each, named w0, w1, ...), free ports, logs in
- * the bench's temporary directory, and a libdevcoord client of the coordinator. Every
+ * devcoord-worker processes (one cpu:0 device each, or cpu:0..n-1 from
+ * cluster_add_worker_devices; named w0, w1, ...), free ports, logs in the bench's temporary
+ * directory, and a libdevcoord client of the coordinator. Every
  * process started here is stopped by cluster_stop (and by bench.c at exit).
  */
 #ifndef DEVCOORD_BENCH_CLUSTER_H
