@@ -18,6 +18,7 @@
 
 #include "bench.h"
 #include "cluster.h"
+#include "gloo.h"
 #include "shm_probe.h"
 
 #define MAX_SIZES       16
@@ -209,93 +210,23 @@ run_devcoord(const struct bench_args *a, const struct plan *p, struct run *r)
 }
 
 static int
-run_gloo(const struct bench_args *a, const struct plan *p, struct run *r)
+run_gloo(const struct plan *p, struct run *r)
 {
-#ifdef BENCH_HAVE_TORCH
-    char script[1024], out[1024], log[1024], sizes[512], world[16], budget[32], minr[16], maxr[16];
-    char *argv[20], *text, *line, *end;
-    size_t len = 0;
-    pid_t pid;
-    int rc;
+    struct bench_timing t[MAX_SIZES] = { { 0 } };
+    int rv = bench_gloo_run("bench_allreduce", r->workers, p->sizes, p->n_sizes, p->budget_s,
+                            p->min_reps, p->max_reps, t);
 
-    (void)a;
-    bench_source("peers/gloo_allreduce.py", script, sizeof(script));
-    snprintf(out, sizeof(out), "%s/gloo%u.txt", bench_tmpdir(), r->workers);
-    snprintf(log, sizeof(log), "%s/gloo%u.log", bench_tmpdir(), r->workers);
-    sizes[0] = '\0';
-    for (size_t i = 0; i < p->n_sizes; i++) {
-        size_t used = strlen(sizes);
-        snprintf(sizes + used, sizeof(sizes) - used, "%s%llu", i ? "," : "",
-                 (unsigned long long)p->sizes[i]);
+    for (size_t i = 0; rv > 0 && i < p->n_sizes; i++) {
+        struct point *pt = &r->gloo[i];
+        pt->bytes        = t[i].bytes;
+        pt->median_s     = t[i].median_s;
+        pt->min_s        = t[i].min_s;
+        pt->max_s        = t[i].max_s;
+        pt->reps         = t[i].reps;
+        pt->ok           = t[i].ok;
     }
-    snprintf(world, sizeof(world), "%u", r->workers);
-    snprintf(budget, sizeof(budget), "%.3f", p->budget_s);
-    snprintf(minr, sizeof(minr), "%u", p->min_reps);
-    snprintf(maxr, sizeof(maxr), "%u", p->max_reps);
-    argv[0]  = BENCH_PYTHON;
-    argv[1]  = script;
-    argv[2]  = "--world";
-    argv[3]  = world;
-    argv[4]  = "--sizes";
-    argv[5]  = sizes;
-    argv[6]  = "--budget";
-    argv[7]  = budget;
-    argv[8]  = "--min-reps";
-    argv[9]  = minr;
-    argv[10] = "--max-reps";
-    argv[11] = maxr;
-    argv[12] = "--out";
-    argv[13] = out;
-    argv[14] = NULL;
-    if ((pid = bench_spawn(argv, log)) < 0) {
-        return -1;
-    }
-    if ((rc = bench_wait(pid, 900000)) != 0) {
-        bench_kill(pid);
-        fprintf(stderr, "bench_allreduce: gloo peer failed (%d); log: %s\n", rc, log);
-        return -1;
-    }
-    if ((text = bench_read_file(out, &len)) == NULL) {
-        fprintf(stderr, "bench_allreduce: gloo peer wrote no %s\n", out);
-        return -1;
-    }
-    line = text;
-    while (*line != '\0') {
-        unsigned long long bytes;
-        errno = 0;
-        bytes = strtoull(line, &end, 10);
-        if (errno != 0 || end == line) {
-            break;
-        }
-        for (size_t i = 0; i < p->n_sizes; i++) {
-            if (p->sizes[i] == bytes) {
-                struct point *pt = &r->gloo[i];
-                char *e2;
-                pt->bytes    = bytes;
-                pt->median_s = strtod(end, &e2);
-                pt->reps     = (unsigned)strtoul(e2, &end, 10);
-                pt->min_s    = strtod(end, &e2);
-                pt->max_s    = strtod(e2, &end);
-                pt->ok       = pt->median_s > 0;
-            }
-        }
-        line = strchr(end, '\n');
-        if (line == NULL) {
-            break;
-        }
-        line++;
-    }
-    free(text);
-    r->have_gloo = 1;
-    return 0;
-#else
-    (void)a;
-    (void)p;
-    (void)r;
-    fprintf(stderr, "bench_allreduce: built without torch (python3-torch missing at configure "
-                    "time): no gloo peer\n");
-    return 0;
-#endif
+    r->have_gloo = rv > 0;
+    return rv < 0 ? -1 : 0;
 }
 
 #ifdef BENCH_IPERF3
@@ -484,7 +415,7 @@ main(int argc, char **argv)
         }
         printf("running gloo all-reduce with %u processes ...\n", runs[r].workers);
         fflush(stdout);
-        if (run_gloo(&a, &p, &runs[r]) != 0) {
+        if (run_gloo(&p, &runs[r]) != 0) {
             fprintf(stderr, "bench_allreduce: gloo run with %u processes failed\n",
                     runs[r].workers);
         }

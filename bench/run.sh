@@ -10,7 +10,7 @@
 #   cmake --build build-bench -j2
 # --quick: fewer sizes, repeats and seconds per cell (a smoke run of a few minutes).
 # --out: where results go (default bench/results, git-ignored).
-# NAME: allreduce, rpc, registry, fanout, failure. --report runs nothing and rebuilds the
+# NAME: allreduce, group, rpc, registry, fanout, failure. --report runs nothing and rebuilds the
 # summary, latest.json and plots from the results already in bench/results. Benchmarks never
 # fail on a figure; the script exits non-zero only when a bench could not run.
 set -uo pipefail
@@ -20,7 +20,7 @@ repo=$(dirname "$here")
 build=${DEVCOORD_BUILD_DIR:-$repo/build-bench}
 out=$here/results
 quick=()
-only=allreduce,rpc,registry,fanout,failure
+only=allreduce,group,rpc,registry,fanout,failure
 report_only=0
 
 usage() {
@@ -154,6 +154,30 @@ plot "$out/allreduce.dat" using 1:2 with linespoints lw 2 title "devcoord, 2 wor
      "" using 1:4 with linespoints lw 2 title "devcoord, 4 workers", \
      "" using 1:5 with linespoints lw 2 dt 2 title "gloo, 4 processes", \
      "" using 1:6 with lines lw 2 lc rgb "black" dt 3 title "loopback TCP (iperf3)"
+EOF
+    fi
+    if [ -f "$out/group.dat" ]; then
+        # What the one-worker layouts' ranks passed: dc_group_alloc memory or plain buffers.
+        one=$(grep -o '"memory": "[^"]*"' "$out/group.json" 2>/dev/null | grep -v streamed |
+            head -1 | cut -d'"' -f4)
+        gnuplot <<EOF && echo "wrote $out/group.png"
+set terminal $term
+set output "$out/group.png"
+set title "Group all-reduce f32 sum: rank 0's time from the call to the result in its buffer\n(one-worker layouts: ${one:-unknown memory})" noenhanced
+set xlabel "tensor size (bytes)"
+set ylabel "median time (us)"
+set logscale x 2
+set logscale y 10
+set xtics ("4 KiB" 4096, "1 MiB" 1048576, "16 MiB" 16777216)
+set xrange [2048:33554432]
+set key left top
+set grid
+plot "$out/group.dat" using 1:2 with linespoints lw 2 title "devcoord, 2 ranks on 2 workers", \
+     "" using 1:3 with linespoints lw 2 title "devcoord, 4 ranks on 4 workers", \
+     "" using 1:4 with linespoints lw 2 title "devcoord, 2 ranks on 1 worker", \
+     "" using 1:5 with linespoints lw 2 title "devcoord, 4 ranks on 1 worker", \
+     "" using 1:6 with linespoints lw 2 dt 2 lc rgb "black" title "gloo, 2 processes", \
+     "" using 1:7 with linespoints lw 2 dt 3 lc rgb "black" title "gloo, 4 processes"
 EOF
     fi
     if [ -f "$out/fanout.dat" ]; then

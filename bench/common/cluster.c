@@ -93,41 +93,64 @@ alive_count(struct cluster *c, size_t first, size_t n)
     return alive;
 }
 
-int
-cluster_add_workers(struct cluster *c, size_t n)
+/* Starts worker c->n_workers, from a config with n_devices cpu devices when n_devices > 1,
+ * else with the worker's default (one cpu:0). */
+static int
+spawn_worker(struct cluster *c, unsigned n_devices)
 {
-    char worker[1024], log[1024], listen[64];
-    size_t first = c->n_workers;
+    char worker[1024], log[1024], listen[64], config[1024], yaml[1024];
+    size_t i = c->n_workers;
     char *argv[12];
-    uint64_t end;
+    int port, argc = 0;
 
-    if (first + n > CLUSTER_MAX_WORKERS) {
+    if (i >= CLUSTER_MAX_WORKERS) {
         fprintf(stderr, "bench: at most %d workers\n", CLUSTER_MAX_WORKERS);
         return -1;
     }
-    bench_binary(c->args, "server/worker/devcoord-worker", worker, sizeof(worker));
-    for (size_t i = first; i < first + n; i++) {
-        int port = bench_free_port();
-        if (port == 0) {
-            return -1;
-        }
-        snprintf(c->worker_names[i], sizeof(c->worker_names[i]), "w%zu", i);
-        snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", port);
-        log_path(c, c->worker_names[i], log, sizeof(log));
-        argv[0] = worker;
-        argv[1] = "--name";
-        argv[2] = c->worker_names[i];
-        argv[3] = "--coordinator";
-        argv[4] = c->address;
-        argv[5] = "--listen";
-        argv[6] = listen;
-        argv[7] = NULL;
-        if ((c->workers[i] = bench_spawn(argv, log)) < 0) {
-            return -1;
-        }
-        c->n_workers++;
+    if ((port = bench_free_port()) == 0) {
+        return -1;
     }
-    end = bench_now_ns() + (uint64_t)START_TIMEOUT_MS * 1000000u;
+    bench_binary(c->args, "server/worker/devcoord-worker", worker, sizeof(worker));
+    snprintf(c->worker_names[i], sizeof(c->worker_names[i]), "w%zu", i);
+    snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", port);
+    log_path(c, c->worker_names[i], log, sizeof(log));
+    argv[argc++] = worker;
+    if (n_devices > 1) {
+        size_t used = (size_t)snprintf(yaml, sizeof(yaml), "devices:\n");
+        for (unsigned d = 0; d < n_devices && used < sizeof(yaml); d++) {
+            used +=
+                (size_t)snprintf(yaml + used, sizeof(yaml) - used, "  - {device: \"cpu:%u\"}\n", d);
+        }
+        snprintf(config, sizeof(config), "%s/%s-%s.yaml", bench_tmpdir(), c->tag,
+                 c->worker_names[i]);
+        if (used >= sizeof(yaml) || bench_write_file(config, yaml) != 0) {
+            fprintf(stderr, "bench: cannot write %s\n", config);
+            return -1;
+        }
+        argv[argc++] = "--config";
+        argv[argc++] = config;
+    }
+    argv[argc++] = "--name";
+    argv[argc++] = c->worker_names[i];
+    argv[argc++] = "--coordinator";
+    argv[argc++] = c->address;
+    argv[argc++] = "--listen";
+    argv[argc++] = listen;
+    argv[argc]   = NULL;
+    if ((c->workers[i] = bench_spawn(argv, log)) < 0) {
+        return -1;
+    }
+    c->n_workers++;
+    return 0;
+}
+
+/* Waits until the workers from `first` on are alive in the registry; 0 or -1. */
+static int
+wait_alive(struct cluster *c, size_t first)
+{
+    size_t n     = c->n_workers - first;
+    uint64_t end = bench_now_ns() + (uint64_t)START_TIMEOUT_MS * 1000000u;
+
     while (alive_count(c, first, n) < n) {
         if (bench_now_ns() > end) {
             fprintf(stderr, "bench: workers did not register; logs in %s\n", bench_tmpdir());
@@ -136,6 +159,30 @@ cluster_add_workers(struct cluster *c, size_t n)
         bench_sleep_ms(20);
     }
     return 0;
+}
+
+int
+cluster_add_workers(struct cluster *c, size_t n)
+{
+    size_t first = c->n_workers;
+
+    for (size_t i = 0; i < n; i++) {
+        if (spawn_worker(c, 1) != 0) {
+            return -1;
+        }
+    }
+    return wait_alive(c, first);
+}
+
+int
+cluster_add_worker_devices(struct cluster *c, unsigned n_devices)
+{
+    size_t first = c->n_workers;
+
+    if (spawn_worker(c, n_devices) != 0) {
+        return -1;
+    }
+    return wait_alive(c, first);
 }
 
 int

@@ -1,7 +1,8 @@
 /*
  * A devcoord cluster on 127.0.0.1 for the benches: one devcoord-server and real
- * devcoord-worker processes (one cpu:0 device each, named w0, w1, ...), free ports, logs in
- * the bench's temporary directory, and a libdevcoord client of the coordinator. Every
+ * devcoord-worker processes (one cpu:0 device each, or cpu:0..n-1 from
+ * cluster_add_worker_devices; named w0, w1, ...), free ports, logs in the bench's temporary
+ * directory, and a libdevcoord client of the coordinator. Every
  * process started here is stopped by cluster_stop (and by bench.c at exit).
  */
 #ifndef DEVCOORD_BENCH_CLUSTER_H
@@ -39,6 +40,9 @@ int cluster_start(struct cluster *c, const struct bench_args *args, const char *
                   const struct cluster_opts *opts);
 /* Starts n more workers and waits until the registry lists all of them alive; 0 or -1. */
 int cluster_add_workers(struct cluster *c, size_t n);
+/* Starts one more worker with n_devices cpu devices (cpu:0 .. cpu:n-1) and waits until the
+ * registry lists it alive; 0 or -1. */
+int cluster_add_worker_devices(struct cluster *c, unsigned n_devices);
 /* Waits until worker `name` has state `state` in the registry, at most timeout_ms; 0 or -1. */
 int cluster_wait_worker_state(struct cluster *c, const char *name, dc_worker_state state,
                               unsigned timeout_ms);

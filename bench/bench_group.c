@@ -1,0 +1,419 @@
+/*
+ * The group path's all-reduce (issue 13): N ranks, threads of this process with a libdevcoord
+ * client each, join one group and time dc_all_reduce (f32 sum, in place) repeated, at 4 KiB,
+ * 1 MiB and 16 MiB, for 2 ranks on 2 workers, 4 on 4, 2 on 1 and 4 on 1 (real
+ * devcoord-server and devcoord-worker processes, cpu devices), side by side with
+ * torch.distributed's gloo on the same number of processes (peers/gloo_allreduce.py).
+ *
+ * A rank's time is what a trainer sees: from its call to the result in its own buffer. Rank
+ * 0's times are reported (as gloo's are), median, min and max. The first call of every size
+ * is checked: each rank passes rank+1 everywhere and must get n(n+1)/2 back.
+ *
+ * The one-worker layouts stand for the shared-memory case. This tree has no dc_group_alloc,
+ * so they pass plain malloc'd buffers: every call still streams each rank's buffer to its
+ * worker and back over loopback TCP; the results say so ("plain buffers").
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "cluster.h"
+#include "gloo.h"
+
+#define MAX_SIZES 4
+#define MAX_RANKS 4
+#define GB        1e9
+
+#ifdef DC_HAVE_GROUP_ALLOC
+#define ONE_WORKER_MEMORY "dc_group_alloc"
+#else
+#define ONE_WORKER_MEMORY "plain buffers (no dc_group_alloc in this tree)"
+#endif
+
+static const char usage[] = "usage: bench_group [--quick] [--out DIR] [--build DIR]\n";
+
+struct plan {
+    uint64_t sizes[MAX_SIZES];
+    size_t n_sizes;
+    double budget_s;
+    unsigned min_reps, max_reps;
+};
+
+struct layout {
+    unsigned ranks, workers;
+    struct bench_timing dc[MAX_SIZES];
+    int ran;
+};
+
+/* What the rank threads of one layout share. */
+struct shared {
+    const struct plan *p;
+    const char *address;
+    unsigned ranks;
+    char devices[512];
+    char self[MAX_RANKS][64];
+    pthread_barrier_t barrier;
+    unsigned reps;     /* chosen by rank 0 from its warmup, for every rank */
+    atomic_int failed; /* any rank failed: the others stop at the next barrier */
+    struct bench_timing *out;
+};
+
+struct rank_arg {
+    struct shared *sh;
+    unsigned index;
+};
+
+static double
+busbw(unsigned n, uint64_t bytes, double seconds)
+{
+    return seconds > 0 ? 2.0 * (n - 1) / n * (double)bytes / seconds : NAN;
+}
+
+static unsigned
+reps_for(const struct plan *p, double warm_s)
+{
+    double r = warm_s > 0 ? p->budget_s / warm_s : p->max_reps;
+
+    return r < p->min_reps ? p->min_reps : r > p->max_reps ? p->max_reps : (unsigned)r;
+}
+
+/* One timed call; seconds, or -1 (and sh->failed) on failure. */
+static double
+timed_all_reduce(struct shared *sh, dc_group *g, float *buf, size_t count)
+{
+    dc_status st;
+    uint64_t t0  = bench_now_ns();
+    dc_code code = dc_all_reduce(g, buf, count, DC_DTYPE_F32, DC_REDUCE_SUM, &st);
+    double s     = (double)(bench_now_ns() - t0) / 1e9;
+
+    if (code != DC_OK) {
+        fprintf(stderr, "bench_group: rank %u: dc_all_reduce of %zu floats: %s: %s\n",
+                dc_group_rank(g), count, dc_status_name(code), st.message);
+        atomic_store(&sh->failed, 1);
+        return -1;
+    }
+    return s;
+}
+
+/* Warmup of one size, the first call checked; the fastest warmup time, or -1. */
+static double
+warmup(struct shared *sh, dc_group *g, float *buf, size_t count)
+{
+    uint32_t rank = dc_group_rank(g);
+    float want    = (float)(sh->ranks * (sh->ranks + 1) / 2);
+    double warm   = INFINITY, s;
+
+    for (size_t i = 0; i < count; i++) {
+        buf[i] = (float)(rank + 1);
+    }
+    for (int k = 0; k < (count * sizeof(float) >= (16u << 20) ? 1 : 2); k++) {
+        if ((s = timed_all_reduce(sh, g, buf, count)) < 0) {
+            return -1;
+        }
+        if (k == 0 && (buf[0] != want || buf[count / 2] != want || buf[count - 1] != want)) {
+            fprintf(stderr, "bench_group: rank %u: all-reduce of %zu floats gave %g, want %g\n",
+                    rank, count, (double)buf[0], (double)want);
+            atomic_store(&sh->failed, 1);
+            return -1;
+        }
+        memset(buf, 0, count * sizeof(float)); /* sums of zeros stay finite */
+        warm = s < warm ? s : warm;
+    }
+    return warm;
+}
+
+/* Every size: warmup, rank 0 picks the repeat count, then the timed calls. Every rank
+ * reaches both barriers of every size, failed or not. */
+static void
+run_sizes(struct shared *sh, dc_group *g)
+{
+    const struct plan *p = sh->p;
+
+    for (size_t i = 0; i < p->n_sizes; i++) {
+        size_t count = (size_t)(p->sizes[i] / sizeof(float));
+        float *buf   = atomic_load(&sh->failed) ? NULL : malloc(count * sizeof(float));
+        double warm = -1, *times = NULL;
+        unsigned reps;
+
+        if (buf != NULL) {
+            warm = warmup(sh, g, buf, count);
+        }
+        pthread_barrier_wait(&sh->barrier);
+        if (g != NULL && dc_group_rank(g) == 0) {
+            sh->reps = reps_for(p, warm);
+        }
+        pthread_barrier_wait(&sh->barrier);
+        reps = sh->reps;
+        if (buf != NULL && !atomic_load(&sh->failed) &&
+            (times = calloc(reps, sizeof(*times))) != NULL) {
+            unsigned k = 0;
+            for (; k < reps && (times[k] = timed_all_reduce(sh, g, buf, count)) >= 0; k++) {
+            }
+            if (k == reps && dc_group_rank(g) == 0) {
+                struct bench_timing *t = &sh->out[i];
+                t->bytes               = p->sizes[i];
+                t->reps                = reps;
+                t->median_s            = bench_percentile(times, reps, 50);
+                t->min_s               = times[0];
+                t->max_s               = times[reps - 1];
+                t->ok                  = 1;
+            }
+        }
+        free(times);
+        free(buf);
+    }
+}
+
+static void *
+rank_main(void *arg)
+{
+    struct rank_arg *ra  = arg;
+    struct shared *sh    = ra->sh;
+    dc_client_options co = { .fail_fast = false, .timeout_ms = 120000 };
+    dc_group_options go  = { .timeout_ms = 60000, .call_timeout_ms = 120000 };
+    dc_client *client    = NULL;
+    dc_group *g          = NULL;
+    dc_status st;
+
+    if (dc_client_open(sh->address, &co, &client, &st) != DC_OK) {
+        fprintf(stderr, "bench_group: rank thread %u: client: %s\n", ra->index, st.message);
+        atomic_store(&sh->failed, 1);
+    } else if (dc_group_join(client, sh->devices, sh->self[ra->index], &go, &g, &st) != DC_OK) {
+        fprintf(stderr, "bench_group: %s: join: %s: %s\n", sh->self[ra->index],
+                dc_status_name(st.code), st.message);
+        atomic_store(&sh->failed, 1);
+        g = NULL;
+    }
+    run_sizes(sh, g);
+    if (g != NULL) {
+        dc_group_leave(g, &st);
+    }
+    if (client != NULL) {
+        dc_client_close(client);
+    }
+    return NULL;
+}
+
+static int
+run_layout(const struct bench_args *a, const struct plan *p, struct layout *l)
+{
+    struct shared sh = { .p = p, .ranks = l->ranks, .out = l->dc };
+    struct rank_arg args[MAX_RANKS];
+    pthread_t threads[MAX_RANKS];
+    struct cluster c;
+    char tag[32];
+    size_t used = 0, started = 0;
+    int rv;
+
+    snprintf(tag, sizeof(tag), "group%ur%uw", l->ranks, l->workers);
+    if (cluster_start(&c, a, tag, NULL) != 0 ||
+        (l->workers == 1 ? cluster_add_worker_devices(&c, l->ranks)
+                         : cluster_add_workers(&c, l->workers)) != 0) {
+        cluster_stop(&c);
+        return -1;
+    }
+    sh.address = c.address;
+    for (unsigned r = 0; r < l->ranks; r++) {
+        /* Ranks on workers w0..: one cpu:0 each, or cpu:0..cpu:n-1 of w0. */
+        snprintf(sh.self[r], sizeof(sh.self[r]), "%s/cpu:%u",
+                 c.worker_names[l->workers == 1 ? 0 : r], l->workers == 1 ? r : 0);
+        used += (size_t)snprintf(sh.devices + used, sizeof(sh.devices) - used, "%s%s", r ? "," : "",
+                                 sh.self[r]);
+    }
+    atomic_init(&sh.failed, 0);
+    pthread_barrier_init(&sh.barrier, NULL, l->ranks);
+    for (; started < l->ranks; started++) {
+        args[started] = (struct rank_arg){ .sh = &sh, .index = (unsigned)started };
+        if (pthread_create(&threads[started], NULL, rank_main, &args[started]) != 0) {
+            /* The barrier counts every rank: without them all, nothing can run. */
+            fprintf(stderr, "bench_group: cannot start rank threads\n");
+            abort();
+        }
+    }
+    for (size_t r = 0; r < started; r++) {
+        pthread_join(threads[r], NULL);
+    }
+    pthread_barrier_destroy(&sh.barrier);
+    cluster_stop(&c);
+    rv     = atomic_load(&sh.failed) ? -1 : 0;
+    l->ran = rv == 0;
+    return rv;
+}
+
+static const char *
+layout_text(const struct layout *l)
+{
+    return l->workers == 1 ? bench_fmt("%u ranks on 1 worker, %s", l->ranks, ONE_WORKER_MEMORY)
+                           : bench_fmt("%u ranks on %u workers", l->ranks, l->workers);
+}
+
+/* gloo's timings for `ranks` processes. */
+static const struct bench_timing *
+gloo_of(struct bench_timing gloo[][MAX_SIZES], unsigned ranks)
+{
+    return gloo[ranks == 2 ? 0 : 1];
+}
+
+static void
+print_table(const struct plan *p, const struct layout *l, const struct bench_timing *g)
+{
+    printf("\nGroup all-reduce f32 sum, %s; rank 0's time from the call to the result in its "
+           "buffer; bus bandwidth = 2(n-1)/n * bytes / median\n",
+           layout_text(l));
+    printf("%-8s | %12s %12s %12s %9s %5s | %12s %9s %5s | %8s\n", "size", "median", "min", "max",
+           "GB/s", "reps", "gloo", "GB/s", "reps", "dc/gloo");
+    for (size_t i = 0; i < p->n_sizes; i++) {
+        const struct bench_timing *d = &l->dc[i], *q = &g[i];
+        printf("%-8s | %9.1f us %9.1f us %9.1f us %9.3f %5u | %9.1f us %9.3f %5u | %7.2fx\n",
+               bench_size_text(p->sizes[i]), d->ok ? d->median_s * 1e6 : NAN,
+               d->ok ? d->min_s * 1e6 : NAN, d->ok ? d->max_s * 1e6 : NAN,
+               d->ok ? busbw(l->ranks, d->bytes, d->median_s) / GB : NAN, d->reps,
+               q->ok ? q->median_s * 1e6 : NAN,
+               q->ok ? busbw(l->ranks, q->bytes, q->median_s) / GB : NAN, q->reps,
+               d->ok && q->ok ? d->median_s / q->median_s : NAN);
+    }
+}
+
+static void
+json_points(FILE *f, unsigned ranks, const struct bench_timing *t, size_t n)
+{
+    int first = 1;
+
+    for (size_t i = 0; i < n; i++) {
+        if (!t[i].ok) {
+            continue;
+        }
+        fprintf(f,
+                "%s\n      {\"bytes\": %llu, \"median_s\": %.9f, \"min_s\": %.9f, \"max_s\": "
+                "%.9f, \"reps\": %u, \"busbw_gbs\": %.4f}",
+                first ? "" : ",", (unsigned long long)t[i].bytes, t[i].median_s, t[i].min_s,
+                t[i].max_s, t[i].reps, busbw(ranks, t[i].bytes, t[i].median_s) / GB);
+        first = 0;
+    }
+    fprintf(f, "]}");
+}
+
+static void
+write_results(const struct bench_args *a, const struct plan *p, const struct layout *ls, size_t nl,
+              struct bench_timing gloo[][MAX_SIZES])
+{
+    struct bench_summary sum;
+    FILE *f;
+
+    if ((f = bench_result_open(a, "group.json")) != NULL) {
+        fprintf(f, "{\"bench\": \"group\",\n \"note\": \"devcoord: dc_all_reduce on a joined "
+                   "group, rank 0's time from the call to the result in its buffer (ranks are "
+                   "threads of one process, a client each); gloo: one all_reduce on rank 0 of "
+                   "as many processes\",\n \"dtype\": \"f32\", \"op\": \"sum\",\n \"runs\": [");
+        for (size_t k = 0; k < nl; k++) {
+            fprintf(f,
+                    "\n    {\"system\": \"devcoord\", \"ranks\": %u, \"workers\": %u, "
+                    "\"memory\": \"%s\", \"points\": [",
+                    ls[k].ranks, ls[k].workers,
+                    ls[k].workers == 1 ? ONE_WORKER_MEMORY : "streamed to the worker");
+            json_points(f, ls[k].ranks, ls[k].dc, p->n_sizes);
+            fprintf(f, ",");
+        }
+        for (unsigned r = 2; r <= 4; r += 2) {
+            fprintf(f, "\n    {\"system\": \"gloo\", \"ranks\": %u, \"points\": [", r);
+            json_points(f, r, gloo_of(gloo, r), p->n_sizes);
+            fprintf(f, r == 2 ? "," : "\n ]}\n");
+        }
+        fclose(f);
+    }
+    /* gnuplot: bytes, then rank 0's median time (us) of every layout, then gloo 2 and 4. */
+    if ((f = bench_result_open(a, "group.dat")) != NULL) {
+        fprintf(f, "# bytes");
+        for (size_t k = 0; k < nl; k++) {
+            fprintf(f, " dc%ur%uw", ls[k].ranks, ls[k].workers);
+        }
+        fprintf(f, " gloo2 gloo4 (median us)\n");
+        for (size_t i = 0; i < p->n_sizes; i++) {
+            fprintf(f, "%llu", (unsigned long long)p->sizes[i]);
+            for (size_t k = 0; k < nl; k++) {
+                fprintf(f, " %.1f", ls[k].dc[i].ok ? ls[k].dc[i].median_s * 1e6 : NAN);
+            }
+            for (unsigned r = 2; r <= 4; r += 2) {
+                const struct bench_timing *g = &gloo_of(gloo, r)[i];
+                fprintf(f, " %.1f", g->ok ? g->median_s * 1e6 : NAN);
+            }
+            fprintf(f, "\n");
+        }
+        fclose(f);
+    }
+    /* Issue 17's goals are the data plane's; this bench only shows where the group path is. */
+    if (bench_summary_open(&sum, a, "group") != 0) {
+        return;
+    }
+    for (size_t k = 0; k < nl; k++) {
+        for (size_t i = 0; i < p->n_sizes; i++) {
+            const struct bench_timing *d = &ls[k].dc[i], *g = &gloo_of(gloo, ls[k].ranks)[i];
+            double ratio = d->ok && g->ok ? d->median_s / g->median_s : NAN;
+            const char *goal;
+            int met = -1;
+
+            if (p->sizes[i] <= 4096) {
+                goal = "<= 1.0x gloo time (issue 17)";
+                met  = isnan(ratio) ? -1 : ratio <= 1.0;
+            } else if (p->sizes[i] >= (16u << 20)) {
+                goal = "bus BW >= 1.6x gloo: time <= 0.625x (issue 17)";
+                met  = isnan(ratio) ? -1 : ratio <= 1 / 1.6;
+            } else {
+                goal = "- (issue 17 sets none)";
+            }
+            bench_summary_row(
+                &sum,
+                bench_fmt("group all-reduce %s, %s: time", bench_size_text(p->sizes[i]),
+                          layout_text(&ls[k])),
+                d->ok ? bench_fmt("%.1f us", d->median_s * 1e6) : "-",
+                g->ok ? bench_fmt("gloo %u procs %.1f us", ls[k].ranks, g->median_s * 1e6) : "-",
+                ratio, goal, met);
+        }
+    }
+    bench_summary_close(&sum);
+}
+
+int
+main(int argc, char **argv)
+{
+    struct bench_args a;
+    struct plan p      = { .sizes = { 4096, 1u << 20, 16u << 20 }, .n_sizes = 3 };
+    struct layout ls[] = { { .ranks = 2, .workers = 2 },
+                           { .ranks = 4, .workers = 4 },
+                           { .ranks = 2, .workers = 1 },
+                           { .ranks = 4, .workers = 1 } };
+    struct bench_timing gloo[2][MAX_SIZES] = { { { 0 } } };
+    const size_t nl                        = sizeof(ls) / sizeof(ls[0]);
+    int rv;
+
+    bench_init();
+    if ((rv = bench_parse_args(argc, argv, &a, usage, NULL, NULL)) != 0) {
+        return rv;
+    }
+    p.budget_s = a.quick ? 0.5 : 2.0;
+    p.min_reps = a.quick ? 3 : 5;
+    p.max_reps = a.quick ? 20 : 50;
+    printf("one-worker layouts: %s\n", ONE_WORKER_MEMORY);
+    for (unsigned r = 2; r <= 4; r += 2) {
+        printf("running gloo all-reduce with %u processes ...\n", r);
+        fflush(stdout);
+        if (bench_gloo_run("bench_group", r, p.sizes, p.n_sizes, p.budget_s, p.min_reps, p.max_reps,
+                           gloo[r == 2 ? 0 : 1]) < 0) {
+            fprintf(stderr, "bench_group: gloo run with %u processes failed\n", r);
+        }
+    }
+    for (size_t k = 0; k < nl; k++) {
+        printf("running the group all-reduce, %s ...\n", layout_text(&ls[k]));
+        fflush(stdout);
+        if (run_layout(&a, &p, &ls[k]) != 0) {
+            fprintf(stderr, "bench_group: %s failed\n", layout_text(&ls[k]));
+        }
+        print_table(&p, &ls[k], gloo_of(gloo, ls[k].ranks));
+    }
+    write_results(&a, &p, ls, nl, gloo);
+    return 0;
+}
