@@ -9,6 +9,7 @@ arrays, array.array, any C-contiguous writable buffer, and contiguous CPU torch 
 """
 
 import ctypes
+import weakref
 
 from . import _lib
 from ._lib import lib, text
@@ -133,6 +134,7 @@ class Group:
     def __init__(self, client, devices, self_device, timeout_ms=None, call_timeout_ms=None):
         self._g = None
         self._client = client  # the group uses the client's connection
+        self._pending = weakref.WeakSet()  # Requests not waited for yet
         if not client._h:
             raise error_for(9, "the client is closed")
         if not isinstance(devices, str):
@@ -143,6 +145,7 @@ class Group:
         _check(lib.dc_group_join(client._h, _b(devices), _b(self_device), ctypes.byref(opts),
                                  ctypes.byref(handle), ctypes.byref(st)), st)
         self._g = handle
+        client._groups.add(self)
 
     @property
     def rank(self):
@@ -167,8 +170,14 @@ class Group:
         return [text(lib.dc_group_device(g, r)) for r in range(lib.dc_group_size(g))]
 
     def leave(self):
-        """Tells the coordinator this rank leaves; idempotent. Raises if that call fails (the
-        membership is gone either way)."""
+        """Waits for the calls still in flight (their errors are left to their requests),
+        then tells the coordinator this rank leaves; idempotent. Raises if that call fails
+        (the membership is gone either way). Client.close() leaves the client's groups."""
+        for req in list(self._pending):
+            try:
+                req.wait()
+            except Exception:
+                pass
         g, self._g = self._g, None
         if g:
             st = _lib.Status()
@@ -189,6 +198,8 @@ class Group:
     def _handle(self):
         if not self._g:
             raise error_for(9, "the group has been left")
+        if not self._client._h:
+            raise error_for(9, "the client is closed")
         return self._g
 
     def _run(self, name, async_, args, keep):
@@ -198,7 +209,9 @@ class Group:
             req = getattr(lib, "dc_%s_async" % name)(g, *args, ctypes.byref(st))
             if not req:
                 _raise(st.code or 2, st)
-            return Request(req, keep)
+            r = Request(req, keep)
+            self._pending.add(r)
+            return r
         _check(getattr(lib, "dc_" + name)(g, *args, ctypes.byref(st)), st)
         return None
 

@@ -224,6 +224,38 @@ class GroupTest(unittest.TestCase):
             self.assertEqual(b, [1.0] * 3)
             self.assertEqual(err, "INVALID_ARGUMENT")
 
+    def test_leave_waits_for_calls_and_close_leaves(self):
+        def rank(me, out):
+            c = devcoord.Client(self.cluster.addr, timeout_ms=30000)
+            g = devcoord.Group(c, [A0, B0], me, timeout_ms=20000)
+            a = array.array("f", [g.rank + 1.0] * 2)
+            req = g.all_reduce_async(a, "sum")
+            g.leave()  # waits for the call first
+            try:
+                g.barrier()
+            except devcoord.FailedPrecondition as e:
+                left = e.message
+            g2 = devcoord.Group(c, [A0, B0], me, timeout_ms=20000)
+            c.close()  # leaves g2
+            try:
+                g2.rank
+            except devcoord.FailedPrecondition as e:
+                closed = e.message
+            req.wait()
+            out[me] = (a.tolist(), left, closed)
+
+        out = {}
+        threads = [threading.Thread(target=rank, args=(me, out)) for me in (A0, B0)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(90)
+        self.assertEqual(sorted(out), [A0, B0])
+        for a, left, closed in out.values():
+            self.assertEqual(a, [3.0, 3.0])
+            self.assertEqual(left, "the group has been left")
+            self.assertEqual(closed, "the group has been left")
+
     def test_local_refusals(self):
         def fn(g):
             errs = []
