@@ -5,7 +5,8 @@
 # build: compilers, cmake and the four libraries (always included)
 # dev:   clang (libFuzzer, sanitizers), clang-format, clang-tidy, valgrind, and Debian's
 #        cargo and rustc for bindings/rust (test bindings.rust is skipped without them),
-#        python3-numpy for the numpy paths of bindings/python (skipped without it)
+#        python3-numpy for the numpy paths of bindings/python (skipped without it),
+#        python3-torch for bindings/python's torch tensors, DDP hook and examples/ddp_train.py
 # test:  headless chromium, which renders the coordinator's status page in
 #        integration.statuspage (skipped without it)
 # bench: the peers and tools the benchmarks compare against
@@ -20,7 +21,7 @@ for g in "${groups[@]}"; do
     case "$g" in
     build) ;;
     dev) pkgs+=(clang clang-format clang-tidy libclang-rt-14-dev valgrind cargo rustc
-                python3-numpy) ;;
+                python3-numpy python3-torch) ;;
     test) pkgs+=(chromium) ;;
     bench) pkgs+=(python3-torch iperf3 gnuplot-nox libgrpc++-dev protobuf-compiler-grpc
                   libprotobuf-dev protobuf-compiler hyperfine) ;;

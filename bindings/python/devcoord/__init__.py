@@ -16,14 +16,19 @@ gRPC-style code (devcoord.NotFound, devcoord.InvalidArgument, devcoord.Unavailab
 
 The library is loaded from $DEVCOORD_LIB (path to libdevcoord.so) when set, else found by
 ctypes.util.find_library("devcoord"), else by its soname libdevcoord.so.0.
+
+Trainer processes (or threads) use ``devcoord.Group(client, devices, self_device)`` for
+in-place collectives on numpy arrays, array.array, buffers and CPU torch tensors;
+``devcoord.torch.allreduce_hook`` is a DistributedDataParallel communication hook over it.
 """
 
 from .client import (Client, ClusterStatus, DeviceInfo, Op, PlanWorker, TensorInfo, Worker,
                      WorkerResult, format_device, parse_device, version)
 from .dtypes import DTYPES, DType, dtype
+from .group import Group, Request
 from .errors import *  # noqa: F401,F403  (Error and its per-code subclasses)
 from .errors import __all__ as _error_names
 
 __all__ = ["Client", "ClusterStatus", "DeviceInfo", "Op", "PlanWorker", "TensorInfo", "Worker",
            "WorkerResult", "format_device", "parse_device", "version", "DTYPES", "DType",
-           "dtype"] + _error_names
+           "dtype", "Group", "Request"] + _error_names

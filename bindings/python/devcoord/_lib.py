@@ -114,6 +114,10 @@ class Tensor(Structure):
                 ("size_bytes", c_size_t), ("data", c_void_p)]
 
 
+class GroupOptions(Structure):
+    _fields_ = [("timeout_ms", c_uint32), ("call_timeout_ms", c_uint32)]
+
+
 class TensorList(Structure):
     _fields_ = [("n", c_size_t), ("tensors", POINTER(Tensor))]
 
@@ -195,7 +199,30 @@ _PROTOTYPES = {
     "dc_tensor_delete": (c_int, [_client, c_char_p, c_char_p, _st]),
     "dc_tensor_list_get": (c_int, [_client, c_char_p, P(P(TensorList)), _st]),
     "dc_tensor_list_free": (None, [P(TensorList)]),
+    "dc_group_join": (c_int, [_client, c_char_p, c_char_p, P(GroupOptions), P(c_void_p), _st]),
+    "dc_group_rank": (c_uint32, [c_void_p]),
+    "dc_group_size": (c_uint32, [c_void_p]),
+    "dc_group_id": (c_char_p, [c_void_p]),
+    "dc_group_generation": (c_uint64, [c_void_p]),
+    "dc_group_device": (c_char_p, [c_void_p, c_uint32]),
+    "dc_group_leave": (c_int, [c_void_p, _st]),
+    "dc_wait": (c_int, [c_void_p, _st]),
+    "dc_test": (c_int, [c_void_p, P(c_bool), _st]),
 }
+
+# The collectives, blocking (returning the code) and _async (returning a dc_request *): each
+# takes its own arguments between the group and the status.
+_GROUP_CALLS = {
+    "all_reduce": [c_void_p, c_size_t, c_int, c_int],
+    "reduce": [c_void_p, c_size_t, c_int, c_int, c_uint32],
+    "broadcast": [c_void_p, c_size_t, c_int, c_uint32],
+    "all_gather": [c_void_p, c_void_p, c_size_t, c_int],
+    "reduce_scatter": [c_void_p, c_void_p, c_size_t, c_int, c_int],
+    "barrier": [],
+}
+for _call, _args in _GROUP_CALLS.items():
+    _PROTOTYPES["dc_" + _call] = (c_int, [c_void_p] + _args + [_st])
+    _PROTOTYPES["dc_%s_async" % _call] = (c_void_p, [c_void_p] + _args + [_st])
 
 for _name, (_res, _args) in _PROTOTYPES.items():
     _fn = getattr(lib, _name)

@@ -8,6 +8,7 @@ during each call); close() must not race with calls in flight.
 
 import array
 import ctypes
+import weakref
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -280,6 +281,7 @@ class Client:
     def __init__(self, address=None, token=None, tls_ca=None, tls_cert=None, tls_key=None,
                  timeout_ms=None, token_file=None, tls_server_name=None, fail_fast=False):
         self._h = None
+        self._groups = weakref.WeakSet()  # devcoord.Group joined through this client
         opts = _lib.ClientOptions(_b(token), _b(token_file), timeout_ms or 0, fail_fast,
                                   _b(tls_ca), _b(tls_cert), _b(tls_key), _b(tls_server_name))
         handle = ctypes.c_void_p()
@@ -289,7 +291,13 @@ class Client:
         self._h = handle
 
     def close(self):
-        """Closes the connection; further calls raise FailedPrecondition. Idempotent."""
+        """Leaves the groups joined through this client, then closes the connection;
+        further calls raise FailedPrecondition. Idempotent."""
+        for group in list(getattr(self, "_groups", ())):
+            try:
+                group.leave()
+            except Exception:  # the membership is gone either way
+                pass
         h, self._h = self._h, None
         if h:
             lib.dc_client_close(h)

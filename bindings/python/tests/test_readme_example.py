@@ -12,12 +12,18 @@ from test_client import REPO, start_cluster
 
 import harness
 
+try:
+    import numpy
+except ImportError:
+    numpy = None
 
-def readme_block():
+
+def readme_block(n=1):
+    """The n-th (from 1) ```python block under "## Python"."""
     with open(os.path.join(REPO, "README.md")) as f:
         text = f.read()
     section = text.split("\n## Python\n", 1)[1].split("\n## ", 1)[0]
-    return section.split("```python\n", 1)[1].split("```", 1)[0]
+    return section.split("```python\n")[n].split("```", 1)[0]
 
 
 class ReadmeExample(unittest.TestCase):
@@ -40,6 +46,27 @@ class ReadmeExample(unittest.TestCase):
         self.assertTrue(re.match(r"INVALID_ARGUMENT: autodiff should not wrap an autodiff "
                                  r"device: devices\[0\] = node-a/autodiff\(autodiff\(cuda:0\)\)",
                                  lines[2]), lines[2])
+
+    @unittest.skipIf(numpy is None, "numpy is not installed")
+    def test_group_block_runs_once_per_rank(self):
+        block = readme_block(2)
+        self.assertGreaterEqual(len(block.splitlines()), 10)
+        env = dict(os.environ, DEVCOORD_ADDR=self.cluster.addr,
+                   PYTHONPATH=os.path.join(REPO, "bindings", "python"))
+        procs = [subprocess.Popen([sys.executable, "-c", block, me], env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  stdin=subprocess.DEVNULL)
+                 for me in ("node-b/cuda:0", "node-a/cuda:0")]
+        outs = []
+        for p in procs:
+            try:
+                out, err = p.communicate(timeout=60)
+            finally:
+                p.kill()
+            self.assertEqual(p.returncode, 0, out + err)
+            outs.append(out.strip())
+        every = "[1.5 1.5 1.5 1.5 1.5 1.5]"
+        self.assertEqual(outs, ["1 2 [1.5 1.5 1.5] " + every, "0 2 [1.5 1.5 1.5] " + every])
 
 
 if __name__ == "__main__":

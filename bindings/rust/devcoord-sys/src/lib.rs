@@ -338,6 +338,28 @@ pub struct dc_tensor_list {
     pub tensors: *mut dc_tensor,
 }
 
+/// Opaque group membership (`dc_group`).
+#[repr(C)]
+pub struct dc_group {
+    _private: [u8; 0],
+}
+
+/// Opaque call in flight (`dc_request`).
+#[repr(C)]
+pub struct dc_request {
+    _private: [u8; 0],
+}
+
+/// `dc_group_options`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct dc_group_options {
+    /// How long the join waits for every rank (0: the coordinator's limit).
+    pub timeout_ms: u32,
+    /// How long each call waits for every rank (0: 30000).
+    pub call_timeout_ms: u32,
+}
+
 /// `dc_progress_fn`.
 pub type dc_progress_fn = Option<unsafe extern "C" fn(done: usize, total: usize, arg: *mut c_void)>;
 
@@ -486,6 +508,89 @@ extern "C" {
     pub fn dc_device_state_name(state: dc_device_state) -> *const c_char;
     /// `dc_device_state_from_name` of `include/devcoord/types.h`, whose comment documents it.
     pub fn dc_device_state_from_name(name: *const c_char) -> dc_device_state;
+    /// `dc_group_join` of `include/devcoord/devcoord.h`, whose comment documents it.
+    pub fn dc_group_join(
+        c: *mut dc_client,
+        devices: *const c_char,
+        self_: *const c_char,
+        opts: *const dc_group_options,
+        out: *mut *mut dc_group,
+        st: *mut dc_status,
+    ) -> dc_code;
+    /// `dc_group_rank`.
+    pub fn dc_group_rank(g: *const dc_group) -> u32;
+    /// `dc_group_size`.
+    pub fn dc_group_size(g: *const dc_group) -> u32;
+    /// `dc_group_id`.
+    pub fn dc_group_id(g: *const dc_group) -> *const c_char;
+    /// `dc_group_generation`.
+    pub fn dc_group_generation(g: *const dc_group) -> u64;
+    /// `dc_group_device`.
+    pub fn dc_group_device(g: *const dc_group, rank: u32) -> *const c_char;
+    /// `dc_group_leave`.
+    pub fn dc_group_leave(g: *mut dc_group, st: *mut dc_status) -> dc_code;
+    /// `dc_all_reduce`.
+    pub fn dc_all_reduce(
+        g: *mut dc_group,
+        buf: *mut c_void,
+        count: usize,
+        dtype: dc_dtype,
+        op: dc_reduce_op,
+        st: *mut dc_status,
+    ) -> dc_code;
+    /// `dc_reduce`.
+    pub fn dc_reduce(
+        g: *mut dc_group,
+        buf: *mut c_void,
+        count: usize,
+        dtype: dc_dtype,
+        op: dc_reduce_op,
+        root: u32,
+        st: *mut dc_status,
+    ) -> dc_code;
+    /// `dc_broadcast`.
+    pub fn dc_broadcast(
+        g: *mut dc_group,
+        buf: *mut c_void,
+        count: usize,
+        dtype: dc_dtype,
+        root: u32,
+        st: *mut dc_status,
+    ) -> dc_code;
+    /// `dc_all_gather`.
+    pub fn dc_all_gather(
+        g: *mut dc_group,
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dtype: dc_dtype,
+        st: *mut dc_status,
+    ) -> dc_code;
+    /// `dc_reduce_scatter`.
+    pub fn dc_reduce_scatter(
+        g: *mut dc_group,
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dtype: dc_dtype,
+        op: dc_reduce_op,
+        st: *mut dc_status,
+    ) -> dc_code;
+    /// `dc_barrier`.
+    pub fn dc_barrier(g: *mut dc_group, st: *mut dc_status) -> dc_code;
+    /// `dc_all_reduce_async`.
+    pub fn dc_all_reduce_async(
+        g: *mut dc_group,
+        buf: *mut c_void,
+        count: usize,
+        dtype: dc_dtype,
+        op: dc_reduce_op,
+        st: *mut dc_status,
+    ) -> *mut dc_request;
+    /// `dc_wait`.
+    pub fn dc_wait(req: *mut dc_request, st: *mut dc_status) -> dc_code;
+    /// `dc_test`.
+    pub fn dc_test(req: *mut dc_request, done: *mut bool, st: *mut dc_status) -> dc_code;
 }
 
 #[cfg(test)]

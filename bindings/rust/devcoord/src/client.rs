@@ -18,7 +18,7 @@ pub(crate) fn cstr_array(a: &[c_char]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-fn cstr_ptr(p: *const c_char) -> String {
+pub(crate) fn cstr_ptr(p: *const c_char) -> String {
     if p.is_null() {
         return String::new();
     }
@@ -26,7 +26,7 @@ fn cstr_ptr(p: *const c_char) -> String {
     unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
-fn cstring(s: &str) -> Result<CString> {
+pub(crate) fn cstring(s: &str) -> Result<CString> {
     CString::new(s).map_err(|_| Error::new(Code::InvalidArgument, format!("{:?} contains a NUL byte", s)))
 }
 
@@ -48,7 +48,7 @@ fn name(f: unsafe extern "C" fn(i32) -> *const c_char, value: i32) -> String {
     }
 }
 
-fn status() -> sys::dc_status {
+pub(crate) fn status() -> sys::dc_status {
     // SAFETY: dc_status is plain data; all zeroes is a valid value.
     unsafe { std::mem::zeroed() }
 }
@@ -493,6 +493,10 @@ impl Client {
         // SAFETY: every pointer lives across the call.
         check(unsafe { sys::dc_client_open(addr.as_ptr(), &o, &mut out, &mut st) }, &st)?;
         NonNull::new(out).map(|raw| Client { raw }).ok_or_else(|| Error::new(Code::Internal, "dc_client_open gave no client"))
+    }
+
+    pub(crate) fn raw_ptr(&self) -> *mut sys::dc_client {
+        self.raw.as_ptr()
     }
 
     fn call(&self, f: impl FnOnce(*mut sys::dc_client, *mut sys::dc_status) -> i32) -> Result<()> {

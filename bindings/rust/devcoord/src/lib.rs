@@ -22,6 +22,7 @@
 mod client;
 mod device;
 mod error;
+mod group;
 
 pub use client::{
     version, Client, ClusterStatus, DeviceInfo, Element, OpKind, OpRequest, OpResult, Options, PlanWorker, ReduceOp, Tensor,
@@ -29,6 +30,7 @@ pub use client::{
 };
 pub use device::{Device, DeviceRef, LibTorchKind, WgpuKind};
 pub use error::{Code, Error, Result};
+pub use group::{Group, GroupOptions, Request};
 
 #[cfg(test)]
 mod tests {
@@ -79,5 +81,7 @@ mod tests {
     fn client_is_send_and_sync() {
         fn check<T: Send + Sync>() {}
         check::<Client>();
+        fn send<T: Send>() {}
+        send::<Group<'static>>();
     }
 }

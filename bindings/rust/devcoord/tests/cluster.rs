@@ -5,7 +5,7 @@ mod common;
 use std::sync::Arc;
 
 use common::Cluster;
-use devcoord::{Client, Code, Device, OpKind, OpRequest, Options, ReduceOp};
+use devcoord::{Client, Code, Device, Group, GroupOptions, OpKind, OpRequest, Options, ReduceOp};
 
 const A: &str = "node-a/cuda:0";
 const B: &str = "node-b/cuda:0";
@@ -164,26 +164,35 @@ fn dead_address() {
     assert_eq!(Client::connect("tcp://").err().unwrap().code, Code::InvalidArgument);
 }
 
-/// The ```rust block under "## Rust" in the README, as printed.
-fn readme_block() -> String {
+/// The n-th (from 1) ```rust block under "## Rust" in the README.
+fn readme_block_n(n: usize) -> String {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../README.md")).unwrap();
     let section = readme.split("\n## Rust\n").nth(1).expect("README has a '## Rust' section");
-    let block = section.split("```rust\n").nth(1).expect("a ```rust block under '## Rust'");
+    let section = section.split("\n## ").next().unwrap();
+    let block = section.split("```rust\n").nth(n).expect("a ```rust block under '## Rust'");
     block.split("```").next().unwrap().to_string()
+}
+
+/// Checks that the README's n-th rust block is in examples/NAME.rs, runs the example against
+/// a fresh two-node cluster and returns its standard output.
+fn run_readme_example(name: &str, n: usize) -> String {
+    let path = format!("{}/examples/{}.rs", env!("CARGO_MANIFEST_DIR"), name);
+    let source = std::fs::read_to_string(&path).unwrap();
+    let block = readme_block_n(n);
+    assert!(block.lines().count() >= 10 && source.contains(&block), "README block not in {}.rs:\n{}", name, block);
+    // cargo builds the examples next to the test binaries: target/debug/{deps,examples}
+    let exe = std::env::current_exe().unwrap();
+    let example = exe.parent().unwrap().parent().unwrap().join("examples").join(name);
+    let cluster = two_nodes();
+    let out = std::process::Command::new(&example).env("DEVCOORD_ADDR", &cluster.addr).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{:?}: {}{}", example, stdout, String::from_utf8_lossy(&out.stderr));
+    stdout
 }
 
 #[test]
 fn example_all_reduce_is_the_readmes_and_runs() {
-    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/all_reduce.rs")).unwrap();
-    let block = readme_block();
-    assert!(block.lines().count() >= 10 && source.contains(&block), "README block not in all_reduce.rs:\n{}", block);
-    // cargo builds the examples next to the test binaries: target/debug/{deps,examples}
-    let exe = std::env::current_exe().unwrap();
-    let example = exe.parent().unwrap().parent().unwrap().join("examples").join("all_reduce");
-    let cluster = two_nodes();
-    let out = std::process::Command::new(&example).env("DEVCOORD_ADDR", &cluster.addr).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{:?}: {}{}", example, stdout, String::from_utf8_lossy(&out.stderr));
+    let stdout = run_readme_example("all_reduce", 1);
     assert!(stdout.contains("node-a/cuda:0 grad = [11.0, 22.0, 33.0]\n"), "{}", stdout);
     assert!(stdout.contains("node-b/cuda:0 grad = [11.0, 22.0, 33.0]\n"), "{}", stdout);
     assert!(stdout.contains(": done\n"), "{}", stdout);
@@ -192,4 +201,83 @@ fn example_all_reduce_is_the_readmes_and_runs() {
         "{}",
         stdout
     );
+}
+
+#[test]
+fn example_group_train_is_the_readmes_and_runs() {
+    let stdout = run_readme_example("group_train", 2);
+    // step 0 from w = 0: rank 0's gradient is [-4, -4], rank 1's [-20, -10]; both get the mean
+    assert!(stdout.contains("rank 0 step 0 grad [-12.0, -7.0]\n"), "{}", stdout);
+    assert!(stdout.contains("rank 1 step 0 grad [-12.0, -7.0]\n"), "{}", stdout);
+    for step in 0..5 {
+        let line = |r: u32| {
+            let prefix = format!("rank {} step {} grad ", r, step);
+            stdout.lines().find(|l| l.starts_with(&prefix)).map(|l| l[prefix.len()..].to_string())
+        };
+        assert_eq!(line(0).expect("rank 0 line"), line(1).expect("rank 1 line"), "{}", stdout);
+    }
+    assert!(stdout.contains("agree: true\n"), "{}", stdout);
+}
+
+/// Runs f(group) on two ranks (threads, one client each) of node-a/cuda:0 and node-b/cuda:0.
+fn two_ranks<T: Send>(cluster: &Cluster, f: impl Fn(&mut Group) -> T + Sync) -> Vec<T> {
+    let ranks = pair();
+    let clients = vec![cluster.client(), cluster.client()];
+    std::thread::scope(|s| {
+        let threads: Vec<_> = ranks
+            .iter()
+            .zip(&clients)
+            .map(|(me, c)| {
+                let (ranks, f) = (&ranks, &f);
+                s.spawn(move || {
+                    let opts = GroupOptions { timeout_ms: 20000, call_timeout_ms: 10000 };
+                    let mut g = Group::join_with(c, ranks, me, &opts).unwrap();
+                    f(&mut g)
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn group_every_call_and_a_mismatch() {
+    let cluster = two_nodes();
+    let out = two_ranks(&cluster, |g| {
+        let r = g.rank() as i64;
+        assert_eq!((g.size(), g.id().len(), g.devices()), (2, 16, vec![A.to_string(), B.to_string()]));
+        assert!(g.generation() >= 1);
+        let mut sum = vec![r + 1, 10 * r, -r];
+        g.all_reduce(&mut sum, ReduceOp::Sum).unwrap();
+        let mut red = vec![r as f64 + 1.5, -2.0];
+        g.reduce(&mut red, ReduceOp::Prod, 1).unwrap();
+        let mut bc = vec![r as i32 * 7, 1];
+        g.broadcast(&mut bc, 1).unwrap();
+        let mut gathered = vec![0f32; 4];
+        g.all_gather(&[r as f32, 0.5], &mut gathered).unwrap();
+        let mut mine = vec![0f64; 2];
+        let send: Vec<f64> = (0..4).map(|i| (r + i) as f64).collect();
+        g.reduce_scatter(&send, &mut mine, ReduceOp::Max).unwrap();
+        g.barrier().unwrap();
+        let mut a = vec![r as f32; 3];
+        let req = g.all_reduce_async(&mut a, ReduceOp::Max).unwrap();
+        req.wait().unwrap();
+        let local = g.all_gather(&[1.0f32], &mut [0.0f32; 3]).unwrap_err();
+        let mut bad = vec![1.0f32; 2 + r as usize];
+        let mismatch = g.all_reduce(&mut bad, ReduceOp::Sum).unwrap_err();
+        (r, sum, red, bc, gathered, mine, a, local, mismatch)
+    });
+    for (r, sum, red, bc, gathered, mine, a, local, mismatch) in out {
+        assert_eq!(sum, vec![3, 10, -1]);
+        assert_eq!(red, if r == 1 { vec![1.5 * 2.5, 4.0] } else { vec![1.5, -2.0] });
+        assert_eq!(bc, vec![7, 1]);
+        assert_eq!(gathered, vec![0.0, 0.5, 1.0, 0.5]);
+        // max over ranks of r + i is 1 + i; rank r gets elements [2r, 2r + 2)
+        assert_eq!(mine, vec![1.0 + 2.0 * r as f64, 2.0 + 2.0 * r as f64]);
+        assert_eq!(a, vec![1.0; 3]);
+        assert_eq!(local.code, Code::InvalidArgument);
+        assert!(local.message.contains("recv has 3 elements, expected 2"), "{}", local);
+        assert_eq!(mismatch.code, Code::InvalidArgument);
+        assert!(mismatch.message.contains("rank 1"), "{}", mismatch);
+    }
 }

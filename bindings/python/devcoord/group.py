@@ -1,0 +1,279 @@
+"""devcoord.Group: one rank's membership of a group, and its in-place collectives.
+
+Every rank (a process or a thread) builds a Group with the same device list and the entry it
+is; the constructor returns once every rank has joined (README, "Groups"). The calls work in
+place on the caller's memory, handed to libdevcoord without a Python-level copy: numpy
+arrays, array.array, any C-contiguous writable buffer, and contiguous CPU torch tensors
+(through data_ptr()). The element type comes from the buffer: numpy / torch dtype
+(float16 and torch.bfloat16 are f16 and bf16) or buffer format / array typecode.
+"""
+
+import ctypes
+import weakref
+
+from . import _lib
+from ._lib import lib, text
+from .client import _b, _check, _raise
+from .dtypes import DTYPES, dtype as _dtype, from_format
+from .errors import error_for
+
+try:  # optional
+    import numpy as _np
+except ImportError:  # pragma: no cover - depends on the machine
+    _np = None
+
+_TORCH_DTYPES = {"torch.float32": "f32", "torch.float64": "f64", "torch.int32": "i32",
+                 "torch.int64": "i64", "torch.float16": "f16", "torch.bfloat16": "bf16"}
+_REDUCE = {"sum": 1, "mean": 2, "min": 3, "max": 4, "prod": 5}
+
+
+def _reduce_op(op):
+    if op not in _REDUCE:
+        raise error_for(3, "unknown reduce op %r (expected one of %s)" % (op, ", ".join(_REDUCE)))
+    return _REDUCE[op]
+
+
+def _is_torch(obj):
+    return type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr")
+
+
+def _buffer(obj, what, writable=True):
+    """(pointer, element count, DType, objects to keep alive) of `obj`'s memory."""
+    if _is_torch(obj):
+        name = _TORCH_DTYPES.get(str(obj.dtype))
+        if name is None:
+            raise error_for(3, "%s: torch dtype %s is not one of %s"
+                            % (what, obj.dtype, ", ".join(_TORCH_DTYPES)))
+        if obj.device.type != "cpu" or not obj.is_contiguous():
+            raise error_for(3, "%s: only contiguous CPU torch tensors are supported (got a %s "
+                            "tensor%s)" % (what, obj.device.type,
+                                           "" if obj.is_contiguous() else ", not contiguous"))
+        return ctypes.c_void_p(obj.data_ptr()), obj.numel(), DTYPES[name], obj
+    if _np is not None and isinstance(obj, _np.ndarray):
+        if not obj.flags.c_contiguous:
+            raise error_for(3, "%s: the numpy array is not C-contiguous" % what)
+        if writable and not obj.flags.writeable:
+            raise error_for(3, "%s: the numpy array is read-only" % what)
+        return ctypes.c_void_p(obj.ctypes.data), obj.size, _dtype(obj.dtype), obj
+    try:
+        mv = memoryview(obj)
+    except TypeError:
+        raise error_for(3, "%s: %s is neither a buffer nor a torch tensor"
+                        % (what, type(obj).__name__)) from None
+    if not mv.c_contiguous:
+        raise error_for(3, "%s: the buffer is not C-contiguous" % what)
+    dt = from_format(mv.format, mv.itemsize)
+    if dt is None:
+        raise error_for(3, "%s: cannot tell the dtype of a buffer of format %r"
+                        % (what, mv.format))
+    count = mv.nbytes // dt.size
+    if mv.readonly:
+        if writable or not isinstance(mv.obj, bytes):
+            raise error_for(3, "%s: the buffer is read-only" % what)
+        return mv.obj, count, dt, mv
+    if mv.nbytes == 0:
+        return None, 0, dt, mv
+    flat = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+    cbuf = (ctypes.c_char * mv.nbytes).from_buffer(flat)
+    return ctypes.cast(cbuf, ctypes.c_void_p), count, dt, (mv, flat, cbuf)
+
+
+class Request:
+    """A call started by a Group's *_async method: wait() finishes it (raising its error),
+    test() says whether it has ended. The buffers stay referenced until wait() returns."""
+
+    def __init__(self, handle, keep):
+        self._h = handle
+        self._keep = keep
+        self._error = None
+
+    def test(self):
+        """True when the call has ended (wait() then returns at once); raises its error if
+        it failed."""
+        if not self._h:
+            return True
+        done = ctypes.c_bool(False)
+        st = _lib.Status()
+        code = lib.dc_test(self._h, ctypes.byref(done), ctypes.byref(st))
+        if done.value and code != 0:
+            self.wait()
+        return bool(done.value)
+
+    def wait(self):
+        """Waits for the call to end; raises its devcoord.Error if it failed. Idempotent."""
+        h, self._h = self._h, None
+        if h:
+            st = _lib.Status()
+            code = lib.dc_wait(h, ctypes.byref(st))
+            self._keep = None
+            if code != 0:
+                try:
+                    _raise(code, st)
+                except Exception as e:  # kept so that a later wait() raises it again
+                    self._error = e
+        if self._error is not None:
+            raise self._error
+
+    def __del__(self):
+        # The library may still write into the buffers: never let them go before the end.
+        if getattr(self, "_h", None):
+            try:
+                self.wait()
+            except Exception:
+                pass
+
+
+class Group:
+    """This rank's membership of the group of `devices` (a list of device references, or a
+    "ref,ref" string, in any order) as `self_device` (one of them). Joins in the
+    constructor, waiting for every rank (at most timeout_ms, None: the coordinator's
+    limit); call_timeout_ms bounds each call (None: 30000). Use as a context manager or
+    call leave(). Calls on one Group are matched by order with the other ranks' calls.
+    """
+
+    def __init__(self, client, devices, self_device, timeout_ms=None, call_timeout_ms=None):
+        self._g = None
+        self._client = client  # the group uses the client's connection
+        self._pending = weakref.WeakSet()  # Requests not waited for yet
+        if not client._h:
+            raise error_for(9, "the client is closed")
+        if not isinstance(devices, str):
+            devices = ",".join(devices)
+        opts = _lib.GroupOptions(timeout_ms or 0, call_timeout_ms or 0)
+        handle = ctypes.c_void_p()
+        st = _lib.Status()
+        _check(lib.dc_group_join(client._h, _b(devices), _b(self_device), ctypes.byref(opts),
+                                 ctypes.byref(handle), ctypes.byref(st)), st)
+        self._g = handle
+        client._groups.add(self)
+
+    @property
+    def rank(self):
+        return lib.dc_group_rank(self._handle())
+
+    @property
+    def size(self):
+        return lib.dc_group_size(self._handle())
+
+    @property
+    def group_id(self):
+        return text(lib.dc_group_id(self._handle()))
+
+    @property
+    def generation(self):
+        return lib.dc_group_generation(self._handle())
+
+    @property
+    def devices(self):
+        """Cluster names of the ranks, in rank order."""
+        g = self._handle()
+        return [text(lib.dc_group_device(g, r)) for r in range(lib.dc_group_size(g))]
+
+    def leave(self):
+        """Waits for the calls still in flight (their errors are left to their requests),
+        then tells the coordinator this rank leaves; idempotent. Raises if that call fails
+        (the membership is gone either way). Client.close() leaves the client's groups."""
+        for req in list(self._pending):
+            try:
+                req.wait()
+            except Exception:
+                pass
+        g, self._g = self._g, None
+        if g:
+            st = _lib.Status()
+            _check(lib.dc_group_leave(g, ctypes.byref(st)), st)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.leave()
+
+    def __del__(self):
+        try:
+            self.leave()
+        except Exception:
+            pass
+
+    def _handle(self):
+        if not self._g:
+            raise error_for(9, "the group has been left")
+        if not self._client._h:
+            raise error_for(9, "the client is closed")
+        return self._g
+
+    def _run(self, name, async_, args, keep):
+        g = self._handle()
+        st = _lib.Status()
+        if async_:
+            req = getattr(lib, "dc_%s_async" % name)(g, *args, ctypes.byref(st))
+            if not req:
+                _raise(st.code or 2, st)
+            r = Request(req, keep)
+            self._pending.add(r)
+            return r
+        _check(getattr(lib, "dc_" + name)(g, *args, ctypes.byref(st)), st)
+        return None
+
+    def _pair(self, send, recv, send_per_recv):
+        sp, sn, sdt, skeep = _buffer(send, "send", writable=False)
+        rp, rn, rdt, rkeep = _buffer(recv, "recv")
+        if sdt != rdt:
+            raise error_for(3, "send is %s but recv is %s" % (sdt.name, rdt.name))
+        size = self.size
+        count = sn if send_per_recv else rn
+        if (rn if send_per_recv else sn) != size * count:
+            raise error_for(3, "%s has %d elements, expected %d (group size %d x %d)"
+                            % ("recv" if send_per_recv else "send",
+                               rn if send_per_recv else sn, size * count, size, count))
+        return (sp, rp, count, sdt.number), (skeep, rkeep, send, recv)
+
+    # -- the calls (each also *_async, returning a Request)
+
+    def all_reduce(self, buf, op="sum", _async=False):
+        """Every rank's buf becomes op ("sum", "mean", "min", "max", "prod") over all ranks'."""
+        p, n, dt, keep = _buffer(buf, "buf")
+        return self._run("all_reduce", _async, (p, n, dt.number, _reduce_op(op)), (keep, buf))
+
+    def reduce(self, buf, root, op="sum", _async=False):
+        """The root's buf becomes op over all ranks' bufs; the others' stay as they were."""
+        p, n, dt, keep = _buffer(buf, "buf")
+        return self._run("reduce", _async, (p, n, dt.number, _reduce_op(op), root), (keep, buf))
+
+    def broadcast(self, buf, root, _async=False):
+        """Every rank's buf becomes the root's."""
+        p, n, dt, keep = _buffer(buf, "buf")
+        return self._run("broadcast", _async, (p, n, dt.number, root), (keep, buf))
+
+    def all_gather(self, send, recv, _async=False):
+        """recv (size x len(send) elements) gets every rank's send, in rank order."""
+        args, keep = self._pair(send, recv, True)
+        return self._run("all_gather", _async, args, keep)
+
+    def reduce_scatter(self, send, recv, op="sum", _async=False):
+        """send (size x len(recv) elements) is reduced over all ranks; recv gets this rank's
+        block of the result."""
+        args, keep = self._pair(send, recv, False)
+        return self._run("reduce_scatter", _async, args + (_reduce_op(op),), keep)
+
+    def barrier(self, _async=False):
+        """Returns when every rank has called it."""
+        return self._run("barrier", _async, (), None)
+
+    def all_reduce_async(self, buf, op="sum"):
+        return self.all_reduce(buf, op, _async=True)
+
+    def reduce_async(self, buf, root, op="sum"):
+        return self.reduce(buf, root, op, _async=True)
+
+    def broadcast_async(self, buf, root):
+        return self.broadcast(buf, root, _async=True)
+
+    def all_gather_async(self, send, recv):
+        return self.all_gather(send, recv, _async=True)
+
+    def reduce_scatter_async(self, send, recv, op="sum"):
+        return self.reduce_scatter(send, recv, op, _async=True)
+
+    def barrier_async(self):
+        return self.barrier(_async=True)

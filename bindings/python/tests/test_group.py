@@ -1,0 +1,315 @@
+"""devcoord.Group against real daemons: ranks as threads of this process and as separate
+processes, every call, f16 through numpy, a mismatch naming the rank, async calls, and CPU
+torch tensors in place (skipped only when torch is not importable)."""
+
+import array
+import json
+import os
+import subprocess
+import sys
+import threading
+import unittest
+
+from test_client import HERE, REPO, start_cluster
+
+import harness
+
+import devcoord
+
+try:
+    import numpy
+except ImportError:
+    numpy = None
+try:
+    import torch
+except ImportError:
+    torch = None
+
+A0, A1, B0 = "node-a/cuda:0", "node-a/cuda:1", "node-b/cuda:0"
+
+
+def run_ranks(addr, devices, fn, selves=None):
+    """Runs fn(group) in one thread per rank (each with its own Client and Group of
+    `devices`); returns {self device: fn's result or the exception it raised}."""
+    out = {}
+
+    def rank(me):
+        try:
+            with devcoord.Client(addr, timeout_ms=30000) as c:
+                with devcoord.Group(c, devices, me, timeout_ms=20000,
+                                    call_timeout_ms=10000) as g:
+                    out[me] = fn(g)
+        except Exception as e:  # reported to the test
+            out[me] = e
+
+    threads = [threading.Thread(target=rank, args=(me,)) for me in (selves or devices)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    return out
+
+
+# One rank as its own process: joins, all-reduces [rank+1, 10*(rank+1), -rank] (i64 then
+# f32 numpy when present), prints the results as JSON.
+RANK_SCRIPT = r"""
+import array, json, os, sys
+import devcoord
+devices, me = sys.argv[1].split(","), sys.argv[2]
+with devcoord.Client(os.environ["DEVCOORD_ADDR"], timeout_ms=30000) as c:
+    with devcoord.Group(c, devices, me, timeout_ms=20000) as g:
+        r = g.rank
+        a = array.array("q", [r + 1, 10 * (r + 1), -r])
+        g.all_reduce(a, "sum")
+        res = {"rank": r, "size": g.size, "id": g.group_id, "i64": a.tolist()}
+        try:
+            import numpy
+        except ImportError:
+            numpy = None
+        if numpy is not None:
+            x = numpy.full(5, float(r + 1), dtype=numpy.float32)
+            g.all_reduce(x, "max")
+            res["f32"] = x.tolist()
+print(json.dumps(res))
+"""
+
+
+class GroupTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = start_cluster(harness.Cluster(heartbeat_ms=500, dead_after_ms=5000), cls)
+
+    def ranks(self, devices, fn, selves=None):
+        out = run_ranks(self.cluster.addr, devices, fn, selves)
+        self.assertEqual(sorted(out), sorted(selves or devices))
+        for me, res in out.items():
+            if isinstance(res, Exception):
+                raise AssertionError("%s: %r" % (me, res))
+        return out
+
+    def test_threads_all_reduce_numpy_and_array(self):
+        def fn(g):
+            r = g.rank
+            a = array.array("f", [r + 1.0, 2.0 * r, -1.0])
+            g.all_reduce(a, "sum")
+            b = array.array("i", [r, 7, -r])
+            g.all_reduce(b, op="max")
+            res = [g.rank, g.size, g.group_id, g.generation, g.devices, a.tolist(), b.tolist()]
+            if numpy is not None:
+                x = numpy.arange(6, dtype=numpy.float64) * (r + 1)
+                g.all_reduce(x, "mean")
+                res.append(x.tolist())
+            return res
+
+        out = self.ranks([B0, A1, A0], fn)
+        self.assertEqual(sorted(res[0] for res in out.values()), [0, 1, 2])
+        ids = {res[2] for res in out.values()}
+        self.assertEqual(len(ids), 1)
+        self.assertEqual(len(ids.pop()), 16)
+        for me, res in out.items():
+            self.assertEqual(res[1], 3)
+            self.assertEqual(res[4], [A0, A1, B0])
+            self.assertEqual(res[4][res[0]], me)
+            self.assertGreaterEqual(res[3], 1)
+            self.assertEqual(res[5], [6.0, 6.0, -3.0])
+            self.assertEqual(res[6], [2, 7, 0])
+            if numpy is not None:
+                self.assertEqual(res[7], [float(i * 2) for i in range(6)])
+
+    def test_processes_all_reduce(self):
+        devices = [A0, B0]
+        env = dict(os.environ, DEVCOORD_ADDR=self.cluster.addr,
+                   PYTHONPATH=os.path.dirname(HERE))
+        procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, ",".join(devices), me],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, stdin=subprocess.DEVNULL) for me in devices]
+        results = []
+        for p in procs:
+            try:
+                out, err = p.communicate(timeout=90)
+            finally:
+                p.kill()
+            self.assertEqual(p.returncode, 0, out + err)
+            results.append(json.loads(out))
+        self.assertEqual([r["rank"] for r in results], [0, 1])
+        self.assertEqual(results[0]["id"], results[1]["id"])
+        for r in results:
+            self.assertEqual(r["size"], 2)
+            self.assertEqual(r["i64"], [3, 30, -1])
+            if numpy is not None:
+                self.assertEqual(r["f32"], [2.0] * 5)
+
+    def test_every_call_f64(self):
+        def fn(g):
+            r, n = g.rank, g.size
+            res = {}
+            buf = array.array("d", [r + 1.5, -r])
+            g.reduce(buf, root=1, op="prod")
+            res["reduce"] = buf.tolist()
+            buf = array.array("d", [r * 10.0, r + 0.25])
+            g.broadcast(buf, root=1)
+            res["broadcast"] = buf.tolist()
+            recv = array.array("d", [0.0] * (3 * n))
+            g.all_gather(array.array("d", [r, r + 0.5, -r]), recv)
+            res["all_gather"] = recv.tolist()
+            mine = array.array("d", [0.0, 0.0])
+            g.reduce_scatter(array.array("d", [r + i for i in range(2 * n)]), mine, "min")
+            res["reduce_scatter"] = mine.tolist()
+            g.barrier()
+            buf = array.array("d", [1.0 + r])
+            g.all_reduce(buf, "prod")
+            res["all_reduce"] = buf.tolist()
+            return r, res
+
+        out = self.ranks([A0, B0], fn)
+        for me, (r, res) in out.items():
+            self.assertEqual(res["reduce"], [1.5 * 2.5, -0.0] if r == 1 else [1.5, 0.0])
+            self.assertEqual(res["broadcast"], [10.0, 1.25])
+            self.assertEqual(res["all_gather"], [0.0, 0.5, 0.0, 1.0, 1.5, -1.0])
+            # min over ranks of [r + i] is i (rank 0); rank r gets elements [2r, 2r + 2)
+            self.assertEqual(res["reduce_scatter"], [2.0 * r, 2.0 * r + 1])
+            self.assertEqual(res["all_reduce"], [2.0])
+
+    @unittest.skipIf(numpy is None, "numpy is not installed")
+    def test_f16_through_numpy(self):
+        def fn(g):
+            x = numpy.array([0.5, 1.25, -2.0, 1000.0], dtype=numpy.float16) * (g.rank + 1)
+            g.all_reduce(x, "sum")
+            return x.dtype.name, x.tolist()
+
+        out = self.ranks([A0, A1], fn)
+        for dtname, values in out.values():
+            self.assertEqual(dtname, "float16")
+            self.assertEqual(values, [1.5, 3.75, -6.0, 3000.0])
+
+    def test_mismatch_names_the_rank(self):
+        def fn(g):
+            buf = array.array("f", [1.0] * (4 if g.rank == 0 else 5))
+            try:
+                g.all_reduce(buf, "sum")
+            except devcoord.InvalidArgument as e:
+                return e
+            return None
+
+        out = run_ranks(self.cluster.addr, [A0, B0], fn)
+        for me, e in out.items():
+            self.assertIsInstance(e, devcoord.InvalidArgument, "%s: %r" % (me, e))
+            self.assertEqual(e.code, "INVALID_ARGUMENT")
+            self.assertRegex(e.message, r"rank 1")
+
+    def test_async_wait_and_test(self):
+        def fn(g):
+            r = g.rank
+            a = array.array("q", [r, 100 + r])
+            b = array.array("f", [float(r)] * 3)
+            ra = g.all_reduce_async(a, "sum")
+            rb = g.broadcast_async(b, root=1)
+            rc = g.barrier_async()
+            rb.wait()
+            rb.wait()  # idempotent
+            ra.wait()
+            rc.wait()
+            self.assertTrue(ra.test())
+            bad = g.all_reduce_async(array.array("f", [1.0] * (2 + r)), "sum")
+            try:
+                bad.wait()
+                err = None
+            except devcoord.InvalidArgument as e:
+                err = e.code
+            return a.tolist(), b.tolist(), err
+
+        out = self.ranks([A1, B0], fn)
+        for a, b, err in out.values():
+            self.assertEqual(a, [1, 201])
+            self.assertEqual(b, [1.0] * 3)
+            self.assertEqual(err, "INVALID_ARGUMENT")
+
+    def test_leave_waits_for_calls_and_close_leaves(self):
+        def rank(me, out):
+            c = devcoord.Client(self.cluster.addr, timeout_ms=30000)
+            g = devcoord.Group(c, [A0, B0], me, timeout_ms=20000)
+            a = array.array("f", [g.rank + 1.0] * 2)
+            req = g.all_reduce_async(a, "sum")
+            g.leave()  # waits for the call first
+            try:
+                g.barrier()
+            except devcoord.FailedPrecondition as e:
+                left = e.message
+            g2 = devcoord.Group(c, [A0, B0], me, timeout_ms=20000)
+            c.close()  # leaves g2
+            try:
+                g2.rank
+            except devcoord.FailedPrecondition as e:
+                closed = e.message
+            req.wait()
+            out[me] = (a.tolist(), left, closed)
+
+        out = {}
+        threads = [threading.Thread(target=rank, args=(me, out)) for me in (A0, B0)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(90)
+        self.assertEqual(sorted(out), [A0, B0])
+        for a, left, closed in out.values():
+            self.assertEqual(a, [3.0, 3.0])
+            self.assertEqual(left, "the group has been left")
+            self.assertEqual(closed, "the group has been left")
+
+    def test_local_refusals(self):
+        def fn(g):
+            errs = []
+            for call in (lambda: g.all_reduce(memoryview(array.array("f", [1.0])).toreadonly()),
+                         lambda: g.all_reduce(array.array("f", [1.0]), "avg"),
+                         lambda: g.all_gather(array.array("f", [1.0]), array.array("f", [0.0])),
+                         lambda: g.all_gather(array.array("f", [1.0]),
+                                              array.array("d", [0.0, 0.0]))):
+                try:
+                    call()
+                    errs.append(None)
+                except devcoord.InvalidArgument as e:
+                    errs.append(e.message)
+            g.barrier()
+            return errs
+
+        out = self.ranks([A0, B0], fn)
+        for errs in out.values():
+            self.assertIn("read-only", errs[0])
+            self.assertIn("unknown reduce op 'avg'", errs[1])
+            self.assertIn("recv has 1 elements, expected 2", errs[2])
+            self.assertIn("send is f32 but recv is f64", errs[3])
+
+    def test_torch_tensor_in_place(self):
+        if torch is None:
+            self.skipTest("torch is not importable (Debian: apt-get install python3-torch)")
+
+        def fn(g):
+            r = g.rank
+            t = torch.tensor([1.0, 2.0, 3.0]) * (r + 1)
+            ptr = t.data_ptr()
+            g.all_reduce(t, "sum")
+            h = torch.tensor([0.5, -1.5], dtype=torch.float16) * (r + 1)
+            g.all_reduce(h, "sum")
+            bf = torch.tensor([1.0, 4.0], dtype=torch.bfloat16) * (r + 1)
+            g.all_reduce(bf, "max")
+            i = torch.arange(4, dtype=torch.int64) + r
+            g.all_reduce_async(i, "min").wait()
+            try:
+                g.all_reduce(torch.zeros(4, 4).t(), "sum")
+                err = None
+            except devcoord.InvalidArgument as e:
+                err = e.message
+            return (t.tolist(), t.data_ptr() == ptr, h.tolist(), bf.tolist(), i.tolist(), err)
+
+        out = self.ranks([A0, B0], fn)
+        for t, same, h, bf, i, err in out.values():
+            self.assertEqual(t, [3.0, 6.0, 9.0])
+            self.assertTrue(same)
+            self.assertEqual(h, [1.5, -4.5])
+            self.assertEqual(bf, [2.0, 8.0])
+            self.assertEqual(i, [0, 1, 2, 3])
+            self.assertIn("contiguous", err)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,230 @@
+//! [`Group`]: one rank's membership of a group and its in-place collectives (README, "Groups").
+
+use std::ffi::CStr;
+use std::marker::PhantomData;
+use std::os::raw::c_void;
+use std::ptr::{self, NonNull};
+
+use devcoord_sys as sys;
+
+use crate::client::{Client, Element, ReduceOp};
+use crate::device::DeviceRef;
+use crate::error::{Code, Error, Result};
+
+/// Join and call deadlines; `Default` is the coordinator's join limit and 30 s per call.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GroupOptions {
+    /// How long the join waits for every rank (0: the coordinator's limit).
+    pub timeout_ms: u32,
+    /// How long each call waits for every rank (0: 30000).
+    pub call_timeout_ms: u32,
+}
+
+/// This rank's membership of a group, from [`Group::join`] until drop (which leaves it).
+/// Every rank (a thread or a process) joins with the same devices and calls the same
+/// collectives in the same order; the k-th call of each rank is matched with the others'.
+/// `Send`: a rank may move to another thread; it borrows the [`Client`] it joined with.
+pub struct Group<'c> {
+    raw: NonNull<sys::dc_group>,
+    _client: PhantomData<&'c Client>,
+}
+
+// SAFETY: a dc_group serializes its calls with its own mutex and uses the thread-safe
+// dc_client; nothing in it is tied to the thread that joined.
+unsafe impl Send for Group<'_> {}
+
+impl Drop for Group<'_> {
+    fn drop(&mut self) {
+        let mut st = crate::client::status();
+        // SAFETY: joined by dc_group_join, freed once (dc_group_leave frees it even on error).
+        unsafe { sys::dc_group_leave(self.raw.as_ptr(), &mut st) };
+    }
+}
+
+fn check(code: i32, st: &sys::dc_status) -> Result<()> {
+    if code == 0 {
+        Ok(())
+    } else {
+        Err(Error::from_status(code, st))
+    }
+}
+
+impl<'c> Group<'c> {
+    /// Joins the group of `devices` (any order) as `me` (one of them), waiting for every rank.
+    pub fn join(client: &'c Client, devices: &[DeviceRef], me: &DeviceRef) -> Result<Group<'c>> {
+        Group::join_with(client, devices, me, &GroupOptions::default())
+    }
+
+    /// [`Group::join`] with deadlines.
+    pub fn join_with(client: &'c Client, devices: &[DeviceRef], me: &DeviceRef, opts: &GroupOptions) -> Result<Group<'c>> {
+        let list = devices.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",");
+        let list = crate::client::cstring(&list)?;
+        let me = crate::client::cstring(&me.to_string())?;
+        let o = sys::dc_group_options { timeout_ms: opts.timeout_ms, call_timeout_ms: opts.call_timeout_ms };
+        let mut out = ptr::null_mut();
+        let mut st = crate::client::status();
+        // SAFETY: every pointer lives across the call.
+        check(unsafe { sys::dc_group_join(client.raw_ptr(), list.as_ptr(), me.as_ptr(), &o, &mut out, &mut st) }, &st)?;
+        NonNull::new(out)
+            .map(|raw| Group { raw, _client: PhantomData })
+            .ok_or_else(|| Error::new(Code::Internal, "dc_group_join gave no group"))
+    }
+
+    /// This rank (its position in the sorted device list).
+    pub fn rank(&self) -> u32 {
+        // SAFETY: valid until drop.
+        unsafe { sys::dc_group_rank(self.raw.as_ptr()) }
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> u32 {
+        // SAFETY: valid until drop.
+        unsafe { sys::dc_group_size(self.raw.as_ptr()) }
+    }
+
+    /// The group id: 16 hex digits, the same for any order of the same devices.
+    pub fn id(&self) -> String {
+        // SAFETY: a NUL-terminated string owned by the group.
+        unsafe { CStr::from_ptr(sys::dc_group_id(self.raw.as_ptr())) }.to_string_lossy().into_owned()
+    }
+
+    /// The generation: each completed join of the group is a new one.
+    pub fn generation(&self) -> u64 {
+        // SAFETY: valid until drop.
+        unsafe { sys::dc_group_generation(self.raw.as_ptr()) }
+    }
+
+    /// Cluster names of the ranks, in rank order.
+    pub fn devices(&self) -> Vec<String> {
+        (0..self.size())
+            .map(|r| {
+                // SAFETY: r < size: a string owned by the group.
+                let p = unsafe { sys::dc_group_device(self.raw.as_ptr(), r) };
+                crate::client::cstr_ptr(p)
+            })
+            .collect()
+    }
+
+    fn call(&mut self, f: impl FnOnce(*mut sys::dc_group, *mut sys::dc_status) -> i32) -> Result<()> {
+        let mut st = crate::client::status();
+        let code = f(self.raw.as_ptr(), &mut st);
+        check(code, &st)
+    }
+
+    /// Every rank's `buf` becomes `op` over all ranks' bufs.
+    pub fn all_reduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let (p, n) = (buf.as_mut_ptr() as *mut c_void, buf.len());
+        // SAFETY: buf is valid for n elements of T's dtype during the call.
+        self.call(|g, st| unsafe { sys::dc_all_reduce(g, p, n, T::DTYPE, op as i32, st) })
+    }
+
+    /// The root's `buf` becomes `op` over all ranks' bufs; the others' stay as they were.
+    pub fn reduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp, root: u32) -> Result<()> {
+        let (p, n) = (buf.as_mut_ptr() as *mut c_void, buf.len());
+        // SAFETY: as all_reduce.
+        self.call(|g, st| unsafe { sys::dc_reduce(g, p, n, T::DTYPE, op as i32, root, st) })
+    }
+
+    /// Every rank's `buf` becomes the root's.
+    pub fn broadcast<T: Element>(&mut self, buf: &mut [T], root: u32) -> Result<()> {
+        let (p, n) = (buf.as_mut_ptr() as *mut c_void, buf.len());
+        // SAFETY: as all_reduce.
+        self.call(|g, st| unsafe { sys::dc_broadcast(g, p, n, T::DTYPE, root, st) })
+    }
+
+    fn sizes(&self, big: usize, small: usize, what: &str) -> Result<()> {
+        let size = self.size() as usize;
+        if big != small * size {
+            return Err(Error::new(
+                Code::InvalidArgument,
+                format!("{} has {} elements, expected {} (group size {} x {})", what, big, small * size, size, small),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `recv` (size x `send.len()` elements) gets every rank's `send`, in rank order.
+    pub fn all_gather<T: Element>(&mut self, send: &[T], recv: &mut [T]) -> Result<()> {
+        self.sizes(recv.len(), send.len(), "recv")?;
+        let (s, r, n) = (send.as_ptr() as *const c_void, recv.as_mut_ptr() as *mut c_void, send.len());
+        // SAFETY: send holds n and recv size * n elements (checked above).
+        self.call(|g, st| unsafe { sys::dc_all_gather(g, s, r, n, T::DTYPE, st) })
+    }
+
+    /// `send` (size x `recv.len()` elements) is reduced with `op` over all ranks; `recv` gets
+    /// this rank's block of the result.
+    pub fn reduce_scatter<T: Element>(&mut self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        self.sizes(send.len(), recv.len(), "send")?;
+        let (s, r, n) = (send.as_ptr() as *const c_void, recv.as_mut_ptr() as *mut c_void, recv.len());
+        // SAFETY: recv holds n and send size * n elements (checked above).
+        self.call(|g, st| unsafe { sys::dc_reduce_scatter(g, s, r, n, T::DTYPE, op as i32, st) })
+    }
+
+    /// Returns when every rank has called it.
+    pub fn barrier(&mut self) -> Result<()> {
+        // SAFETY: the group is valid.
+        self.call(|g, st| unsafe { sys::dc_barrier(g, st) })
+    }
+
+    /// Starts an all-reduce without waiting; the returned [`Request`] borrows `buf` (and the
+    /// group) until it is waited for, or dropped (which waits).
+    pub fn all_reduce_async<'a, T: Element>(&'a mut self, buf: &'a mut [T], op: ReduceOp) -> Result<Request<'a>> {
+        let mut st = crate::client::status();
+        // SAFETY: buf stays borrowed by the request until dc_wait returns.
+        let req = unsafe {
+            sys::dc_all_reduce_async(self.raw.as_ptr(), buf.as_mut_ptr() as *mut c_void, buf.len(), T::DTYPE, op as i32, &mut st)
+        };
+        match NonNull::new(req) {
+            Some(raw) => Ok(Request { raw: Some(raw), _borrow: PhantomData }),
+            None => Err(Error::from_status(if st.code == 0 { 2 } else { st.code }, &st)),
+        }
+    }
+}
+
+/// A call in flight, from an `_async` method: [`Request::wait`] finishes it.
+pub struct Request<'a> {
+    raw: Option<NonNull<sys::dc_request>>,
+    _borrow: PhantomData<&'a mut ()>,
+}
+
+impl Request<'_> {
+    /// Whether the call has ended (then `wait` returns at once).
+    pub fn test(&self) -> Result<bool> {
+        let raw = match self.raw {
+            Some(r) => r,
+            None => return Ok(true),
+        };
+        let mut done = false;
+        let mut st = crate::client::status();
+        // SAFETY: the request is valid until dc_wait.
+        let code = unsafe { sys::dc_test(raw.as_ptr(), &mut done, &mut st) };
+        if done {
+            check(code, &st)?;
+        }
+        Ok(done)
+    }
+
+    /// Waits for the call to end and returns its result.
+    pub fn wait(mut self) -> Result<()> {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        match self.raw.take() {
+            None => Ok(()),
+            Some(raw) => {
+                let mut st = crate::client::status();
+                // SAFETY: dc_wait frees the request, called once.
+                let code = unsafe { sys::dc_wait(raw.as_ptr(), &mut st) };
+                check(code, &st)
+            }
+        }
+    }
+}
+
+impl Drop for Request<'_> {
+    fn drop(&mut self) {
+        // The library writes into the borrowed buffer until the call ends.
+        let _ = self.finish();
+    }
+}
