@@ -17,7 +17,8 @@ import urllib.request
 
 import harness
 from harness import F, pb_bytes
-from test_groups import GroupsTestCase, PeerInputTest, call_desc, pb_msg, plan, setup_body
+import test_groups
+from test_groups import GroupsTestCase, call_desc, pb_msg, plan, setup_body
 
 SHM = os.environ.get("DEVCOORD_GROUP_SHM") or os.path.join(
     os.path.dirname(os.path.abspath(harness.CTL)), "..", "tests", "devcoord-group-shm")
@@ -72,7 +73,7 @@ class ShmCallsTest(GroupsTestCase):
 
 
 class HostileMapTest(GroupsTestCase):
-    call = PeerInputTest.call
+    call = test_groups.PeerInputTest.call
 
     def test_hostile_maps_and_calls_are_refused(self):
         c = self.start({"node-a": ["cuda:0", "cuda:1"]}, http=True)
