@@ -4,7 +4,8 @@
  * and makes ITERATIONS all-reduces, then a broadcast, an all-gather and a reduce-scatter with
  * both buffers in the block, checking every result. Then the mix: an all-reduce on a plain
  * buffer and an all-gather from the block into a plain buffer (both copied as usual, 40 bytes
- * in each). Then it allocates blocks until the worker's bound on regions refuses one: that
+ * in each), and an all-reduce where even ranks pass the block and odd ones plain memory.
+ * Then it allocates blocks until the worker's bound on regions refuses one: that
  * block is plain memory, and an all-reduce on it (40 bytes in) still works. Prints
  * "ok N shared S" (S: ranks whose first block was shared) and exits 0 when every result was
  * right, else names the first wrong one and exits 1.
@@ -150,6 +151,17 @@ rank_main(void *arg)
     if (dc_all_gather(g, buf, gathered, COUNT, DC_DTYPE_I64, &st) != DC_OK ||
         gathered[(n - 1) * COUNT + 2] != (int64_t)(n - 1) * 1000 + 2) {
         FAIL(t, "%s: all-gather into a plain buffer: %s", t->self, st.message);
+    }
+    /* One call, each rank its own way: even ranks on the block, odd ones on plain memory. */
+    {
+        int64_t *v = rank % 2 == 0 ? buf : plain;
+        for (int i = 0; i < COUNT; i++) {
+            v[i] = (int64_t)rank + 1;
+        }
+        if (dc_all_reduce(g, v, COUNT, DC_DTYPE_I64, DC_REDUCE_SUM, &st) != DC_OK ||
+            v[COUNT - 1] != (int64_t)n * (n + 1) / 2) {
+            FAIL(t, "%s: mixed all-reduce: %s %lld", t->self, st.message, (long long)v[COUNT - 1]);
+        }
     }
     blocks_to_the_bound(g, t);
 out:

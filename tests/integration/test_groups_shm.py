@@ -50,26 +50,31 @@ class ShmCallsTest(GroupsTestCase):
         self.assertEqual(p.stdout.strip(), "ok %d shared %d" % (len(devices), len(devices)))
         return c
 
-    def check_worker(self, c, name, ranks):
+    def check_worker(self, c, name, even, odd):
+        """even, odd: the worker's ranks of each parity (the mixed all-reduce: even ranks on
+        their block, odd ones on plain memory, 40 bytes each way)."""
         m = self.worker_metrics(c, name)
-        self.assertEqual(m["devcoord_group_shm_calls_total"], ranks * SHM_CALLS, m)
-        self.assertEqual(m["devcoord_group_call_bytes_received_total"], ranks * PLAIN_BYTES, m)
+        ranks = even + odd
+        self.assertEqual(m["devcoord_group_shm_calls_total"], ranks * SHM_CALLS + even, m)
+        self.assertEqual(m["devcoord_group_call_bytes_received_total"],
+                         ranks * PLAIN_BYTES + odd * 40, m)
         # The plain calls' results only: all-reduce 40, all-gather 40 per rank in the group,
         # all-reduce 40.
         n = 2
-        self.assertEqual(m["devcoord_group_call_bytes_sent_total"], ranks * (80 + 40 * n), m)
+        self.assertEqual(m["devcoord_group_call_bytes_sent_total"],
+                         ranks * (80 + 40 * n) + odd * 40, m)
 
     @unittest.skipUnless(os.path.exists(SHM), "devcoord-group-shm is not built")
     def test_two_ranks_on_one_worker(self):
         c = self.run_ranks({"node-a": ["cuda:0", "cuda:1"]}, ["node-a/cuda:0", "node-a/cuda:1"])
-        self.check_worker(c, "node-a", 2)
+        self.check_worker(c, "node-a", 1, 1)
 
     @unittest.skipUnless(os.path.exists(SHM), "devcoord-group-shm is not built")
     def test_two_ranks_on_two_workers(self):
         c = self.run_ranks({"node-a": ["cuda:0"], "node-b": ["cuda:0"]},
                            ["node-a/cuda:0", "node-b/cuda:0"])
-        self.check_worker(c, "node-a", 1)
-        self.check_worker(c, "node-b", 1)
+        self.check_worker(c, "node-a", 1, 0)
+        self.check_worker(c, "node-b", 0, 1)
 
 
 class HostileMapTest(GroupsTestCase):
