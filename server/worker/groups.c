@@ -1169,6 +1169,7 @@ static dc_code
 region_map(struct wgroups *wg, struct wgroup *g, const Devcoord__V1__GroupMapRequest *in,
            uint64_t *id, dc_status *st)
 {
+    uint64_t max = wg->cfg->group_shm_max_bytes;
     size_t n = 0, mapped = 0;
     struct region *r;
     struct stat sb;
@@ -1187,13 +1188,13 @@ region_map(struct wgroups *wg, struct wgroup *g, const Devcoord__V1__GroupMapReq
             mapped += r->bytes;
         }
     }
-    if (in->bytes == 0 || in->bytes > GROUPS_SHM_MAX_BYTES ||
-        in->bytes > GROUPS_SHM_MAX_BYTES - mapped || n >= GROUPS_SHM_MAX_REGIONS) {
+    if (in->bytes == 0 || in->bytes > max || in->bytes > max - mapped ||
+        n >= GROUPS_SHM_MAX_REGIONS) {
         return status_set(st, in->bytes == 0 ? DC_INVALID_ARGUMENT : DC_RESOURCE_EXHAUSTED,
                           "rank %u may not map %llu more bytes of shared memory (it has %zu in "
-                          "%zu regions; at most %llu in %d)",
+                          "%zu regions; at most %llu in %d: groups.shm_max_bytes)",
                           in->rank, (unsigned long long)in->bytes, mapped, n,
-                          (unsigned long long)GROUPS_SHM_MAX_BYTES, GROUPS_SHM_MAX_REGIONS);
+                          (unsigned long long)max, GROUPS_SHM_MAX_REGIONS);
     }
     /* glibc's shm_open adds O_NOFOLLOW and O_CLOEXEC; the name has no '/' after the first. */
     if ((fd = shm_open(in->name, O_RDWR, 0)) < 0) {

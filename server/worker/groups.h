@@ -29,9 +29,8 @@
 #define GROUPS_MAX_RANKS 4096
 /* A call's deadline when the rank gives none. */
 #define GROUPS_DEFAULT_TIMEOUT_MS 30000
-/* Shared memory a rank may have its worker map: regions, and bytes in all. */
+/* Shared memory regions a rank may have its worker map (bytes: groups.shm_max_bytes). */
 #define GROUPS_SHM_MAX_REGIONS 16
-#define GROUPS_SHM_MAX_BYTES   (1ull << 30)
 #define GROUPS_SHM_NAME_PREFIX "/devcoord-"
 #define GROUPS_SHM_NAME_HEX    32
 
@@ -58,7 +57,7 @@ void wgroups_status(struct wgroups *wg, const Devcoord__V1__GroupStatusRequest *
 
 /* Maps (or unmaps) a rank's shared memory region (dc_group_alloc). The name must be
  * "/devcoord-" and 32 lowercase hex digits, the object exactly `bytes` long, the rank's regions
- * at most GROUPS_SHM_MAX_REGIONS and GROUPS_SHM_MAX_BYTES in all. Regions go when the rank
+ * at most GROUPS_SHM_MAX_REGIONS and groups.shm_max_bytes in all. Regions go when the rank
  * unmaps them or the generation ends (replaced, a peer lost, the worker stopping). */
 void wgroups_map(struct wgroups *wg, const Devcoord__V1__GroupMapRequest *in,
                  Devcoord__V1__GroupMapResponse_Closure closure, void *cd);

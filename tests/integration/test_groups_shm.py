@@ -81,7 +81,9 @@ class HostileMapTest(GroupsTestCase):
     call = test_groups.PeerInputTest.call
 
     def test_hostile_maps_and_calls_are_refused(self):
-        c = self.start({"node-a": ["cuda:0", "cuda:1"]}, http=True)
+        # 16 regions of 64 bytes fit the per-rank bound exactly.
+        c = self.start({"node-a": ["cuda:0", "cuda:1"]}, http=True,
+                       worker_extra={"groups": {"shm_max_bytes": 1024}})
         address = c.worker_specs["node-a"]["listen"]
         port = int(address.rsplit(":", 1)[1])
         gid = "00000000000000cd"
@@ -110,6 +112,7 @@ class HostileMapTest(GroupsTestCase):
             (gmap(good.upper().replace("/DEVCOORD-", "/devcoord-"), 64), "INVALID_ARGUMENT",
              "is not /devcoord-"),
             (gmap(good, 1 << 40), "RESOURCE_EXHAUSTED", "may not map"),
+            (gmap(good, 1025), "RESOURCE_EXHAUSTED", "at most 1024 in 16: groups.shm_max_bytes"),
             (gmap(good, 0), "INVALID_ARGUMENT", "may not map"),
             (gmap("/devcoord-" + "0" * 32, 64), "INVALID_ARGUMENT", "cannot open"),
             (gmap(good, 128), "INVALID_ARGUMENT", "is not 128 bytes long"),
