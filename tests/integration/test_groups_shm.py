@@ -42,13 +42,14 @@ class ShmCallsTest(GroupsTestCase):
                 out[key] = float(value)
         return out
 
-    def run_ranks(self, spec, devices):
-        c = self.start(spec, http=True)
+    def run_ranks(self, spec, devices, shared=True, worker_extra=None):
+        c = self.start(spec, http=True, worker_extra=worker_extra)
         p = subprocess.run([SHM, c.addr, ",".join(devices), str(ITERATIONS)], capture_output=True,
                            timeout=240, text=True)
         self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertEqual(p.stdout.strip(), "ok %d shared %d" % (len(devices), len(devices)))
-        return c
+        self.assertEqual(p.stdout.strip(),
+                         "ok %d shared %d" % (len(devices), len(devices) if shared else 0))
+        return c, p
 
     def check_worker(self, c, name, even, odd):
         """even, odd: the worker's ranks of each parity (the mixed all-reduce: even ranks on
@@ -66,15 +67,28 @@ class ShmCallsTest(GroupsTestCase):
 
     @unittest.skipUnless(os.path.exists(SHM), "devcoord-group-shm is not built")
     def test_two_ranks_on_one_worker(self):
-        c = self.run_ranks({"node-a": ["cuda:0", "cuda:1"]}, ["node-a/cuda:0", "node-a/cuda:1"])
+        c, _ = self.run_ranks({"node-a": ["cuda:0", "cuda:1"]}, ["node-a/cuda:0", "node-a/cuda:1"])
         self.check_worker(c, "node-a", 1, 1)
 
     @unittest.skipUnless(os.path.exists(SHM), "devcoord-group-shm is not built")
     def test_two_ranks_on_two_workers(self):
-        c = self.run_ranks({"node-a": ["cuda:0"], "node-b": ["cuda:0"]},
-                           ["node-a/cuda:0", "node-b/cuda:0"])
+        c, _ = self.run_ranks({"node-a": ["cuda:0"], "node-b": ["cuda:0"]},
+                              ["node-a/cuda:0", "node-b/cuda:0"])
         self.check_worker(c, "node-a", 1, 0)
         self.check_worker(c, "node-b", 0, 1)
+
+    @unittest.skipUnless(os.path.exists(SHM), "devcoord-group-shm is not built")
+    def test_a_worker_that_maps_nothing_leaves_plain_memory_that_works(self):
+        # groups.shm_max_bytes 0: every GroupMap is refused, every block is plain memory, and
+        # the same calls give the same results, all their bytes through the RPC.
+        c, p = self.run_ranks({"node-a": ["cuda:0", "cuda:1"]}, ["node-a/cuda:0", "node-a/cuda:1"],
+                              shared=False, worker_extra={"groups": {"shm_max_bytes": 0}})
+        self.assertIn("not shared with worker", p.stderr)
+        self.assertIn("RESOURCE_EXHAUSTED", p.stderr)
+        m = self.worker_metrics(c, "node-a")
+        self.assertEqual(m["devcoord_group_shm_calls_total"], 0)
+        self.assertEqual(m["devcoord_group_shm_mapped_bytes"], 0)
+        self.assertGreater(m["devcoord_group_call_bytes_received_total"], 2 * PLAIN_BYTES)
 
 
 class HostileMapTest(GroupsTestCase):
