@@ -20,6 +20,7 @@
 #include "metrics.h"
 #include "reduce.h"
 #include "rpc.h"
+#include "shmguard.h"
 #include "status.h"
 #include "validate.h"
 
@@ -57,6 +58,8 @@ struct region {
     uint32_t rank;
     uint8_t *base;
     size_t bytes;
+    int slot;    /* in the SIGBUS guard's registry */
+    bool shrunk; /* its object shrank: zero pages now, refused until unmapped */
     struct region *next;
 };
 
@@ -96,6 +99,7 @@ struct wcall {
     uint64_t first_ms, deadline_ms; /* from this worker's first rank's call */
     uint64_t first_us;
     bool stall_logged;
+    dc_status shrunk; /* a local rank's region shrank while read: the call fails with it */
     struct wcall *next;
 };
 
@@ -308,6 +312,7 @@ regions_free(struct wgroups *wg, struct wgroup *g)
     while (g->regions != NULL) {
         struct region *r = g->regions;
         g->regions       = r->next;
+        shmguard_retire(r->slot);
         munmap(r->base, r->bytes);
         wg->shm_mapped -= r->bytes;
         free(r);
@@ -552,6 +557,27 @@ wgroups_setup(struct wgroups *wg, const Devcoord__V1__GroupSetupRequest *in,
 
 /* ---- computing a call -------------------------------------------------------------------- */
 
+/* Whether r's object shrank under an access (the guard put zero pages there): if so st says
+ * so, and r is refused from then on. mtx held. */
+static bool
+region_shrank(const struct wgroup *g, struct region *r, dc_status *st)
+{
+    if (r == NULL || (!r->shrunk && !shmguard_broken(r->slot))) {
+        return false;
+    }
+    if (!r->shrunk) {
+        r->shrunk = true;
+        log_warn("group %s: shared memory region %llu of rank %u shrank under the worker; "
+                 "refusing it until it is unmapped",
+                 g->id, (unsigned long long)r->id, r->rank);
+    }
+    status_set(st, DC_INVALID_ARGUMENT,
+               "shared memory region %llu of rank %u shrank under the worker (its object was "
+               "truncated after GroupMap; unmap it and map a new one)",
+               (unsigned long long)r->id, r->rank);
+    return true;
+}
+
 /* This worker's part of c: its ranks' data reduced (all-reduce, reduce), the root's (broadcast,
  * when it is here) or concatenated in rank order (all-gather). mtx held. */
 static dc_code check_desc(const struct wgroups *wg, const struct wgroup *g, const struct desc *d,
@@ -609,6 +635,15 @@ wcall_make_mine(const struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_
         break;
     default:
         break;
+    }
+    for (size_t i = 0; i < me->n_ranks; i++) {
+        if (region_shrank(g, c->local[i].reg, &c->shrunk)) {
+            /* Zeros are no one's data: send none, the call fails here (and at the peers). */
+            free(c->mine);
+            c->mine       = NULL;
+            c->mine_bytes = 0;
+            break;
+        }
     }
     return DC_OK;
 }
@@ -747,7 +782,9 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
     wcall_unlink(g, c);
     status_clear(&st);
     kind = c->local[0].d.kind;
-    if (wcall_compute(wg, g, c, &res, &res_bytes, &st) != DC_OK) {
+    if (c->shrunk.code != DC_OK) {
+        wcall_fail_locals(g, c, &c->shrunk);
+    } else if (wcall_compute(wg, g, c, &res, &res_bytes, &st) != DC_OK) {
         log_info("group %s call %llu failed: %s", g->id, (unsigned long long)c->seq, st.message);
         wcall_fail_locals(g, c, &st);
     } else {
@@ -772,6 +809,12 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
                     memmove(p->out, give, give_bytes);
                 }
                 wg->shm_calls_total++;
+                if (region_shrank(g, p->reg, &st)) {
+                    *rpc_call_status(p->cd) = st;
+                    p->closure(NULL, p->cd);
+                    p->closure = NULL;
+                    continue;
+                }
             } else if (give_bytes > 0) {
                 rpc_call_set_reply_attachment(p->cd, give, give_bytes);
                 wg->call_bytes_out += give_bytes;
@@ -1057,7 +1100,7 @@ region_find(const struct wgroup *g, uint32_t rank, uint64_t id)
 /* A call on shared memory: its input and result inside the rank's region, into p's data and
  * out. The desc must hold (check_desc) for the sizes to mean anything. mtx held. */
 static dc_code
-shm_call_place(const struct wgroups *wg, const struct wgroup *g, uint32_t rank,
+shm_call_place(const struct wgroups *wg, struct wgroup *g, uint32_t rank,
                const Devcoord__V1__GroupCallRequest *in, const struct desc *d, struct lpart *p,
                dc_status *st)
 {
@@ -1068,6 +1111,9 @@ shm_call_place(const struct wgroups *wg, const struct wgroup *g, uint32_t rank,
         return status_set(st, DC_INVALID_ARGUMENT,
                           "rank %u has no shared memory region %llu in group %s: map it first",
                           rank, (unsigned long long)in->region, g->id);
+    }
+    if (region_shrank(g, r, st)) {
+        return DC_INVALID_ARGUMENT;
     }
     p->reg = r;
     if (check_desc(wg, g, d, st) != DC_OK) {
@@ -1174,7 +1220,7 @@ region_map(struct wgroups *wg, struct wgroup *g, const Devcoord__V1__GroupMapReq
     struct region *r;
     struct stat sb;
     void *base;
-    int fd;
+    int fd, slot;
 
     if (!wgroups_shm_name_ok(in->name)) {
         return status_set(st, DC_INVALID_ARGUMENT,
@@ -1216,7 +1262,15 @@ region_map(struct wgroups *wg, struct wgroup *g, const Devcoord__V1__GroupMapReq
         munmap(base, (size_t)in->bytes);
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
-    *r         = (struct region){ ++g->last_region, in->rank, base, (size_t)in->bytes, g->regions };
+    if ((slot = shmguard_publish(base, (size_t)in->bytes)) < 0) {
+        munmap(base, (size_t)in->bytes);
+        free(r);
+        return status_set(st, DC_RESOURCE_EXHAUSTED,
+                          "this worker maps %d shared memory regions already, its most",
+                          SHMGUARD_MAX);
+    }
+    *r         = (struct region){ ++g->last_region, in->rank, base, (size_t)in->bytes, slot, false,
+                                  g->regions };
     g->regions = r;
     wg->shm_mapped += r->bytes;
     *id = r->id;
@@ -1242,6 +1296,7 @@ region_unmap(struct wgroups *wg, struct wgroup *g, uint32_t rank, uint64_t id, d
             }
         }
         *pp = r->next;
+        shmguard_retire(r->slot);
         munmap(r->base, r->bytes);
         wg->shm_mapped -= r->bytes;
         free(r);
@@ -1558,6 +1613,11 @@ wgroups_new(const struct config_worker *cfg, const char *token)
     struct wgroups *wg = calloc(1, sizeof(*wg));
 
     if (wg == NULL) {
+        return NULL;
+    }
+    if (shmguard_install() != 0) {
+        log_error("cannot install the SIGBUS handler for shared memory: %s", strerror(errno));
+        free(wg);
         return NULL;
     }
     wg->cfg      = cfg;

@@ -191,6 +191,71 @@ class HostileMapTest(GroupsTestCase):
         self.assertEqual(code, "FAILED_PRECONDITION", message)  # generation 1 is gone
         self.assertTrue(c.worker("node-a").running())
 
+    def test_a_region_shrunk_under_the_worker_fails_the_call_not_the_worker(self):
+        # A hostile client keeps a writable fd of its object and truncates it after GroupMap:
+        # the worker's next access would die of SIGBUS without its guard.
+        c = self.start({"node-a": ["cuda:0"]}, http=True)
+        address = c.worker_specs["node-a"]["listen"]
+        port = int(address.rsplit(":", 1)[1])
+        gid = "00000000000000ce"
+        one = [("node-a", 0)]
+        code, message, _ = self.call(
+            port, "GroupSetup", setup_body(gid, 1, plan(one, [("node-a", address, [0])]), 0))
+        self.assertEqual(code, "OK", message)
+        name = "/devcoord-" + secrets.token_hex(16)
+        path = "/dev/shm" + name
+        size = 64 * 1024
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        self.addCleanup(os.close, fd)
+        self.addCleanup(lambda: os.path.exists(path) and os.unlink(path))
+        os.ftruncate(fd, size)
+        code, message, reply = self.call(port, "GroupMap", (
+            pb_bytes(F("GroupMapRequest", "group_id"), gid)
+            + harness.pb_uint(F("GroupMapRequest", "generation"), 1)
+            + pb_bytes(F("GroupMapRequest", "name"), name)
+            + harness.pb_uint(F("GroupMapRequest", "bytes"), size)))
+        self.assertEqual(code, "OK", message)
+        region = harness.pb_decode(reply)[F("GroupMapResponse", "region")][0]
+        os.ftruncate(fd, 0)
+
+        def call(seq, region=0, count=1024):
+            body = (pb_bytes(F("GroupCallRequest", "group_id"), gid)
+                    + harness.pb_uint(F("GroupCallRequest", "generation"), 1)
+                    + harness.pb_uint(F("GroupCallRequest", "seq"), seq)
+                    + pb_msg(F("GroupCallRequest", "call"), call_desc(0, 1, 1, count)))
+            if region:
+                body += (harness.pb_uint(F("GroupCallRequest", "region"), region)
+                         + harness.pb_uint(F("GroupCallRequest", "send_offset"), 0)
+                         + harness.pb_uint(F("GroupCallRequest", "recv_offset"), 4096))
+            return body
+
+        shrank = "shared memory region %d of rank 0 shrank under the worker" % region
+        code, message, _ = self.call(port, "GroupCall", call(1, region))
+        self.assertEqual(code, "INVALID_ARGUMENT", message)
+        self.assertIn(shrank, message)
+        self.assertTrue(c.worker("node-a").running())
+        # The region is refused from then on, even once the object has its size back.
+        os.ftruncate(fd, size)
+        code, message, _ = self.call(port, "GroupCall", call(2, region))
+        self.assertEqual(code, "INVALID_ARGUMENT", message)
+        self.assertIn(shrank, message)
+        # Plain memory still works, and the worker answers on every side.
+        code, message, _ = self.call(port, "GroupCall", call(3, count=4), b"\0" * 16)
+        self.assertEqual(code, "OK", message)
+        m = ShmCallsTest.worker_metrics(self, c, "node-a")
+        self.assertEqual(m["devcoord_group_shm_mapped_bytes"], size)
+        code, message, _ = self.call(port, "GroupMap", (
+            pb_bytes(F("GroupMapRequest", "group_id"), gid)
+            + harness.pb_uint(F("GroupMapRequest", "generation"), 1)
+            + harness.pb_uint(F("GroupMapRequest", "unmap"), region)))
+        self.assertEqual(code, "OK", message)
+        m = ShmCallsTest.worker_metrics(self, c, "node-a")
+        self.assertEqual(m["devcoord_group_shm_mapped_bytes"], 0)
+        self.assertTrue(c.worker("node-a").running())
+        warned = [line for line in c.worker("node-a").log_text().splitlines()
+                  if shrank in line and "warn" in line.lower()]
+        self.assertEqual(len(warned), 1, c.worker("node-a").log_text())
+
 
 if __name__ == "__main__":
     unittest.main()
