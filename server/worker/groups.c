@@ -99,7 +99,7 @@ struct wcall {
     uint64_t first_ms, deadline_ms; /* from this worker's first rank's call */
     uint64_t first_us;
     bool stall_logged;
-    dc_status shrunk; /* a local rank's region shrank while read: the call fails with it */
+    dc_status shrunk; /* a rank's region shrank while read (here or at a peer): the call fails */
     struct wcall *next;
 };
 
@@ -904,6 +904,9 @@ wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c, bool partial)
     req.calls      = ptrs;
     req.has_data   = !partial && c->mine != NULL;
     req.partial    = partial;
+    if (!partial && c->shrunk.code != DC_OK) {
+        req.failed = c->shrunk.message;
+    }
     for (size_t w = 0; w < g->n_workers && !g->ended; w++) {
         struct exch_ctx *x;
         uint32_t left =
@@ -1408,6 +1411,10 @@ wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *i
         }
         p->in = true;
         c->n_peer_in++;
+        if (in->failed != NULL && in->failed[0] != '\0' && c->shrunk.code == DC_OK) {
+            status_set(&c->shrunk, DC_INVALID_ARGUMENT, "worker %s: %.300s",
+                       g->workers[in->from].name, in->failed);
+        }
         wcall_try_finish(wg, g, c);
     }
     pthread_mutex_unlock(&wg->mtx);

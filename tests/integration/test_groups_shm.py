@@ -12,6 +12,7 @@ left mapped when the generation ends.
 import os
 import secrets
 import subprocess
+import threading
 import unittest
 import urllib.request
 
@@ -28,6 +29,30 @@ SHM_CALLS = ITERATIONS + 3
 # Per rank: three plain calls of five i64 in (all-reduce, all-gather, all-reduce on the
 # block the worker's bound refused).
 PLAIN_BYTES = 3 * 5 * 8
+
+
+def map_body(gid, name, size, rank=0, unmap=0, generation=1):
+    return (pb_bytes(F("GroupMapRequest", "group_id"), gid)
+            + harness.pb_uint(F("GroupMapRequest", "generation"), generation)
+            + harness.pb_uint(F("GroupMapRequest", "rank"), rank)
+            + pb_bytes(F("GroupMapRequest", "name"), name)
+            + harness.pb_uint(F("GroupMapRequest", "bytes"), size)
+            + harness.pb_uint(F("GroupMapRequest", "unmap"), unmap))
+
+
+def call_body(gid, seq, rank, count, region=0, send=0, recv=None):
+    """An all-reduce of count f32; on shared memory when region, the result after the input
+    unless recv says where."""
+    body = (pb_bytes(F("GroupCallRequest", "group_id"), gid)
+            + harness.pb_uint(F("GroupCallRequest", "generation"), 1)
+            + harness.pb_uint(F("GroupCallRequest", "seq"), seq)
+            + pb_msg(F("GroupCallRequest", "call"), call_desc(rank, 1, 1, count)))
+    if region:
+        body += (harness.pb_uint(F("GroupCallRequest", "region"), region)
+                 + harness.pb_uint(F("GroupCallRequest", "send_offset"), send)
+                 + harness.pb_uint(F("GroupCallRequest", "recv_offset"),
+                                   send + 4 * count if recv is None else recv))
+    return body
 
 
 class ShmCallsTest(GroupsTestCase):
@@ -107,12 +132,7 @@ class HostileMapTest(GroupsTestCase):
         self.assertEqual(code, "OK", message)
 
         def gmap(name, size, rank=0, unmap=0):
-            return (pb_bytes(F("GroupMapRequest", "group_id"), gid)
-                    + harness.pb_uint(F("GroupMapRequest", "generation"), 1)
-                    + harness.pb_uint(F("GroupMapRequest", "rank"), rank)
-                    + pb_bytes(F("GroupMapRequest", "name"), name)
-                    + harness.pb_uint(F("GroupMapRequest", "bytes"), size)
-                    + harness.pb_uint(F("GroupMapRequest", "unmap"), unmap))
+            return map_body(gid, name, size, rank, unmap)
 
         good = "/devcoord-" + secrets.token_hex(16)
         path = "/dev/shm" + good
@@ -142,13 +162,7 @@ class HostileMapTest(GroupsTestCase):
         self.assertGreater(region, 0)
 
         def call(region, send, recv, count=4, rank=0, seq=1):
-            return (pb_bytes(F("GroupCallRequest", "group_id"), gid)
-                    + harness.pb_uint(F("GroupCallRequest", "generation"), 1)
-                    + harness.pb_uint(F("GroupCallRequest", "seq"), seq)
-                    + pb_msg(F("GroupCallRequest", "call"), call_desc(rank, 1, 1, count))
-                    + harness.pb_uint(F("GroupCallRequest", "region"), region)
-                    + harness.pb_uint(F("GroupCallRequest", "send_offset"), send)
-                    + harness.pb_uint(F("GroupCallRequest", "recv_offset"), recv))
+            return call_body(gid, seq, rank, count, region, send, recv)
 
         # All-reduce of four f32 (16 bytes) in a 64-byte region.
         bad_calls = [
@@ -191,6 +205,20 @@ class HostileMapTest(GroupsTestCase):
         self.assertEqual(code, "FAILED_PRECONDITION", message)  # generation 1 is gone
         self.assertTrue(c.worker("node-a").running())
 
+    def shrunk_region(self, port, gid, size=64 * 1024):
+        """Maps a fresh object of rank 0 through GroupMap, keeping a writable fd as a hostile
+        client would, and truncates it: returns (fd, region id)."""
+        name = "/devcoord-" + secrets.token_hex(16)
+        path = "/dev/shm" + name
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        self.addCleanup(os.close, fd)
+        self.addCleanup(lambda: os.path.exists(path) and os.unlink(path))
+        os.ftruncate(fd, size)
+        code, message, reply = self.call(port, "GroupMap", map_body(gid, name, size))
+        self.assertEqual(code, "OK", message)
+        os.ftruncate(fd, 0)
+        return fd, harness.pb_decode(reply)[F("GroupMapResponse", "region")][0]
+
     def test_a_region_shrunk_under_the_worker_fails_the_call_not_the_worker(self):
         # A hostile client keeps a writable fd of its object and truncates it after GroupMap:
         # the worker's next access would die of SIGBUS without its guard.
@@ -198,56 +226,27 @@ class HostileMapTest(GroupsTestCase):
         address = c.worker_specs["node-a"]["listen"]
         port = int(address.rsplit(":", 1)[1])
         gid = "00000000000000ce"
-        one = [("node-a", 0)]
         code, message, _ = self.call(
-            port, "GroupSetup", setup_body(gid, 1, plan(one, [("node-a", address, [0])]), 0))
+            port, "GroupSetup", setup_body(gid, 1, plan([("node-a", 0)], [("node-a", address, [0])]), 0))
         self.assertEqual(code, "OK", message)
-        name = "/devcoord-" + secrets.token_hex(16)
-        path = "/dev/shm" + name
         size = 64 * 1024
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        self.addCleanup(os.close, fd)
-        self.addCleanup(lambda: os.path.exists(path) and os.unlink(path))
-        os.ftruncate(fd, size)
-        code, message, reply = self.call(port, "GroupMap", (
-            pb_bytes(F("GroupMapRequest", "group_id"), gid)
-            + harness.pb_uint(F("GroupMapRequest", "generation"), 1)
-            + pb_bytes(F("GroupMapRequest", "name"), name)
-            + harness.pb_uint(F("GroupMapRequest", "bytes"), size)))
-        self.assertEqual(code, "OK", message)
-        region = harness.pb_decode(reply)[F("GroupMapResponse", "region")][0]
-        os.ftruncate(fd, 0)
-
-        def call(seq, region=0, count=1024):
-            body = (pb_bytes(F("GroupCallRequest", "group_id"), gid)
-                    + harness.pb_uint(F("GroupCallRequest", "generation"), 1)
-                    + harness.pb_uint(F("GroupCallRequest", "seq"), seq)
-                    + pb_msg(F("GroupCallRequest", "call"), call_desc(0, 1, 1, count)))
-            if region:
-                body += (harness.pb_uint(F("GroupCallRequest", "region"), region)
-                         + harness.pb_uint(F("GroupCallRequest", "send_offset"), 0)
-                         + harness.pb_uint(F("GroupCallRequest", "recv_offset"), 4096))
-            return body
-
+        fd, region = self.shrunk_region(port, gid, size)
         shrank = "shared memory region %d of rank 0 shrank under the worker" % region
-        code, message, _ = self.call(port, "GroupCall", call(1, region))
+        code, message, _ = self.call(port, "GroupCall", call_body(gid, 1, 0, 1024, region))
         self.assertEqual(code, "INVALID_ARGUMENT", message)
         self.assertIn(shrank, message)
         self.assertTrue(c.worker("node-a").running())
         # The region is refused from then on, even once the object has its size back.
         os.ftruncate(fd, size)
-        code, message, _ = self.call(port, "GroupCall", call(2, region))
+        code, message, _ = self.call(port, "GroupCall", call_body(gid, 2, 0, 1024, region))
         self.assertEqual(code, "INVALID_ARGUMENT", message)
         self.assertIn(shrank, message)
         # Plain memory still works, and the worker answers on every side.
-        code, message, _ = self.call(port, "GroupCall", call(3, count=4), b"\0" * 16)
+        code, message, _ = self.call(port, "GroupCall", call_body(gid, 3, 0, 4), b"\0" * 16)
         self.assertEqual(code, "OK", message)
         m = ShmCallsTest.worker_metrics(self, c, "node-a")
         self.assertEqual(m["devcoord_group_shm_mapped_bytes"], size)
-        code, message, _ = self.call(port, "GroupMap", (
-            pb_bytes(F("GroupMapRequest", "group_id"), gid)
-            + harness.pb_uint(F("GroupMapRequest", "generation"), 1)
-            + harness.pb_uint(F("GroupMapRequest", "unmap"), region)))
+        code, message, _ = self.call(port, "GroupMap", map_body(gid, "", 0, unmap=region))
         self.assertEqual(code, "OK", message)
         m = ShmCallsTest.worker_metrics(self, c, "node-a")
         self.assertEqual(m["devcoord_group_shm_mapped_bytes"], 0)
@@ -256,6 +255,32 @@ class HostileMapTest(GroupsTestCase):
                   if shrank in line and "warn" in line.lower()]
         self.assertEqual(len(warned), 1, c.worker("node-a").log_text())
 
+    def test_a_shrunk_region_fails_the_call_on_the_other_worker_too(self):
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]})
+        addrs = [c.worker_specs[w]["listen"] for w in ("node-a", "node-b")]
+        ports = [int(a.rsplit(":", 1)[1]) for a in addrs]
+        gid = "00000000000000cf"
+        two = plan([("node-a", 0), ("node-b", 0)],
+                   [("node-a", addrs[0], [0]), ("node-b", addrs[1], [1])])
+        for i, port in enumerate(ports):
+            code, message, _ = self.call(port, "GroupSetup", setup_body(gid, 1, two, i))
+            self.assertEqual(code, "OK", message)
+        _, region = self.shrunk_region(ports[0], gid)
+        answers = {}
+        b = threading.Thread(target=lambda: answers.update(b=self.call(
+            ports[1], "GroupCall", call_body(gid, 1, 1, 4), b"\0" * 16, timeout_ms=20000)))
+        b.start()
+        answers["a"] = self.call(ports[0], "GroupCall", call_body(gid, 1, 0, 4, region),
+                                 timeout_ms=20000)
+        b.join(30)
+        shrank = "shared memory region %d of rank 0 shrank under the worker" % region
+        for rank in ("a", "b"):
+            code, message, _ = answers[rank]
+            self.assertEqual(code, "INVALID_ARGUMENT", message)
+            self.assertIn(shrank, message)
+        self.assertIn("worker node-a", answers["b"][1])
+        self.assertTrue(c.worker("node-a").running())
+        self.assertTrue(c.worker("node-b").running())
 
 if __name__ == "__main__":
     unittest.main()
