@@ -1,9 +1,14 @@
 /* Groups in libdevcoord (design §13): join and leave through the coordinator, then every call
- * straight to this rank's worker (GroupCall), its bytes in the attachment both ways. */
+ * straight to this rank's worker (GroupCall), its bytes in the attachment both ways, or, for a
+ * buffer of dc_group_alloc on the worker's host, in shared memory both map. */
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 #include "client.h"
 #include "device.h"
@@ -18,6 +23,14 @@
  * a blocking call larger than that is split into several. */
 #define GROUP_CALL_BYTES_MAX TENSOR_CHUNK_MAX
 
+/* A block of dc_group_alloc: shared memory the worker maps as region (0: plain memory). */
+struct block {
+    uint8_t *base;
+    size_t bytes;
+    uint64_t region;
+    struct block *next;
+};
+
 struct dc_group {
     dc_client *client;
     char id[GROUP_ID_SIZE];
@@ -28,6 +41,8 @@ struct dc_group {
     uint32_t call_timeout_ms;
     pthread_mutex_t mtx; /* one call at a time; guards seq */
     uint64_t seq;
+    pthread_mutex_t blocks_mtx;
+    struct block *blocks;
 };
 
 static uint32_t
@@ -36,10 +51,19 @@ add_margin(uint32_t ms)
     return ms > UINT32_MAX - GROUP_MARGIN_MS ? UINT32_MAX : ms + GROUP_MARGIN_MS;
 }
 
+static void block_release(struct block *b);
+
 static void
 group_free(dc_group *g)
 {
     if (g != NULL) {
+        /* The worker unmaps its side when the generation ends. */
+        while (g->blocks != NULL) {
+            struct block *b = g->blocks;
+            g->blocks       = b->next;
+            block_release(b);
+        }
+        pthread_mutex_destroy(&g->blocks_mtx);
         pthread_mutex_destroy(&g->mtx);
         free(g->names);
         free(g);
@@ -64,6 +88,7 @@ group_from_reply(dc_client *c, const Devcoord__V1__GroupJoinResponse *resp,
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
     pthread_mutex_init(&g->mtx, NULL);
+    pthread_mutex_init(&g->blocks_mtx, NULL);
     g->client     = c;
     g->generation = resp->generation;
     g->rank       = resp->rank;
@@ -265,6 +290,31 @@ request_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *rep
     pthread_mutex_unlock(&rq->mtx);
 }
 
+/* The region holding both of k's buffers (send: in_bytes, recv: recv_bytes) and their
+ * offsets in it; 0 when they are not both in one shared block. */
+static uint64_t
+shm_place(dc_group *g, const struct call *k, size_t in_bytes, uint64_t *send_off,
+          uint64_t *recv_off)
+{
+    const uint8_t *s = k->send, *r = k->recv;
+    uint64_t region = 0;
+
+    pthread_mutex_lock(&g->blocks_mtx);
+    for (const struct block *b = g->blocks; b != NULL; b = b->next) {
+        if (b->region != 0 && s >= b->base && (size_t)(s - b->base) <= b->bytes &&
+            in_bytes <= b->bytes - (size_t)(s - b->base) && r >= b->base &&
+            (size_t)(r - b->base) <= b->bytes &&
+            k->recv_bytes <= b->bytes - (size_t)(r - b->base)) {
+            region    = b->region;
+            *send_off = (uint64_t)(s - b->base);
+            *recv_off = (uint64_t)(r - b->base);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g->blocks_mtx);
+    return region;
+}
+
 /* One call: the next seq of g, to this rank's worker, the result into recv. With rq, it is
  * started and rq completes it; without, it is made and waited for. */
 static dc_code
@@ -275,6 +325,7 @@ group_call_run(dc_group *g, const struct call *k, dc_request *rq, dc_status *st)
     size_t elem                        = dc_dtype_size(k->dtype), bytes;
     struct worker_conn *w;
     struct rpc_reply r = { 0 };
+    size_t recv_bytes  = k->recv_bytes;
     dc_code code;
 
     status_clear(st);
@@ -302,6 +353,14 @@ group_call_run(dc_group *g, const struct call *k, dc_request *rq, dc_status *st)
     if ((code = client_worker_conn(g->client, g->worker, &w, st)) != DC_OK) {
         return code;
     }
+    if (k->kind != DC_OP_BARRIER && k->count > 0 &&
+        (req.region = shm_place(g, k, bytes, &req.send_offset, &req.recv_offset)) != 0) {
+        bytes      = 0; /* neither way: the worker reads and writes the block */
+        recv_bytes = 0;
+        if (rq != NULL) {
+            rq->recv_bytes = 0;
+        }
+    }
     desc.rank      = g->rank;
     desc.kind      = (Devcoord__V1__OpKind)k->kind;
     desc.dtype     = (Devcoord__V1__DType)k->dtype;
@@ -326,7 +385,7 @@ group_call_run(dc_group *g, const struct call *k, dc_request *rq, dc_status *st)
     code = rpc_call(w->rpc, WORKER_SVC, M_WORKER_GROUP_CALL, &req.base, k->send, bytes,
                     add_margin(g->call_timeout_ms), &r, st);
     if (code == DC_OK) {
-        code = take_result(&r, k->recv, k->recv_bytes, st);
+        code = take_result(&r, k->recv, recv_bytes, st);
     }
     rpc_reply_free(&r);
     return code;
@@ -647,6 +706,187 @@ dc_barrier_async(dc_group *g, dc_status *st)
 {
     struct call k = call_barrier();
     return group_call_async(g, &k, st);
+}
+
+/* ---- shared memory ----------------------------------------------------------------------- */
+
+#define SHM_PREFIX "/devcoord-"
+#define SHM_HEX    32
+
+static void
+block_release(struct block *b)
+{
+    if (b->region != 0) {
+        munmap(b->base, b->bytes);
+    } else {
+        free(b->base);
+    }
+    free(b);
+}
+
+/* Whether the worker at address is on this host: only then can it open our shared memory. */
+static bool
+worker_is_local(const char *address)
+{
+    static const char *const local[] = { "tcp://127.",
+                                         "tcp://localhost:", "tcp://[::1]:", "ipc://" };
+
+    for (size_t i = 0; i < sizeof(local) / sizeof(local[0]); i++) {
+        if (strncmp(address, local[i], strlen(local[i])) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Asks g's worker to map (name, bytes) or unmap region `unmap`; the region into *region. */
+static dc_code
+group_map_rpc(dc_group *g, const char *name, size_t bytes, uint64_t unmap, uint64_t *region,
+              dc_status *st)
+{
+    Devcoord__V1__GroupMapRequest req = DEVCOORD__V1__GROUP_MAP_REQUEST__INIT;
+    struct worker_conn *w;
+    struct rpc_reply r = { 0 };
+    dc_code code;
+
+    req.group_id   = g->id;
+    req.generation = g->generation;
+    req.rank       = g->rank;
+    req.name       = (char *)name;
+    req.bytes      = bytes;
+    req.unmap      = unmap;
+    if ((code = client_worker_conn(g->client, g->worker, &w, st)) == DC_OK &&
+        (code = rpc_call(w->rpc, WORKER_SVC, M_WORKER_GROUP_MAP, &req.base, NULL, 0,
+                         g->client->timeout_ms, &r, st)) == DC_OK &&
+        region != NULL) {
+        const Devcoord__V1__GroupMapResponse *resp = (const Devcoord__V1__GroupMapResponse *)r.body;
+        if (resp == NULL || resp->region == 0) {
+            code = status_set(st, DC_INTERNAL, "malformed reply: GroupMap without a region");
+        } else {
+            *region = resp->region;
+        }
+    }
+    rpc_reply_free(&r);
+    return code;
+}
+
+/* b as shared memory the worker maps: created here (exclusive, 0600), opened by the worker,
+ * then unlinked at once whatever happened, so no name outlives this call even if a process
+ * dies later; the two mappings keep the memory until both are gone. */
+static dc_code
+block_share(dc_group *g, struct block *b, dc_status *st)
+{
+    char name[sizeof(SHM_PREFIX) + SHM_HEX];
+    unsigned char rnd[SHM_HEX / 2];
+    void *base;
+    dc_code code;
+    int fd;
+
+    if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
+        return status_set(st, DC_UNAVAILABLE, "no random bytes for a shared memory name");
+    }
+    memcpy(name, SHM_PREFIX, strlen(SHM_PREFIX));
+    for (size_t i = 0; i < sizeof(rnd); i++) {
+        snprintf(name + strlen(SHM_PREFIX) + 2 * i, 3, "%02x", rnd[i]);
+    }
+    if ((fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600)) < 0) {
+        return status_set(st, DC_UNAVAILABLE, "shm_open %s failed", name);
+    }
+    if (ftruncate(fd, (off_t)b->bytes) != 0 ||
+        (base = mmap(NULL, b->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+        close(fd);
+        shm_unlink(name);
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "cannot size or map shared memory %s", name);
+    }
+    close(fd);
+    code = group_map_rpc(g, name, b->bytes, 0, &b->region, st);
+    shm_unlink(name);
+    if (code != DC_OK) {
+        munmap(base, b->bytes);
+        return code;
+    }
+    b->base = base;
+    return DC_OK;
+}
+
+void *
+dc_group_alloc(dc_group *g, size_t bytes, dc_status *st)
+{
+    struct block *b;
+    dc_status why;
+
+    status_clear(st);
+    if (g == NULL || bytes == 0) {
+        status_set(st, DC_INVALID_ARGUMENT, g == NULL ? "group is NULL" : "bytes is 0");
+        return NULL;
+    }
+    if ((b = calloc(1, sizeof(*b))) == NULL) {
+        status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    b->bytes = bytes;
+    if (!worker_is_local(g->worker) || block_share(g, b, &why) != DC_OK) {
+        /* Plain memory: calls on it copy as any other buffer's do. */
+        b->region = 0;
+        if ((b->base = malloc(bytes)) == NULL) {
+            free(b);
+            status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+            return NULL;
+        }
+        if (worker_is_local(g->worker)) {
+            fprintf(stderr,
+                    "devcoord: group %s rank %u: %zu bytes not shared with worker %s (%s: %s)\n",
+                    g->id, g->rank, bytes, g->worker, dc_status_name(why.code), why.message);
+        }
+    }
+    pthread_mutex_lock(&g->blocks_mtx);
+    b->next   = g->blocks;
+    g->blocks = b;
+    pthread_mutex_unlock(&g->blocks_mtx);
+    return b->base;
+}
+
+void
+dc_group_free(dc_group *g, void *buf)
+{
+    struct block *b = NULL;
+    dc_status st;
+
+    if (g == NULL || buf == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&g->blocks_mtx);
+    for (struct block **pp = &g->blocks; *pp != NULL; pp = &(*pp)->next) {
+        if ((*pp)->base == buf) {
+            b   = *pp;
+            *pp = b->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g->blocks_mtx);
+    if (b != NULL) {
+        if (b->region != 0) {
+            (void)group_map_rpc(g, "", 0, b->region, NULL, &st); /* or at generation end */
+        }
+        block_release(b);
+    }
+}
+
+bool
+dc_group_buffer_shared(dc_group *g, const void *buf)
+{
+    const uint8_t *p = buf;
+    bool shared      = false;
+
+    if (g == NULL || p == NULL) {
+        return false;
+    }
+    pthread_mutex_lock(&g->blocks_mtx);
+    for (const struct block *b = g->blocks; b != NULL && !shared; b = b->next) {
+        shared = b->region != 0 && p >= b->base && p < b->base + b->bytes;
+    }
+    pthread_mutex_unlock(&g->blocks_mtx);
+    return shared;
 }
 
 /* ---- listing ----------------------------------------------------------------------------- */

@@ -1258,6 +1258,11 @@ static const struct field worker_groups_fields[] = {
       .min    = 1,
       .max    = UINT32_MAX,
       .offset = offsetof(struct config_worker, group_stall_warn_ms) },
+    { .name   = "shm_max_bytes",
+      .parse  = field_size,
+      .min    = 0,
+      .max    = 1ull << 40,
+      .offset = offsetof(struct config_worker, group_shm_max_bytes) },
     { .name = NULL },
 };
 
@@ -1475,6 +1480,7 @@ config_worker_defaults(struct config_worker *cfg, dc_status *st)
     }
     cfg->max_tensor_bytes    = DEFAULT_MAX_TENSOR_BYTES;
     cfg->group_stall_warn_ms = 5000;
+    cfg->group_shm_max_bytes = 1ull << 30;
     cfg->max_message_bytes   = DEFAULT_MAX_MESSAGE_BYTES;
     cfg->log.level           = LOG_INFO;
     cfg->log.format          = LOG_FORMAT_TEXT;

@@ -97,6 +97,9 @@ struct config_worker {
     /* groups.stall_warn_ms: a rank missing from a group call other ranks have made for this
      * long is logged and reported stalled (default 5000). */
     uint32_t group_stall_warn_ms;
+    /* groups.shm_max_bytes: the shared memory one rank may have this worker map for its
+     * group calls (dc_group_alloc), in at most 16 regions; 0 maps none (default 1 GiB). */
+    uint64_t group_shm_max_bytes;
     struct config_tls tls;
     struct config_log log;
 };

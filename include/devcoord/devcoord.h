@@ -391,6 +391,17 @@ typedef struct dc_group_list {
 dc_code dc_list_groups(dc_client *c, const char *group_id, dc_group_list **out, dc_status *st);
 void dc_group_list_free(dc_group_list *list);
 
+/* bytes of memory for g's calls. When g's worker is on this host (its address is 127.0.0.1,
+ * localhost or ::1) it is shared memory mapped by the worker too: a call whose buffers lie in
+ * one such block carries no bytes to the worker or back. Otherwise, or when the worker refuses
+ * the mapping, it is plain memory (dc_group_buffer_shared says which) and calls copy it as
+ * usual. NULL (st says why) when there is no memory. Free with dc_group_free before leaving;
+ * dc_group_leave frees what is left. */
+void *dc_group_alloc(dc_group *g, size_t bytes, dc_status *st);
+void dc_group_free(dc_group *g, void *buf);
+/* Whether buf lies in a block of dc_group_alloc that g's worker maps. */
+bool dc_group_buffer_shared(dc_group *g, const void *buf);
+
 #ifdef __cplusplus
 }
 #endif

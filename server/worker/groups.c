@@ -2,10 +2,15 @@
  * (mtx) guards everything; answers only pack and queue a send, so they go out under it. */
 #include "groups.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "auth.h"
 #include "clock.h"
@@ -15,6 +20,7 @@
 #include "metrics.h"
 #include "reduce.h"
 #include "rpc.h"
+#include "shmguard.h"
 #include "status.h"
 #include "validate.h"
 
@@ -46,14 +52,27 @@ struct gworker {
     size_t n_ranks;
 };
 
+/* A rank's shared memory region (GroupMap), mapped until the generation ends. */
+struct region {
+    uint64_t id;
+    uint32_t rank;
+    uint8_t *base;
+    size_t bytes;
+    int slot;    /* in the SIGBUS guard's registry */
+    bool shrunk; /* its object shrank: zero pages now, refused until unmapped */
+    struct region *next;
+};
+
 /* What one of this worker's ranks passed to a call. */
 struct lpart {
     bool in;
     struct desc d;
-    const uint8_t *data; /* the call's attachment: valid until it is answered */
+    const uint8_t *data; /* the call's attachment or its region: valid until it is answered */
     size_t bytes;
     Devcoord__V1__GroupCallResponse_Closure closure;
     void *cd;
+    struct region *reg; /* a call on shared memory: the result goes to out, not the reply */
+    uint8_t *out;
 };
 
 /* What another worker sent for a call. */
@@ -80,6 +99,7 @@ struct wcall {
     uint64_t first_ms, deadline_ms; /* from this worker's first rank's call */
     uint64_t first_us;
     bool stall_logged;
+    dc_status shrunk; /* a rank's region shrank while read (here or at a peer): the call fails */
     struct wcall *next;
 };
 
@@ -97,6 +117,8 @@ struct wgroup {
     size_t n_calls;
     uint64_t calls_done;
     uint64_t local_seq_max; /* the highest call any of this worker's ranks has made */
+    struct region *regions;
+    uint64_t last_region;
     struct wgroup *next;
 };
 
@@ -114,6 +136,8 @@ struct wgroups {
     size_t held, max_held; /* peers' parts kept until their call completes */
     uint64_t calls_total[KINDS];
     uint64_t stalls_total;
+    uint64_t shm_calls_total, call_bytes_in, call_bytes_out;
+    size_t shm_mapped;
     struct histo call_seconds;
 };
 
@@ -281,6 +305,20 @@ wcall_fail_locals(struct wgroup *g, struct wcall *c, const dc_status *st)
     }
 }
 
+/* Unmaps every region of g (no call may use them any more). mtx held. */
+static void
+regions_free(struct wgroups *wg, struct wgroup *g)
+{
+    while (g->regions != NULL) {
+        struct region *r = g->regions;
+        g->regions       = r->next;
+        shmguard_retire(r->slot);
+        munmap(r->base, r->bytes);
+        wg->shm_mapped -= r->bytes;
+        free(r);
+    }
+}
+
 /* Ends g's generation with st: every pending call fails, later ones too. mtx held. */
 static void
 group_end_locked(struct wgroups *wg, struct wgroup *g, const dc_status *st)
@@ -297,6 +335,7 @@ group_end_locked(struct wgroups *wg, struct wgroup *g, const dc_status *st)
         wcall_fail_locals(g, c, st);
         wcall_free(wg, g, c);
     }
+    regions_free(wg, g);
 }
 
 static void
@@ -476,6 +515,7 @@ wgroups_setup(struct wgroups *wg, const Devcoord__V1__GroupSetupRequest *in,
         if (victim != NULL) {
             struct wgroup *v = *victim;
             *victim          = v->next;
+            regions_free(wg, v);
             group_free(v);
             wg->n_groups--;
         }
@@ -516,6 +556,27 @@ wgroups_setup(struct wgroups *wg, const Devcoord__V1__GroupSetupRequest *in,
 }
 
 /* ---- computing a call -------------------------------------------------------------------- */
+
+/* Whether r's object shrank under an access (the guard put zero pages there): if so st says
+ * so, and r is refused from then on. mtx held. */
+static bool
+region_shrank(const struct wgroup *g, struct region *r, dc_status *st)
+{
+    if (r == NULL || (!r->shrunk && !shmguard_broken(r->slot))) {
+        return false;
+    }
+    if (!r->shrunk) {
+        r->shrunk = true;
+        log_warn("group %s: shared memory region %llu of rank %u shrank under the worker; "
+                 "refusing it until it is unmapped",
+                 g->id, (unsigned long long)r->id, r->rank);
+    }
+    status_set(st, DC_INVALID_ARGUMENT,
+               "shared memory region %llu of rank %u shrank under the worker (its object was "
+               "truncated after GroupMap; unmap it and map a new one)",
+               (unsigned long long)r->id, r->rank);
+    return true;
+}
 
 /* This worker's part of c: its ranks' data reduced (all-reduce, reduce), the root's (broadcast,
  * when it is here) or concatenated in rank order (all-gather). mtx held. */
@@ -574,6 +635,15 @@ wcall_make_mine(const struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_
         break;
     default:
         break;
+    }
+    for (size_t i = 0; i < me->n_ranks; i++) {
+        if (region_shrank(g, c->local[i].reg, &c->shrunk)) {
+            /* Zeros are no one's data: send none, the call fails here (and at the peers). */
+            free(c->mine);
+            c->mine       = NULL;
+            c->mine_bytes = 0;
+            break;
+        }
     }
     return DC_OK;
 }
@@ -712,20 +782,42 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
     wcall_unlink(g, c);
     status_clear(&st);
     kind = c->local[0].d.kind;
-    if (wcall_compute(wg, g, c, &res, &res_bytes, &st) != DC_OK) {
+    if (c->shrunk.code != DC_OK) {
+        wcall_fail_locals(g, c, &c->shrunk);
+    } else if (wcall_compute(wg, g, c, &res, &res_bytes, &st) != DC_OK) {
         log_info("group %s call %llu failed: %s", g->id, (unsigned long long)c->seq, st.message);
         wcall_fail_locals(g, c, &st);
     } else {
         out.elapsed_us = rpc_now_us() - c->first_us;
         for (size_t i = 0; i < me->n_ranks; i++) {
             struct lpart *p = &c->local[i];
+            const uint8_t *give;
+            size_t give_bytes;
             if (kind == DC_OP_REDUCE && me->ranks[i] != p->d.root) {
-                rpc_call_set_reply_attachment(p->cd, p->data, p->bytes); /* unchanged */
+                give       = p->data; /* unchanged */
+                give_bytes = p->bytes;
             } else if (kind == DC_OP_REDUCE_SCATTER) {
-                size_t slice = res_bytes / g->n; /* this rank's block of the result */
-                rpc_call_set_reply_attachment(p->cd, res + (size_t)me->ranks[i] * slice, slice);
-            } else if (res_bytes > 0) {
-                rpc_call_set_reply_attachment(p->cd, res, res_bytes);
+                give_bytes = res_bytes / g->n; /* this rank's block of the result */
+                give       = res + (size_t)me->ranks[i] * give_bytes;
+            } else {
+                give       = res;
+                give_bytes = res_bytes;
+            }
+            if (p->out != NULL) {
+                /* Shared memory: the result in place, checked against the region at the call. */
+                if (give != p->out && give_bytes > 0) {
+                    memmove(p->out, give, give_bytes);
+                }
+                wg->shm_calls_total++;
+                if (region_shrank(g, p->reg, &st)) {
+                    *rpc_call_status(p->cd) = st;
+                    p->closure(NULL, p->cd);
+                    p->closure = NULL;
+                    continue;
+                }
+            } else if (give_bytes > 0) {
+                rpc_call_set_reply_attachment(p->cd, give, give_bytes);
+                wg->call_bytes_out += give_bytes;
             }
             p->closure(&out, p->cd);
             p->closure = NULL;
@@ -812,6 +904,9 @@ wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c, bool partial)
     req.calls      = ptrs;
     req.has_data   = !partial && c->mine != NULL;
     req.partial    = partial;
+    if (!partial && c->shrunk.code != DC_OK) {
+        req.failed = c->shrunk.message;
+    }
     for (size_t w = 0; w < g->n_workers && !g->ended; w++) {
         struct exch_ctx *x;
         uint32_t left =
@@ -971,12 +1066,88 @@ check_call(const struct wgroups *wg, const struct wgroup *g, const struct desc *
     return DC_OK;
 }
 
+bool
+wgroups_shm_name_ok(const char *name)
+{
+    size_t pre = strlen(GROUPS_SHM_NAME_PREFIX);
+
+    if (name == NULL || strncmp(name, GROUPS_SHM_NAME_PREFIX, pre) != 0 ||
+        strlen(name) != pre + GROUPS_SHM_NAME_HEX) {
+        return false;
+    }
+    for (const char *p = name + pre; *p != '\0'; p++) {
+        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'))) {
+            return false;
+        }
+    }
+    return true;
+}
+
+bool
+wgroups_shm_range_ok(uint64_t off, uint64_t len, uint64_t size)
+{
+    return off <= size && len <= size - off;
+}
+
+static struct region *
+region_find(const struct wgroup *g, uint32_t rank, uint64_t id)
+{
+    for (struct region *r = g->regions; r != NULL; r = r->next) {
+        if (r->id == id && r->rank == rank) {
+            return r;
+        }
+    }
+    return NULL;
+}
+
+/* A call on shared memory: its input and result inside the rank's region, into p's data and
+ * out. The desc must hold (check_desc) for the sizes to mean anything. mtx held. */
+static dc_code
+shm_call_place(const struct wgroups *wg, struct wgroup *g, uint32_t rank,
+               const Devcoord__V1__GroupCallRequest *in, const struct desc *d, struct lpart *p,
+               dc_status *st)
+{
+    struct region *r = region_find(g, rank, in->region);
+    size_t elem      = dc_dtype_size(d->dtype), in_bytes, out_bytes;
+
+    if (r == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "rank %u has no shared memory region %llu in group %s: map it first",
+                          rank, (unsigned long long)in->region, g->id);
+    }
+    if (region_shrank(g, r, st)) {
+        return DC_INVALID_ARGUMENT;
+    }
+    p->reg = r;
+    if (check_desc(wg, g, d, st) != DC_OK) {
+        status_clear(st);
+        return DC_OK; /* takes part without data, as check_call lets it: all get the refusal */
+    }
+    in_bytes  = kind_has_data(d->kind) ? input_elements(d, g->n) * elem : 0;
+    out_bytes = !kind_has_data(d->kind)       ? 0
+                : d->kind == DC_OP_ALL_GATHER ? (size_t)d->count * elem * g->n
+                                              : (size_t)d->count * elem;
+    if (!wgroups_shm_range_ok(in->send_offset, in_bytes, r->bytes) ||
+        !wgroups_shm_range_ok(in->recv_offset, out_bytes, r->bytes)) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "group call on region %llu: input %llu+%zu or result %llu+%zu bytes "
+                          "outside its %zu bytes",
+                          (unsigned long long)r->id, (unsigned long long)in->send_offset, in_bytes,
+                          (unsigned long long)in->recv_offset, out_bytes, r->bytes);
+    }
+    p->data  = r->base + in->send_offset;
+    p->bytes = in_bytes;
+    p->out   = r->base + in->recv_offset;
+    return DC_OK;
+}
+
 void
 wgroups_call(struct wgroups *wg, const Devcoord__V1__GroupCallRequest *in,
              Devcoord__V1__GroupCallResponse_Closure closure, void *cd)
 {
-    struct desc d = desc_from_pb(in->call);
-    uint32_t rank = in->call != NULL ? in->call->rank : 0;
+    struct lpart shm = { 0 };
+    struct desc d    = desc_from_pb(in->call);
+    uint32_t rank    = in->call != NULL ? in->call->rank : 0;
     const void *data;
     struct wgroup *g;
     struct wcall *c;
@@ -996,14 +1167,24 @@ wgroups_call(struct wgroups *wg, const Devcoord__V1__GroupCallRequest *in,
     } else if ((li = local_index(g, rank, &local)), !local) {
         code = status_set(&st, DC_INVALID_ARGUMENT, "rank %u of group %s is not on this worker",
                           rank, g->id);
-    } else if ((code = check_call(wg, g, &d, bytes, &st)) != DC_OK) {
+    } else if (in->region != 0 && bytes != 0) {
+        code = status_set(&st, DC_INVALID_ARGUMENT,
+                          "group call on a shared memory region carries %zu bytes", bytes);
+    } else if (in->region != 0 &&
+               (code = shm_call_place(wg, g, rank, in, &d, &shm, &st)) != DC_OK) {
+    } else if (in->region == 0 && (code = check_call(wg, g, &d, bytes, &st)) != DC_OK) {
     } else if ((c = wcall_get(wg, g, in->seq, in->timeout_ms, &st)) == NULL) {
         code = st.code;
     } else if ((p = &c->local[li])->in) {
         code = status_set(&st, DC_ALREADY_EXISTS, "rank %u already made call %llu", rank,
                           (unsigned long long)in->seq);
     } else {
-        *p = (struct lpart){ true, d, data, bytes, closure, cd };
+        if (in->region != 0) {
+            *p = (struct lpart){ true, d, shm.data, shm.bytes, closure, cd, shm.reg, shm.out };
+        } else {
+            *p = (struct lpart){ true, d, data, bytes, closure, cd, NULL, NULL };
+            wg->call_bytes_in += bytes;
+        }
         if (in->seq > g->local_seq_max) {
             g->local_seq_max = in->seq;
         }
@@ -1028,6 +1209,135 @@ wgroups_call(struct wgroups *wg, const Devcoord__V1__GroupCallRequest *in,
         *rpc_call_status(cd) = st;
         closure(NULL, cd);
     }
+}
+
+/* ---- GroupMap --------------------------------------------------------------------------- */
+
+/* Opens and maps the rank's object in, checked, as a new region of g. mtx held. */
+static dc_code
+region_map(struct wgroups *wg, struct wgroup *g, const Devcoord__V1__GroupMapRequest *in,
+           uint64_t *id, dc_status *st)
+{
+    uint64_t max = wg->cfg->group_shm_max_bytes;
+    size_t n = 0, mapped = 0;
+    struct region *r;
+    struct stat sb;
+    void *base;
+    int fd, slot;
+
+    if (!wgroups_shm_name_ok(in->name)) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "shared memory name %.80s is not " GROUPS_SHM_NAME_PREFIX
+                          " and %d lowercase hex digits",
+                          in->name, GROUPS_SHM_NAME_HEX);
+    }
+    for (r = g->regions; r != NULL; r = r->next) {
+        if (r->rank == in->rank) {
+            n++;
+            mapped += r->bytes;
+        }
+    }
+    if (in->bytes == 0 || in->bytes > max || in->bytes > max - mapped ||
+        n >= GROUPS_SHM_MAX_REGIONS) {
+        return status_set(st, in->bytes == 0 ? DC_INVALID_ARGUMENT : DC_RESOURCE_EXHAUSTED,
+                          "rank %u may not map %llu more bytes of shared memory (it has %zu in "
+                          "%zu regions; at most %llu in %d: groups.shm_max_bytes)",
+                          in->rank, (unsigned long long)in->bytes, mapped, n,
+                          (unsigned long long)max, GROUPS_SHM_MAX_REGIONS);
+    }
+    /* glibc's shm_open adds O_NOFOLLOW and O_CLOEXEC; the name has no '/' after the first. */
+    if ((fd = shm_open(in->name, O_RDWR, 0)) < 0) {
+        return status_set(st, DC_INVALID_ARGUMENT, "cannot open shared memory %s: %s", in->name,
+                          strerror(errno));
+    }
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != in->bytes) {
+        close(fd);
+        return status_set(st, DC_INVALID_ARGUMENT, "shared memory %s is not %llu bytes long",
+                          in->name, (unsigned long long)in->bytes);
+    }
+    base = mmap(NULL, (size_t)in->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "cannot map shared memory %s: %s", in->name,
+                          strerror(errno));
+    }
+    if ((r = calloc(1, sizeof(*r))) == NULL) {
+        munmap(base, (size_t)in->bytes);
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    if ((slot = shmguard_publish(base, (size_t)in->bytes)) < 0) {
+        munmap(base, (size_t)in->bytes);
+        free(r);
+        return status_set(st, DC_RESOURCE_EXHAUSTED,
+                          "this worker maps %d shared memory regions already, its most",
+                          SHMGUARD_MAX);
+    }
+    *r         = (struct region){ ++g->last_region, in->rank, base, (size_t)in->bytes, slot, false,
+                                  g->regions };
+    g->regions = r;
+    wg->shm_mapped += r->bytes;
+    *id = r->id;
+    return DC_OK;
+}
+
+/* Unmaps the rank's region id, unless a call still uses it. mtx held. */
+static dc_code
+region_unmap(struct wgroups *wg, struct wgroup *g, uint32_t rank, uint64_t id, dc_status *st)
+{
+    for (struct region **pp = &g->regions; *pp != NULL; pp = &(*pp)->next) {
+        struct region *r = *pp;
+        if (r->id != id || r->rank != rank) {
+            continue;
+        }
+        for (struct wcall *c = g->calls; c != NULL; c = c->next) {
+            for (size_t i = 0; i < g->workers[g->self].n_ranks; i++) {
+                if (c->local[i].in && c->local[i].reg == r) {
+                    return status_set(st, DC_FAILED_PRECONDITION,
+                                      "region %llu is in use by call %llu", (unsigned long long)id,
+                                      (unsigned long long)c->seq);
+                }
+            }
+        }
+        *pp = r->next;
+        shmguard_retire(r->slot);
+        munmap(r->base, r->bytes);
+        wg->shm_mapped -= r->bytes;
+        free(r);
+        return DC_OK;
+    }
+    return status_set(st, DC_NOT_FOUND, "rank %u has no region %llu", rank, (unsigned long long)id);
+}
+
+void
+wgroups_map(struct wgroups *wg, const Devcoord__V1__GroupMapRequest *in,
+            Devcoord__V1__GroupMapResponse_Closure closure, void *cd)
+{
+    Devcoord__V1__GroupMapResponse out = DEVCOORD__V1__GROUP_MAP_RESPONSE__INIT;
+    struct wgroup *g;
+    bool local = false;
+    dc_status st;
+    dc_code code;
+
+    status_clear(&st);
+    pthread_mutex_lock(&wg->mtx);
+    if ((g = group_current(wg, in->group_id, in->generation, &st)) == NULL) {
+        code = st.code;
+    } else if (local_index(g, in->rank, &local), !local) {
+        code = status_set(&st, DC_INVALID_ARGUMENT, "rank %u of group %s is not on this worker",
+                          in->rank, g->id);
+    } else if (in->unmap != 0) {
+        code = region_unmap(wg, g, in->rank, in->unmap, &st);
+    } else {
+        code = region_map(wg, g, in, &out.region, &st);
+    }
+    pthread_mutex_unlock(&wg->mtx);
+    if (code != DC_OK) {
+        st.code              = code;
+        *rpc_call_status(cd) = st;
+        closure(NULL, cd);
+        return;
+    }
+    closure(&out, cd);
 }
 
 /* A peer's partial note: which of its ranks have called. mtx held. */
@@ -1101,6 +1411,10 @@ wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *i
         }
         p->in = true;
         c->n_peer_in++;
+        if (in->failed != NULL && in->failed[0] != '\0' && c->shrunk.code == DC_OK) {
+            status_set(&c->shrunk, DC_INVALID_ARGUMENT, "worker %s: %.300s",
+                       g->workers[in->from].name, in->failed);
+        }
         wcall_try_finish(wg, g, c);
     }
     pthread_mutex_unlock(&wg->mtx);
@@ -1272,8 +1586,25 @@ wgroups_metrics_render(struct wgroups *wg, struct mbuf *b)
                 "# HELP devcoord_group_stalls_total Group calls a rank was missing from for "
                 "longer than the stall warning.\n"
                 "# TYPE devcoord_group_stalls_total counter\n"
-                "devcoord_group_stalls_total %llu\n",
-                (unsigned long long)wg->stalls_total);
+                "devcoord_group_stalls_total %llu\n"
+                "# HELP devcoord_group_shm_calls_total Group calls of a rank made on shared "
+                "memory: no bytes in the request or the reply.\n"
+                "# TYPE devcoord_group_shm_calls_total counter\n"
+                "devcoord_group_shm_calls_total %llu\n"
+                "# HELP devcoord_group_call_bytes_received_total Bytes ranks sent in GroupCall "
+                "requests.\n"
+                "# TYPE devcoord_group_call_bytes_received_total counter\n"
+                "devcoord_group_call_bytes_received_total %llu\n"
+                "# HELP devcoord_group_call_bytes_sent_total Result bytes sent in GroupCall "
+                "replies.\n"
+                "# TYPE devcoord_group_call_bytes_sent_total counter\n"
+                "devcoord_group_call_bytes_sent_total %llu\n"
+                "# HELP devcoord_group_shm_mapped_bytes Ranks' shared memory this worker maps.\n"
+                "# TYPE devcoord_group_shm_mapped_bytes gauge\n"
+                "devcoord_group_shm_mapped_bytes %zu\n",
+                (unsigned long long)wg->stalls_total, (unsigned long long)wg->shm_calls_total,
+                (unsigned long long)wg->call_bytes_in, (unsigned long long)wg->call_bytes_out,
+                wg->shm_mapped);
     pthread_mutex_unlock(&wg->mtx);
     mbuf_printf(b, "# HELP devcoord_group_call_seconds Time from a group call's first rank to "
                    "its result.\n"
@@ -1289,6 +1620,11 @@ wgroups_new(const struct config_worker *cfg, const char *token)
     struct wgroups *wg = calloc(1, sizeof(*wg));
 
     if (wg == NULL) {
+        return NULL;
+    }
+    if (shmguard_install() != 0) {
+        log_error("cannot install the SIGBUS handler for shared memory: %s", strerror(errno));
+        free(wg);
         return NULL;
     }
     wg->cfg      = cfg;
@@ -1350,6 +1686,7 @@ wgroups_free(struct wgroups *wg)
     while (wg->groups != NULL) {
         struct wgroup *g = wg->groups;
         wg->groups       = g->next;
+        regions_free(wg, g);
         group_free(g);
     }
     pthread_cond_destroy(&wg->cv);

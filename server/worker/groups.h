@@ -18,6 +18,7 @@
 #ifndef DEVCOORD_WORKER_GROUPS_H
 #define DEVCOORD_WORKER_GROUPS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "config.h"
@@ -28,6 +29,10 @@
 #define GROUPS_MAX_RANKS 4096
 /* A call's deadline when the rank gives none. */
 #define GROUPS_DEFAULT_TIMEOUT_MS 30000
+/* Shared memory regions a rank may have its worker map (bytes: groups.shm_max_bytes). */
+#define GROUPS_SHM_MAX_REGIONS 16
+#define GROUPS_SHM_NAME_PREFIX "/devcoord-"
+#define GROUPS_SHM_NAME_HEX    32
 
 struct wgroups;
 struct mbuf;
@@ -49,6 +54,17 @@ void wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeReque
 /* Calls completed in the group and this worker's stalled ranks (groups list | show). */
 void wgroups_status(struct wgroups *wg, const Devcoord__V1__GroupStatusRequest *in,
                     Devcoord__V1__GroupStatusResponse_Closure closure, void *cd);
+
+/* Maps (or unmaps) a rank's shared memory region (dc_group_alloc). The name must be
+ * "/devcoord-" and 32 lowercase hex digits, the object exactly `bytes` long, the rank's regions
+ * at most GROUPS_SHM_MAX_REGIONS and groups.shm_max_bytes in all. Regions go when the rank
+ * unmaps them or the generation ends (replaced, a peer lost, the worker stopping). */
+void wgroups_map(struct wgroups *wg, const Devcoord__V1__GroupMapRequest *in,
+                 Devcoord__V1__GroupMapResponse_Closure closure, void *cd);
+/* Pure: whether name is a region name the library makes. */
+bool wgroups_shm_name_ok(const char *name);
+/* Pure: whether [off, off + len) lies inside a region of size bytes. */
+bool wgroups_shm_range_ok(uint64_t off, uint64_t len, uint64_t size);
 
 /* devcoord_group_calls_total{kind}, devcoord_group_call_seconds, devcoord_group_stalls_total. */
 void wgroups_metrics_render(struct wgroups *wg, struct mbuf *b);

@@ -92,6 +92,13 @@ w_group_status(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__GroupStatu
     wgroups_status(WORKER(svc)->groups, in, closure, cd);
 }
 
+static void
+w_group_map(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__GroupMapRequest *in,
+            Devcoord__V1__GroupMapResponse_Closure closure, void *cd)
+{
+    wgroups_map(WORKER(svc)->groups, in, closure, cd);
+}
+
 void
 worker_service_init(struct worker *w)
 {
@@ -106,6 +113,7 @@ static const struct auth_rule worker_rules[] = {
     { "DeleteTensor", ROLE_TRAINER }, { "ListTensors", ROLE_TRAINER | ROLE_OPERATOR },
     { "GroupSetup", ROLE_WORKER },    { "GroupCall", ROLE_TRAINER },
     { "GroupExchange", ROLE_WORKER }, { "GroupStatus", ROLE_TRAINER | ROLE_OPERATOR },
+    { "GroupMap", ROLE_TRAINER },
 };
 
 dc_code

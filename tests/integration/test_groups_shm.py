@@ -1,0 +1,286 @@
+"""Issue 13: group calls on shared memory (dc_group_alloc) for ranks on their worker's host.
+
+The ranks are threads of devcoord-group-shm (group_shm.c), which checks every result itself.
+Here: that their blocks were shared, and the worker's counters, which prove that the calls on
+shared memory carried no byte in the GroupCall request (only the plain calls did, 40 bytes
+each); then hostile GroupMap and GroupCall requests, refused with their codes, and nothing
+left mapped when the generation ends.
+
+    cd tests/integration && python3 -m unittest -v test_groups_shm
+"""
+
+import os
+import secrets
+import subprocess
+import threading
+import unittest
+import urllib.request
+
+import harness
+from harness import F, pb_bytes
+import test_groups
+from test_groups import GroupsTestCase, call_desc, pb_msg, plan, setup_body
+
+SHM = os.environ.get("DEVCOORD_GROUP_SHM") or os.path.join(
+    os.path.dirname(os.path.abspath(harness.CTL)), "..", "tests", "devcoord-group-shm")
+ITERATIONS = 20
+# Per rank: ITERATIONS all-reduces, a broadcast, an all-gather, a reduce-scatter on its block.
+SHM_CALLS = ITERATIONS + 3
+# Per rank: three plain calls of five i64 in (all-reduce, all-gather, all-reduce on the
+# block the worker's bound refused).
+PLAIN_BYTES = 3 * 5 * 8
+
+
+def map_body(gid, name, size, rank=0, unmap=0, generation=1):
+    return (pb_bytes(F("GroupMapRequest", "group_id"), gid)
+            + harness.pb_uint(F("GroupMapRequest", "generation"), generation)
+            + harness.pb_uint(F("GroupMapRequest", "rank"), rank)
+            + pb_bytes(F("GroupMapRequest", "name"), name)
+            + harness.pb_uint(F("GroupMapRequest", "bytes"), size)
+            + harness.pb_uint(F("GroupMapRequest", "unmap"), unmap))
+
+
+def call_body(gid, seq, rank, count, region=0, send=0, recv=None):
+    """An all-reduce of count f32; on shared memory when region, the result after the input
+    unless recv says where."""
+    body = (pb_bytes(F("GroupCallRequest", "group_id"), gid)
+            + harness.pb_uint(F("GroupCallRequest", "generation"), 1)
+            + harness.pb_uint(F("GroupCallRequest", "seq"), seq)
+            + pb_msg(F("GroupCallRequest", "call"), call_desc(rank, 1, 1, count)))
+    if region:
+        body += (harness.pb_uint(F("GroupCallRequest", "region"), region)
+                 + harness.pb_uint(F("GroupCallRequest", "send_offset"), send)
+                 + harness.pb_uint(F("GroupCallRequest", "recv_offset"),
+                                   send + 4 * count if recv is None else recv))
+    return body
+
+
+class ShmCallsTest(GroupsTestCase):
+    def worker_metrics(self, c, name):
+        port = int(c.worker_specs[name]["http"].rsplit(":", 1)[1])
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as f:
+            text = f.read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
+
+    def run_ranks(self, spec, devices, shared=True, worker_extra=None):
+        c = self.start(spec, http=True, worker_extra=worker_extra)
+        p = subprocess.run([SHM, c.addr, ",".join(devices), str(ITERATIONS)], capture_output=True,
+                           timeout=240, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.strip(),
+                         "ok %d shared %d" % (len(devices), len(devices) if shared else 0))
+        return c, p
+
+    def check_worker(self, c, name, even, odd):
+        """even, odd: the worker's ranks of each parity (the mixed all-reduce: even ranks on
+        their block, odd ones on plain memory, 40 bytes each way)."""
+        m = self.worker_metrics(c, name)
+        ranks = even + odd
+        self.assertEqual(m["devcoord_group_shm_calls_total"], ranks * SHM_CALLS + even, m)
+        self.assertEqual(m["devcoord_group_call_bytes_received_total"],
+                         ranks * PLAIN_BYTES + odd * 40, m)
+        # The plain calls' results only: all-reduce 40, all-gather 40 per rank in the group,
+        # all-reduce 40.
+        n = 2
+        self.assertEqual(m["devcoord_group_call_bytes_sent_total"],
+                         ranks * (80 + 40 * n) + odd * 40, m)
+
+    @unittest.skipUnless(os.path.exists(SHM), "devcoord-group-shm is not built")
+    def test_two_ranks_on_one_worker(self):
+        c, _ = self.run_ranks({"node-a": ["cuda:0", "cuda:1"]}, ["node-a/cuda:0", "node-a/cuda:1"])
+        self.check_worker(c, "node-a", 1, 1)
+
+    @unittest.skipUnless(os.path.exists(SHM), "devcoord-group-shm is not built")
+    def test_two_ranks_on_two_workers(self):
+        c, _ = self.run_ranks({"node-a": ["cuda:0"], "node-b": ["cuda:0"]},
+                              ["node-a/cuda:0", "node-b/cuda:0"])
+        self.check_worker(c, "node-a", 1, 0)
+        self.check_worker(c, "node-b", 0, 1)
+
+    @unittest.skipUnless(os.path.exists(SHM), "devcoord-group-shm is not built")
+    def test_a_worker_that_maps_nothing_leaves_plain_memory_that_works(self):
+        # groups.shm_max_bytes 0: every GroupMap is refused, every block is plain memory, and
+        # the same calls give the same results, all their bytes through the RPC.
+        c, p = self.run_ranks({"node-a": ["cuda:0", "cuda:1"]}, ["node-a/cuda:0", "node-a/cuda:1"],
+                              shared=False, worker_extra={"groups": {"shm_max_bytes": 0}})
+        self.assertIn("not shared with worker", p.stderr)
+        self.assertIn("RESOURCE_EXHAUSTED", p.stderr)
+        m = self.worker_metrics(c, "node-a")
+        self.assertEqual(m["devcoord_group_shm_calls_total"], 0)
+        self.assertEqual(m["devcoord_group_shm_mapped_bytes"], 0)
+        self.assertGreater(m["devcoord_group_call_bytes_received_total"], 2 * PLAIN_BYTES)
+
+
+class HostileMapTest(GroupsTestCase):
+    call = test_groups.PeerInputTest.call
+
+    def test_hostile_maps_and_calls_are_refused(self):
+        # 16 regions of 64 bytes fit the per-rank bound exactly.
+        c = self.start({"node-a": ["cuda:0", "cuda:1"]}, http=True,
+                       worker_extra={"groups": {"shm_max_bytes": 1024}})
+        address = c.worker_specs["node-a"]["listen"]
+        port = int(address.rsplit(":", 1)[1])
+        gid = "00000000000000cd"
+        two = [("node-a", 0), ("node-a", 1)]
+        code, message, _ = self.call(
+            port, "GroupSetup", setup_body(gid, 1, plan(two, [("node-a", address, [0, 1])]), 0))
+        self.assertEqual(code, "OK", message)
+
+        def gmap(name, size, rank=0, unmap=0):
+            return map_body(gid, name, size, rank, unmap)
+
+        good = "/devcoord-" + secrets.token_hex(16)
+        path = "/dev/shm" + good
+        with open(path, "wb") as f:
+            f.write(b"\0" * 64)
+        self.addCleanup(lambda: os.path.exists(path) and os.unlink(path))
+        refusals = [
+            (gmap("/etc/passwd", 64), "INVALID_ARGUMENT", "is not /devcoord-"),
+            (gmap("/devcoord-../../etc/passwd" + "0" * 10, 64), "INVALID_ARGUMENT",
+             "is not /devcoord-"),
+            (gmap(good.upper().replace("/DEVCOORD-", "/devcoord-"), 64), "INVALID_ARGUMENT",
+             "is not /devcoord-"),
+            (gmap(good, 1 << 40), "RESOURCE_EXHAUSTED", "may not map"),
+            (gmap(good, 1025), "RESOURCE_EXHAUSTED", "at most 1024 in 16: groups.shm_max_bytes"),
+            (gmap(good, 0), "INVALID_ARGUMENT", "may not map"),
+            (gmap("/devcoord-" + "0" * 32, 64), "INVALID_ARGUMENT", "cannot open"),
+            (gmap(good, 128), "INVALID_ARGUMENT", "is not 128 bytes long"),
+            (gmap(good, 64, rank=7), "INVALID_ARGUMENT", "not on this worker"),
+        ]
+        for body, want, text in refusals:
+            code, message, _ = self.call(port, "GroupMap", body)
+            self.assertEqual(code, want, message)
+            self.assertIn(text, message)
+        code, message, reply = self.call(port, "GroupMap", gmap(good, 64))
+        self.assertEqual(code, "OK", message)
+        region = harness.pb_decode(reply)[F("GroupMapResponse", "region")][0]
+        self.assertGreater(region, 0)
+
+        def call(region, send, recv, count=4, rank=0, seq=1):
+            return call_body(gid, seq, rank, count, region, send, recv)
+
+        # All-reduce of four f32 (16 bytes) in a 64-byte region.
+        bad_calls = [
+            (call(region, 49, 0), b"", "INVALID_ARGUMENT", "outside its 64 bytes"),
+            (call(region, 0, 60), b"", "INVALID_ARGUMENT", "outside its 64 bytes"),
+            (call(region, 1 << 63, 0), b"", "INVALID_ARGUMENT", "outside its 64 bytes"),
+            (call(region, 0, (1 << 64) - 8), b"", "INVALID_ARGUMENT", "outside its 64 bytes"),
+            (call(region, 0, 0, count=17), b"", "INVALID_ARGUMENT", "outside its 64 bytes"),
+            (call(region + 5, 0, 0), b"", "INVALID_ARGUMENT", "no shared memory region"),
+            (call(region, 0, 0, rank=1), b"", "INVALID_ARGUMENT", "no shared memory region"),
+            (call(region, 0, 0), b"\0" * 16, "INVALID_ARGUMENT", "carries 16 bytes"),
+        ]
+        for body, att, want, text in bad_calls:
+            code, message, _ = self.call(port, "GroupCall", body, att)
+            self.assertEqual(code, want, message)
+            self.assertIn(text, message)
+        # Another rank's region cannot be unmapped, nor an unknown one.
+        code, message, _ = self.call(port, "GroupMap", gmap("", 0, rank=1, unmap=region))
+        self.assertEqual(code, "NOT_FOUND", message)
+        m = ShmCallsTest.worker_metrics(self, c, "node-a")
+        self.assertEqual(m["devcoord_group_shm_mapped_bytes"], 64)
+        # The per-rank bound on regions: 16, then RESOURCE_EXHAUSTED.
+        for _ in range(15):
+            code, message, _ = self.call(port, "GroupMap", gmap(good, 64))
+            self.assertEqual(code, "OK", message)
+        code, message, _ = self.call(port, "GroupMap", gmap(good, 64))
+        self.assertEqual(code, "RESOURCE_EXHAUSTED", message)
+        self.assertIn("in 16 regions", message)
+        code, message, _ = self.call(port, "GroupMap", gmap("", 0, unmap=region))
+        self.assertEqual(code, "OK", message)
+        m = ShmCallsTest.worker_metrics(self, c, "node-a")
+        self.assertEqual(m["devcoord_group_shm_mapped_bytes"], 15 * 64)
+        # The next generation unmaps everything of the last one.
+        code, message, _ = self.call(
+            port, "GroupSetup", setup_body(gid, 2, plan(two, [("node-a", address, [0, 1])]), 0))
+        self.assertEqual(code, "OK", message)
+        m = ShmCallsTest.worker_metrics(self, c, "node-a")
+        self.assertEqual(m["devcoord_group_shm_mapped_bytes"], 0)
+        code, message, _ = self.call(port, "GroupMap", gmap(good, 64))
+        self.assertEqual(code, "FAILED_PRECONDITION", message)  # generation 1 is gone
+        self.assertTrue(c.worker("node-a").running())
+
+    def shrunk_region(self, port, gid, size=64 * 1024):
+        """Maps a fresh object of rank 0 through GroupMap, keeping a writable fd as a hostile
+        client would, and truncates it: returns (fd, region id)."""
+        name = "/devcoord-" + secrets.token_hex(16)
+        path = "/dev/shm" + name
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        self.addCleanup(os.close, fd)
+        self.addCleanup(lambda: os.path.exists(path) and os.unlink(path))
+        os.ftruncate(fd, size)
+        code, message, reply = self.call(port, "GroupMap", map_body(gid, name, size))
+        self.assertEqual(code, "OK", message)
+        os.ftruncate(fd, 0)
+        return fd, harness.pb_decode(reply)[F("GroupMapResponse", "region")][0]
+
+    def test_a_region_shrunk_under_the_worker_fails_the_call_not_the_worker(self):
+        # A hostile client keeps a writable fd of its object and truncates it after GroupMap:
+        # the worker's next access would die of SIGBUS without its guard.
+        c = self.start({"node-a": ["cuda:0"]}, http=True)
+        address = c.worker_specs["node-a"]["listen"]
+        port = int(address.rsplit(":", 1)[1])
+        gid = "00000000000000ce"
+        code, message, _ = self.call(
+            port, "GroupSetup", setup_body(gid, 1, plan([("node-a", 0)], [("node-a", address, [0])]), 0))
+        self.assertEqual(code, "OK", message)
+        size = 64 * 1024
+        fd, region = self.shrunk_region(port, gid, size)
+        shrank = "shared memory region %d of rank 0 shrank under the worker" % region
+        code, message, _ = self.call(port, "GroupCall", call_body(gid, 1, 0, 1024, region))
+        self.assertEqual(code, "INVALID_ARGUMENT", message)
+        self.assertIn(shrank, message)
+        self.assertTrue(c.worker("node-a").running())
+        # The region is refused from then on, even once the object has its size back.
+        os.ftruncate(fd, size)
+        code, message, _ = self.call(port, "GroupCall", call_body(gid, 2, 0, 1024, region))
+        self.assertEqual(code, "INVALID_ARGUMENT", message)
+        self.assertIn(shrank, message)
+        # Plain memory still works, and the worker answers on every side.
+        code, message, _ = self.call(port, "GroupCall", call_body(gid, 3, 0, 4), b"\0" * 16)
+        self.assertEqual(code, "OK", message)
+        m = ShmCallsTest.worker_metrics(self, c, "node-a")
+        self.assertEqual(m["devcoord_group_shm_mapped_bytes"], size)
+        code, message, _ = self.call(port, "GroupMap", map_body(gid, "", 0, unmap=region))
+        self.assertEqual(code, "OK", message)
+        m = ShmCallsTest.worker_metrics(self, c, "node-a")
+        self.assertEqual(m["devcoord_group_shm_mapped_bytes"], 0)
+        self.assertTrue(c.worker("node-a").running())
+        warned = [line for line in c.worker("node-a").log_text().splitlines()
+                  if shrank in line and "warn" in line.lower()]
+        self.assertEqual(len(warned), 1, c.worker("node-a").log_text())
+
+    def test_a_shrunk_region_fails_the_call_on_the_other_worker_too(self):
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]})
+        addrs = [c.worker_specs[w]["listen"] for w in ("node-a", "node-b")]
+        ports = [int(a.rsplit(":", 1)[1]) for a in addrs]
+        gid = "00000000000000cf"
+        two = plan([("node-a", 0), ("node-b", 0)],
+                   [("node-a", addrs[0], [0]), ("node-b", addrs[1], [1])])
+        for i, port in enumerate(ports):
+            code, message, _ = self.call(port, "GroupSetup", setup_body(gid, 1, two, i))
+            self.assertEqual(code, "OK", message)
+        _, region = self.shrunk_region(ports[0], gid)
+        answers = {}
+        b = threading.Thread(target=lambda: answers.update(b=self.call(
+            ports[1], "GroupCall", call_body(gid, 1, 1, 4), b"\0" * 16, timeout_ms=20000)))
+        b.start()
+        answers["a"] = self.call(ports[0], "GroupCall", call_body(gid, 1, 0, 4, region),
+                                 timeout_ms=20000)
+        b.join(30)
+        shrank = "shared memory region %d of rank 0 shrank under the worker" % region
+        for rank in ("a", "b"):
+            code, message, _ = answers[rank]
+            self.assertEqual(code, "INVALID_ARGUMENT", message)
+            self.assertIn(shrank, message)
+        self.assertIn("worker node-a", answers["b"][1])
+        self.assertTrue(c.worker("node-a").running())
+        self.assertTrue(c.worker("node-b").running())
+
+if __name__ == "__main__":
+    unittest.main()
