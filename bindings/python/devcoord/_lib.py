@@ -206,6 +206,9 @@ _PROTOTYPES = {
     "dc_group_generation": (c_uint64, [c_void_p]),
     "dc_group_device": (c_char_p, [c_void_p, c_uint32]),
     "dc_group_leave": (c_int, [c_void_p, _st]),
+    "dc_group_alloc": (c_void_p, [c_void_p, c_size_t, _st]),
+    "dc_group_free": (None, [c_void_p, c_void_p]),
+    "dc_group_buffer_shared": (c_bool, [c_void_p, c_void_p]),
     "dc_wait": (c_int, [c_void_p, _st]),
     "dc_test": (c_int, [c_void_p, P(c_bool), _st]),
 }

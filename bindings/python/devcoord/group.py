@@ -135,6 +135,7 @@ class Group:
         self._g = None
         self._client = client  # the group uses the client's connection
         self._pending = weakref.WeakSet()  # Requests not waited for yet
+        self._blocks = {}  # address -> ctypes array of each alloc() block not freed
         if not client._h:
             raise error_for(9, "the client is closed")
         if not isinstance(devices, str):
@@ -179,6 +180,7 @@ class Group:
             except Exception:
                 pass
         g, self._g = self._g, None
+        self._blocks.clear()  # dc_group_leave frees them
         if g:
             st = _lib.Status()
             _check(lib.dc_group_leave(g, ctypes.byref(st)), st)
@@ -194,6 +196,49 @@ class Group:
             self.leave()
         except Exception:
             pass
+
+    def alloc(self, shape, dtype="f32"):
+        """A zeroed array of `shape` (an int or a tuple) and `dtype` in memory from
+        dc_group_alloc: shared with this rank's worker when it runs on this host, so a call on
+        it moves no byte between this process and the worker (shared() says whether it is).
+        A numpy array when numpy is present, else a memoryview of that shape. Valid until
+        free(array) or leave(), which frees what is left: do not use it after that."""
+        d = _dtype(dtype)
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        count = 1
+        for n in shape:
+            if not isinstance(n, int) or n < 0:
+                raise error_for(3, "shape %r: dimensions are non-negative ints" % (shape,))
+            count *= n
+        nbytes = max(count * d.size, 1)
+        st = _lib.Status()
+        ptr = lib.dc_group_alloc(self._handle(), nbytes, ctypes.byref(st))
+        if not ptr:
+            _raise(st)
+        ctypes.memset(ptr, 0, nbytes)
+        raw = (ctypes.c_char * nbytes).from_address(ptr)
+        self._blocks[ptr] = raw
+        if _np is not None:
+            arr = _np.frombuffer(raw, dtype=d.numpy, count=count).reshape(shape)
+        else:
+            arr = memoryview(raw).cast("B").cast(d.typecode, shape) if shape else memoryview(raw)
+        return arr
+
+    def _address(self, buf):
+        if _np is not None and isinstance(buf, _np.ndarray):
+            return buf.ctypes.data
+        return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+
+    def shared(self, buf):
+        """Whether buf (from alloc) is memory this rank's worker maps too."""
+        return bool(lib.dc_group_buffer_shared(self._handle(), self._address(buf)))
+
+    def free(self, buf):
+        """Gives back an array from alloc (before leave(), which frees the rest)."""
+        ptr = self._address(buf)
+        if ptr in self._blocks:
+            del self._blocks[ptr]
+            lib.dc_group_free(self._handle(), ptr)
 
     def _handle(self):
         if not self._g:

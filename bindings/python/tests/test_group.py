@@ -171,6 +171,31 @@ class GroupTest(unittest.TestCase):
             self.assertEqual(res["all_reduce"], [2.0])
 
     @unittest.skipIf(numpy is None, "numpy is not installed")
+    def test_alloc_is_shared_with_the_worker(self):
+        # Both workers run on this host: alloc's memory is mapped by the rank's worker, and a
+        # call on it is done in place there.
+        def fn(g):
+            x = g.alloc((2, 3), "f32")
+            x_shared = g.shared(x)
+            if numpy is not None:
+                x[:] = float(g.rank + 1)
+                want = [[3.0] * 3] * 2
+            else:
+                for i in range(6):
+                    x.cast("B").cast("f")[i] = float(g.rank + 1)
+                want = [3.0] * 6
+            g.all_reduce(x, "sum")
+            got = x.tolist() if numpy is not None else x.cast("B").cast("f").tolist()
+            plain = array.array("f", [1.0])
+            res = (x_shared, g.shared(plain), got == want, got)
+            g.free(x)
+            return res
+
+        out = run_ranks(self.cluster.addr, [A0, A1], fn)
+        for me, res in out.items():
+            self.assertNotIsInstance(res, Exception, (me, res))
+            self.assertEqual(res[:3], (True, False, True), (me, res))
+
     def test_f16_through_numpy(self):
         def fn(g):
             x = numpy.array([0.5, 1.25, -2.0, 1000.0], dtype=numpy.float16) * (g.rank + 1)
