@@ -56,11 +56,21 @@ KEEP = os.environ.get("DEVCOORD_TEST_KEEP") == "1"
 HOST = "127.0.0.1"
 
 
+_HANDED_OUT = set()  # ports free_port returned in this process
+
+
 def free_port():
-    """A TCP port on 127.0.0.1 that nothing listened on a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listened on a moment ago, and that this process
+    has not handed out before: the kernel may offer a port again at once, before the daemon
+    given it the first time has bound it (two workers were once given the same port)."""
+    for _ in range(1000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((HOST, 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise AssertionError("no TCP port on %s that was not handed out already" % HOST)
 
 
 def tcp_addr(port):
