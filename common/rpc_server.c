@@ -13,6 +13,7 @@
 #include <nng/protocol/reqrep0/rep.h>
 
 #include "arena.h"
+#include "clock.h"
 #include "devcoord/v1/devcoord.pb-c.h"
 #include "handshake.h"
 #include "log.h"
@@ -841,7 +842,6 @@ static bool
 close_bounded(nng_socket sock)
 {
     struct closer *c = calloc(1, sizeof(*c));
-    struct timespec until;
     pthread_t t;
     bool done;
 
@@ -856,10 +856,10 @@ close_bounded(nng_socket sock)
         closer_run(c);
         done = true;
     } else {
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += RPC_CLOSE_BOUND_MS / 1000;
+        uint64_t until = rpc_now_ms() + RPC_CLOSE_BOUND_MS;
         pthread_mutex_lock(&c->mtx);
-        while (!c->done && pthread_cond_timedwait(&c->cv, &c->mtx, &until) == 0) {
+        while (!c->done && rpc_now_ms() < until) {
+            clock_cond_wait_ms(&c->cv, &c->mtx, (unsigned)(until - rpc_now_ms()) + 1);
         }
         done = c->done;
         pthread_mutex_unlock(&c->mtx);
