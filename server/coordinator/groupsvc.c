@@ -820,13 +820,14 @@ ask_merge(Devcoord__V1__GroupInfo *gi, const Devcoord__V1__GroupStatusResponse *
     }
     for (size_t i = 0; i < r->n_stalled; i++) {
         Devcoord__V1__GroupStalledRank *s = arena_alloc(a, sizeof(*s));
-        if (s == NULL) {
-            break;
+        const char *device                = arena_strdup(a, r->stalled[i]->device);
+        if (s == NULL || device == NULL) {
+            break; /* out of page memory: the ranks so far are shown */
         }
         devcoord__v1__group_stalled_rank__init(s);
         s->rank               = r->stalled[i]->rank;
         s->waiting_ms         = r->stalled[i]->waiting_ms;
-        s->device             = arena_strdup(a, r->stalled[i]->device);
+        s->device             = (char *)device;
         grow[gi->n_stalled++] = s;
     }
     gi->stalled = grow;
