@@ -151,9 +151,42 @@ class Daemon:
 
     def signal(self, sig):
         """Signals the daemon's process group (only while it is not reaped, so the group id
-        cannot have been reused)."""
+        cannot have been reused). SIGSTOP returns once every thread has stopped: the kernel
+        wakes one thread to start a group stop, and on a busy machine the others can run on
+        for milliseconds after kill() returned (enough for a frozen coordinator to commit an
+        op its test meant it never to see)."""
         if self.running():
             os.killpg(self.proc.pid, sig)
+            if sig == signal.SIGSTOP:
+                self.wait_stopped()
+
+    def thread_states(self):
+        """The state letter of each of the process's threads (/proc/PID/task/*/stat)."""
+        states = []
+        task_dir = "/proc/%d/task" % self.proc.pid
+        try:
+            tids = os.listdir(task_dir)
+        except OSError:
+            return states
+        for tid in tids:
+            try:
+                with open("%s/%s/stat" % (task_dir, tid)) as f:
+                    stat = f.read()
+            except OSError:
+                continue  # the thread exited
+            states.append(stat.rsplit(")", 1)[1].split()[0])
+        return states
+
+    def wait_stopped(self, timeout=10.0):
+        """Waits until every thread of the process is stopped (state T) or gone."""
+        deadline = time.monotonic() + timeout
+        while self.running():
+            if all(s in ("T", "t", "Z", "X") for s in self.thread_states()):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError("%s did not stop within %.0f s of SIGSTOP: threads %s"
+                                     % (self.name, timeout, "".join(self.thread_states())))
+            time.sleep(0.001)
 
     def wait(self, timeout):
         try:
