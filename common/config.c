@@ -758,25 +758,6 @@ field_prefix(struct loader *ld, const struct field *f, const char *path, void *a
     return loader_strdup(ld, at, text);
 }
 
-size_t
-config_split_list(const char *list, char *buf, size_t cap, const char **out, size_t max)
-{
-    size_t n = 0;
-    char *p, *save = NULL;
-
-    if (list == NULL || strlen(list) >= cap) {
-        return 0;
-    }
-    memcpy(buf, list, strlen(list) + 1);
-    for (p = strtok_r(buf, ",", &save); p != NULL; p = strtok_r(NULL, ",", &save)) {
-        if (n == max) {
-            return 0;
-        }
-        out[n++] = p;
-    }
-    return n;
-}
-
 /* "host:port" of the HTTP endpoint, or "" for none. */
 static dc_code
 field_http(struct loader *ld, const struct field *f, const char *path, void *at)

@@ -145,10 +145,6 @@ dc_code config_worker_parse(const char *name, const char *data, size_t len,
 void config_coordinator_free(struct config_coordinator *cfg);
 void config_worker_free(struct config_worker *cfg);
 
-/* Splits "a,b,c" (as config keeps address lists) into at most max pointers into buf (a copy
- * of list, cap bytes); returns the count, 0 when it does not fit. */
-size_t config_split_list(const char *list, char *buf, size_t cap, const char **out, size_t max);
-
 /* "80GiB" -> 85899345920. Units B, KB, MB, GB, TB (powers of 1000), KiB, MiB, GiB, TiB;
  * no unit means bytes. false on junk or overflow. */
 bool config_parse_size(const char *text, uint64_t *out);

@@ -16,7 +16,6 @@
 
 #include "address.h"
 #include "auth.h"
-#include "config.h"
 #include "rpc.h"
 
 struct etcd_endpoint {
@@ -60,7 +59,7 @@ etcd_open(const char *endpoints, const char *ca, uint32_t timeout_ms, struct etc
     int rv;
 
     *out = NULL;
-    if ((n = config_split_list(endpoints, buf, sizeof(buf), list, ETCD_MAX_ENDPOINTS)) == 0) {
+    if ((n = address_split_list(endpoints, buf, sizeof(buf), list, ETCD_MAX_ENDPOINTS)) == 0) {
         return status_set(st, DC_INVALID_ARGUMENT, "state.endpoints: no usable endpoint");
     }
     if ((e = calloc(1, sizeof(*e))) == NULL) {

@@ -79,8 +79,8 @@ ha_admit(struct ha *h, dc_status *st)
         code = DC_OK;
     } else if (h->role == ROLE_LEADER) {
         code = status_set(st, DC_UNAVAILABLE,
-                          "not serving: this coordinator's etcd lease (term %" PRIu64
-                          ") is not confirmed; no leader known",
+                          "not the leader: this coordinator's etcd lease (term %" PRIu64
+                          ") is not confirmed",
                           h->term);
     } else if (h->role == ROLE_FOLLOWER) {
         code = status_set(st, DC_UNAVAILABLE,
