@@ -7,9 +7,9 @@
 
 #include "address.h"
 
-#define LEADER_HINT      "leader: "
-#define NO_LEADER_WAIT   100 /* ms before asking again when no leader is elected yet */
-#define UNCONNECTED_WAIT 300 /* ms a call waits for an address that is not connected */
+#define LEADER_HINT    "leader: "
+#define NO_LEADER_WAIT 100 /* ms before asking again when no leader is elected yet */
+#define POLL_MS        10  /* ms between looks for a connected address */
 
 struct rpc_leader {
     size_t n;
@@ -126,18 +126,33 @@ rpc_leader_call(struct rpc_leader *l, const ProtobufCServiceDescriptor *svc, uns
 
     for (;;) {
         uint64_t now = rpc_now_ms();
-        uint32_t left, wait;
-        bool connected;
+        uint32_t left;
         char hint[ADDRESS_MAX + 1];
 
-        left = now < deadline ? (uint32_t)(deadline - now) : 1;
-        if (!rpc_client_connected(l->clients[i])) {
-            i = rpc_client_connected(l->clients[next_address(l, i)]) ? next_address(l, i) : i;
+        /* Only a connected address is called: a call queued for a connection could leave
+         * once it comes up, after this function gave up on it. */
+        while (!rpc_client_connected(l->clients[i])) {
+            size_t j = next_address(l, i);
+            if (rpc_client_connected(l->clients[j])) {
+                i = j;
+                break;
+            }
+            if (rpc_now_ms() + POLL_MS >= deadline) {
+                atomic_store(&l->current, i);
+                status_set(st, DC_DEADLINE_EXCEEDED,
+                           "%s: no coordinator of %zu reachable "
+                           "within %u ms (last tried %s)",
+                           method < svc->n_methods ? svc->methods[method].name : "call", l->n,
+                           timeout_ms, l->urls[i]);
+                st->transport = true;
+                memset(reply, 0, sizeof(*reply));
+                return DC_DEADLINE_EXCEEDED;
+            }
+            sleep_ms(POLL_MS);
         }
-        connected = rpc_client_connected(l->clients[i]);
-        /* An address that is not connected gets a short wait, then the next one its turn. */
-        wait = connected || left < UNCONNECTED_WAIT ? left : UNCONNECTED_WAIT;
-        code = rpc_call(l->clients[i], svc, method, request, NULL, 0, wait, reply, st);
+        now  = rpc_now_ms();
+        left = now < deadline ? (uint32_t)(deadline - now) : 1;
+        code = rpc_call(l->clients[i], svc, method, request, NULL, 0, left, reply, st);
         if (code == DC_UNAVAILABLE && !st->transport) {
             size_t to = l->n;
 
@@ -158,9 +173,6 @@ rpc_leader_call(struct rpc_leader *l, const ProtobufCServiceDescriptor *svc, uns
                 }
             }
             i = to;
-        } else if (st->transport && !connected && code == DC_DEADLINE_EXCEEDED &&
-                   strstr(st->message, "not connected") != NULL) {
-            i = next_address(l, i); /* never sent */
         } else {
             break;
         }
@@ -170,8 +182,9 @@ rpc_leader_call(struct rpc_leader *l, const ProtobufCServiceDescriptor *svc, uns
         rpc_reply_free(reply);
     }
     if (st->transport) {
-        /* The connection is gone or never was: the next call starts elsewhere. */
-        atomic_store(&l->current, rpc_client_connected(l->clients[i]) ? i : next_address(l, i));
+        /* No answer (connection lost, or no reply in time from a coordinator that may be
+         * paused): the next call starts at the next address. */
+        atomic_store(&l->current, next_address(l, i));
     } else {
         atomic_store(&l->current, i);
     }

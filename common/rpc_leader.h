@@ -5,10 +5,11 @@
  *
  * - refused by a follower (it ran nothing): again, to the leader it names when that is one
  *   of the list, else to the next address; "no leader elected yet" waits 100 ms first;
- * - not connected (the call never left this process): again, to the next address;
- * - anything else, including a connection lost after the call was sent: answered as it is,
- *   since the call may have run (no silent resend). The next call starts at the next
- *   address when the connection is gone.
+ * - only a connected address is called; while none is, the call waits (within its
+ *   timeout) for one to connect;
+ * - anything else, including a connection lost after the call was sent or no reply in
+ *   time: answered as it is, since the call may have run (no silent resend). The next
+ *   call starts at the next address.
  *
  * All within the call's one timeout. Every address has its own rpc_client, dialing in the
  * background from the start, so whether one is connected is known without waiting.

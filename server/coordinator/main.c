@@ -144,7 +144,11 @@ sweep_until_signal(struct coordinator *c, const struct daemon_reload *reload)
             log_info("signal %d: shutting down", sig);
             return;
         }
-        registry_sweep(c->registry, rpc_now_ms());
+        /* Only a leader whose lease is fresh judges workers: one that was paused would
+         * find them all silent, and the silence is its own. */
+        if (c->ha == NULL || ha_term(c->ha) != 0) {
+            registry_sweep(c->registry, rpc_now_ms());
+        }
     }
 }
 
