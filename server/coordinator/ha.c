@@ -331,11 +331,22 @@ ha_stop(struct ha *h)
     pthread_mutex_unlock(&h->mu);
     if (h->running) {
         pthread_join(h->thread, NULL);
+        h->running = false;
     }
     /* Revoking deletes the leader key with it: the next leader need not wait for the TTL. */
     if (h->lease != 0 && etcd_lease_revoke(h->etcd, h->lease, &st) != DC_OK) {
         log_warn("etcd lease not revoked (it expires by itself): %s", st.message);
     }
+    h->lease = 0;
+}
+
+void
+ha_free(struct ha *h)
+{
+    if (h == NULL) {
+        return;
+    }
+    ha_stop(h);
     etcd_free(h->etcd);
     pthread_cond_destroy(&h->cv);
     pthread_mutex_destroy(&h->mu);

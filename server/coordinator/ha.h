@@ -57,8 +57,10 @@ dc_code ha_new(const struct ha_opts *opts, struct ha **out, dc_status *st);
 dc_code ha_run(struct ha *h, dc_status *st);
 
 /* Stops the thread; a leader revokes its lease so another takes over at once. Bounded by
- * two etcd request timeouts. */
+ * two etcd request timeouts. ha_admit refuses from then on; h stays valid for the RPC
+ * threads until ha_free (after the RPC server is freed). */
 void ha_stop(struct ha *h);
+void ha_free(struct ha *h);
 
 /* DC_OK while this coordinator leads and its lease is fresh; else DC_UNAVAILABLE with
  * "not the leader; leader: ADDR (term N)" or why none is known. Any thread, never blocks. */

@@ -360,14 +360,13 @@ out_rpc:
     /* Gives up the leadership first (revoking the lease), so another coordinator takes
      * over while this one drains. */
     ha_stop(c->ha);
-    c->ha = NULL;
     http_stop(c->http);
     rpc_server_close(c->rpc);
     ops_shutdown(c->ops);
     groupsvc_shutdown(c->groups);
     rpc_server_free(c->rpc);
 out:
-    ha_stop(c->ha);
+    ha_free(c->ha);
     groupsvc_free(c->groups);
     ops_free(c->ops);
     registry_free(c->registry);
