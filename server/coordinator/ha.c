@@ -36,6 +36,7 @@ struct ha {
 
     /* Election thread only. */
     int64_t lease;
+    bool renew_failing; /* logged once per outage */
 };
 
 /* Sleeps up to ms unless stopped; true when asked to stop. */
@@ -188,10 +189,16 @@ ha_round(struct ha *h)
             bool leading = h->role == ROLE_LEADER;
             snprintf(h->why, sizeof(h->why), "%.150s", st.message);
             pthread_mutex_unlock(&h->mu);
-            if (leading) {
-                log_warn("etcd lease renewal failed: %s", st.message);
+            if (leading && !h->renew_failing) {
+                log_warn("etcd lease renewal failed: %s (not serving once the lease is stale)",
+                         st.message);
             }
+            h->renew_failing = true;
             return;
+        }
+        if (h->renew_failing) {
+            log_info("etcd lease renewed again");
+            h->renew_failing = false;
         }
         if (ttl <= 0) {
             h->lease = 0;
