@@ -73,7 +73,7 @@ def failover(kills):
 
 
 def register_body(name, port):
-    device = (pb_uint(F("Device", "backend"), 1) + pb_uint(F("Device", "kind"), 4))
+    device = pb_uint(F("Device", "backend"), 1)  # cpu, its default kind
     spec = pb_bytes(F("DeviceSpec", "device"), device) + pb_uint(F("DeviceSpec", "healthy"), 1)
     return (pb_bytes(F("RegisterWorkerRequest", "name"), name.encode())
             + pb_bytes(F("RegisterWorkerRequest", "address"), tcp_addr(port).encode())
