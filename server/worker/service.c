@@ -14,7 +14,7 @@
 static bool
 term_admits(struct worker *w, uint64_t term, ProtobufCClosure closure, void *cd)
 {
-    uint64_t seen = atomic_load(&w->max_term);
+    unsigned long long seen = atomic_load(&w->max_term);
 
     while (term > seen && !atomic_compare_exchange_weak(&w->max_term, &seen, term)) {
     }
