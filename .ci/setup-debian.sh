@@ -2,13 +2,15 @@
 # Installs the Debian bookworm packages devcoord needs. Every entry point (README commands,
 # .ci/run, deploy scripts) calls this, so a fresh machine needs nothing installed by hand.
 #   .ci/setup-debian.sh [build] [dev] [test] [bench] [docker]
-# build: compilers, cmake and the four libraries (always included)
+# build: compilers, cmake and the libraries (always included); libcjson-dev parses etcd's
+#        JSON gateway (state.backend etcd)
 # dev:   clang (libFuzzer, sanitizers), clang-format, clang-tidy, valgrind, and Debian's
 #        cargo and rustc for bindings/rust (test bindings.rust is skipped without them),
 #        python3-numpy for the numpy paths of bindings/python (skipped without it),
 #        python3-torch for bindings/python's torch tensors, DDP hook and examples/ddp_train.py
 # test:  headless chromium, which renders the coordinator's status page in
-#        integration.statuspage (skipped without it)
+#        integration.statuspage (skipped without it); etcd-server, which integration.ha
+#        starts on loopback for coordinators in high availability (skipped without it)
 # bench: the peers and tools the benchmarks compare against
 # docker: what deploy/ needs to build its base image without a registry
 set -euo pipefail
@@ -16,13 +18,13 @@ set -euo pipefail
 groups=("$@")
 pkgs=(build-essential cmake pkg-config libprotobuf-c-dev protobuf-c-compiler libnng-dev
       libmbedtls-dev libyaml-dev libcmocka-dev python3 python3-prometheus-client curl procps
-      iproute2 openssl)
+      iproute2 openssl libcjson-dev)
 for g in "${groups[@]}"; do
     case "$g" in
     build) ;;
     dev) pkgs+=(clang clang-format clang-tidy libclang-rt-14-dev valgrind cargo rustc
                 python3-numpy python3-torch) ;;
-    test) pkgs+=(chromium) ;;
+    test) pkgs+=(chromium etcd-server) ;;
     bench) pkgs+=(python3-torch iperf3 gnuplot-nox libgrpc++-dev protobuf-compiler-grpc
                   libprotobuf-dev protobuf-compiler hyperfine) ;;
     docker) pkgs+=(debootstrap docker-compose) ;;

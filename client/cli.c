@@ -39,7 +39,8 @@ static const struct opt_def opt_defs[O_COUNT] = {
         .short_name = 's',
         .metavar = "ADDR",
         .help = "coordinator: tcp://HOST:PORT, HOST:PORT (the same), tls+tcp://HOST:PORT\n"
-                "or ipc://PATH (default $DEVCOORD_ADDR, then " DEFAULT_ADDR ")",
+                "or ipc://PATH (default $DEVCOORD_ADDR, then " DEFAULT_ADDR ");\n"
+                "A,B,C: coordinators in high availability, their leader is followed",
     },
     [O_TOKEN_FILE] = {
         .name = "token-file",

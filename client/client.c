@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "device.h"
+#include "rpc_leader.h"
 #include "status.h"
 #include "text.h"
 
@@ -82,11 +83,21 @@ need_client(const dc_client *c, dc_status *st)
     return DC_OK;
 }
 
+dc_code
+client_coord_call(dc_client *c, unsigned method, const ProtobufCMessage *req, uint32_t timeout_ms,
+                  struct rpc_reply *r, dc_status *st)
+{
+    if (c->leader != NULL) {
+        return rpc_leader_call(c->leader, COORD_SVC, method, req, timeout_ms, r, st);
+    }
+    return rpc_call(c->coord, COORD_SVC, method, req, NULL, 0, timeout_ms, r, st);
+}
+
 static dc_code
 coord_call(dc_client *c, unsigned method, const ProtobufCMessage *req, struct rpc_reply *r,
            dc_status *st)
 {
-    return rpc_call(c->coord, COORD_SVC, method, req, NULL, 0, c->timeout_ms, r, st);
+    return client_coord_call(c, method, req, c->timeout_ms, r, st);
 }
 
 static void
@@ -436,6 +447,42 @@ client_rpc_open(dc_client *c, const char *url, bool connect_now, struct rpc_clie
                        : rpc_open_spec(&d, false, out, st);
 }
 
+static dc_code
+client_leader_open(void *arg, const char *url, struct rpc_client **out, dc_status *st)
+{
+    return client_rpc_open(arg, url, false, out, st);
+}
+
+/* "a,b,c" with each address as dc_client_open takes one (HOST:PORT is tcp://), into out. */
+static dc_code
+client_address_list(const char *addr, char *out, size_t cap, dc_status *st)
+{
+    char buf[RPC_LEADER_MAX * (CLIENT_ADDRESS_MAX + 1)];
+    const char *list[RPC_LEADER_MAX];
+    size_t n   = address_split_list(addr, buf, sizeof(buf), list, RPC_LEADER_MAX);
+    size_t len = 0;
+
+    if (n == 0) {
+        return status_set(st, DC_INVALID_ARGUMENT, "bad address list '%.64s': 1 to %d addresses",
+                          addr, RPC_LEADER_MAX);
+    }
+    out[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        const char *one = list[i], *problem;
+        char url[CLIENT_ADDRESS_MAX + 8];
+
+        if (strstr(one, "://") == NULL) {
+            snprintf(url, sizeof(url), "tcp://%.*s", CLIENT_ADDRESS_MAX, one);
+            one = url;
+        }
+        if ((problem = address_problem(one)) != NULL) {
+            return status_set(st, DC_INVALID_ARGUMENT, "bad address '%.64s': %s", one, problem);
+        }
+        len += (size_t)snprintf(out + len, cap - len, "%s%s", i > 0 ? "," : "", one);
+    }
+    return DC_OK;
+}
+
 dc_code
 dc_client_open(const char *address, const dc_client_options *opts, dc_client **out, dc_status *st)
 {
@@ -450,6 +497,29 @@ dc_client_open(const char *address, const dc_client_options *opts, dc_client **o
         return status_set(st, DC_INVALID_ARGUMENT, "out is NULL");
     }
     *out = NULL;
+    if (strchr(addr, ',') != NULL) {
+        char list[RPC_LEADER_MAX * (CLIENT_ADDRESS_MAX + 8)];
+
+        if (strlen(addr) >= RPC_LEADER_MAX * (CLIENT_ADDRESS_MAX + 1)) {
+            return status_set(st, DC_INVALID_ARGUMENT, "address list too long");
+        }
+        if ((code = client_address_list(addr, list, sizeof(list), st)) != DC_OK) {
+            return code;
+        }
+        if ((c = calloc(1, sizeof(*c))) == NULL) {
+            return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        pthread_mutex_init(&c->mtx, NULL);
+        c->timeout_ms =
+            (opts != NULL && opts->timeout_ms != 0) ? opts->timeout_ms : CLIENT_DEFAULT_TIMEOUT_MS;
+        if ((code = client_token(opts, &c->token, st)) != DC_OK ||
+            (code = client_tls_options(c, opts, st)) != DC_OK ||
+            (code = rpc_leader_new(list, client_leader_open, c, &c->leader, st)) != DC_OK) {
+            goto fail;
+        }
+        *out = c;
+        return DC_OK;
+    }
     if (strlen(addr) > CLIENT_ADDRESS_MAX) {
         return status_set(st, DC_INVALID_ARGUMENT, "address longer than %d bytes",
                           CLIENT_ADDRESS_MAX);
@@ -495,6 +565,7 @@ dc_client_close(dc_client *c)
     }
     free(c->workers);
     rpc_client_close(c->coord);
+    rpc_leader_free(c->leader);
     client_free_options(c);
     pthread_mutex_destroy(&c->mtx);
     free(c);
@@ -1349,8 +1420,7 @@ dc_submit_keyed(dc_client *c, const dc_op_request *req, const char *idempotency_
     if (call_ms < c->timeout_ms) {
         call_ms = c->timeout_ms;
     }
-    code = rpc_call(c->coord, COORD_SVC, M_COORDINATOR_SUBMIT_OP, &pb.base, NULL, 0, call_ms, &r,
-                    &call_st);
+    code = client_coord_call(c, M_COORDINATOR_SUBMIT_OP, &pb.base, call_ms, &r, &call_st);
     if (st != NULL) {
         *st = call_st;
     }

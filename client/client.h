@@ -34,8 +34,11 @@ struct worker_conn {
     atomic_size_t chunk;
 };
 
+struct rpc_leader;
+
 struct dc_client {
-    struct rpc_client *coord;
+    struct rpc_client *coord;  /* one coordinator address; NULL with a list */
+    struct rpc_leader *leader; /* "a,b,c": follows the coordinators' leader; else NULL */
     char *token;
     /* TLS files for tls+tcp:// addresses (copies; NULL when not given). */
     char *tls_ca, *tls_cert, *tls_key, *tls_server_name;
@@ -65,6 +68,11 @@ dc_code client_copy_field(char *dst, size_t cap, const char *src, const char *wh
  * for an unknown dtype, too many dimensions or a size that does not fit in size_t. */
 dc_code tensor_expected_bytes(dc_dtype dtype, const uint64_t *shape, size_t ndim, size_t *out,
                               dc_status *st);
+
+/* A call to the coordinator (or, with a list, to their leader; rpc_leader.h says which
+ * calls go again where). */
+dc_code client_coord_call(dc_client *c, unsigned method, const ProtobufCMessage *req,
+                          uint32_t timeout_ms, struct rpc_reply *r, dc_status *st);
 
 /* The coordinator's limits.op_timeout_ms (asked once, then kept; a fallback when it does not
  * say): what a call naming no timeout waits for. */

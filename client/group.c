@@ -161,8 +161,7 @@ dc_group_join(dc_client *c, const char *devices, const char *self, const dc_grou
     req.self       = &self_pb;
     req.timeout_ms = opts != NULL ? opts->timeout_ms : 0;
     join_ms        = req.timeout_ms ? req.timeout_ms : client_op_timeout(c);
-    code           = rpc_call(c->coord, COORD_SVC, M_COORDINATOR_GROUP_JOIN, &req.base, NULL, 0,
-                              add_margin(join_ms), &r, st);
+    code = client_coord_call(c, M_COORDINATOR_GROUP_JOIN, &req.base, add_margin(join_ms), &r, st);
     if (code == DC_OK) {
         if (r.body == NULL) {
             code = status_set(st, DC_INTERNAL, "malformed reply: GroupJoin without a body");
@@ -224,8 +223,8 @@ dc_group_leave(dc_group *g, dc_status *st)
     req.group_id   = g->id;
     req.generation = g->generation;
     req.rank       = g->rank;
-    code = rpc_call(g->client->coord, COORD_SVC, M_COORDINATOR_GROUP_LEAVE, &req.base, NULL, 0,
-                    g->client->timeout_ms, &r, st);
+    code = client_coord_call(g->client, M_COORDINATOR_GROUP_LEAVE, &req.base, g->client->timeout_ms,
+                             &r, st);
     rpc_reply_free(&r);
     group_free(g);
     return code;
@@ -962,8 +961,8 @@ dc_list_groups(dc_client *c, const char *group_id, dc_group_list **out, dc_statu
     }
     *out         = NULL;
     req.group_id = (char *)(group_id != NULL ? group_id : "");
-    if ((code = rpc_call(c->coord, COORD_SVC, M_COORDINATOR_LIST_GROUPS, &req.base, NULL, 0,
-                         c->timeout_ms, &r, st)) != DC_OK) {
+    if ((code = client_coord_call(c, M_COORDINATOR_LIST_GROUPS, &req.base, c->timeout_ms, &r,
+                                  st)) != DC_OK) {
         goto out;
     }
     /* No groups: an empty body, which may come as none. */

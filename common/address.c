@@ -61,3 +61,22 @@ address_problem(const char *text)
     return "unknown scheme (expected tcp://HOST:PORT, tls+tcp://HOST:PORT, ipc://PATH or "
            "inproc://NAME)";
 }
+
+size_t
+address_split_list(const char *list, char *buf, size_t cap, const char **out, size_t max)
+{
+    size_t n = 0;
+    char *p, *save = NULL;
+
+    if (list == NULL || strlen(list) >= cap) {
+        return 0;
+    }
+    memcpy(buf, list, strlen(list) + 1);
+    for (p = strtok_r(buf, ",", &save); p != NULL; p = strtok_r(NULL, ",", &save)) {
+        if (n == max) {
+            return 0;
+        }
+        out[n++] = p;
+    }
+    return n;
+}

@@ -7,6 +7,7 @@
 #define DEVCOORD_COMMON_ADDRESS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #define ADDRESS_MAX 255 /* bytes an address may take */
 
@@ -15,5 +16,9 @@ const char *address_problem(const char *text);
 
 /* Whether text is a decimal port, 0 to 65535. */
 bool address_port_valid(const char *text);
+
+/* Splits "a,b,c" (as configs keep address lists) into at most max pointers into buf (a copy
+ * of list, cap bytes); returns the count, 0 when it does not fit or names none. */
+size_t address_split_list(const char *list, char *buf, size_t cap, const char **out, size_t max);
 
 #endif

@@ -575,6 +575,189 @@ field_address(struct loader *ld, const struct field *f, const char *path, void *
     return loader_strdup(ld, at, text);
 }
 
+/* NULL when text is an etcd endpoint we can dial: http:// or https://, a host, a port,
+ * nothing after it. */
+static const char *
+endpoint_problem(const char *text)
+{
+    const char *host, *colon;
+
+    if (strncmp(text, "http://", 7) == 0) {
+        host = text + 7;
+    } else if (strncmp(text, "https://", 8) == 0) {
+        host = text + 8;
+    } else {
+        return "expected http://HOST:PORT or https://HOST:PORT";
+    }
+    if (strlen(text) > ADDRESS_MAX) {
+        return "too long";
+    }
+    if ((colon = strrchr(host, ':')) == NULL || colon == host) {
+        return "expected HOST:PORT after the scheme";
+    }
+    for (const char *p = host; *p != '\0'; p++) {
+        if (log_is_control((unsigned char)*p) || *p == '/' || *p == ',' || *p == ' ') {
+            return "the host and port may not hold control characters, '/', ',' or spaces";
+        }
+    }
+    if (!address_port_valid(colon + 1) || colon[1] == '\0') {
+        return "invalid port";
+    }
+    return NULL;
+}
+
+static const char *
+address_item_problem(const char *text)
+{
+    if (strchr(text, ',') != NULL) {
+        return "one address per item (',' separates addresses only in a string)";
+    }
+    return address_problem(text);
+}
+
+/* A list of addresses, as a YAML sequence or a string "a,b,c", each checked by `problem`;
+ * kept as "a,b,c". */
+static dc_code
+field_list(struct loader *ld, const char *path, void *at, const char *(*problem)(const char *))
+{
+    char item[CONFIG_PATH_SIZE], q[CONFIG_QUOTE_SIZE],
+        joined[CONFIG_ENDPOINTS_MAX * (ADDRESS_MAX + 1)];
+    size_t n = 0, used = 0;
+    bool seq = ld->ev.type == YAML_SEQUENCE_START_EVENT;
+    const char *text, *why;
+    dc_code rv;
+
+    joined[0] = '\0';
+    for (size_t i = 0;; i++) {
+        char one[ADDRESS_MAX + 2];
+        const char *start, *end;
+
+        if (seq) {
+            if ((rv = loader_next(ld)) != DC_OK) {
+                return rv;
+            }
+            if (ld->ev.type == YAML_SEQUENCE_END_EVENT) {
+                break;
+            }
+            path_index(item, path, i);
+            if ((rv = loader_string(ld, item, false, &text)) != DC_OK) {
+                return rv;
+            }
+            start = text;
+            end   = text + strlen(text);
+        } else {
+            if (i == 0 && (rv = loader_string(ld, path, false, &text)) != DC_OK) {
+                return rv;
+            }
+            snprintf(item, sizeof(item), "%s", path);
+            if (i > 0 && *text == '\0') {
+                break;
+            }
+            start = text;
+            end   = strchr(start, ',');
+            if (end == NULL) {
+                end = start + strlen(start);
+            }
+            text = *end == ',' ? end + 1 : end;
+            if (end == start) {
+                return loader_fail(ld, loader_mark(ld), path, "empty address in the list");
+            }
+        }
+        if ((size_t)(end - start) > ADDRESS_MAX) {
+            return loader_fail(ld, loader_mark(ld), item, "address longer than %d bytes",
+                               ADDRESS_MAX);
+        }
+        memcpy(one, start, (size_t)(end - start));
+        one[end - start] = '\0';
+        if ((why = problem(one)) != NULL) {
+            return loader_fail(ld, loader_mark(ld), item, "invalid address %s: %s",
+                               text_quote(one, q), why);
+        }
+        if (n == CONFIG_ENDPOINTS_MAX) {
+            return loader_fail(ld, loader_mark(ld), item, "more than %d addresses",
+                               CONFIG_ENDPOINTS_MAX);
+        }
+        used +=
+            (size_t)snprintf(joined + used, sizeof(joined) - used, "%s%s", n > 0 ? "," : "", one);
+        n++;
+        if (!seq && *text == '\0') {
+            if (*end == ',') {
+                return loader_fail(ld, loader_mark(ld), path, "empty address in the list");
+            }
+            break;
+        }
+    }
+    if (n == 0) {
+        return loader_fail(ld, loader_mark(ld), path, "must name at least one address");
+    }
+    return loader_strdup(ld, at, joined);
+}
+
+/* coordinator: one nng address, or several ([a, b, c] or "a,b,c") to follow a leader. */
+static dc_code
+field_address_list(struct loader *ld, const struct field *f, const char *path, void *at)
+{
+    (void)f;
+    return field_list(ld, path, at, address_item_problem);
+}
+
+/* state.endpoints: etcd's client URLs. */
+static dc_code
+field_endpoints(struct loader *ld, const struct field *f, const char *path, void *at)
+{
+    (void)f;
+    return field_list(ld, path, at, endpoint_problem);
+}
+
+static dc_code
+field_state_backend(struct loader *ld, const struct field *f, const char *path, void *at)
+{
+    const char *text;
+    char q[CONFIG_QUOTE_SIZE];
+    dc_code rv;
+
+    (void)f;
+    if ((rv = loader_string(ld, path, false, &text)) != DC_OK) {
+        return rv;
+    }
+    if (strcmp(text, "local") == 0) {
+        *(enum config_state_backend *)at = STATE_BACKEND_LOCAL;
+    } else if (strcmp(text, "etcd") == 0) {
+        *(enum config_state_backend *)at = STATE_BACKEND_ETCD;
+    } else {
+        return loader_fail(ld, loader_mark(ld), path, "unknown backend %s (expected local or etcd)",
+                           text_quote(text, q));
+    }
+    return DC_OK;
+}
+
+/* state.prefix: an etcd key prefix, "/" and then printable text without spaces. */
+static dc_code
+field_prefix(struct loader *ld, const struct field *f, const char *path, void *at)
+{
+    const char *text;
+    dc_code rv;
+
+    (void)f;
+    if ((rv = loader_string(ld, path, false, &text)) != DC_OK) {
+        return rv;
+    }
+    if (text[0] != '/' || strlen(text) > 200) {
+        return loader_fail(ld, loader_mark(ld), path,
+                           "must start with '/' and be at most 200 bytes");
+    }
+    for (const char *p = text; *p != '\0'; p++) {
+        if (log_is_control((unsigned char)*p) || *p == ' ') {
+            return loader_fail(ld, loader_mark(ld), path,
+                               "may not hold control characters or spaces");
+        }
+    }
+    if (text[strlen(text) - 1] == '/' && text[1] != '\0') {
+        return loader_fail(ld, loader_mark(ld), path, "must not end with '/'");
+    }
+    return loader_strdup(ld, at, text);
+}
+
 /* "host:port" of the HTTP endpoint, or "" for none. */
 static dc_code
 field_http(struct loader *ld, const struct field *f, const char *path, void *at)
@@ -1196,6 +1379,43 @@ static const struct field auth_fields[] = {
     { .name = NULL },
 };
 
+enum { STATE_BACKEND_FIELD, STATE_ENDPOINTS };
+
+static dc_code
+state_fields_check(struct loader *ld, const char *path, void *at, const struct seen *seen)
+{
+    const struct config_state *s = at;
+    char key[CONFIG_PATH_SIZE];
+
+    if (s->backend == STATE_BACKEND_ETCD && s->endpoints == NULL) {
+        path_join(key, path, "backend");
+        return loader_fail(ld, &seen->value[STATE_BACKEND_FIELD], key,
+                           "etcd needs state.endpoints as well");
+    }
+    if (s->backend != STATE_BACKEND_ETCD && s->endpoints != NULL) {
+        path_join(key, path, "endpoints");
+        return loader_fail(ld, &seen->value[STATE_ENDPOINTS], key, "only for state.backend etcd");
+    }
+    return DC_OK;
+}
+
+static const struct field state_fields[] = {
+    [STATE_BACKEND_FIELD] = { .name   = "backend",
+                              .parse  = field_state_backend,
+                              .offset = offsetof(struct config_state, backend) },
+    [STATE_ENDPOINTS]     = { .name   = "endpoints",
+                              .parse  = field_endpoints,
+                              .offset = offsetof(struct config_state, endpoints) },
+    { .name = "prefix", .parse = field_prefix, .offset = offsetof(struct config_state, prefix) },
+    { .name   = "lease_ttl_ms",
+      .parse  = field_u32,
+      .min    = 2000,
+      .max    = 60000,
+      .offset = offsetof(struct config_state, lease_ttl_ms) },
+    { .name = "ca", .parse = field_string, .offset = offsetof(struct config_state, ca) },
+    { .name = NULL },
+};
+
 /* Nested mappings of flat struct members (heartbeat, limits, auth) keep the parent's base. */
 static const struct field coordinator_fields[] = {
     { .name   = "listen",
@@ -1220,6 +1440,14 @@ static const struct field coordinator_fields[] = {
     { .name   = "state_dir",
       .parse  = field_string,
       .offset = offsetof(struct config_coordinator, state_dir) },
+    { .name   = "state",
+      .parse  = field_map,
+      .sub    = state_fields,
+      .check  = state_fields_check,
+      .offset = offsetof(struct config_coordinator, state) },
+    { .name   = "advertise",
+      .parse  = field_address,
+      .offset = offsetof(struct config_coordinator, advertise) },
     { .name = NULL },
 };
 
@@ -1276,7 +1504,7 @@ static const struct field worker_auth_fields[] = {
 static const struct field worker_fields[] = {
     { .name = "name", .parse = field_worker_name, .offset = offsetof(struct config_worker, name) },
     { .name   = "coordinator",
-      .parse  = field_address,
+      .parse  = field_address_list,
       .offset = offsetof(struct config_worker, coordinator) },
     { .name = "listen", .parse = field_address, .offset = offsetof(struct config_worker, listen) },
     { .name   = "advertise",
@@ -1438,8 +1666,10 @@ config_coordinator_defaults(struct config_coordinator *cfg, dc_status *st)
     cfg->max_inflight_bytes                = RPC_DEFAULT_MAX_INFLIGHT;
     cfg->max_inflight_bytes_per_connection = RPC_DEFAULT_MAX_INFLIGHT_PER_CONNECTION;
     cfg->handshake_timeout_ms              = RPC_DEFAULT_HANDSHAKE_TIMEOUT_MS;
+    cfg->state.lease_ttl_ms                = 3000;
     if ((cfg->listen = strdup(DEFAULT_COORDINATOR_LISTEN)) == NULL ||
-        (cfg->http = strdup(DEFAULT_COORDINATOR_HTTP)) == NULL) {
+        (cfg->http = strdup(DEFAULT_COORDINATOR_HTTP)) == NULL ||
+        (cfg->state.prefix = strdup("/devcoord/default")) == NULL) {
         config_coordinator_free(cfg);
         return config_oom(st);
     }
@@ -1600,6 +1830,10 @@ config_coordinator_free(struct config_coordinator *cfg)
     free(cfg->http);
     free(cfg->tokens_file);
     free(cfg->state_dir);
+    free(cfg->advertise);
+    free(cfg->state.endpoints);
+    free(cfg->state.prefix);
+    free(cfg->state.ca);
     tls_free(&cfg->tls);
     memset(cfg, 0, sizeof(*cfg));
 }

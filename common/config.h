@@ -27,8 +27,25 @@ struct config_tls {
     bool require_client_cert;
 };
 
+/* Where the coordinator keeps operator intent and, with etcd, elects its leader (state:). */
+enum config_state_backend {
+    STATE_BACKEND_LOCAL = 0, /* state_dir (or nothing): one coordinator, no etcd */
+    STATE_BACKEND_ETCD,      /* etcd: coordinators in high availability (issue 16) */
+};
+
+#define CONFIG_ENDPOINTS_MAX 8 /* addresses in an endpoint or coordinator list */
+
+struct config_state {
+    enum config_state_backend backend; /* state.backend, default local */
+    char *endpoints;                   /* state.endpoints: "http://h:p,https://h:p" (etcd) */
+    char *prefix;                      /* state.prefix, default "/devcoord/default" */
+    uint32_t lease_ttl_ms;             /* state.lease_ttl_ms, default 3000 (2000..60000) */
+    char *ca;                          /* state.ca: CA file for https:// endpoints */
+};
+
 struct config_coordinator {
     char *listen;                    /* default "tcp://127.0.0.1:7400" */
+    char *advertise;                 /* advertise: the address followers name; default listen */
     char *http;                      /* "host:port"; default "127.0.0.1:7480"; "" disables */
     enum autodiff_policy autodiff;   /* default strip */
     uint32_t heartbeat_interval_ms;  /* heartbeat.interval_ms, default 1000 */
@@ -44,6 +61,7 @@ struct config_coordinator {
     uint32_t max_devices;            /* limits.max_devices: all workers', default 131072 */
     char *tokens_file;               /* auth.tokens_file, NULL: auth off */
     char *state_dir;                 /* state_dir, NULL: operator intent not persisted */
+    struct config_state state;       /* state: {backend: etcd, ...}; backend local by default */
     /* limits.max_inflight_bytes and limits.max_inflight_bytes_per_connection: request bytes
      * received and not yet answered, in all and per connection (defaults 64 MiB, 16 MiB);
      * over them a request is refused with RESOURCE_EXHAUSTED. */
@@ -68,12 +86,14 @@ struct config_label {
 };
 
 struct config_worker {
-    char *name;        /* default: the host name, made a valid worker name */
-    char *coordinator; /* default "tcp://127.0.0.1:7400" */
-    char *listen;      /* default "tcp://127.0.0.1:7500" */
-    char *advertise;   /* default: listen */
-    char *http;        /* default "" (off) */
-    char *token_file;  /* NULL: no token */
+    char *name; /* default: the host name, made a valid worker name */
+    /* default "tcp://127.0.0.1:7400"; coordinator: [a, b, c] or "a,b,c" is kept as "a,b,c"
+     * (at most CONFIG_ENDPOINTS_MAX addresses): the worker follows their leader. */
+    char *coordinator;
+    char *listen;     /* default "tcp://127.0.0.1:7500" */
+    char *advertise;  /* default: listen */
+    char *http;       /* default "" (off) */
+    char *token_file; /* NULL: no token */
     /* auth.tokens_file: a tokens file (as the coordinator's) that this worker checks its
      * callers against; NULL: its data plane takes calls without tokens. */
     char *tokens_file;

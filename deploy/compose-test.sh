@@ -10,7 +10,10 @@
 #      (must fall inside the heartbeat window of deploy/config/coordinator.yaml), checks
 #      that ops naming it are refused, `docker start`s it and waits for `alive`,
 #   5. checks auth: no token, an unknown token and a worker token are refused,
-#   6. `docker-compose down -v`.
+#   6. profile `ha` (issue 16): etcd and three coordinators; exactly one leads, the others
+#      refuse naming it; `docker kill`s the leader and measures the time until another
+#      leads; `docker start`s it and waits until it follows the new leader,
+#   7. `docker-compose down -v`.
 # Cleanup (down -v, one-off containers, the network) runs on every exit; on failure the
 # containers' state and logs are printed first. Run as root from anywhere.
 #
@@ -65,7 +68,7 @@ cleanup() {
     fi
     if [[ -n ${PORT:-} ]]; then
         log "docker-compose down -v"
-        compose --profile tools down -v --remove-orphans --timeout 10 >/dev/null 2>&1 ||
+        compose --profile tools --profile ha down -v --remove-orphans --timeout 10 >/dev/null 2>&1 ||
             log "down failed; remove project ${PROJECT} by hand"
     fi
     if ((rc == 0)); then
@@ -296,12 +299,61 @@ if ((${#auth_fail[@]})); then
 fi
 log "auth: no token / unknown token UNAUTHENTICATED, worker token PERMISSION_DENIED for ListWorkers and SubmitOp"
 
-# ---- 6. summary (down -v runs in cleanup) ------------------------------------------------
+# ---- 6. profile ha: etcd and three coordinators; the leader killed ----------------------
+HA=(coordinator-1 coordinator-2 coordinator-3)
+WORKER_TOKEN=/etc/devcoord/worker.token
+t="$(now_ms)"
+compose --profile ha up -d --no-build etcd "${HA[@]}" >/dev/null 2>&1 || {
+    compose --profile ha up -d --no-build etcd "${HA[@]}" || true
+    die "docker-compose --profile ha up failed"
+}
+ha_healthy() {
+    local s
+    for s in etcd "${HA[@]}"; do healthy "${s}" || return 1; done
+}
+wait_for "etcd and the three HA coordinators healthy" ha_healthy
+TIMES[ha_up]=$(($(now_ms) - t))
+# `health` against one coordinator, from inside coordinator $1: 0 only from the leader.
+ha_health() { compose exec -T "$1" devcoordctl -s "tcp://$2:7400" --token-file "${WORKER_TOKEN}" --timeout 2s health 2>&1; }
+# The one HA coordinator answering as leader, asked from inside $1 (exit 1: none or several).
+ha_leader() {
+    local s found=()
+    for s in "${HA[@]}"; do
+        [[ ${s} == "${2:-}" ]] && continue
+        ha_health "$1" "${s}" >/dev/null && found+=("${s}")
+    done
+    ((${#found[@]} == 1)) && echo "${found[0]}"
+}
+leader="$(ha_leader coordinator-1)" || die "not exactly one HA coordinator answers as leader"
+for s in "${HA[@]}"; do
+    [[ ${s} == "${leader}" ]] && continue
+    out="$(ha_health coordinator-1 "${s}")" && die "follower ${s} answered health as a leader"
+    [[ ${out} == *"UNAVAILABLE"*"leader: tcp://${leader}:7400"* ]] ||
+        die "follower ${s} does not name the leader ${leader}: ${out}"
+done
+log "profile ha up in $((TIMES[ha_up] / 1000)) s: ${leader} leads, the two followers refuse naming it"
+via=coordinator-1
+[[ ${leader} == coordinator-1 ]] && via=coordinator-2
+kill_ms="$(now_ms)"
+docker kill "$(cid "${leader}")" >/dev/null
+new_leader() { ha_leader "${via}" "${leader}" >/dev/null; }
+wait_for "a new leader after docker kill ${leader}" new_leader
+TIMES[ha_failover]=$(($(now_ms) - kill_ms))
+new="$(ha_leader "${via}" "${leader}")"
+log "docker kill ${leader} -> ${new} leads after ${TIMES[ha_failover]} ms (lease 3000 ms)"
+docker start "$(cid "${leader}")" >/dev/null
+follows_new() { [[ $(ha_health "${via}" "${leader}") == *"leader: tcp://${new}:7400"* ]]; }
+wait_for "${leader} back as a follower of ${new}" follows_new
+log "docker start ${leader} -> a follower of ${new}"
+
+# ---- 7. summary (down -v runs in cleanup) ------------------------------------------------
 printf '  %-34s %7d ms\n' >&2 \
     "base image (built or found)" "${TIMES[base]}" \
     "docker build" "${TIMES[build]}" \
     "up -d until all healthy" "${TIMES[up]}" \
     "tensor puts + all-reduce + gets" "${TIMES[allreduce]}" \
     "docker kill -> dead (upper bound)" "${TIMES[dead]}" \
-    "docker start -> alive in registry" "${TIMES[alive]}"
+    "docker start -> alive in registry" "${TIMES[alive]}" \
+    "profile ha: up until healthy" "${TIMES[ha_up]}" \
+    "profile ha: kill leader -> new leader" "${TIMES[ha_failover]}"
 

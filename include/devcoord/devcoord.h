@@ -60,6 +60,9 @@ typedef struct dc_client_options {
  * "tcp://127.0.0.1:7400"; "HOST:PORT" without a scheme is "tcp://HOST:PORT"). opts may be NULL.
  * Free with dc_client_close. A malformed address is DC_INVALID_ARGUMENT; one whose host does not
  * resolve, like one that does not answer with fail_fast, is DC_UNAVAILABLE with st->transport set.
+ * "a,b,c" (up to 8) names coordinators in high availability: calls go to their leader, a call
+ * a follower refused goes again to the leader it names, and one that may have run is never
+ * resent (README "High availability on etcd"); fail_fast does not apply to a list.
  */
 dc_code dc_client_open(const char *address, const dc_client_options *opts, dc_client **out,
                        dc_status *st);

@@ -19,6 +19,7 @@
 struct ops;
 struct groupsvc;
 struct auth_current;
+struct ha;
 
 struct coordinator {
     /* First member: handlers get &service and find the rest from it. */
@@ -33,6 +34,10 @@ struct coordinator {
     struct rpc_metrics rpc_metrics;
     struct http_server *http;
     atomic_bool ready;
+    /* state.backend etcd (issue 16): the election, NULL for a lone coordinator; term is
+     * the term this coordinator leads in (0: it does not), carried by every order. */
+    struct ha *ha;
+    atomic_ullong term;
 };
 
 /* The Coordinator service's handlers (service.c). */

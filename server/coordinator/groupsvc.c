@@ -54,7 +54,8 @@ struct groupsvc {
     pthread_mutex_t mtx;
     pthread_cond_t cv;
     struct group_table *table;
-    unsigned setups; /* struct setup alive */
+    const atomic_ullong *term; /* groupsvc_set_term; NULL: term 0 */
+    unsigned setups;           /* struct setup alive */
     bool stopping;
     /* Connections closed since the timer last looked (more at once: the rest of their joins
      * wait for their deadline). */
@@ -228,7 +229,12 @@ setup_start(struct groupsvc *g, struct group_done *done, const dc_device_ref *ra
     }
     req.group_id   = s->done.group_id;
     req.generation = s->done.generation;
-    s->pending     = (unsigned)s->plan.n_workers + 1; /* one for this function */
+    req.term       = g->term != NULL ? atomic_load(g->term) : 0;
+    if (g->term != NULL && req.term == 0) {
+        status_set(&s->fail, DC_UNAVAILABLE, "group not set up: this coordinator no longer leads");
+        goto answer;
+    }
+    s->pending = (unsigned)s->plan.n_workers + 1; /* one for this function */
     for (size_t i = 0; i < s->plan.n_workers; i++) {
         req.self  = (uint32_t)i;
         req.epoch = s->plan.workers[i].epoch;
@@ -652,6 +658,12 @@ static void
 no_aborted(void *arg, void *tag)
 {
     (void)arg, (void)tag;
+}
+
+void
+groupsvc_set_term(struct groupsvc *g, const atomic_ullong *term)
+{
+    g->term = term;
 }
 
 struct groupsvc *

@@ -9,6 +9,8 @@
 #ifndef DEVCOORD_COORDINATOR_GROUPSVC_H
 #define DEVCOORD_COORDINATOR_GROUPSVC_H
 
+#include <stdatomic.h>
+
 #include "config.h"
 #include "devcoord/v1/devcoord.pb-c.h"
 #include "registry.h"
@@ -30,6 +32,8 @@ struct groupsvc *groupsvc_new(struct registry *registry, const struct config_coo
  * workers still out. */
 void groupsvc_shutdown(struct groupsvc *g);
 void groupsvc_free(struct groupsvc *g);
+/* GroupSetup carries *term from now on (as ops_set_term). */
+void groupsvc_set_term(struct groupsvc *g, const atomic_ullong *term);
 
 void groupsvc_join(struct groupsvc *g, const Devcoord__V1__GroupJoinRequest *in,
                    Devcoord__V1__GroupJoinResponse_Closure closure, void *cd);

@@ -7,6 +7,7 @@
 #include "arena.h"
 #include "clock.h"
 #include "coordinator.h"
+#include "ha.h"
 #include "metrics.h"
 #include "groupsvc.h"
 #include "ops.h"
@@ -27,6 +28,13 @@ readyz(void *arg, struct mbuf *body)
 
     if (!atomic_load(&c->ready)) {
         mbuf_printf(body, "not ready\n");
+        return 503;
+    }
+    /* In high availability only the leader serves: a load balancer sends calls there. */
+    if (c->ha != NULL && ha_term(c->ha) == 0) {
+        char role[128];
+        ha_describe(c->ha, role, sizeof(role));
+        mbuf_printf(body, "not ready: %s\n", role);
         return 503;
     }
     mbuf_printf(body, "ready\n");

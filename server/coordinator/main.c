@@ -14,6 +14,7 @@
 #include "daemon.h"
 #include "log.h"
 #include "groupsvc.h"
+#include "ha.h"
 #include "ops.h"
 #include "rpc.h"
 #include "state.h"
@@ -77,6 +78,52 @@ on_disconnect(void *arg, uint32_t pipe)
     groupsvc_disconnected(c->groups, pipe);
 }
 
+/* ---- high availability (state.backend etcd) ---- */
+
+static dc_code
+ha_save(void *arg, const struct registry_intent_entry *entries, size_t n, dc_status *st)
+{
+    struct coordinator *c = arg;
+    return ha_save_intent(c->ha, entries, n, st);
+}
+
+/* Won the election: start from a clean slate with the intent etcd keeps, then serve. */
+static dc_code
+ha_on_lead(void *arg, uint64_t term, dc_status *st)
+{
+    struct coordinator *c = arg;
+    size_t n              = 0;
+    dc_code code;
+
+    registry_reset(c->registry);
+    if ((code = ha_load_intent(c->ha, c->registry, &n, st)) != DC_OK) {
+        if (code != DC_DATA_LOSS) {
+            return code; /* etcd did not answer: try again next tick */
+        }
+        log_error("operator intent in etcd unusable: %s (leading without it)", st->message);
+    } else if (n > 0) {
+        log_info("restored operator intent for %zu workers from etcd", n);
+    }
+    atomic_store(&c->term, term);
+    return DC_OK;
+}
+
+/* Lost the leadership: nothing this coordinator ordered may finish as if it still led. */
+static void
+ha_on_step_down(void *arg, uint64_t term)
+{
+    struct coordinator *c = arg;
+    dc_status st;
+
+    atomic_store(&c->term, 0);
+    status_set(&st, DC_UNAVAILABLE,
+               "coordinator lost its leadership (term %llu) while the op was in flight; ask the "
+               "new leader",
+               (unsigned long long)term);
+    ops_fail_all(c->ops, &st);
+    registry_reset(c->registry);
+}
+
 /* Declares silent workers dead, a few times per heartbeat interval; reloads on SIGHUP. */
 static void
 sweep_until_signal(struct coordinator *c, const struct daemon_reload *reload)
@@ -97,7 +144,11 @@ sweep_until_signal(struct coordinator *c, const struct daemon_reload *reload)
             log_info("signal %d: shutting down", sig);
             return;
         }
-        registry_sweep(c->registry, rpc_now_ms());
+        /* Only a leader whose lease is fresh judges workers: one that was paused would
+         * find them all silent, and the silence is its own. */
+        if (c->ha == NULL || ha_term(c->ha) != 0) {
+            registry_sweep(c->registry, rpc_now_ms());
+        }
     }
 }
 
@@ -136,6 +187,9 @@ coordinator_prepare(struct coordinator *c, nng_tls_config **tls, dc_status *st)
     if (strncmp(c->cfg.listen, "tls+", 4) == 0 &&
         (code = auth_tls_server(&c->cfg.tls, tls, st)) != DC_OK) {
         return code;
+    }
+    if (c->cfg.state.backend == STATE_BACKEND_ETCD) {
+        return DC_OK; /* etcd is reached by the election; it may be down at start */
     }
     /* A cordon that cannot be saved is refused: better not to start than to refuse them
      * all. */
@@ -193,7 +247,9 @@ main(int argc, char **argv)
     ro.max_workers            = c->cfg.max_workers;
     ro.max_devices_per_worker = c->cfg.max_devices_per_worker;
     ro.max_devices            = c->cfg.max_devices;
-    if (c->cfg.state_dir != NULL) {
+    if (c->cfg.state.backend == STATE_BACKEND_ETCD) {
+        ro.store = (struct registry_store){ ha_save, c };
+    } else if (c->cfg.state_dir != NULL) {
         ro.store = state_store(c->cfg.state_dir);
     }
     rv = 1;
@@ -222,7 +278,22 @@ main(int argc, char **argv)
         log_error("out of memory");
         goto out;
     }
-    if (c->cfg.state_dir != NULL) {
+    if (c->cfg.state.backend == STATE_BACKEND_ETCD) {
+        struct ha_opts ho = { .state = &c->cfg.state,
+                              .advertise =
+                                  c->cfg.advertise != NULL ? c->cfg.advertise : c->cfg.listen,
+                              .cb = { ha_on_lead, ha_on_step_down, c } };
+        if (c->cfg.state_dir != NULL) {
+            log_warn("state_dir %s unused: operator intent lives in etcd (state.backend etcd)",
+                     c->cfg.state_dir);
+        }
+        if (ha_new(&ho, &c->ha, &st) != DC_OK) {
+            log_error("%s: not starting", st.message);
+            goto out;
+        }
+        ops_set_term(c->ops, &c->term);
+        groupsvc_set_term(c->groups, &c->term);
+    } else if (c->cfg.state_dir != NULL) {
         size_t n = 0;
         if (state_load(c->cfg.state_dir, c->registry, &n, &st) != DC_OK) {
             log_error("operator intent not restored: %s (starting without it)", st.message);
@@ -246,7 +317,7 @@ main(int argc, char **argv)
     so.max_inflight_bytes                = c->cfg.max_inflight_bytes;
     so.max_inflight_bytes_per_connection = c->cfg.max_inflight_bytes_per_connection;
     so.handshake_timeout_ms              = c->cfg.handshake_timeout_ms;
-    if (c->auth != NULL) {
+    if (c->auth != NULL || c->ha != NULL) {
         so.authorize     = coordinator_authorize;
         so.authorize_arg = c;
     }
@@ -258,13 +329,18 @@ main(int argc, char **argv)
         log_error("%s", st.message);
         goto out_rpc;
     }
+    if (c->ha != NULL && ha_run(c->ha, &st) != DC_OK) {
+        log_error("%s", st.message);
+        goto out_rpc;
+    }
     atomic_store(&c->ready, true);
     daemon_notify("READY=1");
     log_info("devcoord-server %s listening on %s, http %s (autodiff %s, heartbeat %u ms, dead "
-             "after %u ms, auth %s)",
+             "after %u ms, auth %s%s%s)",
              DEVCOORD_VERSION, c->cfg.listen, c->http != NULL ? c->cfg.http : "off",
              autodiff_policy_name(c->cfg.autodiff), c->cfg.heartbeat_interval_ms,
-             c->cfg.dead_after_ms, c->auth ? "on" : "off");
+             c->cfg.dead_after_ms, c->auth ? "on" : "off", c->ha != NULL ? ", state etcd at " : "",
+             c->ha != NULL ? c->cfg.state.endpoints : "");
 
     reload.config      = args.config;
     reload.worker      = false;
@@ -281,12 +357,16 @@ out_rpc:
     daemon_notify("STOPPING=1");
     daemon_stop_begin(DAEMON_STOP_BOUND_MS, rv);
     atomic_store(&c->ready, false);
+    /* Gives up the leadership first (revoking the lease), so another coordinator takes
+     * over while this one drains. */
+    ha_stop(c->ha);
     http_stop(c->http);
     rpc_server_close(c->rpc);
     ops_shutdown(c->ops);
     groupsvc_shutdown(c->groups);
     rpc_server_free(c->rpc);
 out:
+    ha_free(c->ha);
     groupsvc_free(c->groups);
     ops_free(c->ops);
     registry_free(c->registry);

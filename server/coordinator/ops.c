@@ -104,7 +104,8 @@ struct op {
     char key[DC_IDEMPOTENCY_KEY_MAX + 1]; /* "" for none */
     uint64_t key_hash;                    /* the request's fingerprint (opkey.h) */
     bool committing;                      /* every worker prepared; Commit sent, no Abort */
-    bool replay; /* a worker committed the key before: nothing new is committed */
+    bool replay;   /* a worker committed the key before: nothing new is committed */
+    uint64_t term; /* the leadership term its Execute carried, and its Commit carries */
     struct op_waiter *waiters;
     unsigned n_waiters;
     /* The first ABORTED answer, used only if no worker reports the cause. */
@@ -139,6 +140,8 @@ struct ops {
     struct histo fanout_workers;
     bool stopping;
     pthread_t timer;
+    /* The leadership term orders carry (ops_set_term); NULL: a lone coordinator (term 0). */
+    const atomic_ullong *term;
 };
 
 static void op_start_locked(struct ops *o, struct op *op);
@@ -544,6 +547,7 @@ op_commit_locked(struct ops *o, struct op *op, struct pending_answer *pa, bool *
 
     op->committing = true;
     req.op_id      = op->id;
+    req.term       = op->term;
     for (size_t i = 0; i < op->plan.n_workers; i++) {
         struct op_worker *w = &op->workers[i];
         dc_status st;
@@ -788,7 +792,15 @@ op_start_locked(struct ops *o, struct op *op)
         op_fail_now_locked(o, op, &st);
         goto out;
     }
+    op->term = o->term != NULL ? atomic_load(o->term) : 0;
+    if (o->term != NULL && op->term == 0) {
+        status_set(&st, DC_UNAVAILABLE, "op %s not started: this coordinator no longer leads",
+                   op->id);
+        op_fail_now_locked(o, op, &st);
+        goto out;
+    }
     left              = now < op->deadline_ms ? (uint32_t)(op->deadline_ms - now) : 1;
+    req.term          = op->term;
     req.op_id         = op->id;
     req.kind          = (Devcoord__V1__OpKind)op->kind;
     req.reduce        = (Devcoord__V1__ReduceOp)op->reduce;
@@ -1402,6 +1414,18 @@ ops_new(struct registry *registry, const struct config_coordinator *cfg, const c
         return NULL;
     }
     return o;
+}
+
+void
+ops_set_term(struct ops *o, const atomic_ullong *term)
+{
+    o->term = term;
+}
+
+void
+ops_fail_all(struct ops *o, const dc_status *st)
+{
+    ops_fail_where(o, op_any, NULL, st);
 }
 
 void

@@ -12,6 +12,8 @@
 
 #include "config.h"
 #include "devcoord/v1/devcoord.pb-c.h"
+#include <stdatomic.h>
+
 #include "registry.h"
 
 struct ops;
@@ -24,6 +26,11 @@ struct ops *ops_new(struct registry *registry, const struct config_coordinator *
  * until their callers have been answered. */
 void ops_shutdown(struct ops *o);
 void ops_free(struct ops *o);
+/* Orders carry *term from now on (state.backend etcd); an op started while it is 0 (this
+ * coordinator does not lead) fails UNAVAILABLE. Set before serving. */
+void ops_set_term(struct ops *o, const atomic_ullong *term);
+/* Fails every op in flight with st (a leader that steps down). */
+void ops_fail_all(struct ops *o, const dc_status *st);
 
 void ops_submit(struct ops *o, const Devcoord__V1__SubmitOpRequest *in,
                 Devcoord__V1__SubmitOpResponse_Closure closure, void *cd);

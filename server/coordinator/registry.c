@@ -672,6 +672,50 @@ registry_sweep(struct registry *r, uint64_t now_ms)
     return n;
 }
 
+void
+registry_reset(struct registry *r)
+{
+    struct reg_worker **all;
+    size_t n;
+
+    pthread_mutex_lock(&r->intent_mu);
+    pthread_rwlock_wrlock(&r->lock);
+    n   = r->n_order;
+    all = r->order;
+    /* The indexes are emptied whole rather than worker by worker. */
+    r->order     = NULL;
+    r->n_order   = 0;
+    r->cap_order = 0;
+    r->n_devices = 0;
+    {
+        const char *k;
+        void *v;
+        for (size_t i = 0; strmap_next(&r->owners, &i, &k, &v);) {
+            struct owners *o = v;
+            free(o->devs);
+            free(o);
+        }
+    }
+    strmap_fini(&r->workers);
+    strmap_fini(&r->devices);
+    strmap_fini(&r->owners);
+    strmap_fini(&r->intents);
+    strmap_init(&r->workers);
+    strmap_init(&r->devices);
+    strmap_init(&r->owners);
+    strmap_init(&r->intents);
+    pthread_rwlock_unlock(&r->lock);
+    pthread_mutex_unlock(&r->intent_mu);
+    for (size_t i = 0; i < n; i++) {
+        if (all[i]->alive && r->opts.events.worker_gone != NULL) {
+            r->opts.events.worker_gone(r->opts.events.arg, all[i]->name, all[i]->epoch,
+                                       GONE_DEREGISTERED);
+        }
+        reg_worker_free(all[i]);
+    }
+    free(all);
+}
+
 /* ---- responses --------------------------------------------------------------------------- */
 
 static Devcoord__V1__WorkerInfo *

@@ -123,6 +123,11 @@ void registry_each_intent(struct registry *r,
                           void (*fn)(void *arg, const char *name, enum registry_intent intent),
                           void *arg);
 
+/* Forgets every worker and every intent (a coordinator that stops leading: what it knew
+ * is another leader's now). Workers alive are reported gone (GONE_DEREGISTERED), so ops on
+ * them fail. */
+void registry_reset(struct registry *r);
+
 /* Restores intent without saving it (loading persisted state). */
 bool registry_restore_intent(struct registry *r, const char *name, enum registry_intent intent);
 

@@ -7,6 +7,7 @@
 #include "coordinator.h"
 #include "log.h"
 #include "groupsvc.h"
+#include "ha.h"
 #include "ops.h"
 #include "status.h"
 
@@ -337,7 +338,9 @@ coordinator_authorize_status_page(struct coordinator *c, const char *token, dc_s
         if (m == NULL) {
             return status_set(st, DC_INTERNAL, "no method %s", status_page_methods[i]);
         }
-        if ((code = coordinator_authorize(c, m, token, st)) != DC_OK) {
+        if ((code = auth_current_check(c->auth, coordinator_rules,
+                                       sizeof(coordinator_rules) / sizeof(coordinator_rules[0]), m,
+                                       token, st)) != DC_OK) {
             return code;
         }
     }
@@ -349,8 +352,14 @@ coordinator_authorize(void *arg, const ProtobufCMethodDescriptor *method, const 
                       dc_status *st)
 {
     struct coordinator *c = arg;
+    dc_code code          = DC_OK;
 
-    return auth_current_check(c->auth, coordinator_rules,
-                              sizeof(coordinator_rules) / sizeof(coordinator_rules[0]), method,
-                              token, st);
+    if (c->auth != NULL &&
+        (code = auth_current_check(c->auth, coordinator_rules,
+                                   sizeof(coordinator_rules) / sizeof(coordinator_rules[0]), method,
+                                   token, st)) != DC_OK) {
+        return code;
+    }
+    /* Only the leader answers (issue 16); a follower names it. */
+    return c->ha != NULL ? ha_admit(c->ha, st) : DC_OK;
 }

@@ -41,6 +41,38 @@ state_paths(const char *dir, char path[4096], char tmp[4096])
            snprintf(tmp, 4096, "%s/.%s.tmp", dir, STATE_FILE) < 4096;
 }
 
+static void
+state_print(FILE *f, const struct registry_intent_entry *entries, size_t n)
+{
+    fprintf(f, "%s\n", STATE_HEADER);
+    for (size_t i = 0; i < n; i++) {
+        if (entries[i].intent == INTENT_CORDON || entries[i].intent == INTENT_DRAIN) {
+            fprintf(f, "%s %s\n", intent_words[entries[i].intent], entries[i].name);
+        }
+    }
+    fprintf(f, "end %zu\n", state_count(entries, n));
+}
+
+dc_code
+state_format(const struct registry_intent_entry *entries, size_t n, char **text, size_t *len,
+             dc_status *st)
+{
+    FILE *f = open_memstream(text, len);
+
+    if (f == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    state_print(f, entries, n);
+    if (ferror(f)) {
+        fclose(f);
+        free(*text);
+        *text = NULL;
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    fclose(f);
+    return DC_OK;
+}
+
 /* Writes the whole of entries to tmp and syncs it. The writes go through stdio, whose
  * errors (ENOSPC first of all) may only show at the flush: ferror is checked too. */
 static dc_code
@@ -59,13 +91,7 @@ state_write_tmp(const char *tmp, const struct registry_intent_entry *entries, si
         goto fail;
     }
     errno = 0;
-    fprintf(f, "%s\n", STATE_HEADER);
-    for (size_t i = 0; i < n; i++) {
-        if (entries[i].intent == INTENT_CORDON || entries[i].intent == INTENT_DRAIN) {
-            fprintf(f, "%s %s\n", intent_words[entries[i].intent], entries[i].name);
-        }
-    }
-    fprintf(f, "end %zu\n", state_count(entries, n));
+    state_print(f, entries, n);
     if (fflush(f) != 0 || ferror(f) || fsync(fd) != 0) {
         err = errno != 0 ? errno : EIO;
         fclose(f);
@@ -138,28 +164,19 @@ state_store(const char *dir)
     return store;
 }
 
-dc_code
-state_load(const char *dir, struct registry *r, size_t *restored, dc_status *st)
+/* Reads an intent text from f (path names it in messages) and restores it into r. */
+static dc_code
+state_load_stream(FILE *f, const char *path, struct registry *r, size_t *restored, dc_status *st)
 {
     struct entry {
         enum registry_intent intent;
         char name[DC_WORKER_NAME_MAX + 1];
     } *entries = NULL;
-    char path[4096], line[256];
+    char line[256];
     size_t n = 0, lineno = 0, end = SIZE_MAX;
     dc_code code = DC_OK;
-    FILE *f;
 
     *restored = 0;
-    if (snprintf(path, sizeof(path), "%s/%s", dir, STATE_FILE) >= (int)sizeof(path)) {
-        return status_set(st, DC_INVALID_ARGUMENT, "state_dir path too long");
-    }
-    if ((f = fopen(path, "r")) == NULL) {
-        if (errno == ENOENT) {
-            return DC_OK;
-        }
-        return status_set(st, DC_DATA_LOSS, "%s: %s", path, strerror(errno));
-    }
     /* Everything is read and checked before anything is applied. */
     while (code == DC_OK && fgets(line, sizeof(line), f) != NULL) {
         char *sp, *name;
@@ -215,7 +232,6 @@ state_load(const char *dir, struct registry *r, size_t *restored, dc_status *st)
     if (code == DC_OK && (ferror(f) || lineno == 0 || end == SIZE_MAX)) {
         code = status_set(st, DC_DATA_LOSS, "%s: truncated (no end line)", path);
     }
-    fclose(f);
     for (size_t i = 0; code == DC_OK && i < n; i++) {
         if (!registry_restore_intent(r, entries[i].name, entries[i].intent)) {
             code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory restoring intent");
@@ -223,5 +239,46 @@ state_load(const char *dir, struct registry *r, size_t *restored, dc_status *st)
         (*restored)++;
     }
     free(entries);
+    return code;
+}
+
+dc_code
+state_load(const char *dir, struct registry *r, size_t *restored, dc_status *st)
+{
+    char path[4096];
+    dc_code code;
+    FILE *f;
+
+    *restored = 0;
+    if (snprintf(path, sizeof(path), "%s/%s", dir, STATE_FILE) >= (int)sizeof(path)) {
+        return status_set(st, DC_INVALID_ARGUMENT, "state_dir path too long");
+    }
+    if ((f = fopen(path, "r")) == NULL) {
+        if (errno == ENOENT) {
+            return DC_OK;
+        }
+        return status_set(st, DC_DATA_LOSS, "%s: %s", path, strerror(errno));
+    }
+    code = state_load_stream(f, path, r, restored, st);
+    fclose(f);
+    return code;
+}
+
+dc_code
+state_load_text(const char *name, const char *text, size_t len, struct registry *r,
+                size_t *restored, dc_status *st)
+{
+    dc_code code;
+    FILE *f;
+
+    *restored = 0;
+    if (len == 0) {
+        return DC_OK;
+    }
+    if ((f = fmemopen((void *)(uintptr_t)text, len, "r")) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    code = state_load_stream(f, name, r, restored, st);
+    fclose(f);
     return code;
 }

@@ -27,6 +27,16 @@ dc_code state_save(const char *dir, const struct registry_intent_entry *entries,
  * DC_UNAVAILABLE naming state_dir and the reason when it cannot. */
 dc_code state_check(const char *dir, dc_status *st);
 
+/* The intent text a save writes (what the etcd backend stores under PREFIX/intent);
+ * *text malloc'd. */
+dc_code state_format(const struct registry_intent_entry *entries, size_t n, char **text,
+                     size_t *len, dc_status *st);
+
+/* Restores intent from text (as state_format writes it; name stands for it in messages),
+ * checked whole before anything is applied as state_load does. "" restores nothing. */
+dc_code state_load_text(const char *name, const char *text, size_t len, struct registry *r,
+                        size_t *restored, dc_status *st);
+
 /* The registry_store that saves into dir, which must outlive the registry. */
 struct registry_store state_store(const char *dir);
 

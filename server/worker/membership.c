@@ -11,12 +11,14 @@
 #include "device.h"
 #include "log.h"
 #include "rpc.h"
+#include "rpc_leader.h"
 
 #define SVC (&devcoord__v1__coordinator__descriptor)
 
 struct membership {
     const struct config_worker *cfg;
     struct rpc_client *client;
+    struct rpc_leader *leader; /* coordinator: [a, b, c]: follows their leader; else NULL */
     void (*on_fenced)(void *);
     void *arg;
     pthread_t thread;
@@ -31,12 +33,31 @@ struct membership {
     uint8_t secret[AUTH_SESSION_SECRET_SIZE];
     size_t secret_len;
     uint32_t interval_ms;
+    const char *token; /* what the worker calls coordinators with; outlives m */
 };
 
 uint64_t
 membership_epoch(const struct membership *m)
 {
     return atomic_load(&m->epoch);
+}
+
+/* One call to the coordinator, or to the leader of the listed ones. */
+static dc_code
+m_call(struct membership *m, unsigned method, const ProtobufCMessage *req, uint32_t timeout_ms,
+       struct rpc_reply *reply, dc_status *st)
+{
+    if (m->leader != NULL) {
+        return rpc_leader_call(m->leader, SVC, method, req, timeout_ms, reply, st);
+    }
+    return rpc_call(m->client, SVC, method, req, NULL, 0, timeout_ms, reply, st);
+}
+
+static dc_code
+m_open(void *arg, const char *url, struct rpc_client **out, dc_status *st)
+{
+    struct membership *m = arg;
+    return auth_client_open(url, m->token, &m->cfg->tls, m->cfg->max_message_bytes, 1000, out, st);
 }
 
 /* Sleeps up to ms; true when asked to stop. */
@@ -109,8 +130,7 @@ membership_register(struct membership *m, dc_status *st)
     req.collective_backends = backends;
     req.max_message_bytes   = cfg->max_message_bytes;
 
-    code = rpc_call(m->client, SVC, M_COORDINATOR_REGISTER_WORKER, &req.base, NULL, 0, 2000, &reply,
-                    st);
+    code = m_call(m, M_COORDINATOR_REGISTER_WORKER, &req.base, 2000, &reply, st);
     if (code == DC_OK && reply.body != NULL) {
         Devcoord__V1__RegisterWorkerResponse *resp = (void *)reply.body;
         if (resp->session_secret.len > sizeof(m->secret)) {
@@ -127,11 +147,13 @@ membership_register(struct membership *m, dc_status *st)
         atomic_store(&m->epoch, resp->epoch);
         /* Redial at least once per heartbeat, so that a restarted coordinator hears from us
          * again within two heartbeats. */
-        rpc_client_set_reconnect(m->client, m->interval_ms < 50 ? m->interval_ms : 50,
-                                 m->interval_ms);
+        if (m->client != NULL) {
+            rpc_client_set_reconnect(m->client, m->interval_ms < 50 ? m->interval_ms : 50,
+                                     m->interval_ms);
+        }
         log_info("registered with %s as %s (epoch %llu, %zu devices, heartbeat every %u ms)",
-                 cfg->coordinator, cfg->name, (unsigned long long)resp->epoch, cfg->n_devices,
-                 m->interval_ms);
+                 m->leader != NULL ? rpc_leader_current(m->leader) : cfg->coordinator, cfg->name,
+                 (unsigned long long)resp->epoch, cfg->n_devices, m->interval_ms);
     } else if (code == DC_OK) {
         code = status_set(st, DC_INTERNAL, "registration reply without a body");
     }
@@ -157,8 +179,7 @@ membership_heartbeat(struct membership *m, dc_status *st)
     req.epoch               = atomic_load(&m->epoch);
     req.session_secret.data = m->secret;
     req.session_secret.len  = m->secret_len;
-    code = rpc_call(m->client, SVC, M_COORDINATOR_HEARTBEAT, &req.base, NULL, 0, m->interval_ms,
-                    &reply, st);
+    code = m_call(m, M_COORDINATOR_HEARTBEAT, &req.base, m->interval_ms, &reply, st);
     rpc_reply_free(&reply);
     return code;
 }
@@ -227,9 +248,15 @@ membership_new(const struct config_worker *cfg, const char *token, void (*on_fen
     m->interval_ms = 1000;
     pthread_mutex_init(&m->mtx, NULL);
     pthread_cond_init(&m->cv, NULL);
+    m->token = token;
     /* Until the coordinator tells us the heartbeat interval, redial every second. */
-    if (auth_client_open(cfg->coordinator, token, &cfg->tls, cfg->max_message_bytes, 1000,
-                         &m->client, &st) != DC_OK) {
+    if (strchr(cfg->coordinator, ',') != NULL) {
+        if (rpc_leader_new(cfg->coordinator, m_open, m, &m->leader, &st) != DC_OK) {
+            log_error("coordinators %s: %s", cfg->coordinator, st.message);
+            goto fail;
+        }
+    } else if (auth_client_open(cfg->coordinator, token, &cfg->tls, cfg->max_message_bytes, 1000,
+                                &m->client, &st) != DC_OK) {
         log_error("coordinator %s: %s", cfg->coordinator, st.message);
         goto fail;
     }
@@ -265,7 +292,8 @@ membership_stop(struct membership *m)
     if (m->running) {
         pthread_join(m->thread, NULL);
     }
-    if ((req.epoch = atomic_load(&m->epoch)) != 0 && !rpc_client_connected(m->client)) {
+    if ((req.epoch = atomic_load(&m->epoch)) != 0 &&
+        !(m->leader != NULL ? rpc_leader_connected(m->leader) : rpc_client_connected(m->client))) {
         /* The stop is bounded (daemon.c): no time to wait for the connection to come back.
          * The coordinator will find us dead instead. */
         log_warn("not deregistering: no connection to %s", m->cfg->coordinator);
@@ -275,8 +303,7 @@ membership_stop(struct membership *m)
         req.session_secret.len  = m->secret_len;
         /* Answered in a millisecond when the coordinator is there; 500 ms leaves the rest of
          * the stop's bound to the closes. */
-        if (rpc_call(m->client, SVC, M_COORDINATOR_DEREGISTER_WORKER, &req.base, NULL, 0, 500,
-                     &reply, &st) == DC_OK) {
+        if (m_call(m, M_COORDINATOR_DEREGISTER_WORKER, &req.base, 500, &reply, &st) == DC_OK) {
             log_info("deregistered from %s", m->cfg->coordinator);
         } else {
             log_warn("could not deregister: %s", st.message);
@@ -284,6 +311,7 @@ membership_stop(struct membership *m)
         rpc_reply_free(&reply);
     }
     rpc_client_close(m->client);
+    rpc_leader_free(m->leader);
     pthread_cond_destroy(&m->cv);
     pthread_mutex_destroy(&m->mtx);
     memset(m->secret, 0, sizeof(m->secret));

@@ -8,10 +8,33 @@
 
 #define WORKER(svc) ((struct worker *)(void *)(svc))
 
+/* Fencing (issue 16): whether an order of coordinator term `term` may run; answers the
+ * call FAILED_PRECONDITION when not. The newest term seen only grows. A term-0 order (a
+ * lone coordinator) after a term was seen is refused too: it cannot be the leader's. */
+static bool
+term_admits(struct worker *w, uint64_t term, ProtobufCClosure closure, void *cd)
+{
+    unsigned long long seen = atomic_load(&w->max_term);
+
+    while (term > seen && !atomic_compare_exchange_weak(&w->max_term, &seen, term)) {
+    }
+    if (term >= seen) {
+        return true;
+    }
+    status_set(rpc_call_status(cd), DC_FAILED_PRECONDITION,
+               "order from an older coordinator term %llu < %llu", (unsigned long long)term,
+               (unsigned long long)seen);
+    closure(NULL, cd);
+    return false;
+}
+
 static void
 w_execute(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__ExecuteRequest *in,
           Devcoord__V1__ExecuteResponse_Closure closure, void *cd)
 {
+    if (!term_admits(WORKER(svc), in->term, (ProtobufCClosure)closure, cd)) {
+        return;
+    }
     collectives_execute(WORKER(svc)->collectives, in, closure, cd);
 }
 
@@ -26,6 +49,9 @@ static void
 w_commit(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__CommitRequest *in,
          Devcoord__V1__CommitResponse_Closure closure, void *cd)
 {
+    if (!term_admits(WORKER(svc), in->term, (ProtobufCClosure)closure, cd)) {
+        return;
+    }
     collectives_commit(WORKER(svc)->collectives, in, closure, cd);
 }
 
@@ -68,6 +94,9 @@ static void
 w_group_setup(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__GroupSetupRequest *in,
               Devcoord__V1__GroupSetupResponse_Closure closure, void *cd)
 {
+    if (!term_admits(WORKER(svc), in->term, (ProtobufCClosure)closure, cd)) {
+        return;
+    }
     wgroups_setup(WORKER(svc)->groups, in, closure, cd);
 }
 

@@ -5,6 +5,8 @@
 #ifndef DEVCOORD_WORKER_H
 #define DEVCOORD_WORKER_H
 
+#include <stdatomic.h>
+
 #include "config.h"
 #include "devcoord/v1/devcoord.pb-c.h"
 #include "membership.h"
@@ -32,6 +34,9 @@ struct worker {
     struct rpc_server *rpc;
     struct rpc_metrics rpc_metrics;
     struct http_server *http;
+    /* The newest coordinator term an order carried (ExecuteRequest.term): older ones are
+     * refused, so a deposed leader cannot drive this worker (issue 16). */
+    atomic_ullong max_term;
 };
 
 void worker_service_init(struct worker *w);

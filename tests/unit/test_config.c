@@ -481,7 +481,83 @@ static const struct bad coordinator_bad[] = {
     { "listen: tcp://a:1\n---\nhttp: ''\n", NAME ":2:1: ", "expected one document" },
     { "? [a]\n: b\n", NAME ":1:3: ", "keys must be strings, found a sequence" },
     { "log: {level: info, \"\": x}\n", NAME ":1:20: key 'log': ", "empty key" },
+    /* state: (issue 16) */
+    { "state: {backend: etcd}\n",
+      NAME ":1:18: key 'state.backend': ", "etcd needs state.endpoints as well" },
+    { "state: {backend: zookeeper}\n",
+      NAME ":1:18: key 'state.backend': ", "unknown backend 'zookeeper' (expected local or etcd)" },
+    { "state: {endpoints: [http://a:1]}\n",
+      NAME ":1:20: key 'state.endpoints': ", "only for state.backend etcd" },
+    { "state: {backend: etcd, endpoints: [http://a:1, tcp://b:2]}\n",
+      NAME ":1:48: key 'state.endpoints[1]': ", "invalid address 'tcp://b:2': expected http://" },
+    { "state: {backend: etcd, endpoints: \"http://a:1,\"}\n",
+      NAME ":1:35: key 'state.endpoints': ", "empty address in the list" },
+    { "state: {backend: etcd, endpoints: \"http://a:99999\"}\n",
+      NAME ":1:35: key 'state.endpoints': ", "invalid port" },
+    { "state: {backend: etcd, endpoints: [http://a:1], lease_ttl_ms: 500}\n",
+      NAME ":1:63: key 'state.lease_ttl_ms': ", "must be between 2000 and 60000, found 500" },
+    { "state: {backend: etcd, endpoints: [http://a:1], prefix: devcoord}\n",
+      NAME ":1:57: key 'state.prefix': ", "must start with '/'" },
+    { "state: {backend: etcd, endpoints: [http://a:1], prefix: /a/}\n",
+      NAME ":1:57: key 'state.prefix': ", "must not end with '/'" },
+    { "state: {backend: etcd, endpoints: []}\n",
+      NAME ":1:36: key 'state.endpoints': ", "must name at least one address" },
+    { "advertise: nowhere\n", NAME ":1:12: key 'advertise': ", "invalid address 'nowhere'" },
 };
+
+/* state: {backend: etcd, ...} and the coordinator's advertise (issue 16). */
+static void
+test_coordinator_state_etcd(void **state)
+{
+    static const char yaml[]    = "listen: tcp://0.0.0.0:7400\n"
+                                  "advertise: tcp://coord-a:7400\n"
+                                  "state:\n"
+                                  "  backend: etcd\n"
+                                  "  endpoints: [http://10.0.0.1:2379, https://etcd-b:2379]\n"
+                                  "  prefix: /devcoord/prod\n"
+                                  "  lease_ttl_ms: 5000\n"
+                                  "  ca: /etc/devcoord/etcd-ca.pem\n";
+    static const char comma[]   = "state: {backend: etcd, endpoints: \"http://a:1,http://b:2\"}\n";
+    struct config_coordinator c = { 0 };
+    dc_status st;
+
+    (void)state;
+    assert_int_equal(config_coordinator_parse(NAME, yaml, strlen(yaml), &c, &st), DC_OK);
+    assert_int_equal(c.state.backend, STATE_BACKEND_ETCD);
+    assert_string_equal(c.state.endpoints, "http://10.0.0.1:2379,https://etcd-b:2379");
+    assert_string_equal(c.state.prefix, "/devcoord/prod");
+    assert_int_equal(c.state.lease_ttl_ms, 5000);
+    assert_string_equal(c.state.ca, "/etc/devcoord/etcd-ca.pem");
+    assert_string_equal(c.advertise, "tcp://coord-a:7400");
+    assert_int_equal(config_coordinator_parse(NAME, comma, strlen(comma), &c, &st), DC_OK);
+    assert_string_equal(c.state.endpoints, "http://a:1,http://b:2");
+    assert_string_equal(c.state.prefix, "/devcoord/default");
+    assert_int_equal(c.state.lease_ttl_ms, 3000);
+    config_coordinator_free(&c);
+    /* The default stays the local state: no etcd. */
+    assert_int_equal(config_coordinator_parse(NAME, "", 0, &c, &st), DC_OK);
+    assert_int_equal(c.state.backend, STATE_BACKEND_LOCAL);
+    assert_null(c.state.endpoints);
+    assert_null(c.advertise);
+    config_coordinator_free(&c);
+}
+
+/* coordinator: a list (YAML sequence or "a,b,c") is kept as "a,b,c". */
+static void
+test_worker_coordinator_list(void **state)
+{
+    static const char seq[]   = "coordinator: [tcp://a:1, tls+tcp://b:2, tcp://c:3]\n";
+    static const char comma[] = "coordinator: tcp://a:1,tcp://b:2\n";
+    struct config_worker w    = { 0 };
+    dc_status st;
+
+    (void)state;
+    assert_int_equal(config_worker_parse(NAME, seq, strlen(seq), &w, &st), DC_OK);
+    assert_string_equal(w.coordinator, "tcp://a:1,tls+tcp://b:2,tcp://c:3");
+    assert_int_equal(config_worker_parse(NAME, comma, strlen(comma), &w, &st), DC_OK);
+    assert_string_equal(w.coordinator, "tcp://a:1,tcp://b:2");
+    config_worker_free(&w);
+}
 
 static void
 test_coordinator_errors(void **state)
@@ -566,6 +642,15 @@ static const struct bad worker_bad[] = {
       "must be between 1 and 1099511627776, found 0" },
     { "tls: {cert: a}\n", NAME ":1:13: key 'tls.cert': ", "needs tls.key" },
     { "log: {format: yaml}\n", NAME ":1:15: key 'log.format': ", "unknown log format 'yaml'" },
+    { "coordinator: [tcp://a:1, \"tcp://b:2,tcp://c:3\"]\n",
+      NAME ":1:26: key 'coordinator[1]': ", "one address per item" },
+    { "coordinator: \"tcp://a:1,,tcp://b:2\"\n",
+      NAME ":1:14: key 'coordinator': ", "empty address in the list" },
+    { "coordinator: [tcp://a:1, udp://b:2]\n",
+      NAME ":1:26: key 'coordinator[1]': ", "invalid address 'udp://b:2'" },
+    { "coordinator: [tcp://a:1, tcp://a:2, tcp://a:3, tcp://a:4, tcp://a:5, tcp://a:6, "
+      "tcp://a:7, tcp://a:8, tcp://a:9]\n",
+      NAME ":1:103: key 'coordinator[8]': ", "more than 8 addresses" },
 };
 
 static void
@@ -782,6 +867,8 @@ main(void)
         cmocka_unit_test(test_worker_advertise_follows_listen),
         cmocka_unit_test(test_load_over_held_config),
         cmocka_unit_test(test_coordinator_errors),
+        cmocka_unit_test(test_coordinator_state_etcd),
+        cmocka_unit_test(test_worker_coordinator_list),
         cmocka_unit_test(test_worker_errors),
         cmocka_unit_test(test_error_restores_defaults),
         cmocka_unit_test(test_bounds),

@@ -66,6 +66,40 @@ test_round_trip(void **state)
     registry_free(b);
 }
 
+/* The text the etcd backend stores (issue 16): the file's format, checked the same way,
+ * and registry_reset forgets it all before a new leader loads it. */
+static void
+test_text_round_trip_and_reset(void **state)
+{
+    static const struct registry_intent_entry entries[] = {
+        { "node-a", INTENT_DRAIN },
+        { "node-b", INTENT_NONE },
+    };
+    struct registry *r = fresh();
+    char seen[256] = "", *text = NULL;
+    size_t n, len              = 0;
+    dc_status st;
+
+    (void)state;
+    assert_int_equal(state_format(entries, 2, &text, &len, &st), DC_OK);
+    assert_string_equal(text, "devcoord-intent 1\ndrain node-a\nend 1\n");
+    assert_int_equal(state_load_text("etcd", text, len, r, &n, &st), DC_OK);
+    assert_int_equal(n, 1);
+    registry_each_intent(r, collect, seen);
+    assert_string_equal(seen, "node-a=2;");
+    /* Truncated text restores nothing. */
+    registry_reset(r);
+    seen[0] = '\0';
+    assert_int_equal(state_load_text("etcd", text, len - 6, r, &n, &st), DC_DATA_LOSS);
+    assert_non_null(strstr(st.message, "etcd"));
+    registry_each_intent(r, collect, seen);
+    assert_string_equal(seen, "");
+    assert_int_equal(state_load_text("etcd", "", 0, r, &n, &st), DC_OK);
+    assert_int_equal(n, 0);
+    free(text);
+    registry_free(r);
+}
+
 static void
 read_file(const char *path, char *buf, size_t cap)
 {
@@ -284,6 +318,7 @@ main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_text_round_trip_and_reset),
         cmocka_unit_test(test_failed_save_keeps_the_old_file),
         cmocka_unit_test(test_check),
         cmocka_unit_test(test_registry_change_that_cannot_be_saved_is_refused),

@@ -1,0 +1,733 @@
+#include "etcd.h"
+
+#include <cJSON.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mbedtls/base64.h>
+#include <nng/nng.h>
+#include <nng/supplemental/http/http.h>
+#include <nng/supplemental/tls/tls.h>
+
+#include "address.h"
+#include "auth.h"
+#include "rpc.h"
+
+struct etcd_endpoint {
+    char url[ADDRESS_MAX + 1];
+    nng_url *base;
+    nng_http_client *client;
+};
+
+struct etcd {
+    struct etcd_endpoint ep[ETCD_MAX_ENDPOINTS];
+    size_t n;
+    atomic_size_t current;
+    uint32_t timeout_ms;
+};
+
+void
+etcd_free(struct etcd *e)
+{
+    if (e == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < e->n; i++) {
+        if (e->ep[i].client != NULL) {
+            nng_http_client_free(e->ep[i].client);
+        }
+        if (e->ep[i].base != NULL) {
+            nng_url_free(e->ep[i].base);
+        }
+    }
+    free(e);
+}
+
+dc_code
+etcd_open(const char *endpoints, const char *ca, uint32_t timeout_ms, struct etcd **out,
+          dc_status *st)
+{
+    char buf[ETCD_MAX_ENDPOINTS * (ADDRESS_MAX + 1 + 1)];
+    const char *list[ETCD_MAX_ENDPOINTS];
+    struct etcd *e;
+    size_t n;
+    int rv;
+
+    *out = NULL;
+    if ((n = address_split_list(endpoints, buf, sizeof(buf), list, ETCD_MAX_ENDPOINTS)) == 0) {
+        return status_set(st, DC_INVALID_ARGUMENT, "state.endpoints: no usable endpoint");
+    }
+    if ((e = calloc(1, sizeof(*e))) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    e->timeout_ms = timeout_ms;
+    for (size_t i = 0; i < n; i++, e->n++) {
+        struct etcd_endpoint *ep = &e->ep[i];
+
+        snprintf(ep->url, sizeof(ep->url), "%s", list[i]);
+        if ((rv = nng_url_parse(&ep->base, list[i])) != 0 ||
+            (rv = nng_http_client_alloc(&ep->client, ep->base)) != 0) {
+            status_set(st, DC_INVALID_ARGUMENT, "etcd endpoint %s: %s", list[i], nng_strerror(rv));
+            e->n++;
+            etcd_free(e);
+            return DC_INVALID_ARGUMENT;
+        }
+        if (strncmp(list[i], "https://", 8) == 0) {
+            nng_tls_config *tls = NULL;
+            dc_code code;
+            char host[256];
+
+            if (ca == NULL) {
+                e->n++;
+                etcd_free(e);
+                return status_set(st, DC_INVALID_ARGUMENT,
+                                  "etcd endpoint %s: https:// needs state.ca", list[i]);
+            }
+            auth_url_host(list[i], host, sizeof(host));
+            if ((code = auth_tls_client(ca, NULL, NULL, host, &tls, st)) != DC_OK) {
+                e->n++;
+                etcd_free(e);
+                return code;
+            }
+            rv = nng_http_client_set_tls(ep->client, tls);
+            nng_tls_config_free(tls);
+            if (rv != 0) {
+                e->n++;
+                etcd_free(e);
+                return status_set(st, DC_INTERNAL, "etcd endpoint %s: %s", list[i],
+                                  nng_strerror(rv));
+            }
+        }
+    }
+    *out = e;
+    return DC_OK;
+}
+
+/* ---- HTTP ------------------------------------------------------------------------------ */
+
+int
+etcd_dechunk(char *buf, size_t *len)
+{
+    size_t in = 0, outp = 0, n = *len;
+
+    for (;;) {
+        size_t size = 0, digits = 0;
+
+        while (in < n && buf[in] != '\r' && buf[in] != ';') {
+            char c = buf[in];
+            unsigned v;
+
+            if (c >= '0' && c <= '9') {
+                v = (unsigned)(c - '0');
+            } else if (c >= 'a' && c <= 'f') {
+                v = (unsigned)(c - 'a' + 10);
+            } else if (c >= 'A' && c <= 'F') {
+                v = (unsigned)(c - 'A' + 10);
+            } else {
+                return -1;
+            }
+            if (++digits > 8) {
+                return -1;
+            }
+            size = size * 16 + v;
+            in++;
+        }
+        while (in < n && buf[in] != '\r') { /* chunk extensions */
+            in++;
+        }
+        if (in + 2 > n) {
+            return 0;
+        }
+        if (digits == 0 || buf[in + 1] != '\n') {
+            return -1;
+        }
+        in += 2;
+        if (size == 0) {
+            /* Trailers are not used by the gateway: the body ends at the blank line. */
+            if (in + 2 > n) {
+                return 0;
+            }
+            if (buf[in] != '\r' || buf[in + 1] != '\n') {
+                return -1;
+            }
+            *len = outp;
+            return 1;
+        }
+        if (size > n - in || n - in - size < 2) {
+            return 0;
+        }
+        memmove(buf + outp, buf + in, size);
+        outp += size;
+        in += size;
+        if (buf[in] != '\r' || buf[in + 1] != '\n') {
+            return -1;
+        }
+        in += 2;
+        /* The decoded part is moved down; what follows stays where it is. */
+    }
+}
+
+/* Waits for aio (whose timeout bounds it); 0 or an nng error. */
+static int
+aio_run(nng_aio *aio)
+{
+    nng_aio_wait(aio);
+    return nng_aio_result(aio);
+}
+
+static nng_duration
+remaining(uint64_t deadline)
+{
+    uint64_t now = rpc_now_ms();
+    return now >= deadline ? 1 : (nng_duration)(deadline - now);
+}
+
+/* Reads the body after the header: Content-Length bytes, or chunks until the last one. */
+static dc_code
+read_body(nng_http_conn *conn, nng_http_res *res, nng_aio *aio, uint64_t deadline, char **out,
+          size_t *out_len, dc_status *st)
+{
+    const char *cl = nng_http_res_get_header(res, "Content-Length");
+    const char *te = nng_http_res_get_header(res, "Transfer-Encoding");
+    char *buf      = NULL;
+    size_t len     = 0, cap;
+    nng_iov iov;
+    int rv;
+
+    if (cl != NULL) {
+        char *end;
+        unsigned long long v;
+
+        errno = 0;
+        v     = strtoull(cl, &end, 10);
+        if (errno != 0 || *end != '\0' || end == cl || v > ETCD_MAX_RESPONSE) {
+            return status_set(st, DC_UNAVAILABLE, "etcd: response of %.32s bytes refused", cl);
+        }
+        if ((buf = malloc((size_t)v + 1)) == NULL) {
+            return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        if (v > 0) {
+            iov.iov_buf = buf;
+            iov.iov_len = (size_t)v;
+            nng_aio_set_iov(aio, 1, &iov);
+            nng_aio_set_timeout(aio, remaining(deadline));
+            nng_http_conn_read_all(conn, aio);
+            if ((rv = aio_run(aio)) != 0) {
+                free(buf);
+                return status_set(st, DC_UNAVAILABLE, "etcd: reading the response: %s",
+                                  nng_strerror(rv));
+            }
+        }
+        buf[v]   = '\0';
+        *out     = buf;
+        *out_len = (size_t)v;
+        return DC_OK;
+    }
+    if (te == NULL || strstr(te, "chunked") == NULL) {
+        return status_set(st, DC_UNAVAILABLE, "etcd: response with neither a length nor chunks");
+    }
+    cap = 4096;
+    if ((buf = malloc(cap + 1)) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (;;) {
+        char *copy;
+        size_t dlen;
+        int done;
+
+        if (len == cap) {
+            char *grow;
+            if (cap >= ETCD_MAX_RESPONSE) {
+                free(buf);
+                return status_set(st, DC_UNAVAILABLE, "etcd: response over %u bytes refused",
+                                  ETCD_MAX_RESPONSE);
+            }
+            cap *= 2;
+            if ((grow = realloc(buf, cap + 1)) == NULL) {
+                free(buf);
+                return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+            }
+            buf = grow;
+        }
+        iov.iov_buf = buf + len;
+        iov.iov_len = cap - len;
+        nng_aio_set_iov(aio, 1, &iov);
+        nng_aio_set_timeout(aio, remaining(deadline));
+        nng_http_conn_read(conn, aio);
+        if ((rv = aio_run(aio)) != 0) {
+            free(buf);
+            return status_set(st, DC_UNAVAILABLE, "etcd: reading the response: %s",
+                              nng_strerror(rv));
+        }
+        len += nng_aio_count(aio);
+        /* Decode a copy: the chunks may not all be here yet. */
+        if ((copy = malloc(len + 1)) == NULL) {
+            free(buf);
+            return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        memcpy(copy, buf, len);
+        dlen = len;
+        done = etcd_dechunk(copy, &dlen);
+        if (done < 0) {
+            free(copy);
+            free(buf);
+            return status_set(st, DC_UNAVAILABLE, "etcd: malformed chunked response");
+        }
+        if (done == 1) {
+            free(buf);
+            copy[dlen] = '\0';
+            *out       = copy;
+            *out_len   = dlen;
+            return DC_OK;
+        }
+        free(copy);
+    }
+}
+
+/* One POST to one endpoint. */
+static dc_code
+post_one(struct etcd *e, struct etcd_endpoint *ep, const char *path, const char *body, cJSON **out,
+         dc_status *st)
+{
+    uint64_t deadline   = rpc_now_ms() + e->timeout_ms;
+    nng_http_conn *conn = NULL;
+    nng_http_req *req   = NULL;
+    nng_http_res *res   = NULL;
+    nng_aio *aio        = NULL;
+    char *text          = NULL;
+    size_t len          = 0;
+    uint16_t status;
+    dc_code code;
+    int rv;
+
+    if ((rv = nng_aio_alloc(&aio, NULL, NULL)) != 0 ||
+        (rv = nng_http_req_alloc(&req, ep->base)) != 0 || (rv = nng_http_res_alloc(&res)) != 0 ||
+        (rv = nng_http_req_set_method(req, "POST")) != 0 ||
+        (rv = nng_http_req_set_uri(req, path)) != 0 ||
+        (rv = nng_http_req_set_header(req, "Content-Type", "application/json")) != 0 ||
+        (rv = nng_http_req_copy_data(req, body, strlen(body))) != 0) {
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "etcd: %s", nng_strerror(rv));
+        goto out;
+    }
+    nng_aio_set_timeout(aio, remaining(deadline));
+    nng_http_client_connect(ep->client, aio);
+    if ((rv = aio_run(aio)) != 0) {
+        code = status_set(st, DC_UNAVAILABLE, "etcd %s: %s", ep->url, nng_strerror(rv));
+        goto out;
+    }
+    conn = nng_aio_get_output(aio, 0);
+    nng_aio_set_timeout(aio, remaining(deadline));
+    nng_http_conn_write_req(conn, req, aio);
+    if ((rv = aio_run(aio)) != 0) {
+        code = status_set(st, DC_UNAVAILABLE, "etcd %s: sending %s: %s", ep->url, path,
+                          nng_strerror(rv));
+        goto out;
+    }
+    nng_aio_set_timeout(aio, remaining(deadline));
+    nng_http_conn_read_res(conn, res, aio);
+    if ((rv = aio_run(aio)) != 0) {
+        code = status_set(st, DC_UNAVAILABLE, "etcd %s: %s: %s", ep->url, path, nng_strerror(rv));
+        goto out;
+    }
+    if ((code = read_body(conn, res, aio, deadline, &text, &len, st)) != DC_OK) {
+        goto out;
+    }
+    status = nng_http_res_get_status(res);
+    *out   = cJSON_ParseWithLength(text, len);
+    if (*out == NULL) {
+        code =
+            status_set(st, DC_UNAVAILABLE, "etcd %s: %s: HTTP %u, not JSON", ep->url, path, status);
+        goto out;
+    }
+    if (status != 200) {
+        const cJSON *msg = cJSON_GetObjectItemCaseSensitive(*out, "message");
+        if (!cJSON_IsString(msg)) {
+            msg = cJSON_GetObjectItemCaseSensitive(*out, "error");
+        }
+        code = status_set(st, status >= 500 ? DC_UNAVAILABLE : DC_INTERNAL,
+                          "etcd %s: %s: HTTP %u: %.200s", ep->url, path, status,
+                          cJSON_IsString(msg) ? msg->valuestring : "");
+        cJSON_Delete(*out);
+        *out = NULL;
+        goto out;
+    }
+    code = DC_OK;
+out:
+    free(text);
+    if (conn != NULL) {
+        nng_http_conn_close(conn);
+    }
+    nng_http_res_free(res);
+    nng_http_req_free(req);
+    nng_aio_free(aio);
+    return code;
+}
+
+/* POSTs body to path at the current endpoint, then the others; a refusal that is not
+ * about reaching etcd is not tried again. */
+static dc_code
+post(struct etcd *e, const char *path, cJSON *body, cJSON **out, dc_status *st)
+{
+    char *text = cJSON_PrintUnformatted(body);
+    size_t first;
+    dc_code code = DC_UNAVAILABLE;
+
+    *out = NULL;
+    if (text == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    first = atomic_load(&e->current);
+    for (size_t k = 0; k < e->n; k++) {
+        size_t i = (first + k) % e->n;
+
+        if ((code = post_one(e, &e->ep[i], path, text, out, st)) != DC_UNAVAILABLE) {
+            break;
+        }
+        atomic_store(&e->current, (i + 1) % e->n);
+    }
+    free(text);
+    return code;
+}
+
+/* ---- JSON ------------------------------------------------------------------------------ */
+
+/* int64 fields come as strings ("7587...") from the gateway; numbers are taken too. */
+static int64_t
+json_i64(const cJSON *obj, const char *name)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+
+    if (cJSON_IsString(v)) {
+        return (int64_t)strtoll(v->valuestring, NULL, 10);
+    }
+    if (cJSON_IsNumber(v)) {
+        return (int64_t)v->valuedouble;
+    }
+    return 0;
+}
+
+static bool
+json_add_i64(cJSON *obj, const char *name, int64_t v)
+{
+    char buf[32];
+
+    snprintf(buf, sizeof(buf), "%" PRId64, v);
+    return cJSON_AddStringToObject(obj, name, buf) != NULL;
+}
+
+static bool
+json_add_b64(cJSON *obj, const char *name, const void *data, size_t len)
+{
+    size_t olen = 0;
+    char *buf;
+    bool ok;
+
+    mbedtls_base64_encode(NULL, 0, &olen, data, len);
+    if ((buf = malloc(olen + 1)) == NULL) {
+        return false;
+    }
+    if (mbedtls_base64_encode((unsigned char *)buf, olen + 1, &olen, data, len) != 0) {
+        free(buf);
+        return false;
+    }
+    buf[olen] = '\0';
+    ok        = cJSON_AddStringToObject(obj, name, buf) != NULL;
+    free(buf);
+    return ok;
+}
+
+/* Decodes a base64 string field into a NUL-terminated malloc'd buffer. */
+static dc_code
+json_b64(const cJSON *obj, const char *name, char **out, size_t *len, dc_status *st)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    const char *s  = cJSON_IsString(v) ? v->valuestring : "";
+    size_t olen = 0, slen = strlen(s);
+    char *buf;
+
+    if (slen > ETCD_MAX_VALUE * 2) {
+        return status_set(st, DC_UNAVAILABLE, "etcd: value too large");
+    }
+    if ((buf = malloc(slen + 1)) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    if (mbedtls_base64_decode((unsigned char *)buf, slen, &olen, (const unsigned char *)s, slen) !=
+        0) {
+        free(buf);
+        return status_set(st, DC_UNAVAILABLE, "etcd: %s is not base64", name);
+    }
+    buf[olen] = '\0';
+    *out      = buf;
+    *len      = olen;
+    return DC_OK;
+}
+
+static dc_code
+kv_from_json(const cJSON *kv, struct etcd_kv *out, dc_status *st)
+{
+    out->create_revision = json_i64(kv, "create_revision");
+    out->lease           = json_i64(kv, "lease");
+    return json_b64(kv, "value", &out->value, &out->len, st);
+}
+
+void
+etcd_kv_clear(struct etcd_kv *kv)
+{
+    free(kv->value);
+    memset(kv, 0, sizeof(*kv));
+}
+
+static dc_code
+oom(cJSON *j, dc_status *st)
+{
+    cJSON_Delete(j);
+    return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+}
+
+/* ---- calls ----------------------------------------------------------------------------- */
+
+dc_code
+etcd_lease_grant(struct etcd *e, int64_t ttl_s, int64_t *id, int64_t *granted_s, dc_status *st)
+{
+    cJSON *req = cJSON_CreateObject(), *res = NULL;
+    dc_code code;
+
+    if (req == NULL || !json_add_i64(req, "TTL", ttl_s)) {
+        return oom(req, st);
+    }
+    code = post(e, "/v3/lease/grant", req, &res, st);
+    cJSON_Delete(req);
+    if (code != DC_OK) {
+        return code;
+    }
+    *id        = json_i64(res, "ID");
+    *granted_s = json_i64(res, "TTL");
+    cJSON_Delete(res);
+    if (*id == 0 || *granted_s <= 0) {
+        return status_set(st, DC_UNAVAILABLE, "etcd granted no lease");
+    }
+    return DC_OK;
+}
+
+dc_code
+etcd_lease_keepalive(struct etcd *e, int64_t id, int64_t *ttl_s, dc_status *st)
+{
+    cJSON *req = cJSON_CreateObject(), *res = NULL;
+    const cJSON *result, *err;
+    dc_code code;
+
+    if (req == NULL || !json_add_i64(req, "ID", id)) {
+        return oom(req, st);
+    }
+    code = post(e, "/v3/lease/keepalive", req, &res, st);
+    cJSON_Delete(req);
+    if (code != DC_OK) {
+        return code;
+    }
+    /* A stream's answer: {"result": {...}} or {"error": {...}}. */
+    result = cJSON_GetObjectItemCaseSensitive(res, "result");
+    err    = cJSON_GetObjectItemCaseSensitive(res, "error");
+    if (!cJSON_IsObject(result)) {
+        const cJSON *m = cJSON_GetObjectItemCaseSensitive(err, "message");
+        code           = status_set(st, DC_UNAVAILABLE, "etcd keepalive: %.200s",
+                          cJSON_IsString(m) ? m->valuestring : "no result");
+    } else {
+        *ttl_s = json_i64(result, "TTL");
+    }
+    cJSON_Delete(res);
+    return code;
+}
+
+dc_code
+etcd_lease_revoke(struct etcd *e, int64_t id, dc_status *st)
+{
+    cJSON *req = cJSON_CreateObject(), *res = NULL;
+    dc_code code;
+
+    if (req == NULL || !json_add_i64(req, "ID", id)) {
+        return oom(req, st);
+    }
+    code = post(e, "/v3/lease/revoke", req, &res, st);
+    cJSON_Delete(req);
+    cJSON_Delete(res);
+    return code;
+}
+
+/* {"key": b64, ...} objects for a txn. */
+static cJSON *
+txn_compare_create(const char *key, int64_t rev)
+{
+    cJSON *c = cJSON_CreateObject();
+
+    if (c == NULL || !json_add_b64(c, "key", key, strlen(key)) ||
+        cJSON_AddStringToObject(c, "result", "EQUAL") == NULL ||
+        cJSON_AddStringToObject(c, "target", "CREATE") == NULL ||
+        !json_add_i64(c, "create_revision", rev)) {
+        cJSON_Delete(c);
+        return NULL;
+    }
+    return c;
+}
+
+static cJSON *
+txn_put(const char *key, const void *value, size_t len, int64_t lease)
+{
+    cJSON *op = cJSON_CreateObject(), *put = cJSON_CreateObject();
+
+    if (op == NULL || put == NULL || !json_add_b64(put, "key", key, strlen(key)) ||
+        !json_add_b64(put, "value", value, len) ||
+        (lease != 0 && !json_add_i64(put, "lease", lease))) {
+        cJSON_Delete(op);
+        cJSON_Delete(put);
+        return NULL;
+    }
+    cJSON_AddItemToObject(op, "request_put", put);
+    return op;
+}
+
+static cJSON *
+txn_range(const char *key)
+{
+    cJSON *op = cJSON_CreateObject(), *r = cJSON_CreateObject();
+
+    if (op == NULL || r == NULL || !json_add_b64(r, "key", key, strlen(key))) {
+        cJSON_Delete(op);
+        cJSON_Delete(r);
+        return NULL;
+    }
+    cJSON_AddItemToObject(op, "request_range", r);
+    return op;
+}
+
+/* A txn of one compare, one success op and one failure op (may be NULL). */
+static cJSON *
+txn_new(cJSON *compare, cJSON *success, cJSON *failure)
+{
+    cJSON *t = cJSON_CreateObject();
+    cJSON *c = cJSON_CreateArray(), *s = cJSON_CreateArray(), *f = cJSON_CreateArray();
+
+    if (t == NULL || c == NULL || s == NULL || f == NULL || compare == NULL || success == NULL) {
+        cJSON_Delete(t);
+        cJSON_Delete(c);
+        cJSON_Delete(s);
+        cJSON_Delete(f);
+        cJSON_Delete(compare);
+        cJSON_Delete(success);
+        cJSON_Delete(failure);
+        return NULL;
+    }
+    cJSON_AddItemToArray(c, compare);
+    cJSON_AddItemToArray(s, success);
+    if (failure != NULL) {
+        cJSON_AddItemToArray(f, failure);
+    }
+    cJSON_AddItemToObject(t, "compare", c);
+    cJSON_AddItemToObject(t, "success", s);
+    cJSON_AddItemToObject(t, "failure", f);
+    return t;
+}
+
+/* The first kv of a range response, or NULL. */
+static const cJSON *
+range_first(const cJSON *range)
+{
+    const cJSON *kvs = cJSON_GetObjectItemCaseSensitive(range, "kvs");
+    return cJSON_IsArray(kvs) ? cJSON_GetArrayItem(kvs, 0) : NULL;
+}
+
+dc_code
+etcd_create(struct etcd *e, const char *key, const char *value, int64_t lease, bool *won,
+            struct etcd_kv *out, dc_status *st)
+{
+    cJSON *req = txn_new(txn_compare_create(key, 0), txn_put(key, value, strlen(value), lease),
+                         txn_range(key));
+    cJSON *res = NULL;
+    const cJSON *responses, *first, *range, *kv;
+    dc_code code;
+
+    memset(out, 0, sizeof(*out));
+    *won = false;
+    if (req == NULL) {
+        return oom(NULL, st);
+    }
+    code = post(e, "/v3/kv/txn", req, &res, st);
+    cJSON_Delete(req);
+    if (code != DC_OK) {
+        return code;
+    }
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(res, "succeeded"))) {
+        *won = true;
+        out->create_revision =
+            json_i64(cJSON_GetObjectItemCaseSensitive(res, "header"), "revision");
+        out->lease = lease;
+        cJSON_Delete(res);
+        if (out->create_revision <= 0) {
+            return status_set(st, DC_UNAVAILABLE, "etcd txn answered no revision");
+        }
+        return DC_OK;
+    }
+    responses = cJSON_GetObjectItemCaseSensitive(res, "responses");
+    first     = cJSON_IsArray(responses) ? cJSON_GetArrayItem(responses, 0) : NULL;
+    range     = cJSON_GetObjectItemCaseSensitive(first, "response_range");
+    if ((kv = range_first(range)) != NULL) {
+        code = kv_from_json(kv, out, st);
+    }
+    cJSON_Delete(res);
+    return code;
+}
+
+dc_code
+etcd_get(struct etcd *e, const char *key, struct etcd_kv *out, dc_status *st)
+{
+    cJSON *req = cJSON_CreateObject(), *res = NULL;
+    const cJSON *kv;
+    dc_code code;
+
+    memset(out, 0, sizeof(*out));
+    if (req == NULL || !json_add_b64(req, "key", key, strlen(key))) {
+        return oom(req, st);
+    }
+    code = post(e, "/v3/kv/range", req, &res, st);
+    cJSON_Delete(req);
+    if (code != DC_OK) {
+        return code;
+    }
+    if ((kv = range_first(res)) == NULL) {
+        code = status_set(st, DC_NOT_FOUND, "etcd: no key %s", key);
+    } else {
+        code = kv_from_json(kv, out, st);
+    }
+    cJSON_Delete(res);
+    return code;
+}
+
+dc_code
+etcd_put_guarded(struct etcd *e, const char *key, const void *value, size_t len, const char *guard,
+                 int64_t guard_rev, dc_status *st)
+{
+    cJSON *req, *res = NULL;
+    dc_code code;
+
+    if (len > ETCD_MAX_VALUE) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "etcd: a value of %zu bytes is over %u", len,
+                          ETCD_MAX_VALUE);
+    }
+    if ((req = txn_new(txn_compare_create(guard, guard_rev), txn_put(key, value, len, 0), NULL)) ==
+        NULL) {
+        return oom(NULL, st);
+    }
+    code = post(e, "/v3/kv/txn", req, &res, st);
+    cJSON_Delete(req);
+    if (code == DC_OK && !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(res, "succeeded"))) {
+        code = status_set(st, DC_FAILED_PRECONDITION,
+                          "not written: this coordinator no longer leads (term %" PRId64 ")",
+                          guard_rev);
+    }
+    cJSON_Delete(res);
+    return code;
+}

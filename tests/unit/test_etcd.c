@@ -1,0 +1,100 @@
+/* The pure parts of issue 16's etcd client and leader following: the chunked decoding of
+ * the gateway's streamed answers, the follower's hint, the address lists. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "address.h"
+#include "etcd.h"
+#include "rpc_leader.h"
+
+static int
+dechunk(const char *in, char *out, size_t cap)
+{
+    size_t len = strlen(in);
+    int rv;
+
+    assert_true(len < cap);
+    memcpy(out, in, len + 1);
+    rv = etcd_dechunk(out, &len);
+    if (rv == 1) {
+        out[len] = '\0';
+    }
+    return rv;
+}
+
+static void
+test_dechunk(void **state)
+{
+    char buf[256];
+
+    (void)state;
+    assert_int_equal(dechunk("5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n", buf, sizeof(buf)), 1);
+    assert_string_equal(buf, "hello world");
+    assert_int_equal(
+        dechunk("1a;ext=1\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\n\r\n", buf, sizeof(buf)), 1);
+    assert_string_equal(buf, "abcdefghijklmnopqrstuvwxyz");
+    assert_int_equal(dechunk("0\r\n\r\n", buf, sizeof(buf)), 1);
+    assert_string_equal(buf, "");
+    /* Not all here yet. */
+    assert_int_equal(dechunk("", buf, sizeof(buf)), 0);
+    assert_int_equal(dechunk("5\r\nhel", buf, sizeof(buf)), 0);
+    assert_int_equal(dechunk("5\r\nhello\r\n", buf, sizeof(buf)), 0);
+    assert_int_equal(dechunk("5\r\nhello\r\n0\r\n", buf, sizeof(buf)), 0);
+    /* Malformed: never read past the buffer, never a size that wraps. */
+    assert_int_equal(dechunk("x\r\nhello\r\n0\r\n\r\n", buf, sizeof(buf)), -1);
+    assert_int_equal(dechunk("5\r\nhelloXX0\r\n\r\n", buf, sizeof(buf)), -1);
+    assert_int_equal(dechunk("\r\n", buf, sizeof(buf)), -1);
+    assert_int_equal(dechunk("fffffffff\r\n", buf, sizeof(buf)), -1);
+    assert_int_equal(dechunk("ffffffff\r\nab", buf, sizeof(buf)), 0);
+    assert_int_equal(dechunk("0\r\nX\r\n", buf, sizeof(buf)), -1);
+}
+
+static void
+test_leader_hint(void **state)
+{
+    char buf[64];
+
+    (void)state;
+    assert_true(
+        rpc_leader_hint("not the leader; leader: tcp://10.0.0.2:7400 (term 12)", buf, sizeof(buf)));
+    assert_string_equal(buf, "tcp://10.0.0.2:7400");
+    assert_true(rpc_leader_hint("leader: tcp://a:1", buf, sizeof(buf)));
+    assert_string_equal(buf, "tcp://a:1");
+    assert_false(
+        rpc_leader_hint("not the leader; no leader elected yet (campaigning)", buf, sizeof(buf)));
+    assert_false(rpc_leader_hint("leader: ", buf, sizeof(buf)));
+    assert_false(rpc_leader_hint(NULL, buf, sizeof(buf)));
+    assert_false(rpc_leader_hint("leader: tcp://a-very-long-host-name:1", buf, 8));
+}
+
+static void
+test_split_list(void **state)
+{
+    const char *out[3];
+    char buf[64];
+
+    (void)state;
+    assert_int_equal(address_split_list("tcp://a:1,tcp://b:2", buf, sizeof(buf), out, 3), 2);
+    assert_string_equal(out[0], "tcp://a:1");
+    assert_string_equal(out[1], "tcp://b:2");
+    assert_int_equal(address_split_list("a,b,c,d", buf, sizeof(buf), out, 3), 0);
+    assert_int_equal(address_split_list("", buf, sizeof(buf), out, 3), 0);
+    assert_int_equal(address_split_list(NULL, buf, sizeof(buf), out, 3), 0);
+    assert_int_equal(address_split_list("tcp://a:1", buf, 4, out, 3), 0);
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dechunk),
+        cmocka_unit_test(test_leader_hint),
+        cmocka_unit_test(test_split_list),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
