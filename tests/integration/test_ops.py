@@ -1045,6 +1045,21 @@ class AtomicOpsTest(OpsTestCase):
                 for d in self.DEVICES[1:]:
                     s = s + model[d]
                 model = {d: s for d in self.DEVICES}
+            elif r.out.get("status") == "DATA_LOSS":
+                # node-b froze inside the commit: every survivor prepared and the coordinator
+                # sent Commit; those it names as committed hold the whole sum, the others
+                # what they held, and node-b did not confirm.
+                failed += 1
+                message = r.out.get("message", "")
+                m = re.search(r"committed on \[([^]]*)\]", message)
+                self.assertIsNotNone(m, repr(r))
+                committed = [w.strip() for w in m.group(1).split(",") if w.strip()]
+                self.assertNotIn("node-b", committed, repr(r))
+                self.assertTrue(names_word(message, "node-b"), repr(r))
+                s = model[self.DEVICES[0]]
+                for d in self.DEVICES[1:]:
+                    s = s + model[d]
+                model = {d: (s if d.split("/")[0] in committed else v) for d, v in model.items()}
             else:
                 failed += 1
                 self.assertEqual(r.out.get("status"), "UNAVAILABLE", repr(r))
