@@ -405,9 +405,52 @@ part_elements(const dc_group *g, const struct call *k)
     return per > 0 ? per : 1;
 }
 
+static dc_request *group_call_async(dc_group *g, const struct call *k, dc_status *st);
+
+/* Parts of one split call on shared memory in flight at once (the worker holds at most
+ * GROUPS_MAX_CALLS calls of a group). */
+#define GROUP_SHM_WINDOW 8
+
+/* k, in place in one shared block, as parts of `per` elements in flight GROUP_SHM_WINDOW at a
+ * time: no bytes travel, so the parts' round trips overlap the worker's reductions instead of
+ * adding up. The first failure (in part order) is the call's; every part started is waited
+ * for. */
+static dc_code
+group_call_split_shm(dc_group *g, const struct call *k, size_t per, dc_status *st)
+{
+    size_t elem = dc_dtype_size(k->dtype), n_parts = (k->count + per - 1) / per, started = 0;
+    dc_request *window[GROUP_SHM_WINDOW];
+    dc_code code = DC_OK;
+    dc_status pst;
+
+    for (size_t done = 0; done < n_parts; done++) {
+        for (; code == DC_OK && started < n_parts && started < done + GROUP_SHM_WINDOW; started++) {
+            struct call part = *k;
+            size_t off       = started * per;
+            part.count       = k->count - off < per ? k->count - off : per;
+            part.total       = k->count;
+            part.send        = (const uint8_t *)k->send + off * elem;
+            part.recv        = (uint8_t *)k->recv + off * elem;
+            part.recv_bytes  = part.count * elem;
+            if ((window[started % GROUP_SHM_WINDOW] = group_call_async(g, &part, &pst)) == NULL) {
+                code = pst.code;
+                *st  = pst;
+            }
+        }
+        if (done >= started) {
+            break; /* a part could not start: nothing more is in flight */
+        }
+        if (dc_wait(window[done % GROUP_SHM_WINDOW], &pst) != DC_OK && code == DC_OK) {
+            code = pst.code;
+            *st  = pst;
+        }
+    }
+    return code;
+}
+
 /* k as a series of calls of one message each. All-gather's and reduce-scatter's blocks are
  * per rank, so each part goes through tmp: [rank][part] there, [rank][count] in the user's
- * buffer. */
+ * buffer. A call in place in a shared block pipelines its parts (group_call_split_shm). */
 static dc_code
 group_call_split(dc_group *g, const struct call *k, size_t per, dc_status *st)
 {
@@ -421,6 +464,12 @@ group_call_split(dc_group *g, const struct call *k, size_t per, dc_status *st)
                           k->send == NULL || k->recv == NULL
                               ? "buffer is NULL"
                               : "invalid operation: count too large");
+    }
+    if (!blocks) {
+        uint64_t send_off, recv_off;
+        if (shm_place(g, k, k->count * elem, &send_off, &recv_off) != 0) {
+            return group_call_split_shm(g, k, per, st);
+        }
     }
     if (blocks && (tmp = malloc(n * per * elem)) == NULL) {
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
