@@ -35,7 +35,21 @@
 #define ONE_WORKER_MEMORY "dc_group_alloc"
 #define PROBE_BYTES       (16u << 20)
 
-static const char usage[] = "usage: bench_group [--quick] [--out DIR] [--build DIR]\n";
+static const char usage[] =
+    "usage: bench_group [--quick] [--out DIR] [--build DIR] [--one-worker]\n"
+    "  --one-worker: only the one-worker (shared memory) layouts and the probe, no gloo\n";
+
+/* --one-worker: for profiling the shared-memory path alone. */
+static int
+extra_arg(int argc, char **argv, int i, void *arg)
+{
+    (void)argc;
+    if (strcmp(argv[i], "--one-worker") == 0) {
+        *(bool *)arg = true;
+        return 1;
+    }
+    return 0;
+}
 
 struct plan {
     uint64_t sizes[MAX_SIZES];
@@ -433,10 +447,11 @@ main(int argc, char **argv)
     struct bench_timing gloo[2][MAX_SIZES] = { { { 0 } } };
     const size_t nl                        = sizeof(ls) / sizeof(ls[0]);
     double probe_s;
+    bool one_worker = false;
     int rv;
 
     bench_init();
-    if ((rv = bench_parse_args(argc, argv, &a, usage, NULL, NULL)) != 0) {
+    if ((rv = bench_parse_args(argc, argv, &a, usage, extra_arg, &one_worker)) != 0) {
         return rv;
     }
     p.budget_s = a.quick ? 0.5 : 2.0;
@@ -448,7 +463,7 @@ main(int argc, char **argv)
         printf("shared-memory probe (2 threads, 16 MiB f32): %.1f us, bus BW %.2f GB/s\n",
                probe_s * 1e6, busbw(2, PROBE_BYTES, probe_s) / GB);
     }
-    for (unsigned r = 2; r <= 4; r += 2) {
+    for (unsigned r = 2; r <= 4 && !one_worker; r += 2) {
         printf("running gloo all-reduce with %u processes ...\n", r);
         fflush(stdout);
         if (bench_gloo_run("bench_group", r, p.sizes, p.n_sizes, p.budget_s, p.min_reps, p.max_reps,
@@ -457,6 +472,9 @@ main(int argc, char **argv)
         }
     }
     for (size_t k = 0; k < nl; k++) {
+        if (one_worker && ls[k].workers != 1) {
+            continue;
+        }
         printf("running the group all-reduce, %s ...\n", layout_text(&ls[k]));
         fflush(stdout);
         if (run_layout(&a, &p, &ls[k]) != 0) {
