@@ -39,6 +39,7 @@ struct dc_group {
     char (*names)[DC_DEVICE_TEXT_SIZE];
     char worker[CLIENT_ADDRESS_MAX + 1];
     uint32_t call_timeout_ms;
+    bool one_worker;     /* every rank on this rank's worker: calls never cross workers */
     pthread_mutex_t mtx; /* one call at a time; guards seq */
     uint64_t seq;
     pthread_mutex_t blocks_mtx;
@@ -93,6 +94,7 @@ group_from_reply(dc_client *c, const Devcoord__V1__GroupJoinResponse *resp,
     g->generation = resp->generation;
     g->rank       = resp->rank;
     g->size       = resp->size;
+    g->one_worker = plan->n_workers == 1;
     g->call_timeout_ms =
         opts != NULL && opts->call_timeout_ms ? opts->call_timeout_ms : GROUP_CALL_TIMEOUT_MS;
     if (client_copy_field(g->id, sizeof(g->id), resp->group_id, "group id", st) != DC_OK ||
@@ -411,10 +413,10 @@ static dc_request *group_call_async(dc_group *g, const struct call *k, dc_status
  * GROUPS_MAX_CALLS calls of a group). */
 #define GROUP_SHM_WINDOW 8
 
-/* k, in place in one shared block, as parts of `per` elements in flight GROUP_SHM_WINDOW at a
- * time: no bytes travel, so the parts' round trips overlap the worker's reductions instead of
- * adding up. The first failure (in part order) is the call's; every part started is waited
- * for. */
+/* k, in place in one shared block of a one-worker group, as parts of `per` elements in flight
+ * GROUP_SHM_WINDOW at a time: no bytes travel (between workers neither), so the parts' round
+ * trips overlap the worker's reductions instead of adding up. The first failure (in part
+ * order) is the call's; every part started is waited for. */
 static dc_code
 group_call_split_shm(dc_group *g, const struct call *k, size_t per, dc_status *st)
 {
@@ -465,7 +467,7 @@ group_call_split(dc_group *g, const struct call *k, size_t per, dc_status *st)
                               ? "buffer is NULL"
                               : "invalid operation: count too large");
     }
-    if (!blocks) {
+    if (!blocks && g->one_worker) {
         uint64_t send_off, recv_off;
         if (shm_place(g, k, k->count * elem, &send_off, &recv_off) != 0) {
             return group_call_split_shm(g, k, per, st);
