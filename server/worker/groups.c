@@ -138,6 +138,7 @@ struct wgroups {
     uint64_t calls_total[KINDS];
     uint64_t stalls_total;
     uint64_t shm_calls_total, call_bytes_in, call_bytes_out;
+    uint64_t in_place_total; /* group calls reduced in place (wcall_finish_in_place) */
     size_t shm_mapped;
     struct histo call_seconds;
     /* All-reduces of one-worker groups on shared memory, in place (lreduce.h); the job's
@@ -653,6 +654,7 @@ wcall_finish_in_place(struct wgroups *wg, struct wgroup *g, struct wcall *c)
         p->closure = NULL;
     }
     g->calls_done++;
+    wg->in_place_total++;
     wg->calls_total[DC_OP_ALL_REDUCE]++;
     histo_observe(&wg->call_seconds, out.elapsed_us);
 }
@@ -1670,6 +1672,10 @@ wgroups_metrics_render(struct wgroups *wg, struct mbuf *b)
                 "memory: no bytes in the request or the reply.\n"
                 "# TYPE devcoord_group_shm_calls_total counter\n"
                 "devcoord_group_shm_calls_total %llu\n"
+                "# HELP devcoord_group_in_place_calls_total All-reduces of one-worker groups "
+                "reduced in place in their ranks' shared memory, split across threads.\n"
+                "# TYPE devcoord_group_in_place_calls_total counter\n"
+                "devcoord_group_in_place_calls_total %llu\n"
                 "# HELP devcoord_group_call_bytes_received_total Bytes ranks sent in GroupCall "
                 "requests.\n"
                 "# TYPE devcoord_group_call_bytes_received_total counter\n"
@@ -1682,8 +1688,8 @@ wgroups_metrics_render(struct wgroups *wg, struct mbuf *b)
                 "# TYPE devcoord_group_shm_mapped_bytes gauge\n"
                 "devcoord_group_shm_mapped_bytes %zu\n",
                 (unsigned long long)wg->stalls_total, (unsigned long long)wg->shm_calls_total,
-                (unsigned long long)wg->call_bytes_in, (unsigned long long)wg->call_bytes_out,
-                wg->shm_mapped);
+                (unsigned long long)wg->in_place_total, (unsigned long long)wg->call_bytes_in,
+                (unsigned long long)wg->call_bytes_out, wg->shm_mapped);
     pthread_mutex_unlock(&wg->mtx);
     mbuf_printf(b, "# HELP devcoord_group_call_seconds Time from a group call's first rank to "
                    "its result.\n"
