@@ -289,6 +289,14 @@ class HostileMapTest(GroupsTestCase):
         return fd, harness.pb_decode(reply)[F("GroupMapResponse", "region")][0]
 
     def test_a_region_shrunk_under_the_worker_fails_the_call_not_the_worker(self):
+        self.shrunk_case(64 * 1024, 1024)
+
+    def test_a_region_shrunk_under_a_split_all_reduce_fails_it_too(self):
+        # 2 MiB in, 2 MiB out: the in-place all-reduce splits it across the worker's threads
+        # (on more than one core), so a helper thread takes a SIGBUS as well.
+        self.shrunk_case(4 * 1024 * 1024, 512 * 1024)
+
+    def shrunk_case(self, size, count):
         # A hostile client keeps a writable fd of its object and truncates it after GroupMap:
         # the worker's next access would die of SIGBUS without its guard.
         c = self.start({"node-a": ["cuda:0"]}, http=True)
@@ -298,16 +306,15 @@ class HostileMapTest(GroupsTestCase):
         code, message, _ = self.call(
             port, "GroupSetup", setup_body(gid, 1, plan([("node-a", 0)], [("node-a", address, [0])]), 0))
         self.assertEqual(code, "OK", message)
-        size = 64 * 1024
         fd, region = self.shrunk_region(port, gid, size)
         shrank = "shared memory region %d of rank 0 shrank under the worker" % region
-        code, message, _ = self.call(port, "GroupCall", call_body(gid, 1, 0, 1024, region))
+        code, message, _ = self.call(port, "GroupCall", call_body(gid, 1, 0, count, region))
         self.assertEqual(code, "INVALID_ARGUMENT", message)
         self.assertIn(shrank, message)
         self.assertTrue(c.worker("node-a").running())
         # The region is refused from then on, even once the object has its size back.
         os.ftruncate(fd, size)
-        code, message, _ = self.call(port, "GroupCall", call_body(gid, 2, 0, 1024, region))
+        code, message, _ = self.call(port, "GroupCall", call_body(gid, 2, 0, count, region))
         self.assertEqual(code, "INVALID_ARGUMENT", message)
         self.assertIn(shrank, message)
         # Plain memory still works, and the worker answers on every side.
