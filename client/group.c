@@ -415,8 +415,12 @@ static dc_request *group_call_async(dc_group *g, const struct call *k, dc_status
 
 /* k, in place in one shared block of a one-worker group, as parts of `per` elements in flight
  * GROUP_SHM_WINDOW at a time: no bytes travel (between workers neither), so the parts' round
- * trips overlap the worker's reductions instead of adding up. The first failure (in part
- * order) is the call's; every part started is waited for. */
+ * trips overlap the worker's reductions instead of adding up. The first part goes alone:
+ * every part carries the whole call's count (total), so a disagreement on kind, dtype, count,
+ * op or root fails the first part for every rank, and each stops there, as ranks splitting
+ * one part after the other do; once it passed, every rank makes the same parts, and the
+ * ranks' calls stay matched whatever fails later. The first failure (in part order) is the
+ * call's; every part started is waited for. */
 static dc_code
 group_call_split_shm(dc_group *g, const struct call *k, size_t per, dc_status *st)
 {
@@ -426,7 +430,8 @@ group_call_split_shm(dc_group *g, const struct call *k, size_t per, dc_status *s
     dc_status pst;
 
     for (size_t done = 0; done < n_parts; done++) {
-        for (; code == DC_OK && started < n_parts && started < done + GROUP_SHM_WINDOW; started++) {
+        size_t upto = done == 0 ? 1 : done + GROUP_SHM_WINDOW; /* the first part alone */
+        for (; code == DC_OK && started < n_parts && started < upto; started++) {
             struct call part = *k;
             size_t off       = started * per;
             part.count       = k->count - off < per ? k->count - off : per;

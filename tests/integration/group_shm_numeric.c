@@ -14,6 +14,11 @@
  * block was shared; C: calls made per rank) and exits 0, or names the first wrong element.
  *
  *   devcoord-group-shm-numeric ADDR DEVICE,DEVICE,... SELF|all COUNT[,COUNT...] AR_COUNT[,...]
+ *
+ * With COUNTS "mismatch": rank 0 all-reduces AR_COUNT f32, the others as many f64, so each
+ * rank's library splits the call into a different number of parts; every rank must get
+ * INVALID_ARGUMENT naming rank 1, and a right all-reduce after it must work (the ranks' calls
+ * still matched).
  */
 #include <math.h>
 #include <pthread.h>
@@ -35,6 +40,7 @@ static const dc_reduce_op ops[] = { DC_REDUCE_SUM, DC_REDUCE_PROD, DC_REDUCE_MIN
 #define N_OPS    (sizeof(ops) / sizeof(ops[0]))
 
 struct args {
+    bool mismatch;
     const char *devices;
     size_t counts[MAX_COUNTS], n_counts;
     size_t ar_counts[MAX_COUNTS], n_ar_counts;
@@ -207,25 +213,33 @@ called(struct rank_thread *t, const char *what, dc_dtype dt, size_t count, dc_co
 }
 
 static int
-all_reduce(struct rank_thread *t, dc_group *g, uint8_t *buf, size_t count)
+all_reduce_one(struct rank_thread *t, dc_group *g, uint8_t *buf, size_t count, dc_dtype dt,
+               dc_reduce_op op)
 {
     uint32_t rank = dc_group_rank(g), n = dc_group_size(g);
     dc_status st;
 
+    for (size_t i = 0; i < count; i++) {
+        put(dt, buf, i, input(rank, i));
+    }
+    if (called(t, "all-reduce", dt, count, dc_all_reduce(g, buf, count, dt, op, &st), &st) != 0) {
+        return -1;
+    }
+    for (size_t i = 0; i < count; i++) {
+        if (check(t, "all-reduce", dt, op, count, buf, i, expected(dt, op, n, i)) != 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int
+all_reduce(struct rank_thread *t, dc_group *g, uint8_t *buf, size_t count)
+{
     for (size_t d = 0; d < N_DTYPES; d++) {
         for (size_t o = 0; o < N_OPS; o++) {
-            for (size_t i = 0; i < count; i++) {
-                put(dtypes[d], buf, i, input(rank, i));
-            }
-            if (called(t, "all-reduce", dtypes[d], count,
-                       dc_all_reduce(g, buf, count, dtypes[d], ops[o], &st), &st) != 0) {
+            if (all_reduce_one(t, g, buf, count, dtypes[d], ops[o]) != 0) {
                 return -1;
-            }
-            for (size_t i = 0; i < count; i++) {
-                if (check(t, "all-reduce", dtypes[d], ops[o], count, buf, i,
-                          expected(dtypes[d], ops[o], n, i)) != 0) {
-                    return -1;
-                }
             }
         }
     }
@@ -301,6 +315,27 @@ other_kinds(struct rank_thread *t, dc_group *g, uint8_t *buf, size_t count)
     return 0;
 }
 
+/* COUNTS "mismatch" (see the top). */
+static int
+mismatch(struct rank_thread *t, dc_group *g, uint8_t *buf, size_t count)
+{
+    uint32_t rank = dc_group_rank(g);
+    dc_dtype dt   = rank == 0 ? DC_DTYPE_F32 : DC_DTYPE_F64;
+    dc_status st;
+    dc_code code;
+
+    for (size_t i = 0; i < count; i++) {
+        put(dt, buf, i, input(rank, i));
+    }
+    t->calls++;
+    code = dc_all_reduce(g, buf, count, dt, DC_REDUCE_SUM, &st);
+    if (code != DC_INVALID_ARGUMENT || strstr(st.message, "rank 1") == NULL) {
+        FAIL(t, "%s: mismatched all-reduce: %s: %s, want INVALID_ARGUMENT naming rank 1", t->self,
+             dc_status_name(code), st.message);
+    }
+    return all_reduce_one(t, g, buf, count, DC_DTYPE_F32, DC_REDUCE_SUM);
+}
+
 static void *
 rank_main(void *arg)
 {
@@ -334,11 +369,14 @@ rank_main(void *arg)
     } else {
         int rv    = 0;
         t->shared = dc_group_buffer_shared(g, buf);
+        for (size_t k = 0; a->mismatch && rv == 0 && k < a->n_ar_counts; k++) {
+            rv = mismatch(t, g, buf, a->ar_counts[k]);
+        }
         for (size_t k = 0; rv == 0 && k < a->n_counts; k++) {
             rv = all_reduce(t, g, buf, a->counts[k]);
             rv = rv == 0 ? other_kinds(t, g, buf, a->counts[k]) : rv;
         }
-        for (size_t k = 0; rv == 0 && k < a->n_ar_counts; k++) {
+        for (size_t k = 0; !a->mismatch && rv == 0 && k < a->n_ar_counts; k++) {
             rv = all_reduce(t, g, buf, a->ar_counts[k]);
         }
         if (rv == 0) {
@@ -383,7 +421,8 @@ main(int argc, char **argv)
         return 2;
     }
     a.devices     = argv[2];
-    a.n_counts    = parse_counts(argv[4], a.counts);
+    a.mismatch    = strcmp(argv[4], "mismatch") == 0;
+    a.n_counts    = a.mismatch ? 0 : parse_counts(argv[4], a.counts);
     a.n_ar_counts = parse_counts(argv[5], a.ar_counts);
     if (dc_client_open(argv[1], &copts, &c, &st) != DC_OK) {
         fprintf(stderr, "open: %s\n", st.message);

@@ -175,6 +175,28 @@ class InPlaceNumericTest(GroupsTestCase):
     def test_two_ranks_as_threads(self):
         self.run_numeric(2, as_processes=False)
 
+    def test_a_mismatch_split_into_different_parts_fails_every_rank_and_calls_stay_matched(self):
+        # Rank 0 all-reduces 1300003 f32 (2 parts), rank 1 as many f64 (3 parts): the first
+        # part fails both with INVALID_ARGUMENT, neither sends the rest, and the right
+        # all-reduce after it pairs the ranks' calls as before (the driver checks both).
+        c = self.start({"node-a": ["cuda:0", "cuda:1"]}, http=True)
+        devices = "node-a/cuda:0,node-a/cuda:1"
+        procs = [subprocess.Popen([NUMERIC, c.addr, devices, d, "mismatch", "1300003"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for d in devices.split(",")]
+        try:
+            for p in procs:
+                out, err = p.communicate(timeout=120)
+                self.assertEqual(p.returncode, 0, err)
+                self.assertEqual(out.strip(), "ok 1 shared 1 calls 3")  # and a barrier
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        m = self.worker_metrics(c, "node-a")
+        self.assertEqual(m["devcoord_group_in_place_calls_total"], 2, m)  # the right call's parts
+
     def test_two_ranks_as_processes(self):
         self.run_numeric(2, as_processes=True)
 
