@@ -9,9 +9,12 @@
  * 0's times are reported (as gloo's are), median, min and max. The first call of every size
  * is checked: each rank passes rank+1 everywhere and must get n(n+1)/2 back.
  *
- * The one-worker layouts stand for the shared-memory case. This tree has no dc_group_alloc,
- * so they pass plain malloc'd buffers: every call still streams each rank's buffer to its
- * worker and back over loopback TCP; the results say so ("plain buffers").
+ * The one-worker layouts are the shared-memory case: each rank's buffer comes from
+ * dc_group_alloc (checked with dc_group_buffer_shared: a rank whose worker refused the mapping
+ * fails the layout rather than quietly streaming), so no byte moves between a rank and its
+ * worker; the multi-worker layouts pass malloc'd buffers, streamed to the worker and back.
+ * Beside gloo, the 16 MiB one-worker rows are set against the shared-memory limit of this
+ * machine (bench_shm_probe: two threads all-reduce two 16 MiB f32 arrays, issue 17).
  */
 #include <math.h>
 #include <pthread.h>
@@ -23,18 +26,30 @@
 #include "bench.h"
 #include "cluster.h"
 #include "gloo.h"
+#include "shm_probe.h"
 
 #define MAX_SIZES 4
 #define MAX_RANKS 4
 #define GB        1e9
 
-#ifdef DC_HAVE_GROUP_ALLOC
 #define ONE_WORKER_MEMORY "dc_group_alloc"
-#else
-#define ONE_WORKER_MEMORY "plain buffers (no dc_group_alloc in this tree)"
-#endif
+#define PROBE_BYTES       (16u << 20)
 
-static const char usage[] = "usage: bench_group [--quick] [--out DIR] [--build DIR]\n";
+static const char usage[] =
+    "usage: bench_group [--quick] [--out DIR] [--build DIR] [--one-worker]\n"
+    "  --one-worker: only the one-worker (shared memory) layouts and the probe, no gloo\n";
+
+/* --one-worker: for profiling the shared-memory path alone. */
+static int
+extra_arg(int argc, char **argv, int i, void *arg)
+{
+    (void)argc;
+    if (strcmp(argv[i], "--one-worker") == 0) {
+        *(bool *)arg = true;
+        return 1;
+    }
+    return 0;
+}
 
 struct plan {
     uint64_t sizes[MAX_SIZES];
@@ -54,6 +69,7 @@ struct shared {
     const struct plan *p;
     const char *address;
     unsigned ranks;
+    bool shm; /* buffers from dc_group_alloc (the one-worker layouts) */
     char devices[512];
     char self[MAX_RANKS][64];
     pthread_barrier_t barrier;
@@ -135,9 +151,26 @@ run_sizes(struct shared *sh, dc_group *g)
 
     for (size_t i = 0; i < p->n_sizes; i++) {
         size_t count = (size_t)(p->sizes[i] / sizeof(float));
-        float *buf   = atomic_load(&sh->failed) ? NULL : malloc(count * sizeof(float));
+        float *buf   = NULL;
         double warm = -1, *times = NULL;
         unsigned reps;
+        dc_status st;
+
+        if (!atomic_load(&sh->failed) && g != NULL) {
+            buf = sh->shm ? dc_group_alloc(g, count * sizeof(float), &st)
+                          : malloc(count * sizeof(float));
+            if (buf == NULL || (sh->shm && !dc_group_buffer_shared(g, buf))) {
+                fprintf(stderr, "bench_group: rank %u: no %s buffer of %zu bytes%s%s\n",
+                        dc_group_rank(g), sh->shm ? "shared" : "", count * sizeof(float),
+                        sh->shm && buf == NULL ? ": " : "",
+                        sh->shm && buf == NULL ? st.message : "");
+                atomic_store(&sh->failed, 1);
+                if (sh->shm && buf != NULL) {
+                    dc_group_free(g, buf);
+                    buf = NULL;
+                }
+            }
+        }
 
         if (buf != NULL) {
             warm = warmup(sh, g, buf, count);
@@ -164,7 +197,11 @@ run_sizes(struct shared *sh, dc_group *g)
             }
         }
         free(times);
-        free(buf);
+        if (sh->shm && buf != NULL) {
+            dc_group_free(g, buf);
+        } else {
+            free(buf);
+        }
     }
 }
 
@@ -201,7 +238,7 @@ rank_main(void *arg)
 static int
 run_layout(const struct bench_args *a, const struct plan *p, struct layout *l)
 {
-    struct shared sh = { .p = p, .ranks = l->ranks, .out = l->dc };
+    struct shared sh = { .p = p, .ranks = l->ranks, .shm = l->workers == 1, .out = l->dc };
     struct rank_arg args[MAX_RANKS];
     pthread_t threads[MAX_RANKS];
     struct cluster c;
@@ -299,7 +336,7 @@ json_points(FILE *f, unsigned ranks, const struct bench_timing *t, size_t n)
 
 static void
 write_results(const struct bench_args *a, const struct plan *p, const struct layout *ls, size_t nl,
-              struct bench_timing gloo[][MAX_SIZES])
+              struct bench_timing gloo[][MAX_SIZES], double probe_s)
 {
     struct bench_summary sum;
     FILE *f;
@@ -308,7 +345,13 @@ write_results(const struct bench_args *a, const struct plan *p, const struct lay
         fprintf(f, "{\"bench\": \"group\",\n \"note\": \"devcoord: dc_all_reduce on a joined "
                    "group, rank 0's time from the call to the result in its buffer (ranks are "
                    "threads of one process, a client each); gloo: one all_reduce on rank 0 of "
-                   "as many processes\",\n \"dtype\": \"f32\", \"op\": \"sum\",\n \"runs\": [");
+                   "as many processes\",\n \"dtype\": \"f32\", \"op\": \"sum\",\n");
+        if (probe_s > 0) {
+            fprintf(f,
+                    " \"shm_probe\": {\"bytes\": %u, \"median_s\": %.9f, \"busbw_gbs\": %.4f},\n",
+                    PROBE_BYTES, probe_s, busbw(2, PROBE_BYTES, probe_s) / GB);
+        }
+        fprintf(f, " \"runs\": [");
         for (size_t k = 0; k < nl; k++) {
             fprintf(f,
                     "\n    {\"system\": \"devcoord\", \"ranks\": %u, \"workers\": %u, "
@@ -359,6 +402,9 @@ write_results(const struct bench_args *a, const struct plan *p, const struct lay
             if (p->sizes[i] <= 4096) {
                 goal = "<= 1.0x gloo time (issue 17)";
                 met  = isnan(ratio) ? -1 : ratio <= 1.0;
+            } else if (p->sizes[i] >= (16u << 20) && ls[k].workers == 1) {
+                goal = "bus BW >= 8x gloo: time <= 0.125x (issue 17)";
+                met  = isnan(ratio) ? -1 : ratio <= 1 / 8.0;
             } else if (p->sizes[i] >= (16u << 20)) {
                 goal = "bus BW >= 1.6x gloo: time <= 0.625x (issue 17)";
                 met  = isnan(ratio) ? -1 : ratio <= 1 / 1.6;
@@ -372,6 +418,18 @@ write_results(const struct bench_args *a, const struct plan *p, const struct lay
                 d->ok ? bench_fmt("%.1f us", d->median_s * 1e6) : "-",
                 g->ok ? bench_fmt("gloo %u procs %.1f us", ls[k].ranks, g->median_s * 1e6) : "-",
                 ratio, goal, met);
+            if (ls[k].workers == 1 && p->sizes[i] == PROBE_BYTES) {
+                /* The shared-memory limit: bus bandwidth against the 2-thread probe's. */
+                double bw = d->ok ? busbw(ls[k].ranks, d->bytes, d->median_s) : NAN;
+                double pb = probe_s > 0 ? busbw(2, PROBE_BYTES, probe_s) : NAN;
+                double r  = isnan(bw) || isnan(pb) ? NAN : bw / pb;
+                bench_summary_row(&sum,
+                                  bench_fmt("group all-reduce %s, %s: bus BW",
+                                            bench_size_text(p->sizes[i]), layout_text(&ls[k])),
+                                  d->ok ? bench_fmt("%.2f GB/s", bw / GB) : "-",
+                                  probe_s > 0 ? bench_fmt("shm probe %.2f GB/s", pb / GB) : "-", r,
+                                  ">= 0.5x the shm probe (issue 17)", isnan(r) ? -1 : r >= 0.5);
+            }
         }
     }
     bench_summary_close(&sum);
@@ -388,17 +446,24 @@ main(int argc, char **argv)
                            { .ranks = 4, .workers = 1 } };
     struct bench_timing gloo[2][MAX_SIZES] = { { { 0 } } };
     const size_t nl                        = sizeof(ls) / sizeof(ls[0]);
+    double probe_s;
+    bool one_worker = false;
     int rv;
 
     bench_init();
-    if ((rv = bench_parse_args(argc, argv, &a, usage, NULL, NULL)) != 0) {
+    if ((rv = bench_parse_args(argc, argv, &a, usage, extra_arg, &one_worker)) != 0) {
         return rv;
     }
     p.budget_s = a.quick ? 0.5 : 2.0;
     p.min_reps = a.quick ? 3 : 5;
     p.max_reps = a.quick ? 20 : 50;
     printf("one-worker layouts: %s\n", ONE_WORKER_MEMORY);
-    for (unsigned r = 2; r <= 4; r += 2) {
+    probe_s = bench_shm_probe(PROBE_BYTES, a.quick ? 5 : 20);
+    if (probe_s > 0) {
+        printf("shared-memory probe (2 threads, 16 MiB f32): %.1f us, bus BW %.2f GB/s\n",
+               probe_s * 1e6, busbw(2, PROBE_BYTES, probe_s) / GB);
+    }
+    for (unsigned r = 2; r <= 4 && !one_worker; r += 2) {
         printf("running gloo all-reduce with %u processes ...\n", r);
         fflush(stdout);
         if (bench_gloo_run("bench_group", r, p.sizes, p.n_sizes, p.budget_s, p.min_reps, p.max_reps,
@@ -407,6 +472,9 @@ main(int argc, char **argv)
         }
     }
     for (size_t k = 0; k < nl; k++) {
+        if (one_worker && ls[k].workers != 1) {
+            continue;
+        }
         printf("running the group all-reduce, %s ...\n", layout_text(&ls[k]));
         fflush(stdout);
         if (run_layout(&a, &p, &ls[k]) != 0) {
@@ -414,6 +482,6 @@ main(int argc, char **argv)
         }
         print_table(&p, &ls[k], gloo_of(gloo, ls[k].ranks));
     }
-    write_results(&a, &p, ls, nl, gloo);
+    write_results(&a, &p, ls, nl, gloo, probe_s);
     return 0;
 }

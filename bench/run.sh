@@ -11,8 +11,9 @@
 # --quick: fewer sizes, repeats and seconds per cell (a smoke run of a few minutes).
 # --out: where results go (default bench/results, git-ignored).
 # NAME: allreduce, group, rpc, registry, fanout, failure. --report runs nothing and rebuilds the
-# summary, latest.json and plots from the results already in bench/results. Benchmarks never
-# fail on a figure; the script exits non-zero only when a bench could not run.
+# summary, latest.json and plots from the results already in bench/results (an earlier run's
+# group.dat copied there as group.before.dat adds its one-worker rows to group.png, dashed).
+# Benchmarks never fail on a figure; the script exits non-zero only when a bench could not run.
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -24,7 +25,7 @@ only=allreduce,group,rpc,registry,fanout,failure
 report_only=0
 
 usage() {
-    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 }
 while [ $# -gt 0 ]; do
@@ -160,6 +161,14 @@ EOF
         # What the one-worker layouts' ranks passed: dc_group_alloc memory or plain buffers.
         one=$(grep -o '"memory": "[^"]*"' "$out/group.json" 2>/dev/null | grep -v streamed |
             head -1 | cut -d'"' -f4)
+        # An earlier run's group.dat copied beside it as group.before.dat: its one-worker rows
+        # are drawn too, thin and dashed, for a before -> after plot.
+        before=
+        if [ -f "$out/group.before.dat" ]; then
+            before=", \\
+     \"$out/group.before.dat\" using 1:4 with linespoints lw 1 dt 4 lc 3 title \"before: 2 ranks on 1 worker\", \\
+     \"\" using 1:5 with linespoints lw 1 dt 4 lc 4 title \"before: 4 ranks on 1 worker\""
+        fi
         gnuplot <<EOF && echo "wrote $out/group.png"
 set terminal $term
 set output "$out/group.png"
@@ -177,7 +186,7 @@ plot "$out/group.dat" using 1:2 with linespoints lw 2 title "devcoord, 2 ranks o
      "" using 1:4 with linespoints lw 2 title "devcoord, 2 ranks on 1 worker", \
      "" using 1:5 with linespoints lw 2 title "devcoord, 4 ranks on 1 worker", \
      "" using 1:6 with linespoints lw 2 dt 2 lc rgb "black" title "gloo, 2 processes", \
-     "" using 1:7 with linespoints lw 2 dt 3 lc rgb "black" title "gloo, 4 processes"
+     "" using 1:7 with linespoints lw 2 dt 3 lc rgb "black" title "gloo, 4 processes"$before
 EOF
     fi
     if [ -f "$out/fanout.dat" ]; then

@@ -39,6 +39,7 @@ struct dc_group {
     char (*names)[DC_DEVICE_TEXT_SIZE];
     char worker[CLIENT_ADDRESS_MAX + 1];
     uint32_t call_timeout_ms;
+    bool one_worker;     /* every rank on this rank's worker: calls never cross workers */
     pthread_mutex_t mtx; /* one call at a time; guards seq */
     uint64_t seq;
     pthread_mutex_t blocks_mtx;
@@ -93,6 +94,7 @@ group_from_reply(dc_client *c, const Devcoord__V1__GroupJoinResponse *resp,
     g->generation = resp->generation;
     g->rank       = resp->rank;
     g->size       = resp->size;
+    g->one_worker = plan->n_workers == 1;
     g->call_timeout_ms =
         opts != NULL && opts->call_timeout_ms ? opts->call_timeout_ms : GROUP_CALL_TIMEOUT_MS;
     if (client_copy_field(g->id, sizeof(g->id), resp->group_id, "group id", st) != DC_OK ||
@@ -404,9 +406,57 @@ part_elements(const dc_group *g, const struct call *k)
     return per > 0 ? per : 1;
 }
 
+static dc_request *group_call_async(dc_group *g, const struct call *k, dc_status *st);
+
+/* Parts of one split call on shared memory in flight at once (the worker holds at most
+ * GROUPS_MAX_CALLS calls of a group). */
+#define GROUP_SHM_WINDOW 8
+
+/* k, in place in one shared block of a one-worker group, as parts of `per` elements in flight
+ * GROUP_SHM_WINDOW at a time: no bytes travel (between workers neither), so the parts' round
+ * trips overlap the worker's reductions instead of adding up. The first part goes alone:
+ * every part carries the whole call's count (total), so a disagreement on kind, dtype, count,
+ * op or root fails the first part for every rank, and each stops there, as ranks splitting
+ * one part after the other do; once it passed, every rank makes the same parts, and the
+ * ranks' calls stay matched whatever fails later. The first failure (in part order) is the
+ * call's; every part started is waited for. */
+static dc_code
+group_call_split_shm(dc_group *g, const struct call *k, size_t per, dc_status *st)
+{
+    size_t elem = dc_dtype_size(k->dtype), n_parts = (k->count + per - 1) / per, started = 0;
+    dc_request *window[GROUP_SHM_WINDOW];
+    dc_code code = DC_OK;
+    dc_status pst;
+
+    for (size_t done = 0; done < n_parts; done++) {
+        size_t upto = done == 0 ? 1 : done + GROUP_SHM_WINDOW; /* the first part alone */
+        for (; code == DC_OK && started < n_parts && started < upto; started++) {
+            struct call part = *k;
+            size_t off       = started * per;
+            part.count       = k->count - off < per ? k->count - off : per;
+            part.total       = k->count;
+            part.send        = (const uint8_t *)k->send + off * elem;
+            part.recv        = (uint8_t *)k->recv + off * elem;
+            part.recv_bytes  = part.count * elem;
+            if ((window[started % GROUP_SHM_WINDOW] = group_call_async(g, &part, &pst)) == NULL) {
+                code = pst.code;
+                *st  = pst;
+            }
+        }
+        if (done >= started) {
+            break; /* a part could not start: nothing more is in flight */
+        }
+        if (dc_wait(window[done % GROUP_SHM_WINDOW], &pst) != DC_OK && code == DC_OK) {
+            code = pst.code;
+            *st  = pst;
+        }
+    }
+    return code;
+}
+
 /* k as a series of calls of one message each. All-gather's and reduce-scatter's blocks are
  * per rank, so each part goes through tmp: [rank][part] there, [rank][count] in the user's
- * buffer. */
+ * buffer. A call in place in a shared block pipelines its parts (group_call_split_shm). */
 static dc_code
 group_call_split(dc_group *g, const struct call *k, size_t per, dc_status *st)
 {
@@ -420,6 +470,12 @@ group_call_split(dc_group *g, const struct call *k, size_t per, dc_status *st)
                           k->send == NULL || k->recv == NULL
                               ? "buffer is NULL"
                               : "invalid operation: count too large");
+    }
+    if (!blocks && g->one_worker) {
+        uint64_t send_off, recv_off;
+        if (shm_place(g, k, k->count * elem, &send_off, &recv_off) != 0) {
+            return group_call_split_shm(g, k, per, st);
+        }
     }
     if (blocks && (tmp = malloc(n * per * elem)) == NULL) {
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");

@@ -6,6 +6,7 @@
 #include "groupsvc.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,7 +65,11 @@ struct groupsvc {
     pthread_t timer;
     /* metrics, under mtx */
     uint64_t joins_ok, joins_failed, generations;
+    /* Group RPCs served (GroupJoin, GroupLeave, ListGroups): a group call adds none. */
+    atomic_uint_fast64_t rpcs[3];
 };
+
+enum { RPC_JOIN, RPC_LEAVE, RPC_LIST };
 
 static void
 answer_error(Devcoord__V1__GroupJoinResponse_Closure closure, void *cd, const dc_status *st)
@@ -316,6 +321,8 @@ groupsvc_join(struct groupsvc *g, const Devcoord__V1__GroupJoinRequest *in,
     dc_device_ref *refs = NULL, *concrete = NULL, self;
     char group_id[VALIDATE_GROUP_ID_SIZE];
     uint32_t timeout_ms = in->timeout_ms ? in->timeout_ms : g->cfg->op_timeout_ms;
+
+    atomic_fetch_add(&g->rpcs[RPC_JOIN], 1);
     struct group_done done;
     struct waiter *w = NULL;
     struct op_spec spec;
@@ -395,6 +402,8 @@ groupsvc_leave(struct groupsvc *g, const Devcoord__V1__GroupLeaveRequest *in,
     Devcoord__V1__GroupLeaveResponse out = DEVCOORD__V1__GROUP_LEAVE_RESPONSE__INIT;
     dc_status st;
     dc_code code;
+
+    atomic_fetch_add(&g->rpcs[RPC_LEAVE], 1);
 
     status_clear(&st);
     pthread_mutex_lock(&g->mtx);
@@ -483,6 +492,7 @@ groupsvc_list(struct groupsvc *g, const Devcoord__V1__ListGroupsRequest *in,
     Devcoord__V1__ListGroupsResponse out = DEVCOORD__V1__LIST_GROUPS_RESPONSE__INIT;
     struct arena *a                      = arena_new(ARENA_OWN_BUDGET);
 
+    atomic_fetch_add(&g->rpcs[RPC_LIST], 1);
     if (a == NULL) {
         status_set(rpc_call_status(cd), DC_RESOURCE_EXHAUSTED, "out of memory");
         closure(NULL, cd);
@@ -537,9 +547,18 @@ groupsvc_metrics_render(struct groupsvc *g, struct mbuf *b)
                 "devcoord_group_generations_total %llu\n"
                 "# HELP devcoord_group_joins_waiting Joins parked in a rendezvous.\n"
                 "# TYPE devcoord_group_joins_waiting gauge\n"
-                "devcoord_group_joins_waiting %zu\n",
+                "devcoord_group_joins_waiting %zu\n"
+                "# HELP devcoord_group_coordinator_rpcs_total Group RPCs this coordinator served, "
+                "by method. Group calls never reach it: this stays flat while ranks call.\n"
+                "# TYPE devcoord_group_coordinator_rpcs_total counter\n"
+                "devcoord_group_coordinator_rpcs_total{method=\"GroupJoin\"} %llu\n"
+                "devcoord_group_coordinator_rpcs_total{method=\"GroupLeave\"} %llu\n"
+                "devcoord_group_coordinator_rpcs_total{method=\"ListGroups\"} %llu\n",
                 (unsigned long long)g->joins_ok, (unsigned long long)g->joins_failed,
-                (unsigned long long)g->generations, group_parked(g->table));
+                (unsigned long long)g->generations, group_parked(g->table),
+                (unsigned long long)atomic_load(&g->rpcs[RPC_JOIN]),
+                (unsigned long long)atomic_load(&g->rpcs[RPC_LEAVE]),
+                (unsigned long long)atomic_load(&g->rpcs[RPC_LIST]));
     pthread_mutex_unlock(&g->mtx);
 }
 

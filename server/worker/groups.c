@@ -17,6 +17,7 @@
 #include "device.h"
 #include "devcoord/v1/methods.h"
 #include "log.h"
+#include "lreduce.h"
 #include "metrics.h"
 #include "reduce.h"
 #include "rpc.h"
@@ -137,8 +138,14 @@ struct wgroups {
     uint64_t calls_total[KINDS];
     uint64_t stalls_total;
     uint64_t shm_calls_total, call_bytes_in, call_bytes_out;
+    uint64_t in_place_total; /* group calls reduced in place (wcall_finish_in_place) */
     size_t shm_mapped;
     struct histo call_seconds;
+    /* All-reduces of one-worker groups on shared memory, in place (lreduce.h); the job's
+     * buffers, one per rank (GROUPS_MAX_RANKS), under mtx. */
+    struct lreduce *lr;
+    const uint8_t **lr_in;
+    uint8_t **lr_out;
 };
 
 /* ---- small helpers ----------------------------------------------------------------------- */
@@ -583,6 +590,75 @@ region_shrank(const struct wgroup *g, struct region *r, dc_status *st)
 static dc_code check_desc(const struct wgroups *wg, const struct wgroup *g, const struct desc *d,
                           dc_status *st);
 
+/* Whether c runs in place in its ranks' shared memory (wcall_finish_in_place): an
+ * all-reduce of a group whose ranks are all on this worker, every one on its region, all
+ * agreeing and well formed, each result where its input is or overlapping it nowhere, rank
+ * order's first result aligned for the dtype. Anything else takes the general path. mtx
+ * held. */
+static bool
+wcall_in_place(const struct wgroups *wg, const struct wgroup *g, const struct wcall *c)
+{
+    const struct gworker *me = &g->workers[g->self];
+    const struct desc *d     = &c->local[0].d;
+    size_t elem              = dc_dtype_size(d->dtype), bytes;
+    dc_status why;
+
+    if (g->n_workers != 1 || me->n_ranks != g->n || d->kind != DC_OP_ALL_REDUCE ||
+        c->shrunk.code != DC_OK || check_desc(wg, g, d, &why) != DC_OK) {
+        return false;
+    }
+    bytes = (size_t)d->count * elem;
+    for (size_t i = 0; i < me->n_ranks; i++) {
+        const struct lpart *p = &c->local[i];
+        if (!p->in || p->reg == NULL || p->data == NULL || p->out == NULL || p->bytes != bytes ||
+            desc_differs(&p->d, d) ||
+            (p->out != p->data && p->out < p->data + bytes && p->data < p->out + bytes)) {
+            return false;
+        }
+    }
+    return (uintptr_t)c->local[0].out % elem == 0;
+}
+
+/* c (wcall_in_place) reduced straight from its ranks' regions into theirs, split over the
+ * worker's reducing threads, and answered: no buffer, no copy but the results'. mtx held. */
+static void
+wcall_finish_in_place(struct wgroups *wg, struct wgroup *g, struct wcall *c)
+{
+    const struct gworker *me            = &g->workers[g->self];
+    Devcoord__V1__GroupCallResponse out = DEVCOORD__V1__GROUP_CALL_RESPONSE__INIT;
+    struct lreduce_job j                = { .dtype = c->local[0].d.dtype,
+                                            .op    = c->local[0].d.reduce,
+                                            .count = (size_t)c->local[0].d.count,
+                                            .n     = me->n_ranks,
+                                            .in    = wg->lr_in,
+                                            .out   = wg->lr_out };
+    dc_status st;
+
+    for (size_t i = 0; i < me->n_ranks; i++) {
+        wg->lr_in[i]  = c->local[i].data;
+        wg->lr_out[i] = c->local[i].out;
+    }
+    lreduce_all_reduce(wg->lr, &j, LREDUCE_MIN_SLICE_BYTES);
+    for (size_t i = 0; i < me->n_ranks; i++) {
+        if (region_shrank(g, c->local[i].reg, &st)) {
+            /* Zeros went into every rank's result: the call fails for all of them. */
+            wcall_fail_locals(g, c, &st);
+            return;
+        }
+    }
+    out.elapsed_us = rpc_now_us() - c->first_us;
+    for (size_t i = 0; i < me->n_ranks; i++) {
+        struct lpart *p = &c->local[i];
+        wg->shm_calls_total++;
+        p->closure(&out, p->cd);
+        p->closure = NULL;
+    }
+    g->calls_done++;
+    wg->in_place_total++;
+    wg->calls_total[DC_OP_ALL_REDUCE]++;
+    histo_observe(&wg->call_seconds, out.elapsed_us);
+}
+
 static dc_code
 wcall_make_mine(const struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status *st)
 {
@@ -592,6 +668,9 @@ wcall_make_mine(const struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_
 
     dc_status why;
 
+    if (wcall_in_place(wg, g, c)) {
+        return DC_OK; /* nothing to send: wcall_finish_in_place reads the regions */
+    }
     for (size_t i = 1; i < me->n_ranks; i++) {
         if (desc_differs(&c->local[i].d, d)) {
             return DC_OK; /* no data: every worker will see the disagreement in the descs */
@@ -784,6 +863,8 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
     kind = c->local[0].d.kind;
     if (c->shrunk.code != DC_OK) {
         wcall_fail_locals(g, c, &c->shrunk);
+    } else if (wcall_in_place(wg, g, c)) {
+        wcall_finish_in_place(wg, g, c);
     } else if (wcall_compute(wg, g, c, &res, &res_bytes, &st) != DC_OK) {
         log_info("group %s call %llu failed: %s", g->id, (unsigned long long)c->seq, st.message);
         wcall_fail_locals(g, c, &st);
@@ -1591,6 +1672,10 @@ wgroups_metrics_render(struct wgroups *wg, struct mbuf *b)
                 "memory: no bytes in the request or the reply.\n"
                 "# TYPE devcoord_group_shm_calls_total counter\n"
                 "devcoord_group_shm_calls_total %llu\n"
+                "# HELP devcoord_group_in_place_calls_total All-reduces of one-worker groups "
+                "reduced in place in their ranks' shared memory, split across threads.\n"
+                "# TYPE devcoord_group_in_place_calls_total counter\n"
+                "devcoord_group_in_place_calls_total %llu\n"
                 "# HELP devcoord_group_call_bytes_received_total Bytes ranks sent in GroupCall "
                 "requests.\n"
                 "# TYPE devcoord_group_call_bytes_received_total counter\n"
@@ -1603,8 +1688,8 @@ wgroups_metrics_render(struct wgroups *wg, struct mbuf *b)
                 "# TYPE devcoord_group_shm_mapped_bytes gauge\n"
                 "devcoord_group_shm_mapped_bytes %zu\n",
                 (unsigned long long)wg->stalls_total, (unsigned long long)wg->shm_calls_total,
-                (unsigned long long)wg->call_bytes_in, (unsigned long long)wg->call_bytes_out,
-                wg->shm_mapped);
+                (unsigned long long)wg->in_place_total, (unsigned long long)wg->call_bytes_in,
+                (unsigned long long)wg->call_bytes_out, wg->shm_mapped);
     pthread_mutex_unlock(&wg->mtx);
     mbuf_printf(b, "# HELP devcoord_group_call_seconds Time from a group call's first rank to "
                    "its result.\n"
@@ -1618,6 +1703,7 @@ struct wgroups *
 wgroups_new(const struct config_worker *cfg, const char *token)
 {
     struct wgroups *wg = calloc(1, sizeof(*wg));
+    long cpus          = sysconf(_SC_NPROCESSORS_ONLN);
 
     if (wg == NULL) {
         return NULL;
@@ -1632,11 +1718,23 @@ wgroups_new(const struct config_worker *cfg, const char *token)
     wg->max_held = cfg->max_inflight_bytes ? (size_t)cfg->max_inflight_bytes
                                            : (size_t)RPC_WORKER_DEFAULT_MAX_INFLIGHT;
     histo_init(&wg->call_seconds, histo_seconds, histo_seconds_n);
+    /* One reducing thread per core beside the one that completes a call. */
+    if ((wg->lr_in = calloc(GROUPS_MAX_RANKS, sizeof(*wg->lr_in))) == NULL ||
+        (wg->lr_out = calloc(GROUPS_MAX_RANKS, sizeof(*wg->lr_out))) == NULL ||
+        (wg->lr = lreduce_new(cpus > 1 ? (unsigned)(cpus > 8 ? 7 : cpus - 1) : 0)) == NULL) {
+        free(wg->lr_in);
+        free(wg->lr_out);
+        free(wg);
+        return NULL;
+    }
     pthread_mutex_init(&wg->mtx, NULL);
     pthread_cond_init(&wg->cv, NULL);
     if (pthread_create(&wg->timer, NULL, wgroups_timer, wg) != 0) {
         pthread_cond_destroy(&wg->cv);
         pthread_mutex_destroy(&wg->mtx);
+        lreduce_free(wg->lr);
+        free(wg->lr_in);
+        free(wg->lr_out);
         free(wg);
         return NULL;
     }
@@ -1689,6 +1787,9 @@ wgroups_free(struct wgroups *wg)
         regions_free(wg, g);
         group_free(g);
     }
+    lreduce_free(wg->lr);
+    free(wg->lr_in);
+    free(wg->lr_out);
     pthread_cond_destroy(&wg->cv);
     pthread_mutex_destroy(&wg->mtx);
     free(wg);

@@ -448,7 +448,13 @@ class DataPathTest(GroupsTestCase):
                        if k.startswith("devcoord_rpc_requests_total{") and
                        "Heartbeat" not in k)
 
+        def group_rpcs():
+            m = self.metrics(http)
+            return {meth: m['devcoord_group_coordinator_rpcs_total{method="%s"}' % meth]
+                    for meth in ("GroupJoin", "GroupLeave", "ListGroups")}
+
         before = coordinator_calls()
+        rpcs_before = group_rpcs()
         procs = [ctl_popen(c, "--timeout", "60s", "collective", "all-reduce", "--devices", devs,
                            "--self", d, "--dtype", "f32", "--count", "16", "--reduce", "sum",
                            "--repeat", "1000") for d in devs.split(",")]
@@ -459,6 +465,11 @@ class DataPathTest(GroupsTestCase):
         # Each rank called the coordinator twice (GroupJoin, GroupLeave), whatever the number
         # of group calls: none of them went through it.
         self.assertEqual(coordinator_calls() - before, 4)
+        # The metric says the same: one GroupJoin and one GroupLeave per rank, none per call
+        # (coordinator RPCs per group call after the join: 0).
+        rpcs = group_rpcs()
+        self.assertEqual({k: rpcs[k] - rpcs_before[k] for k in rpcs},
+                         {"GroupJoin": 2, "GroupLeave": 2, "ListGroups": 0})
         port = int(c.worker_specs["node-a"]["http"].rsplit(":", 1)[1])
         wm = self.metrics(port)
         self.assertEqual(wm['devcoord_group_calls_total{kind="all-reduce"}'], 1000)

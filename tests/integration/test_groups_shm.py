@@ -116,6 +116,97 @@ class ShmCallsTest(GroupsTestCase):
         self.assertGreater(m["devcoord_group_call_bytes_received_total"], 2 * PLAIN_BYTES)
 
 
+NUMERIC = os.environ.get("DEVCOORD_GROUP_SHM_NUMERIC") or os.path.join(
+    os.path.dirname(os.path.abspath(harness.CTL)), "..", "tests", "devcoord-group-shm-numeric")
+# Every kind at these counts (1001: no number of ranks divides it), all-reduce also at
+# these: 300007 is past two 256 KiB slices in every dtype but f16 (split across the worker's
+# threads), 1300003 past one message in f32, f64 and (not) f16, so split into parts.
+COUNTS = [1, 1001]
+AR_COUNTS = [300007, 1300003]
+DTYPE_SIZES = [4, 8, 4, 8, 2, 2]  # f32 f64 i32 i64 f16 bf16
+OPS = 5
+PART_BYTES = 4 * 1024 * 1024 - 16 * 1024  # the library's split: one message less its envelope
+
+
+def all_reduce_calls():
+    """The group calls the all-reduces of devcoord-group-shm-numeric make (parts counted)."""
+    return sum(OPS * -(-c // (PART_BYTES // size))
+               for c in COUNTS + AR_COUNTS for size in DTYPE_SIZES)
+
+
+@unittest.skipUnless(os.path.exists(NUMERIC), "devcoord-group-shm-numeric is not built")
+class InPlaceNumericTest(GroupsTestCase):
+    """Issue 17: a one-worker group's all-reduce on shared memory is reduced in place, split
+    across the worker's threads. Every kind x op x dtype checked element by element by the
+    ranks themselves; the worker's counters show the all-reduces took the in-place path."""
+    worker_metrics = ShmCallsTest.worker_metrics
+
+    def run_numeric(self, n, as_processes):
+        devices = ["node-a/cuda:%d" % i for i in range(n)]
+        c = self.start({"node-a": ["cuda:%d" % i for i in range(n)]}, http=True)
+        lst = ",".join(devices)
+        counts = ",".join(map(str, COUNTS))
+        ar = ",".join(map(str, AR_COUNTS))
+        selves = devices if as_processes else ["all"]
+        procs = [subprocess.Popen([NUMERIC, c.addr, lst, s, counts, ar], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for s in selves]
+        outs = []
+        try:
+            for p in procs:
+                out, err = p.communicate(timeout=400)
+                outs.append((p.returncode, out, err))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        for rc, out, err in outs:
+            self.assertEqual(rc, 0, err)
+            ranks = 1 if as_processes else n
+            self.assertTrue(out.startswith("ok %d shared %d calls " % (ranks, ranks)), out)
+        m = self.worker_metrics(c, "node-a")
+        calls = all_reduce_calls()
+        self.assertEqual(m["devcoord_group_in_place_calls_total"], calls, m)
+        self.assertEqual(m['devcoord_group_calls_total{kind="all-reduce"}'], calls, m)
+        # No byte of the all-reduces went through the RPC; only the blocks of reduce-scatter
+        # and all-gather (staged through plain memory by the library when split) may have.
+        self.assertEqual(m["devcoord_group_shm_mapped_bytes"], 0, m)
+
+    def test_two_ranks_as_threads(self):
+        self.run_numeric(2, as_processes=False)
+
+    def test_a_mismatch_split_into_different_parts_fails_every_rank_and_calls_stay_matched(self):
+        # Rank 0 all-reduces 1300003 f32 (2 parts), rank 1 as many f64 (3 parts): the first
+        # part fails both with INVALID_ARGUMENT, neither sends the rest, and the right
+        # all-reduce after it pairs the ranks' calls as before (the driver checks both).
+        c = self.start({"node-a": ["cuda:0", "cuda:1"]}, http=True)
+        devices = "node-a/cuda:0,node-a/cuda:1"
+        procs = [subprocess.Popen([NUMERIC, c.addr, devices, d, "mismatch", "1300003"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for d in devices.split(",")]
+        try:
+            for p in procs:
+                out, err = p.communicate(timeout=120)
+                self.assertEqual(p.returncode, 0, err)
+                self.assertEqual(out.strip(), "ok 1 shared 1 calls 3")  # and a barrier
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        m = self.worker_metrics(c, "node-a")
+        self.assertEqual(m["devcoord_group_in_place_calls_total"], 2, m)  # the right call's parts
+
+    def test_two_ranks_as_processes(self):
+        self.run_numeric(2, as_processes=True)
+
+    def test_four_ranks_as_threads(self):
+        self.run_numeric(4, as_processes=False)
+
+    def test_four_ranks_as_processes(self):
+        self.run_numeric(4, as_processes=True)
+
+
 class HostileMapTest(GroupsTestCase):
     call = test_groups.PeerInputTest.call
 
@@ -220,6 +311,14 @@ class HostileMapTest(GroupsTestCase):
         return fd, harness.pb_decode(reply)[F("GroupMapResponse", "region")][0]
 
     def test_a_region_shrunk_under_the_worker_fails_the_call_not_the_worker(self):
+        self.shrunk_case(64 * 1024, 1024)
+
+    def test_a_region_shrunk_under_a_split_all_reduce_fails_it_too(self):
+        # 2 MiB in, 2 MiB out: the in-place all-reduce splits it across the worker's threads
+        # (on more than one core), so a helper thread takes a SIGBUS as well.
+        self.shrunk_case(4 * 1024 * 1024, 512 * 1024)
+
+    def shrunk_case(self, size, count):
         # A hostile client keeps a writable fd of its object and truncates it after GroupMap:
         # the worker's next access would die of SIGBUS without its guard.
         c = self.start({"node-a": ["cuda:0"]}, http=True)
@@ -229,16 +328,15 @@ class HostileMapTest(GroupsTestCase):
         code, message, _ = self.call(
             port, "GroupSetup", setup_body(gid, 1, plan([("node-a", 0)], [("node-a", address, [0])]), 0))
         self.assertEqual(code, "OK", message)
-        size = 64 * 1024
         fd, region = self.shrunk_region(port, gid, size)
         shrank = "shared memory region %d of rank 0 shrank under the worker" % region
-        code, message, _ = self.call(port, "GroupCall", call_body(gid, 1, 0, 1024, region))
+        code, message, _ = self.call(port, "GroupCall", call_body(gid, 1, 0, count, region))
         self.assertEqual(code, "INVALID_ARGUMENT", message)
         self.assertIn(shrank, message)
         self.assertTrue(c.worker("node-a").running())
         # The region is refused from then on, even once the object has its size back.
         os.ftruncate(fd, size)
-        code, message, _ = self.call(port, "GroupCall", call_body(gid, 2, 0, 1024, region))
+        code, message, _ = self.call(port, "GroupCall", call_body(gid, 2, 0, count, region))
         self.assertEqual(code, "INVALID_ARGUMENT", message)
         self.assertIn(shrank, message)
         # Plain memory still works, and the worker answers on every side.

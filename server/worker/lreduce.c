@@ -1,0 +1,182 @@
+/* The local all-reduce in the ranks' own memory, split over a small pool (see lreduce.h). */
+#include "lreduce.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "reduce.h"
+
+/* A slice goes through in chunks this big per buffer: every input's and out[0]'s chunk stay
+ * in cache between the reduction and the copies out. */
+#define CHUNK_BYTES ((size_t)32 * 1024)
+
+/* One job under way: the slices not yet taken and those done. */
+struct task {
+    const struct lreduce_job *job;
+    size_t bounds[LREDUCE_MAX_SLICES + 1];
+    size_t n_slices;
+    size_t next; /* the next slice to take */
+    size_t done;
+};
+
+struct lreduce {
+    pthread_mutex_t mtx;
+    pthread_cond_t work; /* a task has slices to take, or stopping */
+    pthread_cond_t done; /* the task's last slice is done */
+    struct task *task;
+    bool stopping;
+    pthread_t threads[LREDUCE_MAX_HELPERS];
+    unsigned n_threads;
+};
+
+size_t
+lreduce_slices(size_t count, size_t elem, size_t max_slices, size_t min_slice_bytes, size_t *bounds)
+{
+    size_t align = elem > 0 && elem < 64 ? 64 / elem : 1; /* elements per 64 bytes */
+    size_t n     = max_slices > 0 ? max_slices : 1, per, k;
+
+    if (elem > 0 && min_slice_bytes > 0) {
+        size_t least = min_slice_bytes / elem > 0 ? min_slice_bytes / elem : 1;
+        size_t fit   = count / least; /* slices of at least `least` elements */
+        n            = fit < n ? (fit > 0 ? fit : 1) : n;
+    }
+    per       = (count + n - 1) / n;
+    per       = (per + align - 1) / align * align;
+    bounds[0] = 0;
+    for (k = 0; k < n && bounds[k] < count; k++) {
+        bounds[k + 1] = count - bounds[k] > per ? bounds[k] + per : count;
+    }
+    if (k == 0) { /* count 0: one empty slice */
+        bounds[1] = 0;
+        k         = 1;
+    }
+    return k;
+}
+
+/* Elements [lo, hi) of j: reduced into out[0] in rank order, then copied to the others. */
+static void
+slice_run(const struct lreduce_job *j, size_t lo, size_t hi)
+{
+    size_t elem  = dc_dtype_size(j->dtype);
+    size_t chunk = CHUNK_BYTES / elem;
+
+    for (size_t a = lo; a < hi; a += chunk) {
+        size_t m = hi - a < chunk ? hi - a : chunk, off = a * elem;
+        uint8_t *home = j->out[0] + off;
+
+        if (j->out[0] != j->in[0]) {
+            memcpy(home, j->in[0] + off, m * elem);
+        }
+        for (size_t r = 1; r < j->n; r++) {
+            reduce_into(j->dtype, j->op, home, j->in[r] + off, m);
+        }
+        if (j->op == DC_REDUCE_MEAN) {
+            reduce_finish_mean(j->dtype, home, m, j->n);
+        }
+        for (size_t r = 1; r < j->n; r++) {
+            memcpy(j->out[r] + off, home, m * elem);
+        }
+    }
+}
+
+/* Takes and runs slices of t until none is left. mtx held on entry and return. */
+static void
+task_work(struct lreduce *lr, struct task *t)
+{
+    while (t->next < t->n_slices) {
+        size_t k = t->next++;
+        pthread_mutex_unlock(&lr->mtx);
+        slice_run(t->job, t->bounds[k], t->bounds[k + 1]);
+        pthread_mutex_lock(&lr->mtx);
+        if (++t->done == t->n_slices) {
+            pthread_cond_signal(&lr->done);
+        }
+    }
+}
+
+static void *
+helper_main(void *arg)
+{
+    struct lreduce *lr = arg;
+
+    pthread_mutex_lock(&lr->mtx);
+    for (;;) {
+        while (!lr->stopping && (lr->task == NULL || lr->task->next >= lr->task->n_slices)) {
+            pthread_cond_wait(&lr->work, &lr->mtx);
+        }
+        if (lr->stopping) {
+            break;
+        }
+        task_work(lr, lr->task);
+    }
+    pthread_mutex_unlock(&lr->mtx);
+    return NULL;
+}
+
+struct lreduce *
+lreduce_new(unsigned helpers)
+{
+    struct lreduce *lr = calloc(1, sizeof(*lr));
+
+    if (lr == NULL) {
+        return NULL;
+    }
+    pthread_mutex_init(&lr->mtx, NULL);
+    pthread_cond_init(&lr->work, NULL);
+    pthread_cond_init(&lr->done, NULL);
+    helpers = helpers > LREDUCE_MAX_HELPERS ? LREDUCE_MAX_HELPERS : helpers;
+    for (; lr->n_threads < helpers; lr->n_threads++) {
+        if (pthread_create(&lr->threads[lr->n_threads], NULL, helper_main, lr) != 0) {
+            lreduce_free(lr);
+            return NULL;
+        }
+    }
+    return lr;
+}
+
+void
+lreduce_free(struct lreduce *lr)
+{
+    if (lr == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&lr->mtx);
+    lr->stopping = true;
+    pthread_cond_broadcast(&lr->work);
+    pthread_mutex_unlock(&lr->mtx);
+    for (unsigned i = 0; i < lr->n_threads; i++) {
+        pthread_join(lr->threads[i], NULL);
+    }
+    pthread_cond_destroy(&lr->done);
+    pthread_cond_destroy(&lr->work);
+    pthread_mutex_destroy(&lr->mtx);
+    free(lr);
+}
+
+void
+lreduce_all_reduce(struct lreduce *lr, const struct lreduce_job *j, size_t min_slice_bytes)
+{
+    struct task t = { .job = j };
+    size_t elem   = dc_dtype_size(j->dtype);
+
+    if (elem == 0 || j->n == 0) {
+        return;
+    }
+    t.n_slices =
+        lreduce_slices(j->count, elem, (size_t)lr->n_threads + 1, min_slice_bytes, t.bounds);
+    if (t.n_slices == 1) {
+        slice_run(j, 0, j->count); /* no one to wake */
+        return;
+    }
+    pthread_mutex_lock(&lr->mtx);
+    lr->task = &t;
+    pthread_cond_broadcast(&lr->work);
+    task_work(lr, &t);
+    while (t.done < t.n_slices) {
+        pthread_cond_wait(&lr->done, &lr->mtx);
+    }
+    lr->task = NULL;
+    pthread_mutex_unlock(&lr->mtx);
+}

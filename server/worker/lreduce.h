@@ -1,0 +1,57 @@
+/*
+ * A worker's all-reduce across its own ranks straight in their buffers (issue 17): the
+ * ranks' shared memory regions are read and written in place, with no intermediate result
+ * buffer, no zero-fill and one pass over the memory. The elements are split into slices,
+ * one per thread (the caller and up to `helpers` threads of this pool, each slice at least
+ * min_slice_bytes), as the shared-memory probe of bench/ does: each thread reduces its
+ * slice of every input into out[0] and copies it from there to every other out while it is
+ * still in cache, so no thread waits for another until the end.
+ *
+ * Every out gets the same bytes: in[0] op in[1] op ... op in[n-1], in that order, element
+ * by element (reduce.c's kernels: f16 and bf16 combine in float, rounding once per
+ * combination), then MEAN divided by n; the slicing changes none of it.
+ *
+ * Owned by groups.c, which runs one job at a time under its lock; the pool's threads touch
+ * only the job's memory (a SIGBUS there is shmguard's, on whichever thread takes it).
+ */
+#ifndef DEVCOORD_WORKER_LREDUCE_H
+#define DEVCOORD_WORKER_LREDUCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "devcoord/types.h"
+
+#define LREDUCE_MAX_HELPERS 7
+#define LREDUCE_MAX_SLICES  (LREDUCE_MAX_HELPERS + 1)
+/* Below this many bytes a slice is not worth a thread's wake-up (a few µs). */
+#define LREDUCE_MIN_SLICE_BYTES ((size_t)256 * 1024)
+
+struct lreduce;
+
+struct lreduce_job {
+    dc_dtype dtype;
+    dc_reduce_op op;
+    size_t count; /* elements of every buffer */
+    size_t n;     /* buffers: in[0..n-1], out[0..n-1] */
+    /* out[r] is in[r] or overlaps no buffer of the job; out[0] is aligned for dtype. */
+    const uint8_t *const *in;
+    uint8_t *const *out;
+};
+
+/* A pool of `helpers` threads (at most LREDUCE_MAX_HELPERS; 0: the caller does all). NULL
+ * when a thread cannot start. */
+struct lreduce *lreduce_new(unsigned helpers);
+void lreduce_free(struct lreduce *lr);
+
+/* Runs j over at most helpers+1 slices of at least min_slice_bytes; returns when every out
+ * holds the result. One job at a time per pool (the caller serialises). */
+void lreduce_all_reduce(struct lreduce *lr, const struct lreduce_job *j, size_t min_slice_bytes);
+
+/* The slices of `count` elements of `elem` bytes for at most max_slices threads, each at
+ * least min_slice_bytes (except a lone one) and starting on a 64-byte boundary: slice i is
+ * [bounds[i], bounds[i+1]). Returns how many (at least 1; bounds has max_slices+1 room). */
+size_t lreduce_slices(size_t count, size_t elem, size_t max_slices, size_t min_slice_bytes,
+                      size_t *bounds);
+
+#endif
