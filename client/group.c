@@ -40,8 +40,11 @@ struct dc_group {
     char worker[CLIENT_ADDRESS_MAX + 1];
     uint32_t call_timeout_ms;
     bool one_worker;     /* every rank on this rank's worker: calls never cross workers */
-    pthread_mutex_t mtx; /* one call at a time; guards seq */
+    pthread_mutex_t mtx; /* one call at a time; guards seq, splitting, split_threads */
+    pthread_cond_t order_cv;
     uint64_t seq;
+    bool splitting;         /* a call split into parts is taking its seqs: others wait */
+    unsigned split_threads; /* asynchronous split calls still running (leave waits) */
     pthread_mutex_t blocks_mtx;
     struct block *blocks;
 };
@@ -65,6 +68,7 @@ group_free(dc_group *g)
             block_release(b);
         }
         pthread_mutex_destroy(&g->blocks_mtx);
+        pthread_cond_destroy(&g->order_cv);
         pthread_mutex_destroy(&g->mtx);
         free(g->names);
         free(g);
@@ -89,6 +93,7 @@ group_from_reply(dc_client *c, const Devcoord__V1__GroupJoinResponse *resp,
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
     pthread_mutex_init(&g->mtx, NULL);
+    pthread_cond_init(&g->order_cv, NULL);
     pthread_mutex_init(&g->blocks_mtx, NULL);
     g->client     = c;
     g->generation = resp->generation;
@@ -222,6 +227,12 @@ dc_group_leave(dc_group *g, dc_status *st)
     if (g == NULL) {
         return DC_OK;
     }
+    /* An asynchronous split call still running uses g: it ends by its own deadline at most. */
+    pthread_mutex_lock(&g->mtx);
+    while (g->split_threads > 0 || g->splitting) {
+        pthread_cond_wait(&g->order_cv, &g->mtx);
+    }
+    pthread_mutex_unlock(&g->mtx);
     req.group_id   = g->id;
     req.generation = g->generation;
     req.rank       = g->rank;
@@ -243,7 +254,8 @@ struct call {
     const void *send; /* count elements (none for a barrier) */
     void *recv;       /* recv_bytes of result (NULL: none) */
     size_t recv_bytes;
-    size_t total; /* a part of a split call: the whole call's count (0: not split) */
+    size_t total;  /* a part of a split call: the whole call's count (0: not split) */
+    bool in_split; /* a part, made by the call that holds the group's order */
 };
 
 /* A call started with an _async function. */
@@ -373,8 +385,12 @@ group_call_run(dc_group *g, const struct call *k, dc_request *rq, dc_status *st)
     req.generation = g->generation;
     req.call       = &desc;
     req.timeout_ms = g->call_timeout_ms;
-    /* The k-th call of this rank is the k-th started, whichever thread starts it. */
+    /* The k-th call of this rank is the k-th started, whichever thread starts it; a call
+     * split into parts takes consecutive seqs, so the others wait for it to have taken them. */
     pthread_mutex_lock(&g->mtx);
+    while (g->splitting && !k->in_split) {
+        pthread_cond_wait(&g->order_cv, &g->mtx);
+    }
     req.seq = ++g->seq;
     if (rq != NULL) {
         code = rpc_call_async(w->rpc, WORKER_SVC, M_WORKER_GROUP_CALL, &req.base, k->send, bytes,
@@ -454,17 +470,50 @@ group_call_split_shm(dc_group *g, const struct call *k, size_t per, dc_status *s
     return code;
 }
 
-/* k as a series of calls of one message each. All-gather's and reduce-scatter's blocks are
- * per rank, so each part goes through tmp: [rank][part] there, [rank][count] in the user's
- * buffer. A call in place in a shared block pipelines its parts (group_call_split_shm). */
-static dc_code
-group_call_split(dc_group *g, const struct call *k, size_t per, dc_status *st)
+/* Takes the group's order for a call split into parts: until order_give, other calls of
+ * this rank wait before taking a seq, so the parts' seqs follow each other. `thread`: an
+ * asynchronous split call's thread holds it (dc_group_leave waits for those). */
+static void
+order_take(dc_group *g, bool thread)
 {
+    pthread_mutex_lock(&g->mtx);
+    while (g->splitting) {
+        pthread_cond_wait(&g->order_cv, &g->mtx);
+    }
+    g->splitting = true;
+    if (thread) {
+        g->split_threads++;
+    }
+    pthread_mutex_unlock(&g->mtx);
+}
+
+static void
+order_give(dc_group *g, bool thread)
+{
+    pthread_mutex_lock(&g->mtx);
+    g->splitting = false;
+    if (thread) {
+        g->split_threads--;
+    }
+    pthread_cond_broadcast(&g->order_cv);
+    pthread_mutex_unlock(&g->mtx);
+}
+
+/* k as a series of calls of one message each, the group's order held. All-gather's and
+ * reduce-scatter's blocks are per rank, so each part goes through tmp: [rank][part] there,
+ * [rank][count] in the user's buffer. A call in place in a shared block pipelines its parts
+ * (group_call_split_shm). */
+static dc_code
+group_call_split_held(dc_group *g, const struct call *whole, size_t per, dc_status *st)
+{
+    struct call held     = *whole;
+    const struct call *k = &held;
     size_t elem = dc_dtype_size(k->dtype), n = g->size, len;
     bool blocks  = k->kind == DC_OP_ALL_GATHER || k->kind == DC_OP_REDUCE_SCATTER;
     uint8_t *tmp = NULL;
     dc_code code = DC_OK;
 
+    held.in_split = true; /* its parts take their seqs without waiting for the order */
     if (k->count > SIZE_MAX / elem / n || k->send == NULL || k->recv == NULL) {
         return status_set(st, DC_INVALID_ARGUMENT,
                           k->send == NULL || k->recv == NULL
@@ -514,6 +563,84 @@ group_call_split(dc_group *g, const struct call *k, size_t per, dc_status *st)
     return code;
 }
 
+static dc_code
+group_call_split(dc_group *g, const struct call *k, size_t per, dc_status *st)
+{
+    dc_code code;
+
+    order_take(g, false);
+    code = group_call_split_held(g, k, per, st);
+    order_give(g, false);
+    return code;
+}
+
+/* An asynchronous call larger than one message: a thread of its own makes its parts, the
+ * group's order taken by the caller before it returns (so the calls it starts next come
+ * after every part) and given back once the parts are made. */
+struct split_job {
+    dc_group *g;
+    struct call k;
+    size_t per;
+    dc_request *rq;
+};
+
+static void *
+split_thread(void *arg)
+{
+    struct split_job *j = arg;
+    dc_request *rq      = j->rq;
+    dc_status st;
+    dc_code code;
+
+    status_clear(&st);
+    code = group_call_split_held(j->g, &j->k, j->per, &st);
+    order_give(j->g, true); /* g is not touched after this: dc_group_leave may free it */
+    free(j);
+    pthread_mutex_lock(&rq->mtx);
+    rq->code = code;
+    rq->st   = st;
+    rq->done = true;
+    pthread_cond_broadcast(&rq->cv);
+    pthread_mutex_unlock(&rq->mtx);
+    return NULL;
+}
+
+static dc_request *
+group_call_async_split(dc_group *g, const struct call *k, size_t per, dc_status *st)
+{
+    struct split_job *j = calloc(1, sizeof(*j));
+    dc_request *rq      = calloc(1, sizeof(*rq));
+    pthread_attr_t attr;
+    pthread_t thread;
+    int rv;
+
+    if (j == NULL || rq == NULL) {
+        free(j);
+        free(rq);
+        status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&rq->mtx, NULL);
+    pthread_cond_init(&rq->cv, NULL);
+    *j = (struct split_job){ .g = g, .k = *k, .per = per, .rq = rq };
+    order_take(g, true);
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    rv = pthread_create(&thread, &attr, split_thread, j);
+    pthread_attr_destroy(&attr);
+    if (rv != 0) {
+        order_give(g, true);
+        pthread_cond_destroy(&rq->cv);
+        pthread_mutex_destroy(&rq->mtx);
+        free(rq);
+        free(j);
+        status_set(st, DC_RESOURCE_EXHAUSTED, "cannot start a thread for an asynchronous %s: %s",
+                   dc_op_kind_name(k->kind), strerror(rv));
+        return NULL;
+    }
+    return rq;
+}
+
 /* A blocking call: one message, or split into several when it is larger. */
 static dc_code
 group_call(dc_group *g, const struct call *k, dc_status *st)
@@ -532,14 +659,12 @@ static dc_request *
 group_call_async(dc_group *g, const struct call *k, dc_status *st)
 {
     dc_request *rq;
+    size_t per;
 
-    if (g != NULL && k->kind != DC_OP_BARRIER && dc_dtype_size(k->dtype) != 0 &&
-        k->count > part_elements(g, k)) {
-        status_set(st, DC_OUT_OF_RANGE,
-                   "an asynchronous %s of %zu elements is larger than one message (%zu bytes): "
-                   "split it, or make the call blocking",
-                   dc_op_kind_name(k->kind), k->count, (size_t)GROUP_CALL_BYTES_MAX);
-        return NULL;
+    status_clear(st);
+    if (g != NULL && !k->in_split && k->kind != DC_OP_BARRIER && dc_dtype_size(k->dtype) != 0 &&
+        k->count > (per = part_elements(g, k))) {
+        return group_call_async_split(g, k, per, st);
     }
     if ((rq = calloc(1, sizeof(*rq))) == NULL) {
         status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");

@@ -4,7 +4,8 @@
  * makes ITERATIONS all-reduces (sum, i64 and f64) and one reduce, broadcast, all-gather,
  * reduce-scatter and barrier, then IN_FLIGHT all-reduces started at once (_async) and
  * finished with dc_test/dc_wait, then an all-reduce, an all-gather and a reduce-scatter
- * several messages long (which the library splits), checking every result; then leaves. Prints "ok
+ * several messages long (which the library splits), blocking and (the first two) _async
+ * beside a small _async one, checking every result; then leaves. Prints "ok
  * N" and exits 0 when every thread saw every result right, else names the first wrong one and
  * exits 1.
  *
@@ -34,6 +35,46 @@ struct rank_thread {
     char error[DC_STATUS_MESSAGE_MAX + DC_DEVICE_TEXT_SIZE + 128];
 };
 
+/* Starts a big all-reduce of a (BIG_REDUCE i32), a big all-gather of in into out
+ * (BIG_BLOCKED i64 each) and a small all-reduce at once, then waits for all three; 0, or -1
+ * with error set. The small one's result is checked here. */
+static int
+async_big_calls(dc_group *g, const char *self, int32_t *a, const int64_t *in, int64_t *out,
+                char *error, size_t cap)
+{
+    uint32_t rank = dc_group_rank(g), n = dc_group_size(g);
+    static const char *const what[3] = { "big async all-reduce", "big async all-gather",
+                                         "small async all-reduce after them" };
+    int64_t small[COUNT];
+    dc_request *rq[3];
+    dc_status st[3];
+    int bad = -1;
+
+    for (int i = 0; i < COUNT; i++) {
+        small[i] = (int64_t)rank + i;
+    }
+    rq[0] = dc_all_reduce_async(g, a, BIG_REDUCE, DC_DTYPE_I32, DC_REDUCE_SUM, &st[0]);
+    rq[1] = dc_all_gather_async(g, in, out, BIG_BLOCKED, DC_DTYPE_I64, &st[1]);
+    rq[2] = dc_all_reduce_async(g, small, COUNT, DC_DTYPE_I64, DC_REDUCE_SUM, &st[2]);
+    for (int i = 0; i < 3; i++) {
+        if ((rq[i] == NULL || dc_wait(rq[i], &st[i]) != DC_OK) && bad < 0) {
+            bad = i;
+        }
+    }
+    if (bad >= 0) {
+        snprintf(error, cap, "%s: %s: %s: %s", self, what[bad], dc_status_name(st[bad].code),
+                 st[bad].message);
+        return -1;
+    }
+    for (int i = 0; i < COUNT; i++) {
+        if (small[i] != (int64_t)n * (n - 1) / 2 + (int64_t)n * i) {
+            snprintf(error, cap, "%s: %s: [%d] = %lld", self, what[2], i, (long long)small[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* The calls larger than one message; "" when all is well, else what went wrong. */
 static void
 big_calls(dc_group *g, const char *self, char *error, size_t cap)
@@ -61,15 +102,32 @@ big_calls(dc_group *g, const char *self, char *error, size_t cap)
             goto out;
         }
     }
-    /* Not split when asynchronous: refused at once, and no call is used up. */
-    if (dc_all_reduce_async(g, a, BIG_REDUCE, DC_DTYPE_I32, DC_REDUCE_SUM, &st) != NULL ||
-        st.code != DC_OUT_OF_RANGE) {
-        snprintf(error, cap, "%s: a big async all-reduce started (%s)", self, st.message);
-        goto out;
+    /* Asynchronous ones that large too (a thread of the library makes the parts): two big
+     * calls and a small one started at once, the small one after every part of the big
+     * ones, then each waited for and checked. */
+    for (size_t i = 0; i < BIG_REDUCE; i++) {
+        a[i] = (int32_t)(i % 1000) + (int32_t)rank;
     }
     for (size_t i = 0; i < BIG_BLOCKED; i++) {
         in[i] = (int64_t)rank * BIG_BLOCKED + (int64_t)i;
     }
+    if (async_big_calls(g, self, a, in, out, error, cap) != 0) {
+        goto out;
+    }
+    for (size_t i = 0; i < BIG_REDUCE; i++) {
+        if (a[i] != (int32_t)(n * (i % 1000) + n * (n - 1) / 2)) {
+            snprintf(error, cap, "%s: big async all-reduce: [%zu] = %d", self, i, a[i]);
+            goto out;
+        }
+    }
+    for (size_t i = 0; i < (size_t)n * BIG_BLOCKED; i++) {
+        if (out[i] != (int64_t)i) {
+            snprintf(error, cap, "%s: big async all-gather: [%zu] = %lld", self, i,
+                     (long long)out[i]);
+            goto out;
+        }
+    }
+    memset(out, 0, (size_t)n * BIG_BLOCKED * sizeof(*out));
     if (dc_all_gather(g, in, out, BIG_BLOCKED, DC_DTYPE_I64, &st) != DC_OK) {
         snprintf(error, cap, "%s: big all-gather: %s", self, st.message);
         goto out;
