@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 
 #include "auth.h"
 #include "clock.h"
+#include "datalink.h"
 #include "device.h"
 #include "devcoord/v1/methods.h"
 #include "log.h"
@@ -37,12 +39,38 @@ struct desc {
     uint64_t total; /* the rank's whole call, when the library split it (0: not split) */
 };
 
-/* A cached connection to a peer's data address, watched for drops. */
+/* Bytes shared by a call and the data link's threads: a part being sent, or one being
+ * received into. The last reference frees it. */
+struct pbuf {
+    atomic_size_t refs;
+    size_t bytes;
+    uint8_t data[];
+};
+
+/* A part queued to a peer's data link sender. */
+struct sjob {
+    struct pbuf *buf;
+    struct dlink_hdr h;
+    char group_id[VALIDATE_GROUP_ID_SIZE];
+    char worker[DC_WORKER_NAME_MAX + 1];
+    struct sjob *next;
+};
+
+/* A cached connection to a peer's data address, watched for drops, and the data link to it:
+ * a sender thread (started on first use) that writes the queued parts, dialing (GroupLink,
+ * then the data port) when it has no connection. */
 struct wpeer {
     struct wgroups *wg;
     char address[256];
     struct rpc_client *client;
     bool was_up;
+    pthread_t sender;
+    bool sender_started;
+    pthread_cond_t cv;
+    struct sjob *jobs, *jobs_tail;
+    struct dlink_out *out; /* set and cleared under mtx; written by the sender only */
+    nng_tls_config *tls;   /* the dialer's, for a tls+tcp:// data link */
+    bool stale;            /* the RPC connection dropped since out was dialed */
 };
 
 struct gworker {
@@ -83,6 +111,8 @@ struct ppart {
     uint8_t *data;
     size_t bytes;
     bool has_data;
+    struct pbuf *buf; /* data, when it comes over the data link */
+    size_t received;  /* of buf's bytes */
 };
 
 struct wcall {
@@ -91,7 +121,8 @@ struct wcall {
     size_t n_local_in;
     struct ppart *peer; /* per worker of the group (self's unused) */
     size_t n_peer_in;
-    uint8_t *mine; /* this worker's part, once every local rank is in */
+    uint8_t *mine; /* this worker's part, once every local rank is in (mine_buf's bytes) */
+    struct pbuf *mine_buf;
     size_t mine_bytes;
     bool sent;
     bool noted;                     /* a partial note went to the peers */
@@ -105,6 +136,7 @@ struct wcall {
 
 struct wgroup {
     char id[VALIDATE_GROUP_ID_SIZE];
+    uint64_t hash; /* dlink_group_hash(id): how data frames name it */
     uint64_t generation;
     size_t n; /* ranks */
     char (*names)[DC_DEVICE_TEXT_SIZE];
@@ -139,9 +171,40 @@ struct wgroups {
     uint64_t shm_calls_total, call_bytes_in, call_bytes_out;
     size_t shm_mapped;
     struct histo call_seconds;
+    struct dlink_server *dl;
+    nng_tls_config *dl_tls;
+    char dl_address[300]; /* what GroupLink tells peers */
+    uint64_t link_bytes_out, link_bytes_in;
 };
 
 /* ---- small helpers ----------------------------------------------------------------------- */
+
+static struct pbuf *
+pbuf_new(size_t bytes)
+{
+    struct pbuf *b = malloc(sizeof(*b) + (bytes ? bytes : 1));
+
+    if (b != NULL) {
+        atomic_init(&b->refs, 1);
+        b->bytes = bytes;
+    }
+    return b;
+}
+
+static struct pbuf *
+pbuf_hold(struct pbuf *b)
+{
+    atomic_fetch_add(&b->refs, 1);
+    return b;
+}
+
+static void
+pbuf_drop(struct pbuf *b)
+{
+    if (b != NULL && atomic_fetch_sub(&b->refs, 1) == 1) {
+        free(b);
+    }
+}
 
 static bool
 kind_has_data(dc_op_kind k)
@@ -270,11 +333,15 @@ wcall_free(struct wgroups *wg, struct wgroup *g, struct wcall *c)
         }
         free(c->peer[w].called);
         free(c->peer[w].d);
-        free(c->peer[w].data);
+        if (c->peer[w].buf != NULL) {
+            pbuf_drop(c->peer[w].buf);
+        } else {
+            free(c->peer[w].data);
+        }
     }
     free(c->peer);
     free(c->local);
-    free(c->mine);
+    pbuf_drop(c->mine_buf);
     free(c);
 }
 
@@ -364,7 +431,10 @@ peer_on_connection(void *arg, bool up)
     pthread_mutex_lock(&wg->mtx);
     if (up) {
         p->was_up = true;
-    } else if (p->was_up && !wg->stopping) {
+    } else {
+        p->stale = true; /* its data link too, most likely: dial again before the next use */
+    }
+    if (!up && p->was_up && !wg->stopping) {
         for (struct wgroup *g = wg->groups; g != NULL; g = g->next) {
             for (size_t w = 0; w < g->n_workers; w++) {
                 if (g->workers[w].peer == p && !g->ended) {
@@ -403,9 +473,11 @@ peer_get_locked(struct wgroups *wg, const char *address, dc_status *st)
         return NULL;
     }
     p->wg = wg;
+    pthread_cond_init(&p->cv, NULL);
     snprintf(p->address, sizeof(p->address), "%s", address);
     if (auth_client_open_watched(address, wg->token, &wg->cfg->tls, wg->cfg->max_message_bytes, 500,
                                  peer_on_connection, p, &p->client, st) != DC_OK) {
+        pthread_cond_destroy(&p->cv);
         free(p);
         return NULL;
     }
@@ -438,6 +510,7 @@ group_from_setup(struct wgroups *wg, const Devcoord__V1__GroupSetupRequest *in, 
         goto out;
     }
     snprintf(g->id, sizeof(g->id), "%s", in->group_id);
+    g->hash       = dlink_group_hash(g->id);
     g->generation = in->generation;
     g->n          = plan->n_devices;
     g->n_workers  = plan->n_workers;
@@ -604,9 +677,10 @@ wcall_make_mine(const struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_
     case DC_OP_ALL_REDUCE:
     case DC_OP_REDUCE:
     case DC_OP_REDUCE_SCATTER:
-        if ((c->mine = malloc(bytes ? bytes : 1)) == NULL) {
+        if ((c->mine_buf = pbuf_new(bytes)) == NULL) {
             return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
         }
+        c->mine = c->mine_buf->data;
         memcpy(c->mine, c->local[0].data, bytes);
         for (size_t i = 1; i < me->n_ranks; i++) {
             reduce_into(d->dtype, d->reduce, c->mine, c->local[i].data, input_elements(d, g->n));
@@ -616,18 +690,20 @@ wcall_make_mine(const struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_
     case DC_OP_BROADCAST:
         for (size_t i = 0; i < me->n_ranks; i++) {
             if (me->ranks[i] == d->root) {
-                if ((c->mine = malloc(bytes ? bytes : 1)) == NULL) {
+                if ((c->mine_buf = pbuf_new(bytes)) == NULL) {
                     return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
                 }
+                c->mine = c->mine_buf->data;
                 memcpy(c->mine, c->local[i].data, bytes);
                 c->mine_bytes = bytes;
             }
         }
         break;
     case DC_OP_ALL_GATHER:
-        if ((c->mine = malloc(bytes * me->n_ranks + 1)) == NULL) {
+        if ((c->mine_buf = pbuf_new(bytes * me->n_ranks)) == NULL) {
             return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
         }
+        c->mine = c->mine_buf->data;
         for (size_t i = 0; i < me->n_ranks; i++) {
             memcpy(c->mine + i * bytes, c->local[i].data, bytes);
         }
@@ -639,7 +715,8 @@ wcall_make_mine(const struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_
     for (size_t i = 0; i < me->n_ranks; i++) {
         if (region_shrank(g, c->local[i].reg, &c->shrunk)) {
             /* Zeros are no one's data: send none, the call fails here (and at the peers). */
-            free(c->mine);
+            pbuf_drop(c->mine_buf);
+            c->mine_buf   = NULL;
             c->mine       = NULL;
             c->mine_bytes = 0;
             break;
@@ -779,6 +856,11 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
     if (c->n_local_in < me->n_ranks || c->n_peer_in + 1 < g->n_workers || !c->sent) {
         return;
     }
+    for (size_t w = 0; w < g->n_workers; w++) {
+        if (c->peer[w].buf != NULL && c->peer[w].received < c->peer[w].bytes) {
+            return; /* its bytes are still on the data link */
+        }
+    }
     wcall_unlink(g, c);
     status_clear(&st);
     kind = c->local[0].d.kind;
@@ -866,6 +948,204 @@ exch_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply,
     free(x);
 }
 
+/* ---- the data link: sending ------------------------------------------------------------- */
+
+/* Ends every group that uses peer p with UNAVAILABLE: why says what failed. mtx held. */
+static void
+peer_lost_locked(struct wgroups *wg, const char *address, const char *why)
+{
+    if (wg->stopping) {
+        return;
+    }
+    for (struct wgroup *g = wg->groups; g != NULL; g = g->next) {
+        for (size_t w = 0; w < g->n_workers; w++) {
+            if (g->workers[w].peer != NULL && strcmp(g->workers[w].peer->address, address) == 0 &&
+                !g->ended) {
+                dc_status st;
+                status_set(&st, DC_UNAVAILABLE,
+                           "worker %s of group %s is unreachable (%s, at %s): join again",
+                           g->workers[w].name, g->id, why, address);
+                status_set_worker(&st, g->workers[w].name);
+                group_end_locked(wg, g, &st);
+            }
+        }
+    }
+}
+
+/* Asks the peer where its data link listens (GroupLink) and dials it. Sender thread, no lock. */
+static dc_code
+peer_link(struct wgroups *wg, struct wpeer *p, struct dlink_out **out, dc_status *st)
+{
+    Devcoord__V1__GroupLinkRequest req = DEVCOORD__V1__GROUP_LINK_REQUEST__INIT;
+    Devcoord__V1__GroupLinkResponse *resp;
+    struct rpc_reply reply;
+    dc_code code;
+    char host[256];
+
+    memset(&reply, 0, sizeof(reply));
+    if ((code = rpc_call(p->client, WORKER_SVC, M_WORKER_GROUP_LINK, &req.base, NULL, 0, 2000,
+                         &reply, st)) != DC_OK) {
+        rpc_reply_free(&reply);
+        return code;
+    }
+    resp = (Devcoord__V1__GroupLinkResponse *)reply.body;
+    if (resp == NULL || resp->secret.len != DLINK_SECRET_SIZE || resp->address == NULL ||
+        (strncmp(resp->address, "tcp://", 6) != 0 &&
+         strncmp(resp->address, "tls+tcp://", 10) != 0)) {
+        rpc_reply_free(&reply);
+        return status_set(st, DC_UNAVAILABLE, "its GroupLink answer is malformed");
+    }
+    if (strncmp(resp->address, "tls+", 4) == 0 && p->tls == NULL) {
+        auth_url_host(resp->address, host, sizeof(host));
+        if ((code = auth_tls_client(wg->cfg->tls.ca, wg->cfg->tls.cert, wg->cfg->tls.key, host,
+                                    &p->tls, st)) != DC_OK) {
+            rpc_reply_free(&reply);
+            return code;
+        }
+    }
+    code = dlink_dial(resp->address, strncmp(resp->address, "tls+", 4) == 0 ? p->tls : NULL,
+                      resp->secret.data, wg->cfg->advertise, 2000, out, st);
+    rpc_reply_free(&reply);
+    return code;
+}
+
+static void
+sjob_free(struct sjob *j)
+{
+    pbuf_drop(j->buf);
+    free(j);
+}
+
+/* One peer's sender: writes queued parts in order; a failure ends the job's group (after one
+ * retry on a fresh connection when the failed one was kept from before, e.g. the peer
+ * restarted since). */
+static void *
+peer_sender(void *arg)
+{
+    struct wpeer *p    = arg;
+    struct wgroups *wg = p->wg;
+
+    pthread_mutex_lock(&wg->mtx);
+    for (;;) {
+        struct sjob *j;
+        struct wgroup *g;
+        dc_status st;
+        dc_code code = DC_OK;
+
+        while (!wg->stopping && p->jobs == NULL) {
+            pthread_cond_wait(&p->cv, &wg->mtx);
+        }
+        if (wg->stopping) {
+            break;
+        }
+        j       = p->jobs;
+        p->jobs = j->next;
+        if (p->jobs == NULL) {
+            p->jobs_tail = NULL;
+        }
+        g = group_find(wg, j->group_id);
+        if (g == NULL || g->generation != j->h.generation || g->ended) {
+            sjob_free(j);
+            continue;
+        }
+        status_clear(&st);
+        for (int attempt = 0; attempt < 2; attempt++) {
+            struct dlink_out *o = p->out;
+            bool fresh          = o == NULL || p->stale;
+            if (p->stale && o != NULL) {
+                p->out = NULL;
+                pthread_mutex_unlock(&wg->mtx);
+                dlink_out_close(o);
+                pthread_mutex_lock(&wg->mtx);
+                o = NULL;
+            }
+            p->stale = false;
+            pthread_mutex_unlock(&wg->mtx);
+            status_clear(&st);
+            code = o == NULL ? peer_link(wg, p, &o, &st) : DC_OK;
+            pthread_mutex_lock(&wg->mtx);
+            if (code == DC_OK && wg->stopping) {
+                dlink_out_close(o);
+                break;
+            }
+            if (code != DC_OK) {
+                break;
+            }
+            p->out = o;
+            pthread_mutex_unlock(&wg->mtx);
+            code = dlink_send(o, &j->h, j->buf->data, j->buf->bytes, &st);
+            pthread_mutex_lock(&wg->mtx);
+            if (code == DC_OK) {
+                wg->link_bytes_out += j->buf->bytes;
+                break;
+            }
+            p->out = NULL;
+            pthread_mutex_unlock(&wg->mtx);
+            dlink_out_close(o);
+            pthread_mutex_lock(&wg->mtx);
+            if (fresh || wg->stopping) {
+                break;
+            }
+        }
+        if (code != DC_OK && !wg->stopping) {
+            g = group_find(wg, j->group_id);
+            if (g != NULL && g->generation == j->h.generation && !g->ended) {
+                dc_status end;
+                status_set(&end, DC_UNAVAILABLE, "worker %s of group %s is unreachable: %s",
+                           j->worker, g->id, st.message);
+                status_set_worker(&end, j->worker);
+                group_end_locked(wg, g, &end);
+            }
+        }
+        sjob_free(j);
+    }
+    while (p->jobs != NULL) {
+        struct sjob *j = p->jobs;
+        p->jobs        = j->next;
+        sjob_free(j);
+    }
+    p->jobs_tail = NULL;
+    pthread_mutex_unlock(&wg->mtx);
+    return NULL;
+}
+
+/* Queues c's part (mine_buf) to worker w's sender. mtx held. */
+static dc_code
+peer_queue_locked(struct wgroup *g, struct wcall *c, size_t w, dc_status *st)
+{
+    struct wpeer *p = g->workers[w].peer;
+    struct sjob *j  = calloc(1, sizeof(*j));
+
+    if (j == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    if (!p->sender_started) {
+        if (pthread_create(&p->sender, NULL, peer_sender, p) != 0) {
+            free(j);
+            return status_set(st, DC_RESOURCE_EXHAUSTED, "cannot start a data link sender");
+        }
+        p->sender_started = true;
+    }
+    j->buf = pbuf_hold(c->mine_buf);
+    j->h   = (struct dlink_hdr){ .kind       = DLINK_DATA,
+                                 .from       = g->self,
+                                 .group      = g->hash,
+                                 .generation = g->generation,
+                                 .seq        = c->seq,
+                                 .offset     = 0,
+                                 .total      = c->mine_bytes };
+    snprintf(j->group_id, sizeof(j->group_id), "%s", g->id);
+    snprintf(j->worker, sizeof(j->worker), "%s", g->workers[w].name);
+    if (p->jobs_tail != NULL) {
+        p->jobs_tail->next = j;
+    } else {
+        p->jobs = j;
+    }
+    p->jobs_tail = j;
+    pthread_cond_signal(&p->cv);
+    return DC_OK;
+}
+
 /* Sends this worker's part of c to every other worker: the whole part (every local rank in),
  * or a partial note naming the local ranks in so far. mtx held. */
 static void
@@ -897,13 +1177,14 @@ wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c, bool partial)
             req.n_calls++;
         }
     }
-    req.group_id   = g->id;
-    req.generation = g->generation;
-    req.seq        = c->seq;
-    req.from       = g->self;
-    req.calls      = ptrs;
-    req.has_data   = !partial && c->mine != NULL;
-    req.partial    = partial;
+    req.group_id     = g->id;
+    req.generation   = g->generation;
+    req.seq          = c->seq;
+    req.from         = g->self;
+    req.calls        = ptrs;
+    req.has_data     = !partial && c->mine != NULL;
+    req.stream_bytes = req.has_data ? c->mine_bytes : 0;
+    req.partial      = partial;
     if (!partial && c->shrunk.code != DC_OK) {
         req.failed = c->shrunk.message;
     }
@@ -921,9 +1202,13 @@ wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c, bool partial)
         }
         *x = (struct exch_ctx){ wg, "", g->generation, w };
         snprintf(x->group_id, sizeof(x->group_id), "%s", g->id);
+        if (req.has_data && peer_queue_locked(g, c, w, &st) != DC_OK) {
+            free(x);
+            group_end_locked(wg, g, &st);
+            break;
+        }
         if (rpc_call_async(g->workers[w].peer->client, WORKER_SVC, M_WORKER_GROUP_EXCHANGE,
-                           &req.base, req.has_data ? c->mine : NULL,
-                           req.has_data ? c->mine_bytes : 0, left, exch_done, x, &st) != DC_OK) {
+                           &req.base, NULL, 0, left, exch_done, x, &st) != DC_OK) {
             dc_status end;
             free(x);
             status_set(&end, DC_UNAVAILABLE, "worker %s of group %s: %s", g->workers[w].name, g->id,
@@ -1340,6 +1625,40 @@ wgroups_map(struct wgroups *wg, const Devcoord__V1__GroupMapRequest *in,
     closure(&out, cd);
 }
 
+/* The buffer a peer's part of c arrives in over the data link (total bytes), made on first
+ * use by the data frame or the GroupExchange naming it, whichever comes first. mtx held. */
+static dc_code
+ppart_buffer(struct wgroups *wg, struct ppart *p, uint64_t total, dc_status *st)
+{
+    if (p->buf != NULL) {
+        return p->buf->bytes == total
+                   ? DC_OK
+                   : status_set(st, DC_INVALID_ARGUMENT,
+                                "group exchange: %llu bytes announced, %zu on the data link",
+                                (unsigned long long)total, p->buf->bytes);
+    }
+    if (p->data != NULL) {
+        return status_set(st, DC_ALREADY_EXISTS, "duplicate group exchange");
+    }
+    if (total > wg->cfg->max_message_bytes) {
+        return status_set(st, DC_OUT_OF_RANGE,
+                          "group part of %llu bytes is larger than limits.max_message_bytes",
+                          (unsigned long long)total);
+    }
+    if (total > wg->max_held - wg->held) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED,
+                          "group parts waiting on this worker hold %zu bytes already (limit %zu)",
+                          wg->held, wg->max_held);
+    }
+    if ((p->buf = pbuf_new((size_t)total)) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    p->data  = p->buf->data;
+    p->bytes = (size_t)total;
+    wg->held += p->bytes;
+    return DC_OK;
+}
+
 /* A peer's partial note: which of its ranks have called. mtx held. */
 static dc_code
 peer_note(const struct gworker *gw, struct ppart *p, const Devcoord__V1__GroupExchangeRequest *in,
@@ -1390,6 +1709,28 @@ wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *i
         code = st.code;
     } else if ((p = &c->peer[in->from])->in) {
         code = status_set(&st, DC_ALREADY_EXISTS, "duplicate group exchange");
+    } else if (in->has_data && in->stream_bytes > 0) {
+        /* The bytes come (or came) over the data link. */
+        if ((code = ppart_buffer(wg, p, in->stream_bytes, &st)) == DC_OK &&
+            (p->d = calloc(in->n_calls, sizeof(*p->d))) == NULL) {
+            code = status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        if (code == DC_OK) {
+            for (size_t k = 0; k < in->n_calls; k++) {
+                p->d[k] = desc_from_pb(in->calls[k]);
+            }
+            p->has_data = true;
+            p->in       = true;
+            c->n_peer_in++;
+            if (in->failed != NULL && in->failed[0] != '\0' && c->shrunk.code == DC_OK) {
+                status_set(&c->shrunk, DC_INVALID_ARGUMENT, "worker %s: %.300s",
+                           g->workers[in->from].name, in->failed);
+            }
+            wcall_try_finish(wg, g, c);
+        }
+    } else if (p->buf != NULL) {
+        code = status_set(&st, DC_INVALID_ARGUMENT,
+                          "group exchange without data after data on the data link");
     } else if (in->has_data && bytes > wg->max_held - wg->held) {
         code = status_set(&st, DC_RESOURCE_EXHAUSTED,
                           "group parts waiting on this worker hold %zu bytes already (limit %zu)",
@@ -1425,6 +1766,133 @@ wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *i
         return;
     }
     closure(&out, cd);
+}
+
+/* ---- the data link: receiving ----------------------------------------------------------- */
+
+/* The group and call a data frame names, if it is current here and from whom it says. */
+static struct wgroup *
+frame_group(struct wgroups *wg, const char *peer, const struct dlink_hdr *h)
+{
+    for (struct wgroup *g = wg->groups; g != NULL; g = g->next) {
+        if (g->hash == h->group && g->generation == h->generation && !g->ended &&
+            h->from < g->n_workers && h->from != g->self && g->workers[h->from].peer != NULL &&
+            strcmp(g->workers[h->from].peer->address, peer) == 0) {
+            return g;
+        }
+    }
+    return NULL;
+}
+
+static void
+link_frame_begin(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t **dst, void **pin)
+{
+    struct wgroups *wg = arg;
+    struct wgroup *g;
+    struct wcall *c;
+    dc_status st;
+
+    status_clear(&st);
+    pthread_mutex_lock(&wg->mtx);
+    if (!wg->stopping && (g = frame_group(wg, peer, h)) != NULL) {
+        if ((c = wcall_get(wg, g, h->seq, 0, &st)) == NULL ||
+            ppart_buffer(wg, &c->peer[h->from], h->total, &st) != DC_OK) {
+            dc_status end;
+            status_set(&end, st.code, "worker %s of group %s sent call %llu's data: %s",
+                       g->workers[h->from].name, g->id, (unsigned long long)h->seq, st.message);
+            status_set_worker(&end, g->workers[h->from].name);
+            group_end_locked(wg, g, &end);
+        } else {
+            struct pbuf *b = c->peer[h->from].buf;
+            *dst           = b->data + h->offset;
+            *pin           = pbuf_hold(b);
+        }
+    }
+    pthread_mutex_unlock(&wg->mtx);
+}
+
+static void
+link_frame_end(void *arg, const char *peer, const struct dlink_hdr *h, void *pin, bool ok)
+{
+    struct wgroups *wg = arg;
+    struct wgroup *g;
+    struct wcall *c;
+
+    pthread_mutex_lock(&wg->mtx);
+    if (pin != NULL && ok && (g = frame_group(wg, peer, h)) != NULL &&
+        (c = wcall_find(g, h->seq)) != NULL && c->peer[h->from].buf == pin) {
+        struct ppart *p = &c->peer[h->from];
+        p->received += h->length;
+        wg->link_bytes_in += h->length;
+        if (p->in && p->received >= p->bytes) {
+            wcall_try_finish(wg, g, c);
+        }
+    }
+    pthread_mutex_unlock(&wg->mtx);
+    pbuf_drop(pin);
+}
+
+static void
+link_peer_lost(void *arg, const char *peer, const dc_status *why)
+{
+    struct wgroups *wg = arg;
+
+    pthread_mutex_lock(&wg->mtx);
+    peer_lost_locked(wg, peer, why->message);
+    pthread_mutex_unlock(&wg->mtx);
+}
+
+void
+wgroups_link(struct wgroups *wg, const Devcoord__V1__GroupLinkRequest *in,
+             Devcoord__V1__GroupLinkResponse_Closure closure, void *cd)
+{
+    Devcoord__V1__GroupLinkResponse out = DEVCOORD__V1__GROUP_LINK_RESPONSE__INIT;
+
+    (void)in;
+    if (wg->dl == NULL) {
+        status_set(rpc_call_status(cd), DC_UNAVAILABLE, "this worker has no data link");
+        closure(NULL, cd);
+        return;
+    }
+    out.address     = wg->dl_address;
+    out.secret.data = (uint8_t *)dlink_server_secret(wg->dl);
+    out.secret.len  = DLINK_SECRET_SIZE;
+    closure(&out, cd);
+}
+
+/* The data port: the listen address's scheme and host, a port the kernel picks; peers are told
+ * the advertised host with that port. */
+static dc_code
+link_start(struct wgroups *wg, dc_status *st)
+{
+    static const struct dlink_events ev_template = { NULL, link_frame_begin, link_frame_end,
+                                                     link_peer_lost };
+    struct dlink_events ev                       = ev_template;
+    const char *listen = wg->cfg->listen, *adv = wg->cfg->advertise;
+    bool tls = strncmp(listen, "tls+", 4) == 0;
+    char host[256], ahost[256], url[300];
+    dc_code code;
+
+    ev.arg = wg;
+    auth_url_host(listen, host, sizeof(host));
+    auth_url_host(adv != NULL ? adv : listen, ahost, sizeof(ahost));
+    snprintf(url, sizeof(url), "%s://%s%s%s:0", tls ? "tls+tcp" : "tcp",
+             strchr(host, ':') ? "[" : "", host[0] ? host : "0.0.0.0",
+             strchr(host, ':') ? "]" : "");
+    if (tls && (code = auth_tls_server(&wg->cfg->tls, &wg->dl_tls, st)) != DC_OK) {
+        return code;
+    }
+    if ((code = dlink_server_start(url, wg->dl_tls, wg->cfg->max_message_bytes,
+                                   wg->cfg->handshake_timeout_ms ? wg->cfg->handshake_timeout_ms
+                                                                 : 10000,
+                                   &ev, &wg->dl, st)) != DC_OK) {
+        return code;
+    }
+    snprintf(wg->dl_address, sizeof(wg->dl_address), "%s://%s%s%s:%d", tls ? "tls+tcp" : "tcp",
+             strchr(ahost, ':') ? "[" : "", ahost[0] ? ahost : "127.0.0.1",
+             strchr(ahost, ':') ? "]" : "", dlink_server_port(wg->dl));
+    log_info("data link listening on %s (advertised as %s)", url, wg->dl_address);
+    return DC_OK;
 }
 
 /* ---- GroupStatus ------------------------------------------------------------------------- */
@@ -1601,10 +2069,24 @@ wgroups_metrics_render(struct wgroups *wg, struct mbuf *b)
                 "devcoord_group_call_bytes_sent_total %llu\n"
                 "# HELP devcoord_group_shm_mapped_bytes Ranks' shared memory this worker maps.\n"
                 "# TYPE devcoord_group_shm_mapped_bytes gauge\n"
-                "devcoord_group_shm_mapped_bytes %zu\n",
+                "devcoord_group_shm_mapped_bytes %zu\n"
+                "# HELP devcoord_group_link_bytes_sent_total Bytes of group parts this worker "
+                "sent its peers over the data link.\n"
+                "# TYPE devcoord_group_link_bytes_sent_total counter\n"
+                "devcoord_group_link_bytes_sent_total %llu\n"
+                "# HELP devcoord_group_link_bytes_received_total Bytes of group parts this "
+                "worker received from its peers over the data link.\n"
+                "# TYPE devcoord_group_link_bytes_received_total counter\n"
+                "devcoord_group_link_bytes_received_total %llu\n"
+                "# HELP devcoord_group_link_refused_total Connections to the data port refused "
+                "(no or wrong HELLO, a malformed or oversized frame, too many connections).\n"
+                "# TYPE devcoord_group_link_refused_total counter\n"
+                "devcoord_group_link_refused_total %llu\n",
                 (unsigned long long)wg->stalls_total, (unsigned long long)wg->shm_calls_total,
                 (unsigned long long)wg->call_bytes_in, (unsigned long long)wg->call_bytes_out,
-                wg->shm_mapped);
+                wg->shm_mapped, (unsigned long long)wg->link_bytes_out,
+                (unsigned long long)wg->link_bytes_in,
+                (unsigned long long)(wg->dl != NULL ? dlink_server_refused(wg->dl) : 0));
     pthread_mutex_unlock(&wg->mtx);
     mbuf_printf(b, "# HELP devcoord_group_call_seconds Time from a group call's first rank to "
                    "its result.\n"
@@ -1618,6 +2100,7 @@ struct wgroups *
 wgroups_new(const struct config_worker *cfg, const char *token)
 {
     struct wgroups *wg = calloc(1, sizeof(*wg));
+    dc_status st;
 
     if (wg == NULL) {
         return NULL;
@@ -1634,7 +2117,21 @@ wgroups_new(const struct config_worker *cfg, const char *token)
     histo_init(&wg->call_seconds, histo_seconds, histo_seconds_n);
     pthread_mutex_init(&wg->mtx, NULL);
     pthread_cond_init(&wg->cv, NULL);
+    if (link_start(wg, &st) != DC_OK) {
+        log_error("cannot start the data link: %s", st.message);
+        if (wg->dl_tls != NULL) {
+            nng_tls_config_free(wg->dl_tls);
+        }
+        pthread_cond_destroy(&wg->cv);
+        pthread_mutex_destroy(&wg->mtx);
+        free(wg);
+        return NULL;
+    }
     if (pthread_create(&wg->timer, NULL, wgroups_timer, wg) != 0) {
+        dlink_server_free(wg->dl);
+        if (wg->dl_tls != NULL) {
+            nng_tls_config_free(wg->dl_tls);
+        }
         pthread_cond_destroy(&wg->cv);
         pthread_mutex_destroy(&wg->mtx);
         free(wg);
@@ -1662,8 +2159,25 @@ wgroups_shutdown(struct wgroups *wg)
     for (struct wgroup *g = wg->groups; g != NULL; g = g->next) {
         group_end_locked(wg, g, &st);
     }
+    for (size_t i = 0; i < wg->n_peers; i++) {
+        pthread_cond_broadcast(&wg->peers[i]->cv);
+        if (wg->peers[i]->out != NULL) {
+            dlink_out_abort(wg->peers[i]->out); /* a send under way fails at once */
+        }
+    }
     pthread_mutex_unlock(&wg->mtx);
     pthread_join(wg->timer, NULL);
+    for (size_t i = 0; i < wg->n_peers; i++) {
+        if (wg->peers[i]->sender_started) {
+            pthread_join(wg->peers[i]->sender, NULL);
+            wg->peers[i]->sender_started = false;
+        }
+        dlink_out_close(wg->peers[i]->out);
+        wg->peers[i]->out = NULL;
+    }
+    /* The data port's threads take mtx: not under it. */
+    dlink_server_free(wg->dl);
+    wg->dl = NULL;
     /* Closing waits for the exchange callbacks, which take mtx: not under it. Nothing opens
      * or uses a peer once stopping is set. */
     for (size_t i = 0; i < wg->n_peers; i++) {
@@ -1680,7 +2194,14 @@ wgroups_free(struct wgroups *wg)
     }
     wgroups_shutdown(wg);
     for (size_t i = 0; i < wg->n_peers; i++) {
+        if (wg->peers[i]->tls != NULL) {
+            nng_tls_config_free(wg->peers[i]->tls);
+        }
+        pthread_cond_destroy(&wg->peers[i]->cv);
         free(wg->peers[i]);
+    }
+    if (wg->dl_tls != NULL) {
+        nng_tls_config_free(wg->dl_tls);
     }
     free(wg->peers);
     while (wg->groups != NULL) {

@@ -7,8 +7,9 @@
  * (GroupExchange), and once it has every worker's part it checks that all ranks agree,
  * computes the result in a fixed order (so every worker gets the same bytes) and answers its
  * ranks. Each worker sends its part straight to every other one: one step, n - 1 messages a
- * worker, which suits the small groups and messages of this first version (a ring for big
- * buffers is the data-plane issue's).
+ * worker. What the ranks passed goes in GroupExchange (RPC); the part's bytes go over the data
+ * link (datalink.h: raw framed streams, one connection per peer, kept), straight from the
+ * part's memory onto the wire and from the wire into the buffer the receiver keeps for it.
  *
  * Bounds: calls in progress per group (GROUPS_MAX_CALLS), groups per worker (GROUPS_MAX),
  * bytes per call (one message: limits.max_message_bytes). A call's deadline fails its waiting
@@ -51,6 +52,9 @@ void wgroups_call(struct wgroups *wg, const Devcoord__V1__GroupCallRequest *in,
                   Devcoord__V1__GroupCallResponse_Closure closure, void *cd);
 void wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *in,
                       Devcoord__V1__GroupExchangeResponse_Closure closure, void *cd);
+/* Where this worker's data link listens and its secret (GroupLink, for peers). */
+void wgroups_link(struct wgroups *wg, const Devcoord__V1__GroupLinkRequest *in,
+                  Devcoord__V1__GroupLinkResponse_Closure closure, void *cd);
 /* Calls completed in the group and this worker's stalled ranks (groups list | show). */
 void wgroups_status(struct wgroups *wg, const Devcoord__V1__GroupStatusRequest *in,
                     Devcoord__V1__GroupStatusResponse_Closure closure, void *cd);

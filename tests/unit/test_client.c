@@ -426,6 +426,8 @@ UNIMPL(w_, WSVC, group_exchange, Devcoord__V1__GroupExchangeRequest,
 UNIMPL(w_, WSVC, group_status, Devcoord__V1__GroupStatusRequest,
        Devcoord__V1__GroupStatusResponse_Closure)
 UNIMPL(w_, WSVC, group_map, Devcoord__V1__GroupMapRequest, Devcoord__V1__GroupMapResponse_Closure)
+UNIMPL(w_, WSVC, group_link, Devcoord__V1__GroupLinkRequest,
+       Devcoord__V1__GroupLinkResponse_Closure)
 
 static void
 fake_worker_info(Devcoord__V1__WorkerInfo *w, Devcoord__V1__Label *label,
