@@ -1252,7 +1252,8 @@ test_method_numbers(void **state)
     assert_string_equal(WORKER_SVC->methods[M_WORKER_GROUP_EXCHANGE].name, "GroupExchange");
     assert_string_equal(WORKER_SVC->methods[M_WORKER_GROUP_STATUS].name, "GroupStatus");
     assert_string_equal(WORKER_SVC->methods[M_WORKER_GROUP_MAP].name, "GroupMap");
-    assert_int_equal(M_WORKER_GROUP_MAP + 1, WORKER_SVC->n_methods);
+    assert_string_equal(WORKER_SVC->methods[M_WORKER_GROUP_LINK].name, "GroupLink");
+    assert_int_equal(M_WORKER_GROUP_LINK + 1, WORKER_SVC->n_methods);
     assert_string_equal(dc_version(), "0.3.0");
     assert_string_equal(dc_op_state_name(DC_OP_STATE_FAILED), "failed");
     assert_null(dc_op_state_name(DC_OP_STATE_NONE));
