@@ -1876,9 +1876,9 @@ link_start(struct wgroups *wg, dc_status *st)
     ev.arg = wg;
     auth_url_host(listen, host, sizeof(host));
     auth_url_host(adv != NULL ? adv : listen, ahost, sizeof(ahost));
-    snprintf(url, sizeof(url), "%s://%s%s%s:0", tls ? "tls+tcp" : "tcp",
-             strchr(host, ':') ? "[" : "", host[0] ? host : "0.0.0.0",
-             strchr(host, ':') ? "]" : "");
+    snprintf(url, sizeof(url), "%s://%s%s%s:%u", tls ? "tls+tcp" : "tcp",
+             strchr(host, ':') ? "[" : "", host[0] ? host : "0.0.0.0", strchr(host, ':') ? "]" : "",
+             wg->cfg->group_data_port);
     if (tls && (code = auth_tls_server(&wg->cfg->tls, &wg->dl_tls, st)) != DC_OK) {
         return code;
     }
