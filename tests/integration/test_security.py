@@ -879,7 +879,11 @@ class TlsHandshakeTest(TlsChecks, SecureTestCase):
     def test_stalled_handshakes_are_closed(self):
         c = self.cluster
         stalls = []
-        for port in (c.port, c.worker_port("node-a")):
+        # The worker's data link (issue 17) listens on tls+tcp:// too, on a port of its own.
+        m = re.search(r"data link listening on \S+ \(advertised as tls\+tcp://[^:]+:(\d+)\)",
+                      c.worker("node-a").log_text())
+        self.assertIsNotNone(m, "no data link in the worker's log")
+        for port in (c.port, c.worker_port("node-a"), int(m.group(1))):
             for first in (b"", bytes.fromhex("1603010200010001fc0303")):  # half a ClientHello
                 s = socket.create_connection((harness.HOST, port), timeout=5)
                 if first:
@@ -903,6 +907,7 @@ class TlsHandshakeTest(TlsChecks, SecureTestCase):
             self.assertEqual(got, b"", "the daemon answered a stalled handshake")
         for d in (c.coordinator, c.worker("node-a")):
             self.assertIn("did not finish its TLS handshake", d.log_text())
+        self.assertIn("data link: refused a connection", c.worker("node-a").log_text())
         self.assert_still_serving("stalled handshakes")
         self.all_reduce_works()
 
