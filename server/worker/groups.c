@@ -50,6 +50,7 @@ struct pbuf {
 /* A part queued to a peer's data link sender. */
 struct sjob {
     struct pbuf *buf;
+    size_t len; /* bytes from buf->data + h.offset */
     struct dlink_hdr h;
     char group_id[VALIDATE_GROUP_ID_SIZE];
     char worker[DC_WORKER_NAME_MAX + 1];
@@ -115,8 +116,26 @@ struct ppart {
     size_t received;  /* of buf's bytes */
 };
 
+/* A large all-reduce between workers goes round the ring of the group's workers in plan
+ * order: W - 1 reduce-scatter steps (step s sends segment (pos - s) mod W, reduced so far, to
+ * the next worker and reduces the segment the previous one sends into acc), then W - 1
+ * all-gather steps (the finished segments travel on, landing straight in acc). Every worker
+ * ends with the same bytes in acc; each sends and receives 2 (W - 1) / W of the part instead
+ * of (W - 1) parts. Segments from the previous worker may come before this worker's own part
+ * is ready: they wait in rs_in. */
+struct ring {
+    uint32_t n, pos, next, prev; /* workers; this one's place; its neighbours */
+    size_t elems, elem, bytes;
+    struct pbuf *acc;   /* this worker's part, then the result (NULL until it is ready) */
+    struct pbuf *rs_in; /* reduce-scatter segments from prev, each at its own offset */
+    size_t *got;        /* bytes received per step (2 (n - 1) steps) */
+    uint32_t done;      /* steps processed */
+    bool broken;        /* a frame that does not fit: the descs will disagree */
+};
+
 struct wcall {
     uint64_t seq;
+    struct ring *ring;   /* NULL: the direct exchange */
     struct lpart *local; /* per rank of this worker */
     size_t n_local_in;
     struct ppart *peer; /* per worker of the group (self's unused) */
@@ -175,6 +194,7 @@ struct wgroups {
     nng_tls_config *dl_tls;
     char dl_address[300]; /* what GroupLink tells peers */
     uint64_t link_bytes_out, link_bytes_in;
+    uint64_t ring_calls_total;
 };
 
 /* ---- small helpers ----------------------------------------------------------------------- */
@@ -342,6 +362,15 @@ wcall_free(struct wgroups *wg, struct wgroup *g, struct wcall *c)
     free(c->peer);
     free(c->local);
     pbuf_drop(c->mine_buf);
+    if (c->ring != NULL) {
+        if (c->ring->rs_in != NULL) {
+            wg->held -= c->ring->bytes;
+        }
+        pbuf_drop(c->ring->acc);
+        pbuf_drop(c->ring->rs_in);
+        free(c->ring->got);
+        free(c->ring);
+    }
     free(c);
 }
 
@@ -725,6 +754,8 @@ wcall_make_mine(const struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_
     return DC_OK;
 }
 
+static uint32_t ring_steps(const struct ring *r);
+
 /* The data worker w contributed to c (this worker's own part for self). */
 static const uint8_t *
 part_data(const struct wgroup *g, const struct wcall *c, size_t w, size_t *bytes)
@@ -751,7 +782,7 @@ wcall_descs(const struct wgroup *g, const struct wcall *c, struct desc *out)
 
 /* The call's result into *res (res_bytes), the same bytes on every worker. mtx held. */
 static dc_code
-wcall_compute(const struct wgroups *wg, struct wgroup *g, struct wcall *c, uint8_t **res,
+wcall_compute(struct wgroups *wg, struct wgroup *g, struct wcall *c, uint8_t **res,
               size_t *res_bytes, dc_status *st)
 {
     struct desc *all = calloc(g->n, sizeof(*all));
@@ -783,6 +814,21 @@ wcall_compute(const struct wgroups *wg, struct wgroup *g, struct wcall *c, uint8
     elem  = dc_dtype_size(d->dtype);
     bytes = input_elements(d, g->n) * elem;
     if (!kind_has_data(d->kind)) {
+        goto out;
+    }
+    if (c->ring != NULL && c->ring->acc != NULL && !c->ring->broken &&
+        c->ring->done == ring_steps(c->ring) && c->ring->bytes == bytes) {
+        /* Round the ring: every worker holds the same reduced bytes already. */
+        wg->ring_calls_total++;
+        if ((*res = malloc(bytes + 1)) == NULL) {
+            rv = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+            goto out;
+        }
+        memcpy(*res, c->ring->acc->data, bytes);
+        *res_bytes = bytes;
+        if (d->reduce == DC_REDUCE_MEAN) {
+            reduce_finish_mean(d->dtype, *res, input_elements(d, g->n), g->n);
+        }
         goto out;
     }
     for (size_t w = 0; w < g->n_workers; w++) {
@@ -842,6 +888,23 @@ out:
     return rv;
 }
 
+/* Whether every rank passed what rank 0 did (all descs are in). mtx held. */
+static bool
+wcall_agrees(const struct wgroup *g, const struct wcall *c)
+{
+    struct desc *all = calloc(g->n, sizeof(*all));
+    bool same        = all != NULL;
+
+    if (all != NULL) {
+        wcall_descs(g, c, all);
+        for (size_t r = 1; r < g->n && same; r++) {
+            same = !desc_differs(&all[r], &all[0]);
+        }
+    }
+    free(all);
+    return same;
+}
+
 /* Answers c's local ranks when every part is in, and frees it. mtx held. */
 static void
 wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
@@ -860,6 +923,10 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
         if (c->peer[w].buf != NULL && c->peer[w].received < c->peer[w].bytes) {
             return; /* its bytes are still on the data link */
         }
+    }
+    if (c->ring != NULL && c->ring->done < ring_steps(c->ring) && !c->ring->broken &&
+        c->shrunk.code == DC_OK && wcall_agrees(g, c)) {
+        return; /* still going round the ring */
     }
     wcall_unlink(g, c);
     status_clear(&st);
@@ -1073,10 +1140,10 @@ peer_sender(void *arg)
             }
             p->out = o;
             pthread_mutex_unlock(&wg->mtx);
-            code = dlink_send(o, &j->h, j->buf->data, j->buf->bytes, &st);
+            code = dlink_send(o, &j->h, j->buf->data + j->h.offset, j->len, &st);
             pthread_mutex_lock(&wg->mtx);
             if (code == DC_OK) {
-                wg->link_bytes_out += j->buf->bytes;
+                wg->link_bytes_out += j->len;
                 break;
             }
             p->out = NULL;
@@ -1109,9 +1176,11 @@ peer_sender(void *arg)
     return NULL;
 }
 
-/* Queues c's part (mine_buf) to worker w's sender. mtx held. */
+/* Queues bytes [off, off + len) of buf (a part of buf->bytes) to worker w's sender; flags
+ * as the frame carries them. mtx held. */
 static dc_code
-peer_queue_locked(struct wgroup *g, struct wcall *c, size_t w, dc_status *st)
+peer_queue_locked(struct wgroup *g, struct wcall *c, size_t w, struct pbuf *buf, size_t off,
+                  size_t len, uint16_t flags, dc_status *st)
 {
     struct wpeer *p = g->workers[w].peer;
     struct sjob *j  = calloc(1, sizeof(*j));
@@ -1126,14 +1195,16 @@ peer_queue_locked(struct wgroup *g, struct wcall *c, size_t w, dc_status *st)
         }
         p->sender_started = true;
     }
-    j->buf = pbuf_hold(c->mine_buf);
+    j->buf = pbuf_hold(buf);
+    j->len = len;
     j->h   = (struct dlink_hdr){ .kind       = DLINK_DATA,
+                                 .flags      = flags,
                                  .from       = g->self,
                                  .group      = g->hash,
                                  .generation = g->generation,
                                  .seq        = c->seq,
-                                 .offset     = 0,
-                                 .total      = c->mine_bytes };
+                                 .offset     = off,
+                                 .total      = buf->bytes };
     snprintf(j->group_id, sizeof(j->group_id), "%s", g->id);
     snprintf(j->worker, sizeof(j->worker), "%s", g->workers[w].name);
     if (p->jobs_tail != NULL) {
@@ -1146,6 +1217,166 @@ peer_queue_locked(struct wgroup *g, struct wcall *c, size_t w, dc_status *st)
     return DC_OK;
 }
 
+/* ---- the ring ---------------------------------------------------------------------------- */
+
+/* Segment k's first byte: boundaries on multiples of 8 bytes, so on an element of every
+ * dtype, the last segment taking the rest. */
+static size_t
+ring_off(const struct ring *r, uint32_t k)
+{
+    return k >= r->n ? r->bytes : (size_t)(((uint64_t)(r->bytes / 8) * k / r->n) * 8);
+}
+
+static size_t
+ring_len(const struct ring *r, uint32_t k)
+{
+    return ring_off(r, k + 1) - ring_off(r, k);
+}
+
+static uint32_t
+ring_steps(const struct ring *r)
+{
+    return 2 * (r->n - 1);
+}
+
+/* The segment this worker receives at step s (and sends on at step s + 1). */
+static uint32_t
+ring_recv_seg(const struct ring *r, uint32_t s)
+{
+    return s < r->n - 1 ? (r->pos + 2 * r->n - s - 1) % r->n
+                        : (r->pos + 2 * r->n - (s - (r->n - 1))) % r->n;
+}
+
+/* Whether c goes round the ring: a large all-reduce with data. The same answer on every
+ * worker whose ranks passed the same call. */
+static bool
+ring_wanted(const struct wgroup *g, const struct wcall *c)
+{
+    return g->n_workers >= 2 && c->mine != NULL && c->local[0].d.kind == DC_OP_ALL_REDUCE &&
+           c->mine_bytes >= GROUPS_RING_MIN_BYTES && c->mine_bytes / 8 >= g->n_workers;
+}
+
+/* c's ring, made for a part of `bytes` on first use (by this worker's part or the first
+ * segment from the previous worker). NULL when out of memory. mtx held. */
+static struct ring *
+ring_get(const struct wgroup *g, struct wcall *c, size_t bytes)
+{
+    struct ring *r = c->ring;
+
+    if (r != NULL) {
+        if (r->bytes != bytes) {
+            r->broken = true;
+        }
+        return r;
+    }
+    if ((r = calloc(1, sizeof(*r))) == NULL ||
+        (r->got = calloc(2 * g->n_workers, sizeof(*r->got))) == NULL) {
+        free(r);
+        return NULL;
+    }
+    r->n     = (uint32_t)g->n_workers;
+    r->pos   = g->self;
+    r->next  = (g->self + 1) % r->n;
+    r->prev  = (g->self + r->n - 1) % r->n;
+    r->bytes = bytes;
+    c->ring  = r;
+    return r;
+}
+
+/* Processes the steps whose segment is in, in order, and queues what each lets this worker
+ * send; ends the generation when a send cannot be queued. mtx held. */
+static void
+ring_advance(struct wgroups *wg, struct wgroup *g, struct wcall *c)
+{
+    struct ring *r       = c->ring;
+    const struct desc *d = &c->local[0].d;
+    dc_status st;
+
+    while (!r->broken && r->acc != NULL && r->done < ring_steps(r)) {
+        uint32_t s = r->done, k = ring_recv_seg(r, s);
+        size_t off = ring_off(r, k), len = ring_len(r, k);
+        if (r->got[s] < len) {
+            return;
+        }
+        if (s < r->n - 1) {
+            reduce_into(d->dtype, d->reduce, r->acc->data + off, r->rs_in->data + off,
+                        len / r->elem);
+        }
+        r->done++;
+        if (s + 1 < ring_steps(r) &&
+            peer_queue_locked(g, c, r->next, r->acc, off, len, (uint16_t)(s + 2), &st) != DC_OK) {
+            group_end_locked(wg, g, &st);
+            return;
+        }
+    }
+}
+
+/* This worker's part is ready: it becomes the ring's accumulator, its own segment goes to
+ * the next worker, and segments that came early are reduced. mtx held. */
+static dc_code
+ring_start(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status *st)
+{
+    struct ring *r = ring_get(g, c, c->mine_bytes);
+
+    if (r == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    r->elem  = dc_dtype_size(c->local[0].d.dtype);
+    r->elems = r->bytes / r->elem;
+    r->acc   = pbuf_hold(c->mine_buf);
+    if (r->broken) {
+        return DC_OK; /* the descs disagree: the call fails once they are all in */
+    }
+    if (peer_queue_locked(g, c, r->next, r->acc, ring_off(r, r->pos), ring_len(r, r->pos), 1, st) !=
+        DC_OK) {
+        return st->code;
+    }
+    ring_advance(wg, g, c);
+    return DC_OK;
+}
+
+/* Where a ring frame from the previous worker lands, or NULL (the call's ring cannot take
+ * it: it is marked broken). mtx held. */
+static uint8_t *
+ring_frame_dst(struct wgroups *wg, const struct wgroup *g, struct wcall *c,
+               const struct dlink_hdr *h, struct pbuf **pin, dc_status *st)
+{
+    struct ring *r = ring_get(g, c, (size_t)h->total);
+    uint32_t s     = (uint32_t)h->flags - 1, k;
+
+    if (r == NULL) {
+        status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    if (r->broken) {
+        return NULL;
+    }
+    k = ring_recv_seg(r, s);
+    if (h->from != r->prev || s >= ring_steps(r) || h->offset < ring_off(r, k) ||
+        h->offset + h->length > ring_off(r, k) + ring_len(r, k)) {
+        status_set(st, DC_INVALID_ARGUMENT, "a ring frame outside its step (step %u)", s);
+        return NULL;
+    }
+    if (s < r->n - 1) {
+        if (r->rs_in == NULL) {
+            if (r->bytes > wg->max_held - wg->held || (r->rs_in = pbuf_new(r->bytes)) == NULL) {
+                status_set(st, DC_RESOURCE_EXHAUSTED,
+                           "group parts waiting on this worker hold %zu bytes already", wg->held);
+                return NULL;
+            }
+            wg->held += r->bytes;
+        }
+        *pin = pbuf_hold(r->rs_in);
+        return r->rs_in->data + h->offset;
+    }
+    if (r->acc == NULL) {
+        status_set(st, DC_INVALID_ARGUMENT, "a ring's all-gather frame before its start");
+        return NULL;
+    }
+    *pin = pbuf_hold(r->acc);
+    return r->acc->data + h->offset;
+}
+
 /* Sends this worker's part of c to every other worker: the whole part (every local rank in),
  * or a partial note naming the local ranks in so far. mtx held. */
 static void
@@ -1155,6 +1386,7 @@ wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c, bool partial)
     Devcoord__V1__GroupExchangeRequest req = DEVCOORD__V1__GROUP_EXCHANGE_REQUEST__INIT;
     Devcoord__V1__GroupCallDesc *descs     = calloc(me->n_ranks, sizeof(*descs));
     Devcoord__V1__GroupCallDesc **ptrs     = calloc(me->n_ranks, sizeof(*ptrs));
+    bool ring;
     dc_status st;
 
     status_clear(&st);
@@ -1182,11 +1414,16 @@ wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c, bool partial)
     req.seq          = c->seq;
     req.from         = g->self;
     req.calls        = ptrs;
-    req.has_data     = !partial && c->mine != NULL;
+    ring             = !partial && ring_wanted(g, c);
+    req.has_data     = !partial && c->mine != NULL && !ring;
     req.stream_bytes = req.has_data ? c->mine_bytes : 0;
     req.partial      = partial;
     if (!partial && c->shrunk.code != DC_OK) {
         req.failed = c->shrunk.message;
+    }
+    if (ring && ring_start(wg, g, c, &st) != DC_OK) {
+        group_end_locked(wg, g, &st);
+        goto out;
     }
     for (size_t w = 0; w < g->n_workers && !g->ended; w++) {
         struct exch_ctx *x;
@@ -1202,7 +1439,8 @@ wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c, bool partial)
         }
         *x = (struct exch_ctx){ wg, "", g->generation, w };
         snprintf(x->group_id, sizeof(x->group_id), "%s", g->id);
-        if (req.has_data && peer_queue_locked(g, c, w, &st) != DC_OK) {
+        if (req.has_data &&
+            peer_queue_locked(g, c, w, c->mine_buf, 0, c->mine_bytes, 0, &st) != DC_OK) {
             free(x);
             group_end_locked(wg, g, &st);
             break;
@@ -1788,13 +2026,25 @@ static void
 link_frame_begin(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t **dst, void **pin)
 {
     struct wgroups *wg = arg;
-    struct wgroup *g;
+    struct wgroup *g   = NULL;
     struct wcall *c;
     dc_status st;
 
     status_clear(&st);
     pthread_mutex_lock(&wg->mtx);
-    if (!wg->stopping && (g = frame_group(wg, peer, h)) != NULL) {
+    if (!wg->stopping && (g = frame_group(wg, peer, h)) != NULL && h->flags != 0) {
+        struct pbuf *b = NULL;
+        if ((c = wcall_get(wg, g, h->seq, 0, &st)) != NULL &&
+            (*dst = ring_frame_dst(wg, g, c, h, &b, &st)) != NULL) {
+            *pin = b;
+        } else if (st.code != DC_OK) {
+            dc_status end;
+            status_set(&end, st.code, "worker %s of group %s sent call %llu's data: %s",
+                       g->workers[h->from].name, g->id, (unsigned long long)h->seq, st.message);
+            status_set_worker(&end, g->workers[h->from].name);
+            group_end_locked(wg, g, &end);
+        }
+    } else if (!wg->stopping && g != NULL) {
         if ((c = wcall_get(wg, g, h->seq, 0, &st)) == NULL ||
             ppart_buffer(wg, &c->peer[h->from], h->total, &st) != DC_OK) {
             dc_status end;
@@ -1819,8 +2069,17 @@ link_frame_end(void *arg, const char *peer, const struct dlink_hdr *h, void *pin
     struct wcall *c;
 
     pthread_mutex_lock(&wg->mtx);
-    if (pin != NULL && ok && (g = frame_group(wg, peer, h)) != NULL &&
-        (c = wcall_find(g, h->seq)) != NULL && c->peer[h->from].buf == pin) {
+    if (pin != NULL && ok && h->flags != 0 && (g = frame_group(wg, peer, h)) != NULL &&
+        (c = wcall_find(g, h->seq)) != NULL && c->ring != NULL &&
+        (pin == c->ring->rs_in || pin == c->ring->acc)) {
+        c->ring->got[h->flags - 1] += h->length;
+        wg->link_bytes_in += h->length;
+        ring_advance(wg, g, c);
+        if (!g->ended && c->ring->done == ring_steps(c->ring)) {
+            wcall_try_finish(wg, g, c);
+        }
+    } else if (pin != NULL && ok && h->flags == 0 && (g = frame_group(wg, peer, h)) != NULL &&
+               (c = wcall_find(g, h->seq)) != NULL && c->peer[h->from].buf == pin) {
         struct ppart *p = &c->peer[h->from];
         p->received += h->length;
         wg->link_bytes_in += h->length;
@@ -2081,12 +2340,17 @@ wgroups_metrics_render(struct wgroups *wg, struct mbuf *b)
                 "# HELP devcoord_group_link_refused_total Connections to the data port refused "
                 "(no or wrong HELLO, a malformed or oversized frame, too many connections).\n"
                 "# TYPE devcoord_group_link_refused_total counter\n"
-                "devcoord_group_link_refused_total %llu\n",
+                "devcoord_group_link_refused_total %llu\n"
+                "# HELP devcoord_group_ring_calls_total Group all-reduces whose workers went "
+                "round the ring (reduce-scatter, then all-gather) on the data link.\n"
+                "# TYPE devcoord_group_ring_calls_total counter\n"
+                "devcoord_group_ring_calls_total %llu\n",
                 (unsigned long long)wg->stalls_total, (unsigned long long)wg->shm_calls_total,
                 (unsigned long long)wg->call_bytes_in, (unsigned long long)wg->call_bytes_out,
                 wg->shm_mapped, (unsigned long long)wg->link_bytes_out,
                 (unsigned long long)wg->link_bytes_in,
-                (unsigned long long)(wg->dl != NULL ? dlink_server_refused(wg->dl) : 0));
+                (unsigned long long)(wg->dl != NULL ? dlink_server_refused(wg->dl) : 0),
+                (unsigned long long)wg->ring_calls_total);
     pthread_mutex_unlock(&wg->mtx);
     mbuf_printf(b, "# HELP devcoord_group_call_seconds Time from a group call's first rank to "
                    "its result.\n"

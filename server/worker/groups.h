@@ -28,6 +28,9 @@
 #define GROUPS_MAX       1024
 #define GROUPS_MAX_CALLS 64
 #define GROUPS_MAX_RANKS 4096
+/* An all-reduce part at least this large goes round the ring of the group's workers on the
+ * data link (reduce-scatter, then all-gather); smaller ones go to every worker directly. */
+#define GROUPS_RING_MIN_BYTES (256u * 1024)
 /* A call's deadline when the rank gives none. */
 #define GROUPS_DEFAULT_TIMEOUT_MS 30000
 /* Shared memory regions a rank may have its worker map (bytes: groups.shm_max_bytes). */

@@ -61,6 +61,25 @@ big_calls(dc_group *g, const char *self, char *error, size_t cap)
             goto out;
         }
     }
+    /* A mean in f64 (between workers, large parts go round the ring): divided once, at the
+     * end, by every rank. */
+    {
+        double *m  = (double *)(void *)in;
+        size_t cnt = (size_t)n * BIG_BLOCKED * sizeof(*in) / sizeof(*m);
+        for (size_t i = 0; i < cnt; i++) {
+            m[i] = (double)(i % 7) + (double)rank;
+        }
+        if (dc_all_reduce(g, m, cnt, DC_DTYPE_F64, DC_REDUCE_MEAN, &st) != DC_OK) {
+            snprintf(error, cap, "%s: big mean all-reduce: %s", self, st.message);
+            goto out;
+        }
+        for (size_t i = 0; i < cnt; i++) {
+            if (m[i] != (double)(i % 7) + (double)(n - 1) / 2) {
+                snprintf(error, cap, "%s: big mean all-reduce: [%zu] = %g", self, i, m[i]);
+                goto out;
+            }
+        }
+    }
     /* Not split when asynchronous: refused at once, and no call is used up. */
     if (dc_all_reduce_async(g, a, BIG_REDUCE, DC_DTYPE_I32, DC_REDUCE_SUM, &st) != NULL ||
         st.code != DC_OUT_OF_RANGE) {
