@@ -130,6 +130,7 @@ struct ring {
     struct pbuf *rs_in; /* reduce-scatter segments from prev, each at its own offset */
     size_t *got;        /* bytes received per step (2 (n - 1) steps) */
     uint32_t done;      /* steps processed */
+    size_t part;        /* bytes of step `done` processed: frames of a step come in order */
     bool broken;        /* a frame that does not fit: the descs will disagree */
 };
 
@@ -1292,18 +1293,28 @@ ring_advance(struct wgroups *wg, struct wgroup *g, struct wcall *c)
     const struct desc *d = &c->local[0].d;
     dc_status st;
 
+    /* Chunk by chunk as frames land: a chunk is reduced and passed on while the next one is
+     * still on the wire. */
     while (!r->broken && r->acc != NULL && r->done < ring_steps(r)) {
         uint32_t s = r->done, k = ring_recv_seg(r, s);
-        size_t off = ring_off(r, k), len = ring_len(r, k);
-        if (r->got[s] < len) {
+        size_t off = ring_off(r, k) + r->part, len = r->got[s] - r->part;
+        if (r->got[s] > ring_len(r, k)) {
+            r->broken = true; /* more than the segment: not a peer of this version */
             return;
         }
-        if (s < r->n - 1) {
+        if (len == 0 && r->got[s] < ring_len(r, k)) {
+            return;
+        }
+        if (s < r->n - 1 && len > 0) {
             reduce_into(d->dtype, d->reduce, r->acc->data + off, r->rs_in->data + off,
                         len / r->elem);
         }
-        r->done++;
-        if (s + 1 < ring_steps(r) &&
+        r->part += len;
+        if (r->part == ring_len(r, k)) {
+            r->done++;
+            r->part = 0;
+        }
+        if (s + 1 < ring_steps(r) && len > 0 &&
             peer_queue_locked(g, c, r->next, r->acc, off, len, (uint16_t)(s + 2), &st) != DC_OK) {
             group_end_locked(wg, g, &st);
             return;
