@@ -595,6 +595,8 @@ out:
     return DC_OK;
 }
 
+static dc_code link_start_locked(struct wgroups *wg, dc_status *st);
+
 void
 wgroups_setup(struct wgroups *wg, const Devcoord__V1__GroupSetupRequest *in,
               Devcoord__V1__GroupSetupResponse_Closure closure, void *cd)
@@ -625,6 +627,8 @@ wgroups_setup(struct wgroups *wg, const Devcoord__V1__GroupSetupRequest *in,
     }
     if (wg->stopping) {
         code = status_set(&st, DC_UNAVAILABLE, "worker shutting down");
+    } else if ((code = link_start_locked(wg, &st)) != DC_OK) {
+        log_error("cannot open the data link for group %s: %s", in->group_id, st.message);
     } else if (old == NULL && wg->n_groups >= GROUPS_MAX) {
         code = status_set(&st, DC_RESOURCE_EXHAUSTED, "too many groups on this worker (%d)",
                           GROUPS_MAX);
@@ -2119,21 +2123,26 @@ wgroups_link(struct wgroups *wg, const Devcoord__V1__GroupLinkRequest *in,
     Devcoord__V1__GroupLinkResponse out = DEVCOORD__V1__GROUP_LINK_RESPONSE__INIT;
 
     (void)in;
-    if (wg->dl == NULL) {
-        status_set(rpc_call_status(cd), DC_UNAVAILABLE, "this worker has no data link");
+    pthread_mutex_lock(&wg->mtx);
+    if (link_start_locked(wg, rpc_call_status(cd)) != DC_OK) {
+        pthread_mutex_unlock(&wg->mtx);
         closure(NULL, cd);
         return;
     }
     out.address     = wg->dl_address;
     out.secret.data = (uint8_t *)dlink_server_secret(wg->dl);
     out.secret.len  = DLINK_SECRET_SIZE;
+    /* Packed by the closure, under the lock: the address lives in wg. */
     closure(&out, cd);
+    pthread_mutex_unlock(&wg->mtx);
 }
 
-/* The data port: the listen address's scheme and host, a port the kernel picks; peers are told
- * the advertised host with that port. */
+/* The data port, opened on first need (the first GroupSetup or GroupLink), not at start: a
+ * port the kernel picks then cannot be one that a daemon started next to this one was told
+ * to listen on. The listen address's scheme and host, groups.data_port or a port the kernel
+ * picks; peers are told the advertised host with that port. mtx held. */
 static dc_code
-link_start(struct wgroups *wg, dc_status *st)
+link_start_locked(struct wgroups *wg, dc_status *st)
 {
     static const struct dlink_events ev_template = { NULL, link_frame_begin, link_frame_end,
                                                      link_peer_lost };
@@ -2143,13 +2152,20 @@ link_start(struct wgroups *wg, dc_status *st)
     char host[256], ahost[256], url[300];
     dc_code code;
 
+    if (wg->dl != NULL) {
+        return DC_OK;
+    }
+    if (wg->stopping) {
+        return status_set(st, DC_UNAVAILABLE, "worker shutting down");
+    }
     ev.arg = wg;
     auth_url_host(listen, host, sizeof(host));
     auth_url_host(adv != NULL ? adv : listen, ahost, sizeof(ahost));
     snprintf(url, sizeof(url), "%s://%s%s%s:%u", tls ? "tls+tcp" : "tcp",
              strchr(host, ':') ? "[" : "", host[0] ? host : "0.0.0.0", strchr(host, ':') ? "]" : "",
              wg->cfg->group_data_port);
-    if (tls && (code = auth_tls_server(&wg->cfg->tls, &wg->dl_tls, st)) != DC_OK) {
+    if (tls && wg->dl_tls == NULL &&
+        (code = auth_tls_server(&wg->cfg->tls, &wg->dl_tls, st)) != DC_OK) {
         return code;
     }
     if ((code = dlink_server_start(url, wg->dl_tls, wg->cfg->max_message_bytes,
@@ -2375,7 +2391,6 @@ struct wgroups *
 wgroups_new(const struct config_worker *cfg, const char *token)
 {
     struct wgroups *wg = calloc(1, sizeof(*wg));
-    dc_status st;
 
     if (wg == NULL) {
         return NULL;
@@ -2392,21 +2407,7 @@ wgroups_new(const struct config_worker *cfg, const char *token)
     histo_init(&wg->call_seconds, histo_seconds, histo_seconds_n);
     pthread_mutex_init(&wg->mtx, NULL);
     pthread_cond_init(&wg->cv, NULL);
-    if (link_start(wg, &st) != DC_OK) {
-        log_error("cannot start the data link: %s", st.message);
-        if (wg->dl_tls != NULL) {
-            nng_tls_config_free(wg->dl_tls);
-        }
-        pthread_cond_destroy(&wg->cv);
-        pthread_mutex_destroy(&wg->mtx);
-        free(wg);
-        return NULL;
-    }
     if (pthread_create(&wg->timer, NULL, wgroups_timer, wg) != 0) {
-        dlink_server_free(wg->dl);
-        if (wg->dl_tls != NULL) {
-            nng_tls_config_free(wg->dl_tls);
-        }
         pthread_cond_destroy(&wg->cv);
         pthread_mutex_destroy(&wg->mtx);
         free(wg);

@@ -6,10 +6,11 @@
  * their data, reduced (or gathered) across its own ranks, to every other worker of the group
  * (GroupExchange), and once it has every worker's part it checks that all ranks agree,
  * computes the result in a fixed order (so every worker gets the same bytes) and answers its
- * ranks. Each worker sends its part straight to every other one: one step, n - 1 messages a
- * worker. What the ranks passed goes in GroupExchange (RPC); the part's bytes go over the data
- * link (datalink.h: raw framed streams, one connection per peer, kept), straight from the
- * part's memory onto the wire and from the wire into the buffer the receiver keeps for it.
+ * ranks. What the ranks passed goes in GroupExchange (RPC) to every other worker; the part's
+ * bytes go over the data link (datalink.h: raw framed streams, one connection per peer,
+ * kept), straight from the part's memory onto the wire and from the wire into the buffer the
+ * receiver keeps for it: to every other worker directly, or, for an all-reduce part of
+ * GROUPS_RING_MIN_BYTES or more, round the ring of workers (reduce-scatter, all-gather).
  *
  * Bounds: calls in progress per group (GROUPS_MAX_CALLS), groups per worker (GROUPS_MAX),
  * bytes per call (one message: limits.max_message_bytes). A call's deadline fails its waiting

@@ -879,7 +879,9 @@ class TlsHandshakeTest(TlsChecks, SecureTestCase):
     def test_stalled_handshakes_are_closed(self):
         c = self.cluster
         stalls = []
-        # The worker's data link (issue 17) listens on tls+tcp:// too, on a port of its own.
+        # The worker's data link (issue 17) listens on tls+tcp:// too, on a port of its own,
+        # opened by the first group.
+        self.group_all_reduce_works()
         m = re.search(r"data link listening on \S+ \(advertised as tls\+tcp://[^:]+:(\d+)\)",
                       c.worker("node-a").log_text())
         self.assertIsNotNone(m, "no data link in the worker's log")
