@@ -1401,7 +1401,7 @@ wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c, bool partial)
     Devcoord__V1__GroupExchangeRequest req = DEVCOORD__V1__GROUP_EXCHANGE_REQUEST__INIT;
     Devcoord__V1__GroupCallDesc *descs     = calloc(me->n_ranks, sizeof(*descs));
     Devcoord__V1__GroupCallDesc **ptrs     = calloc(me->n_ranks, sizeof(*ptrs));
-    bool ring;
+    bool ring, link;
     dc_status st;
 
     status_clear(&st);
@@ -1431,7 +1431,8 @@ wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c, bool partial)
     req.calls        = ptrs;
     ring             = !partial && ring_wanted(g, c);
     req.has_data     = !partial && c->mine != NULL && !ring;
-    req.stream_bytes = req.has_data ? c->mine_bytes : 0;
+    link             = req.has_data && c->mine_bytes >= GROUPS_LINK_MIN_BYTES;
+    req.stream_bytes = link ? c->mine_bytes : 0;
     req.partial      = partial;
     if (!partial && c->shrunk.code != DC_OK) {
         req.failed = c->shrunk.message;
@@ -1454,14 +1455,15 @@ wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c, bool partial)
         }
         *x = (struct exch_ctx){ wg, "", g->generation, w };
         snprintf(x->group_id, sizeof(x->group_id), "%s", g->id);
-        if (req.has_data &&
-            peer_queue_locked(g, c, w, c->mine_buf, 0, c->mine_bytes, 0, &st) != DC_OK) {
+        if (link && peer_queue_locked(g, c, w, c->mine_buf, 0, c->mine_bytes, 0, &st) != DC_OK) {
             free(x);
             group_end_locked(wg, g, &st);
             break;
         }
         if (rpc_call_async(g->workers[w].peer->client, WORKER_SVC, M_WORKER_GROUP_EXCHANGE,
-                           &req.base, NULL, 0, left, exch_done, x, &st) != DC_OK) {
+                           &req.base, req.has_data && !link ? c->mine : NULL,
+                           req.has_data && !link ? c->mine_bytes : 0, left, exch_done, x,
+                           &st) != DC_OK) {
             dc_status end;
             free(x);
             status_set(&end, DC_UNAVAILABLE, "worker %s of group %s: %s", g->workers[w].name, g->id,
