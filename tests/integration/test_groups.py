@@ -412,6 +412,31 @@ class FailuresTest(GroupsTestCase):
             self.assertEqual(r.out["values"], [3.0, 6.0])
             self.assertEqual(r.out["generation"], 2)
 
+    def test_a_worker_killed_while_parts_stream_fails_the_others_naming_it(self):
+        # Issue 17: three workers all-reduce 4 MiB parts (round the ring on the data link)
+        # call after call; node-c is killed while they stream. The others' ranks fail
+        # UNAVAILABLE naming it, long before any call's deadline (60 s here).
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"], "node-c": ["cuda:0"]})
+        devs = "node-a/cuda:0,node-b/cuda:0,node-c/cuda:0"
+        procs = {d: ctl_popen(c, "--timeout", "60s", "collective", "all-reduce", "--devices",
+                              devs, "--self", d, "--dtype", "f32", "--count", str(1 << 20),
+                              "--reduce", "sum", "--repeat", "100000")
+                 for d in devs.split(",")}
+        # The first GroupSetup opens the data port: the join is complete.
+        harness.wait_until(lambda: "data link listening" in c.worker("node-a").log_text(), 60,
+                           "the ranks to join")
+        time.sleep(1.5)  # calls under way, parts on the wire
+        c.kill_worker("node-c")
+        killed = time.monotonic()
+        for d in ("node-a/cuda:0", "node-b/cuda:0"):
+            r = finish(procs[d], timeout=60)
+            self.assertEqual(r.rc, 1, r)
+            self.assertEqual(r.out["status"], "UNAVAILABLE", r)
+            self.assertIn("node-c", r.out["message"])
+            self.assertGreater(r.out["calls"], 0, r)
+        self.assertLess(time.monotonic() - killed, 30, "the ranks waited for a deadline")
+        finish(procs["node-c/cuda:0"], timeout=60)
+
     def test_a_stopping_worker_answers_its_waiting_ranks_and_exits_cleanly(self):
         c = self.start({"node-a": ["cuda:0", "cuda:1"], "node-b": ["cuda:0"]})
         devs = "node-a/cuda:0,node-a/cuda:1,node-b/cuda:0"
