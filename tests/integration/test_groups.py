@@ -435,7 +435,9 @@ class FailuresTest(GroupsTestCase):
             self.assertIn("node-c", r.out["message"])
             self.assertGreater(r.out["calls"], 0, r)
         self.assertLess(time.monotonic() - killed, 30, "the ranks waited for a deadline")
-        finish(procs["node-c/cuda:0"], timeout=60)
+        # node-c's own rank lost its worker: how long its client waits is not this test's.
+        procs["node-c/cuda:0"].kill()
+        procs["node-c/cuda:0"].communicate()
 
     def test_a_stopping_worker_answers_its_waiting_ranks_and_exits_cleanly(self):
         c = self.start({"node-a": ["cuda:0", "cuda:1"], "node-b": ["cuda:0"]})
