@@ -1491,6 +1491,11 @@ static const struct field worker_groups_fields[] = {
       .min    = 0,
       .max    = 1ull << 40,
       .offset = offsetof(struct config_worker, group_shm_max_bytes) },
+    { .name   = "data_port",
+      .parse  = field_u32,
+      .min    = 0,
+      .max    = 65535,
+      .offset = offsetof(struct config_worker, group_data_port) },
     { .name = NULL },
 };
 

@@ -120,6 +120,10 @@ struct config_worker {
     /* groups.shm_max_bytes: the shared memory one rank may have this worker map for its
      * group calls (dc_group_alloc), in at most 16 regions; 0 maps none (default 1 GiB). */
     uint64_t group_shm_max_bytes;
+    /* groups.data_port: the TCP port of the data link that carries group parts between
+     * workers, on the listen address's host and scheme; 0 (default): one the kernel picks.
+     * Peers learn it through GroupLink, so only a firewall needs it fixed. */
+    uint32_t group_data_port;
     struct config_tls tls;
     struct config_log log;
 };

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 
 #include "auth.h"
 #include "clock.h"
+#include "datalink.h"
 #include "device.h"
 #include "devcoord/v1/methods.h"
 #include "log.h"
@@ -38,12 +40,39 @@ struct desc {
     uint64_t total; /* the rank's whole call, when the library split it (0: not split) */
 };
 
-/* A cached connection to a peer's data address, watched for drops. */
+/* Bytes shared by a call and the data link's threads: a part being sent, or one being
+ * received into. The last reference frees it. */
+struct pbuf {
+    atomic_size_t refs;
+    size_t bytes;
+    uint8_t data[];
+};
+
+/* A part queued to a peer's data link sender. */
+struct sjob {
+    struct pbuf *buf;
+    size_t len; /* bytes from buf->data + h.offset */
+    struct dlink_hdr h;
+    char group_id[VALIDATE_GROUP_ID_SIZE];
+    char worker[DC_WORKER_NAME_MAX + 1];
+    struct sjob *next;
+};
+
+/* A cached connection to a peer's data address, watched for drops, and the data link to it:
+ * a sender thread (started on first use) that writes the queued parts, dialing (GroupLink,
+ * then the data port) when it has no connection. */
 struct wpeer {
     struct wgroups *wg;
     char address[256];
     struct rpc_client *client;
     bool was_up;
+    pthread_t sender;
+    bool sender_started;
+    pthread_cond_t cv;
+    struct sjob *jobs, *jobs_tail;
+    struct dlink_out *out; /* set and cleared under mtx; written by the sender only */
+    nng_tls_config *tls;   /* the dialer's, for a tls+tcp:// data link */
+    bool stale;            /* the RPC connection dropped since out was dialed */
 };
 
 struct gworker {
@@ -84,15 +113,37 @@ struct ppart {
     uint8_t *data;
     size_t bytes;
     bool has_data;
+    struct pbuf *buf; /* data, when it comes over the data link */
+    size_t received;  /* of buf's bytes */
+};
+
+/* A large all-reduce between workers goes round the ring of the group's workers in plan
+ * order: W - 1 reduce-scatter steps (step s sends segment (pos - s) mod W, reduced so far, to
+ * the next worker and reduces the segment the previous one sends into acc), then W - 1
+ * all-gather steps (the finished segments travel on, landing straight in acc). Every worker
+ * ends with the same bytes in acc; each sends and receives 2 (W - 1) / W of the part instead
+ * of (W - 1) parts. Segments from the previous worker may come before this worker's own part
+ * is ready: they wait in rs_in. */
+struct ring {
+    uint32_t n, pos, next, prev; /* workers; this one's place; its neighbours */
+    size_t elems, elem, bytes;
+    struct pbuf *acc;   /* this worker's part, then the result (NULL until it is ready) */
+    struct pbuf *rs_in; /* reduce-scatter segments from prev, each at its own offset */
+    size_t *got;        /* bytes received per step (2 (n - 1) steps) */
+    uint32_t done;      /* steps processed */
+    size_t part;        /* bytes of step `done` processed: frames of a step come in order */
+    bool broken;        /* a frame that does not fit: the descs will disagree */
 };
 
 struct wcall {
     uint64_t seq;
+    struct ring *ring;   /* NULL: the direct exchange */
     struct lpart *local; /* per rank of this worker */
     size_t n_local_in;
     struct ppart *peer; /* per worker of the group (self's unused) */
     size_t n_peer_in;
-    uint8_t *mine; /* this worker's part, once every local rank is in */
+    uint8_t *mine; /* this worker's part, once every local rank is in (mine_buf's bytes) */
+    struct pbuf *mine_buf;
     size_t mine_bytes;
     bool sent;
     bool noted;                     /* a partial note went to the peers */
@@ -106,6 +157,7 @@ struct wcall {
 
 struct wgroup {
     char id[VALIDATE_GROUP_ID_SIZE];
+    uint64_t hash; /* dlink_group_hash(id): how data frames name it */
     uint64_t generation;
     size_t n; /* ranks */
     char (*names)[DC_DEVICE_TEXT_SIZE];
@@ -146,9 +198,41 @@ struct wgroups {
     struct lreduce *lr;
     const uint8_t **lr_in;
     uint8_t **lr_out;
+    struct dlink_server *dl;
+    nng_tls_config *dl_tls;
+    char dl_address[300]; /* what GroupLink tells peers */
+    uint64_t link_bytes_out, link_bytes_in;
+    uint64_t ring_calls_total;
 };
 
 /* ---- small helpers ----------------------------------------------------------------------- */
+
+static struct pbuf *
+pbuf_new(size_t bytes)
+{
+    struct pbuf *b = malloc(sizeof(*b) + (bytes ? bytes : 1));
+
+    if (b != NULL) {
+        atomic_init(&b->refs, 1);
+        b->bytes = bytes;
+    }
+    return b;
+}
+
+static struct pbuf *
+pbuf_hold(struct pbuf *b)
+{
+    atomic_fetch_add(&b->refs, 1);
+    return b;
+}
+
+static void
+pbuf_drop(struct pbuf *b)
+{
+    if (b != NULL && atomic_fetch_sub(&b->refs, 1) == 1) {
+        free(b);
+    }
+}
 
 static bool
 kind_has_data(dc_op_kind k)
@@ -277,11 +361,24 @@ wcall_free(struct wgroups *wg, struct wgroup *g, struct wcall *c)
         }
         free(c->peer[w].called);
         free(c->peer[w].d);
-        free(c->peer[w].data);
+        if (c->peer[w].buf != NULL) {
+            pbuf_drop(c->peer[w].buf);
+        } else {
+            free(c->peer[w].data);
+        }
     }
     free(c->peer);
     free(c->local);
-    free(c->mine);
+    pbuf_drop(c->mine_buf);
+    if (c->ring != NULL) {
+        if (c->ring->rs_in != NULL) {
+            wg->held -= c->ring->bytes;
+        }
+        pbuf_drop(c->ring->acc);
+        pbuf_drop(c->ring->rs_in);
+        free(c->ring->got);
+        free(c->ring);
+    }
     free(c);
 }
 
@@ -371,7 +468,10 @@ peer_on_connection(void *arg, bool up)
     pthread_mutex_lock(&wg->mtx);
     if (up) {
         p->was_up = true;
-    } else if (p->was_up && !wg->stopping) {
+    } else {
+        p->stale = true; /* its data link too, most likely: dial again before the next use */
+    }
+    if (!up && p->was_up && !wg->stopping) {
         for (struct wgroup *g = wg->groups; g != NULL; g = g->next) {
             for (size_t w = 0; w < g->n_workers; w++) {
                 if (g->workers[w].peer == p && !g->ended) {
@@ -410,9 +510,11 @@ peer_get_locked(struct wgroups *wg, const char *address, dc_status *st)
         return NULL;
     }
     p->wg = wg;
+    pthread_cond_init(&p->cv, NULL);
     snprintf(p->address, sizeof(p->address), "%s", address);
     if (auth_client_open_watched(address, wg->token, &wg->cfg->tls, wg->cfg->max_message_bytes, 500,
                                  peer_on_connection, p, &p->client, st) != DC_OK) {
+        pthread_cond_destroy(&p->cv);
         free(p);
         return NULL;
     }
@@ -445,6 +547,7 @@ group_from_setup(struct wgroups *wg, const Devcoord__V1__GroupSetupRequest *in, 
         goto out;
     }
     snprintf(g->id, sizeof(g->id), "%s", in->group_id);
+    g->hash       = dlink_group_hash(g->id);
     g->generation = in->generation;
     g->n          = plan->n_devices;
     g->n_workers  = plan->n_workers;
@@ -499,6 +602,8 @@ out:
     return DC_OK;
 }
 
+static dc_code link_start_locked(struct wgroups *wg, dc_status *st);
+
 void
 wgroups_setup(struct wgroups *wg, const Devcoord__V1__GroupSetupRequest *in,
               Devcoord__V1__GroupSetupResponse_Closure closure, void *cd)
@@ -529,6 +634,8 @@ wgroups_setup(struct wgroups *wg, const Devcoord__V1__GroupSetupRequest *in,
     }
     if (wg->stopping) {
         code = status_set(&st, DC_UNAVAILABLE, "worker shutting down");
+    } else if ((code = link_start_locked(wg, &st)) != DC_OK) {
+        log_error("cannot open the data link for group %s: %s", in->group_id, st.message);
     } else if (old == NULL && wg->n_groups >= GROUPS_MAX) {
         code = status_set(&st, DC_RESOURCE_EXHAUSTED, "too many groups on this worker (%d)",
                           GROUPS_MAX);
@@ -683,9 +790,10 @@ wcall_make_mine(const struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_
     case DC_OP_ALL_REDUCE:
     case DC_OP_REDUCE:
     case DC_OP_REDUCE_SCATTER:
-        if ((c->mine = malloc(bytes ? bytes : 1)) == NULL) {
+        if ((c->mine_buf = pbuf_new(bytes)) == NULL) {
             return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
         }
+        c->mine = c->mine_buf->data;
         memcpy(c->mine, c->local[0].data, bytes);
         for (size_t i = 1; i < me->n_ranks; i++) {
             reduce_into(d->dtype, d->reduce, c->mine, c->local[i].data, input_elements(d, g->n));
@@ -695,18 +803,20 @@ wcall_make_mine(const struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_
     case DC_OP_BROADCAST:
         for (size_t i = 0; i < me->n_ranks; i++) {
             if (me->ranks[i] == d->root) {
-                if ((c->mine = malloc(bytes ? bytes : 1)) == NULL) {
+                if ((c->mine_buf = pbuf_new(bytes)) == NULL) {
                     return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
                 }
+                c->mine = c->mine_buf->data;
                 memcpy(c->mine, c->local[i].data, bytes);
                 c->mine_bytes = bytes;
             }
         }
         break;
     case DC_OP_ALL_GATHER:
-        if ((c->mine = malloc(bytes * me->n_ranks + 1)) == NULL) {
+        if ((c->mine_buf = pbuf_new(bytes * me->n_ranks)) == NULL) {
             return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
         }
+        c->mine = c->mine_buf->data;
         for (size_t i = 0; i < me->n_ranks; i++) {
             memcpy(c->mine + i * bytes, c->local[i].data, bytes);
         }
@@ -718,7 +828,8 @@ wcall_make_mine(const struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_
     for (size_t i = 0; i < me->n_ranks; i++) {
         if (region_shrank(g, c->local[i].reg, &c->shrunk)) {
             /* Zeros are no one's data: send none, the call fails here (and at the peers). */
-            free(c->mine);
+            pbuf_drop(c->mine_buf);
+            c->mine_buf   = NULL;
             c->mine       = NULL;
             c->mine_bytes = 0;
             break;
@@ -726,6 +837,8 @@ wcall_make_mine(const struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_
     }
     return DC_OK;
 }
+
+static uint32_t ring_steps(const struct ring *r);
 
 /* The data worker w contributed to c (this worker's own part for self). */
 static const uint8_t *
@@ -753,7 +866,7 @@ wcall_descs(const struct wgroup *g, const struct wcall *c, struct desc *out)
 
 /* The call's result into *res (res_bytes), the same bytes on every worker. mtx held. */
 static dc_code
-wcall_compute(const struct wgroups *wg, struct wgroup *g, struct wcall *c, uint8_t **res,
+wcall_compute(struct wgroups *wg, struct wgroup *g, struct wcall *c, uint8_t **res,
               size_t *res_bytes, dc_status *st)
 {
     struct desc *all = calloc(g->n, sizeof(*all));
@@ -785,6 +898,21 @@ wcall_compute(const struct wgroups *wg, struct wgroup *g, struct wcall *c, uint8
     elem  = dc_dtype_size(d->dtype);
     bytes = input_elements(d, g->n) * elem;
     if (!kind_has_data(d->kind)) {
+        goto out;
+    }
+    if (c->ring != NULL && c->ring->acc != NULL && !c->ring->broken &&
+        c->ring->done == ring_steps(c->ring) && c->ring->bytes == bytes) {
+        /* Round the ring: every worker holds the same reduced bytes already. */
+        wg->ring_calls_total++;
+        if ((*res = malloc(bytes + 1)) == NULL) {
+            rv = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+            goto out;
+        }
+        memcpy(*res, c->ring->acc->data, bytes);
+        *res_bytes = bytes;
+        if (d->reduce == DC_REDUCE_MEAN) {
+            reduce_finish_mean(d->dtype, *res, input_elements(d, g->n), g->n);
+        }
         goto out;
     }
     for (size_t w = 0; w < g->n_workers; w++) {
@@ -844,6 +972,23 @@ out:
     return rv;
 }
 
+/* Whether every rank passed what rank 0 did (all descs are in). mtx held. */
+static bool
+wcall_agrees(const struct wgroup *g, const struct wcall *c)
+{
+    struct desc *all = calloc(g->n, sizeof(*all));
+    bool same        = all != NULL;
+
+    if (all != NULL) {
+        wcall_descs(g, c, all);
+        for (size_t r = 1; r < g->n && same; r++) {
+            same = !desc_differs(&all[r], &all[0]);
+        }
+    }
+    free(all);
+    return same;
+}
+
 /* Answers c's local ranks when every part is in, and frees it. mtx held. */
 static void
 wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
@@ -857,6 +1002,15 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
 
     if (c->n_local_in < me->n_ranks || c->n_peer_in + 1 < g->n_workers || !c->sent) {
         return;
+    }
+    for (size_t w = 0; w < g->n_workers; w++) {
+        if (c->peer[w].buf != NULL && c->peer[w].received < c->peer[w].bytes) {
+            return; /* its bytes are still on the data link */
+        }
+    }
+    if (c->ring != NULL && c->ring->done < ring_steps(c->ring) && !c->ring->broken &&
+        c->shrunk.code == DC_OK && wcall_agrees(g, c)) {
+        return; /* still going round the ring */
     }
     wcall_unlink(g, c);
     status_clear(&st);
@@ -947,6 +1101,378 @@ exch_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply,
     free(x);
 }
 
+/* ---- the data link: sending ------------------------------------------------------------- */
+
+/* Ends every group that uses peer p with UNAVAILABLE: why says what failed. mtx held. */
+static void
+peer_lost_locked(struct wgroups *wg, const char *address, const char *why)
+{
+    if (wg->stopping) {
+        return;
+    }
+    for (struct wgroup *g = wg->groups; g != NULL; g = g->next) {
+        for (size_t w = 0; w < g->n_workers; w++) {
+            if (g->workers[w].peer != NULL && strcmp(g->workers[w].peer->address, address) == 0 &&
+                !g->ended) {
+                dc_status st;
+                status_set(&st, DC_UNAVAILABLE,
+                           "worker %s of group %s is unreachable (%s, at %s): join again",
+                           g->workers[w].name, g->id, why, address);
+                status_set_worker(&st, g->workers[w].name);
+                group_end_locked(wg, g, &st);
+            }
+        }
+    }
+}
+
+/* Asks the peer where its data link listens (GroupLink) and dials it. Sender thread, no lock. */
+static dc_code
+peer_link(struct wgroups *wg, struct wpeer *p, struct dlink_out **out, dc_status *st)
+{
+    Devcoord__V1__GroupLinkRequest req = DEVCOORD__V1__GROUP_LINK_REQUEST__INIT;
+    Devcoord__V1__GroupLinkResponse *resp;
+    struct rpc_reply reply;
+    dc_code code;
+    char host[256];
+
+    memset(&reply, 0, sizeof(reply));
+    if ((code = rpc_call(p->client, WORKER_SVC, M_WORKER_GROUP_LINK, &req.base, NULL, 0, 2000,
+                         &reply, st)) != DC_OK) {
+        rpc_reply_free(&reply);
+        return code;
+    }
+    resp = (Devcoord__V1__GroupLinkResponse *)reply.body;
+    if (resp == NULL || resp->secret.len != DLINK_SECRET_SIZE || resp->address == NULL ||
+        (strncmp(resp->address, "tcp://", 6) != 0 &&
+         strncmp(resp->address, "tls+tcp://", 10) != 0)) {
+        rpc_reply_free(&reply);
+        return status_set(st, DC_UNAVAILABLE, "its GroupLink answer is malformed");
+    }
+    if (strncmp(resp->address, "tls+", 4) == 0 && p->tls == NULL) {
+        auth_url_host(resp->address, host, sizeof(host));
+        if ((code = auth_tls_client(wg->cfg->tls.ca, wg->cfg->tls.cert, wg->cfg->tls.key, host,
+                                    &p->tls, st)) != DC_OK) {
+            rpc_reply_free(&reply);
+            return code;
+        }
+    }
+    code = dlink_dial(resp->address, strncmp(resp->address, "tls+", 4) == 0 ? p->tls : NULL,
+                      resp->secret.data, wg->cfg->advertise, 2000, out, st);
+    rpc_reply_free(&reply);
+    return code;
+}
+
+static void
+sjob_free(struct sjob *j)
+{
+    pbuf_drop(j->buf);
+    free(j);
+}
+
+/* One peer's sender: writes queued parts in order; a failure ends the job's group (after one
+ * retry on a fresh connection when the failed one was kept from before, e.g. the peer
+ * restarted since). */
+static void *
+peer_sender(void *arg)
+{
+    struct wpeer *p    = arg;
+    struct wgroups *wg = p->wg;
+
+    pthread_mutex_lock(&wg->mtx);
+    for (;;) {
+        struct sjob *j;
+        struct wgroup *g;
+        dc_status st;
+        dc_code code = DC_OK;
+
+        while (!wg->stopping && p->jobs == NULL) {
+            pthread_cond_wait(&p->cv, &wg->mtx);
+        }
+        if (wg->stopping) {
+            break;
+        }
+        j       = p->jobs;
+        p->jobs = j->next;
+        if (p->jobs == NULL) {
+            p->jobs_tail = NULL;
+        }
+        g = group_find(wg, j->group_id);
+        if (g == NULL || g->generation != j->h.generation || g->ended) {
+            sjob_free(j);
+            continue;
+        }
+        status_clear(&st);
+        for (int attempt = 0; attempt < 2; attempt++) {
+            struct dlink_out *o = p->out;
+            bool fresh          = o == NULL || p->stale;
+            if (p->stale && o != NULL) {
+                p->out = NULL;
+                pthread_mutex_unlock(&wg->mtx);
+                dlink_out_close(o);
+                pthread_mutex_lock(&wg->mtx);
+                o = NULL;
+            }
+            p->stale = false;
+            pthread_mutex_unlock(&wg->mtx);
+            status_clear(&st);
+            code = o == NULL ? peer_link(wg, p, &o, &st) : DC_OK;
+            pthread_mutex_lock(&wg->mtx);
+            if (code == DC_OK && wg->stopping) {
+                dlink_out_close(o);
+                break;
+            }
+            if (code != DC_OK) {
+                break;
+            }
+            p->out = o;
+            pthread_mutex_unlock(&wg->mtx);
+            code = dlink_send(o, &j->h, j->buf->data + j->h.offset, j->len, &st);
+            pthread_mutex_lock(&wg->mtx);
+            if (code == DC_OK) {
+                wg->link_bytes_out += j->len;
+                break;
+            }
+            p->out = NULL;
+            pthread_mutex_unlock(&wg->mtx);
+            dlink_out_close(o);
+            pthread_mutex_lock(&wg->mtx);
+            if (fresh || wg->stopping) {
+                break;
+            }
+        }
+        if (code != DC_OK && !wg->stopping) {
+            g = group_find(wg, j->group_id);
+            if (g != NULL && g->generation == j->h.generation && !g->ended) {
+                dc_status end;
+                status_set(&end, DC_UNAVAILABLE, "worker %s of group %s is unreachable: %s",
+                           j->worker, g->id, st.message);
+                status_set_worker(&end, j->worker);
+                group_end_locked(wg, g, &end);
+            }
+        }
+        sjob_free(j);
+    }
+    while (p->jobs != NULL) {
+        struct sjob *j = p->jobs;
+        p->jobs        = j->next;
+        sjob_free(j);
+    }
+    p->jobs_tail = NULL;
+    pthread_mutex_unlock(&wg->mtx);
+    return NULL;
+}
+
+/* Queues bytes [off, off + len) of buf (a part of buf->bytes) to worker w's sender; flags
+ * as the frame carries them. mtx held. */
+static dc_code
+peer_queue_locked(struct wgroup *g, struct wcall *c, size_t w, struct pbuf *buf, size_t off,
+                  size_t len, uint16_t flags, dc_status *st)
+{
+    struct wpeer *p = g->workers[w].peer;
+    struct sjob *j  = calloc(1, sizeof(*j));
+
+    if (j == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    if (!p->sender_started) {
+        if (pthread_create(&p->sender, NULL, peer_sender, p) != 0) {
+            free(j);
+            return status_set(st, DC_RESOURCE_EXHAUSTED, "cannot start a data link sender");
+        }
+        p->sender_started = true;
+    }
+    j->buf = pbuf_hold(buf);
+    j->len = len;
+    j->h   = (struct dlink_hdr){ .kind       = DLINK_DATA,
+                                 .flags      = flags,
+                                 .from       = g->self,
+                                 .group      = g->hash,
+                                 .generation = g->generation,
+                                 .seq        = c->seq,
+                                 .offset     = off,
+                                 .total      = buf->bytes };
+    snprintf(j->group_id, sizeof(j->group_id), "%s", g->id);
+    snprintf(j->worker, sizeof(j->worker), "%s", g->workers[w].name);
+    if (p->jobs_tail != NULL) {
+        p->jobs_tail->next = j;
+    } else {
+        p->jobs = j;
+    }
+    p->jobs_tail = j;
+    pthread_cond_signal(&p->cv);
+    return DC_OK;
+}
+
+/* ---- the ring ---------------------------------------------------------------------------- */
+
+/* Segment k's first byte: boundaries on multiples of 8 bytes, so on an element of every
+ * dtype, the last segment taking the rest. */
+static size_t
+ring_off(const struct ring *r, uint32_t k)
+{
+    return k >= r->n ? r->bytes : (size_t)(((uint64_t)(r->bytes / 8) * k / r->n) * 8);
+}
+
+static size_t
+ring_len(const struct ring *r, uint32_t k)
+{
+    return ring_off(r, k + 1) - ring_off(r, k);
+}
+
+static uint32_t
+ring_steps(const struct ring *r)
+{
+    return 2 * (r->n - 1);
+}
+
+/* The segment this worker receives at step s (and sends on at step s + 1). */
+static uint32_t
+ring_recv_seg(const struct ring *r, uint32_t s)
+{
+    return s < r->n - 1 ? (r->pos + 2 * r->n - s - 1) % r->n
+                        : (r->pos + 2 * r->n - (s - (r->n - 1))) % r->n;
+}
+
+/* Whether c goes round the ring: a large all-reduce with data. The same answer on every
+ * worker whose ranks passed the same call. */
+static bool
+ring_wanted(const struct wgroup *g, const struct wcall *c)
+{
+    return g->n_workers >= 2 && c->mine != NULL && c->local[0].d.kind == DC_OP_ALL_REDUCE &&
+           c->mine_bytes >= GROUPS_RING_MIN_BYTES && c->mine_bytes / 8 >= g->n_workers;
+}
+
+/* c's ring, made for a part of `bytes` on first use (by this worker's part or the first
+ * segment from the previous worker). NULL when out of memory. mtx held. */
+static struct ring *
+ring_get(const struct wgroup *g, struct wcall *c, size_t bytes)
+{
+    struct ring *r = c->ring;
+
+    if (r != NULL) {
+        if (r->bytes != bytes) {
+            r->broken = true;
+        }
+        return r;
+    }
+    if ((r = calloc(1, sizeof(*r))) == NULL ||
+        (r->got = calloc(2 * g->n_workers, sizeof(*r->got))) == NULL) {
+        free(r);
+        return NULL;
+    }
+    r->n     = (uint32_t)g->n_workers;
+    r->pos   = g->self;
+    r->next  = (g->self + 1) % r->n;
+    r->prev  = (g->self + r->n - 1) % r->n;
+    r->bytes = bytes;
+    c->ring  = r;
+    return r;
+}
+
+/* Processes the steps whose segment is in, in order, and queues what each lets this worker
+ * send; ends the generation when a send cannot be queued. mtx held. */
+static void
+ring_advance(struct wgroups *wg, struct wgroup *g, struct wcall *c)
+{
+    struct ring *r       = c->ring;
+    const struct desc *d = &c->local[0].d;
+    dc_status st;
+
+    /* Chunk by chunk as frames land: a chunk is reduced and passed on while the next one is
+     * still on the wire. */
+    while (!r->broken && r->acc != NULL && r->done < ring_steps(r)) {
+        uint32_t s = r->done, k = ring_recv_seg(r, s);
+        size_t off = ring_off(r, k) + r->part, len = r->got[s] - r->part;
+        if (r->got[s] > ring_len(r, k)) {
+            r->broken = true; /* more than the segment: not a peer of this version */
+            return;
+        }
+        if (len == 0 && r->got[s] < ring_len(r, k)) {
+            return;
+        }
+        if (s < r->n - 1 && len > 0) {
+            reduce_into(d->dtype, d->reduce, r->acc->data + off, r->rs_in->data + off,
+                        len / r->elem);
+        }
+        r->part += len;
+        if (r->part == ring_len(r, k)) {
+            r->done++;
+            r->part = 0;
+        }
+        if (s + 1 < ring_steps(r) && len > 0 &&
+            peer_queue_locked(g, c, r->next, r->acc, off, len, (uint16_t)(s + 2), &st) != DC_OK) {
+            group_end_locked(wg, g, &st);
+            return;
+        }
+    }
+}
+
+/* This worker's part is ready: it becomes the ring's accumulator, its own segment goes to
+ * the next worker, and segments that came early are reduced. mtx held. */
+static dc_code
+ring_start(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status *st)
+{
+    struct ring *r = ring_get(g, c, c->mine_bytes);
+
+    if (r == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    r->elem  = dc_dtype_size(c->local[0].d.dtype);
+    r->elems = r->bytes / r->elem;
+    r->acc   = pbuf_hold(c->mine_buf);
+    if (r->broken) {
+        return DC_OK; /* the descs disagree: the call fails once they are all in */
+    }
+    if (peer_queue_locked(g, c, r->next, r->acc, ring_off(r, r->pos), ring_len(r, r->pos), 1, st) !=
+        DC_OK) {
+        return st->code;
+    }
+    ring_advance(wg, g, c);
+    return DC_OK;
+}
+
+/* Where a ring frame from the previous worker lands, or NULL (the call's ring cannot take
+ * it: it is marked broken). mtx held. */
+static uint8_t *
+ring_frame_dst(struct wgroups *wg, const struct wgroup *g, struct wcall *c,
+               const struct dlink_hdr *h, struct pbuf **pin, dc_status *st)
+{
+    struct ring *r = ring_get(g, c, (size_t)h->total);
+    uint32_t s     = (uint32_t)h->flags - 1, k;
+
+    if (r == NULL) {
+        status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    if (r->broken) {
+        return NULL;
+    }
+    k = ring_recv_seg(r, s);
+    if (h->from != r->prev || s >= ring_steps(r) || h->offset < ring_off(r, k) ||
+        h->offset + h->length > ring_off(r, k) + ring_len(r, k)) {
+        status_set(st, DC_INVALID_ARGUMENT, "a ring frame outside its step (step %u)", s);
+        return NULL;
+    }
+    if (s < r->n - 1) {
+        if (r->rs_in == NULL) {
+            if (r->bytes > wg->max_held - wg->held || (r->rs_in = pbuf_new(r->bytes)) == NULL) {
+                status_set(st, DC_RESOURCE_EXHAUSTED,
+                           "group parts waiting on this worker hold %zu bytes already", wg->held);
+                return NULL;
+            }
+            wg->held += r->bytes;
+        }
+        *pin = pbuf_hold(r->rs_in);
+        return r->rs_in->data + h->offset;
+    }
+    if (r->acc == NULL) {
+        status_set(st, DC_INVALID_ARGUMENT, "a ring's all-gather frame before its start");
+        return NULL;
+    }
+    *pin = pbuf_hold(r->acc);
+    return r->acc->data + h->offset;
+}
+
 /* Sends this worker's part of c to every other worker: the whole part (every local rank in),
  * or a partial note naming the local ranks in so far. mtx held. */
 static void
@@ -956,6 +1482,7 @@ wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c, bool partial)
     Devcoord__V1__GroupExchangeRequest req = DEVCOORD__V1__GROUP_EXCHANGE_REQUEST__INIT;
     Devcoord__V1__GroupCallDesc *descs     = calloc(me->n_ranks, sizeof(*descs));
     Devcoord__V1__GroupCallDesc **ptrs     = calloc(me->n_ranks, sizeof(*ptrs));
+    bool ring, link;
     dc_status st;
 
     status_clear(&st);
@@ -978,15 +1505,22 @@ wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c, bool partial)
             req.n_calls++;
         }
     }
-    req.group_id   = g->id;
-    req.generation = g->generation;
-    req.seq        = c->seq;
-    req.from       = g->self;
-    req.calls      = ptrs;
-    req.has_data   = !partial && c->mine != NULL;
-    req.partial    = partial;
+    req.group_id     = g->id;
+    req.generation   = g->generation;
+    req.seq          = c->seq;
+    req.from         = g->self;
+    req.calls        = ptrs;
+    ring             = !partial && ring_wanted(g, c);
+    req.has_data     = !partial && c->mine != NULL && !ring;
+    link             = req.has_data && c->mine_bytes >= GROUPS_LINK_MIN_BYTES;
+    req.stream_bytes = link ? c->mine_bytes : 0;
+    req.partial      = partial;
     if (!partial && c->shrunk.code != DC_OK) {
         req.failed = c->shrunk.message;
+    }
+    if (ring && ring_start(wg, g, c, &st) != DC_OK) {
+        group_end_locked(wg, g, &st);
+        goto out;
     }
     for (size_t w = 0; w < g->n_workers && !g->ended; w++) {
         struct exch_ctx *x;
@@ -1002,9 +1536,15 @@ wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c, bool partial)
         }
         *x = (struct exch_ctx){ wg, "", g->generation, w };
         snprintf(x->group_id, sizeof(x->group_id), "%s", g->id);
+        if (link && peer_queue_locked(g, c, w, c->mine_buf, 0, c->mine_bytes, 0, &st) != DC_OK) {
+            free(x);
+            group_end_locked(wg, g, &st);
+            break;
+        }
         if (rpc_call_async(g->workers[w].peer->client, WORKER_SVC, M_WORKER_GROUP_EXCHANGE,
-                           &req.base, req.has_data ? c->mine : NULL,
-                           req.has_data ? c->mine_bytes : 0, left, exch_done, x, &st) != DC_OK) {
+                           &req.base, req.has_data && !link ? c->mine : NULL,
+                           req.has_data && !link ? c->mine_bytes : 0, left, exch_done, x,
+                           &st) != DC_OK) {
             dc_status end;
             free(x);
             status_set(&end, DC_UNAVAILABLE, "worker %s of group %s: %s", g->workers[w].name, g->id,
@@ -1421,6 +1961,40 @@ wgroups_map(struct wgroups *wg, const Devcoord__V1__GroupMapRequest *in,
     closure(&out, cd);
 }
 
+/* The buffer a peer's part of c arrives in over the data link (total bytes), made on first
+ * use by the data frame or the GroupExchange naming it, whichever comes first. mtx held. */
+static dc_code
+ppart_buffer(struct wgroups *wg, struct ppart *p, uint64_t total, dc_status *st)
+{
+    if (p->buf != NULL) {
+        return p->buf->bytes == total
+                   ? DC_OK
+                   : status_set(st, DC_INVALID_ARGUMENT,
+                                "group exchange: %llu bytes announced, %zu on the data link",
+                                (unsigned long long)total, p->buf->bytes);
+    }
+    if (p->data != NULL) {
+        return status_set(st, DC_ALREADY_EXISTS, "duplicate group exchange");
+    }
+    if (total > wg->cfg->max_message_bytes) {
+        return status_set(st, DC_OUT_OF_RANGE,
+                          "group part of %llu bytes is larger than limits.max_message_bytes",
+                          (unsigned long long)total);
+    }
+    if (total > wg->max_held - wg->held) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED,
+                          "group parts waiting on this worker hold %zu bytes already (limit %zu)",
+                          wg->held, wg->max_held);
+    }
+    if ((p->buf = pbuf_new((size_t)total)) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    p->data  = p->buf->data;
+    p->bytes = (size_t)total;
+    wg->held += p->bytes;
+    return DC_OK;
+}
+
 /* A peer's partial note: which of its ranks have called. mtx held. */
 static dc_code
 peer_note(const struct gworker *gw, struct ppart *p, const Devcoord__V1__GroupExchangeRequest *in,
@@ -1471,6 +2045,28 @@ wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *i
         code = st.code;
     } else if ((p = &c->peer[in->from])->in) {
         code = status_set(&st, DC_ALREADY_EXISTS, "duplicate group exchange");
+    } else if (in->has_data && in->stream_bytes > 0) {
+        /* The bytes come (or came) over the data link. */
+        if ((code = ppart_buffer(wg, p, in->stream_bytes, &st)) == DC_OK &&
+            (p->d = calloc(in->n_calls, sizeof(*p->d))) == NULL) {
+            code = status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        if (code == DC_OK) {
+            for (size_t k = 0; k < in->n_calls; k++) {
+                p->d[k] = desc_from_pb(in->calls[k]);
+            }
+            p->has_data = true;
+            p->in       = true;
+            c->n_peer_in++;
+            if (in->failed != NULL && in->failed[0] != '\0' && c->shrunk.code == DC_OK) {
+                status_set(&c->shrunk, DC_INVALID_ARGUMENT, "worker %s: %.300s",
+                           g->workers[in->from].name, in->failed);
+            }
+            wcall_try_finish(wg, g, c);
+        }
+    } else if (p->buf != NULL) {
+        code = status_set(&st, DC_INVALID_ARGUMENT,
+                          "group exchange without data after data on the data link");
     } else if (in->has_data && bytes > wg->max_held - wg->held) {
         code = status_set(&st, DC_RESOURCE_EXHAUSTED,
                           "group parts waiting on this worker hold %zu bytes already (limit %zu)",
@@ -1506,6 +2102,166 @@ wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *i
         return;
     }
     closure(&out, cd);
+}
+
+/* ---- the data link: receiving ----------------------------------------------------------- */
+
+/* The group and call a data frame names, if it is current here and from whom it says. */
+static struct wgroup *
+frame_group(struct wgroups *wg, const char *peer, const struct dlink_hdr *h)
+{
+    for (struct wgroup *g = wg->groups; g != NULL; g = g->next) {
+        if (g->hash == h->group && g->generation == h->generation && !g->ended &&
+            h->from < g->n_workers && h->from != g->self && g->workers[h->from].peer != NULL &&
+            strcmp(g->workers[h->from].peer->address, peer) == 0) {
+            return g;
+        }
+    }
+    return NULL;
+}
+
+static void
+link_frame_begin(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t **dst, void **pin)
+{
+    struct wgroups *wg = arg;
+    struct wgroup *g   = NULL;
+    struct wcall *c;
+    dc_status st;
+
+    status_clear(&st);
+    pthread_mutex_lock(&wg->mtx);
+    if (!wg->stopping && (g = frame_group(wg, peer, h)) != NULL && h->flags != 0) {
+        struct pbuf *b = NULL;
+        if ((c = wcall_get(wg, g, h->seq, 0, &st)) != NULL &&
+            (*dst = ring_frame_dst(wg, g, c, h, &b, &st)) != NULL) {
+            *pin = b;
+        } else if (st.code != DC_OK) {
+            dc_status end;
+            status_set(&end, st.code, "worker %s of group %s sent call %llu's data: %s",
+                       g->workers[h->from].name, g->id, (unsigned long long)h->seq, st.message);
+            status_set_worker(&end, g->workers[h->from].name);
+            group_end_locked(wg, g, &end);
+        }
+    } else if (!wg->stopping && g != NULL) {
+        if ((c = wcall_get(wg, g, h->seq, 0, &st)) == NULL ||
+            ppart_buffer(wg, &c->peer[h->from], h->total, &st) != DC_OK) {
+            dc_status end;
+            status_set(&end, st.code, "worker %s of group %s sent call %llu's data: %s",
+                       g->workers[h->from].name, g->id, (unsigned long long)h->seq, st.message);
+            status_set_worker(&end, g->workers[h->from].name);
+            group_end_locked(wg, g, &end);
+        } else {
+            struct pbuf *b = c->peer[h->from].buf;
+            *dst           = b->data + h->offset;
+            *pin           = pbuf_hold(b);
+        }
+    }
+    pthread_mutex_unlock(&wg->mtx);
+}
+
+static void
+link_frame_end(void *arg, const char *peer, const struct dlink_hdr *h, void *pin, bool ok)
+{
+    struct wgroups *wg = arg;
+    struct wgroup *g;
+    struct wcall *c;
+
+    pthread_mutex_lock(&wg->mtx);
+    if (pin != NULL && ok && h->flags != 0 && (g = frame_group(wg, peer, h)) != NULL &&
+        (c = wcall_find(g, h->seq)) != NULL && c->ring != NULL &&
+        (pin == c->ring->rs_in || pin == c->ring->acc)) {
+        c->ring->got[h->flags - 1] += h->length;
+        wg->link_bytes_in += h->length;
+        ring_advance(wg, g, c);
+        if (!g->ended && c->ring->done == ring_steps(c->ring)) {
+            wcall_try_finish(wg, g, c);
+        }
+    } else if (pin != NULL && ok && h->flags == 0 && (g = frame_group(wg, peer, h)) != NULL &&
+               (c = wcall_find(g, h->seq)) != NULL && c->peer[h->from].buf == pin) {
+        struct ppart *p = &c->peer[h->from];
+        p->received += h->length;
+        wg->link_bytes_in += h->length;
+        if (p->in && p->received >= p->bytes) {
+            wcall_try_finish(wg, g, c);
+        }
+    }
+    pthread_mutex_unlock(&wg->mtx);
+    pbuf_drop(pin);
+}
+
+static void
+link_peer_lost(void *arg, const char *peer, const dc_status *why)
+{
+    struct wgroups *wg = arg;
+
+    pthread_mutex_lock(&wg->mtx);
+    peer_lost_locked(wg, peer, why->message);
+    pthread_mutex_unlock(&wg->mtx);
+}
+
+void
+wgroups_link(struct wgroups *wg, const Devcoord__V1__GroupLinkRequest *in,
+             Devcoord__V1__GroupLinkResponse_Closure closure, void *cd)
+{
+    Devcoord__V1__GroupLinkResponse out = DEVCOORD__V1__GROUP_LINK_RESPONSE__INIT;
+
+    (void)in;
+    pthread_mutex_lock(&wg->mtx);
+    if (link_start_locked(wg, rpc_call_status(cd)) != DC_OK) {
+        pthread_mutex_unlock(&wg->mtx);
+        closure(NULL, cd);
+        return;
+    }
+    out.address     = wg->dl_address;
+    out.secret.data = (uint8_t *)dlink_server_secret(wg->dl);
+    out.secret.len  = DLINK_SECRET_SIZE;
+    /* Packed by the closure, under the lock: the address lives in wg. */
+    closure(&out, cd);
+    pthread_mutex_unlock(&wg->mtx);
+}
+
+/* The data port, opened on first need (the first GroupSetup or GroupLink), not at start: a
+ * port the kernel picks then cannot be one that a daemon started next to this one was told
+ * to listen on. The listen address's scheme and host, groups.data_port or a port the kernel
+ * picks; peers are told the advertised host with that port. mtx held. */
+static dc_code
+link_start_locked(struct wgroups *wg, dc_status *st)
+{
+    static const struct dlink_events ev_template = { NULL, link_frame_begin, link_frame_end,
+                                                     link_peer_lost };
+    struct dlink_events ev                       = ev_template;
+    const char *listen = wg->cfg->listen, *adv = wg->cfg->advertise;
+    bool tls = strncmp(listen, "tls+", 4) == 0;
+    char host[256], ahost[256], url[300];
+    dc_code code;
+
+    if (wg->dl != NULL) {
+        return DC_OK;
+    }
+    if (wg->stopping) {
+        return status_set(st, DC_UNAVAILABLE, "worker shutting down");
+    }
+    ev.arg = wg;
+    auth_url_host(listen, host, sizeof(host));
+    auth_url_host(adv != NULL ? adv : listen, ahost, sizeof(ahost));
+    snprintf(url, sizeof(url), "%s://%s%s%s:%u", tls ? "tls+tcp" : "tcp",
+             strchr(host, ':') ? "[" : "", host[0] ? host : "0.0.0.0", strchr(host, ':') ? "]" : "",
+             wg->cfg->group_data_port);
+    if (tls && wg->dl_tls == NULL &&
+        (code = auth_tls_server(&wg->cfg->tls, &wg->dl_tls, st)) != DC_OK) {
+        return code;
+    }
+    if ((code = dlink_server_start(url, wg->dl_tls, wg->cfg->max_message_bytes,
+                                   wg->cfg->handshake_timeout_ms ? wg->cfg->handshake_timeout_ms
+                                                                 : 10000,
+                                   &ev, &wg->dl, st)) != DC_OK) {
+        return code;
+    }
+    snprintf(wg->dl_address, sizeof(wg->dl_address), "%s://%s%s%s:%d", tls ? "tls+tcp" : "tcp",
+             strchr(ahost, ':') ? "[" : "", ahost[0] ? ahost : "127.0.0.1",
+             strchr(ahost, ':') ? "]" : "", dlink_server_port(wg->dl));
+    log_info("data link listening on %s (advertised as %s)", url, wg->dl_address);
+    return DC_OK;
 }
 
 /* ---- GroupStatus ------------------------------------------------------------------------- */
@@ -1686,10 +2442,29 @@ wgroups_metrics_render(struct wgroups *wg, struct mbuf *b)
                 "devcoord_group_call_bytes_sent_total %llu\n"
                 "# HELP devcoord_group_shm_mapped_bytes Ranks' shared memory this worker maps.\n"
                 "# TYPE devcoord_group_shm_mapped_bytes gauge\n"
-                "devcoord_group_shm_mapped_bytes %zu\n",
+                "devcoord_group_shm_mapped_bytes %zu\n"
+                "# HELP devcoord_group_link_bytes_sent_total Bytes of group parts this worker "
+                "sent its peers over the data link.\n"
+                "# TYPE devcoord_group_link_bytes_sent_total counter\n"
+                "devcoord_group_link_bytes_sent_total %llu\n"
+                "# HELP devcoord_group_link_bytes_received_total Bytes of group parts this "
+                "worker received from its peers over the data link.\n"
+                "# TYPE devcoord_group_link_bytes_received_total counter\n"
+                "devcoord_group_link_bytes_received_total %llu\n"
+                "# HELP devcoord_group_link_refused_total Connections to the data port refused "
+                "(no or wrong HELLO, a malformed or oversized frame, too many connections).\n"
+                "# TYPE devcoord_group_link_refused_total counter\n"
+                "devcoord_group_link_refused_total %llu\n"
+                "# HELP devcoord_group_ring_calls_total Group all-reduces whose workers went "
+                "round the ring (reduce-scatter, then all-gather) on the data link.\n"
+                "# TYPE devcoord_group_ring_calls_total counter\n"
+                "devcoord_group_ring_calls_total %llu\n",
                 (unsigned long long)wg->stalls_total, (unsigned long long)wg->shm_calls_total,
                 (unsigned long long)wg->in_place_total, (unsigned long long)wg->call_bytes_in,
-                (unsigned long long)wg->call_bytes_out, wg->shm_mapped);
+                (unsigned long long)wg->call_bytes_out, wg->shm_mapped,
+                (unsigned long long)wg->link_bytes_out, (unsigned long long)wg->link_bytes_in,
+                (unsigned long long)(wg->dl != NULL ? dlink_server_refused(wg->dl) : 0),
+                (unsigned long long)wg->ring_calls_total);
     pthread_mutex_unlock(&wg->mtx);
     mbuf_printf(b, "# HELP devcoord_group_call_seconds Time from a group call's first rank to "
                    "its result.\n"
@@ -1760,8 +2535,25 @@ wgroups_shutdown(struct wgroups *wg)
     for (struct wgroup *g = wg->groups; g != NULL; g = g->next) {
         group_end_locked(wg, g, &st);
     }
+    for (size_t i = 0; i < wg->n_peers; i++) {
+        pthread_cond_broadcast(&wg->peers[i]->cv);
+        if (wg->peers[i]->out != NULL) {
+            dlink_out_abort(wg->peers[i]->out); /* a send under way fails at once */
+        }
+    }
     pthread_mutex_unlock(&wg->mtx);
     pthread_join(wg->timer, NULL);
+    for (size_t i = 0; i < wg->n_peers; i++) {
+        if (wg->peers[i]->sender_started) {
+            pthread_join(wg->peers[i]->sender, NULL);
+            wg->peers[i]->sender_started = false;
+        }
+        dlink_out_close(wg->peers[i]->out);
+        wg->peers[i]->out = NULL;
+    }
+    /* The data port's threads take mtx: not under it. */
+    dlink_server_free(wg->dl);
+    wg->dl = NULL;
     /* Closing waits for the exchange callbacks, which take mtx: not under it. Nothing opens
      * or uses a peer once stopping is set. */
     for (size_t i = 0; i < wg->n_peers; i++) {
@@ -1778,7 +2570,14 @@ wgroups_free(struct wgroups *wg)
     }
     wgroups_shutdown(wg);
     for (size_t i = 0; i < wg->n_peers; i++) {
+        if (wg->peers[i]->tls != NULL) {
+            nng_tls_config_free(wg->peers[i]->tls);
+        }
+        pthread_cond_destroy(&wg->peers[i]->cv);
         free(wg->peers[i]);
+    }
+    if (wg->dl_tls != NULL) {
+        nng_tls_config_free(wg->dl_tls);
     }
     free(wg->peers);
     while (wg->groups != NULL) {

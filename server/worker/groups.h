@@ -6,9 +6,12 @@
  * their data, reduced (or gathered) across its own ranks, to every other worker of the group
  * (GroupExchange), and once it has every worker's part it checks that all ranks agree,
  * computes the result in a fixed order (so every worker gets the same bytes) and answers its
- * ranks. Each worker sends its part straight to every other one: one step, n - 1 messages a
- * worker, which suits the small groups and messages of this first version (a ring for big
- * buffers is the data-plane issue's).
+ * ranks. What the ranks passed goes in GroupExchange (RPC) to every other worker, with the
+ * part's bytes when they are few (GROUPS_LINK_MIN_BYTES); larger parts go over the data link
+ * (datalink.h: raw framed streams, one connection per peer, kept), straight from the part's
+ * memory onto the wire and from the wire into the buffer the receiver keeps for it: to every
+ * other worker directly, or, for an all-reduce part of GROUPS_RING_MIN_BYTES or more, round
+ * the ring of workers (reduce-scatter, then all-gather).
  *
  * Bounds: calls in progress per group (GROUPS_MAX_CALLS), groups per worker (GROUPS_MAX),
  * bytes per call (one message: limits.max_message_bytes). A call's deadline fails its waiting
@@ -27,6 +30,12 @@
 #define GROUPS_MAX       1024
 #define GROUPS_MAX_CALLS 64
 #define GROUPS_MAX_RANKS 4096
+/* A part smaller than this rides in the GroupExchange message itself: one message costs
+ * less than a message and a frame on the data link. */
+#define GROUPS_LINK_MIN_BYTES (64u * 1024)
+/* An all-reduce part at least this large goes round the ring of the group's workers on the
+ * data link (reduce-scatter, then all-gather); smaller ones go to every worker directly. */
+#define GROUPS_RING_MIN_BYTES (256u * 1024)
 /* A call's deadline when the rank gives none. */
 #define GROUPS_DEFAULT_TIMEOUT_MS 30000
 /* Shared memory regions a rank may have its worker map (bytes: groups.shm_max_bytes). */
@@ -51,6 +60,9 @@ void wgroups_call(struct wgroups *wg, const Devcoord__V1__GroupCallRequest *in,
                   Devcoord__V1__GroupCallResponse_Closure closure, void *cd);
 void wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *in,
                       Devcoord__V1__GroupExchangeResponse_Closure closure, void *cd);
+/* Where this worker's data link listens and its secret (GroupLink, for peers). */
+void wgroups_link(struct wgroups *wg, const Devcoord__V1__GroupLinkRequest *in,
+                  Devcoord__V1__GroupLinkResponse_Closure closure, void *cd);
 /* Calls completed in the group and this worker's stalled ranks (groups list | show). */
 void wgroups_status(struct wgroups *wg, const Devcoord__V1__GroupStatusRequest *in,
                     Devcoord__V1__GroupStatusResponse_Closure closure, void *cd);

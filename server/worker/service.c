@@ -128,6 +128,13 @@ w_group_map(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__GroupMapReque
     wgroups_map(WORKER(svc)->groups, in, closure, cd);
 }
 
+static void
+w_group_link(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__GroupLinkRequest *in,
+             Devcoord__V1__GroupLinkResponse_Closure closure, void *cd)
+{
+    wgroups_link(WORKER(svc)->groups, in, closure, cd);
+}
+
 void
 worker_service_init(struct worker *w)
 {
@@ -142,7 +149,7 @@ static const struct auth_rule worker_rules[] = {
     { "DeleteTensor", ROLE_TRAINER }, { "ListTensors", ROLE_TRAINER | ROLE_OPERATOR },
     { "GroupSetup", ROLE_WORKER },    { "GroupCall", ROLE_TRAINER },
     { "GroupExchange", ROLE_WORKER }, { "GroupStatus", ROLE_TRAINER | ROLE_OPERATOR },
-    { "GroupMap", ROLE_TRAINER },
+    { "GroupMap", ROLE_TRAINER },     { "GroupLink", ROLE_WORKER },
 };
 
 dc_code

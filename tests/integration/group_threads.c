@@ -102,6 +102,25 @@ big_calls(dc_group *g, const char *self, char *error, size_t cap)
             goto out;
         }
     }
+    /* A mean in f64 (between workers, large parts go round the ring): divided once, at the
+     * end, by every rank. */
+    {
+        double *m  = (double *)(void *)in;
+        size_t cnt = (size_t)n * BIG_BLOCKED * sizeof(*in) / sizeof(*m);
+        for (size_t i = 0; i < cnt; i++) {
+            m[i] = (double)(i % 7) + (double)rank;
+        }
+        if (dc_all_reduce(g, m, cnt, DC_DTYPE_F64, DC_REDUCE_MEAN, &st) != DC_OK) {
+            snprintf(error, cap, "%s: big mean all-reduce: %s", self, st.message);
+            goto out;
+        }
+        for (size_t i = 0; i < cnt; i++) {
+            if (m[i] != (double)(i % 7) + (double)(n - 1) / 2) {
+                snprintf(error, cap, "%s: big mean all-reduce: [%zu] = %g", self, i, m[i]);
+                goto out;
+            }
+        }
+    }
     /* Asynchronous ones that large too (a thread of the library makes the parts): two big
      * calls and a small one started at once, the small one after every part of the big
      * ones, then each waited for and checked. */

@@ -14,6 +14,8 @@ import os
 import random
 from concurrent.futures import ThreadPoolExecutor
 import re
+import socket
+import struct
 import subprocess
 import time
 import unittest
@@ -410,6 +412,33 @@ class FailuresTest(GroupsTestCase):
             self.assertEqual(r.out["values"], [3.0, 6.0])
             self.assertEqual(r.out["generation"], 2)
 
+    def test_a_worker_killed_while_parts_stream_fails_the_others_naming_it(self):
+        # Issue 17: three workers all-reduce 4 MiB parts (round the ring on the data link)
+        # call after call; node-c is killed while they stream. The others' ranks fail
+        # UNAVAILABLE naming it, long before any call's deadline (60 s here).
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"], "node-c": ["cuda:0"]})
+        devs = "node-a/cuda:0,node-b/cuda:0,node-c/cuda:0"
+        procs = {d: ctl_popen(c, "--timeout", "60s", "collective", "all-reduce", "--devices",
+                              devs, "--self", d, "--dtype", "f32", "--count", str(1 << 20),
+                              "--reduce", "sum", "--repeat", "100000")
+                 for d in devs.split(",")}
+        # The first GroupSetup opens the data port: the join is complete.
+        harness.wait_until(lambda: "data link listening" in c.worker("node-a").log_text(), 60,
+                           "the ranks to join")
+        time.sleep(1.5)  # calls under way, parts on the wire
+        c.kill_worker("node-c")
+        killed = time.monotonic()
+        for d in ("node-a/cuda:0", "node-b/cuda:0"):
+            r = finish(procs[d], timeout=60)
+            self.assertEqual(r.rc, 1, r)
+            self.assertEqual(r.out["status"], "UNAVAILABLE", r)
+            self.assertIn("node-c", r.out["message"])
+            self.assertGreater(r.out["calls"], 0, r)
+        self.assertLess(time.monotonic() - killed, 30, "the ranks waited for a deadline")
+        # node-c's own rank lost its worker: how long its client waits is not this test's.
+        procs["node-c/cuda:0"].kill()
+        procs["node-c/cuda:0"].communicate()
+
     def test_a_stopping_worker_answers_its_waiting_ranks_and_exits_cleanly(self):
         c = self.start({"node-a": ["cuda:0", "cuda:1"], "node-b": ["cuda:0"]})
         devs = "node-a/cuda:0,node-a/cuda:1,node-b/cuda:0"
@@ -474,6 +503,10 @@ class DataPathTest(GroupsTestCase):
         wm = self.metrics(port)
         self.assertEqual(wm['devcoord_group_calls_total{kind="all-reduce"}'], 1000)
         self.assertEqual(wm["devcoord_group_call_seconds_count"], 1000)
+        # Parts this small (16 f32) ride in the GroupExchange message: nothing on the data
+        # link, and no data port opened to no purpose refused anyone.
+        self.assertEqual(wm["devcoord_group_link_bytes_sent_total"], 0)
+        self.assertEqual(wm["devcoord_group_link_refused_total"], 0)
 
 
 WORKER_SVC = "/devcoord.v1.Worker/"
@@ -605,6 +638,100 @@ class PeerInputTest(GroupsTestCase):
                          "--self", d, "--dtype", "i64", "--values", "2,3", "--reduce", "prod")
                for d in ("node-a/cuda:0", "node-a/cuda:1")]]
         self.assertEqual([r.out.get("values") for r in rs], [[4, 9], [4, 9]], rs)
+
+
+class RingTest(DataPathTest):
+    @unittest.skipUnless(os.path.exists(os.environ.get("DEVCOORD_GROUP_THREADS") or ""),
+                         "devcoord-group-threads is not built")
+    def test_large_all_reduces_go_round_the_ring_with_right_results(self):
+        # One rank on each of three workers: the program's all-reduces several messages long
+        # (i32 sum, f64 mean; every result checked) go round the ring of workers.
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"], "node-c": ["cuda:0"]},
+                       http=True)
+        devs = "node-a/cuda:0,node-b/cuda:0,node-c/cuda:0"
+        p = subprocess.run([os.environ["DEVCOORD_GROUP_THREADS"], c.addr, devs, "1"],
+                           capture_output=True, timeout=300, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.strip(), "ok 3")
+        for name in ("node-a", "node-b", "node-c"):
+            m = self.metrics(int(c.worker_specs[name]["http"].rsplit(":", 1)[1]))
+            # Two parts for each of the two big all-reduces; the small ones go direct.
+            self.assertEqual(m["devcoord_group_ring_calls_total"], 4, name)
+            # The big all-gather and reduce-scatter parts go to every worker on the data link.
+            self.assertGreater(m["devcoord_group_link_bytes_sent_total"], 4 << 20, name)
+
+    test_many_calls_reach_no_coordinator = None
+
+
+class DataLinkInputTest(GroupsTestCase):
+    """Issue 17: anything a client sends the data port is refused without a crash, a hang or
+    an allocation of what it announces, and the worker goes on serving groups."""
+
+    call = PeerInputTest.call
+
+    def link(self, port):
+        code, message, body = self.call(port, "GroupLink", b"")
+        self.assertEqual(code, "OK", message)
+        fields = harness.pb_decode(body)
+        address = fields[1][0].decode()
+        secret = fields[2][0]
+        self.assertEqual(len(secret), 32)
+        return int(address.rsplit(":", 1)[1]), secret
+
+    def closed_by_worker(self, port, data, wait=5.0):
+        """Sends data to the data port; True when the worker closes the connection."""
+        with socket.create_connection(("127.0.0.1", port), timeout=wait) as s:
+            if data:
+                s.sendall(data)
+            s.settimeout(wait)
+            try:
+                while s.recv(4096):
+                    pass
+                return True
+            except ConnectionResetError:
+                return True
+            except socket.timeout:
+                return False
+
+    def header(self, kind, length, total=0, offset=0, group=0, generation=0, seq=0, version=1):
+        return (b"DCDL" + struct.pack("<BBHII", version, kind, 0, 0, length)
+                + struct.pack("<QQQQQ", group, generation, seq, offset, total))
+
+    def test_garbage_on_the_data_port_is_refused_and_the_worker_goes_on(self):
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]}, http=True,
+                       worker_extra={"limits": {"handshake_timeout_ms": 500}})
+        rpc_port = int(c.worker_specs["node-a"]["listen"].rsplit(":", 1)[1])
+        port, secret = self.link(rpc_port)
+        hello = self.header(1, 32 + 9) + secret + b"tcp://x:1"
+        hostile = [
+            os.urandom(4096),                                   # noise
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",               # another protocol
+            b"DCDL",                                            # a short frame, then silence
+            b"",                                                # nothing at all
+            self.header(1, 32, version=9) + secret,             # a version it does not speak
+            self.header(1, 32) + b"\0" * 32,                    # a wrong secret
+            self.header(2, 16, total=16) + b"\0" * 16,          # data before HELLO
+            hello + self.header(2, 0xFFFFFFFF, total=1 << 40),  # 4 GiB announced
+            hello + self.header(2, 64, total=16),               # bytes outside the part
+        ]
+        for i, data in enumerate(hostile):
+            self.assertTrue(self.closed_by_worker(port, data), "case %d stayed open" % i)
+        # A good HELLO and a frame for no group here: read, dropped, the connection stays.
+        self.assertFalse(self.closed_by_worker(
+            port, hello + self.header(2, 8, total=8, group=1, generation=1, seq=1) + b"x" * 8,
+            wait=1.0))
+        wport = int(c.worker_specs["node-a"]["http"].rsplit(":", 1)[1])
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % wport, timeout=10) as f:
+            text = f.read().decode()
+        self.assertIn("devcoord_group_link_refused_total %d" % len(hostile), text)
+        self.assertTrue(c.workers["node-a"].running())
+        # The worker still serves a group across workers, its bytes over the data link.
+        devs = "node-a/cuda:0,node-b/cuda:0"
+        rs = [finish(p) for p in
+              [ctl_popen(c, "collective", "all-reduce", "--devices", devs, "--self", d,
+                         "--dtype", "f32", "--values", "1.5,2", "--reduce", "sum")
+               for d in devs.split(",")]]
+        self.assertEqual([r.out.get("values") for r in rs], [[3.0, 4.0], [3.0, 4.0]], rs)
 
 
 THREADS = os.environ.get("DEVCOORD_GROUP_THREADS") or os.path.join(

@@ -7,6 +7,7 @@ openssl CA with a certificate for 127.0.0.1 and a client certificate, and an unr
     cd tests/integration && python3 -m unittest -v test_security
 """
 
+from concurrent.futures import ThreadPoolExecutor
 import json
 import os
 import re
@@ -770,11 +771,30 @@ class TlsChecks(CtlChecks):
             self.assertEqual(got["values"], [9, 12], dev)
 
 
+    def group_all_reduce_works(self):
+        """Three ranks of a group on both workers: their bytes cross between the workers on
+        the data link, on tls+tcp:// like the RPC address (issue 17)."""
+        c = self.cluster
+        values = {"node-a/cuda:0": "1,2", "node-a/cuda:1": "3,4", "node-b/cuda:0": "5,6"}
+        with ThreadPoolExecutor(len(values)) as ex:
+            runs = [ex.submit(c.ctl, "collective", "all-reduce", "--devices", ALL_REDUCE_DEVICES,
+                              "--self", dev, "--dtype", "i32", "--values", v, "--reduce", "sum",
+                              auth="trainer", timeout=60)
+                    for dev, v in values.items()]
+            for r in runs:
+                self.assertEqual(self.assert_ok(r.result())["values"], [9, 12])
+        for name in ("node-a", "node-b"):
+            self.assertIn("data link listening on tls+tcp://", c.worker(name).log_text())
+
+
 class TlsTest(TlsChecks, SecureTestCase):
     """Coordinator and workers on tls+tcp:// with tokens on (as the compose deployment)."""
 
     def setUp(self):
         self.cluster = start_auth_cluster(self, tls=True)
+
+    def test_group_all_reduce_over_the_tls_data_link(self):
+        self.group_all_reduce_works()
 
     def test_registration_all_reduce_and_tensors_over_tls(self):
         c = self.cluster
@@ -859,7 +879,13 @@ class TlsHandshakeTest(TlsChecks, SecureTestCase):
     def test_stalled_handshakes_are_closed(self):
         c = self.cluster
         stalls = []
-        for port in (c.port, c.worker_port("node-a")):
+        # The worker's data link (issue 17) listens on tls+tcp:// too, on a port of its own,
+        # opened by the first group.
+        self.group_all_reduce_works()
+        m = re.search(r"data link listening on \S+ \(advertised as tls\+tcp://[^:]+:(\d+)\)",
+                      c.worker("node-a").log_text())
+        self.assertIsNotNone(m, "no data link in the worker's log")
+        for port in (c.port, c.worker_port("node-a"), int(m.group(1))):
             for first in (b"", bytes.fromhex("1603010200010001fc0303")):  # half a ClientHello
                 s = socket.create_connection((harness.HOST, port), timeout=5)
                 if first:
@@ -883,6 +909,7 @@ class TlsHandshakeTest(TlsChecks, SecureTestCase):
             self.assertEqual(got, b"", "the daemon answered a stalled handshake")
         for d in (c.coordinator, c.worker("node-a")):
             self.assertIn("did not finish its TLS handshake", d.log_text())
+        self.assertIn("data link: refused a connection", c.worker("node-a").log_text())
         self.assert_still_serving("stalled handshakes")
         self.all_reduce_works()
 
@@ -893,6 +920,9 @@ class ClientCertTest(TlsChecks, SecureTestCase):
 
     def setUp(self):
         self.cluster = start_auth_cluster(self, tls=True, require_client_cert=True)
+
+    def test_group_all_reduce_over_the_tls_data_link(self):
+        self.group_all_reduce_works()
 
     def test_client_certificates(self):
         c = self.cluster

@@ -1,0 +1,611 @@
+/* The data link between workers: framing, the data port and its connections (see datalink.h).
+ * Every connection has a thread of its own that blocks on nng_aio_wait, never an nng callback. */
+#include "datalink.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nng/supplemental/util/platform.h>
+
+#include "auth.h"
+#include "log.h"
+
+/* ---- framing ----------------------------------------------------------------------------- */
+
+static void
+put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static void
+put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) {
+        p[i] = (uint8_t)(v >> (8 * i));
+    }
+}
+
+static void
+put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) {
+        p[i] = (uint8_t)(v >> (8 * i));
+    }
+}
+
+static uint16_t
+get16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static uint32_t
+get32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--) {
+        v = (v << 8) | p[i];
+    }
+    return v;
+}
+
+static uint64_t
+get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) {
+        v = (v << 8) | p[i];
+    }
+    return v;
+}
+
+void
+dlink_hdr_encode(const struct dlink_hdr *h, uint8_t out[DLINK_HDR_SIZE])
+{
+    put32(out, DLINK_MAGIC);
+    out[4] = DLINK_VERSION;
+    out[5] = h->kind;
+    put16(out + 6, h->flags);
+    put32(out + 8, h->from);
+    put32(out + 12, h->length);
+    put64(out + 16, h->group);
+    put64(out + 24, h->generation);
+    put64(out + 32, h->seq);
+    put64(out + 40, h->offset);
+    put64(out + 48, h->total);
+}
+
+dc_code
+dlink_hdr_decode(const uint8_t in[DLINK_HDR_SIZE], uint64_t max_frame, struct dlink_hdr *h,
+                 dc_status *st)
+{
+    if (get32(in) != DLINK_MAGIC) {
+        return status_set(st, DC_INVALID_ARGUMENT, "data link: not a devcoord frame (magic %08x)",
+                          get32(in));
+    }
+    if (in[4] != DLINK_VERSION) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "data link: frame version %u, this worker speaks %u", in[4],
+                          DLINK_VERSION);
+    }
+    h->kind       = in[5];
+    h->flags      = get16(in + 6);
+    h->from       = get32(in + 8);
+    h->length     = get32(in + 12);
+    h->group      = get64(in + 16);
+    h->generation = get64(in + 24);
+    h->seq        = get64(in + 32);
+    h->offset     = get64(in + 40);
+    h->total      = get64(in + 48);
+    if (h->kind != DLINK_HELLO && h->kind != DLINK_DATA) {
+        return status_set(st, DC_INVALID_ARGUMENT, "data link: unknown frame kind %u", h->kind);
+    }
+    if (h->length > max_frame || h->total > max_frame) {
+        return status_set(st, DC_OUT_OF_RANGE,
+                          "data link: frame of %u bytes (part of %llu) is larger than "
+                          "limits.max_message_bytes %llu",
+                          h->length, (unsigned long long)h->total, (unsigned long long)max_frame);
+    }
+    if (h->kind == DLINK_DATA && (h->offset > h->total || h->length > h->total - h->offset)) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "data link: frame bytes %llu+%u outside its part of %llu",
+                          (unsigned long long)h->offset, h->length, (unsigned long long)h->total);
+    }
+    if (h->kind == DLINK_HELLO &&
+        (h->length < DLINK_SECRET_SIZE || h->length > DLINK_SECRET_SIZE + DLINK_ADDRESS_MAX)) {
+        return status_set(st, DC_INVALID_ARGUMENT, "data link: HELLO of %u bytes", h->length);
+    }
+    return DC_OK;
+}
+
+uint64_t
+dlink_group_hash(const char *id)
+{
+    uint64_t h = 1469598103934665603ull;
+
+    for (const unsigned char *p = (const unsigned char *)id; *p != '\0'; p++) {
+        h = (h ^ *p) * 1099511628211ull;
+    }
+    return h;
+}
+
+/* ---- moving bytes ------------------------------------------------------------------------ */
+
+/* Receives exactly the bytes of iov[0..n) (advanced in place). nng's error or 0. */
+static int
+stream_recv_all(nng_stream *s, nng_aio *aio, nng_iov *iov, unsigned n, nng_duration timeout)
+{
+    while (n > 0) {
+        size_t got;
+        int rv;
+        nng_aio_set_timeout(aio, timeout);
+        if ((rv = nng_aio_set_iov(aio, n, iov)) != 0) {
+            return rv;
+        }
+        nng_stream_recv(s, aio);
+        nng_aio_wait(aio);
+        if ((rv = nng_aio_result(aio)) != 0) {
+            return rv;
+        }
+        if ((got = nng_aio_count(aio)) == 0) {
+            return NNG_ECLOSED;
+        }
+        while (n > 0 && got >= iov[0].iov_len) {
+            got -= iov[0].iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov[0].iov_buf = (uint8_t *)iov[0].iov_buf + got;
+            iov[0].iov_len -= got;
+        }
+    }
+    return 0;
+}
+
+static int
+stream_send_all(nng_stream *s, nng_aio *aio, nng_iov *iov, unsigned n, nng_duration timeout)
+{
+    while (n > 0) {
+        size_t put;
+        int rv;
+        nng_aio_set_timeout(aio, timeout);
+        if ((rv = nng_aio_set_iov(aio, n, iov)) != 0) {
+            return rv;
+        }
+        nng_stream_send(s, aio);
+        nng_aio_wait(aio);
+        if ((rv = nng_aio_result(aio)) != 0) {
+            return rv;
+        }
+        put = nng_aio_count(aio);
+        while (n > 0 && put >= iov[0].iov_len) {
+            put -= iov[0].iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov[0].iov_buf = (uint8_t *)iov[0].iov_buf + put;
+            iov[0].iov_len -= put;
+        }
+    }
+    return 0;
+}
+
+/* ---- the data port ----------------------------------------------------------------------- */
+
+struct dlink_conn {
+    struct dlink_server *srv;
+    nng_stream *stream;
+    nng_aio *aio;
+    pthread_t thread;
+    bool started;
+    atomic_bool done;
+    char peer[DLINK_ADDRESS_MAX + 1];
+    struct dlink_conn *next;
+};
+
+struct dlink_server {
+    nng_stream_listener *listener;
+    nng_aio *accept_aio;
+    pthread_t accept_thread;
+    bool accept_started;
+    uint64_t max_frame;
+    uint32_t handshake_ms;
+    struct dlink_events ev;
+    uint8_t secret[DLINK_SECRET_SIZE];
+    int port;
+    pthread_mutex_t mtx;
+    bool stopping;
+    struct dlink_conn *conns;
+    size_t n_conns;
+    atomic_uint_fast64_t refused;
+};
+
+static void
+conn_refuse(struct dlink_conn *c, const char *why)
+{
+    atomic_fetch_add(&c->srv->refused, 1);
+    log_warn("data link: refused a connection%s%s: %s", c->peer[0] ? " from " : "", c->peer, why);
+}
+
+/* HELLO: the secret, then the sender's RPC address. */
+static bool
+conn_hello(struct dlink_conn *c, uint8_t *chunk)
+{
+    struct dlink_server *s = c->srv;
+    uint8_t raw[DLINK_HDR_SIZE];
+    nng_iov iov = { raw, sizeof(raw) };
+    struct dlink_hdr h;
+    dc_status st;
+    int rv;
+
+    status_clear(&st);
+    if ((rv = stream_recv_all(c->stream, c->aio, &iov, 1, (nng_duration)s->handshake_ms)) != 0) {
+        conn_refuse(c, rv == NNG_ETIMEDOUT ? "no HELLO in time" : nng_strerror(rv));
+        return false;
+    }
+    if (dlink_hdr_decode(raw, s->max_frame, &h, &st) != DC_OK || h.kind != DLINK_HELLO) {
+        conn_refuse(c, st.code != DC_OK ? st.message : "first frame is not HELLO");
+        return false;
+    }
+    iov = (nng_iov){ chunk, h.length };
+    if ((rv = stream_recv_all(c->stream, c->aio, &iov, 1, (nng_duration)s->handshake_ms)) != 0) {
+        conn_refuse(c, "HELLO cut short");
+        return false;
+    }
+    if (!auth_equal(chunk, DLINK_SECRET_SIZE, s->secret, DLINK_SECRET_SIZE)) {
+        conn_refuse(c, "wrong secret in HELLO");
+        return false;
+    }
+    snprintf(c->peer, sizeof(c->peer), "%.*s", (int)(h.length - DLINK_SECRET_SIZE),
+             (const char *)chunk + DLINK_SECRET_SIZE);
+    return true;
+}
+
+static void *
+conn_main(void *arg)
+{
+    struct dlink_conn *c   = arg;
+    struct dlink_server *s = c->srv;
+    uint8_t *chunk         = malloc(DLINK_CHUNK);
+    bool authed            = false;
+    dc_status why;
+
+    status_clear(&why);
+    if (chunk == NULL || !(authed = conn_hello(c, chunk))) {
+        goto out;
+    }
+    for (;;) {
+        uint8_t raw[DLINK_HDR_SIZE];
+        nng_iov iov = { raw, sizeof(raw) };
+        struct dlink_hdr h;
+        uint8_t *dst = NULL;
+        void *pin    = NULL;
+        int rv;
+
+        if ((rv = stream_recv_all(c->stream, c->aio, &iov, 1, NNG_DURATION_INFINITE)) != 0) {
+            status_set(&why, DC_UNAVAILABLE, "its data connection dropped (%s)", nng_strerror(rv));
+            break;
+        }
+        if (dlink_hdr_decode(raw, s->max_frame, &h, &why) != DC_OK || h.kind != DLINK_DATA) {
+            if (why.code == DC_OK) {
+                status_set(&why, DC_INVALID_ARGUMENT, "data link: a second HELLO");
+            }
+            conn_refuse(c, why.message);
+            break;
+        }
+        s->ev.frame_begin(s->ev.arg, c->peer, &h, &dst, &pin);
+        if (dst != NULL) {
+            iov = (nng_iov){ dst, h.length };
+            rv  = stream_recv_all(c->stream, c->aio, &iov, 1, NNG_DURATION_INFINITE);
+        } else {
+            /* Nobody wants it: read it through the chunk buffer. */
+            for (size_t left = h.length; left > 0 && rv == 0;) {
+                size_t n = left < DLINK_CHUNK ? left : DLINK_CHUNK;
+                iov      = (nng_iov){ chunk, n };
+                rv       = stream_recv_all(c->stream, c->aio, &iov, 1, NNG_DURATION_INFINITE);
+                left -= n;
+            }
+        }
+        s->ev.frame_end(s->ev.arg, c->peer, &h, pin, rv == 0);
+        if (rv != 0) {
+            status_set(&why, DC_UNAVAILABLE, "its data connection dropped mid-frame (%s)",
+                       nng_strerror(rv));
+            break;
+        }
+    }
+out:
+    free(chunk);
+    pthread_mutex_lock(&s->mtx);
+    authed = authed && !s->stopping;
+    pthread_mutex_unlock(&s->mtx);
+    if (authed && why.code != DC_OK) {
+        s->ev.peer_lost(s->ev.arg, c->peer, &why);
+    }
+    nng_stream_close(c->stream);
+    atomic_store(&c->done, true);
+    return NULL;
+}
+
+static void
+conn_free(struct dlink_conn *c)
+{
+    if (c->started) {
+        pthread_join(c->thread, NULL);
+    }
+    nng_stream_free(c->stream);
+    nng_aio_free(c->aio);
+    free(c);
+}
+
+/* Joins the connections whose thread ended. mtx held. */
+static void
+server_reap_locked(struct dlink_server *s)
+{
+    for (struct dlink_conn **pp = &s->conns; *pp != NULL;) {
+        struct dlink_conn *c = *pp;
+        if (atomic_load(&c->done)) {
+            *pp = c->next;
+            s->n_conns--;
+            conn_free(c);
+        } else {
+            pp = &c->next;
+        }
+    }
+}
+
+static void *
+accept_main(void *arg)
+{
+    struct dlink_server *s = arg;
+
+    for (;;) {
+        struct dlink_conn *c;
+        nng_stream *stream;
+        int rv;
+
+        nng_stream_listener_accept(s->listener, s->accept_aio);
+        nng_aio_wait(s->accept_aio);
+        if ((rv = nng_aio_result(s->accept_aio)) != 0) {
+            if (rv == NNG_ECLOSED || rv == NNG_ECANCELED) {
+                return NULL;
+            }
+            nng_msleep(10);
+            continue;
+        }
+        stream = nng_aio_get_output(s->accept_aio, 0);
+        pthread_mutex_lock(&s->mtx);
+        server_reap_locked(s);
+        if (s->stopping || s->n_conns >= DLINK_MAX_CONNS || (c = calloc(1, sizeof(*c))) == NULL) {
+            if (!s->stopping) {
+                atomic_fetch_add(&s->refused, 1);
+                log_warn("data link: refused a connection: %zu open already", s->n_conns);
+            }
+            pthread_mutex_unlock(&s->mtx);
+            nng_stream_close(stream);
+            nng_stream_free(stream);
+            continue;
+        }
+        c->srv    = s;
+        c->stream = stream;
+        if (nng_aio_alloc(&c->aio, NULL, NULL) != 0 ||
+            pthread_create(&c->thread, NULL, conn_main, c) != 0) {
+            pthread_mutex_unlock(&s->mtx);
+            nng_stream_close(stream);
+            nng_stream_free(stream);
+            nng_aio_free(c->aio);
+            free(c);
+            continue;
+        }
+        c->started = true;
+        c->next    = s->conns;
+        s->conns   = c;
+        s->n_conns++;
+        pthread_mutex_unlock(&s->mtx);
+    }
+}
+
+dc_code
+dlink_server_start(const char *url, nng_tls_config *tls, uint64_t max_frame, uint32_t handshake_ms,
+                   const struct dlink_events *ev, struct dlink_server **out, dc_status *st)
+{
+    struct dlink_server *s = calloc(1, sizeof(*s));
+    dc_code code           = DC_OK;
+    int rv;
+
+    *out = NULL;
+    if (s == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    s->max_frame    = max_frame;
+    s->handshake_ms = handshake_ms;
+    s->ev           = *ev;
+    pthread_mutex_init(&s->mtx, NULL);
+    if ((code = auth_random_bytes(s->secret, sizeof(s->secret), st)) != DC_OK) {
+        goto fail;
+    }
+    if ((rv = nng_stream_listener_alloc(&s->listener, url)) != 0 ||
+        (tls != NULL &&
+         (rv = nng_stream_listener_set_ptr(s->listener, NNG_OPT_TLS_CONFIG, tls)) != 0) ||
+        (rv = nng_stream_listener_listen(s->listener)) != 0 ||
+        (rv = nng_stream_listener_get_int(s->listener, NNG_OPT_TCP_BOUND_PORT, &s->port)) != 0 ||
+        (rv = nng_aio_alloc(&s->accept_aio, NULL, NULL)) != 0) {
+        code = status_set(st, DC_UNAVAILABLE, "cannot listen for the data link on %s: %s", url,
+                          nng_strerror(rv));
+        goto fail;
+    }
+    if (pthread_create(&s->accept_thread, NULL, accept_main, s) != 0) {
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "cannot start the data link's thread");
+        goto fail;
+    }
+    s->accept_started = true;
+    *out              = s;
+    return DC_OK;
+fail:
+    dlink_server_free(s);
+    return code;
+}
+
+int
+dlink_server_port(const struct dlink_server *s)
+{
+    return s->port;
+}
+
+const uint8_t *
+dlink_server_secret(const struct dlink_server *s)
+{
+    return s->secret;
+}
+
+uint64_t
+dlink_server_refused(struct dlink_server *s)
+{
+    return atomic_load(&s->refused);
+}
+
+void
+dlink_server_free(struct dlink_server *s)
+{
+    if (s == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&s->mtx);
+    s->stopping = true;
+    pthread_mutex_unlock(&s->mtx);
+    if (s->listener != NULL) {
+        nng_stream_listener_close(s->listener);
+    }
+    if (s->accept_aio != NULL) {
+        nng_aio_stop(s->accept_aio);
+    }
+    if (s->accept_started) {
+        pthread_join(s->accept_thread, NULL);
+    }
+    /* The accept thread is gone: the list is ours. Closing a stream ends its thread's wait. */
+    for (struct dlink_conn *c = s->conns; c != NULL; c = c->next) {
+        nng_stream_close(c->stream);
+    }
+    while (s->conns != NULL) {
+        struct dlink_conn *c = s->conns;
+        s->conns             = c->next;
+        conn_free(c);
+    }
+    nng_aio_free(s->accept_aio);
+    nng_stream_listener_free(s->listener);
+    pthread_mutex_destroy(&s->mtx);
+    free(s);
+}
+
+/* ---- the sending side -------------------------------------------------------------------- */
+
+struct dlink_out {
+    nng_stream *stream;
+    nng_aio *aio;
+};
+
+dc_code
+dlink_dial(const char *url, nng_tls_config *tls, const uint8_t *secret, const char *self,
+           uint32_t timeout_ms, struct dlink_out **out, dc_status *st)
+{
+    struct dlink_out *o  = calloc(1, sizeof(*o));
+    nng_stream_dialer *d = NULL;
+    size_t self_len      = strnlen(self, DLINK_ADDRESS_MAX);
+    uint8_t hello[DLINK_SECRET_SIZE + DLINK_ADDRESS_MAX];
+    uint8_t raw[DLINK_HDR_SIZE];
+    struct dlink_hdr h = { .kind = DLINK_HELLO };
+    nng_iov iov[2];
+    int rv;
+
+    *out = NULL;
+    if (o == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    if ((rv = nng_aio_alloc(&o->aio, NULL, NULL)) != 0 ||
+        (rv = nng_stream_dialer_alloc(&d, url)) != 0 ||
+        (tls != NULL && (rv = nng_stream_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, tls)) != 0)) {
+        goto fail;
+    }
+    nng_aio_set_timeout(o->aio, (nng_duration)timeout_ms);
+    nng_stream_dialer_dial(d, o->aio);
+    nng_aio_wait(o->aio);
+    if ((rv = nng_aio_result(o->aio)) != 0) {
+        goto fail;
+    }
+    o->stream = nng_aio_get_output(o->aio, 0);
+    nng_stream_dialer_free(d);
+    d = NULL;
+    memcpy(hello, secret, DLINK_SECRET_SIZE);
+    memcpy(hello + DLINK_SECRET_SIZE, self, self_len);
+    h.length = (uint32_t)(DLINK_SECRET_SIZE + self_len);
+    dlink_hdr_encode(&h, raw);
+    iov[0] = (nng_iov){ raw, sizeof(raw) };
+    iov[1] = (nng_iov){ hello, h.length };
+    if ((rv = stream_send_all(o->stream, o->aio, iov, 2, (nng_duration)timeout_ms)) != 0) {
+        goto fail;
+    }
+    *out = o;
+    return DC_OK;
+fail:
+    nng_stream_dialer_free(d);
+    dlink_out_close(o);
+    return status_set(st, DC_UNAVAILABLE, "cannot open the data link to %s: %s", url,
+                      nng_strerror(rv));
+}
+
+dc_code
+dlink_send(struct dlink_out *o, const struct dlink_hdr *h, const uint8_t *data, size_t len,
+           dc_status *st)
+{
+    struct dlink_hdr f = *h;
+    size_t done        = 0;
+
+    f.kind = DLINK_DATA;
+    do {
+        uint8_t raw[DLINK_HDR_SIZE];
+        size_t n = len - done < DLINK_CHUNK ? len - done : DLINK_CHUNK;
+        nng_iov iov[2];
+        int rv;
+
+        f.length = (uint32_t)n;
+        f.offset = h->offset + done;
+        dlink_hdr_encode(&f, raw);
+        iov[0] = (nng_iov){ raw, sizeof(raw) };
+        iov[1] = (nng_iov){ (void *)(data + done), n };
+        if ((rv = stream_send_all(o->stream, o->aio, iov, n > 0 ? 2 : 1, NNG_DURATION_INFINITE)) !=
+            0) {
+            return status_set(st, DC_UNAVAILABLE, "its data connection failed (%s)",
+                              nng_strerror(rv));
+        }
+        done += n;
+    } while (done < len);
+    return DC_OK;
+}
+
+void
+dlink_out_abort(struct dlink_out *o)
+{
+    if (o != NULL && o->stream != NULL) {
+        nng_stream_close(o->stream);
+    }
+}
+
+void
+dlink_out_close(struct dlink_out *o)
+{
+    if (o == NULL) {
+        return;
+    }
+    if (o->stream != NULL) {
+        nng_stream_close(o->stream);
+        nng_stream_free(o->stream);
+    }
+    nng_aio_free(o->aio);
+    free(o);
+}

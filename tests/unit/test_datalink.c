@@ -1,0 +1,341 @@
+/* The data link (server/worker/datalink.c): frame headers from the wire, then a real data port
+ * on 127.0.0.1 with a HELLO, a part landing in the memory named for it, and hostile peers. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nng/nng.h>
+#include <nng/supplemental/util/platform.h>
+
+#include "datalink.h"
+
+#define MAX_FRAME (4u << 20)
+
+static struct dlink_hdr
+data_hdr(uint64_t offset, uint32_t length, uint64_t total)
+{
+    return (struct dlink_hdr){ .kind       = DLINK_DATA,
+                               .from       = 1,
+                               .length     = length,
+                               .group      = dlink_group_hash("00000000000000ab"),
+                               .generation = 3,
+                               .seq        = 7,
+                               .offset     = offset,
+                               .total      = total };
+}
+
+static void
+test_header_round_trip(void **state)
+{
+    struct dlink_hdr h = data_hdr(4096, 1024, 8192), back;
+    uint8_t raw[DLINK_HDR_SIZE];
+    dc_status st;
+
+    (void)state;
+    h.flags = 7;
+    dlink_hdr_encode(&h, raw);
+    assert_int_equal(raw[0], 'D');
+    assert_int_equal(raw[3], 'L');
+    assert_int_equal(dlink_hdr_decode(raw, MAX_FRAME, &back, &st), DC_OK);
+    assert_int_equal(back.kind, h.kind);
+    assert_int_equal(back.flags, h.flags);
+    assert_int_equal(back.from, h.from);
+    assert_int_equal(back.length, h.length);
+    assert_true(back.group == h.group && back.generation == h.generation && back.seq == h.seq);
+    assert_true(back.offset == h.offset && back.total == h.total);
+}
+
+static void
+test_header_refusals(void **state)
+{
+    struct dlink_hdr h, back;
+    uint8_t raw[DLINK_HDR_SIZE];
+    dc_status st;
+
+    (void)state;
+    /* Garbage: not our magic. */
+    memset(raw, 0xA5, sizeof(raw));
+    assert_int_equal(dlink_hdr_decode(raw, MAX_FRAME, &back, &st), DC_INVALID_ARGUMENT);
+    assert_non_null(strstr(st.message, "magic"));
+    /* Wrong version. */
+    h = data_hdr(0, 16, 16);
+    dlink_hdr_encode(&h, raw);
+    raw[4] = DLINK_VERSION + 1;
+    assert_int_equal(dlink_hdr_decode(raw, MAX_FRAME, &back, &st), DC_INVALID_ARGUMENT);
+    assert_non_null(strstr(st.message, "version"));
+    /* Unknown kind. */
+    h.kind = 9;
+    dlink_hdr_encode(&h, raw);
+    assert_int_equal(dlink_hdr_decode(raw, MAX_FRAME, &back, &st), DC_INVALID_ARGUMENT);
+    assert_non_null(strstr(st.message, "kind"));
+    /* A huge announced length or part: refused before anything is allocated. */
+    h = data_hdr(0, UINT32_MAX, UINT64_MAX);
+    dlink_hdr_encode(&h, raw);
+    assert_int_equal(dlink_hdr_decode(raw, MAX_FRAME, &back, &st), DC_OUT_OF_RANGE);
+    assert_non_null(strstr(st.message, "limits.max_message_bytes"));
+    h = data_hdr(0, 16, MAX_FRAME + 1ull);
+    dlink_hdr_encode(&h, raw);
+    assert_int_equal(dlink_hdr_decode(raw, MAX_FRAME, &back, &st), DC_OUT_OF_RANGE);
+    /* Bytes outside the part, including an offset that would wrap. */
+    h = data_hdr(8, 16, 16);
+    dlink_hdr_encode(&h, raw);
+    assert_int_equal(dlink_hdr_decode(raw, MAX_FRAME, &back, &st), DC_INVALID_ARGUMENT);
+    h = data_hdr(UINT64_MAX - 4, 16, 16);
+    dlink_hdr_encode(&h, raw);
+    assert_int_equal(dlink_hdr_decode(raw, MAX_FRAME, &back, &st), DC_INVALID_ARGUMENT);
+    /* HELLO too short for the secret, or too long for an address. */
+    h = (struct dlink_hdr){ .kind = DLINK_HELLO, .length = DLINK_SECRET_SIZE - 1 };
+    dlink_hdr_encode(&h, raw);
+    assert_int_equal(dlink_hdr_decode(raw, MAX_FRAME, &back, &st), DC_INVALID_ARGUMENT);
+    h.length = DLINK_SECRET_SIZE + DLINK_ADDRESS_MAX + 1;
+    dlink_hdr_encode(&h, raw);
+    assert_int_equal(dlink_hdr_decode(raw, MAX_FRAME, &back, &st), DC_INVALID_ARGUMENT);
+}
+
+/* ---- a real data port ------------------------------------------------------------------ */
+
+struct sink {
+    pthread_mutex_t mtx;
+    uint8_t *dst;
+    size_t bytes, received;
+    int begins, ends, lost;
+    char peer[DLINK_ADDRESS_MAX + 1];
+};
+
+static void
+sink_begin(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t **dst, void **pin)
+{
+    struct sink *s = arg;
+
+    pthread_mutex_lock(&s->mtx);
+    s->begins++;
+    snprintf(s->peer, sizeof(s->peer), "%s", peer);
+    if (s->dst != NULL && h->total == s->bytes) {
+        *dst = s->dst + h->offset;
+        *pin = s;
+    }
+    pthread_mutex_unlock(&s->mtx);
+}
+
+static void
+sink_end(void *arg, const char *peer, const struct dlink_hdr *h, void *pin, bool ok)
+{
+    struct sink *s = arg;
+
+    (void)peer;
+    pthread_mutex_lock(&s->mtx);
+    s->ends++;
+    if (ok && pin != NULL) {
+        s->received += h->length;
+    }
+    pthread_mutex_unlock(&s->mtx);
+}
+
+static void
+sink_lost(void *arg, const char *peer, const dc_status *why)
+{
+    struct sink *s = arg;
+
+    (void)peer;
+    (void)why;
+    pthread_mutex_lock(&s->mtx);
+    s->lost++;
+    pthread_mutex_unlock(&s->mtx);
+}
+
+static int
+sink_get(struct sink *s, const int *field)
+{
+    int v;
+    pthread_mutex_lock(&s->mtx);
+    v = *field;
+    pthread_mutex_unlock(&s->mtx);
+    return v;
+}
+
+static struct dlink_server *
+start(struct sink *s, char *url, size_t cap)
+{
+    struct dlink_events ev = { s, sink_begin, sink_end, sink_lost };
+    struct dlink_server *srv;
+    dc_status st;
+
+    assert_int_equal(dlink_server_start("tcp://127.0.0.1:0", NULL, MAX_FRAME, 300, &ev, &srv, &st),
+                     DC_OK);
+    snprintf(url, cap, "tcp://127.0.0.1:%d", dlink_server_port(srv));
+    return srv;
+}
+
+/* Waits (bounded) for the server to refuse `want` connections in all. */
+static void
+wait_refused(struct dlink_server *srv, uint64_t want)
+{
+    for (int i = 0; i < 300 && dlink_server_refused(srv) < want; i++) {
+        nng_msleep(10);
+    }
+    assert_int_equal(dlink_server_refused(srv), want);
+}
+
+/* A raw TCP client: sends bytes, then reports whether the server closed the connection. */
+static bool
+raw_send_then_closed(const char *url, const void *bytes, size_t len)
+{
+    nng_stream_dialer *d;
+    nng_stream *s;
+    nng_aio *aio;
+    nng_iov iov;
+    uint8_t buf[16];
+    bool closed;
+
+    assert_int_equal(nng_aio_alloc(&aio, NULL, NULL), 0);
+    assert_int_equal(nng_stream_dialer_alloc(&d, url), 0);
+    nng_stream_dialer_dial(d, aio);
+    nng_aio_wait(aio);
+    assert_int_equal(nng_aio_result(aio), 0);
+    s = nng_aio_get_output(aio, 0);
+    if (len > 0) {
+        iov = (nng_iov){ (void *)bytes, len };
+        nng_aio_set_iov(aio, 1, &iov);
+        nng_stream_send(s, aio);
+        nng_aio_wait(aio);
+    }
+    iov = (nng_iov){ buf, sizeof(buf) };
+    nng_aio_set_iov(aio, 1, &iov);
+    nng_aio_set_timeout(aio, 3000);
+    nng_stream_recv(s, aio);
+    nng_aio_wait(aio);
+    closed = nng_aio_result(aio) != NNG_ETIMEDOUT;
+    nng_stream_close(s);
+    nng_stream_free(s);
+    nng_stream_dialer_free(d);
+    nng_aio_free(aio);
+    return closed;
+}
+
+static void
+test_a_part_lands_where_the_receiver_says(void **state)
+{
+    struct sink s = { .bytes = 3u << 20 };
+    size_t n      = s.bytes;
+    uint8_t *src  = malloc(n);
+    struct dlink_server *srv;
+    struct dlink_out *o;
+    struct dlink_hdr h = data_hdr(0, 0, n);
+    char url[64];
+    dc_status st;
+
+    (void)state;
+    pthread_mutex_init(&s.mtx, NULL);
+    assert_non_null(src);
+    assert_non_null(s.dst = calloc(1, n));
+    for (size_t i = 0; i < n; i++) {
+        src[i] = (uint8_t)(i * 7 + 1);
+    }
+    srv = start(&s, url, sizeof(url));
+    assert_int_equal(
+        dlink_dial(url, NULL, dlink_server_secret(srv), "tcp://127.0.0.1:9", 2000, &o, &st), DC_OK);
+    assert_int_equal(dlink_send(o, &h, src, n, &st), DC_OK);
+    for (int i = 0; i < 300 && sink_get(&s, &s.ends) < (int)(n / DLINK_CHUNK); i++) {
+        nng_msleep(10);
+    }
+    pthread_mutex_lock(&s.mtx);
+    assert_int_equal(s.received, n);
+    assert_int_equal(s.begins, (int)((n + DLINK_CHUNK - 1) / DLINK_CHUNK));
+    assert_string_equal(s.peer, "tcp://127.0.0.1:9");
+    pthread_mutex_unlock(&s.mtx);
+    assert_memory_equal(s.dst, src, n);
+    /* The sender going away is a lost peer. */
+    dlink_out_close(o);
+    for (int i = 0; i < 300 && sink_get(&s, &s.lost) == 0; i++) {
+        nng_msleep(10);
+    }
+    assert_int_equal(sink_get(&s, &s.lost), 1);
+    assert_int_equal(dlink_server_refused(srv), 0);
+    dlink_server_free(srv);
+    free(s.dst);
+    free(src);
+    pthread_mutex_destroy(&s.mtx);
+}
+
+static void
+test_hostile_peers_are_dropped_without_a_frame(void **state)
+{
+    struct sink s = { 0 };
+    struct dlink_server *srv;
+    struct dlink_out *o;
+    uint8_t wrong[DLINK_SECRET_SIZE] = { 0 };
+    uint8_t raw[DLINK_HDR_SIZE + DLINK_SECRET_SIZE];
+    struct dlink_hdr h;
+    char url[64], garbage[200];
+    dc_status st;
+
+    (void)state;
+    pthread_mutex_init(&s.mtx, NULL);
+    srv = start(&s, url, sizeof(url));
+    /* Garbage instead of a HELLO. */
+    memset(garbage, 'G', sizeof(garbage));
+    assert_true(raw_send_then_closed(url, garbage, sizeof(garbage)));
+    wait_refused(srv, 1);
+    /* A short frame, then silence: the HELLO's deadline closes it. */
+    assert_true(raw_send_then_closed(url, "DCDL", 4));
+    wait_refused(srv, 2);
+    /* Nothing at all. */
+    assert_true(raw_send_then_closed(url, NULL, 0));
+    wait_refused(srv, 3);
+    /* A HELLO with the wrong secret: the dial succeeds (it only sends), the server drops it. */
+    assert_int_equal(dlink_dial(url, NULL, wrong, "tcp://x:1", 2000, &o, &st), DC_OK);
+    wait_refused(srv, 4);
+    dlink_out_close(o);
+    /* A DATA frame first. */
+    h = data_hdr(0, 16, 16);
+    dlink_hdr_encode(&h, raw);
+    assert_true(raw_send_then_closed(url, raw, DLINK_HDR_SIZE));
+    wait_refused(srv, 5);
+    /* A good HELLO, then a frame announcing 4 GiB: dropped, never allocated. */
+    h = (struct dlink_hdr){ .kind = DLINK_HELLO, .length = DLINK_SECRET_SIZE };
+    dlink_hdr_encode(&h, raw);
+    memcpy(raw + DLINK_HDR_SIZE, dlink_server_secret(srv), DLINK_SECRET_SIZE);
+    {
+        uint8_t two[sizeof(raw) + DLINK_HDR_SIZE];
+        memcpy(two, raw, sizeof(raw));
+        h = data_hdr(0, UINT32_MAX, UINT32_MAX);
+        dlink_hdr_encode(&h, two + sizeof(raw));
+        assert_true(raw_send_then_closed(url, two, sizeof(two)));
+    }
+    wait_refused(srv, 6);
+    /* A good peer that announces what nobody wants: read and dropped, the link stays up. */
+    assert_int_equal(dlink_dial(url, NULL, dlink_server_secret(srv), "tcp://y:2", 2000, &o, &st),
+                     DC_OK);
+    h = data_hdr(0, 0, 64);
+    assert_int_equal(dlink_send(o, &h, (const uint8_t *)garbage, 64, &st), DC_OK);
+    assert_int_equal(dlink_send(o, &h, (const uint8_t *)garbage, 64, &st), DC_OK);
+    for (int i = 0; i < 300 && sink_get(&s, &s.ends) < 2; i++) {
+        nng_msleep(10);
+    }
+    assert_int_equal(sink_get(&s, &s.ends), 2);
+    /* Of the refused ones, only the peer that had shown the secret counts as a lost peer (its
+     * groups end): the one announcing 4 GiB. */
+    assert_int_equal(sink_get(&s, &s.lost), 1);
+    assert_int_equal(dlink_server_refused(srv), 6);
+    dlink_out_close(o);
+    dlink_server_free(srv); /* with a connection possibly still open: bounded, joins all */
+    pthread_mutex_destroy(&s.mtx);
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_header_round_trip),
+        cmocka_unit_test(test_header_refusals),
+        cmocka_unit_test(test_a_part_lands_where_the_receiver_says),
+        cmocka_unit_test(test_hostile_peers_are_dropped_without_a_frame),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
