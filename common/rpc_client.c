@@ -17,8 +17,7 @@
 struct rpc_slot {
     struct rpc_client *client;
     nng_ctx ctx;
-    nng_aio *aio;      /* rpc_call_async: completions on nng's callback thread */
-    nng_aio *sync_aio; /* rpc_call: no callback, the caller waits on it itself */
+    nng_aio *aio;
     bool receiving;
     uint64_t request_id;
     uint64_t deadline_ms;
@@ -165,12 +164,10 @@ rpc_client_close(struct rpc_client *c)
      * also fails calls still in flight (their callbacks run now, with NNG_ECANCELED). */
     for (size_t i = 0; i < c->n_slots; i++) {
         nng_aio_stop(c->slots[i]->aio);
-        nng_aio_stop(c->slots[i]->sync_aio);
     }
     nng_close(c->sock);
     for (size_t i = 0; i < c->n_slots; i++) {
         nng_aio_free(c->slots[i]->aio);
-        nng_aio_free(c->slots[i]->sync_aio);
         free(c->slots[i]);
     }
     free(c->slots);
@@ -207,8 +204,7 @@ rpc_slot_get(struct rpc_client *c)
         free(s);
         goto fail;
     }
-    if (nng_aio_alloc(&s->sync_aio, NULL, NULL) != 0 || nng_ctx_open(&s->ctx, c->sock) != 0) {
-        nng_aio_free(s->sync_aio);
+    if (nng_ctx_open(&s->ctx, c->sock) != 0) {
         nng_aio_free(s->aio);
         free(s);
         goto fail;
@@ -311,76 +307,67 @@ rpc_slot_finish(struct rpc_slot *s, dc_code code, const dc_status *st, struct rp
     rpc_slot_put(s);
 }
 
-/* The outcome of a call whose send (s->receiving false) or receive ended with rv on aio:
- * the reply decoded into r, or the failure in st. */
-static dc_code
-rpc_slot_result(struct rpc_slot *s, nng_aio *aio, int rv, struct rpc_reply *r, dc_status *st)
-{
-    struct rpc_client *c = s->client;
-    dc_code code         = DC_OK;
-
-    if (!s->receiving) {
-        nng_msg_free(nng_aio_get_msg(aio));
-        nng_aio_set_msg(aio, NULL);
-        /* The deadline passed while waiting for a connection (calls wait for one, as
-         * gRPC's wait-for-ready): a deadline, not a refusal. */
-        if (rv == NNG_ETIMEDOUT && !rpc_client_connected(c)) {
-            code = status_set(st, DC_DEADLINE_EXCEEDED,
-                              "cannot reach %s within %u ms: not connected", c->url, s->timeout_ms);
-        } else {
-            code = wire_nng_status(rv, c->url, st);
-        }
-        st->transport = true;
-        return code;
-    }
-    if (rv == NNG_ETIMEDOUT) {
-        code = status_set(st, DC_DEADLINE_EXCEEDED, "%s: no reply from %s within %u ms",
-                          s->method->name, c->url, s->timeout_ms);
-    } else if (rv == NNG_ECONNRESET || rv == NNG_ECONNSHUT || rv == NNG_ECLOSED) {
-        code = status_set(st, rv == NNG_ECLOSED ? DC_CANCELLED : DC_UNAVAILABLE,
-                          "%s: connection to %s lost", s->method->name, c->url);
-    } else if (rv != 0) {
-        code = wire_nng_status(rv, c->url, st);
-    }
-    if (rv != 0) {
-        st->transport = true;
-    } else {
-        nng_msg *msg = nng_aio_get_msg(aio);
-        nng_aio_set_msg(aio, NULL);
-        code = rpc_slot_decode(s, msg, r, st);
-    }
-    return code;
-}
-
 static void
 rpc_slot_cb(void *arg)
 {
-    struct rpc_slot *s = arg;
-    int rv             = nng_aio_result(s->aio);
-    struct rpc_reply r = { 0 };
+    struct rpc_slot *s   = arg;
+    struct rpc_client *c = s->client;
+    int rv               = nng_aio_result(s->aio);
+    struct rpc_reply r   = { 0 };
     dc_status st;
     dc_code code;
 
     status_clear(&st);
-    if (!s->receiving && rv == 0) {
+    if (!s->receiving) {
+        if (rv != 0) {
+            nng_msg_free(nng_aio_get_msg(s->aio));
+            nng_aio_set_msg(s->aio, NULL);
+            /* The deadline passed while waiting for a connection (calls wait for one, as
+             * gRPC's wait-for-ready): a deadline, not a refusal. */
+            if (rv == NNG_ETIMEDOUT && !rpc_client_connected(c)) {
+                code = status_set(&st, DC_DEADLINE_EXCEEDED,
+                                  "cannot reach %s within %u ms: not connected", c->url,
+                                  s->timeout_ms);
+            } else {
+                code = wire_nng_status(rv, c->url, &st);
+            }
+            st.transport = true;
+            rpc_slot_finish(s, code, &st, &r);
+            return;
+        }
         s->receiving = true;
         nng_aio_set_timeout(s->aio, rpc_slot_remaining(s));
         nng_ctx_recv(s->ctx, s->aio);
         return;
     }
-    code = rpc_slot_result(s, s->aio, rv, &r, &st);
+    if (rv == NNG_ETIMEDOUT) {
+        code = status_set(&st, DC_DEADLINE_EXCEEDED, "%s: no reply from %s within %u ms",
+                          s->method->name, c->url, s->timeout_ms);
+    } else if (rv == NNG_ECONNRESET || rv == NNG_ECONNSHUT || rv == NNG_ECLOSED) {
+        code = status_set(&st, rv == NNG_ECLOSED ? DC_CANCELLED : DC_UNAVAILABLE,
+                          "%s: connection to %s lost", s->method->name, c->url);
+    } else if (rv != 0) {
+        code = wire_nng_status(rv, c->url, &st);
+    }
+    if (rv != 0) {
+        st.transport = true;
+    } else {
+        nng_msg *msg = nng_aio_get_msg(s->aio);
+        nng_aio_set_msg(s->aio, NULL);
+        code = rpc_slot_decode(s, msg, &r, &st);
+    }
     rpc_slot_finish(s, code, &st, &r);
 }
 
-/* Packs the request and takes a slot for it, ready to send; *msg is the request. */
-static dc_code
-rpc_call_prepare(struct rpc_client *c, const ProtobufCServiceDescriptor *svc, unsigned method,
-                 const ProtobufCMessage *request, const void *attachment, size_t attachment_len,
-                 uint32_t timeout_ms, struct rpc_slot **slot, nng_msg **msg, dc_status *st)
+dc_code
+rpc_call_async(struct rpc_client *c, const ProtobufCServiceDescriptor *svc, unsigned method,
+               const ProtobufCMessage *request, const void *attachment, size_t attachment_len,
+               uint32_t timeout_ms, rpc_done_fn done, void *arg, dc_status *st)
 {
     Devcoord__V1__RequestHeader hdr = DEVCOORD__V1__REQUEST_HEADER__INIT;
     char path[160];
     struct rpc_slot *s;
+    nng_msg *msg;
     int rv;
 
     if (method >= svc->n_methods) {
@@ -391,7 +378,7 @@ rpc_call_prepare(struct rpc_client *c, const ProtobufCServiceDescriptor *svc, un
     hdr.method     = path;
     hdr.timeout_ms = timeout_ms;
     hdr.token      = c->token != NULL ? c->token : "";
-    if ((rv = wire_pack(msg, &hdr.base, request, attachment, attachment_len,
+    if ((rv = wire_pack(&msg, &hdr.base, request, attachment, attachment_len,
                         c->max_message + RPC_FRAME_OVERHEAD)) != 0) {
         if (rv == NNG_EMSGSIZE) {
             return status_set(st, DC_RESOURCE_EXHAUSTED,
@@ -401,7 +388,7 @@ rpc_call_prepare(struct rpc_client *c, const ProtobufCServiceDescriptor *svc, un
         return wire_nng_status(rv, "packing a request", st);
     }
     if ((s = rpc_slot_get(c)) == NULL) {
-        nng_msg_free(*msg);
+        nng_msg_free(msg);
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory starting a call");
     }
     s->receiving   = false;
@@ -409,29 +396,37 @@ rpc_call_prepare(struct rpc_client *c, const ProtobufCServiceDescriptor *svc, un
     s->timeout_ms  = timeout_ms;
     s->deadline_ms = timeout_ms ? rpc_now_ms() + timeout_ms : 0;
     s->method      = &svc->methods[method];
-    *slot          = s;
-    return DC_OK;
-}
-
-dc_code
-rpc_call_async(struct rpc_client *c, const ProtobufCServiceDescriptor *svc, unsigned method,
-               const ProtobufCMessage *request, const void *attachment, size_t attachment_len,
-               uint32_t timeout_ms, rpc_done_fn done, void *arg, dc_status *st)
-{
-    struct rpc_slot *s = NULL;
-    nng_msg *msg       = NULL;
-    dc_code code;
-
-    if ((code = rpc_call_prepare(c, svc, method, request, attachment, attachment_len, timeout_ms,
-                                 &s, &msg, st)) != DC_OK) {
-        return code;
-    }
-    s->done = done;
-    s->arg  = arg;
+    s->done        = done;
+    s->arg         = arg;
     nng_aio_set_msg(s->aio, msg);
     nng_aio_set_timeout(s->aio, rpc_slot_remaining(s));
     nng_ctx_send(s->ctx, s->aio);
     return DC_OK;
+}
+
+/* A synchronous call waits on one of these. */
+struct rpc_waiter {
+    pthread_mutex_t mtx;
+    pthread_cond_t cv;
+    bool done;
+    dc_code code;
+    dc_status st;
+    struct rpc_reply reply;
+};
+
+static void
+rpc_waiter_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, bool *keep)
+{
+    struct rpc_waiter *w = arg;
+
+    pthread_mutex_lock(&w->mtx);
+    w->code  = code;
+    w->st    = *st;
+    w->reply = *reply;
+    *keep    = true;
+    w->done  = true;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mtx);
 }
 
 dc_code
@@ -439,36 +434,27 @@ rpc_call(struct rpc_client *c, const ProtobufCServiceDescriptor *svc, unsigned m
          const ProtobufCMessage *request, const void *attachment, size_t attachment_len,
          uint32_t timeout_ms, struct rpc_reply *reply, dc_status *st)
 {
-    struct rpc_slot *s = NULL;
-    nng_msg *msg       = NULL;
-    dc_status local;
+    struct rpc_waiter w = { .done = false };
     dc_code code;
-    int rv;
 
     memset(reply, 0, sizeof(*reply));
-    if ((code = rpc_call_prepare(c, svc, method, request, attachment, attachment_len, timeout_ms,
-                                 &s, &msg, st)) != DC_OK) {
-        return code;
+    pthread_mutex_init(&w.mtx, NULL);
+    pthread_cond_init(&w.cv, NULL);
+    code = rpc_call_async(c, svc, method, request, attachment, attachment_len, timeout_ms,
+                          rpc_waiter_done, &w, st);
+    if (code == DC_OK) {
+        pthread_mutex_lock(&w.mtx);
+        while (!w.done) {
+            pthread_cond_wait(&w.cv, &w.mtx);
+        }
+        pthread_mutex_unlock(&w.mtx);
+        code   = w.code;
+        *reply = w.reply;
+        if (st != NULL) {
+            *st = w.st;
+        }
     }
-    /* The caller waits on an aio without a callback, as a bare nng client does: the reply
-     * wakes this thread directly, with no hop through nng's callback thread and a condition
-     * variable. The limits, the deadline and the decode are those of rpc_call_async. */
-    nng_aio_set_msg(s->sync_aio, msg);
-    nng_aio_set_timeout(s->sync_aio, rpc_slot_remaining(s));
-    nng_ctx_send(s->ctx, s->sync_aio);
-    nng_aio_wait(s->sync_aio);
-    if ((rv = nng_aio_result(s->sync_aio)) == 0) {
-        s->receiving = true;
-        nng_aio_set_timeout(s->sync_aio, rpc_slot_remaining(s));
-        nng_ctx_recv(s->ctx, s->sync_aio);
-        nng_aio_wait(s->sync_aio);
-        rv = nng_aio_result(s->sync_aio);
-    }
-    status_clear(&local);
-    code = rpc_slot_result(s, s->sync_aio, rv, reply, &local);
-    rpc_slot_put(s);
-    if (st != NULL) {
-        *st = local;
-    }
+    pthread_cond_destroy(&w.cv);
+    pthread_mutex_destroy(&w.mtx);
     return code;
 }
