@@ -10,7 +10,7 @@
 #   cmake --build build-bench -j2
 # --quick: fewer sizes, repeats and seconds per cell (a smoke run of a few minutes).
 # --out: where results go (default bench/results, git-ignored).
-# NAME: allreduce, group, datalink, rpc, registry, fanout, failure. --report runs nothing and rebuilds the
+# NAME: allreduce, group, datalink, rpc, registry, fanout, failure, rss. --report runs nothing and rebuilds the
 # summary, latest.json and plots from the results already in bench/results (an earlier run's
 # group.dat copied there as group.before.dat adds its one-worker rows to group.png, dashed).
 # Benchmarks never fail on a figure; the script exits non-zero only when a bench could not run.
@@ -21,7 +21,7 @@ repo=$(dirname "$here")
 build=${DEVCOORD_BUILD_DIR:-$repo/build-bench}
 out=$here/results
 quick=()
-only=allreduce,group,datalink,rpc,registry,fanout,failure
+only=allreduce,group,datalink,rpc,registry,fanout,failure,rss
 report_only=0
 
 usage() {

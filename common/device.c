@@ -390,12 +390,10 @@ dc_device_ref_parse(const char *text, size_t len, dc_device_ref *out, dc_status 
     return DC_OK;
 }
 
-/* Appends s at offset *n of buf; keeps counting past cap, as snprintf does. */
+/* Appends the len bytes at s at offset *n of buf; keeps counting past cap, as snprintf does. */
 static void
-put_str(char *buf, size_t cap, size_t *n, const char *s)
+put_mem(char *buf, size_t cap, size_t *n, const char *s, size_t len)
 {
-    size_t len = strlen(s);
-
     if (*n < cap) {
         size_t room = cap - *n - 1;
         size_t k    = len < room ? len : room;
@@ -406,12 +404,24 @@ put_str(char *buf, size_t cap, size_t *n, const char *s)
 }
 
 static void
+put_str(char *buf, size_t cap, size_t *n, const char *s)
+{
+    put_mem(buf, cap, n, s, strlen(s));
+}
+
+static void
 put_u32(char *buf, size_t cap, size_t *n, uint32_t v)
 {
     char digits[16];
+    size_t at = sizeof(digits) - 1;
 
-    snprintf(digits, sizeof(digits), "%u", v);
-    put_str(buf, cap, n, digits);
+    /* By hand: listings format a name per device, and snprintf was most of that cost. */
+    digits[at] = '\0';
+    do {
+        digits[--at] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v != 0);
+    put_str(buf, cap, n, digits + at);
 }
 
 size_t
@@ -465,10 +475,20 @@ dc_device_ref_format(const dc_device_ref *ref, char *buf, size_t cap)
 size_t
 device_cluster_name(const char *worker, const dc_device *dev, char *buf, size_t cap)
 {
-    dc_device_ref ref = { .device = *dev, .autodiff_depth = 0 };
+    size_t n = 0;
 
-    snprintf(ref.worker, sizeof(ref.worker), "%s", worker);
-    return dc_device_ref_format(&ref, buf, cap);
+    /* What dc_device_ref_format writes for { worker, *dev, depth 0 }, without copying the
+     * worker name into a reference first. */
+    if (cap > 0) {
+        buf[0] = '\0';
+    }
+    if (worker[0] != '\0') {
+        /* At most what a reference's worker holds, as the copy into one did. */
+        put_mem(buf, cap, &n, worker, strnlen(worker, DC_WORKER_NAME_MAX));
+        put_str(buf, cap, &n, "/");
+    }
+    n += dc_device_format(dev, n < cap ? buf + n : NULL, n < cap ? cap - n : 0);
+    return n;
 }
 
 int

@@ -1,5 +1,6 @@
 #include "wire.h"
 
+#include <stdbool.h>
 #include <string.h>
 
 static uint32_t
@@ -83,6 +84,50 @@ wire_pack(nng_msg **out, const ProtobufCMessage *header, const ProtobufCMessage 
     }
     *out = m;
     return 0;
+}
+
+int
+wire_pack_into(nng_msg *m, const ProtobufCMessage *header, const ProtobufCMessage *body,
+               const void *attachment, size_t attachment_len, size_t limit)
+{
+    size_t hlen  = protobuf_c_message_get_packed_size(header);
+    size_t blen  = body != NULL ? protobuf_c_message_get_packed_size(body) : 0;
+    uintptr_t at = (uintptr_t)attachment, start = (uintptr_t)nng_msg_body(m);
+    size_t len  = nng_msg_len(m);
+    bool inside = attachment_len > 0 && at >= start && at - start <= len &&
+                  attachment_len <= len - (at - start);
+    size_t offset = inside ? at - start : 0;
+    uint8_t front[WIRE_PACK_INTO_FRONT_MAX];
+    size_t total;
+    uint8_t *p;
+    int rv;
+
+    if (hlen > WIRE_HEADER_MAX || blen > UINT32_MAX || 8 + hlen + blen > limit ||
+        attachment_len > limit - 8 - hlen - blen) {
+        return NNG_EMSGSIZE;
+    }
+    if (8 + hlen + blen > sizeof(front)) {
+        return NNG_ENOSPC;
+    }
+    /* Header and body first, apart: they may point into m (a reply quoting its request). */
+    put_u32(front, (uint32_t)hlen);
+    protobuf_c_message_pack(header, front + 4);
+    put_u32(front + 4 + hlen, (uint32_t)blen);
+    if (body != NULL) {
+        protobuf_c_message_pack(body, front + 8 + hlen);
+    }
+    /* Grow (a realloc keeps the contents, the attachment among them: it is found again by
+     * its offset), move the attachment to its place, put the front before it, cut the rest. */
+    total = 8 + hlen + blen + attachment_len;
+    if (total > len && (rv = nng_msg_realloc(m, total)) != 0) {
+        return rv;
+    }
+    p = nng_msg_body(m);
+    if (attachment_len > 0) {
+        memmove(p + 8 + hlen + blen, inside ? p + offset : attachment, attachment_len);
+    }
+    memcpy(p, front, 8 + hlen + blen);
+    return nng_msg_chop(m, nng_msg_len(m) - total);
 }
 
 dc_code

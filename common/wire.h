@@ -35,6 +35,16 @@ dc_code wire_split(const void *buf, size_t len, struct wire_frame *f, dc_status 
 int wire_pack(nng_msg **out, const ProtobufCMessage *header, const ProtobufCMessage *body,
               const void *attachment, size_t attachment_len, size_t limit);
 
+/* As wire_pack, into m instead of a new message: m's body becomes the frame, its buffer
+ * reused (a server answers in the request's message, as a bare nng echo does, so a call
+ * costs one message buffer rather than two). The attachment may lie inside m's body (a
+ * reply echoing part of its request), and header and body may point into it. 0, or an
+ * NNG_E* code and m unchanged: NNG_ENOSPC when header and body together take more than
+ * WIRE_PACK_INTO_FRONT_MAX bytes (then use wire_pack). */
+#define WIRE_PACK_INTO_FRONT_MAX 4096
+int wire_pack_into(nng_msg *m, const ProtobufCMessage *header, const ProtobufCMessage *body,
+                   const void *attachment, size_t attachment_len, size_t limit);
+
 /* Maps an nng error to a status code and message ("<what>: <nng_strerror>"). */
 dc_code wire_nng_status(int rv, const char *what, dc_status *st);
 

@@ -766,24 +766,32 @@ worker_info(const struct registry *r, const struct reg_worker *w, uint64_t now_m
 }
 
 static Devcoord__V1__DeviceInfo *
-device_info(const struct reg_device *d, struct arena *a)
+device_info(const struct reg_device *d, const char *worker, struct arena *a)
 {
-    Devcoord__V1__DeviceInfo *di = arena_alloc(a, sizeof(*di));
-    Devcoord__V1__Device *dev    = arena_alloc(a, sizeof(*dev));
+    /* One allocation for the message and its device; worker is the caller's arena copy of
+     * d->worker->name (NULL: made here), shared by the devices of a worker in a listing. */
+    struct {
+        Devcoord__V1__DeviceInfo di;
+        Devcoord__V1__Device dev;
+    } *m = arena_alloc(a, sizeof(*m));
     char name[DC_DEVICE_TEXT_SIZE];
+    size_t len;
 
-    if (di == NULL || dev == NULL) {
+    if (m == NULL) {
         return NULL;
     }
-    devcoord__v1__device_info__init(di);
-    device_to_pb(&d->device, dev);
-    device_cluster_name(d->worker->name, &d->device, name, sizeof(name));
-    di->name         = arena_strdup(a, name);
-    di->worker       = arena_strdup(a, d->worker->name);
-    di->device       = dev;
-    di->state        = (Devcoord__V1__DeviceState)device_state(d);
-    di->memory_bytes = d->memory_bytes;
-    return di->name != NULL && di->worker != NULL ? di : NULL;
+    devcoord__v1__device_info__init(&m->di);
+    device_to_pb(&d->device, &m->dev);
+    len = device_cluster_name(d->worker->name, &d->device, name, sizeof(name));
+    if (len >= sizeof(name) || (m->di.name = arena_alloc(a, len + 1)) == NULL) {
+        return NULL;
+    }
+    memcpy(m->di.name, name, len + 1);
+    m->di.worker       = (char *)(worker != NULL ? worker : arena_strdup(a, d->worker->name));
+    m->di.device       = &m->dev;
+    m->di.state        = (Devcoord__V1__DeviceState)device_state(d);
+    m->di.memory_bytes = d->memory_bytes;
+    return m->di.worker != NULL ? &m->di : NULL;
 }
 
 dc_code
@@ -895,6 +903,7 @@ registry_list_devices(struct registry *r, const Devcoord__V1__ListDevicesRequest
     }
     for (size_t i = first; i < last && code == DC_OK; i++, skip = 0) {
         struct reg_worker *w = r->order[i];
+        const char *wcopy    = NULL; /* one arena copy of the name for its devices */
         for (size_t k = skip; k < w->n_devices; k++) {
             if (!device_matches(req, &w->devices[k])) {
                 continue;
@@ -905,7 +914,8 @@ registry_list_devices(struct registry *r, const Devcoord__V1__ListDevicesRequest
                 out->next_page_token = arena_strdup(a, token);
                 goto done;
             }
-            if ((out->devices[out->n_devices] = device_info(&w->devices[k], a)) == NULL) {
+            if ((wcopy == NULL && (wcopy = arena_strdup(a, w->name)) == NULL) ||
+                (out->devices[out->n_devices] = device_info(&w->devices[k], wcopy, a)) == NULL) {
                 code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory listing devices");
                 break;
             }
@@ -968,7 +978,7 @@ registry_get_device(struct registry *r, const char *name, struct arena *a,
         pthread_rwlock_unlock(&r->lock);
         return status_set(st, DC_NOT_FOUND, "unknown device %.256s", name);
     }
-    *out = device_info(d, a);
+    *out = device_info(d, NULL, a);
     pthread_rwlock_unlock(&r->lock);
     return *out != NULL ? DC_OK : status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
 }

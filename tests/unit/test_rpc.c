@@ -902,11 +902,90 @@ test_method_numbers_match_descriptor(void **state)
     assert_string_equal(path, "/devcoord.v1.Coordinator/SubmitOp");
 }
 
+/* wire_pack_into: the frame in place of m's contents, whatever of m it quotes. */
+static void
+check_frame(nng_msg *m, const char *method, const char *name, const uint8_t *att, size_t att_len)
+{
+    struct wire_frame fr;
+    dc_status st;
+    Devcoord__V1__RequestHeader *h;
+    Devcoord__V1__GetDeviceRequest *b;
+
+    assert_int_equal(wire_split(nng_msg_body(m), nng_msg_len(m), &fr, &st), DC_OK);
+    h = devcoord__v1__request_header__unpack(NULL, fr.header_len, fr.header);
+    b = devcoord__v1__get_device_request__unpack(NULL, fr.body_len, fr.body);
+    assert_non_null(h);
+    assert_non_null(b);
+    assert_string_equal(h->method, method);
+    assert_string_equal(b->name, name);
+    assert_int_equal(fr.attachment_len, att_len);
+    assert_memory_equal(fr.attachment, att, att_len);
+    devcoord__v1__request_header__free_unpacked(h, NULL);
+    devcoord__v1__get_device_request__free_unpacked(b, NULL);
+}
+
+static void
+test_wire_pack_into(void **state)
+{
+    Devcoord__V1__RequestHeader hdr  = DEVCOORD__V1__REQUEST_HEADER__INIT;
+    Devcoord__V1__GetDeviceRequest b = DEVCOORD__V1__GET_DEVICE_REQUEST__INIT;
+    static uint8_t att[100000], big[8000];
+    char name[64], *quoted;
+    nng_msg *m;
+    size_t len;
+    uint8_t *body;
+
+    (void)state;
+    for (size_t i = 0; i < sizeof(att); i++) {
+        att[i] = (uint8_t)(i * 13 + 1);
+    }
+    memset(big, 'x', sizeof(big) - 1);
+    hdr.method = "/short";
+    b.name     = "a/cpu:0";
+    /* A request with an attachment; the reply echoes it with a longer front (it moves up,
+     * past the end: m grows), then with a shorter one (it moves down). */
+    assert_int_equal(wire_pack(&m, &hdr.base, &b.base, att, sizeof(att), SIZE_MAX), 0);
+    len        = nng_msg_len(m);
+    hdr.method = "/a-much-longer-method-name/than-before/so-the-front-grows";
+    assert_int_equal(wire_pack_into(m, &hdr.base, &b.base,
+                                    (uint8_t *)nng_msg_body(m) + len - sizeof(att), sizeof(att),
+                                    SIZE_MAX),
+                     0);
+    check_frame(m, hdr.method, b.name, att, sizeof(att));
+    len        = nng_msg_len(m);
+    hdr.method = "/s";
+    assert_int_equal(wire_pack_into(m, &hdr.base, &b.base, (uint8_t *)nng_msg_body(m) + len - 1000,
+                                    1000, SIZE_MAX),
+                     0);
+    check_frame(m, "/s", b.name, att + sizeof(att) - 1000, 1000);
+    /* The body quotes m itself (a name inside its bytes), the attachment comes from outside. */
+    body = nng_msg_body(m);
+    memcpy(body + 20, "quoted/cpu:3", 13);
+    quoted = (char *)body + 20;
+    b.name = quoted;
+    assert_int_equal(wire_pack_into(m, &hdr.base, &b.base, att, 5000, SIZE_MAX), 0);
+    check_frame(m, "/s", "quoted/cpu:3", att, 5000);
+    /* No attachment: the message shrinks to the front. */
+    b.name = "a/cpu:0";
+    assert_int_equal(wire_pack_into(m, &hdr.base, &b.base, NULL, 0, SIZE_MAX), 0);
+    check_frame(m, "/s", "a/cpu:0", att, 0);
+    /* Over the limit, or a front too large to pack apart: m unchanged. */
+    len = nng_msg_len(m);
+    assert_int_equal(wire_pack_into(m, &hdr.base, &b.base, att, sizeof(att), 1000), NNG_EMSGSIZE);
+    b.name = (char *)big;
+    assert_int_equal(wire_pack_into(m, &hdr.base, &b.base, NULL, 0, SIZE_MAX), NNG_ENOSPC);
+    assert_int_equal(nng_msg_len(m), len);
+    snprintf(name, sizeof(name), "a/cpu:0");
+    check_frame(m, "/s", name, att, 0);
+    nng_msg_free(m);
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_method_numbers_match_descriptor),
+        cmocka_unit_test(test_wire_pack_into),
         cmocka_unit_test_setup_teardown(test_call_and_attachment, setup, teardown),
         cmocka_unit_test_setup_teardown(test_error_status_and_detail, setup, teardown),
         cmocka_unit_test_setup_teardown(test_deadline, setup, teardown),
