@@ -25,3 +25,20 @@ clock_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mtx, unsigned ms)
     }
     pthread_cond_timedwait(cv, mtx, &ts);
 }
+
+bool
+clock_sleep_unless(pthread_cond_t *cv, pthread_mutex_t *mtx, unsigned ms, const bool *stop)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ms / 1000u;
+    ts.tv_nsec += (long)(ms % 1000u) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    while (!*stop && pthread_cond_timedwait(cv, mtx, &ts) == 0) {
+    }
+    return *stop;
+}

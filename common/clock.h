@@ -6,6 +6,7 @@
 #define DEVCOORD_COMMON_CLOCK_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 /* Milliseconds since the Unix epoch. */
@@ -14,5 +15,9 @@ uint64_t clock_unix_ms(void);
 /* pthread_cond_timedwait on cv (mtx held) for at most ms milliseconds: the tick of the
  * daemons' timer threads. */
 void clock_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mtx, unsigned ms);
+
+/* Waits on cv (mtx held) until *stop is set (and cv signalled) or ms milliseconds have
+ * passed, whatever else wakes cv; returns *stop. A background thread's pause between rounds. */
+bool clock_sleep_unless(pthread_cond_t *cv, pthread_mutex_t *mtx, unsigned ms, const bool *stop);
 
 #endif

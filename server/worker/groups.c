@@ -2013,6 +2013,21 @@ peer_note(const struct gworker *gw, struct ppart *p, const Devcoord__V1__GroupEx
     return DC_OK;
 }
 
+/* Peer in->from's part of c is in (p): counts it, notes the failure it reports (its rank's
+ * shared memory shrank) and finishes c when that was the last part missing. wg->mtx held. */
+static void
+wcall_peer_in(struct wgroups *wg, struct wgroup *g, struct wcall *c, struct ppart *p,
+              const Devcoord__V1__GroupExchangeRequest *in)
+{
+    p->in = true;
+    c->n_peer_in++;
+    if (in->failed != NULL && in->failed[0] != '\0' && c->shrunk.code == DC_OK) {
+        status_set(&c->shrunk, DC_INVALID_ARGUMENT, "worker %s: %.300s", g->workers[in->from].name,
+                   in->failed);
+    }
+    wcall_try_finish(wg, g, c);
+}
+
 void
 wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *in,
                  Devcoord__V1__GroupExchangeResponse_Closure closure, void *cd)
@@ -2056,13 +2071,7 @@ wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *i
                 p->d[k] = desc_from_pb(in->calls[k]);
             }
             p->has_data = true;
-            p->in       = true;
-            c->n_peer_in++;
-            if (in->failed != NULL && in->failed[0] != '\0' && c->shrunk.code == DC_OK) {
-                status_set(&c->shrunk, DC_INVALID_ARGUMENT, "worker %s: %.300s",
-                           g->workers[in->from].name, in->failed);
-            }
-            wcall_try_finish(wg, g, c);
+            wcall_peer_in(wg, g, c, p, in);
         }
     } else if (p->buf != NULL) {
         code = status_set(&st, DC_INVALID_ARGUMENT,
@@ -2086,13 +2095,7 @@ wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *i
         if (p->data != NULL) {
             wg->held += bytes;
         }
-        p->in = true;
-        c->n_peer_in++;
-        if (in->failed != NULL && in->failed[0] != '\0' && c->shrunk.code == DC_OK) {
-            status_set(&c->shrunk, DC_INVALID_ARGUMENT, "worker %s: %.300s",
-                       g->workers[in->from].name, in->failed);
-        }
-        wcall_try_finish(wg, g, c);
+        wcall_peer_in(wg, g, c, p, in);
     }
     pthread_mutex_unlock(&wg->mtx);
     if (code != DC_OK) {

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "auth.h"
+#include "clock.h"
 #include "devcoord/v1/devcoord.pb-c.h"
 #include "devcoord/v1/methods.h"
 #include "device.h"
@@ -64,20 +65,10 @@ m_open(void *arg, const char *url, struct rpc_client **out, dc_status *st)
 static bool
 membership_sleep(struct membership *m, uint32_t ms)
 {
-    struct timespec ts;
     bool stop;
 
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
     pthread_mutex_lock(&m->mtx);
-    while (!m->stop && pthread_cond_timedwait(&m->cv, &m->mtx, &ts) == 0) {
-    }
-    stop = m->stop;
+    stop = clock_sleep_unless(&m->cv, &m->mtx, ms, &m->stop);
     pthread_mutex_unlock(&m->mtx);
     return stop;
 }
