@@ -17,6 +17,7 @@
 
 #include "address.h"
 #include "auth.h"
+#include "log.h"
 #include "rpc.h"
 
 struct etcd_endpoint {
@@ -183,15 +184,26 @@ etcd_dechunk(char *buf, size_t *len)
         }
         in += 2;
         if (size == 0) {
-            /* Trailers are not used by the gateway: the body ends at the blank line. */
-            if (in + 2 > n) {
-                return 0;
+            /* Trailer lines (the gateway's error answers carry Grpc-Trailer-Content-Type),
+             * then the blank line that ends the body. */
+            for (;;) {
+                size_t eol = in;
+
+                while (eol < n && buf[eol] != '\n') {
+                    eol++;
+                }
+                if (eol == n) {
+                    return 0;
+                }
+                if (eol == in || buf[eol - 1] != '\r') {
+                    return -1;
+                }
+                if (eol == in + 1) {
+                    *len = outp;
+                    return 1;
+                }
+                in = eol + 1;
             }
-            if (buf[in] != '\r' || buf[in + 1] != '\n') {
-                return -1;
-            }
-            *len = outp;
-            return 1;
         }
         if (size > n - in || n - in - size < 2) {
             return 0;
@@ -324,6 +336,16 @@ read_body(nng_http_conn *conn, nng_http_res *res, nng_aio *aio, uint64_t deadlin
     }
 }
 
+/* What to say after an nng error on an https:// endpoint's connection. */
+static const char *
+tls_hint(const struct etcd_endpoint *ep, int rv)
+{
+    if (strncmp(ep->url, "https://", 8) == 0 && (rv == NNG_ECRYPTO || rv == NNG_EPEERAUTH)) {
+        return " (TLS to etcd refused: check state.ca, state.cert, state.key)";
+    }
+    return "";
+}
+
 /* One POST to one endpoint. */
 static dc_code
 post_one(struct etcd *e, struct etcd_endpoint *ep, const char *path, const char *body,
@@ -353,21 +375,23 @@ post_one(struct etcd *e, struct etcd_endpoint *ep, const char *path, const char 
     nng_aio_set_timeout(aio, remaining(deadline));
     nng_http_client_connect(ep->client, aio);
     if ((rv = aio_run(aio)) != 0) {
-        code = status_set(st, DC_UNAVAILABLE, "etcd %s: %s", ep->url, nng_strerror(rv));
+        code = status_set(st, DC_UNAVAILABLE, "etcd %s: %s%s", ep->url, nng_strerror(rv),
+                          tls_hint(ep, rv));
         goto out;
     }
     conn = nng_aio_get_output(aio, 0);
     nng_aio_set_timeout(aio, remaining(deadline));
     nng_http_conn_write_req(conn, req, aio);
     if ((rv = aio_run(aio)) != 0) {
-        code = status_set(st, DC_UNAVAILABLE, "etcd %s: sending %s: %s", ep->url, path,
-                          nng_strerror(rv));
+        code = status_set(st, DC_UNAVAILABLE, "etcd %s: sending %s: %s%s", ep->url, path,
+                          nng_strerror(rv), tls_hint(ep, rv));
         goto out;
     }
     nng_aio_set_timeout(aio, remaining(deadline));
     nng_http_conn_read_res(conn, res, aio);
     if ((rv = aio_run(aio)) != 0) {
-        code = status_set(st, DC_UNAVAILABLE, "etcd %s: %s: %s", ep->url, path, nng_strerror(rv));
+        code = status_set(st, DC_UNAVAILABLE, "etcd %s: %s: %s%s", ep->url, path, nng_strerror(rv),
+                          tls_hint(ep, rv));
         goto out;
     }
     if ((code = read_body(conn, res, aio, deadline, &text, &len, st)) != DC_OK) {
@@ -564,6 +588,7 @@ post(struct etcd *e, const char *path, cJSON *body, cJSON **out, dc_status *st)
         }
         code = post_text(e, path, text, token, out, &unauth, st);
         if (unauth && token != NULL) {
+            log_info("etcd refused the auth token (%s); authenticating again", st->message);
             drop_token(e, token);
         }
         free(token);
