@@ -400,8 +400,17 @@ post_one(struct etcd *e, struct etcd_endpoint *ep, const char *path, const char 
     status = nng_http_res_get_status(res);
     *out   = cJSON_ParseWithLength(text, len);
     if (*out == NULL) {
-        code =
-            status_set(st, DC_UNAVAILABLE, "etcd %s: %s: HTTP %u, not JSON", ep->url, path, status);
+        /* etcd's own plain-text refusals (e.g. a client certificate with a CommonName on the
+         * gateway with auth on) are quoted: printable bytes of the first line only. */
+        char said[161];
+        size_t k = 0;
+
+        for (size_t j = 0; j < len && k < sizeof(said) - 1 && text[j] != '\n'; j++) {
+            said[k++] = text[j] >= 0x20 && text[j] < 0x7f ? text[j] : '?';
+        }
+        said[k] = '\0';
+        code = status_set(st, DC_UNAVAILABLE, "etcd %s: %s: HTTP %u, not JSON: %s", ep->url, path,
+                          status, said);
         goto out;
     }
     if (status == 200) {
