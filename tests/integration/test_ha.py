@@ -458,6 +458,12 @@ class HASecureEtcdTest(harness.ClusterTestCase):
         time.sleep(2 * LEASE_TTL_MS / 1000.0)
         leader = c.wait_leader(timeout=30)
         c.wait_registered(leader, ["w1", "w2"], timeout=30)
+        # The lease outlives the restart (keepalive needs no token); a cordon is a write to
+        # etcd under the new token.
+        c.ctl_ok("workers", "cordon", "w1")
+        c.wait_registered(leader, ["w1", "w2"], state={"w1": "cordoned", "w2": "alive"})
+        c.ctl_ok("workers", "uncordon", "w1")
+        c.wait_registered(leader, ["w1", "w2"], state={"w1": "alive", "w2": "alive"})
         r = c.ctl("submit", "--op", "barrier", "--devices", "w1/cpu:0,w2/cpu:0",
                   "--timeout-ms", "10000")
         self.assertEqual(r.rc, 0, r)
