@@ -1379,7 +1379,18 @@ static const struct field auth_fields[] = {
     { .name = NULL },
 };
 
-enum { STATE_BACKEND_FIELD, STATE_ENDPOINTS };
+/* In state_fields' order (prefix, lease_ttl_ms and ca come unindexed between). */
+enum {
+    STATE_BACKEND_FIELD,
+    STATE_ENDPOINTS,
+    STATE_PREFIX,
+    STATE_LEASE_TTL_MS,
+    STATE_CA,
+    STATE_CERT,
+    STATE_KEY,
+    STATE_USERNAME,
+    STATE_PASSWORD_FILE
+};
 
 static dc_code
 state_fields_check(struct loader *ld, const char *path, void *at, const struct seen *seen)
@@ -1395,6 +1406,24 @@ state_fields_check(struct loader *ld, const char *path, void *at, const struct s
     if (s->backend != STATE_BACKEND_ETCD && s->endpoints != NULL) {
         path_join(key, path, "endpoints");
         return loader_fail(ld, &seen->value[STATE_ENDPOINTS], key, "only for state.backend etcd");
+    }
+    if (s->cert != NULL && s->key == NULL) {
+        path_join(key, path, "cert");
+        return loader_fail(ld, &seen->value[STATE_CERT], key, "needs state.key as well");
+    }
+    if (s->key != NULL && s->cert == NULL) {
+        path_join(key, path, "key");
+        return loader_fail(ld, &seen->value[STATE_KEY], key, "needs state.cert as well");
+    }
+    if (s->username != NULL && s->password_file == NULL) {
+        path_join(key, path, "username");
+        return loader_fail(ld, &seen->value[STATE_USERNAME], key,
+                           "needs state.password_file as well");
+    }
+    if (s->password_file != NULL && s->username == NULL) {
+        path_join(key, path, "password_file");
+        return loader_fail(ld, &seen->value[STATE_PASSWORD_FILE], key,
+                           "needs state.username as well");
     }
     return DC_OK;
 }
@@ -1413,6 +1442,18 @@ static const struct field state_fields[] = {
       .max    = 60000,
       .offset = offsetof(struct config_state, lease_ttl_ms) },
     { .name = "ca", .parse = field_string, .offset = offsetof(struct config_state, ca) },
+    [STATE_CERT]          = { .name   = "cert",
+                              .parse  = field_string,
+                              .offset = offsetof(struct config_state, cert) },
+    [STATE_KEY]           = { .name   = "key",
+                              .parse  = field_string,
+                              .offset = offsetof(struct config_state, key) },
+    [STATE_USERNAME]      = { .name   = "username",
+                              .parse  = field_string,
+                              .offset = offsetof(struct config_state, username) },
+    [STATE_PASSWORD_FILE] = { .name   = "password_file",
+                              .parse  = field_string,
+                              .offset = offsetof(struct config_state, password_file) },
     { .name = NULL },
 };
 
@@ -1839,6 +1880,10 @@ config_coordinator_free(struct config_coordinator *cfg)
     free(cfg->state.endpoints);
     free(cfg->state.prefix);
     free(cfg->state.ca);
+    free(cfg->state.cert);
+    free(cfg->state.key);
+    free(cfg->state.username);
+    free(cfg->state.password_file);
     tls_free(&cfg->tls);
     memset(cfg, 0, sizeof(*cfg));
 }

@@ -41,6 +41,10 @@ struct config_state {
     char *prefix;                      /* state.prefix, default "/devcoord/default" */
     uint32_t lease_ttl_ms;             /* state.lease_ttl_ms, default 3000 (2000..60000) */
     char *ca;                          /* state.ca: CA file for https:// endpoints */
+    char *cert;                        /* state.cert: client certificate to etcd (PEM) */
+    char *key;                         /* state.key: its private key (PEM) */
+    char *username;                    /* state.username: etcd auth user (with password_file) */
+    char *password_file;               /* state.password_file: first line is the password */
 };
 
 struct config_coordinator {

@@ -3,6 +3,7 @@
 #include <cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 
 #include "address.h"
 #include "auth.h"
+#include "log.h"
 #include "rpc.h"
 
 struct etcd_endpoint {
@@ -29,7 +31,13 @@ struct etcd {
     size_t n;
     atomic_size_t current;
     uint32_t timeout_ms;
+    char *username; /* NULL: etcd without auth */
+    char *password; /* from state.password_file; wiped on free, never logged */
+    pthread_mutex_t mu;
+    char *token; /* guarded by mu: etcd's auth token, NULL before the first authenticate */
 };
+
+#define ETCD_MAX_TOKEN 4096
 
 void
 etcd_free(struct etcd *e)
@@ -45,13 +53,20 @@ etcd_free(struct etcd *e)
             nng_url_free(e->ep[i].base);
         }
     }
+    if (e->password != NULL) {
+        memset(e->password, 0, strlen(e->password));
+        free(e->password);
+    }
+    free(e->username);
+    free(e->token);
+    pthread_mutex_destroy(&e->mu);
     free(e);
 }
 
 dc_code
-etcd_open(const char *endpoints, const char *ca, uint32_t timeout_ms, struct etcd **out,
-          dc_status *st)
+etcd_open(const struct config_state *cfg, uint32_t timeout_ms, struct etcd **out, dc_status *st)
 {
+    const char *endpoints = cfg->endpoints, *ca = cfg->ca;
     char buf[ETCD_MAX_ENDPOINTS * (ADDRESS_MAX + 1 + 1)];
     const char *list[ETCD_MAX_ENDPOINTS];
     struct etcd *e;
@@ -66,6 +81,26 @@ etcd_open(const char *endpoints, const char *ca, uint32_t timeout_ms, struct etc
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
     e->timeout_ms = timeout_ms;
+    pthread_mutex_init(&e->mu, NULL);
+    if (cfg->username != NULL) {
+        dc_code code;
+
+        if ((e->username = strdup(cfg->username)) == NULL) {
+            etcd_free(e);
+            return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        if (cfg->password_file == NULL) {
+            etcd_free(e);
+            return status_set(st, DC_INVALID_ARGUMENT, "state.username needs state.password_file");
+        }
+        if ((code = auth_read_token_file(cfg->password_file, &e->password, st)) != DC_OK) {
+            char why[sizeof(st->message)];
+
+            snprintf(why, sizeof(why), "%s", st->message);
+            etcd_free(e);
+            return status_set(st, code, "state.password_file: %s", why);
+        }
+    }
     for (size_t i = 0; i < n; i++, e->n++) {
         struct etcd_endpoint *ep = &e->ep[i];
 
@@ -89,7 +124,8 @@ etcd_open(const char *endpoints, const char *ca, uint32_t timeout_ms, struct etc
                                   "etcd endpoint %s: https:// needs state.ca", list[i]);
             }
             auth_url_host(list[i], host, sizeof(host));
-            if ((code = auth_tls_client(ca, NULL, NULL, host, &tls, st)) != DC_OK) {
+            /* state.cert / state.key: the client certificate for etcd's --client-cert-auth. */
+            if ((code = auth_tls_client(ca, cfg->cert, cfg->key, host, &tls, st)) != DC_OK) {
                 e->n++;
                 etcd_free(e);
                 return code;
@@ -148,15 +184,26 @@ etcd_dechunk(char *buf, size_t *len)
         }
         in += 2;
         if (size == 0) {
-            /* Trailers are not used by the gateway: the body ends at the blank line. */
-            if (in + 2 > n) {
-                return 0;
+            /* Trailer lines (the gateway's error answers carry Grpc-Trailer-Content-Type),
+             * then the blank line that ends the body. */
+            for (;;) {
+                size_t eol = in;
+
+                while (eol < n && buf[eol] != '\n') {
+                    eol++;
+                }
+                if (eol == n) {
+                    return 0;
+                }
+                if (eol == in || buf[eol - 1] != '\r') {
+                    return -1;
+                }
+                if (eol == in + 1) {
+                    *len = outp;
+                    return 1;
+                }
+                in = eol + 1;
             }
-            if (buf[in] != '\r' || buf[in + 1] != '\n') {
-                return -1;
-            }
-            *len = outp;
-            return 1;
         }
         if (size > n - in || n - in - size < 2) {
             return 0;
@@ -289,10 +336,20 @@ read_body(nng_http_conn *conn, nng_http_res *res, nng_aio *aio, uint64_t deadlin
     }
 }
 
+/* What to say after an nng error on an https:// endpoint's connection. */
+static const char *
+tls_hint(const struct etcd_endpoint *ep, int rv)
+{
+    if (strncmp(ep->url, "https://", 8) == 0 && (rv == NNG_ECRYPTO || rv == NNG_EPEERAUTH)) {
+        return " (TLS to etcd refused: check state.ca, state.cert, state.key)";
+    }
+    return "";
+}
+
 /* One POST to one endpoint. */
 static dc_code
-post_one(struct etcd *e, struct etcd_endpoint *ep, const char *path, const char *body, cJSON **out,
-         dc_status *st)
+post_one(struct etcd *e, struct etcd_endpoint *ep, const char *path, const char *body,
+         const char *token, cJSON **out, bool *unauth, dc_status *st)
 {
     uint64_t deadline   = rpc_now_ms() + e->timeout_ms;
     nng_http_conn *conn = NULL;
@@ -310,28 +367,31 @@ post_one(struct etcd *e, struct etcd_endpoint *ep, const char *path, const char 
         (rv = nng_http_req_set_method(req, "POST")) != 0 ||
         (rv = nng_http_req_set_uri(req, path)) != 0 ||
         (rv = nng_http_req_set_header(req, "Content-Type", "application/json")) != 0 ||
-        (rv = nng_http_req_copy_data(req, body, strlen(body))) != 0) {
+        (rv = nng_http_req_copy_data(req, body, strlen(body))) != 0 ||
+        (token != NULL && (rv = nng_http_req_set_header(req, "Authorization", token)) != 0)) {
         code = status_set(st, DC_RESOURCE_EXHAUSTED, "etcd: %s", nng_strerror(rv));
         goto out;
     }
     nng_aio_set_timeout(aio, remaining(deadline));
     nng_http_client_connect(ep->client, aio);
     if ((rv = aio_run(aio)) != 0) {
-        code = status_set(st, DC_UNAVAILABLE, "etcd %s: %s", ep->url, nng_strerror(rv));
+        code = status_set(st, DC_UNAVAILABLE, "etcd %s: %s%s", ep->url, nng_strerror(rv),
+                          tls_hint(ep, rv));
         goto out;
     }
     conn = nng_aio_get_output(aio, 0);
     nng_aio_set_timeout(aio, remaining(deadline));
     nng_http_conn_write_req(conn, req, aio);
     if ((rv = aio_run(aio)) != 0) {
-        code = status_set(st, DC_UNAVAILABLE, "etcd %s: sending %s: %s", ep->url, path,
-                          nng_strerror(rv));
+        code = status_set(st, DC_UNAVAILABLE, "etcd %s: sending %s: %s%s", ep->url, path,
+                          nng_strerror(rv), tls_hint(ep, rv));
         goto out;
     }
     nng_aio_set_timeout(aio, remaining(deadline));
     nng_http_conn_read_res(conn, res, aio);
     if ((rv = aio_run(aio)) != 0) {
-        code = status_set(st, DC_UNAVAILABLE, "etcd %s: %s: %s", ep->url, path, nng_strerror(rv));
+        code = status_set(st, DC_UNAVAILABLE, "etcd %s: %s: %s%s", ep->url, path, nng_strerror(rv),
+                          tls_hint(ep, rv));
         goto out;
     }
     if ((code = read_body(conn, res, aio, deadline, &text, &len, st)) != DC_OK) {
@@ -340,16 +400,46 @@ post_one(struct etcd *e, struct etcd_endpoint *ep, const char *path, const char 
     status = nng_http_res_get_status(res);
     *out   = cJSON_ParseWithLength(text, len);
     if (*out == NULL) {
-        code =
-            status_set(st, DC_UNAVAILABLE, "etcd %s: %s: HTTP %u, not JSON", ep->url, path, status);
+        /* etcd's own plain-text refusals (e.g. a client certificate with a CommonName on the
+         * gateway with auth on) are quoted: printable bytes of the first line only. */
+        char said[161];
+        size_t k = 0;
+
+        for (size_t j = 0; j < len && k < sizeof(said) - 1 && text[j] != '\n'; j++) {
+            said[k++] = text[j] >= 0x20 && text[j] < 0x7f ? text[j] : '?';
+        }
+        said[k] = '\0';
+        code = status_set(st, DC_UNAVAILABLE, "etcd %s: %s: HTTP %u, not JSON: %s", ep->url, path,
+                          status, said);
         goto out;
+    }
+    if (status == 200) {
+        /* A stream's error (the keepalive's) comes in a 200: {"error": {"http_code": ...}}. */
+        const cJSON *err = cJSON_GetObjectItemCaseSensitive(*out, "error");
+        const cJSON *hc  = cJSON_GetObjectItemCaseSensitive(err, "http_code");
+        const cJSON *msg = cJSON_GetObjectItemCaseSensitive(err, "message");
+
+        if ((cJSON_IsNumber(hc) && hc->valuedouble == 401) ||
+            (cJSON_IsString(msg) && strstr(msg->valuestring, "invalid auth token") != NULL)) {
+            *unauth = true;
+            code    = status_set(st, DC_UNAUTHENTICATED, "etcd %s: %s: %.200s", ep->url, path,
+                              cJSON_IsString(msg) ? msg->valuestring : "unauthenticated");
+            cJSON_Delete(*out);
+            *out = NULL;
+            goto out;
+        }
     }
     if (status != 200) {
         const cJSON *msg = cJSON_GetObjectItemCaseSensitive(*out, "message");
         if (!cJSON_IsString(msg)) {
             msg = cJSON_GetObjectItemCaseSensitive(*out, "error");
         }
-        code = status_set(st, status >= 500 ? DC_UNAVAILABLE : DC_INTERNAL,
+        *unauth = status == 401 ||
+                  (cJSON_IsString(msg) && strstr(msg->valuestring, "invalid auth token") != NULL);
+        code = status_set(st,
+                          *unauth         ? DC_UNAUTHENTICATED
+                          : status >= 500 ? DC_UNAVAILABLE
+                                          : DC_INTERNAL,
                           "etcd %s: %s: HTTP %u: %.200s", ep->url, path, status,
                           cJSON_IsString(msg) ? msg->valuestring : "");
         cJSON_Delete(*out);
@@ -368,27 +458,152 @@ out:
     return code;
 }
 
-/* POSTs body to path at the current endpoint, then the others; a refusal that is not
+/* POSTs text to path at the current endpoint, then the others; a refusal that is not
  * about reaching etcd is not tried again. */
+static dc_code
+post_text(struct etcd *e, const char *path, const char *text, const char *token, cJSON **out,
+          bool *unauth, dc_status *st)
+{
+    size_t first = atomic_load(&e->current);
+    dc_code code = DC_UNAVAILABLE;
+
+    *out    = NULL;
+    *unauth = false;
+    for (size_t k = 0; k < e->n; k++) {
+        size_t i = (first + k) % e->n;
+
+        if ((code = post_one(e, &e->ep[i], path, text, token, out, unauth, st)) != DC_UNAVAILABLE) {
+            break;
+        }
+        atomic_store(&e->current, (i + 1) % e->n);
+    }
+    return code;
+}
+
+/* POST /v3/auth/authenticate {"name", "password"}: a new token, kept for the next requests.
+ * The request body holds the password: it is wiped, and no message quotes it. */
+static dc_code
+authenticate(struct etcd *e, char **token, dc_status *st)
+{
+    cJSON *req = cJSON_CreateObject(), *res = NULL;
+    const cJSON *t;
+    char *text = NULL;
+    bool unauth;
+    dc_code code;
+
+    *token = NULL;
+    if (req == NULL || cJSON_AddStringToObject(req, "name", e->username) == NULL ||
+        cJSON_AddStringToObject(req, "password", e->password) == NULL ||
+        (text = cJSON_PrintUnformatted(req)) == NULL) {
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    } else {
+        code = post_text(e, "/v3/auth/authenticate", text, NULL, &res, &unauth, st);
+    }
+    if (text != NULL) {
+        memset(text, 0, strlen(text));
+        free(text);
+    }
+    if (req != NULL) {
+        cJSON *pw = cJSON_GetObjectItemCaseSensitive(req, "password");
+        if (cJSON_IsString(pw)) {
+            memset(pw->valuestring, 0, strlen(pw->valuestring));
+        }
+        cJSON_Delete(req);
+    }
+    if (code != DC_OK) {
+        char why[sizeof(st->message)];
+
+        snprintf(why, sizeof(why), "%s", st->message);
+        return status_set(st, code == DC_UNAVAILABLE ? DC_UNAVAILABLE : DC_UNAUTHENTICATED,
+                          "etcd authentication as %.64s failed: %s", e->username, why);
+    }
+    t = cJSON_GetObjectItemCaseSensitive(res, "token");
+    if (!cJSON_IsString(t) || t->valuestring[0] == '\0' ||
+        strlen(t->valuestring) > ETCD_MAX_TOKEN || strpbrk(t->valuestring, "\r\n") != NULL) {
+        code = status_set(st, DC_UNAUTHENTICATED,
+                          "etcd authentication as %.64s answered no usable token", e->username);
+    } else if ((*token = strdup(t->valuestring)) == NULL) {
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    cJSON_Delete(res);
+    return code;
+}
+
+/* The token to send (a copy, caller frees): the one held, or a new one. NULL without auth. */
+static dc_code
+current_token(struct etcd *e, char **token, dc_status *st)
+{
+    dc_code code;
+    char *fresh;
+
+    *token = NULL;
+    if (e->username == NULL) {
+        return DC_OK;
+    }
+    pthread_mutex_lock(&e->mu);
+    if (e->token != NULL && (*token = strdup(e->token)) == NULL) {
+        pthread_mutex_unlock(&e->mu);
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (*token != NULL) {
+        return DC_OK;
+    }
+    /* Outside the lock: two threads may both authenticate; either token is good. */
+    if ((code = authenticate(e, &fresh, st)) != DC_OK) {
+        return code;
+    }
+    if ((*token = strdup(fresh)) == NULL) {
+        free(fresh);
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    pthread_mutex_lock(&e->mu);
+    free(e->token);
+    e->token = fresh;
+    pthread_mutex_unlock(&e->mu);
+    return DC_OK;
+}
+
+/* Forgets token if it is still the one held (an expired or restarted etcd refused it). */
+static void
+drop_token(struct etcd *e, const char *token)
+{
+    pthread_mutex_lock(&e->mu);
+    if (e->token != NULL && token != NULL && strcmp(e->token, token) == 0) {
+        free(e->token);
+        e->token = NULL;
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* POSTs body to path, with the auth token when state.username is set; a request refused
+ * for its token (401, "invalid auth token") authenticates again once and is sent again. */
 static dc_code
 post(struct etcd *e, const char *path, cJSON *body, cJSON **out, dc_status *st)
 {
-    char *text = cJSON_PrintUnformatted(body);
-    size_t first;
+    char *text   = cJSON_PrintUnformatted(body);
     dc_code code = DC_UNAVAILABLE;
 
     *out = NULL;
     if (text == NULL) {
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
-    first = atomic_load(&e->current);
-    for (size_t k = 0; k < e->n; k++) {
-        size_t i = (first + k) % e->n;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        char *token = NULL;
+        bool unauth = false;
 
-        if ((code = post_one(e, &e->ep[i], path, text, out, st)) != DC_UNAVAILABLE) {
+        if ((code = current_token(e, &token, st)) != DC_OK) {
             break;
         }
-        atomic_store(&e->current, (i + 1) % e->n);
+        code = post_text(e, path, text, token, out, &unauth, st);
+        if (unauth && token != NULL) {
+            log_info("etcd refused the auth token (%s); authenticating again", st->message);
+            drop_token(e, token);
+        }
+        free(token);
+        if (!unauth || e->username == NULL) {
+            break;
+        }
     }
     free(text);
     return code;

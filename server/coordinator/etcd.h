@@ -9,6 +9,11 @@
  * (Content-Length or chunked, which the gateway's streaming keepalive uses) and parsed with
  * cJSON. A failed endpoint makes the next request start at the next endpoint of the list.
  *
+ * With state.username, the first request authenticates (POST /v3/auth/authenticate with the
+ * password from state.password_file) and every request carries the token in the
+ * Authorization header; a request refused for its token (it expired, or etcd restarted and
+ * forgot it) authenticates again once and is sent again.
+ *
  * Calls block: they run on the election thread and on server threads (a cordon's write),
  * never on an nng callback.
  */
@@ -18,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "config.h"
 #include "status.h"
 
 #define ETCD_MAX_RESPONSE  (1u << 20) /* bytes of one response body */
@@ -26,9 +32,11 @@
 
 struct etcd;
 
-/* endpoints: "http://h:p,https://h:p" (config state.endpoints); ca: PEM file for https://
- * (NULL: https:// endpoints are refused); timeout_ms bounds each request. */
-dc_code etcd_open(const char *endpoints, const char *ca, uint32_t timeout_ms, struct etcd **out,
+/* From cfg (config state:): endpoints "http://h:p,https://h:p"; ca, a PEM file that verifies
+ * https:// endpoints (NULL: https:// is refused); cert and key, the client certificate for
+ * etcd's --client-cert-auth; username and password_file, etcd auth (the password is read
+ * here, once). timeout_ms bounds each request. */
+dc_code etcd_open(const struct config_state *cfg, uint32_t timeout_ms, struct etcd **out,
                   dc_status *st);
 void etcd_free(struct etcd *e);
 

@@ -36,7 +36,8 @@ struct ha {
 
     /* Election thread only. */
     int64_t lease;
-    bool renew_failing; /* logged once per outage */
+    bool renew_failing;     /* logged once per outage */
+    char grant_failed[160]; /* the last lease grant failure logged ("" when it succeeded) */
 };
 
 /* Sleeps up to ms unless stopped; true when asked to stop. */
@@ -172,10 +173,17 @@ ha_round(struct ha *h)
         int64_t id = 0, granted = 0;
         if (etcd_lease_grant(h->etcd, (int64_t)((h->ttl_ms + 999) / 1000), &id, &granted, &st) !=
             DC_OK) {
+            /* Cannot campaign at all (etcd down, TLS refused, wrong password): said once
+             * per distinct cause, not every tick. */
+            if (strncmp(h->grant_failed, st.message, sizeof(h->grant_failed) - 1) != 0) {
+                log_warn("cannot campaign for leadership, no lease from etcd: %s", st.message);
+                snprintf(h->grant_failed, sizeof(h->grant_failed), "%.159s", st.message);
+            }
             ha_set_why(h, st.message);
             return;
         }
-        h->lease = id;
+        h->grant_failed[0] = '\0';
+        h->lease           = id;
         pthread_mutex_lock(&h->mu);
         h->renewed_ms = started;
         pthread_mutex_unlock(&h->mu);
@@ -299,8 +307,7 @@ ha_new(const struct ha_opts *opts, struct ha **out, dc_status *st)
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
     /* A request that takes longer than a quarter of the TTL is as good as failed. */
-    if ((code = etcd_open(opts->state->endpoints, opts->state->ca, h->ttl_ms / 4, &h->etcd, st)) !=
-        DC_OK) {
+    if ((code = etcd_open(opts->state, h->ttl_ms / 4, &h->etcd, st)) != DC_OK) {
         goto fail;
     }
     *out = h;

@@ -6,6 +6,8 @@ Skipped, saying so, only when /usr/bin/etcd is missing (.ci/setup-debian.sh test
 etcd-server).
 """
 
+import base64
+import json
 import os
 import shutil
 import signal
@@ -13,9 +15,11 @@ import subprocess
 import sys
 import time
 import unittest
+import urllib.error
 import urllib.request
 
 import harness
+import secutil
 from harness import F, SLACK_S, Daemon, free_port, pb_bytes, pb_uint, rpc_call, tcp_addr, \
     wait_until
 
@@ -24,31 +28,61 @@ LEASE_TTL_MS = 3000
 HEARTBEAT_MS = 1000
 
 
-class HACluster(harness.Cluster):
-    """etcd, three coordinators on it, and workers (harness.Cluster's) listing all three."""
+ETCD_USER = "devcoord"
+ETCD_ROOT_PASSWORD = "root-pw-for-the-test"
 
-    def __init__(self, n_coordinators=3):
+
+class HACluster(harness.Cluster):
+    """etcd, three coordinators on it, and workers (harness.Cluster's) listing all three.
+
+    tls: etcd serves https:// with the harness's test PKI and asks for a client certificate
+    (--client-cert-auth); the coordinators trust the test CA (ca="other": an unrelated CA) and present the
+    test client certificate. auth: etcd has auth enabled with a user ETCD_USER allowed on
+    the prefix only; the coordinators log in with `password` (default the right one)."""
+
+    def __init__(self, n_coordinators=3, tls=False, ca=None, auth=False, password=None):
         super().__init__(heartbeat_ms=HEARTBEAT_MS, dead_after_ms=4 * HEARTBEAT_MS,
                          tmp_prefix="devcoord-ha-")
         self.etcd_port, self.etcd_peer = free_port(), free_port()
-        self.etcd = Daemon("etcd", [
-            ETCD, "--name", "default", "--data-dir", self.path("etcd-data"),
-            "--listen-client-urls", "http://127.0.0.1:%d" % self.etcd_port,
-            "--advertise-client-urls", "http://127.0.0.1:%d" % self.etcd_port,
-            "--listen-peer-urls", "http://127.0.0.1:%d" % self.etcd_peer,
-            "--initial-advertise-peer-urls", "http://127.0.0.1:%d" % self.etcd_peer,
-            "--initial-cluster", "default=http://127.0.0.1:%d" % self.etcd_peer,
-            "--initial-cluster-state", "new"], self.path("etcd.log"))
+        self.pki = secutil.Pki(self.path("pki")) if tls else None
+        client_cert = (self.pki.client, self.pki.client_key) if tls else None
+        if tls and auth:
+            # etcd 3.4's gateway refuses (HTTP 400 "CommonName of client sending a request
+            # against gateway will be ignored ...") a client certificate with a CommonName
+            # once auth is on: the coordinators present one without.
+            client_cert = self.client_cert_without_cn()
+        self.auth = auth
+        self.etcd_password = "dc-etcd-" + os.urandom(8).hex()
+        scheme = "https" if tls else "http"
+        self.etcd_url = "%s://127.0.0.1:%d" % (scheme, self.etcd_port)
+        args = [ETCD, "--name", "default", "--data-dir", self.path("etcd-data"),
+                "--listen-client-urls", self.etcd_url,
+                "--advertise-client-urls", self.etcd_url,
+                "--listen-peer-urls", "http://127.0.0.1:%d" % self.etcd_peer,
+                "--initial-advertise-peer-urls", "http://127.0.0.1:%d" % self.etcd_peer,
+                "--initial-cluster", "default=http://127.0.0.1:%d" % self.etcd_peer,
+                "--initial-cluster-state", "new"]
+        if tls:
+            args += ["--cert-file", self.pki.server, "--key-file", self.pki.server_key,
+                     "--trusted-ca-file", self.pki.ca, "--client-cert-auth"]
+        self.etcd = Daemon("etcd", args, self.path("etcd.log"))
         self.coord_ports = [free_port() for _ in range(n_coordinators)]
         self.coords = []
         for i, port in enumerate(self.coord_ports):
+            state = {"backend": "etcd", "endpoints": [self.etcd_url],
+                     "prefix": "/devcoord/test", "lease_ttl_ms": LEASE_TTL_MS}
+            if tls:
+                state.update({"ca": self.pki.other_ca if ca == "other" else self.pki.ca,
+                              "cert": client_cert[0], "key": client_cert[1]})
+            if auth:
+                pw = self.path("etcd-password-%d" % i)
+                with open(pw, "w") as f:
+                    f.write((password or self.etcd_password) + "\n")
+                state.update({"username": ETCD_USER, "password_file": pw})
             cfg = {"listen": tcp_addr(port), "http": "",
                    "heartbeat": {"interval_ms": self.heartbeat_ms,
                                  "dead_after_ms": self.dead_after_ms},
-                   "log": {"level": "info"},
-                   "state": {"backend": "etcd",
-                             "endpoints": ["http://127.0.0.1:%d" % self.etcd_port],
-                             "prefix": "/devcoord/test", "lease_ttl_ms": LEASE_TTL_MS}}
+                   "log": {"level": "info"}, "state": state}
             path = self.write_yaml("coordinator-%d.yaml" % i, cfg)
             self.coords.append(Daemon("coordinator-%d" % i, [harness.SERVER, "--config", path],
                                       self.path("coordinator-%d.log" % i)))
@@ -57,6 +91,36 @@ class HACluster(harness.Cluster):
     def addr(self):  # what workers and the CLI are given: every coordinator
         return ",".join(tcp_addr(p) for p in self.coord_ports)
 
+    def client_cert_without_cn(self):
+        d = self.pki.dir
+        with open(os.path.join(d, "nocn.ext"), "w") as f:
+            f.write("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+                    "extendedKeyUsage=clientAuth\n")
+        secutil._openssl(d, "req", "-new", "-newkey", "ec", "-pkeyopt",
+                         "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", "nocn.key",
+                         "-out", "nocn.csr", "-subj", "/O=devcoord test client")
+        secutil._openssl(d, "x509", "-req", "-in", "nocn.csr", "-CA", "ca.pem", "-CAkey",
+                         "ca.key", "-CAcreateserial", "-out", "nocn.pem", "-days", "2",
+                         "-extfile", "nocn.ext")
+        return os.path.join(d, "nocn.pem"), os.path.join(d, "nocn.key")
+
+    def etcd_request(self, path, body=None, token=None):
+        """(HTTP status, JSON) of a request to etcd's gateway, as the test client."""
+        ctx = self.pki.ssl_context(self.pki.client, self.pki.client_key) if self.pki else None
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.etcd_url + path, data=data)
+        if token:
+            req.add_header("Authorization", token)
+        try:
+            with urllib.request.urlopen(req, timeout=2, context=ctx) as r:
+                return r.status, json.loads(r.read() or b"{}")
+        except urllib.error.HTTPError as e:
+            text = e.read()
+            try:
+                return e.code, json.loads(text or b"{}")
+            except ValueError:
+                return e.code, {"raw": text.decode("utf-8", "replace")}
+
     def start_etcd(self):
         self.etcd.start()
 
@@ -64,18 +128,44 @@ class HACluster(harness.Cluster):
             if not self.etcd.running():
                 raise AssertionError("etcd exited:\n%s" % self.etcd.log_tail())
             try:
-                with urllib.request.urlopen("http://127.0.0.1:%d/health" % self.etcd_port,
-                                            timeout=1) as r:
-                    return b"true" in r.read()
-            except OSError:
+                status, body = self.etcd_request("/health")
+                return status == 200 and body.get("health") == "true"
+            except (OSError, ValueError):
                 return False
         wait_until(healthy, 20, "etcd to be healthy")
 
-    def start(self):
+    def enable_auth(self):
+        """root (needed to enable auth) and ETCD_USER, read-write on the prefix only."""
+        def b64(s):
+            return base64.b64encode(s.encode()).decode()
+        steps = [
+            ("/v3/auth/user/add", {"name": "root", "password": ETCD_ROOT_PASSWORD}),
+            ("/v3/auth/role/add", {"name": "root"}),
+            ("/v3/auth/user/grant", {"user": "root", "role": "root"}),
+            ("/v3/auth/user/add", {"name": ETCD_USER, "password": self.etcd_password}),
+            ("/v3/auth/role/add", {"name": "devcoord"}),
+            ("/v3/auth/role/grant", {"name": "devcoord", "perm": {
+                "permType": "READWRITE", "key": b64("/devcoord/test"),
+                "range_end": b64("/devcoord/tesu")}}),
+            ("/v3/auth/user/grant", {"user": ETCD_USER, "role": "devcoord"}),
+            ("/v3/auth/enable", {}),
+        ]
+        for path, body in steps:
+            status, res = self.etcd_request(path, body)
+            if status != 200:
+                raise AssertionError("etcd %s: HTTP %d %s" % (path, status, res))
+        # Auth is on: a request without a token is refused.
+        status, res = self.etcd_request("/v3/kv/range", {"key": b64("/devcoord/test/leader")})
+        if status == 200:
+            raise AssertionError("etcd answered a range without a token: %s" % res)
+
+    def start(self, wait=True):
         self.start_etcd()
+        if self.auth:
+            self.enable_auth()
         for c in self.coords:
             c.start()
-        return self.wait_leader()
+        return self.wait_leader() if wait else None
 
     def answers(self, i):
         """(code, message) of ListWorkers at coordinator i; ("DOWN", why) when unreachable."""
@@ -293,6 +383,106 @@ class HATest(harness.ClusterTestCase):
         terms = re.findall(r"leading as \S+ \(term (\d+)\)", self.c.coords[i].log_text())
         self.assertTrue(terms, "coordinator %d never led" % i)
         return terms[-1]
+
+
+@unittest.skipUnless(os.path.exists(ETCD), "%s missing: install etcd-server "
+                     "(.ci/setup-debian.sh test) to run the HA tests" % ETCD)
+class HASecureEtcdTest(harness.ClusterTestCase):
+    """TLS with a client certificate and username/password to etcd (state.ca, cert, key,
+    username, password_file): the coordinators elect a leader through it, and a wrong CA or
+    a wrong password is refused with a log line naming etcd, without leading."""
+
+    def cluster(self, **kw):
+        c = HACluster(**kw)
+        self._clusters.append(c)
+        self.addCleanup(c.close)
+        return c
+
+    def elect_and_run(self, c):
+        leader = c.start()
+        for n in ("w1", "w2"):
+            c.add_worker(n, [{"device": "cpu:0"}])
+        c.wait_registered(leader, ["w1", "w2"])
+        r = c.ctl("submit", "--op", "barrier", "--devices", "w1/cpu:0,w2/cpu:0",
+                  "--timeout-ms", "10000")
+        self.assertEqual(r.rc, 0, r)
+        for i in range(len(c.coords)):
+            if i != leader:
+                code, msg = c.answers(i)
+                self.assertEqual(code, "UNAVAILABLE", msg)
+                self.assertIn("leader: %s" % tcp_addr(c.coord_ports[leader]), msg)
+        return leader
+
+    def never_leads(self, c, expect_log):
+        c.start(wait=False)
+        wait_until(lambda: expect_log in c.coords[0].log_text(), 20,
+                   "the coordinator to log %r" % expect_log)
+        # Refused for several lease periods: never leads, keeps running.
+        deadline = time.monotonic() + LEASE_TTL_MS / 1000.0
+        while time.monotonic() < deadline:
+            code, msg = c.answers(0)
+            self.assertEqual(code, "UNAVAILABLE", msg)
+            time.sleep(0.1)
+        self.assertTrue(c.coords[0].running(), c.coords[0].log_tail())
+        self.assertNotIn("leading as", c.coords[0].log_text())
+        # Logged once per cause, not every tick.
+        self.assertEqual(c.coords[0].log_text().count(expect_log), 1,
+                         c.coords[0].log_tail())
+        return c.coords[0].log_text()
+
+    def test_https_with_client_certificate_elects_a_leader(self):
+        c = self.cluster(tls=True)
+        self.assertTrue(c.etcd_url.startswith("https://"))
+        self.elect_and_run(c)
+        # etcd really asks for the client certificate: without one, no answer.
+        ctx = c.pki.ssl_context()
+        with self.assertRaises(OSError):
+            urllib.request.urlopen(c.etcd_url + "/health", timeout=2, context=ctx).read()
+
+    def test_https_wrong_ca_is_refused_naming_etcd(self):
+        c = self.cluster(n_coordinators=1, tls=True, ca="other")
+        log = self.never_leads(c, "cannot campaign for leadership, no lease from etcd: etcd "
+                               + c.etcd_url)
+        self.assertIn("TLS to etcd refused: check state.ca", log)
+
+    def test_username_password_elects_a_leader_and_reauthenticates(self):
+        c = self.cluster(auth=True)
+        leader = self.elect_and_run(c)
+        log = c.coords[leader].log_text()
+        self.assertNotIn(c.etcd_password, log)
+        # etcd's simple tokens live in its memory: after a restart every token is refused
+        # (401 invalid auth token) and the coordinators authenticate again by themselves.
+        c.etcd.kill()
+        time.sleep(0.5)
+        c.etcd.start()
+        time.sleep(2 * LEASE_TTL_MS / 1000.0)
+        leader = c.wait_leader(timeout=30)
+        c.wait_registered(leader, ["w1", "w2"], timeout=30)
+        # The lease outlives the restart (keepalive needs no token); a cordon is a write to
+        # etcd under the new token.
+        c.ctl_ok("workers", "cordon", "w1")
+        c.wait_registered(leader, ["w1", "w2"], state={"w1": "cordoned", "w2": "alive"})
+        c.ctl_ok("workers", "uncordon", "w1")
+        c.wait_registered(leader, ["w1", "w2"], state={"w1": "alive", "w2": "alive"})
+        r = c.ctl("submit", "--op", "barrier", "--devices", "w1/cpu:0,w2/cpu:0",
+                  "--timeout-ms", "10000")
+        self.assertEqual(r.rc, 0, r)
+        self.assertIn("etcd refused the auth token", c.coords[leader].log_text())
+        self.assertIn("invalid auth token", c.coords[leader].log_text())
+        for d in c.coords:
+            self.assertNotIn(c.etcd_password, d.log_text())
+
+    def test_https_client_certificate_and_password_together(self):
+        c = self.cluster(tls=True, auth=True)
+        self.elect_and_run(c)
+
+    def test_wrong_password_is_refused_naming_etcd(self):
+        c = self.cluster(n_coordinators=1, auth=True, password="not-the-password")
+        log = self.never_leads(c, "etcd authentication as %s failed" % ETCD_USER)
+        self.assertIn("cannot campaign", log)
+        # etcd's own reason, read from its answer.
+        self.assertIn("authentication failed, invalid user ID or password", log)
+        self.assertNotIn("not-the-password", log)
 
 
 if __name__ == "__main__":

@@ -502,6 +502,16 @@ static const struct bad coordinator_bad[] = {
       NAME ":1:57: key 'state.prefix': ", "must not end with '/'" },
     { "state: {backend: etcd, endpoints: []}\n",
       NAME ":1:36: key 'state.endpoints': ", "must name at least one address" },
+    { "state: {backend: etcd, endpoints: [https://a:1], cert: /c.pem}\n",
+      NAME ":1:56: key 'state.cert': ", "needs state.key as well" },
+    { "state: {backend: etcd, endpoints: [https://a:1], key: /c.key}\n",
+      NAME ":1:55: key 'state.key': ", "needs state.cert as well" },
+    { "state: {backend: etcd, endpoints: [http://a:1], username: dc}\n",
+      NAME ":1:59: key 'state.username': ", "needs state.password_file as well" },
+    { "state: {backend: etcd, endpoints: [http://a:1], password_file: /p}\n",
+      NAME ":1:64: key 'state.password_file': ", "needs state.username as well" },
+    { "state: {backend: etcd, endpoints: [http://a:1], username: [a]}\n",
+      NAME ":1:59: key 'state.username': ", "expected a string, found a sequence" },
     { "advertise: nowhere\n", NAME ":1:12: key 'advertise': ", "invalid address 'nowhere'" },
 };
 
@@ -516,7 +526,11 @@ test_coordinator_state_etcd(void **state)
                                   "  endpoints: [http://10.0.0.1:2379, https://etcd-b:2379]\n"
                                   "  prefix: /devcoord/prod\n"
                                   "  lease_ttl_ms: 5000\n"
-                                  "  ca: /etc/devcoord/etcd-ca.pem\n";
+                                  "  ca: /etc/devcoord/etcd-ca.pem\n"
+                                  "  cert: /etc/devcoord/etcd-client.pem\n"
+                                  "  key: /etc/devcoord/etcd-client.key\n"
+                                  "  username: devcoord\n"
+                                  "  password_file: /etc/devcoord/etcd-password\n";
     static const char comma[]   = "state: {backend: etcd, endpoints: \"http://a:1,http://b:2\"}\n";
     struct config_coordinator c = { 0 };
     dc_status st;
@@ -528,11 +542,18 @@ test_coordinator_state_etcd(void **state)
     assert_string_equal(c.state.prefix, "/devcoord/prod");
     assert_int_equal(c.state.lease_ttl_ms, 5000);
     assert_string_equal(c.state.ca, "/etc/devcoord/etcd-ca.pem");
+    assert_string_equal(c.state.cert, "/etc/devcoord/etcd-client.pem");
+    assert_string_equal(c.state.key, "/etc/devcoord/etcd-client.key");
+    assert_string_equal(c.state.username, "devcoord");
+    assert_string_equal(c.state.password_file, "/etc/devcoord/etcd-password");
     assert_string_equal(c.advertise, "tcp://coord-a:7400");
     assert_int_equal(config_coordinator_parse(NAME, comma, strlen(comma), &c, &st), DC_OK);
     assert_string_equal(c.state.endpoints, "http://a:1,http://b:2");
     assert_string_equal(c.state.prefix, "/devcoord/default");
     assert_int_equal(c.state.lease_ttl_ms, 3000);
+    assert_null(c.state.cert);
+    assert_null(c.state.username);
+    assert_null(c.state.password_file);
     config_coordinator_free(&c);
     /* The default stays the local state: no etcd. */
     assert_int_equal(config_coordinator_parse(NAME, "", 0, &c, &st), DC_OK);

@@ -51,7 +51,17 @@ test_dechunk(void **state)
     assert_int_equal(dechunk("\r\n", buf, sizeof(buf)), -1);
     assert_int_equal(dechunk("fffffffff\r\n", buf, sizeof(buf)), -1);
     assert_int_equal(dechunk("ffffffff\r\nab", buf, sizeof(buf)), 0);
-    assert_int_equal(dechunk("0\r\nX\r\n", buf, sizeof(buf)), -1);
+    assert_int_equal(dechunk("0\r\nX\n", buf, sizeof(buf)), -1);
+    assert_int_equal(dechunk("0\r\n\n", buf, sizeof(buf)), -1);
+    /* Trailers (the gateway's error answers have one) end at the blank line. */
+    assert_int_equal(dechunk("0\r\nX\r\n", buf, sizeof(buf)), 0);
+    assert_int_equal(
+        dechunk("0\r\nGrpc-Trailer-Content-Type: application/grpc\r\n", buf, sizeof(buf)), 0);
+    assert_int_equal(dechunk("3\r\n{}\n\r\n0\r\nGrpc-Trailer-Content-Type: application/grpc\r\n"
+                             "\r\n",
+                             buf, sizeof(buf)),
+                     1);
+    assert_string_equal(buf, "{}\n");
 }
 
 static void
