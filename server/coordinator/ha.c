@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "address.h"
+#include "clock.h"
 #include "etcd.h"
 #include "log.h"
 #include "rpc.h"
@@ -44,20 +45,10 @@ struct ha {
 static bool
 ha_sleep(struct ha *h, uint32_t ms)
 {
-    struct timespec ts;
     bool stop;
 
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
     pthread_mutex_lock(&h->mu);
-    while (!h->stop && pthread_cond_timedwait(&h->cv, &h->mu, &ts) == 0) {
-    }
-    stop = h->stop;
+    stop = clock_sleep_unless(&h->cv, &h->mu, ms, &h->stop);
     pthread_mutex_unlock(&h->mu);
     return stop;
 }
