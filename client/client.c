@@ -487,7 +487,9 @@ dc_code
 dc_client_open(const char *address, const dc_client_options *opts, dc_client **out, dc_status *st)
 {
     const char *addr = client_address(address);
+    bool several     = strchr(addr, ',') != NULL; /* coordinators: follow their leader */
     char url[CLIENT_ADDRESS_MAX + 8];
+    char list[RPC_LEADER_MAX * (CLIENT_ADDRESS_MAX + 8)];
     const char *problem;
     dc_client *c = NULL;
     dc_code code;
@@ -497,40 +499,26 @@ dc_client_open(const char *address, const dc_client_options *opts, dc_client **o
         return status_set(st, DC_INVALID_ARGUMENT, "out is NULL");
     }
     *out = NULL;
-    if (strchr(addr, ',') != NULL) {
-        char list[RPC_LEADER_MAX * (CLIENT_ADDRESS_MAX + 8)];
-
+    if (several) {
         if (strlen(addr) >= RPC_LEADER_MAX * (CLIENT_ADDRESS_MAX + 1)) {
             return status_set(st, DC_INVALID_ARGUMENT, "address list too long");
         }
         if ((code = client_address_list(addr, list, sizeof(list), st)) != DC_OK) {
             return code;
         }
-        if ((c = calloc(1, sizeof(*c))) == NULL) {
-            return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    } else {
+        if (strlen(addr) > CLIENT_ADDRESS_MAX) {
+            return status_set(st, DC_INVALID_ARGUMENT, "address longer than %d bytes",
+                              CLIENT_ADDRESS_MAX);
         }
-        pthread_mutex_init(&c->mtx, NULL);
-        c->timeout_ms =
-            (opts != NULL && opts->timeout_ms != 0) ? opts->timeout_ms : CLIENT_DEFAULT_TIMEOUT_MS;
-        if ((code = client_token(opts, &c->token, st)) != DC_OK ||
-            (code = client_tls_options(c, opts, st)) != DC_OK ||
-            (code = rpc_leader_new(list, client_leader_open, c, &c->leader, st)) != DC_OK) {
-            goto fail;
+        /* HOST:PORT without a scheme is TCP, as people write it. */
+        if (strstr(addr, "://") == NULL) {
+            snprintf(url, sizeof(url), "tcp://%s", addr);
+            addr = url;
         }
-        *out = c;
-        return DC_OK;
-    }
-    if (strlen(addr) > CLIENT_ADDRESS_MAX) {
-        return status_set(st, DC_INVALID_ARGUMENT, "address longer than %d bytes",
-                          CLIENT_ADDRESS_MAX);
-    }
-    /* HOST:PORT without a scheme is TCP, as people write it. */
-    if (strstr(addr, "://") == NULL) {
-        snprintf(url, sizeof(url), "tcp://%s", addr);
-        addr = url;
-    }
-    if ((problem = address_problem(addr)) != NULL) {
-        return status_set(st, DC_INVALID_ARGUMENT, "bad address '%s': %s", addr, problem);
+        if ((problem = address_problem(addr)) != NULL) {
+            return status_set(st, DC_INVALID_ARGUMENT, "bad address '%s': %s", addr, problem);
+        }
     }
     if ((c = calloc(1, sizeof(*c))) == NULL) {
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
@@ -540,8 +528,9 @@ dc_client_open(const char *address, const dc_client_options *opts, dc_client **o
         (opts != NULL && opts->timeout_ms != 0) ? opts->timeout_ms : CLIENT_DEFAULT_TIMEOUT_MS;
     if ((code = client_token(opts, &c->token, st)) != DC_OK ||
         (code = client_tls_options(c, opts, st)) != DC_OK ||
-        (code = client_rpc_open(c, addr, opts != NULL && opts->fail_fast, &c->coord, st)) !=
-            DC_OK) {
+        (code = several ? rpc_leader_new(list, client_leader_open, c, &c->leader, st)
+                        : client_rpc_open(c, addr, opts != NULL && opts->fail_fast, &c->coord,
+                                          st)) != DC_OK) {
         goto fail;
     }
     *out = c;

@@ -1233,19 +1233,32 @@ field_collectives(struct loader *ld, const struct field *f, const char *path, vo
 
 enum { TLS_CERT, TLS_KEY, TLS_CA, TLS_REQUIRE_CLIENT_CERT };
 
+/* Keys a (field index ia) and b (ib) of the mapping `section` at path go together: one
+ * given without the other fails at the one given, naming the other. */
+static dc_code
+check_pair(struct loader *ld, const char *path, const struct seen *seen, const char *section,
+           const char *a, int ia, bool has_a, const char *b, int ib, bool has_b)
+{
+    char key[CONFIG_PATH_SIZE];
+
+    if (has_a == has_b) {
+        return DC_OK;
+    }
+    path_join(key, path, has_a ? a : b);
+    return loader_fail(ld, &seen->value[has_a ? ia : ib], key, "needs %s.%s as well", section,
+                       has_a ? b : a);
+}
+
 static dc_code
 tls_check(struct loader *ld, const char *path, void *at, const struct seen *seen)
 {
     const struct config_tls *tls = at;
     char key[CONFIG_PATH_SIZE];
+    dc_code rv;
 
-    if (tls->cert != NULL && tls->key == NULL) {
-        path_join(key, path, "cert");
-        return loader_fail(ld, &seen->value[TLS_CERT], key, "needs tls.key as well");
-    }
-    if (tls->key != NULL && tls->cert == NULL) {
-        path_join(key, path, "key");
-        return loader_fail(ld, &seen->value[TLS_KEY], key, "needs tls.cert as well");
+    if ((rv = check_pair(ld, path, seen, "tls", "cert", TLS_CERT, tls->cert != NULL, "key", TLS_KEY,
+                         tls->key != NULL)) != DC_OK) {
+        return rv;
     }
     if (tls->require_client_cert && tls->ca == NULL) {
         path_join(key, path, "require_client_cert");
@@ -1397,6 +1410,7 @@ state_fields_check(struct loader *ld, const char *path, void *at, const struct s
 {
     const struct config_state *s = at;
     char key[CONFIG_PATH_SIZE];
+    dc_code rv;
 
     if (s->backend == STATE_BACKEND_ETCD && s->endpoints == NULL) {
         path_join(key, path, "backend");
@@ -1407,25 +1421,12 @@ state_fields_check(struct loader *ld, const char *path, void *at, const struct s
         path_join(key, path, "endpoints");
         return loader_fail(ld, &seen->value[STATE_ENDPOINTS], key, "only for state.backend etcd");
     }
-    if (s->cert != NULL && s->key == NULL) {
-        path_join(key, path, "cert");
-        return loader_fail(ld, &seen->value[STATE_CERT], key, "needs state.key as well");
+    if ((rv = check_pair(ld, path, seen, "state", "cert", STATE_CERT, s->cert != NULL, "key",
+                         STATE_KEY, s->key != NULL)) != DC_OK) {
+        return rv;
     }
-    if (s->key != NULL && s->cert == NULL) {
-        path_join(key, path, "key");
-        return loader_fail(ld, &seen->value[STATE_KEY], key, "needs state.cert as well");
-    }
-    if (s->username != NULL && s->password_file == NULL) {
-        path_join(key, path, "username");
-        return loader_fail(ld, &seen->value[STATE_USERNAME], key,
-                           "needs state.password_file as well");
-    }
-    if (s->password_file != NULL && s->username == NULL) {
-        path_join(key, path, "password_file");
-        return loader_fail(ld, &seen->value[STATE_PASSWORD_FILE], key,
-                           "needs state.username as well");
-    }
-    return DC_OK;
+    return check_pair(ld, path, seen, "state", "username", STATE_USERNAME, s->username != NULL,
+                      "password_file", STATE_PASSWORD_FILE, s->password_file != NULL);
 }
 
 static const struct field state_fields[] = {

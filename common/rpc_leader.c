@@ -1,6 +1,7 @@
 #include "rpc_leader.h"
 
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -68,11 +69,10 @@ rpc_leader_new(const char *list, rpc_leader_open_fn open, void *arg, struct rpc_
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
     for (size_t i = 0; i < n; i++) {
-        if (strlen(urls[i]) > ADDRESS_MAX) {
+        if ((size_t)snprintf(l->urls[i], sizeof(l->urls[i]), "%s", urls[i]) >= sizeof(l->urls[i])) {
             rpc_leader_free(l);
             return status_set(st, DC_INVALID_ARGUMENT, "address longer than %d bytes", ADDRESS_MAX);
         }
-        strcpy(l->urls[i], urls[i]);
         if ((code = open(arg, urls[i], &l->clients[i], st)) != DC_OK) {
             rpc_leader_free(l);
             return code;

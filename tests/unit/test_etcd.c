@@ -98,6 +98,39 @@ test_split_list(void **state)
     assert_int_equal(address_split_list("tcp://a:1", buf, 4, out, 3), 0);
 }
 
+/* Counts the opens; never reached for an address refused before it. */
+static dc_code
+count_open(void *arg, const char *url, struct rpc_client **out, dc_status *st)
+{
+    (void)url;
+    (*(int *)arg)++;
+    *out = NULL;
+    return status_set(st, DC_UNAVAILABLE, "not opened in this test");
+}
+
+static void
+test_leader_new_refuses_a_long_address(void **state)
+{
+    char list[2 * ADDRESS_MAX];
+    struct rpc_leader *l = NULL;
+    dc_status st;
+    int opens = 0;
+
+    (void)state;
+    memcpy(list, "tcp://", 6);
+    memset(list + 6, 'a', ADDRESS_MAX - 6 + 1); /* one byte over ADDRESS_MAX */
+    list[ADDRESS_MAX + 1] = '\0';
+    status_clear(&st);
+    assert_int_equal(rpc_leader_new(list, count_open, &opens, &l, &st), DC_INVALID_ARGUMENT);
+    assert_null(l);
+    assert_int_equal(opens, 0);
+    assert_non_null(strstr(st.message, "address longer than"));
+    /* ADDRESS_MAX exactly is copied whole and handed to open. */
+    list[ADDRESS_MAX] = '\0';
+    assert_int_equal(rpc_leader_new(list, count_open, &opens, &l, &st), DC_UNAVAILABLE);
+    assert_int_equal(opens, 1);
+}
+
 int
 main(void)
 {
@@ -105,6 +138,7 @@ main(void)
         cmocka_unit_test(test_dechunk),
         cmocka_unit_test(test_leader_hint),
         cmocka_unit_test(test_split_list),
+        cmocka_unit_test(test_leader_new_refuses_a_long_address),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
