@@ -211,20 +211,8 @@ class HACluster(harness.Cluster):
         self.closed = True
         problems = []
         try:
-            for group in (list(self.workers.values()), self.coords, [self.etcd]):
-                live = [d for d in group if d.proc is not None and d.running()]
-                for d in live:
-                    d.expected_exit = True
-                    d.signal(signal.SIGCONT)
-                    d.signal(signal.SIGTERM)
-                deadline = time.monotonic() + 10.0
-                for d in live:
-                    rc = d.wait(max(0.1, deadline - time.monotonic()))
-                    if rc is None:
-                        problems.append("%s did not exit within 10 s of SIGTERM" % d.name)
-                        d.kill_quietly()
-                    elif rc != 0 and d is not self.etcd:
-                        problems.append("%s exited with %s on SIGTERM" % (d.name, rc))
+            harness.stop_groups([list(self.workers.values()), self.coords, [self.etcd]],
+                                problems, any_exit=[self.etcd])
         finally:
             for d in self.all_daemons():
                 d.kill_quietly()
