@@ -9,10 +9,11 @@
  * 0's times are reported (as gloo's are), median, min and max. The first call of every size
  * is checked: each rank passes rank+1 everywhere and must get n(n+1)/2 back.
  *
- * The one-worker layouts are the shared-memory case: each rank's buffer comes from
- * dc_group_alloc (checked with dc_group_buffer_shared: a rank whose worker refused the mapping
- * fails the layout rather than quietly streaming), so no byte moves between a rank and its
- * worker; the multi-worker layouts pass malloc'd buffers, streamed to the worker and back.
+ * Each rank's buffer comes from dc_group_alloc (checked with dc_group_buffer_shared: a rank
+ * whose worker refused the mapping fails the layout rather than quietly streaming), so no byte
+ * moves between a rank and its worker, as for a trainer that allocates its buffers so; in the
+ * one-worker layouts no byte moves at all. With --plain the multi-worker layouts pass malloc'd
+ * buffers instead, streamed to the worker and back over RPC (what this bench did before).
  * Beside gloo, the 16 MiB one-worker rows are set against the shared-memory limit of this
  * machine (bench_shm_probe: two threads all-reduce two 16 MiB f32 arrays, issue 17).
  */
@@ -32,20 +33,30 @@
 #define MAX_RANKS 4
 #define GB        1e9
 
-#define ONE_WORKER_MEMORY "dc_group_alloc"
 #define PROBE_BYTES       (16u << 20)
 
 static const char usage[] =
-    "usage: bench_group [--quick] [--out DIR] [--build DIR] [--one-worker]\n"
-    "  --one-worker: only the one-worker (shared memory) layouts and the probe, no gloo\n";
+    "usage: bench_group [--quick] [--out DIR] [--build DIR] [--one-worker] [--plain]\n"
+    "  --one-worker: only the one-worker (shared memory) layouts and the probe, no gloo\n"
+    "  --plain: the multi-worker layouts pass malloc'd buffers, not dc_group_alloc ones\n";
 
-/* --one-worker: for profiling the shared-memory path alone. */
+struct options {
+    bool one_worker; /* for profiling the shared-memory path alone */
+    bool plain;
+};
+
 static int
 extra_arg(int argc, char **argv, int i, void *arg)
 {
+    struct options *o = arg;
+
     (void)argc;
     if (strcmp(argv[i], "--one-worker") == 0) {
-        *(bool *)arg = true;
+        o->one_worker = true;
+        return 1;
+    }
+    if (strcmp(argv[i], "--plain") == 0) {
+        o->plain = true;
         return 1;
     }
     return 0;
@@ -60,6 +71,7 @@ struct plan {
 
 struct layout {
     unsigned ranks, workers;
+    bool plain; /* malloc'd buffers (never for one worker) */
     struct bench_timing dc[MAX_SIZES];
     int ran;
 };
@@ -69,7 +81,7 @@ struct shared {
     const struct plan *p;
     const char *address;
     unsigned ranks;
-    bool shm; /* buffers from dc_group_alloc (the one-worker layouts) */
+    bool shm; /* buffers from dc_group_alloc (all but --plain's multi-worker layouts) */
     char devices[512];
     char self[MAX_RANKS][64];
     pthread_barrier_t barrier;
@@ -238,7 +250,7 @@ rank_main(void *arg)
 static int
 run_layout(const struct bench_args *a, const struct plan *p, struct layout *l)
 {
-    struct shared sh = { .p = p, .ranks = l->ranks, .shm = l->workers == 1, .out = l->dc };
+    struct shared sh = { .p = p, .ranks = l->ranks, .shm = !l->plain, .out = l->dc };
     struct rank_arg args[MAX_RANKS];
     pthread_t threads[MAX_RANKS];
     struct cluster c;
@@ -284,8 +296,8 @@ run_layout(const struct bench_args *a, const struct plan *p, struct layout *l)
 static const char *
 layout_text(const struct layout *l)
 {
-    return l->workers == 1 ? bench_fmt("%u ranks on 1 worker, %s", l->ranks, ONE_WORKER_MEMORY)
-                           : bench_fmt("%u ranks on %u workers", l->ranks, l->workers);
+    return bench_fmt("%u ranks on %u worker%s, %s", l->ranks, l->workers, l->workers == 1 ? "" : "s",
+                     l->plain ? "plain buffers" : "dc_group_alloc");
 }
 
 /* gloo's timings for `ranks` processes. */
@@ -357,7 +369,7 @@ write_results(const struct bench_args *a, const struct plan *p, const struct lay
                     "\n    {\"system\": \"devcoord\", \"ranks\": %u, \"workers\": %u, "
                     "\"memory\": \"%s\", \"points\": [",
                     ls[k].ranks, ls[k].workers,
-                    ls[k].workers == 1 ? ONE_WORKER_MEMORY : "streamed to the worker");
+                    ls[k].plain ? "streamed to the worker" : "dc_group_alloc");
             json_points(f, ls[k].ranks, ls[k].dc, p->n_sizes);
             fprintf(f, ",");
         }
@@ -447,23 +459,26 @@ main(int argc, char **argv)
     struct bench_timing gloo[2][MAX_SIZES] = { { { 0 } } };
     const size_t nl                        = sizeof(ls) / sizeof(ls[0]);
     double probe_s;
-    bool one_worker = false;
+    struct options o = { false, false };
     int rv;
 
     bench_init();
-    if ((rv = bench_parse_args(argc, argv, &a, usage, extra_arg, &one_worker)) != 0) {
+    if ((rv = bench_parse_args(argc, argv, &a, usage, extra_arg, &o)) != 0) {
         return rv;
+    }
+    for (size_t k = 0; k < nl; k++) {
+        ls[k].plain = o.plain && ls[k].workers > 1;
     }
     p.budget_s = a.quick ? 0.5 : 2.0;
     p.min_reps = a.quick ? 3 : 5;
     p.max_reps = a.quick ? 20 : 50;
-    printf("one-worker layouts: %s\n", ONE_WORKER_MEMORY);
+    printf("multi-worker layouts: %s\n", o.plain ? "plain buffers" : "dc_group_alloc");
     probe_s = bench_shm_probe(PROBE_BYTES, a.quick ? 5 : 20);
     if (probe_s > 0) {
         printf("shared-memory probe (2 threads, 16 MiB f32): %.1f us, bus BW %.2f GB/s\n",
                probe_s * 1e6, busbw(2, PROBE_BYTES, probe_s) / GB);
     }
-    for (unsigned r = 2; r <= 4 && !one_worker; r += 2) {
+    for (unsigned r = 2; r <= 4 && !o.one_worker; r += 2) {
         printf("running gloo all-reduce with %u processes ...\n", r);
         fflush(stdout);
         if (bench_gloo_run("bench_group", r, p.sizes, p.n_sizes, p.budget_s, p.min_reps, p.max_reps,
@@ -472,7 +487,7 @@ main(int argc, char **argv)
         }
     }
     for (size_t k = 0; k < nl; k++) {
-        if (one_worker && ls[k].workers != 1) {
+        if (o.one_worker && ls[k].workers != 1) {
             continue;
         }
         printf("running the group all-reduce, %s ...\n", layout_text(&ls[k]));

@@ -158,9 +158,9 @@ plot "$out/allreduce.dat" using 1:2 with linespoints lw 2 title "devcoord, 2 wor
 EOF
     fi
     if [ -f "$out/group.dat" ]; then
-        # What the one-worker layouts' ranks passed: dc_group_alloc memory or plain buffers.
-        one=$(grep -o '"memory": "[^"]*"' "$out/group.json" 2>/dev/null | grep -v streamed |
-            head -1 | cut -d'"' -f4)
+        # What the multi-worker layouts' ranks passed (the first run is 2 ranks on 2 workers):
+        # dc_group_alloc memory, or plain buffers streamed to the worker (--plain, older runs).
+        multi=$(grep -o '"memory": "[^"]*"' "$out/group.json" 2>/dev/null | head -1 | cut -d'"' -f4)
         # An earlier run's group.dat copied beside it as group.before.dat: its one-worker rows
         # are drawn too, thin and dashed, for a before -> after plot.
         before=
@@ -172,7 +172,7 @@ EOF
         gnuplot <<EOF && echo "wrote $out/group.png"
 set terminal $term
 set output "$out/group.png"
-set title "Group all-reduce f32 sum: rank 0's time from the call to the result in its buffer\n(one-worker layouts: ${one:-unknown memory})" noenhanced
+set title "Group all-reduce f32 sum: rank 0's time from the call to the result in its buffer\n(one-worker layouts: dc_group_alloc; across workers: ${multi:-unknown memory})" noenhanced
 set xlabel "tensor size (bytes)"
 set ylabel "median time (us)"
 set logscale x 2
