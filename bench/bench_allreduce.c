@@ -411,7 +411,7 @@ main(int argc, char **argv)
                 bench_summary_row(&sum, bench_fmt("all-reduce 4 KiB, %u workers: time", n),
                                   d->ok ? bench_fmt("%.1f us", d->median_s * 1e6) : "-",
                                   g->ok ? bench_fmt("gloo %.1f us", g->median_s * 1e6) : "-", ratio,
-                                  "<= 1.0x gloo time", isnan(ratio) ? -1 : ratio <= 1.0);
+                                  "<= 1.5x gloo time (issue 17)", isnan(ratio) ? -1 : ratio <= 1.5);
             }
         }
         bench_summary_close(&sum);

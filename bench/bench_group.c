@@ -27,22 +27,26 @@
 #include "bench.h"
 #include "cluster.h"
 #include "gloo.h"
+#include "iperf.h"
 #include "shm_probe.h"
 
 #define MAX_SIZES 4
 #define MAX_RANKS 4
 #define GB        1e9
 
-#define PROBE_BYTES       (16u << 20)
+#define PROBE_BYTES (16u << 20)
 
 static const char usage[] =
     "usage: bench_group [--quick] [--out DIR] [--build DIR] [--one-worker] [--plain]\n"
+    "                   [--layout RxW]\n"
     "  --one-worker: only the one-worker (shared memory) layouts and the probe, no gloo\n"
-    "  --plain: the multi-worker layouts pass malloc'd buffers, not dc_group_alloc ones\n";
+    "  --plain: the multi-worker layouts pass malloc'd buffers, not dc_group_alloc ones\n"
+    "  --layout RxW: only the layout of R ranks on W workers, no gloo (for A/B runs)\n";
 
 struct options {
     bool one_worker; /* for profiling the shared-memory path alone */
     bool plain;
+    unsigned ranks, workers; /* --layout: only this one (0: all) */
 };
 
 static int
@@ -58,6 +62,15 @@ extra_arg(int argc, char **argv, int i, void *arg)
     if (strcmp(argv[i], "--plain") == 0) {
         o->plain = true;
         return 1;
+    }
+    if (strcmp(argv[i], "--layout") == 0 && i + 1 < argc) {
+        char x;
+        if (sscanf(argv[i + 1], "%u%c%u", &o->ranks, &x, &o->workers) != 3 || x != 'x' ||
+            o->ranks == 0 || o->workers == 0) {
+            fprintf(stderr, "bench_group: --layout wants RxW, e.g. 2x2\n");
+            return -1;
+        }
+        return 2;
     }
     return 0;
 }
@@ -296,8 +309,8 @@ run_layout(const struct bench_args *a, const struct plan *p, struct layout *l)
 static const char *
 layout_text(const struct layout *l)
 {
-    return bench_fmt("%u ranks on %u worker%s, %s", l->ranks, l->workers, l->workers == 1 ? "" : "s",
-                     l->plain ? "plain buffers" : "dc_group_alloc");
+    return bench_fmt("%u ranks on %u worker%s, %s", l->ranks, l->workers,
+                     l->workers == 1 ? "" : "s", l->plain ? "plain buffers" : "dc_group_alloc");
 }
 
 /* gloo's timings for `ranks` processes. */
@@ -348,7 +361,7 @@ json_points(FILE *f, unsigned ranks, const struct bench_timing *t, size_t n)
 
 static void
 write_results(const struct bench_args *a, const struct plan *p, const struct layout *ls, size_t nl,
-              struct bench_timing gloo[][MAX_SIZES], double probe_s)
+              struct bench_timing gloo[][MAX_SIZES], double probe_s, double bidir)
 {
     struct bench_summary sum;
     FILE *f;
@@ -400,7 +413,7 @@ write_results(const struct bench_args *a, const struct plan *p, const struct lay
         }
         fclose(f);
     }
-    /* Issue 17's goals are the data plane's; this bench only shows where the group path is. */
+    /* The summary rows: each with issue 17's goal for it, or none. */
     if (bench_summary_open(&sum, a, "group") != 0) {
         return;
     }
@@ -411,15 +424,19 @@ write_results(const struct bench_args *a, const struct plan *p, const struct lay
             const char *goal;
             int met = -1;
 
-            if (p->sizes[i] <= 4096) {
-                goal = "<= 1.0x gloo time (issue 17)";
-                met  = isnan(ratio) ? -1 : ratio <= 1.0;
+            /* Issue 17's goals: across workers, 4 KiB in <= 0.5x gloo's time (2 workers) or
+             * 0.8x (4 workers), 16 MiB at >= 1.2x gloo's bus bandwidth; on one worker, 16 MiB
+             * at >= 8x gloo's. */
+            if (p->sizes[i] <= 4096 && ls[k].workers > 1) {
+                double want = ls[k].workers == 2 ? 0.5 : 0.8;
+                goal        = bench_fmt("<= %.1fx gloo time (issue 17)", want);
+                met         = isnan(ratio) ? -1 : ratio <= want;
             } else if (p->sizes[i] >= (16u << 20) && ls[k].workers == 1) {
                 goal = "bus BW >= 8x gloo: time <= 0.125x (issue 17)";
                 met  = isnan(ratio) ? -1 : ratio <= 1 / 8.0;
             } else if (p->sizes[i] >= (16u << 20)) {
-                goal = "bus BW >= 1.6x gloo: time <= 0.625x (issue 17)";
-                met  = isnan(ratio) ? -1 : ratio <= 1 / 1.6;
+                goal = "bus BW >= 1.2x gloo: time <= 0.833x (issue 17)";
+                met  = isnan(ratio) ? -1 : ratio <= 1 / 1.2;
             } else {
                 goal = "- (issue 17 sets none)";
             }
@@ -430,6 +447,18 @@ write_results(const struct bench_args *a, const struct plan *p, const struct lay
                 d->ok ? bench_fmt("%.1f us", d->median_s * 1e6) : "-",
                 g->ok ? bench_fmt("gloo %u procs %.1f us", ls[k].ranks, g->median_s * 1e6) : "-",
                 ratio, goal, met);
+            if (ls[k].workers == 2 && p->sizes[i] == PROBE_BYTES) {
+                /* The TCP limit of a 2-worker ring: what one direction of iperf3 --bidir gets. */
+                double bw = d->ok ? busbw(ls[k].ranks, d->bytes, d->median_s) : NAN;
+                double r  = isnan(bw) || isnan(bidir) ? NAN : bw / bidir;
+                bench_summary_row(
+                    &sum,
+                    bench_fmt("group all-reduce %s, %s: bus BW", bench_size_text(p->sizes[i]),
+                              layout_text(&ls[k])),
+                    d->ok ? bench_fmt("%.2f GB/s", bw / GB) : "-",
+                    isnan(bidir) ? "-" : bench_fmt("iperf3 --bidir %.2f GB/s", bidir / GB), r,
+                    ">= 0.9x --bidir per direction (issue 17)", isnan(r) ? -1 : r >= 0.9);
+            }
             if (ls[k].workers == 1 && p->sizes[i] == PROBE_BYTES) {
                 /* The shared-memory limit: bus bandwidth against the 2-thread probe's. */
                 double bw = d->ok ? busbw(ls[k].ranks, d->bytes, d->median_s) : NAN;
@@ -458,8 +487,8 @@ main(int argc, char **argv)
                            { .ranks = 4, .workers = 1 } };
     struct bench_timing gloo[2][MAX_SIZES] = { { { 0 } } };
     const size_t nl                        = sizeof(ls) / sizeof(ls[0]);
-    double probe_s;
-    struct options o = { false, false };
+    double probe_s, bidir = NAN;
+    struct options o = { false, false, 0, 0 };
     int rv;
 
     bench_init();
@@ -478,7 +507,11 @@ main(int argc, char **argv)
         printf("shared-memory probe (2 threads, 16 MiB f32): %.1f us, bus BW %.2f GB/s\n",
                probe_s * 1e6, busbw(2, PROBE_BYTES, probe_s) / GB);
     }
-    for (unsigned r = 2; r <= 4 && !o.one_worker; r += 2) {
+    if (!o.one_worker && o.ranks == 0) {
+        bidir = bench_iperf(a.quick ? 1 : 3, 1);
+        printf("loopback TCP (iperf3 --bidir): %.3f GB/s per direction\n", bidir / GB);
+    }
+    for (unsigned r = 2; r <= 4 && !o.one_worker && o.ranks == 0; r += 2) {
         printf("running gloo all-reduce with %u processes ...\n", r);
         fflush(stdout);
         if (bench_gloo_run("bench_group", r, p.sizes, p.n_sizes, p.budget_s, p.min_reps, p.max_reps,
@@ -487,7 +520,8 @@ main(int argc, char **argv)
         }
     }
     for (size_t k = 0; k < nl; k++) {
-        if (o.one_worker && ls[k].workers != 1) {
+        if ((o.one_worker && ls[k].workers != 1) ||
+            (o.ranks != 0 && (ls[k].ranks != o.ranks || ls[k].workers != o.workers))) {
             continue;
         }
         printf("running the group all-reduce, %s ...\n", layout_text(&ls[k]));
@@ -497,6 +531,6 @@ main(int argc, char **argv)
         }
         print_table(&p, &ls[k], gloo_of(gloo, ls[k].ranks));
     }
-    write_results(&a, &p, ls, nl, gloo, probe_s);
+    write_results(&a, &p, ls, nl, gloo, probe_s, bidir);
     return 0;
 }
