@@ -864,10 +864,11 @@ wcall_descs(const struct wgroup *g, const struct wcall *c, struct desc *out)
     }
 }
 
-/* The call's result into *res (res_bytes), the same bytes on every worker. mtx held. */
+/* The call's result into *res (res_bytes), the same bytes on every worker: the caller frees
+ * it, unless *borrowed (it is c's ring buffer, freed with c). mtx held. */
 static dc_code
 wcall_compute(struct wgroups *wg, struct wgroup *g, struct wcall *c, uint8_t **res,
-              size_t *res_bytes, dc_status *st)
+              size_t *res_bytes, bool *borrowed, dc_status *st)
 {
     struct desc *all = calloc(g->n, sizeof(*all));
     const struct desc *d;
@@ -876,6 +877,7 @@ wcall_compute(struct wgroups *wg, struct wgroup *g, struct wcall *c, uint8_t **r
 
     *res       = NULL;
     *res_bytes = 0;
+    *borrowed  = false;
     if (all == NULL) {
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
@@ -902,8 +904,16 @@ wcall_compute(struct wgroups *wg, struct wgroup *g, struct wcall *c, uint8_t **r
     }
     if (c->ring != NULL && c->ring->acc != NULL && !c->ring->broken &&
         c->ring->done == ring_steps(c->ring) && c->ring->bytes == bytes) {
-        /* Round the ring: every worker holds the same reduced bytes already. */
+        /* Round the ring: every worker holds the same reduced bytes already. The result is
+         * the ring's buffer itself, read (never written) while senders may still read it;
+         * a mean's division writes, so it works on a copy. */
         wg->ring_calls_total++;
+        if (d->reduce != DC_REDUCE_MEAN) {
+            *res       = c->ring->acc->data;
+            *res_bytes = bytes;
+            *borrowed  = true;
+            goto out;
+        }
         if ((*res = malloc(bytes + 1)) == NULL) {
             rv = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
             goto out;
@@ -997,6 +1007,7 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
     Devcoord__V1__GroupCallResponse out = DEVCOORD__V1__GROUP_CALL_RESPONSE__INIT;
     uint8_t *res                        = NULL;
     size_t res_bytes                    = 0;
+    bool borrowed                       = false; /* res is c's ring buffer: not freed here */
     dc_status st;
     dc_op_kind kind;
 
@@ -1019,7 +1030,7 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
         wcall_fail_locals(g, c, &c->shrunk);
     } else if (wcall_in_place(wg, g, c)) {
         wcall_finish_in_place(wg, g, c);
-    } else if (wcall_compute(wg, g, c, &res, &res_bytes, &st) != DC_OK) {
+    } else if (wcall_compute(wg, g, c, &res, &res_bytes, &borrowed, &st) != DC_OK) {
         log_info("group %s call %llu failed: %s", g->id, (unsigned long long)c->seq, st.message);
         wcall_fail_locals(g, c, &st);
     } else {
@@ -1063,7 +1074,9 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
         }
         histo_observe(&wg->call_seconds, out.elapsed_us);
     }
-    free(res);
+    if (!borrowed) {
+        free(res);
+    }
     wcall_free(wg, g, c);
 }
 
