@@ -225,6 +225,7 @@ struct dlink_server {
     struct dlink_conn *conns;
     size_t n_conns;
     atomic_uint_fast64_t refused;
+    atomic_uint_fast64_t finished;
 };
 
 static void
@@ -329,6 +330,7 @@ out:
         s->ev.peer_lost(s->ev.arg, c->peer, &why);
     }
     nng_stream_close(c->stream);
+    atomic_fetch_add(&s->finished, 1);
     atomic_store(&c->done, true);
     return NULL;
 }
@@ -390,6 +392,7 @@ accept_main(void *arg)
             pthread_mutex_unlock(&s->mtx);
             nng_stream_close(stream);
             nng_stream_free(stream);
+            atomic_fetch_add(&s->finished, 1);
             continue;
         }
         c->srv    = s;
@@ -401,6 +404,7 @@ accept_main(void *arg)
             nng_stream_free(stream);
             nng_aio_free(c->aio);
             free(c);
+            atomic_fetch_add(&s->finished, 1);
             continue;
         }
         c->started = true;
@@ -468,6 +472,12 @@ uint64_t
 dlink_server_refused(struct dlink_server *s)
 {
     return atomic_load(&s->refused);
+}
+
+uint64_t
+dlink_server_finished(struct dlink_server *s)
+{
+    return atomic_load(&s->finished);
 }
 
 void

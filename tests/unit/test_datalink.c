@@ -182,6 +182,16 @@ wait_refused(struct dlink_server *srv, uint64_t want)
     assert_int_equal(dlink_server_refused(srv), want);
 }
 
+/* Waits (bounded) for the server to be done with `want` connections in all. */
+static void
+wait_finished(struct dlink_server *srv, uint64_t want)
+{
+    for (int i = 0; i < 300 && dlink_server_finished(srv) < want; i++) {
+        nng_msleep(10);
+    }
+    assert_int_equal(dlink_server_finished(srv), want);
+}
+
 /* A raw TCP client: sends bytes, then reports whether the server closed the connection. */
 static bool
 raw_send_then_closed(const char *url, const void *bytes, size_t len)
@@ -257,6 +267,7 @@ test_a_part_lands_where_the_receiver_says(void **state)
     }
     assert_int_equal(sink_get(&s, &s.lost), 1);
     assert_int_equal(dlink_server_refused(srv), 0);
+    wait_finished(srv, 1);
     dlink_server_free(srv);
     free(s.dst);
     free(src);
@@ -309,6 +320,7 @@ test_hostile_peers_are_dropped_without_a_frame(void **state)
         assert_true(raw_send_then_closed(url, two, sizeof(two)));
     }
     wait_refused(srv, 6);
+    wait_finished(srv, 6);
     /* A good peer that announces what nobody wants: read and dropped, the link stays up. */
     assert_int_equal(dlink_dial(url, NULL, dlink_server_secret(srv), "tcp://y:2", 2000, &o, &st),
                      DC_OK);
@@ -323,6 +335,8 @@ test_hostile_peers_are_dropped_without_a_frame(void **state)
      * groups end): the one announcing 4 GiB. */
     assert_int_equal(sink_get(&s, &s.lost), 1);
     assert_int_equal(dlink_server_refused(srv), 6);
+    /* That one is still open. */
+    assert_int_equal(dlink_server_finished(srv), 6);
     dlink_out_close(o);
     dlink_server_free(srv); /* with a connection possibly still open: bounded, joins all */
     pthread_mutex_destroy(&s.mtx);
