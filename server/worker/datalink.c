@@ -237,10 +237,11 @@ conn_refuse(struct dlink_conn *c, const char *why)
 
 /* HELLO: the secret, then the sender's RPC address. */
 static bool
-conn_hello(struct dlink_conn *c, uint8_t *chunk)
+conn_hello(struct dlink_conn *c)
 {
     struct dlink_server *s = c->srv;
     uint8_t raw[DLINK_HDR_SIZE];
+    uint8_t hello[DLINK_SECRET_SIZE + DLINK_ADDRESS_MAX];
     nng_iov iov = { raw, sizeof(raw) };
     struct dlink_hdr h;
     dc_status st;
@@ -255,17 +256,17 @@ conn_hello(struct dlink_conn *c, uint8_t *chunk)
         conn_refuse(c, st.code != DC_OK ? st.message : "first frame is not HELLO");
         return false;
     }
-    iov = (nng_iov){ chunk, h.length };
+    iov = (nng_iov){ hello, h.length };
     if ((rv = stream_recv_all(c->stream, c->aio, &iov, 1, (nng_duration)s->handshake_ms)) != 0) {
         conn_refuse(c, "HELLO cut short");
         return false;
     }
-    if (!auth_equal(chunk, DLINK_SECRET_SIZE, s->secret, DLINK_SECRET_SIZE)) {
+    if (!auth_equal(hello, DLINK_SECRET_SIZE, s->secret, DLINK_SECRET_SIZE)) {
         conn_refuse(c, "wrong secret in HELLO");
         return false;
     }
     snprintf(c->peer, sizeof(c->peer), "%.*s", (int)(h.length - DLINK_SECRET_SIZE),
-             (const char *)chunk + DLINK_SECRET_SIZE);
+             (const char *)hello + DLINK_SECRET_SIZE);
     return true;
 }
 
@@ -274,12 +275,12 @@ conn_main(void *arg)
 {
     struct dlink_conn *c   = arg;
     struct dlink_server *s = c->srv;
-    uint8_t *chunk         = malloc(DLINK_CHUNK);
+    uint8_t *chunk         = NULL; /* for payloads nobody wants; only once one comes */
     bool authed            = false;
     dc_status why;
 
     status_clear(&why);
-    if (chunk == NULL || !(authed = conn_hello(c, chunk))) {
+    if (!(authed = conn_hello(c))) {
         goto out;
     }
     for (;;) {
@@ -305,6 +306,8 @@ conn_main(void *arg)
         if (dst != NULL) {
             iov = (nng_iov){ dst, h.length };
             rv  = stream_recv_all(c->stream, c->aio, &iov, 1, NNG_DURATION_INFINITE);
+        } else if (h.length > 0 && chunk == NULL && (chunk = malloc(DLINK_CHUNK)) == NULL) {
+            rv = NNG_ENOMEM;
         } else {
             /* Nobody wants it: read it through the chunk buffer. */
             for (size_t left = h.length; left > 0 && rv == 0;) {
