@@ -274,6 +274,42 @@ test_a_part_lands_where_the_receiver_says(void **state)
     pthread_mutex_destroy(&s.mtx);
 }
 
+/* An empty part (a zero-element tensor) is one frame of no bytes: it lands, and the link stays
+ * up for the next one. nng reads zero bytes as the peer closing, so the port must not ask. */
+static void
+test_an_empty_part_keeps_the_link(void **state)
+{
+    uint8_t landing[1] = { 0 };
+    struct sink s      = { .dst = landing, .bytes = 0 };
+    struct dlink_server *srv;
+    struct dlink_out *o;
+    struct dlink_hdr h = data_hdr(0, 0, 0);
+    char url[64];
+    dc_status st;
+
+    (void)state;
+    pthread_mutex_init(&s.mtx, NULL);
+    srv = start(&s, url, sizeof(url));
+    assert_int_equal(
+        dlink_dial(url, NULL, dlink_server_secret(srv), "tcp://127.0.0.1:9", 2000, &o, &st), DC_OK);
+    assert_int_equal(dlink_send(o, &h, landing, 0, &st), DC_OK);
+    h.seq++;
+    assert_int_equal(dlink_send(o, &h, landing, 0, &st), DC_OK);
+    for (int i = 0; i < 300 && sink_get(&s, &s.ends) < 2; i++) {
+        nng_msleep(10);
+    }
+    assert_int_equal(sink_get(&s, &s.begins), 2);
+    assert_int_equal(sink_get(&s, &s.ends), 2);
+    assert_int_equal(sink_get(&s, &s.lost), 0);
+    assert_int_equal(dlink_server_finished(srv), 0);
+    dlink_out_close(o);
+    wait_finished(srv, 1);
+    assert_int_equal(sink_get(&s, &s.lost), 1);
+    assert_int_equal(dlink_server_refused(srv), 0);
+    dlink_server_free(srv);
+    pthread_mutex_destroy(&s.mtx);
+}
+
 static void
 test_hostile_peers_are_dropped_without_a_frame(void **state)
 {
@@ -349,6 +385,7 @@ main(void)
         cmocka_unit_test(test_header_round_trip),
         cmocka_unit_test(test_header_refusals),
         cmocka_unit_test(test_a_part_lands_where_the_receiver_says),
+        cmocka_unit_test(test_an_empty_part_keeps_the_link),
         cmocka_unit_test(test_hostile_peers_are_dropped_without_a_frame),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
