@@ -16,8 +16,9 @@
  * Besides, dlink_hdr_decode is checked as a pure function on every header the model meets:
  * decoding bounds length and total by max_frame, a data frame's bytes by its part, a HELLO's
  * length by the secret and an address, and an accepted header encodes back to its bytes.
- * Nothing may be allocated from a header's length before the check: libFuzzer's malloc limit
- * (the rss limit) reports such an allocation.
+ * Nothing may be allocated from a header's length before the check: a malloc hook records the
+ * largest allocation while an input runs, which must stay within MAX_FRAME and the input's own
+ * size (libFuzzer's malloc limit, the rss limit, would only see the largest).
  *
  * Input: byte 0 picks how the rest goes on the wire (the fuzzer cannot guess a random secret):
  *   0: raw;
@@ -28,19 +29,23 @@
  * and drops it), as a frame for a group no longer here would.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <nng/nng.h>
 #include <nng/supplemental/util/platform.h>
+#include <sanitizer/allocator_interface.h>
 
 #include "datalink.h"
 #include "fuzz.h"
 #include "log.h"
 
-#define MAX_FRAME    ((uint64_t)1 << 20)
-#define HANDSHAKE_MS 2000
+#define MAX_FRAME ((uint64_t)1 << 20)
+/* Never reached (the target closes right after its bytes); long, so a slow machine does not
+ * turn a valid HELLO into a refusal the model did not expect. */
+#define HANDSHAKE_MS 5000
 /* How long the port may take with one connection after the target closed its side. */
 #define WAIT_MS 8000
 #define PEER    "tcp://fuzz-peer:7500"
@@ -69,6 +74,25 @@ static nng_stream_dialer *dialer;
 static nng_aio *aio;
 /* frame_end hands back pins; a dropped frame's pin points here. */
 static int drop_pin;
+/* The largest allocation since the input began, any thread. */
+static atomic_size_t biggest;
+
+static void
+malloc_hook(const volatile void *p, size_t size)
+{
+    size_t seen = atomic_load_explicit(&biggest, memory_order_relaxed);
+
+    (void)p;
+    while (size > seen && !atomic_compare_exchange_weak_explicit(
+                              &biggest, &seen, size, memory_order_relaxed, memory_order_relaxed)) {
+    }
+}
+
+static void
+free_hook(const volatile void *p)
+{
+    (void)p;
+}
 
 static struct event *
 event_add(enum event_kind kind, const char *peer)
@@ -278,6 +302,10 @@ start_once(void)
     }
     /* Every refused connection is a warning: the fuzzer makes thousands a second. */
     log_configure(LOG_ERROR, LOG_FORMAT_TEXT, "fuzz_datalink");
+    if (__sanitizer_install_malloc_and_free_hooks(malloc_hook, free_hook) == 0) {
+        fprintf(stderr, "fuzz_datalink: cannot install the malloc hook\n");
+        exit(1);
+    }
     status_clear(&st);
     if (dlink_server_start("tcp://127.0.0.1:0", NULL, MAX_FRAME, HANDSHAKE_MS, &ev, &srv, &st) !=
         DC_OK) {
@@ -393,6 +421,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     start_once();
+    atomic_store(&biggest, 0);
     mode = data[0] % 3;
     data++;
     size--;
@@ -425,8 +454,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     refused = dlink_server_refused(srv);
     send_bytes(wire, len);
     conns++;
-    for (int waited = 0; dlink_server_finished(srv) < conns; waited++) {
-        if (waited >= WAIT_MS) {
+    for (nng_time start = nng_clock(); dlink_server_finished(srv) < conns;) {
+        if (nng_clock() - start > WAIT_MS) {
             fuzz_finding("the data port still holds a connection %d ms after it closed", WAIT_MS);
         }
         nng_msleep(1);
@@ -434,6 +463,11 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (dlink_server_finished(srv) != conns) {
         fuzz_finding("the data port finished %llu connections of %llu",
                      (unsigned long long)dlink_server_finished(srv), (unsigned long long)conns);
+    }
+    /* The target's own: the frames' buffers (checked lengths), the input's copies. */
+    if (atomic_load(&biggest) > MAX_FRAME + size + 4096) {
+        fuzz_finding("%zu bytes allocated for an input of %zu bytes (max_frame %llu)",
+                     atomic_load(&biggest), size, (unsigned long long)MAX_FRAME);
     }
     if (dlink_server_refused(srv) - refused != (m.refused ? 1 : 0)) {
         fuzz_finding("the data port refused %llu connections, the model %d",
