@@ -140,6 +140,12 @@ dlink_group_hash(const char *id)
 static int
 stream_recv_all(nng_stream *s, nng_aio *aio, nng_iov *iov, unsigned n, nng_duration timeout)
 {
+    /* nng reads nothing for an empty iov and takes that for the peer closing (NNG_ECONNSHUT):
+     * an empty payload (dlink_send sends one for an empty part) is received at once. */
+    while (n > 0 && iov[0].iov_len == 0) {
+        iov++;
+        n--;
+    }
     while (n > 0) {
         size_t got;
         int rv;
@@ -225,6 +231,7 @@ struct dlink_server {
     struct dlink_conn *conns;
     size_t n_conns;
     atomic_uint_fast64_t refused;
+    atomic_uint_fast64_t finished;
 };
 
 static void
@@ -236,10 +243,11 @@ conn_refuse(struct dlink_conn *c, const char *why)
 
 /* HELLO: the secret, then the sender's RPC address. */
 static bool
-conn_hello(struct dlink_conn *c, uint8_t *chunk)
+conn_hello(struct dlink_conn *c)
 {
     struct dlink_server *s = c->srv;
     uint8_t raw[DLINK_HDR_SIZE];
+    uint8_t hello[DLINK_SECRET_SIZE + DLINK_ADDRESS_MAX];
     nng_iov iov = { raw, sizeof(raw) };
     struct dlink_hdr h;
     dc_status st;
@@ -254,17 +262,17 @@ conn_hello(struct dlink_conn *c, uint8_t *chunk)
         conn_refuse(c, st.code != DC_OK ? st.message : "first frame is not HELLO");
         return false;
     }
-    iov = (nng_iov){ chunk, h.length };
+    iov = (nng_iov){ hello, h.length };
     if ((rv = stream_recv_all(c->stream, c->aio, &iov, 1, (nng_duration)s->handshake_ms)) != 0) {
         conn_refuse(c, "HELLO cut short");
         return false;
     }
-    if (!auth_equal(chunk, DLINK_SECRET_SIZE, s->secret, DLINK_SECRET_SIZE)) {
+    if (!auth_equal(hello, DLINK_SECRET_SIZE, s->secret, DLINK_SECRET_SIZE)) {
         conn_refuse(c, "wrong secret in HELLO");
         return false;
     }
     snprintf(c->peer, sizeof(c->peer), "%.*s", (int)(h.length - DLINK_SECRET_SIZE),
-             (const char *)chunk + DLINK_SECRET_SIZE);
+             (const char *)hello + DLINK_SECRET_SIZE);
     return true;
 }
 
@@ -273,12 +281,12 @@ conn_main(void *arg)
 {
     struct dlink_conn *c   = arg;
     struct dlink_server *s = c->srv;
-    uint8_t *chunk         = malloc(DLINK_CHUNK);
+    uint8_t *chunk         = NULL; /* for payloads nobody wants; only once one comes */
     bool authed            = false;
     dc_status why;
 
     status_clear(&why);
-    if (chunk == NULL || !(authed = conn_hello(c, chunk))) {
+    if (!(authed = conn_hello(c))) {
         goto out;
     }
     for (;;) {
@@ -304,6 +312,8 @@ conn_main(void *arg)
         if (dst != NULL) {
             iov = (nng_iov){ dst, h.length };
             rv  = stream_recv_all(c->stream, c->aio, &iov, 1, NNG_DURATION_INFINITE);
+        } else if (h.length > 0 && chunk == NULL && (chunk = malloc(DLINK_CHUNK)) == NULL) {
+            rv = NNG_ENOMEM;
         } else {
             /* Nobody wants it: read it through the chunk buffer. */
             for (size_t left = h.length; left > 0 && rv == 0;) {
@@ -329,6 +339,7 @@ out:
         s->ev.peer_lost(s->ev.arg, c->peer, &why);
     }
     nng_stream_close(c->stream);
+    atomic_fetch_add(&s->finished, 1);
     atomic_store(&c->done, true);
     return NULL;
 }
@@ -390,6 +401,7 @@ accept_main(void *arg)
             pthread_mutex_unlock(&s->mtx);
             nng_stream_close(stream);
             nng_stream_free(stream);
+            atomic_fetch_add(&s->finished, 1);
             continue;
         }
         c->srv    = s;
@@ -401,6 +413,7 @@ accept_main(void *arg)
             nng_stream_free(stream);
             nng_aio_free(c->aio);
             free(c);
+            atomic_fetch_add(&s->finished, 1);
             continue;
         }
         c->started = true;
@@ -468,6 +481,12 @@ uint64_t
 dlink_server_refused(struct dlink_server *s)
 {
     return atomic_load(&s->refused);
+}
+
+uint64_t
+dlink_server_finished(struct dlink_server *s)
+{
+    return atomic_load(&s->finished);
 }
 
 void

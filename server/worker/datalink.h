@@ -95,6 +95,10 @@ int dlink_server_port(const struct dlink_server *s);
 const uint8_t *dlink_server_secret(const struct dlink_server *s);
 /* Connections refused so far (bad HELLO, bad frame, too many). */
 uint64_t dlink_server_refused(struct dlink_server *s);
+/* Connections the server is done with so far: accepted, then closed at accept or served until
+ * their thread ended. Once a connection counts here, no event of it runs any more (a test that
+ * closed its side waits on this before it looks at what the events got). */
+uint64_t dlink_server_finished(struct dlink_server *s);
 /* Closes the listener and every connection, joins the threads: no event runs after it. */
 void dlink_server_free(struct dlink_server *s);
 

@@ -4,7 +4,9 @@
  * request: a valid frame for every method of both services, packed with the real wire
  * code, and frames that are wrong in one way each. dataplane: sequences of length-prefixed
  * frames (upload in chunks, read back, list, delete). device: every backend and kind in
- * text, and near misses. config: the examples of design §9 and tricky YAML.
+ * text, and near misses. config: the examples of design §9 and tricky YAML. datalink: the
+ * data link's byte streams (a mode byte, then HELLO and data frames, see fuzz_datalink.c),
+ * valid and broken one way each.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -12,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "datalink.h"
 #include "device.h"
 #include "devcoord/v1/devcoord.pb-c.h"
 #include "rpc.h"
@@ -500,6 +503,171 @@ config_seeds(void)
     }
 }
 
+/* ---- datalink ------------------------------------------------------------------------ */
+
+/* fuzz_datalink's first byte: how the rest goes on the wire. */
+enum { LINK_RAW = 0, LINK_HELLO = 1, LINK_SPLICE = 2 };
+
+static void
+link_frame(struct buf *b, const struct dlink_hdr *h, const void *payload, size_t len)
+{
+    uint8_t raw[DLINK_HDR_SIZE];
+
+    dlink_hdr_encode(h, raw);
+    buf_add(b, raw, sizeof(raw));
+    if (len > 0) {
+        buf_add(b, payload, len);
+    }
+}
+
+static struct dlink_hdr
+link_data(uint64_t offset, uint32_t length, uint64_t total)
+{
+    return (struct dlink_hdr){ .kind       = DLINK_DATA,
+                               .from       = 1,
+                               .length     = length,
+                               .group      = dlink_group_hash("0123456789abcdef"),
+                               .generation = 3,
+                               .seq        = 7,
+                               .offset     = offset,
+                               .total      = total };
+}
+
+/* A HELLO whose secret fuzz_datalink overwrites with the port's (LINK_SPLICE). */
+static void
+link_hello(struct buf *b, const char *address, size_t address_len)
+{
+    uint8_t hello[DLINK_SECRET_SIZE + DLINK_ADDRESS_MAX + 1] = { 0 };
+    struct dlink_hdr h = { .kind = DLINK_HELLO, .length = DLINK_SECRET_SIZE + address_len };
+
+    memcpy(hello + DLINK_SECRET_SIZE, address, address_len);
+    link_frame(b, &h, hello, h.length);
+}
+
+static void
+link_seed(const char *name, const struct buf *b)
+{
+    write_seed("datalink", name, b->data, b->len);
+}
+
+static void
+datalink_seeds(void)
+{
+    static const char addr[] = "tcp://node-b:7500";
+    uint8_t payload[96];
+    struct dlink_hdr h;
+    struct buf b = { 0 };
+    uint8_t mode;
+
+    for (size_t i = 0; i < sizeof(payload); i++) {
+        payload[i] = (uint8_t)(i * 7 + 1);
+    }
+    /* Valid: a part in three frames, the middle one for a group no longer here (flag bit 0:
+     * fuzz_datalink names no memory for it), then an empty part. */
+    mode = LINK_HELLO;
+    buf_add(&b, &mode, 1);
+    h = link_data(0, 32, 96);
+    link_frame(&b, &h, payload, 32);
+    h       = link_data(32, 32, 96);
+    h.flags = 1;
+    link_frame(&b, &h, payload + 32, 32);
+    h = link_data(64, 32, 96);
+    link_frame(&b, &h, payload + 64, 32);
+    h = link_data(0, 0, 0);
+    link_frame(&b, &h, NULL, 0);
+    link_seed("hello-three-frames-and-empty", &b);
+
+    /* Each broken one way after a valid HELLO. */
+#define BROKEN(name, mutate)             \
+    do {                                 \
+        uint8_t raw[DLINK_HDR_SIZE];     \
+        b.len = 0;                       \
+        buf_add(&b, &mode, 1);           \
+        h = link_data(0, 32, 64);        \
+        link_frame(&b, &h, payload, 32); \
+        h = link_data(32, 32, 64);       \
+        dlink_hdr_encode(&h, raw);       \
+        mutate;                          \
+        buf_add(&b, raw, sizeof(raw));   \
+        buf_add(&b, payload + 32, 32);   \
+        link_seed(name, &b);             \
+    } while (0)
+    BROKEN("bad-magic", raw[0] ^= 1);
+    BROKEN("bad-version", raw[4] = DLINK_VERSION + 1);
+    BROKEN("unknown-kind", raw[5] = 3);
+    BROKEN("second-hello", raw[5] = DLINK_HELLO);
+    BROKEN("length-above-limit", raw[14] = 0x20); /* 2 MiB + 32 */
+    BROKEN("length-4gib", memset(raw + 12, 0xff, 4));
+    BROKEN("total-above-limit", raw[53] = 1); /* 1 TiB + 64 */
+    BROKEN("outside-part", raw[40] = 40);     /* bytes 40+32 of 64 */
+    BROKEN("offset-wraps", memset(raw + 40, 0xff, 8));
+#undef BROKEN
+    /* Cut short: inside a header, inside a payload. */
+    b.len = 0;
+    buf_add(&b, &mode, 1);
+    h = link_data(0, 32, 64);
+    link_frame(&b, &h, payload, 32);
+    h = link_data(32, 32, 64);
+    link_frame(&b, &h, payload + 32, 32);
+    b.len -= 32 + 20;
+    link_seed("header-cut-short", &b);
+    b.len += 20 + 16;
+    link_seed("payload-cut-short", &b);
+
+    /* The HELLO shaped by the input (LINK_SPLICE puts the real secret in). */
+    mode  = LINK_SPLICE;
+    b.len = 0;
+    buf_add(&b, &mode, 1);
+    link_hello(&b, addr, sizeof(addr) - 1);
+    h = link_data(0, 16, 16);
+    link_frame(&b, &h, payload, 16);
+    link_seed("spliced-hello", &b);
+    b.len = 0;
+    buf_add(&b, &mode, 1);
+    link_hello(&b, "tcp://a:1\0tail", 15);
+    h = link_data(0, 16, 16);
+    link_frame(&b, &h, payload, 16);
+    link_seed("spliced-hello-nul-in-address", &b);
+    b.len = 0;
+    buf_add(&b, &mode, 1);
+    link_hello(&b, "", 0);
+    link_seed("spliced-hello-no-address", &b);
+    {
+        char longest[DLINK_ADDRESS_MAX + 1];
+        memset(longest, 'a', sizeof(longest));
+        b.len = 0;
+        buf_add(&b, &mode, 1);
+        link_hello(&b, longest, DLINK_ADDRESS_MAX);
+        link_seed("spliced-hello-longest-address", &b);
+        b.len = 0;
+        buf_add(&b, &mode, 1);
+        link_hello(&b, longest, DLINK_ADDRESS_MAX + 1);
+        link_seed("spliced-hello-address-too-long", &b);
+    }
+    b.len = 0;
+    buf_add(&b, &mode, 1);
+    link_hello(&b, addr, sizeof(addr) - 1);
+    b.len -= 8;
+    link_seed("spliced-hello-cut-short", &b);
+
+    /* Raw: without the secret nothing may come through. */
+    mode  = LINK_RAW;
+    b.len = 0;
+    buf_add(&b, &mode, 1);
+    link_hello(&b, addr, sizeof(addr) - 1);
+    h = link_data(0, 16, 16);
+    link_frame(&b, &h, payload, 16);
+    link_seed("wrong-secret", &b);
+    b.len = 0;
+    buf_add(&b, &mode, 1);
+    link_frame(&b, &h, payload, 16);
+    link_seed("data-before-hello", &b);
+    b.len = 0;
+    buf_add(&b, &mode, 1);
+    link_seed("nothing", &b);
+    free(b.data);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -513,5 +681,6 @@ main(int argc, char **argv)
     envelope_seeds();
     device_seeds();
     config_seeds();
+    datalink_seeds();
     return failures == 0 ? 0 : 1;
 }

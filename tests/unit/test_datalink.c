@@ -182,6 +182,16 @@ wait_refused(struct dlink_server *srv, uint64_t want)
     assert_int_equal(dlink_server_refused(srv), want);
 }
 
+/* Waits (bounded) for the server to be done with `want` connections in all. */
+static void
+wait_finished(struct dlink_server *srv, uint64_t want)
+{
+    for (int i = 0; i < 300 && dlink_server_finished(srv) < want; i++) {
+        nng_msleep(10);
+    }
+    assert_int_equal(dlink_server_finished(srv), want);
+}
+
 /* A raw TCP client: sends bytes, then reports whether the server closed the connection. */
 static bool
 raw_send_then_closed(const char *url, const void *bytes, size_t len)
@@ -257,9 +267,46 @@ test_a_part_lands_where_the_receiver_says(void **state)
     }
     assert_int_equal(sink_get(&s, &s.lost), 1);
     assert_int_equal(dlink_server_refused(srv), 0);
+    wait_finished(srv, 1);
     dlink_server_free(srv);
     free(s.dst);
     free(src);
+    pthread_mutex_destroy(&s.mtx);
+}
+
+/* An empty part (a zero-element tensor) is one frame of no bytes: it lands, and the link stays
+ * up for the next one. nng reads zero bytes as the peer closing, so the port must not ask. */
+static void
+test_an_empty_part_keeps_the_link(void **state)
+{
+    uint8_t landing[1] = { 0 };
+    struct sink s      = { .dst = landing, .bytes = 0 };
+    struct dlink_server *srv;
+    struct dlink_out *o;
+    struct dlink_hdr h = data_hdr(0, 0, 0);
+    char url[64];
+    dc_status st;
+
+    (void)state;
+    pthread_mutex_init(&s.mtx, NULL);
+    srv = start(&s, url, sizeof(url));
+    assert_int_equal(
+        dlink_dial(url, NULL, dlink_server_secret(srv), "tcp://127.0.0.1:9", 2000, &o, &st), DC_OK);
+    assert_int_equal(dlink_send(o, &h, landing, 0, &st), DC_OK);
+    h.seq++;
+    assert_int_equal(dlink_send(o, &h, landing, 0, &st), DC_OK);
+    for (int i = 0; i < 300 && sink_get(&s, &s.ends) < 2; i++) {
+        nng_msleep(10);
+    }
+    assert_int_equal(sink_get(&s, &s.begins), 2);
+    assert_int_equal(sink_get(&s, &s.ends), 2);
+    assert_int_equal(sink_get(&s, &s.lost), 0);
+    assert_int_equal(dlink_server_finished(srv), 0);
+    dlink_out_close(o);
+    wait_finished(srv, 1);
+    assert_int_equal(sink_get(&s, &s.lost), 1);
+    assert_int_equal(dlink_server_refused(srv), 0);
+    dlink_server_free(srv);
     pthread_mutex_destroy(&s.mtx);
 }
 
@@ -309,6 +356,7 @@ test_hostile_peers_are_dropped_without_a_frame(void **state)
         assert_true(raw_send_then_closed(url, two, sizeof(two)));
     }
     wait_refused(srv, 6);
+    wait_finished(srv, 6);
     /* A good peer that announces what nobody wants: read and dropped, the link stays up. */
     assert_int_equal(dlink_dial(url, NULL, dlink_server_secret(srv), "tcp://y:2", 2000, &o, &st),
                      DC_OK);
@@ -323,6 +371,8 @@ test_hostile_peers_are_dropped_without_a_frame(void **state)
      * groups end): the one announcing 4 GiB. */
     assert_int_equal(sink_get(&s, &s.lost), 1);
     assert_int_equal(dlink_server_refused(srv), 6);
+    /* That one is still open. */
+    assert_int_equal(dlink_server_finished(srv), 6);
     dlink_out_close(o);
     dlink_server_free(srv); /* with a connection possibly still open: bounded, joins all */
     pthread_mutex_destroy(&s.mtx);
@@ -335,6 +385,7 @@ main(void)
         cmocka_unit_test(test_header_round_trip),
         cmocka_unit_test(test_header_refusals),
         cmocka_unit_test(test_a_part_lands_where_the_receiver_says),
+        cmocka_unit_test(test_an_empty_part_keeps_the_link),
         cmocka_unit_test(test_hostile_peers_are_dropped_without_a_frame),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
