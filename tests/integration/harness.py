@@ -214,10 +214,29 @@ class Daemon:
         if self.proc is not None:
             _LIVE.pop(self.proc.pid, None)
 
+    def signals_blocked(self):
+        """Whether the process blocks SIGTERM yet (/proc/PID/status SigBlk): the devcoord
+        daemons do so first thing in main() and take it with sigwait from then on."""
+        try:
+            with open("/proc/%d/status" % self.proc.pid) as f:
+                for line in f:
+                    if line.startswith("SigBlk:"):
+                        return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+        except (OSError, ValueError):
+            pass
+        return False
+
     def terminate(self, timeout=10.0):
         """SIGTERM (SIGCONT first, in case it is stopped) and wait; the exit code, or None
-        when it did not exit in time (it is then still running)."""
+        when it did not exit in time (it is then still running). A devcoord daemon just
+        started is first given the moment until it blocks SIGTERM: sent before that (while
+        it is still being loaded), the signal's default action would kill it, not stop it."""
         self.expected_exit = True
+        if os.path.basename(self.argv[0]).startswith("devcoord-"):
+            deadline = time.monotonic() + timeout
+            while self.running() and not self.signals_blocked() and \
+                    time.monotonic() < deadline:
+                time.sleep(0.005)
         self.signal(signal.SIGTERM)
         self.signal(signal.SIGCONT)
         return self.wait(timeout)
