@@ -24,16 +24,21 @@
 #include "executor.h"
 #include "membership.h"
 
+struct wgroups;
+
 struct collectives;
 
 struct collectives_stats {
     uint64_t ops_done, ops_failed;
     uint64_t bytes_sent, bytes_received;
+    uint64_t link_bytes_sent, link_bytes_received; /* of those, over the data link */
 };
 
-/* token (may be NULL) is what this worker shows its peers; it must outlive co. */
+/* token (may be NULL) is what this worker shows its peers; it must outlive co. wg (may be
+ * NULL: Exchange calls only) owns the data link the ops' data goes over; it must outlive co
+ * (collectives_free before wgroups_shutdown). */
 struct collectives *collectives_new(const struct config_worker *cfg, const char *token,
-                                    struct executor *ex, struct membership *m);
+                                    struct executor *ex, struct membership *m, struct wgroups *wg);
 /* Aborts what is running, answers every waiting call and frees everything. */
 void collectives_free(struct collectives *co);
 

@@ -200,8 +200,9 @@ main(int argc, char **argv)
         goto out;
     }
     if ((w->membership = membership_new(&w->cfg, w->token, on_fenced, w)) == NULL ||
-        (w->collectives = collectives_new(&w->cfg, w->token, w->executor, w->membership)) == NULL ||
-        (w->groups = wgroups_new(&w->cfg, w->token)) == NULL) {
+        (w->groups = wgroups_new(&w->cfg, w->token)) == NULL ||
+        (w->collectives =
+             collectives_new(&w->cfg, w->token, w->executor, w->membership, w->groups)) == NULL) {
         log_error("cannot start");
         goto out;
     }
