@@ -25,6 +25,9 @@ import os
 import random
 import re
 import signal
+import socket
+import struct
+import threading
 import time
 import unittest
 import urllib.request
@@ -702,6 +705,111 @@ class DataLinkTest(OpsTestCase):
                 # Groups and ops share the data port: nothing refused.
                 self.assertEqual(m["devcoord_group_link_refused_total"], 0, m)
 
+    # -- hostile frames, on an op driven by hand as the coordinator and node-b would
+
+    @staticmethod
+    def fnv1a(text):
+        h = 1469598103934665603
+        for b in text.encode():
+            h = ((h ^ b) * 1099511628211) & ((1 << 64) - 1)
+        return h
+
+    @staticmethod
+    def header(kind, length, flags=0, sender=0, group=0, generation=0, seq=0, offset=0,
+               total=0):
+        return (b"DCDL" + struct.pack("<BBHII", 1, kind, flags, sender, length)
+                + struct.pack("<QQQQQ", group, generation, seq, offset, total))
+
+    def closed_by_worker(self, port, data, wait=5.0):
+        """Sends data to a data port; True when the worker closes the connection."""
+        with socket.create_connection(("127.0.0.1", port), timeout=wait) as s:
+            s.sendall(data)
+            s.settimeout(wait)
+            try:
+                while s.recv(4096):
+                    pass
+                return True
+            except ConnectionResetError:
+                return True
+            except socket.timeout:
+                return False
+
+    def test_a_frame_outside_its_op_or_from_another_sender_is_refused(self):
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]}, http=True)
+        self.put("node-a/cuda:0", "t", "f32", [1.0] * 1000)
+        a, b = (c.worker_specs[n]["listen"] for n in ("node-a", "node-b"))
+        F = harness.F
+        op_id = "op-hostile-frames"
+        # An all-reduce of node-a/cuda:0 (rank 0) and node-b/cuda:0 (rank 1), sent to node-a
+        # only: it waits for node-b's descriptions, then for node-b's data.
+        refs = b"".join(pb_bytes(F("Plan", "devices"),
+                                 pb_bytes(F("DeviceRef", "worker"), w)
+                                 + pb_bytes(F("DeviceRef", "device"), opsutil.device_pb("cuda:0")))
+                        for w in ("node-a", "node-b"))
+        workers = b"".join(pb_bytes(F("Plan", "workers"),
+                                    pb_bytes(F("PlanWorker", "name"), w)
+                                    + pb_bytes(F("PlanWorker", "address"), addr)
+                                    + harness.pb_varint(F("PlanWorker", "ranks") << 3)
+                                    + harness.pb_varint(rank))
+                           for w, addr, rank in (("node-a", a, 0), ("node-b", b, 1)))
+        body = (pb_bytes(F("ExecuteRequest", "op_id"), op_id)
+                + pb_uint(F("ExecuteRequest", "kind"), OP_ALL_REDUCE)
+                + pb_uint(F("ExecuteRequest", "reduce"), REDUCE_SUM)
+                + pb_bytes(F("ExecuteRequest", "tensor"), "t")
+                + pb_bytes(F("ExecuteRequest", "plan"), pb_bytes(F("Plan", "group_id"), "x")
+                           + refs + workers)
+                + pb_uint(F("ExecuteRequest", "timeout_ms"), 20000)
+                + pb_uint(F("ExecuteRequest", "epoch"), c.registry_workers()["node-a"]["epoch"])
+                + pb_uint(F("ExecuteRequest", "hold_ms"), 30000))
+        answer = {}
+        t = threading.Thread(target=lambda: answer.update(r=opsutil.worker_call(
+            c, "node-a", "Execute", body, timeout=30)))
+        t.start()
+        try:
+            # node-b's tensor descriptions (step 2W = 4): rank 1, f32, 1000 elements.
+            meta = (pb_bytes(F("ExchangeRequest", "op_id"), op_id)
+                    + pb_uint(F("ExchangeRequest", "from"), 1)
+                    + pb_uint(F("ExchangeRequest", "step"), 4)
+                    + pb_uint(F("ExchangeRequest", "rank"), 1))
+            code, message, _, _ = opsutil.worker_call(c, "node-a", "Exchange", meta,
+                                                      attachment=struct.pack("<IIQ", 1, 1, 1000))
+            self.assertEqual(code, "OK", message)
+            code, message, reply, _ = opsutil.worker_call(c, "node-a", "GroupLink", b"")
+            self.assertEqual(code, "OK", message)
+            fields = harness.pb_decode(reply)
+            port, secret = int(fields[1][0].decode().rsplit(":", 1)[1]), fields[2][0]
+
+            def hello(address):
+                return self.header(1, 32 + len(address)) + secret + address.encode()
+            frame = dict(flags=0x8000, sender=1, group=self.fnv1a(op_id), generation=1)
+            # A sender that is not the plan's worker 1 (node-b's address): refused, the op
+            # goes on.
+            self.assertTrue(self.closed_by_worker(
+                port, hello("tcp://127.0.0.1:1") + self.header(2, 8, total=8, **frame)
+                + b"\0" * 8))
+            self.assertIsNone(answer.get("r"), "the op should still run: %r" % (answer,))
+            # node-b's address, bytes far outside the 4000-byte tensor (an op frame's total
+            # is not its op's: nothing is allocated from it): refused, and the op fails.
+            self.assertTrue(self.closed_by_worker(
+                port, hello(b) + self.header(2, 8, offset=1 << 30, total=1 << 40, **frame)
+                + b"\0" * 8))
+            t.join(30)
+        finally:
+            t.join(60)
+        code, message, _, _ = answer["r"]
+        self.assertEqual(code, "INVALID_ARGUMENT", message)
+        self.assertIn("outside op %s" % op_id, message)
+        m = self.metrics("node-a")
+        self.assertEqual(m["devcoord_group_link_refused_total"], 2, m)
+        self.assertEqual(m[self.LINK_RECEIVED], 0, m)
+        self.assertTrue(c.worker("node-a").running())
+        # It goes on serving ops, their data over the link.
+        self.put("node-b/cuda:0", "t", "f32", [2.0] * 1000)
+        devices = ["node-a/cuda:0", "node-b/cuda:0"]
+        self.assert_op_ok(self.submit("all-reduce", devices, reduce="sum"), devices)
+        self.assertEqual(self.get("node-a/cuda:0", "t").out["values"], [3.0] * 1000)
+        self.assertGreater(self.metrics("node-a")[self.LINK_RECEIVED], 0)
+
 
 class WorkerKillTest(OpsTestCase):
     """SIGKILL of a worker in the middle of a large all-reduce."""
@@ -714,7 +822,8 @@ class WorkerKillTest(OpsTestCase):
     dead_after_ms = 20000
 
     def test_sigkill_fails_the_op_unavailable_within_a_second_and_others_keep_serving(self):
-        c = self.start(grid_spec(), coordinator_config={"limits": {"op_timeout_ms": 120000}})
+        c = self.start(grid_spec(), coordinator_config={"limits": {"op_timeout_ms": 120000}},
+                       http=True)
         devices = ["node-a/cuda:0", "node-b/cuda:0", "node-c/cuda:0"]
         big = c.path("big.f32")
         with open(big, "wb") as f:
@@ -786,6 +895,9 @@ class WorkerKillTest(OpsTestCase):
                                               timeout_ms=20000), group)
                 small.apply("all-reduce", group, "s", "sum")
         self.check_model(small, keys=[k for k in small.tensors if not k[0].startswith("node-b/")])
+        # The ops' data went over the data link (issue 17), the killed one's too: at least the
+        # undisturbed op's ring (2/3 of the tensor) before it.
+        self.assertGreater(self.metrics("node-a")[DataLinkTest.LINK_SENT], (self.MIB << 20) // 2)
 
 
 class ConcurrencyTest(OpsTestCase):
