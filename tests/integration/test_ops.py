@@ -1133,7 +1133,10 @@ class AtomicOpsTest(OpsTestCase):
     devices or the end of its hold discard it)."""
 
     dead_after_ms = 20000  # node-b is frozen a while before it is killed
-    MIB = 32
+    # Large enough for the op to be seen running and frozen inside: since its data goes over
+    # the data link (issue 17) a 32 MiB all-reduce here often ends before devcoordctl's first
+    # `ops list` sees it.
+    MIB = 128
     # The ring's workers are node-a, node-b, node-c (the order of their first ranks), node-a
     # and node-c with two devices each: their local reductions also happen before any
     # exchange, so a failing op had written to both of their devices before this fix.
