@@ -89,14 +89,14 @@ class OpsTestCase(ClusterTestCase):
     # -- cluster and tensors
 
     def start(self, workers, coordinator_config=None, collectives=None, unhealthy=(), http=False,
-              **kw):
+              worker_extra=None, **kw):
         """workers: {name: [device, ...]}; collectives: {name: [backend, ...]}; unhealthy:
         cluster names of devices registered with healthy: false; http: each worker serves
-        /metrics (self.metrics(name))."""
+        /metrics (self.metrics(name)); worker_extra: {name: more of its config}."""
         c = self.cluster = self.make_cluster(coordinator_config=coordinator_config, **kw)
         c.start_coordinator()
         for name, devices in workers.items():
-            extra = {"executor": self.EXECUTOR}
+            extra = dict({"executor": self.EXECUTOR}, **(worker_extra or {}).get(name, {}))
             if http:
                 extra["http"] = "127.0.0.1:%d" % harness.free_port()
             c.add_worker(name, [dict({"device": d, "memory": "8GiB"},
@@ -704,6 +704,37 @@ class DataLinkTest(OpsTestCase):
                 self.assertEqual(m['devcoord_worker_ops_total{result="failed"}'], 0, m)
                 # Groups and ops share the data port: nothing refused.
                 self.assertEqual(m["devcoord_group_link_refused_total"], 0, m)
+
+    def test_a_peer_without_a_data_link_gets_exchange_calls(self):
+        # node-b cannot open its data port (the port it is told to use is taken), so its
+        # GroupLink fails: node-a sends it the ops' data in Exchange calls, while node-b
+        # sends node-a's over node-a's data link.
+        blocker = socket.socket()
+        self.addCleanup(blocker.close)
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen(1)
+        names = ("node-a", "node-b")
+        self.start(grid_spec(1, names), http=True,
+                   worker_extra={"node-b": {"groups": {"data_port": blocker.getsockname()[1]}}})
+        devices = ["node-a/cuda:0", "node-b/cuda:0"]
+        model = Model()
+        for d in devices:
+            model.put(d, "ar", "f64", opsutil.gen_values(self.rng, "f64", 300000, "sum", 2))
+            model.put(d, "bc", "i32", opsutil.gen_values(self.rng, "i32", 1000))
+        self.put_model(model)
+        self.assert_op_ok(self.submit("all-reduce", devices, "ar", reduce="sum"), devices)
+        model.apply("all-reduce", devices, "ar", "sum")
+        self.assert_op_ok(self.submit("broadcast", devices, "bc", root=0), devices)
+        model.apply("broadcast", devices, "bc", root=0)
+        self.check_model(model)
+        a, b = self.metrics("node-a"), self.metrics("node-b")
+        self.assertGreater(a[self.SENT], 1 << 20, a)
+        self.assertEqual(a[self.LINK_SENT], 0, a)
+        self.assertEqual(b[self.LINK_RECEIVED], 0, b)
+        self.assertGreater(b[self.LINK_SENT], 1 << 20, b)
+        self.assertEqual(b[self.LINK_SENT], b[self.SENT], b)
+        self.assertEqual(a[self.LINK_RECEIVED], b[self.LINK_SENT], (a, b))
+        self.assertIn("goes in Exchange calls", self.cluster.worker("node-a").log_text())
 
     # -- hostile frames, on an op driven by hand as the coordinator and node-b would
 
