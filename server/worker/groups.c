@@ -1257,15 +1257,21 @@ peer_sender(void *arg)
                 p->dialing = false;
                 pthread_cond_broadcast(&p->cv);
             }
-            if (code == DC_OK && (wg->stopping || j->cancelled)) {
-                dlink_out_close(o);
-                code = status_set(&st, DC_UNAVAILABLE, "worker shutting down");
-                break;
-            }
             if (code != DC_OK) {
                 break;
             }
+            if (wg->stopping) {
+                if (o != p->out) {
+                    dlink_out_close(o); /* dialed just now: nobody else has it */
+                }
+                code = status_set(&st, DC_UNAVAILABLE, "worker shutting down");
+                break;
+            }
             p->out = o;
+            if (j->cancelled) {
+                code = status_set(&st, DC_ABORTED, "the op ended before its data was sent");
+                break;
+            }
             pthread_mutex_unlock(&wg->mtx);
             code = dlink_send(o, &j->h, j->owner != NULL ? j->data : j->buf->data + j->h.offset,
                               j->len, &st);
