@@ -1,16 +1,18 @@
 /*
  * The collective engine (collective.h). It is one file, longer than the others, because
- * everything in it works on one object, struct cop, from three kinds of thread at once: the
+ * everything in it works on one object, struct cop, from several kinds of thread at once: the
  * op's own thread (cop_run: describe, check, prepare, send, finish, answer), the server
- * threads that apply peers' Exchange chunks (cop_apply) and nng's callbacks that count
- * acknowledged sends (cop_sent). The rules that keep them apart (op->mtx for counters,
+ * threads that apply peers' Exchange chunks (cop_apply), the data link's reader threads that
+ * apply peers' frames (cop_link_frame), nng's callbacks that count acknowledged sends
+ * (cop_sent) and the data link's sender threads that count written frames (cop_link_sent).
+ * The rules that keep them apart (op->mtx for counters,
  * co->mtx and op->refs for the op's lifetime, the phases that say when chunks may land,
  * which thread frees the op) are read and checked together; split across files they would
  * need struct cop in a header and the rules in several places. What is pure moved out: the
  * ring schedule to ring.c, the reduction kernels to reduce.c, tensor storage to the
  * executor. In order below: helpers, the ring's forwarding queue, receiving (and chunks that
- * come before their op), sending (and whom to blame at the deadline), the algorithms per op
- * kind, an op from start to end, and the Worker service entry points.
+ * come before their op), sending (and whom to blame at the deadline; the data link), the
+ * algorithms per op kind, an op from start to end, and the Worker service entry points.
  *
  * Tensors are reached only through the executor (executor.h), and an op never writes one
  * that is stored under a name: its results go to staging tensors made for it (executor_create),
