@@ -681,25 +681,25 @@ class DataLinkTest(OpsTestCase):
 
     def test_every_kind_is_right_and_its_bytes_go_over_the_data_link(self):
         self.start(grid_spec(), http=True)
-        # Lengths of one frame and of several (300,000 f64: a 2.4 MB broadcast is five 512
-        # KiB frames, a ring segment of three workers two), on interleaved ranks with nonzero
-        # roots.
-        layouts = [(7, RANKS6, 2), (300000, RANKS5, 4)]
-        cases = (matrix("all-reduce", ("sum",), layouts, ("f64",))
-                 + matrix("all-reduce", ("mean",), layouts, ("f32",))
-                 + matrix("reduce", ("max",), layouts, ("i64",))
-                 + matrix("broadcast", layouts=layouts, dtypes=("f64",))
+        # Every kind on one frame's worth (7 elements), and the ring and the broadcast on
+        # several frames (200,000 f64: 1.6 MB, each ring segment of three workers two 512 KiB
+        # frames), on interleaved ranks with nonzero roots.
+        small, big = [(7, RANKS6, 2)], [(200000, RANKS5, 4)]
+        cases = (matrix("all-reduce", ("sum",), small + big, ("f64",))
+                 + matrix("all-reduce", ("mean",), small, ("f32",))
+                 + matrix("reduce", ("max",), small, ("i64",))
+                 + matrix("broadcast", layouts=small + big, dtypes=("f64",))
                  + [dict(c, output=c["name"] + ".out")
-                    for c in matrix("all-gather", layouts=layouts, dtypes=("i32",))])
+                    for c in matrix("all-gather", layouts=small, dtypes=("i32",))])
         self.run_cases(cases)
         for name in GRID:
             m = self.metrics(name)
             with self.subTest(worker=name):
                 # Every byte of data the worker moved went over the link: nothing in Exchange
                 # calls (their tensor descriptions are not data and not counted).
-                self.assertGreater(m[self.LINK_SENT], 2 << 20, m)
+                self.assertGreater(m[self.LINK_SENT], 1 << 20, m)
                 self.assertEqual(m[self.LINK_SENT], m[self.SENT], m)
-                self.assertGreater(m[self.LINK_RECEIVED], 2 << 20, m)
+                self.assertGreater(m[self.LINK_RECEIVED], 1 << 20, m)
                 self.assertEqual(m[self.LINK_RECEIVED], m[self.RECEIVED], m)
                 self.assertEqual(m['devcoord_worker_ops_total{result="failed"}'], 0, m)
                 # Groups and ops share the data port: nothing refused.
@@ -1167,7 +1167,7 @@ class AtomicOpsTest(OpsTestCase):
     # Large enough for the op to be seen running and frozen inside: since its data goes over
     # the data link (issue 17) a 32 MiB all-reduce here often ends before devcoordctl's first
     # `ops list` sees it.
-    MIB = 128
+    MIB = 64
     # The ring's workers are node-a, node-b, node-c (the order of their first ranks), node-a
     # and node-c with two devices each: their local reductions also happen before any
     # exchange, so a failing op had written to both of their devices before this fix.
