@@ -308,6 +308,10 @@ conn_main(void *arg)
                 conn_refuse(c, why.message);
                 break;
             }
+            if (chunk == NULL && (chunk = malloc(DLINK_CHUNK)) == NULL) {
+                status_set(&why, DC_RESOURCE_EXHAUSTED, "data link: out of memory");
+                break;
+            }
             iov = (nng_iov){ chunk, h.length };
             if (h.length > 0 &&
                 (rv = stream_recv_all(c->stream, c->aio, &iov, 1, NNG_DURATION_INFINITE)) != 0) {
