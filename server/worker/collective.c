@@ -1,16 +1,18 @@
 /*
  * The collective engine (collective.h). It is one file, longer than the others, because
- * everything in it works on one object, struct cop, from three kinds of thread at once: the
+ * everything in it works on one object, struct cop, from several kinds of thread at once: the
  * op's own thread (cop_run: describe, check, prepare, send, finish, answer), the server
- * threads that apply peers' Exchange chunks (cop_apply) and nng's callbacks that count
- * acknowledged sends (cop_sent). The rules that keep them apart (op->mtx for counters,
+ * threads that apply peers' Exchange chunks (cop_apply), the data link's reader threads that
+ * apply peers' frames (cop_link_frame), nng's callbacks that count acknowledged sends
+ * (cop_sent) and the data link's sender threads that count written frames (cop_link_sent).
+ * The rules that keep them apart (op->mtx for counters,
  * co->mtx and op->refs for the op's lifetime, the phases that say when chunks may land,
  * which thread frees the op) are read and checked together; split across files they would
  * need struct cop in a header and the rules in several places. What is pure moved out: the
  * ring schedule to ring.c, the reduction kernels to reduce.c, tensor storage to the
  * executor. In order below: helpers, the ring's forwarding queue, receiving (and chunks that
- * come before their op), sending (and whom to blame at the deadline), the algorithms per op
- * kind, an op from start to end, and the Worker service entry points.
+ * come before their op), sending (and whom to blame at the deadline; the data link), the
+ * algorithms per op kind, an op from start to end, and the Worker service entry points.
  *
  * Tensors are reached only through the executor (executor.h), and an op never writes one
  * that is stored under a name: its results go to staging tensors made for it (executor_create),
@@ -29,8 +31,11 @@
 #include <string.h>
 
 #include "auth.h"
+#include "clock.h"
+#include "datalink.h"
 #include "device.h"
 #include "devcoord/v1/methods.h"
+#include "groups.h"
 #include "log.h"
 #include "reduce.h"
 #include "ring.h"
@@ -43,6 +48,11 @@
 
 #define CHUNK_BYTES (512u << 10) /* bytes per Exchange call */
 #define SEND_WINDOW 8            /* Exchange calls in flight per op */
+/* Chunks an op has queued to the data link at once (each DLINK_CHUNK bytes at most, sent from
+ * the op's own memory by the peer's sender thread), and how long an op that failed waits for
+ * the one being written before it closes that connection to get its memory back. */
+#define LINK_WINDOW   16
+#define LINK_GRACE_MS 1000
 /* Exchange calls for ops this worker has not been told of yet (a peer's Execute came first)
  * wait for ours, each holding an RPC context. A peer sends at most SEND_WINDOW calls per op
  * at once, so a few windows per connection is all a real cluster needs; more is a peer
@@ -168,6 +178,14 @@ struct cop {
     uint32_t meta_step; /* the Exchange step that carries them */
     size_t metas_received;
     struct cop_send_ctx *send_ctx; /* per worker index: the callback argument of a send */
+    /* The data link (groups.h's wgroups_op_send): per worker, whether data goes to it there
+     * (else in Exchange calls), and its chunks queued and not yet written, which read the
+     * op's memory: the op waits for them before it changes or releases that memory. */
+    uint64_t hash; /* dlink_group_hash(id): how its frames name it */
+    bool *link;
+    unsigned *link_pending;
+    unsigned link_in_flight;
+    uint64_t link_bytes_sent, link_bytes_received;
     bool answering;   /* the op's thread answers: its request (op->req) goes with the answer */
     bool thread_done; /* the op's thread has answered; the last send frees it */
 
@@ -190,6 +208,7 @@ struct collectives {
     const char *token;
     struct executor *ex;
     struct membership *m;
+    struct wgroups *wg;      /* owns the data link (NULL: Exchange calls only) */
     struct staging *staging; /* prepared ops waiting for Commit, committed keys */
     size_t chunk;
     struct tpool *pool;
@@ -450,16 +469,69 @@ cop_apply_meta(struct cop *op, uint32_t from, const uint8_t *data, size_t len, d
     return DC_OK;
 }
 
-/* Applies one received chunk to a ready op. Runs on a server thread, without op->mtx while
- * the bytes move: chunks of one op never overlap (see cop_step_target). */
+/* Applies one received data chunk (an Exchange call's or a data link frame's) to a ready op:
+ * bytes [offset, offset + len) of step `step` from worker `from` about rank `rank`. Runs on
+ * a server or data link thread, without op->mtx while the bytes move: chunks of one op never
+ * overlap (see cop_step_target). INVALID_ARGUMENT: the chunk lies outside the op. */
 static dc_code
-cop_apply(struct cop *op, const Devcoord__V1__ExchangeRequest *in, const uint8_t *data, size_t len,
-          dc_status *st)
+cop_apply_chunk(struct cop *op, uint32_t from, uint32_t step, uint32_t rank, uint64_t offset,
+                const uint8_t *data, size_t len, bool link, dc_status *st)
 {
     uint8_t *base;
     size_t start, end;
     enum apply_mode mode;
     uint32_t to, seg;
+
+    if (from >= op->n_workers || from == op->self || rank >= op->n_ranks ||
+        op->worker_of[rank] != from) {
+        return status_set(st, DC_INVALID_ARGUMENT, "exchange from a worker outside op %s", op->id);
+    }
+    if (step >= op->n_steps || step == op->meta_step ||
+        !cop_step_target(op, step, from, rank, &base, &start, &end, &mode) || offset < start ||
+        offset > end || len > end - offset || len % op->elem_size != 0 ||
+        offset % op->elem_size != 0) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "exchange chunk outside op %s (step %u, offset %llu, %zu bytes)", op->id,
+                          step, (unsigned long long)offset, len);
+    }
+    if (mode == APPLY_REDUCE) {
+        reduce_into(op->dtype, (dc_reduce_op)op->req->reduce, base + offset, data,
+                    len / op->elem_size);
+    } else {
+        memcpy(base + offset, data, len);
+    }
+    pthread_mutex_lock(&op->mtx);
+    op->step_received[step] += len;
+    if (step == op->fan_in_step) {
+        op->fan_in_received[from] += len;
+    }
+    if (op->step_received[step] > op->step_expected[step]) {
+        dc_status dup;
+        status_set(&dup, DC_INVALID_ARGUMENT, "op %s received more data than expected at step %u",
+                   op->id, step);
+        cop_fail_locked(op, &dup);
+    } else if (cop_is_ring(op) && ring_send(&op->ring, op->self, step + 1, &to, &seg) &&
+               !cop_forward_push(op, step + 1, offset, len)) {
+        dc_status oom;
+        status_set(&oom, DC_RESOURCE_EXHAUSTED, "out of memory in op %s", op->id);
+        cop_fail_locked(op, &oom);
+    }
+    op->bytes_received += len;
+    if (link) {
+        op->link_bytes_received += len;
+    }
+    op->bytes_from[from] += len;
+    pthread_cond_broadcast(&op->cv);
+    pthread_mutex_unlock(&op->mtx);
+    return DC_OK;
+}
+
+/* Applies one received Exchange call to an op: its tensor descriptions (any phase), or a
+ * chunk of data (a ready op). */
+static dc_code
+cop_apply(struct cop *op, const Devcoord__V1__ExchangeRequest *in, const uint8_t *data, size_t len,
+          dc_status *st)
+{
     char mine[DC_DEVICE_TEXT_SIZE], theirs[DC_DEVICE_TEXT_SIZE];
 
     if (in->from >= op->n_workers || in->from == op->self || in->rank >= op->n_ranks ||
@@ -481,41 +553,7 @@ cop_apply(struct cop *op, const Devcoord__V1__ExchangeRequest *in, const uint8_t
                           (unsigned long long)in->elements, mine, dc_dtype_name(op->dtype),
                           op->elements);
     }
-    if (in->step >= op->n_steps ||
-        !cop_step_target(op, in->step, in->from, in->rank, &base, &start, &end, &mode) ||
-        in->offset < start || in->offset > end || len > end - in->offset ||
-        len % op->elem_size != 0 || in->offset % op->elem_size != 0) {
-        return status_set(st, DC_INVALID_ARGUMENT,
-                          "exchange chunk outside op %s (step %u, offset %llu, %zu bytes)", op->id,
-                          in->step, (unsigned long long)in->offset, len);
-    }
-    if (mode == APPLY_REDUCE) {
-        reduce_into(op->dtype, (dc_reduce_op)op->req->reduce, base + in->offset, data,
-                    len / op->elem_size);
-    } else {
-        memcpy(base + in->offset, data, len);
-    }
-    pthread_mutex_lock(&op->mtx);
-    op->step_received[in->step] += len;
-    if (in->step == op->fan_in_step) {
-        op->fan_in_received[in->from] += len;
-    }
-    if (op->step_received[in->step] > op->step_expected[in->step]) {
-        dc_status dup;
-        status_set(&dup, DC_INVALID_ARGUMENT, "op %s received more data than expected at step %u",
-                   op->id, in->step);
-        cop_fail_locked(op, &dup);
-    } else if (cop_is_ring(op) && ring_send(&op->ring, op->self, in->step + 1, &to, &seg) &&
-               !cop_forward_push(op, in->step + 1, in->offset, len)) {
-        dc_status oom;
-        status_set(&oom, DC_RESOURCE_EXHAUSTED, "out of memory in op %s", op->id);
-        cop_fail_locked(op, &oom);
-    }
-    op->bytes_received += len;
-    op->bytes_from[in->from] += len;
-    pthread_cond_broadcast(&op->cv);
-    pthread_mutex_unlock(&op->mtx);
-    return DC_OK;
+    return cop_apply_chunk(op, in->from, in->step, in->rank, in->offset, data, len, false, st);
 }
 
 /* Applies a parked or fresh chunk and answers its call; a failure also fails the op. */
@@ -751,13 +789,227 @@ cop_wait_locked(struct cop *op, const char *waiting_for, enum blame_kind blame, 
     return true;
 }
 
-/* Sends bytes [start, end) of base to worker `to` as chunks of `step`. */
+/* ---- the data link --------------------------------------------------------------------
+ *
+ * An op's data chunks go to a peer over the data link (datalink.h) when this worker has one
+ * to it (decided once per op and peer, cop_choose_links), else in Exchange calls; tensor
+ * descriptions always go in Exchange calls. A frame is a chunk with the Exchange call's
+ * fields in its header (cop_link_hdr); the receiver applies it with the same checks. */
+
+/* A chunk queued to the data link was written (or not): the window moves on; a failure
+ * fails the op, naming the peer. Sender thread or wgroups_op_cancel, no lock held. */
+static void
+cop_link_sent(void *arg, size_t bytes, dc_code code, const dc_status *st)
+{
+    struct cop_send_ctx *ctx = arg;
+    struct cop *op           = ctx->op;
+
+    pthread_mutex_lock(&op->mtx);
+    op->link_in_flight--;
+    op->link_pending[ctx->to]--;
+    op->link_bytes_sent += bytes;
+    if (code != DC_OK && !op->failed) {
+        dc_status peer;
+        const char *name = op->req->plan->workers[ctx->to]->name;
+        status_set(&peer, code == DC_ABORTED ? DC_ABORTED : DC_UNAVAILABLE,
+                   "lost worker %s: %s (op %s, data link)", name, st->message, op->id);
+        status_set_worker(&peer, name);
+        cop_fail_locked(op, &peer);
+    }
+    pthread_cond_broadcast(&op->cv);
+    pthread_mutex_unlock(&op->mtx);
+}
+
+/* The first worker with chunks of the op still queued or being written. op->mtx held. */
+static uint32_t
+cop_link_laggard(const struct cop *op)
+{
+    for (uint32_t w = 0; w < op->n_workers; w++) {
+        if (op->link_pending[w] > 0) {
+            return w;
+        }
+    }
+    return 0;
+}
+
+/* Waits until no chunk of the op is queued or being written to the data link, so that its
+ * memory may change or go. A peer that does not take them fails the op at its deadline; a
+ * failed op drops what is queued and gives the chunk being written LINK_GRACE_MS before it
+ * closes that connection. */
+static void
+cop_wait_links(struct cop *op)
+{
+    char waiting[200];
+    uint64_t until;
+
+    pthread_mutex_lock(&op->mtx);
+    while (!op->failed && op->link_in_flight > 0) {
+        uint32_t who = cop_link_laggard(op);
+        snprintf(waiting, sizeof(waiting), "worker %.64s did not take data of op %.64s",
+                 op->req->plan->workers[who]->name, op->id);
+        if (!cop_wait_locked(op, waiting, BLAME_ACKS, who)) {
+            break;
+        }
+    }
+    if (op->link_in_flight == 0) {
+        pthread_mutex_unlock(&op->mtx);
+        return;
+    }
+    pthread_mutex_unlock(&op->mtx);
+    wgroups_op_cancel(op->co->wg, op, false);
+    pthread_mutex_lock(&op->mtx);
+    until = rpc_now_ms() + LINK_GRACE_MS;
+    while (op->link_in_flight > 0 && rpc_now_ms() < until) {
+        clock_cond_wait_ms(&op->cv, &op->mtx, (unsigned)(until - rpc_now_ms()));
+    }
+    if (op->link_in_flight > 0) {
+        pthread_mutex_unlock(&op->mtx);
+        wgroups_op_cancel(op->co->wg, op, true);
+        pthread_mutex_lock(&op->mtx);
+        while (op->link_in_flight > 0) {
+            pthread_cond_wait(&op->cv, &op->mtx);
+        }
+    }
+    pthread_mutex_unlock(&op->mtx);
+}
+
+/* Sends bytes [start, end) of base (a buffer of `extent` bytes) to worker `to` over the data
+ * link, as frames of step `step` about rank `rank`. */
 static bool
-cop_send(struct cop *op, uint32_t to, uint32_t step, const uint8_t *base, size_t start, size_t end,
-         uint32_t rank)
+cop_link_send(struct cop *op, uint32_t to, uint32_t step, const uint8_t *base, size_t extent,
+              size_t start, size_t end, uint32_t rank)
+{
+    struct dlink_hdr h = { .kind       = DLINK_DATA,
+                           .from       = op->self,
+                           .group      = op->hash,
+                           .generation = rank,
+                           .seq        = step,
+                           .total      = extent };
+    char waiting[200];
+
+    snprintf(waiting, sizeof(waiting), "worker %.64s did not take data of op %.64s",
+             op->req->plan->workers[to]->name, op->id);
+    for (size_t off = start; off < end;) {
+        size_t len = end - off < DLINK_CHUNK ? end - off : DLINK_CHUNK;
+        dc_status st;
+
+        pthread_mutex_lock(&op->mtx);
+        while (!op->failed && op->link_in_flight >= LINK_WINDOW &&
+               cop_wait_locked(op, waiting, BLAME_ACKS, to)) {
+        }
+        if (op->failed) {
+            pthread_mutex_unlock(&op->mtx);
+            return false;
+        }
+        op->link_in_flight++;
+        op->link_pending[to]++;
+        pthread_mutex_unlock(&op->mtx);
+        h.offset = off;
+        if (wgroups_op_send(op->co->wg, op->peers[to]->address, &h, base + off, len, op,
+                            cop_link_sent, &op->send_ctx[to], &st) != DC_OK) {
+            pthread_mutex_lock(&op->mtx);
+            op->link_in_flight--;
+            op->link_pending[to]--;
+            status_prefix(&st, "data link");
+            cop_fail_locked(op, &st);
+            pthread_mutex_unlock(&op->mtx);
+            return false;
+        }
+        op->bytes_sent += len;
+        off += len;
+    }
+    return true;
+}
+
+/* Which peers get the op's data over the data link: those this worker has (or can open) a
+ * link to; the others (an older worker, a link that fails to open) get Exchange calls. */
+static void
+cop_choose_links(struct cop *op)
+{
+    for (uint32_t w = 0; w < op->n_workers; w++) {
+        dc_status st;
+        op->link[w] = false;
+        if (w == op->self || op->co->wg == NULL) {
+            continue;
+        }
+        status_clear(&st);
+        if (wgroups_peer_link(op->co->wg, op->peers[w]->address, &st) == DC_OK) {
+            op->link[w] = true;
+        } else {
+            log_info("op %s: data to worker %s goes in Exchange calls: %s", op->id,
+                     op->req->plan->workers[w]->name, st.message);
+        }
+    }
+}
+
+/* A data link frame of an op (groups.c's op sink, on the connection's reader thread): the op
+ * it names by hash, if it runs here, applies it once it is ready, as an Exchange chunk. A
+ * frame from a worker the op does not list at that address, or naming bytes outside the op,
+ * is refused (false: the connection drops); one for an op not (or no longer) running is
+ * dropped. */
+static bool
+cop_link_frame(void *arg, const char *peer, const struct dlink_hdr *h, const uint8_t *payload,
+               dc_status *why)
+{
+    struct collectives *co = arg;
+    struct cop *op         = NULL;
+    dc_status st;
+    bool ok = true, ready;
+
+    pthread_mutex_lock(&co->mtx);
+    for (op = co->ops; op != NULL && op->hash != h->group; op = op->next) {
+    }
+    if (op == NULL || co->stopping) {
+        pthread_mutex_unlock(&co->mtx);
+        return true;
+    }
+    if (h->from >= op->n_workers || h->from == op->self ||
+        strcmp(op->req->plan->workers[h->from]->address, peer) != 0 || h->seq > UINT32_MAX ||
+        h->generation > UINT32_MAX) {
+        pthread_mutex_unlock(&co->mtx);
+        status_set(why, DC_INVALID_ARGUMENT,
+                   "data link: a frame of op %s from %.200s, which is not worker %u of it", op->id,
+                   peer, h->from);
+        return false;
+    }
+    op->refs++;
+    pthread_mutex_unlock(&co->mtx);
+
+    /* The sender had our tensor descriptions, so the op is here; it may still be preparing. */
+    pthread_mutex_lock(&op->mtx);
+    while (op->phase == PHASE_STARTING && !op->failed &&
+           cop_wait_locked(op, "op did not get ready", BLAME_NONE, 0)) {
+    }
+    ready = op->phase == PHASE_READY && !op->failed;
+    pthread_mutex_unlock(&op->mtx);
+    status_clear(&st);
+    if (ready && cop_apply_chunk(op, h->from, (uint32_t)h->seq, (uint32_t)h->generation, h->offset,
+                                 payload, h->length, true, &st) != DC_OK) {
+        pthread_mutex_lock(&op->mtx);
+        cop_fail_locked(op, &st);
+        pthread_mutex_unlock(&op->mtx);
+        *why = st;
+        ok   = st.code != DC_INVALID_ARGUMENT;
+    }
+    pthread_mutex_lock(&co->mtx);
+    op->refs--;
+    pthread_cond_broadcast(&co->cv);
+    pthread_mutex_unlock(&co->mtx);
+    return ok;
+}
+
+/* Sends bytes [start, end) of base (a buffer of `extent` bytes) to worker `to` as chunks of
+ * `step`: over the data link when the op has one to it, else in Exchange calls. */
+static bool
+cop_send(struct cop *op, uint32_t to, uint32_t step, const uint8_t *base, size_t extent,
+         size_t start, size_t end, uint32_t rank)
 {
     Devcoord__V1__ExchangeRequest req = DEVCOORD__V1__EXCHANGE_REQUEST__INIT;
     char waiting[200];
+
+    if (op->link[to]) {
+        return cop_link_send(op, to, step, base, extent, start, end, rank);
+    }
 
     req.op_id    = op->id;
     req.from     = op->self;
@@ -881,7 +1133,8 @@ cop_ring(struct cop *op)
         op->step_forward[s].len--;
         pthread_mutex_unlock(&op->mtx);
         ring_send(&op->ring, op->self, s, &to, &seg);
-        if (!cop_send(op, to, s, op->work, r.off, r.off + r.len, op->local_ranks[0])) {
+        if (!cop_send(op, to, s, op->work, op->tensor_bytes, r.off, r.off + r.len,
+                      op->local_ranks[0])) {
             return false;
         }
         op->step_sent[s] += r.len;
@@ -905,7 +1158,8 @@ cop_broadcast(struct cop *op)
         return cop_wait_step(op, 0);
     }
     for (uint32_t w = 0; w < op->n_workers; w++) {
-        if (w != op->self && !cop_send(op, w, 0, op->work, 0, op->tensor_bytes, op->req->root)) {
+        if (w != op->self &&
+            !cop_send(op, w, 0, op->work, op->tensor_bytes, 0, op->tensor_bytes, op->req->root)) {
             return false;
         }
     }
@@ -918,7 +1172,8 @@ cop_all_gather(struct cop *op)
     for (uint32_t w = 0; w < op->n_workers; w++) {
         for (size_t i = 0; w != op->self && i < op->n_local; i++) {
             size_t at = (size_t)op->local_ranks[i] * op->tensor_bytes;
-            if (!cop_send(op, w, 0, op->gathered, at, at + op->tensor_bytes, op->local_ranks[i])) {
+            if (!cop_send(op, w, 0, op->gathered, (size_t)op->n_ranks * op->tensor_bytes, at,
+                          at + op->tensor_bytes, op->local_ranks[i])) {
                 return false;
             }
         }
@@ -1400,6 +1655,8 @@ cop_free(struct cop *op)
     free(op->step_sent);
     free(op->metas);
     free(op->send_ctx);
+    free(op->link);
+    free(op->link_pending);
     pthread_cond_destroy(&op->cv);
     pthread_mutex_destroy(&op->mtx);
     free(op);
@@ -1459,10 +1716,14 @@ cop_run(void *arg)
             pthread_mutex_unlock(&op->mtx);
         }
     }
+    if (!cop_failed(op) && op->n_workers > 1 && (dc_op_kind)op->req->kind != DC_OP_BARRIER) {
+        cop_choose_links(op);
+    }
     /* Data may flow now: take what arrived early. */
     pthread_mutex_lock(&co->mtx);
     pthread_mutex_lock(&op->mtx);
-    op->phase  = PHASE_READY;
+    op->phase = PHASE_READY;
+    pthread_cond_broadcast(&op->cv); /* data link frames wait for it (cop_link_frame) */
     parked     = op->parked;
     op->parked = NULL;
     pthread_mutex_unlock(&op->mtx);
@@ -1493,9 +1754,12 @@ cop_run(void *arg)
             break;
         }
     }
-    /* No waiting for the last acknowledgements: what we sent was copied into its messages,
-     * and a peer that does not get it fails the op on its own. The op object stays until
-     * its last send is answered (cop_sent frees it). */
+    /* No waiting for the last acknowledgements: what we sent in Exchange calls was copied into
+     * their messages, and a peer that does not get it fails the op on its own. The op object
+     * stays until its last send is answered (cop_sent frees it). What went to the data link
+     * is sent from the op's memory: it must be written before that memory changes (a mean's
+     * division, the end of the op). */
+    cop_wait_links(op);
     pthread_mutex_lock(&op->mtx);
     ok = ok && !op->failed;
     pthread_mutex_unlock(&op->mtx);
@@ -1517,7 +1781,8 @@ cop_run(void *arg)
     }
     recent_add(co, op->id);
     pthread_mutex_lock(&op->mtx);
-    op->phase  = PHASE_DONE;
+    op->phase = PHASE_DONE;
+    pthread_cond_broadcast(&op->cv);
     parked     = op->parked;
     op->parked = NULL;
     pthread_mutex_unlock(&op->mtx);
@@ -1547,6 +1812,8 @@ cop_run(void *arg)
     }
     co->stats.bytes_sent += op->bytes_sent;
     co->stats.bytes_received += op->bytes_received;
+    co->stats.link_bytes_sent += op->link_bytes_sent;
+    co->stats.link_bytes_received += op->link_bytes_received;
     pthread_mutex_unlock(&co->mtx);
     while (parked != NULL) {
         struct parked *p = parked;
@@ -1650,6 +1917,7 @@ cop_new(struct collectives *co, const Devcoord__V1__ExecuteRequest *in, struct c
     }
     op->hold_until_ms = rpc_now_ms() + hold_ms;
     snprintf(op->id, sizeof(op->id), "%s", in->op_id);
+    op->hash = dlink_group_hash(op->id);
     /* Steps 0..2W-1 may carry data (ring_steps); step 2W carries the tensor descriptions. */
     op->n_steps         = 2 * (size_t)op->n_workers + 1;
     op->meta_step       = 2 * op->n_workers;
@@ -1666,12 +1934,14 @@ cop_new(struct collectives *co, const Devcoord__V1__ExecuteRequest *in, struct c
     op->step_sent       = calloc(op->n_steps, sizeof(*op->step_sent));
     op->metas           = calloc(op->n_ranks, sizeof(*op->metas));
     op->send_ctx        = calloc(op->n_workers, sizeof(*op->send_ctx));
+    op->link            = calloc(op->n_workers, sizeof(*op->link));
+    op->link_pending    = calloc(op->n_workers, sizeof(*op->link_pending));
     op->local_tensors   = calloc(op->n_ranks, sizeof(*op->local_tensors));
     if (op->devices == NULL || op->worker_of == NULL || op->peers == NULL ||
         op->step_expected == NULL || op->bytes_from == NULL || op->step_received == NULL ||
         op->fan_in_expected == NULL || op->fan_in_received == NULL || op->local_ranks == NULL ||
         op->local_tensors == NULL || op->step_forward == NULL || op->step_sent == NULL ||
-        op->metas == NULL || op->send_ctx == NULL) {
+        op->metas == NULL || op->send_ctx == NULL || op->link == NULL || op->link_pending == NULL) {
         code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
         goto fail;
     }
@@ -1879,9 +2149,10 @@ collectives_commit(struct collectives *co, const Devcoord__V1__CommitRequest *in
 
 struct collectives *
 collectives_new(const struct config_worker *cfg, const char *token, struct executor *ex,
-                struct membership *m)
+                struct membership *m, struct wgroups *wg)
 {
     struct collectives *co = calloc(1, sizeof(*co));
+    struct wgroups_op_sink sink;
 
     if (co == NULL) {
         return NULL;
@@ -1890,6 +2161,7 @@ collectives_new(const struct config_worker *cfg, const char *token, struct execu
     co->token = token;
     co->ex    = ex;
     co->m     = m;
+    co->wg    = wg;
     co->chunk = CHUNK_BYTES;
     if (co->chunk + RPC_FRAME_OVERHEAD > cfg->max_message_bytes) {
         co->chunk = cfg->max_message_bytes > 2 * RPC_FRAME_OVERHEAD
@@ -1918,6 +2190,10 @@ collectives_new(const struct config_worker *cfg, const char *token, struct execu
         free(co);
         return NULL;
     }
+    if (wg != NULL) {
+        sink = (struct wgroups_op_sink){ co, cop_link_frame };
+        wgroups_set_op_sink(wg, &sink);
+    }
     return co;
 }
 
@@ -1945,6 +2221,10 @@ collectives_free(struct collectives *co)
     co->orphans = NULL;
     pthread_cond_broadcast(&co->cv);
     pthread_mutex_unlock(&co->mtx);
+    /* No op left: frames still coming find none; once this returns none comes in at all. */
+    if (co->wg != NULL) {
+        wgroups_set_op_sink(co->wg, NULL);
+    }
     pthread_join(co->reaper, NULL);
     tpool_free(co->pool);
     while (orphans != NULL) {

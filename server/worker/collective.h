@@ -3,11 +3,14 @@
  * (Execute) among its peers, on a thread of its own per op.
  *
  * Each op first reduces or gathers across the worker's own devices, then moves data
- * worker-to-worker with Exchange calls: a ring reduce-scatter then all-gather for
- * all-reduce, reduce-scatter then a gather to the root's worker for reduce, root-to-all for
- * broadcast, all-to-all blocks for all-gather; barrier needs no data. Chunks are applied to
- * the op's buffer by the Exchange handler as they arrive (directly from the received
- * message); chunks for an op not started yet wait, bounded in time and bytes.
+ * worker-to-worker: a ring reduce-scatter then all-gather for all-reduce, reduce-scatter
+ * then a gather to the root's worker for reduce, root-to-all for broadcast, all-to-all
+ * blocks for all-gather; barrier needs no data. The tensor descriptions go in Exchange
+ * calls; the data goes over the data link the groups own (groups.h: wgroups_op_send, the op
+ * sink), or in Exchange calls to a peer this worker has no data link to. Chunks are applied
+ * to the op's buffer as they arrive (by the Exchange handler, or by the data link's reader
+ * thread, which waits for an op still preparing); Exchange chunks for an op not started yet
+ * wait, bounded in time and bytes.
  *
  * An op writes no stored tensor: Execute computes into staging tensors and answers OK once
  * they hold the result (the op is prepared); Commit publishes them, Abort discards them
@@ -24,16 +27,21 @@
 #include "executor.h"
 #include "membership.h"
 
+struct wgroups;
+
 struct collectives;
 
 struct collectives_stats {
     uint64_t ops_done, ops_failed;
     uint64_t bytes_sent, bytes_received;
+    uint64_t link_bytes_sent, link_bytes_received; /* of those, over the data link */
 };
 
-/* token (may be NULL) is what this worker shows its peers; it must outlive co. */
+/* token (may be NULL) is what this worker shows its peers; it must outlive co. wg (may be
+ * NULL: Exchange calls only) owns the data link the ops' data goes over; it must outlive co
+ * (collectives_free before wgroups_shutdown). */
 struct collectives *collectives_new(const struct config_worker *cfg, const char *token,
-                                    struct executor *ex, struct membership *m);
+                                    struct executor *ex, struct membership *m, struct wgroups *wg);
 /* Aborts what is running, answers every waiting call and frees everything. */
 void collectives_free(struct collectives *co);
 

@@ -105,7 +105,7 @@ dlink_hdr_decode(const uint8_t in[DLINK_HDR_SIZE], uint64_t max_frame, struct dl
     if (h->kind != DLINK_HELLO && h->kind != DLINK_DATA) {
         return status_set(st, DC_INVALID_ARGUMENT, "data link: unknown frame kind %u", h->kind);
     }
-    if (h->length > max_frame || h->total > max_frame) {
+    if (h->length > max_frame || ((h->flags & DLINK_FLAG_OP) == 0 && h->total > max_frame)) {
         return status_set(st, DC_OUT_OF_RANGE,
                           "data link: frame of %u bytes (part of %llu) is larger than "
                           "limits.max_message_bytes %llu",
@@ -307,6 +307,34 @@ conn_main(void *arg)
             }
             conn_refuse(c, why.message);
             break;
+        }
+        if ((h.flags & DLINK_FLAG_OP) != 0) {
+            /* An op's chunk: read into our own buffer, then the op applies it. */
+            if (h.length > DLINK_CHUNK) {
+                status_set(&why, DC_INVALID_ARGUMENT,
+                           "data link: op frame of %u bytes (at most %u)", h.length, DLINK_CHUNK);
+                conn_refuse(c, why.message);
+                break;
+            }
+            if (chunk == NULL && (chunk = malloc(DLINK_CHUNK)) == NULL) {
+                status_set(&why, DC_RESOURCE_EXHAUSTED, "data link: out of memory");
+                break;
+            }
+            iov = (nng_iov){ chunk, h.length };
+            if (h.length > 0 &&
+                (rv = stream_recv_all(c->stream, c->aio, &iov, 1, NNG_DURATION_INFINITE)) != 0) {
+                status_set(&why, DC_UNAVAILABLE, "its data connection dropped mid-frame (%s)",
+                           nng_strerror(rv));
+                break;
+            }
+            if (s->ev.op_frame == NULL || !s->ev.op_frame(s->ev.arg, c->peer, &h, chunk, &why)) {
+                if (why.code == DC_OK) {
+                    status_set(&why, DC_INVALID_ARGUMENT, "data link: an op frame, not taken here");
+                }
+                conn_refuse(c, why.message);
+                break;
+            }
+            continue;
         }
         s->ev.frame_begin(s->ev.arg, c->peer, &h, &dst, &pin);
         if (dst != NULL) {
@@ -551,6 +579,10 @@ dlink_dial(const char *url, nng_tls_config *tls, const uint8_t *secret, const ch
         (tls != NULL && (rv = nng_stream_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, tls)) != 0)) {
         goto fail;
     }
+    /* The connection only carries frames one way, so the receiver's ACKs ride on nothing and
+     * are delayed (40 ms on Linux): with Nagle on, a small frame behind one not yet
+     * acknowledged (a small op's ring steps) would wait for that. */
+    (void)nng_stream_dialer_set_bool(d, NNG_OPT_TCP_NODELAY, true);
     nng_aio_set_timeout(o->aio, (nng_duration)timeout_ms);
     nng_stream_dialer_dial(d, o->aio);
     nng_aio_wait(o->aio);

@@ -40,6 +40,12 @@
 #define DLINK_ADDRESS_MAX 255
 /* Connections a worker's data port keeps at once; more are closed at accept. */
 #define DLINK_MAX_CONNS 256
+/* A data frame of a SubmitOp (collective.c), not of a group call: group = dlink_group_hash of
+ * the op id, generation = the rank the bytes are about, seq = the op's exchange step, offset
+ * in the op's buffer, total = that buffer's size (not bounded by max_frame: nothing is
+ * allocated from it). Its payload (at most DLINK_CHUNK bytes, else the connection drops) is
+ * read into the connection's own buffer and handed to op_frame. */
+#define DLINK_FLAG_OP 0x8000u
 
 enum dlink_kind {
     DLINK_HELLO = 1, /* payload: the secret, then the sender's RPC address */
@@ -80,6 +86,12 @@ struct dlink_events {
     void (*frame_end)(void *arg, const char *peer, const struct dlink_hdr *h, void *pin, bool ok);
     /* An authenticated connection from `peer` dropped (not when the server closes). */
     void (*peer_lost)(void *arg, const char *peer, const dc_status *why);
+    /* A DLINK_FLAG_OP frame's payload is in `payload` (h->length bytes, valid during the call;
+     * may block until the op can take it, bounded by the op's deadline). false: the frame is
+     * refused (it names bytes outside its op, or comes from a worker the op does not list)
+     * and the connection drops. NULL: such frames are refused. */
+    bool (*op_frame)(void *arg, const char *peer, const struct dlink_hdr *h, const uint8_t *payload,
+                     dc_status *why);
 };
 
 struct dlink_server;

@@ -48,13 +48,20 @@ struct pbuf {
     uint8_t data[];
 };
 
-/* A part queued to a peer's data link sender. */
+/* A part queued to a peer's data link sender: a group's (buf) or an op's (owner, data). */
 struct sjob {
     struct pbuf *buf;
-    size_t len; /* bytes from buf->data + h.offset */
+    size_t len; /* bytes from buf->data + h.offset, or from data */
     struct dlink_hdr h;
     char group_id[VALIDATE_GROUP_ID_SIZE];
     char worker[DC_WORKER_NAME_MAX + 1];
+    /* An op's chunk (wgroups_op_send): its bytes stay the op's; done says when they are
+     * written (or not). */
+    const void *owner;
+    const uint8_t *data;
+    wgroups_sent_fn done;
+    void *done_arg;
+    bool cancelled; /* wgroups_op_cancel aborted it while it was being written */
     struct sjob *next;
 };
 
@@ -70,9 +77,12 @@ struct wpeer {
     bool sender_started;
     pthread_cond_t cv;
     struct sjob *jobs, *jobs_tail;
-    struct dlink_out *out; /* set and cleared under mtx; written by the sender only */
-    nng_tls_config *tls;   /* the dialer's, for a tls+tcp:// data link */
-    bool stale;            /* the RPC connection dropped since out was dialed */
+    struct dlink_out *out;   /* set and cleared under mtx; written by the sender only */
+    nng_tls_config *tls;     /* the dialer's, for a tls+tcp:// data link */
+    bool stale;              /* the RPC connection dropped since out was dialed */
+    struct sjob *sending;    /* the job the sender writes now (outside mtx) */
+    bool dialing;            /* wgroups_peer_link dials: the sender waits for it */
+    uint64_t link_failed_ms; /* when wgroups_peer_link last failed to dial (0: never) */
 };
 
 struct gworker {
@@ -203,6 +213,10 @@ struct wgroups {
     char dl_address[300]; /* what GroupLink tells peers */
     uint64_t link_bytes_out, link_bytes_in;
     uint64_t ring_calls_total;
+    /* Where DLINK_FLAG_OP frames go (collective.c), and the reader threads inside it. */
+    struct wgroups_op_sink op_sink;
+    unsigned op_sink_busy;
+    pthread_cond_t op_sink_cv;
 };
 
 /* ---- small helpers ----------------------------------------------------------------------- */
@@ -1182,6 +1196,16 @@ sjob_free(struct sjob *j)
     free(j);
 }
 
+/* Ends an op's job: tells its owner how it went (outside mtx), frees it. */
+static void
+sjob_done(struct sjob *j, dc_code code, const dc_status *st)
+{
+    if (j->done != NULL) {
+        j->done(j->done_arg, code == DC_OK ? j->len : 0, code, st);
+    }
+    sjob_free(j);
+}
+
 /* One peer's sender: writes queued parts in order; a failure ends the job's group (after one
  * retry on a fresh connection when the failed one was kept from before, e.g. the peer
  * restarted since). */
@@ -1209,15 +1233,27 @@ peer_sender(void *arg)
         if (p->jobs == NULL) {
             p->jobs_tail = NULL;
         }
-        g = group_find(wg, j->group_id);
-        if (g == NULL || g->generation != j->h.generation || g->ended) {
-            sjob_free(j);
-            continue;
+        if (j->owner == NULL) {
+            g = group_find(wg, j->group_id);
+            if (g == NULL || g->generation != j->h.generation || g->ended) {
+                sjob_free(j);
+                continue;
+            }
         }
+        p->sending = j;
         status_clear(&st);
-        for (int attempt = 0; attempt < 2; attempt++) {
-            struct dlink_out *o = p->out;
-            bool fresh          = o == NULL || p->stale;
+        for (int attempt = 0; attempt < 2 && !wg->stopping; attempt++) {
+            struct dlink_out *o;
+            bool fresh;
+            /* One dialer at a time (wgroups_peer_link dials too). */
+            while (p->dialing && !wg->stopping) {
+                pthread_cond_wait(&p->cv, &wg->mtx);
+            }
+            o     = p->out;
+            fresh = o == NULL || p->stale;
+            if (fresh) {
+                p->dialing = true;
+            }
             if (p->stale && o != NULL) {
                 p->out = NULL;
                 pthread_mutex_unlock(&wg->mtx);
@@ -1230,28 +1266,52 @@ peer_sender(void *arg)
             status_clear(&st);
             code = o == NULL ? peer_link(wg, p, &o, &st) : DC_OK;
             pthread_mutex_lock(&wg->mtx);
-            if (code == DC_OK && wg->stopping) {
-                dlink_out_close(o);
-                break;
+            if (fresh) {
+                p->dialing = false;
+                pthread_cond_broadcast(&p->cv);
             }
             if (code != DC_OK) {
                 break;
             }
+            if (wg->stopping) {
+                if (o != p->out) {
+                    dlink_out_close(o); /* dialed just now: nobody else has it */
+                }
+                code = status_set(&st, DC_UNAVAILABLE, "worker shutting down");
+                break;
+            }
             p->out = o;
+            if (j->cancelled) {
+                code = status_set(&st, DC_ABORTED, "the op ended before its data was sent");
+                break;
+            }
             pthread_mutex_unlock(&wg->mtx);
-            code = dlink_send(o, &j->h, j->buf->data + j->h.offset, j->len, &st);
+            code = dlink_send(o, &j->h, j->owner != NULL ? j->data : j->buf->data + j->h.offset,
+                              j->len, &st);
             pthread_mutex_lock(&wg->mtx);
             if (code == DC_OK) {
-                wg->link_bytes_out += j->len;
+                if (j->owner == NULL) {
+                    wg->link_bytes_out += j->len;
+                }
                 break;
             }
             p->out = NULL;
             pthread_mutex_unlock(&wg->mtx);
             dlink_out_close(o);
             pthread_mutex_lock(&wg->mtx);
-            if (fresh || wg->stopping) {
+            if (fresh || wg->stopping || j->cancelled) {
                 break;
             }
+        }
+        p->sending = NULL;
+        if (j->owner != NULL) {
+            if (code == DC_OK && wg->stopping) {
+                code = status_set(&st, DC_UNAVAILABLE, "worker shutting down");
+            }
+            pthread_mutex_unlock(&wg->mtx);
+            sjob_done(j, code, &st);
+            pthread_mutex_lock(&wg->mtx);
+            continue;
         }
         if (code != DC_OK && !wg->stopping) {
             g = group_find(wg, j->group_id);
@@ -1267,12 +1327,42 @@ peer_sender(void *arg)
     }
     while (p->jobs != NULL) {
         struct sjob *j = p->jobs;
-        p->jobs        = j->next;
-        sjob_free(j);
+        dc_status st;
+        p->jobs = j->next;
+        status_set(&st, DC_UNAVAILABLE, "worker shutting down");
+        pthread_mutex_unlock(&wg->mtx);
+        sjob_done(j, DC_UNAVAILABLE, &st);
+        pthread_mutex_lock(&wg->mtx);
     }
     p->jobs_tail = NULL;
     pthread_mutex_unlock(&wg->mtx);
     return NULL;
+}
+
+/* Starts p's sender thread if it has none. mtx held. */
+static dc_code
+peer_sender_start_locked(struct wpeer *p, dc_status *st)
+{
+    if (!p->sender_started) {
+        if (pthread_create(&p->sender, NULL, peer_sender, p) != 0) {
+            return status_set(st, DC_RESOURCE_EXHAUSTED, "cannot start a data link sender");
+        }
+        p->sender_started = true;
+    }
+    return DC_OK;
+}
+
+/* Appends j to p's queue. mtx held. */
+static void
+peer_enqueue_locked(struct wpeer *p, struct sjob *j)
+{
+    if (p->jobs_tail != NULL) {
+        p->jobs_tail->next = j;
+    } else {
+        p->jobs = j;
+    }
+    p->jobs_tail = j;
+    pthread_cond_broadcast(&p->cv); /* the sender, among wgroups_peer_link's waiters */
 }
 
 /* Queues bytes [off, off + len) of buf (a part of buf->bytes) to worker w's sender; flags
@@ -1287,12 +1377,9 @@ peer_queue_locked(struct wgroup *g, struct wcall *c, size_t w, struct pbuf *buf,
     if (j == NULL) {
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
-    if (!p->sender_started) {
-        if (pthread_create(&p->sender, NULL, peer_sender, p) != 0) {
-            free(j);
-            return status_set(st, DC_RESOURCE_EXHAUSTED, "cannot start a data link sender");
-        }
-        p->sender_started = true;
+    if (peer_sender_start_locked(p, st) != DC_OK) {
+        free(j);
+        return st->code;
     }
     j->buf = pbuf_hold(buf);
     j->len = len;
@@ -1306,14 +1393,156 @@ peer_queue_locked(struct wgroup *g, struct wcall *c, size_t w, struct pbuf *buf,
                                  .total      = buf->bytes };
     snprintf(j->group_id, sizeof(j->group_id), "%s", g->id);
     snprintf(j->worker, sizeof(j->worker), "%s", g->workers[w].name);
-    if (p->jobs_tail != NULL) {
-        p->jobs_tail->next = j;
-    } else {
-        p->jobs = j;
-    }
-    p->jobs_tail = j;
-    pthread_cond_signal(&p->cv);
+    peer_enqueue_locked(p, j);
     return DC_OK;
+}
+
+/* ---- the data link for ops (collective.c) ------------------------------------------------ */
+
+/* How long a peer whose data link could not be dialed is left on RPC before the next try. */
+#define LINK_RETRY_MS 5000
+
+dc_code
+wgroups_peer_link(struct wgroups *wg, const char *address, dc_status *st)
+{
+    struct dlink_out *o = NULL;
+    struct wpeer *p;
+    dc_code code;
+
+    pthread_mutex_lock(&wg->mtx);
+    if (wg->stopping) {
+        pthread_mutex_unlock(&wg->mtx);
+        return status_set(st, DC_UNAVAILABLE, "worker shutting down");
+    }
+    if ((p = peer_get_locked(wg, address, st)) == NULL) {
+        pthread_mutex_unlock(&wg->mtx);
+        return st->code;
+    }
+    while (p->dialing && !wg->stopping) {
+        pthread_cond_wait(&p->cv, &wg->mtx);
+    }
+    if (p->out != NULL || wg->stopping) {
+        /* A stale one is dialed again by the sender before it writes. */
+        pthread_mutex_unlock(&wg->mtx);
+        return wg->stopping ? status_set(st, DC_UNAVAILABLE, "worker shutting down") : DC_OK;
+    }
+    if (p->link_failed_ms != 0 && rpc_now_ms() - p->link_failed_ms < LINK_RETRY_MS) {
+        pthread_mutex_unlock(&wg->mtx);
+        return status_set(st, DC_UNAVAILABLE, "no data link to %s (its dial failed lately)",
+                          address);
+    }
+    p->dialing = true;
+    p->stale   = false;
+    pthread_mutex_unlock(&wg->mtx);
+    code = peer_link(wg, p, &o, st);
+    pthread_mutex_lock(&wg->mtx);
+    p->dialing = false;
+    pthread_cond_broadcast(&p->cv);
+    if (code == DC_OK && wg->stopping) {
+        dlink_out_close(o);
+        code = status_set(st, DC_UNAVAILABLE, "worker shutting down");
+    } else if (code == DC_OK) {
+        p->out            = o;
+        p->link_failed_ms = 0;
+    } else {
+        p->link_failed_ms = rpc_now_ms();
+        if (p->link_failed_ms == 0) {
+            p->link_failed_ms = 1;
+        }
+    }
+    pthread_mutex_unlock(&wg->mtx);
+    return code;
+}
+
+dc_code
+wgroups_op_send(struct wgroups *wg, const char *address, const struct dlink_hdr *h,
+                const uint8_t *data, size_t len, const void *owner, wgroups_sent_fn done, void *arg,
+                dc_status *st)
+{
+    struct wpeer *p = NULL;
+    struct sjob *j;
+
+    pthread_mutex_lock(&wg->mtx);
+    for (size_t i = 0; i < wg->n_peers && p == NULL; i++) {
+        if (strcmp(wg->peers[i]->address, address) == 0) {
+            p = wg->peers[i];
+        }
+    }
+    if (wg->stopping || p == NULL) {
+        pthread_mutex_unlock(&wg->mtx);
+        return status_set(st, DC_UNAVAILABLE, "no data link to %s", address);
+    }
+    if (peer_sender_start_locked(p, st) != DC_OK) {
+        pthread_mutex_unlock(&wg->mtx);
+        return st->code;
+    }
+    if ((j = calloc(1, sizeof(*j))) == NULL) {
+        pthread_mutex_unlock(&wg->mtx);
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    j->h      = *h;
+    j->h.kind = DLINK_DATA;
+    j->h.flags |= DLINK_FLAG_OP;
+    j->len      = len;
+    j->data     = data;
+    j->owner    = owner;
+    j->done     = done;
+    j->done_arg = arg;
+    peer_enqueue_locked(p, j);
+    pthread_mutex_unlock(&wg->mtx);
+    return DC_OK;
+}
+
+void
+wgroups_op_cancel(struct wgroups *wg, const void *owner, bool abort_current)
+{
+    struct sjob *gone = NULL;
+    dc_status st;
+
+    pthread_mutex_lock(&wg->mtx);
+    for (size_t i = 0; i < wg->n_peers; i++) {
+        struct wpeer *p = wg->peers[i];
+        p->jobs_tail    = NULL;
+        for (struct sjob **pp = &p->jobs; *pp != NULL;) {
+            struct sjob *j = *pp;
+            if (j->owner == owner) {
+                *pp     = j->next;
+                j->next = gone;
+                gone    = j;
+            } else {
+                p->jobs_tail = j;
+                pp           = &j->next;
+            }
+        }
+        if (abort_current && p->sending != NULL && p->sending->owner == owner) {
+            p->sending->cancelled = true;
+            if (p->out != NULL) {
+                dlink_out_abort(p->out); /* its write fails at once; the next job dials again */
+            }
+        }
+    }
+    pthread_mutex_unlock(&wg->mtx);
+    status_set(&st, DC_ABORTED, "the op ended before its data was sent");
+    while (gone != NULL) {
+        struct sjob *j = gone;
+        gone           = j->next;
+        sjob_done(j, DC_ABORTED, &st);
+    }
+}
+
+void
+wgroups_set_op_sink(struct wgroups *wg, const struct wgroups_op_sink *sink)
+{
+    pthread_mutex_lock(&wg->mtx);
+    if (sink != NULL) {
+        wg->op_sink = *sink;
+    } else {
+        memset(&wg->op_sink, 0, sizeof(wg->op_sink));
+        while (wg->op_sink_busy > 0) {
+            pthread_cond_wait(&wg->op_sink_cv, &wg->mtx);
+        }
+    }
+    pthread_mutex_unlock(&wg->mtx);
 }
 
 /* ---- the ring ---------------------------------------------------------------------------- */
@@ -2205,6 +2434,32 @@ link_frame_end(void *arg, const char *peer, const struct dlink_hdr *h, void *pin
     pbuf_drop(pin);
 }
 
+/* An op's frame: to the op sink, outside mtx (it may wait for its op to be ready). */
+static bool
+link_op_frame(void *arg, const char *peer, const struct dlink_hdr *h, const uint8_t *payload,
+              dc_status *why)
+{
+    struct wgroups *wg = arg;
+    struct wgroups_op_sink sink;
+    bool ok;
+
+    pthread_mutex_lock(&wg->mtx);
+    sink = wg->op_sink;
+    if (sink.frame == NULL) {
+        pthread_mutex_unlock(&wg->mtx);
+        return true; /* no collectives (stopping): dropped */
+    }
+    wg->op_sink_busy++;
+    pthread_mutex_unlock(&wg->mtx);
+    ok = sink.frame(sink.arg, peer, h, payload, why);
+    pthread_mutex_lock(&wg->mtx);
+    if (--wg->op_sink_busy == 0) {
+        pthread_cond_broadcast(&wg->op_sink_cv);
+    }
+    pthread_mutex_unlock(&wg->mtx);
+    return ok;
+}
+
 static void
 link_peer_lost(void *arg, const char *peer, const dc_status *why)
 {
@@ -2244,7 +2499,7 @@ static dc_code
 link_start_locked(struct wgroups *wg, dc_status *st)
 {
     static const struct dlink_events ev_template = { NULL, link_frame_begin, link_frame_end,
-                                                     link_peer_lost };
+                                                     link_peer_lost, link_op_frame };
     struct dlink_events ev                       = ev_template;
     const char *listen = wg->cfg->listen, *adv = wg->cfg->advertise;
     bool tls = strncmp(listen, "tls+", 4) == 0;
@@ -2520,7 +2775,9 @@ wgroups_new(const struct config_worker *cfg, const char *token)
     }
     pthread_mutex_init(&wg->mtx, NULL);
     pthread_cond_init(&wg->cv, NULL);
+    pthread_cond_init(&wg->op_sink_cv, NULL);
     if (pthread_create(&wg->timer, NULL, wgroups_timer, wg) != 0) {
+        pthread_cond_destroy(&wg->op_sink_cv);
         pthread_cond_destroy(&wg->cv);
         pthread_mutex_destroy(&wg->mtx);
         lreduce_free(wg->lr);
@@ -2605,6 +2862,7 @@ wgroups_free(struct wgroups *wg)
     lreduce_free(wg->lr);
     free(wg->lr_in);
     free(wg->lr_out);
+    pthread_cond_destroy(&wg->op_sink_cv);
     pthread_cond_destroy(&wg->cv);
     pthread_mutex_destroy(&wg->mtx);
     free(wg);

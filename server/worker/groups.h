@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "datalink.h"
 #include "devcoord/v1/devcoord.pb-c.h"
 
 #define GROUPS_MAX       1024
@@ -77,6 +78,42 @@ void wgroups_map(struct wgroups *wg, const Devcoord__V1__GroupMapRequest *in,
 bool wgroups_shm_name_ok(const char *name);
 /* Pure: whether [off, off + len) lies inside a region of size bytes. */
 bool wgroups_shm_range_ok(uint64_t off, uint64_t len, uint64_t size);
+
+/* ---- The data link for SubmitOp's bytes (collective.c) ----------------------------------
+ * Ops share the data port, the per-peer connections and their sender threads with groups:
+ * their frames carry DLINK_FLAG_OP (datalink.h) and go to the op sink. */
+
+/* Makes sure this worker has a data link to the peer whose RPC address is `address`
+ * (GroupLink, then a dial; blocking, within a few seconds). DC_OK: wgroups_op_send may queue
+ * to it. A failure (an older peer without GroupLink, a dial that fails) is remembered for a
+ * few seconds, in which the call fails at once: the op sends over RPC meanwhile. */
+dc_code wgroups_peer_link(struct wgroups *wg, const char *address, dc_status *st);
+
+/* Told when an op's chunk was written to the peer's connection (bytes: its length) or could
+ * not be (bytes 0); runs on the peer's sender thread or in wgroups_op_cancel, no lock held. */
+typedef void (*wgroups_sent_fn)(void *arg, size_t bytes, dc_code code, const dc_status *st);
+
+/* Queues len bytes at data (at most DLINK_CHUNK; they stay the caller's until done runs) as
+ * one frame with header h (flags get DLINK_FLAG_OP) to the peer at `address`, behind what is
+ * queued to it already. owner names the op for wgroups_op_cancel. done runs exactly once
+ * when DC_OK is returned, never otherwise. */
+dc_code wgroups_op_send(struct wgroups *wg, const char *address, const struct dlink_hdr *h,
+                        const uint8_t *data, size_t len, const void *owner, wgroups_sent_fn done,
+                        void *arg, dc_status *st);
+
+/* Takes owner's queued chunks off every queue (their done says ABORTED) and, with
+ * abort_current, makes a chunk of owner's being written fail at once by closing that
+ * connection (the next chunk to that peer dials again). */
+void wgroups_op_cancel(struct wgroups *wg, const void *owner, bool abort_current);
+
+/* Where DLINK_FLAG_OP frames go: datalink.h's op_frame, called on a reader thread without
+ * the groups lock. NULL removes it and returns once no call into the old one runs. */
+struct wgroups_op_sink {
+    void *arg;
+    bool (*frame)(void *arg, const char *peer, const struct dlink_hdr *h, const uint8_t *payload,
+                  dc_status *why);
+};
+void wgroups_set_op_sink(struct wgroups *wg, const struct wgroups_op_sink *sink);
 
 /* devcoord_group_calls_total{kind}, devcoord_group_call_seconds, devcoord_group_stalls_total. */
 void wgroups_metrics_render(struct wgroups *wg, struct mbuf *b);

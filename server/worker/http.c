@@ -48,10 +48,16 @@ metrics(void *arg, struct mbuf *body)
                 "# HELP devcoord_dataplane_bytes_total Collective bytes moved between workers.\n"
                 "# TYPE devcoord_dataplane_bytes_total counter\n"
                 "devcoord_dataplane_bytes_total{direction=\"sent\"} %llu\n"
-                "devcoord_dataplane_bytes_total{direction=\"received\"} %llu\n",
+                "devcoord_dataplane_bytes_total{direction=\"received\"} %llu\n"
+                "# HELP devcoord_dataplane_link_bytes_total Of those, bytes moved over the data "
+                "link (the rest went in Exchange calls).\n"
+                "# TYPE devcoord_dataplane_link_bytes_total counter\n"
+                "devcoord_dataplane_link_bytes_total{direction=\"sent\"} %llu\n"
+                "devcoord_dataplane_link_bytes_total{direction=\"received\"} %llu\n",
                 DEVCOORD_VERSION, membership_epoch(w->membership) != 0 ? 1 : 0,
                 (unsigned long long)cs.ops_done, (unsigned long long)cs.ops_failed,
-                (unsigned long long)cs.bytes_sent, (unsigned long long)cs.bytes_received);
+                (unsigned long long)cs.bytes_sent, (unsigned long long)cs.bytes_received,
+                (unsigned long long)cs.link_bytes_sent, (unsigned long long)cs.link_bytes_received);
     rpc_metrics_render(body, &w->rpc_metrics);
     wgroups_metrics_render(w->groups, body);
     return 200;

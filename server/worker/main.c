@@ -184,9 +184,14 @@ main(int argc, char **argv)
     log_configure(w->cfg.log.level, w->cfg.log.format, w->cfg.name);
 
     /* Chunk-sized buffers come and go on the data plane: keep them off mmap, which would map
-     * and zero-fill pages on every allocation. */
+     * and zero-fill pages on every allocation. One arena: glibc's per-thread arenas are heaps
+     * of at most 64 MiB, so a larger block allocated on an op's thread (a staging tensor) is
+     * mmap'd whatever the threshold, and every op then faults in fresh pages (a 64 MiB
+     * SubmitOp spent 0.4-0.7 s copying its input into a new staging tensor, 16 MiB ones
+     * none: they are reused from the thread's arena). */
     mallopt(M_MMAP_THRESHOLD, 256 * 1024 * 1024);
     mallopt(M_TRIM_THRESHOLD, 512 * 1024 * 1024);
+    mallopt(M_ARENA_MAX, 1);
 
     rv = 1;
     if (worker_prepare(w, &tls, &st) != DC_OK) {
@@ -200,8 +205,9 @@ main(int argc, char **argv)
         goto out;
     }
     if ((w->membership = membership_new(&w->cfg, w->token, on_fenced, w)) == NULL ||
-        (w->collectives = collectives_new(&w->cfg, w->token, w->executor, w->membership)) == NULL ||
-        (w->groups = wgroups_new(&w->cfg, w->token)) == NULL) {
+        (w->groups = wgroups_new(&w->cfg, w->token)) == NULL ||
+        (w->collectives =
+             collectives_new(&w->cfg, w->token, w->executor, w->membership, w->groups)) == NULL) {
         log_error("cannot start");
         goto out;
     }

@@ -285,7 +285,7 @@ def device_pb(device):
             + harness.pb_uint(harness.F("Device", "index"), int(index or 0)))
 
 
-def worker_call(cluster, worker, method, body, timeout=10.0, token=None):
+def worker_call(cluster, worker, method, body, timeout=10.0, token=None, attachment=b""):
     """One call to a worker's data port: (code name, message, body, attachment)."""
     F = harness.F
     rid = random.randrange(1, 1 << 31)
@@ -294,7 +294,8 @@ def worker_call(cluster, worker, method, body, timeout=10.0, token=None):
               + harness.pb_uint(F("RequestHeader", "timeout_ms"), int(timeout * 1000))
               + harness.pb_bytes(F("RequestHeader", "token"), token or ""))
     with harness.RpcConnection(worker_port(cluster, worker), timeout) as conn:
-        conn.send_message(struct.pack(">I", rid | 0x80000000) + harness.frame(header, body))
+        conn.send_message(struct.pack(">I", rid | 0x80000000)
+                          + harness.frame(header, body, attachment))
         while True:
             reply = conn.recv_message()
             if struct.unpack(">I", reply[:4])[0] == rid | 0x80000000:

@@ -82,6 +82,20 @@ test_header_refusals(void **state)
     h = data_hdr(0, 16, MAX_FRAME + 1ull);
     dlink_hdr_encode(&h, raw);
     assert_int_equal(dlink_hdr_decode(raw, MAX_FRAME, &back, &st), DC_OUT_OF_RANGE);
+    /* An op's frame names its op's buffer, which nothing allocates from the header: its total
+     * may exceed the frame limit, its length may not, and its bytes stay inside the total. */
+    h.flags = DLINK_FLAG_OP;
+    dlink_hdr_encode(&h, raw);
+    assert_int_equal(dlink_hdr_decode(raw, MAX_FRAME, &back, &st), DC_OK);
+    assert_int_equal(back.flags, DLINK_FLAG_OP);
+    h       = data_hdr(0, MAX_FRAME + 1u, UINT64_MAX);
+    h.flags = DLINK_FLAG_OP;
+    dlink_hdr_encode(&h, raw);
+    assert_int_equal(dlink_hdr_decode(raw, MAX_FRAME, &back, &st), DC_OUT_OF_RANGE);
+    h       = data_hdr(UINT64_MAX - 4, 16, UINT64_MAX);
+    h.flags = DLINK_FLAG_OP;
+    dlink_hdr_encode(&h, raw);
+    assert_int_equal(dlink_hdr_decode(raw, MAX_FRAME, &back, &st), DC_INVALID_ARGUMENT);
     /* Bytes outside the part, including an offset that would wrap. */
     h = data_hdr(8, 16, 16);
     dlink_hdr_encode(&h, raw);
@@ -106,7 +120,32 @@ struct sink {
     size_t bytes, received;
     int begins, ends, lost;
     char peer[DLINK_ADDRESS_MAX + 1];
+    /* Op frames (DLINK_FLAG_OP): how many came, their bytes, the last one's first byte; a
+     * payload starting with 0xFF is refused. */
+    int op_frames;
+    size_t op_bytes;
+    uint64_t op_offset;
 };
+
+static bool
+sink_op(void *arg, const char *peer, const struct dlink_hdr *h, const uint8_t *payload,
+        dc_status *why)
+{
+    struct sink *s = arg;
+    bool ok        = h->length == 0 || payload[0] != 0xFF;
+
+    (void)peer;
+    pthread_mutex_lock(&s->mtx);
+    if (ok) {
+        s->op_frames++;
+        s->op_bytes += h->length;
+        s->op_offset = h->offset;
+    } else {
+        status_set(why, DC_INVALID_ARGUMENT, "op frame outside its op");
+    }
+    pthread_mutex_unlock(&s->mtx);
+    return ok;
+}
 
 static void
 sink_begin(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t **dst, void **pin)
@@ -162,7 +201,7 @@ sink_get(struct sink *s, const int *field)
 static struct dlink_server *
 start(struct sink *s, char *url, size_t cap)
 {
-    struct dlink_events ev = { s, sink_begin, sink_end, sink_lost };
+    struct dlink_events ev = { s, sink_begin, sink_end, sink_lost, sink_op };
     struct dlink_server *srv;
     dc_status st;
 
@@ -378,6 +417,64 @@ test_hostile_peers_are_dropped_without_a_frame(void **state)
     pthread_mutex_destroy(&s.mtx);
 }
 
+/* Op frames go to op_frame with their payload, never to frame_begin; one the op refuses, or
+ * one longer than a chunk, drops the connection. */
+static void
+test_op_frames_go_to_the_op(void **state)
+{
+    struct sink s = { 0 };
+    size_t n      = DLINK_CHUNK + 1000;
+    uint8_t *src  = malloc(n);
+    struct dlink_server *srv;
+    struct dlink_out *o;
+    struct dlink_hdr h = data_hdr(4096, 0, (uint64_t)MAX_FRAME * 4);
+    uint8_t raw[DLINK_HDR_SIZE + DLINK_SECRET_SIZE + DLINK_HDR_SIZE];
+    char url[64];
+    dc_status st;
+
+    (void)state;
+    pthread_mutex_init(&s.mtx, NULL);
+    assert_non_null(src);
+    memset(src, 0x11, n);
+    srv     = start(&s, url, sizeof(url));
+    h.flags = DLINK_FLAG_OP;
+    assert_int_equal(
+        dlink_dial(url, NULL, dlink_server_secret(srv), "tcp://127.0.0.1:9", 2000, &o, &st), DC_OK);
+    /* Sent as two frames (a chunk, then the rest), both to op_frame. */
+    assert_int_equal(dlink_send(o, &h, src, n, &st), DC_OK);
+    for (int i = 0; i < 300 && sink_get(&s, &s.op_frames) < 2; i++) {
+        nng_msleep(10);
+    }
+    pthread_mutex_lock(&s.mtx);
+    assert_int_equal(s.op_frames, 2);
+    assert_int_equal(s.op_bytes, n);
+    assert_int_equal(s.op_offset, 4096 + DLINK_CHUNK);
+    assert_int_equal(s.begins, 0);
+    pthread_mutex_unlock(&s.mtx);
+    /* One the op refuses: the connection drops (a lost peer, a refused connection). */
+    src[0] = 0xFF;
+    assert_int_equal(dlink_send(o, &h, src, 16, &st), DC_OK);
+    wait_refused(srv, 1);
+    for (int i = 0; i < 300 && sink_get(&s, &s.lost) == 0; i++) {
+        nng_msleep(10);
+    }
+    assert_int_equal(sink_get(&s, &s.lost), 1);
+    dlink_out_close(o);
+    /* One announcing more than a chunk: dropped before its payload is read. */
+    h = (struct dlink_hdr){ .kind = DLINK_HELLO, .length = DLINK_SECRET_SIZE };
+    dlink_hdr_encode(&h, raw);
+    memcpy(raw + DLINK_HDR_SIZE, dlink_server_secret(srv), DLINK_SECRET_SIZE);
+    h       = data_hdr(0, DLINK_CHUNK + 1, DLINK_CHUNK + 1);
+    h.flags = DLINK_FLAG_OP;
+    dlink_hdr_encode(&h, raw + DLINK_HDR_SIZE + DLINK_SECRET_SIZE);
+    assert_true(raw_send_then_closed(url, raw, sizeof(raw)));
+    wait_refused(srv, 2);
+    assert_int_equal(sink_get(&s, &s.op_frames), 2);
+    dlink_server_free(srv);
+    free(src);
+    pthread_mutex_destroy(&s.mtx);
+}
+
 int
 main(void)
 {
@@ -387,6 +484,7 @@ main(void)
         cmocka_unit_test(test_a_part_lands_where_the_receiver_says),
         cmocka_unit_test(test_an_empty_part_keeps_the_link),
         cmocka_unit_test(test_hostile_peers_are_dropped_without_a_frame),
+        cmocka_unit_test(test_op_frames_go_to_the_op),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
