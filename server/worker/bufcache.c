@@ -8,6 +8,25 @@
 #include <sys/mman.h>
 #include <time.h>
 
+/* Under AddressSanitizer, what malloc's redzones would catch is caught here too: the bytes
+ * past what a take asked for, and the whole of a buffer while it is kept, are poisoned (and
+ * unpoisoned before they are unmapped, for whatever is mapped there next). */
+#if defined(__SANITIZE_ADDRESS__)
+#define BUFCACHE_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define BUFCACHE_ASAN 1
+#endif
+#endif
+#ifdef BUFCACHE_ASAN
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n)   ASAN_POISON_MEMORY_REGION((p), (n))
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define POISON(p, n)   ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 /* Every buffer starts with this header; the caller's bytes follow it, 64-byte aligned in a
  * mapping. */
 struct bufhdr {
@@ -84,6 +103,7 @@ bufcache_free(struct bufcache *bc)
         while (bc->classes[c] != NULL) {
             struct bufhdr *h = bc->classes[c];
             bc->classes[c]   = h->next;
+            UNPOISON(h, h->mapped);
             munmap(h, h->mapped);
         }
     }
@@ -112,6 +132,7 @@ bufcache_take(struct bufcache *bc, size_t bytes)
     pthread_mutex_lock(&bc->mtx);
     if ((h = bc->classes[cls]) != NULL) {
         bc->classes[cls] = h->next;
+        UNPOISON(h + 1, bytes);
         bc->stats.kept_bytes -= len;
         bc->stats.kept--;
         bc->stats.hits++;
@@ -133,6 +154,7 @@ bufcache_take(struct bufcache *bc, size_t bytes)
     h         = m;
     h->mapped = len;
     h->cls    = cls;
+    POISON((unsigned char *)(h + 1) + bytes, len - n);
     return h + 1;
 }
 
@@ -152,6 +174,7 @@ bufcache_give(struct bufcache *bc, void *p)
     pthread_mutex_lock(&bc->mtx);
     keep = h->mapped <= bc->max_bytes - bc->stats.kept_bytes;
     if (keep) {
+        POISON(h + 1, h->mapped - sizeof(*h));
         h->released_ms      = now_ms();
         h->next             = bc->classes[h->cls];
         bc->classes[h->cls] = h;
@@ -163,6 +186,7 @@ bufcache_give(struct bufcache *bc, void *p)
     }
     pthread_mutex_unlock(&bc->mtx);
     if (!keep) {
+        UNPOISON(h, h->mapped);
         munmap(h, h->mapped);
     }
 }
@@ -197,6 +221,7 @@ bufcache_trim(struct bufcache *bc, uint64_t idle_ms)
     while (old != NULL) {
         struct bufhdr *h = old;
         old              = h->next;
+        UNPOISON(h, h->mapped);
         munmap(h, h->mapped);
     }
     return n;

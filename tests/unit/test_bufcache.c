@@ -13,6 +13,17 @@
 
 #include "bufcache.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TEST_ASAN 1
+#endif
+#endif
+#ifdef TEST_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
 #define MIB ((size_t)1 << 20)
 
 static struct bufcache_stats
@@ -181,6 +192,30 @@ test_an_impossible_size_is_refused(void **state)
     bufcache_free(bc);
 }
 
+#ifdef TEST_ASAN
+/* Under AddressSanitizer: the slack past what was asked, and a kept buffer, are poisoned. */
+static void
+test_asan_sees_past_the_end_and_kept_buffers(void **state)
+{
+    struct bufcache *bc = bufcache_new(64 * MIB);
+    uint8_t *p, *q;
+
+    (void)state;
+    p = bufcache_take(bc, MIB + 1000);
+    assert_false(__asan_address_is_poisoned(p));
+    assert_false(__asan_address_is_poisoned(p + MIB + 999));
+    assert_true(__asan_address_is_poisoned(p + MIB + 1000));
+    bufcache_give(bc, p);
+    assert_true(__asan_address_is_poisoned(p));
+    q = bufcache_take(bc, MIB); /* the same class, fewer bytes */
+    assert_ptr_equal(q, p);
+    assert_false(__asan_address_is_poisoned(q + MIB - 1));
+    assert_true(__asan_address_is_poisoned(q + MIB));
+    bufcache_give(bc, q);
+    bufcache_free(bc);
+}
+#endif
+
 /* Threads take buffers of their own and of shared sizes, fill them with their own pattern,
  * and check it is still whole before giving them back: a buffer handed to two users at once
  * (or kept while in use) would show another thread's bytes. */
@@ -262,6 +297,9 @@ main(void)
         cmocka_unit_test(test_no_cache_when_the_bound_is_zero),
         cmocka_unit_test(test_an_impossible_size_is_refused),
         cmocka_unit_test(test_threads_never_share_a_live_buffer),
+#ifdef TEST_ASAN
+        cmocka_unit_test(test_asan_sees_past_the_end_and_kept_buffers),
+#endif
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
