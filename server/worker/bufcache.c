@@ -30,11 +30,10 @@
 /* Every buffer starts with this header; the caller's bytes follow it, 64-byte aligned in a
  * mapping. */
 struct bufhdr {
-    size_t mapped;        /* bytes of the mapping; 0: from malloc */
-    size_t cls;           /* its size class, an index into classes */
-    uint64_t released_ms; /* when it was given back (kept buffers) */
-    struct bufhdr *next;  /* the next kept buffer of its class */
-    unsigned char pad[32];
+    size_t mapped;       /* bytes of the mapping; 0: from malloc */
+    size_t cls;          /* its size class, an index into classes */
+    struct bufhdr *next; /* the next kept buffer of its class */
+    unsigned char pad[40];
 };
 
 _Static_assert(sizeof(struct bufhdr) == 64, "bufhdr keeps the caller's bytes 64-byte aligned");
@@ -53,6 +52,7 @@ struct bufcache {
     pthread_mutex_t mtx;
     size_t max_bytes;
     struct bufhdr *classes[N_CLASSES]; /* kept buffers, the last given back first */
+    uint64_t used_ms[N_CLASSES];       /* when a buffer of the class was last taken or given */
     struct bufcache_stats stats;
 };
 
@@ -115,6 +115,7 @@ void *
 bufcache_take(struct bufcache *bc, size_t bytes)
 {
     size_t n = bytes + sizeof(struct bufhdr), len, cls;
+    uint64_t now;
     struct bufhdr *h;
     void *m;
 
@@ -129,7 +130,9 @@ bufcache_take(struct bufcache *bc, size_t bytes)
         return h + 1;
     }
     len = class_of(n, &cls);
+    now = now_ms();
     pthread_mutex_lock(&bc->mtx);
+    bc->used_ms[cls] = now;
     if ((h = bc->classes[cls]) != NULL) {
         bc->classes[cls] = h->next;
         UNPOISON(h + 1, bytes);
@@ -162,6 +165,7 @@ void
 bufcache_give(struct bufcache *bc, void *p)
 {
     struct bufhdr *h = p != NULL ? (struct bufhdr *)p - 1 : NULL;
+    uint64_t now;
     bool keep;
 
     if (h == NULL) {
@@ -171,11 +175,12 @@ bufcache_give(struct bufcache *bc, void *p)
         free(h);
         return;
     }
+    now = now_ms();
     pthread_mutex_lock(&bc->mtx);
-    keep = h->mapped <= bc->max_bytes - bc->stats.kept_bytes;
+    bc->used_ms[h->cls] = now;
+    keep                = h->mapped <= bc->max_bytes - bc->stats.kept_bytes;
     if (keep) {
         POISON(h + 1, h->mapped - sizeof(*h));
-        h->released_ms      = now_ms();
         h->next             = bc->classes[h->cls];
         bc->classes[h->cls] = h;
         bc->stats.kept_bytes += h->mapped;
@@ -200,14 +205,15 @@ bufcache_trim(struct bufcache *bc, uint64_t idle_ms)
 
     pthread_mutex_lock(&bc->mtx);
     for (size_t c = 0; c < N_CLASSES; c++) {
-        struct bufhdr **pp = &bc->classes[c];
-        /* Newest first: past the first idle one, every one is idle. */
-        while (*pp != NULL && now - (*pp)->released_ms < idle_ms) {
-            pp = &(*pp)->next;
+        /* A class still in use keeps all it has: what a burst of overlapping calls needed
+         * the next burst needs too, and mapping it afresh each time would only move RSS up
+         * and down. */
+        if (now - bc->used_ms[c] < idle_ms) {
+            continue;
         }
-        while (*pp != NULL) {
-            struct bufhdr *h = *pp;
-            *pp              = h->next;
+        while (bc->classes[c] != NULL) {
+            struct bufhdr *h = bc->classes[c];
+            bc->classes[c]   = h->next;
             bc->stats.kept_bytes -= h->mapped;
             bc->stats.kept--;
             bc->stats.mapped_bytes -= h->mapped;

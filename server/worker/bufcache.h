@@ -5,8 +5,8 @@
  * glibc's per-thread arenas, and every arena keeps its own peak for good: RSS climbs in
  * buffer-sized steps for thousands of calls. Here, buffers of BUFCACHE_MIN_BYTES or more are
  * mapped in size classes (at most 1/8 larger than asked) and, once given back, kept for the
- * next take of their class, up to max_bytes in all; bufcache_trim unmaps those left idle.
- * Smaller buffers, and every buffer when max_bytes is 0, come from malloc.
+ * next take of their class, up to max_bytes in all; bufcache_trim unmaps those of classes
+ * left idle. Smaller buffers, and every buffer when max_bytes is 0, come from malloc.
  *
  * Any thread may take, give back or trim (one mutex, never held across mmap or munmap). */
 #ifndef DEVCOORD_WORKER_BUFCACHE_H
@@ -44,7 +44,8 @@ void *bufcache_take(struct bufcache *bc, size_t bytes);
  * cache has room, else unmapped (or freed). */
 void bufcache_give(struct bufcache *bc, void *p);
 
-/* Unmaps the kept buffers given back idle_ms or more ago. Returns how many. */
+/* Unmaps the kept buffers of every size class no buffer of which was taken or given back in
+ * the last idle_ms. Returns how many. */
 size_t bufcache_trim(struct bufcache *bc, uint64_t idle_ms);
 
 void bufcache_stats(struct bufcache *bc, struct bufcache_stats *out);

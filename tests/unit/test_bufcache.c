@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -162,6 +163,33 @@ test_trim_unmaps_what_sat_idle(void **state)
     bufcache_free(bc);
 }
 
+/* Trimming goes by size class: a class still taken keeps every buffer it has (what overlapping
+ * calls needed once they need again), a class no one took for idle_ms loses all of its. */
+static void
+test_trim_spares_classes_in_use(void **state)
+{
+    struct bufcache *bc         = bufcache_new(64 * MIB);
+    const struct timespec pause = { .tv_sec = 1, .tv_nsec = 0 };
+    void *old, *busy[3];
+
+    (void)state;
+    old = bufcache_take(bc, 4 * MIB);
+    bufcache_give(bc, old);
+    for (int i = 0; i < 3; i++) {
+        busy[i] = bufcache_take(bc, MIB);
+    }
+    for (int i = 0; i < 3; i++) {
+        bufcache_give(bc, busy[i]);
+    }
+    nanosleep(&pause, NULL);
+    /* The 1 MiB class in use again (one buffer of three); the 4 MiB one idle for 1 s. */
+    bufcache_give(bc, bufcache_take(bc, MIB));
+    assert_int_equal(bufcache_trim(bc, 500), 1);
+    assert_int_equal(stats_of(bc).kept, 3);
+    assert_int_equal(stats_of(bc).unmapped, 1);
+    bufcache_free(bc);
+}
+
 static void
 test_no_cache_when_the_bound_is_zero(void **state)
 {
@@ -294,6 +322,7 @@ main(void)
         cmocka_unit_test(test_a_size_taken_again_reuses_the_buffer_given_back),
         cmocka_unit_test(test_it_keeps_no_more_than_its_bound),
         cmocka_unit_test(test_trim_unmaps_what_sat_idle),
+        cmocka_unit_test(test_trim_spares_classes_in_use),
         cmocka_unit_test(test_no_cache_when_the_bound_is_zero),
         cmocka_unit_test(test_an_impossible_size_is_refused),
         cmocka_unit_test(test_threads_never_share_a_live_buffer),
