@@ -915,17 +915,22 @@ wcall_compute(struct wgroups *wg, struct wgroup *g, struct wcall *c, struct pbuf
     }
     if (c->ring != NULL && c->ring->acc != NULL && !c->ring->broken &&
         c->ring->done == ring_steps(c->ring) && c->ring->bytes == bytes) {
-        /* Round the ring: every worker holds the same reduced bytes already. */
+        /* Round the ring: every worker holds the same reduced bytes already. The answers
+         * only read them (the sender may still be reading them too): no copy, one buffer
+         * fewer per call, but for a mean, which is finished in a buffer of its own. */
         wg->ring_calls_total++;
+        if (d->reduce != DC_REDUCE_MEAN) {
+            *res       = pbuf_hold(c->ring->acc);
+            *res_bytes = bytes;
+            goto out;
+        }
         if ((*res = pbuf_new(wg, bytes)) == NULL) {
             rv = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
             goto out;
         }
         memcpy((*res)->data, c->ring->acc->data, bytes);
         *res_bytes = bytes;
-        if (d->reduce == DC_REDUCE_MEAN) {
-            reduce_finish_mean(d->dtype, (*res)->data, input_elements(d, g->n), g->n);
-        }
+        reduce_finish_mean(d->dtype, (*res)->data, input_elements(d, g->n), g->n);
         goto out;
     }
     for (size_t w = 0; w < g->n_workers; w++) {

@@ -715,8 +715,8 @@ class BufferCacheTest(DataPathTest):
             self.assertEqual(m[self.CACHE + "unmapped_total"], 0, name)
             self.assertEqual(m[self.CACHE + "max_bytes"], 256 << 20, name)
             self.assertGreater(m[self.CACHE + "kept_bytes"], 0, name)
-        # 1 MiB parts go round the ring: this worker's part, the ring's receive buffer, the
-        # result; another size class, the same story.
+        # 1 MiB parts go round the ring: this worker's part (which ends as the result) and the
+        # ring's receive buffer; another size class, the same story.
         procs = [ctl_popen(c, "--timeout", "60s", "collective", "all-reduce", "--devices", devs,
                            "--self", d, "--dtype", "f32", "--count", str(1 << 18), "--reduce",
                            "sum", "--repeat", "40") for d in devs.split(",")]
@@ -729,7 +729,7 @@ class BufferCacheTest(DataPathTest):
             self.assertEqual(m["devcoord_group_ring_calls_total"], 40, name)
             misses = m[self.CACHE + "misses_total"] - small[name][self.CACHE + "misses_total"]
             hits = m[self.CACHE + "hits_total"] - small[name][self.CACHE + "hits_total"]
-            self.assertGreaterEqual(hits + misses, 120, name)
+            self.assertGreaterEqual(hits + misses, 80, name)
             self.assertLessEqual(misses, 8, (name, self.cache(m)))
             self.assertEqual(m[self.CACHE + "mapped_bytes"], m[self.CACHE + "kept_bytes"], name)
 
