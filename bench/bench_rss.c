@@ -25,7 +25,8 @@
 #include "bench.h"
 #include "cluster.h"
 
-static const char usage[] = "usage: bench_rss [--quick] [--ops N] [--out DIR] [--build DIR]\n";
+static const char usage[] =
+    "usage: bench_rss [--quick] [--ops N] [--path submit|group] [--out DIR] [--build DIR]\n";
 
 #define N_WORKERS    2
 #define N_PROCS      (1 + N_WORKERS) /* coordinator, w0, w1 */
@@ -305,16 +306,31 @@ run_group(const struct bench_args *a, unsigned ops, struct path_result *r)
 
 /* ---- main --------------------------------------------------------------------------------- */
 
+struct options {
+    unsigned ops;
+    bool submit, group; /* the paths to run */
+};
+
 static int
 parse_extra(int argc, char **argv, int i, void *arg)
 {
+    struct options *o = arg;
     uint64_t v;
 
     if (strcmp(argv[i], "--ops") == 0 && i + 1 < argc) {
         if (bench_parse_u64(argv[i + 1], SAMPLE_EVERY, 500000, "--ops", &v) != 0) {
             exit(2);
         }
-        *(unsigned *)arg = (unsigned)v;
+        o->ops = (unsigned)v;
+        return 2;
+    }
+    if (strcmp(argv[i], "--path") == 0 && i + 1 < argc) {
+        o->submit = strcmp(argv[i + 1], "submit") == 0;
+        o->group  = strcmp(argv[i + 1], "group") == 0;
+        if (!o->submit && !o->group) {
+            fprintf(stderr, "bench_rss: --path: submit or group, not %s\n", argv[i + 1]);
+            exit(2);
+        }
         return 2;
     }
     return 0;
@@ -362,30 +378,36 @@ json_path(FILE *f, const struct path_result *r)
 int
 main(int argc, char **argv)
 {
-    static struct path_result paths[2];
+    static struct path_result paths[2] = { { .name = "submit" }, { .name = "group" } };
+    struct options o                   = { .submit = true, .group = true };
     struct bench_summary sum;
     struct bench_args a;
-    unsigned ops = 0;
+    unsigned ops;
     FILE *f;
     int rv, failed = 0;
 
     bench_init();
-    if ((rv = bench_parse_args(argc, argv, &a, usage, parse_extra, &ops)) != 0) {
+    if ((rv = bench_parse_args(argc, argv, &a, usage, parse_extra, &o)) != 0) {
         return rv;
     }
-    if (ops == 0) {
-        ops = a.quick ? 1000 : 10000;
+    ops = o.ops ? o.ops : a.quick ? 1000 : 10000;
+    if (o.submit) {
+        printf("submit path: coordinator + 2 workers, %u all-reduces of 1 MiB ...\n", ops);
+        fflush(stdout);
+        failed |= run_submit(&a, ops, &paths[0]) != 0;
     }
-    printf("submit path: coordinator + 2 workers, %u all-reduces of 1 MiB ...\n", ops);
-    fflush(stdout);
-    failed |= run_submit(&a, ops, &paths[0]) != 0;
-    printf("group path: coordinator + 2 workers, 2 rank threads, %u all-reduces of 1 MiB ...\n",
-           ops);
-    fflush(stdout);
-    failed |= run_group(&a, ops, &paths[1]) != 0;
+    if (o.group) {
+        printf("group path: coordinator + 2 workers, 2 rank threads, %u all-reduces of 1 MiB ...\n",
+               ops);
+        fflush(stdout);
+        failed |= run_group(&a, ops, &paths[1]) != 0;
+    }
 
+    bool chosen[2] = { o.submit, o.group };
     for (size_t i = 0; i < 2; i++) {
-        print_path(&paths[i]);
+        if (chosen[i]) {
+            print_path(&paths[i]);
+        }
     }
     printf("slopes in KiB per 1000 ops; flat: |slope over the 2nd half| < %.0f\n", FLAT_KIB);
 
@@ -393,16 +415,19 @@ main(int argc, char **argv)
         fprintf(f,
                 "{\"bench\": \"rss\", \"bytes\": %u, \"sample_every\": %u, \"warmup_ops\": %u,\n ",
                 BYTES, SAMPLE_EVERY, WARMUP_OPS);
-        json_path(f, &paths[0]);
-        fprintf(f, ",\n ");
-        json_path(f, &paths[1]);
+        for (size_t i = 0, n = 0; i < 2; i++) {
+            if (chosen[i]) {
+                fprintf(f, "%s", n++ ? ",\n " : "");
+                json_path(f, &paths[i]);
+            }
+        }
         fprintf(f, "}\n");
         fclose(f);
     }
     if (bench_summary_open(&sum, &a, "rss") == 0) {
         for (size_t i = 0; i < 2; i++) {
             const struct path_result *r = &paths[i];
-            for (size_t p = 0; p < N_PROCS; p++) {
+            for (size_t p = 0; chosen[i] && p < N_PROCS; p++) {
                 const struct series *s = &r->s[p];
                 bench_summary_row(
                     &sum,

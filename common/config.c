@@ -1533,6 +1533,11 @@ static const struct field worker_groups_fields[] = {
       .min    = 0,
       .max    = 1ull << 40,
       .offset = offsetof(struct config_worker, group_shm_max_bytes) },
+    { .name   = "buffer_cache_bytes",
+      .parse  = field_size,
+      .min    = 0,
+      .max    = 1ull << 40,
+      .offset = offsetof(struct config_worker, group_buffer_cache_bytes) },
     { .name   = "data_port",
       .parse  = field_u32,
       .min    = 0,
@@ -1755,12 +1760,13 @@ config_worker_defaults(struct config_worker *cfg, dc_status *st)
     for (int b = DC_BACKEND_CPU; b < DC_BACKEND_COUNT; b++) {
         cfg->collectives[b] = true;
     }
-    cfg->max_tensor_bytes    = DEFAULT_MAX_TENSOR_BYTES;
-    cfg->group_stall_warn_ms = 5000;
-    cfg->group_shm_max_bytes = 1ull << 30;
-    cfg->max_message_bytes   = DEFAULT_MAX_MESSAGE_BYTES;
-    cfg->log.level           = LOG_INFO;
-    cfg->log.format          = LOG_FORMAT_TEXT;
+    cfg->max_tensor_bytes         = DEFAULT_MAX_TENSOR_BYTES;
+    cfg->group_stall_warn_ms      = 5000;
+    cfg->group_shm_max_bytes      = 1ull << 30;
+    cfg->group_buffer_cache_bytes = 256ull << 20;
+    cfg->max_message_bytes        = DEFAULT_MAX_MESSAGE_BYTES;
+    cfg->log.level                = LOG_INFO;
+    cfg->log.format               = LOG_FORMAT_TEXT;
 
     cfg->max_inflight_bytes                = RPC_WORKER_DEFAULT_MAX_INFLIGHT;
     cfg->max_inflight_bytes_per_connection = RPC_WORKER_DEFAULT_MAX_INFLIGHT_PER_CONNECTION;

@@ -124,6 +124,10 @@ struct config_worker {
     /* groups.shm_max_bytes: the shared memory one rank may have this worker map for its
      * group calls (dc_group_alloc), in at most 16 regions; 0 maps none (default 1 GiB). */
     uint64_t group_shm_max_bytes;
+    /* groups.buffer_cache_bytes: group call buffers (parts, ring buffers, results) kept for
+     * reuse by later calls instead of unmapped, at most this many bytes (default 256 MiB; 0:
+     * no cache, every buffer from malloc). */
+    uint64_t group_buffer_cache_bytes;
     /* groups.data_port: the TCP port of the data link that carries group parts between
      * workers, on the listen address's host and scheme; 0 (default): one the kernel picks.
      * Peers learn it through GroupLink, so only a firewall needs it fixed. */

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "auth.h"
+#include "bufcache.h"
 #include "clock.h"
 #include "datalink.h"
 #include "device.h"
@@ -41,12 +42,17 @@ struct desc {
 };
 
 /* Bytes shared by a call and the data link's threads: a part being sent, or one being
- * received into. The last reference frees it. */
+ * received into. The last reference gives it back to the worker's buffer cache (bufcache.h),
+ * whichever thread drops it. */
 struct pbuf {
     atomic_size_t refs;
     size_t bytes;
+    struct bufcache *bc;
+    size_t pad; /* data 16-byte aligned, as malloc's */
     uint8_t data[];
 };
+
+_Static_assert(offsetof(struct pbuf, data) % 16 == 0, "pbuf data aligned as malloc's");
 
 /* A part queued to a peer's data link sender: a group's (buf) or an op's (owner, data). */
 struct sjob {
@@ -217,18 +223,23 @@ struct wgroups {
     struct wgroups_op_sink op_sink;
     unsigned op_sink_busy;
     pthread_cond_t op_sink_cv;
+    struct bufcache *bufs; /* every pbuf's bytes (groups.buffer_cache_bytes) */
+    uint64_t bufs_trimmed_ms;
 };
 
 /* ---- small helpers ----------------------------------------------------------------------- */
 
 static struct pbuf *
-pbuf_new(size_t bytes)
+pbuf_new(struct wgroups *wg, size_t bytes)
 {
-    struct pbuf *b = malloc(sizeof(*b) + (bytes ? bytes : 1));
+    struct pbuf *b = bytes <= BUFCACHE_MAX_BYTES - sizeof(*b)
+                         ? bufcache_take(wg->bufs, sizeof(*b) + (bytes ? bytes : 1))
+                         : NULL;
 
     if (b != NULL) {
         atomic_init(&b->refs, 1);
         b->bytes = bytes;
+        b->bc    = wg->bufs;
     }
     return b;
 }
@@ -244,7 +255,7 @@ static void
 pbuf_drop(struct pbuf *b)
 {
     if (b != NULL && atomic_fetch_sub(&b->refs, 1) == 1) {
-        free(b);
+        bufcache_give(b->bc, b);
     }
 }
 
@@ -781,7 +792,7 @@ wcall_finish_in_place(struct wgroups *wg, struct wgroup *g, struct wcall *c)
 }
 
 static dc_code
-wcall_make_mine(const struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status *st)
+wcall_make_mine(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status *st)
 {
     const struct gworker *me = &g->workers[g->self];
     const struct desc *d     = &c->local[0].d;
@@ -804,7 +815,7 @@ wcall_make_mine(const struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_
     case DC_OP_ALL_REDUCE:
     case DC_OP_REDUCE:
     case DC_OP_REDUCE_SCATTER:
-        if ((c->mine_buf = pbuf_new(bytes)) == NULL) {
+        if ((c->mine_buf = pbuf_new(wg, bytes)) == NULL) {
             return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
         }
         c->mine = c->mine_buf->data;
@@ -817,7 +828,7 @@ wcall_make_mine(const struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_
     case DC_OP_BROADCAST:
         for (size_t i = 0; i < me->n_ranks; i++) {
             if (me->ranks[i] == d->root) {
-                if ((c->mine_buf = pbuf_new(bytes)) == NULL) {
+                if ((c->mine_buf = pbuf_new(wg, bytes)) == NULL) {
                     return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
                 }
                 c->mine = c->mine_buf->data;
@@ -827,7 +838,7 @@ wcall_make_mine(const struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_
         }
         break;
     case DC_OP_ALL_GATHER:
-        if ((c->mine_buf = pbuf_new(bytes * me->n_ranks)) == NULL) {
+        if ((c->mine_buf = pbuf_new(wg, bytes * me->n_ranks)) == NULL) {
             return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
         }
         c->mine = c->mine_buf->data;
@@ -878,20 +889,20 @@ wcall_descs(const struct wgroup *g, const struct wcall *c, struct desc *out)
     }
 }
 
-/* The call's result into *res (res_bytes), the same bytes on every worker: the caller frees
- * it, unless *borrowed (it is c's ring buffer, freed with c). mtx held. */
+/* The call's result into *res (res_bytes of its data; NULL when it has none), the same
+ * bytes on every worker. The caller drops *res. mtx held. */
 static dc_code
-wcall_compute(struct wgroups *wg, struct wgroup *g, struct wcall *c, uint8_t **res,
-              size_t *res_bytes, bool *borrowed, dc_status *st)
+wcall_compute(struct wgroups *wg, struct wgroup *g, struct wcall *c, struct pbuf **res,
+              size_t *res_bytes, dc_status *st)
 {
     struct desc *all = calloc(g->n, sizeof(*all));
     const struct desc *d;
     size_t elem, bytes, nb;
+    uint8_t *out;
     dc_code rv = DC_OK;
 
     *res       = NULL;
     *res_bytes = 0;
-    *borrowed  = false;
     if (all == NULL) {
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
@@ -918,25 +929,22 @@ wcall_compute(struct wgroups *wg, struct wgroup *g, struct wcall *c, uint8_t **r
     }
     if (c->ring != NULL && c->ring->acc != NULL && !c->ring->broken &&
         c->ring->done == ring_steps(c->ring) && c->ring->bytes == bytes) {
-        /* Round the ring: every worker holds the same reduced bytes already. The result is
-         * the ring's buffer itself, read (never written) while senders may still read it;
-         * a mean's division writes, so it works on a copy. */
+        /* Round the ring: every worker holds the same reduced bytes already. The answers
+         * only read them (the sender may still be reading them too): no copy, one buffer
+         * fewer per call, but for a mean, which is finished in a buffer of its own. */
         wg->ring_calls_total++;
         if (d->reduce != DC_REDUCE_MEAN) {
-            *res       = c->ring->acc->data;
+            *res       = pbuf_hold(c->ring->acc);
             *res_bytes = bytes;
-            *borrowed  = true;
             goto out;
         }
-        if ((*res = malloc(bytes + 1)) == NULL) {
+        if ((*res = pbuf_new(wg, bytes)) == NULL) {
             rv = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
             goto out;
         }
-        memcpy(*res, c->ring->acc->data, bytes);
+        memcpy((*res)->data, c->ring->acc->data, bytes);
         *res_bytes = bytes;
-        if (d->reduce == DC_REDUCE_MEAN) {
-            reduce_finish_mean(d->dtype, *res, input_elements(d, g->n), g->n);
-        }
+        reduce_finish_mean(d->dtype, (*res)->data, input_elements(d, g->n), g->n);
         goto out;
     }
     for (size_t w = 0; w < g->n_workers; w++) {
@@ -955,10 +963,11 @@ wcall_compute(struct wgroups *wg, struct wgroup *g, struct wcall *c, uint8_t **r
         }
     }
     nb = d->kind == DC_OP_ALL_GATHER ? bytes * g->n : bytes;
-    if ((*res = malloc(nb + 1)) == NULL) {
+    if ((*res = pbuf_new(wg, nb)) == NULL) {
         rv = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
         goto out;
     }
+    out        = (*res)->data;
     *res_bytes = nb;
     for (size_t w = 0; w < g->n_workers; w++) {
         size_t pb;
@@ -969,19 +978,19 @@ wcall_compute(struct wgroups *wg, struct wgroup *g, struct wcall *c, uint8_t **r
         case DC_OP_REDUCE:
         case DC_OP_REDUCE_SCATTER:
             if (w == 0) {
-                memcpy(*res, p, bytes);
+                memcpy(out, p, bytes);
             } else {
-                reduce_into(d->dtype, d->reduce, *res, p, input_elements(d, g->n));
+                reduce_into(d->dtype, d->reduce, out, p, input_elements(d, g->n));
             }
             break;
         case DC_OP_BROADCAST:
             if (p != NULL) {
-                memcpy(*res, p, bytes);
+                memcpy(out, p, bytes);
             }
             break;
         case DC_OP_ALL_GATHER:
             for (size_t k = 0; k < gw->n_ranks; k++) {
-                memcpy(*res + (size_t)gw->ranks[k] * bytes, p + k * bytes, bytes);
+                memcpy(out + (size_t)gw->ranks[k] * bytes, p + k * bytes, bytes);
             }
             break;
         default:
@@ -989,7 +998,7 @@ wcall_compute(struct wgroups *wg, struct wgroup *g, struct wcall *c, uint8_t **r
         }
     }
     if (d->reduce == DC_REDUCE_MEAN && kind_uses_reduce(d->kind)) {
-        reduce_finish_mean(d->dtype, *res, input_elements(d, g->n), g->n);
+        reduce_finish_mean(d->dtype, out, input_elements(d, g->n), g->n);
     }
 out:
     free(all);
@@ -1019,9 +1028,8 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
 {
     const struct gworker *me            = &g->workers[g->self];
     Devcoord__V1__GroupCallResponse out = DEVCOORD__V1__GROUP_CALL_RESPONSE__INIT;
-    uint8_t *res                        = NULL;
+    struct pbuf *res                    = NULL;
     size_t res_bytes                    = 0;
-    bool borrowed                       = false; /* res is c's ring buffer: not freed here */
     dc_status st;
     dc_op_kind kind;
 
@@ -1044,11 +1052,12 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
         wcall_fail_locals(g, c, &c->shrunk);
     } else if (wcall_in_place(wg, g, c)) {
         wcall_finish_in_place(wg, g, c);
-    } else if (wcall_compute(wg, g, c, &res, &res_bytes, &borrowed, &st) != DC_OK) {
+    } else if (wcall_compute(wg, g, c, &res, &res_bytes, &st) != DC_OK) {
         log_info("group %s call %llu failed: %s", g->id, (unsigned long long)c->seq, st.message);
         wcall_fail_locals(g, c, &st);
     } else {
-        out.elapsed_us = rpc_now_us() - c->first_us;
+        const uint8_t *result = res != NULL ? res->data : NULL;
+        out.elapsed_us        = rpc_now_us() - c->first_us;
         for (size_t i = 0; i < me->n_ranks; i++) {
             struct lpart *p = &c->local[i];
             const uint8_t *give;
@@ -1058,9 +1067,9 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
                 give_bytes = p->bytes;
             } else if (kind == DC_OP_REDUCE_SCATTER) {
                 give_bytes = res_bytes / g->n; /* this rank's block of the result */
-                give       = res + (size_t)me->ranks[i] * give_bytes;
+                give       = result + (size_t)me->ranks[i] * give_bytes;
             } else {
-                give       = res;
+                give       = result;
                 give_bytes = res_bytes;
             }
             if (p->out != NULL) {
@@ -1088,9 +1097,7 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
         }
         histo_observe(&wg->call_seconds, out.elapsed_us);
     }
-    if (!borrowed) {
-        free(res);
-    }
+    pbuf_drop(res);
     wcall_free(wg, g, c);
 }
 
@@ -1697,7 +1704,7 @@ ring_frame_dst(struct wgroups *wg, const struct wgroup *g, struct wcall *c,
     }
     if (s < r->n - 1) {
         if (r->rs_in == NULL) {
-            if (r->bytes > wg->max_held - wg->held || (r->rs_in = pbuf_new(r->bytes)) == NULL) {
+            if (r->bytes > wg->max_held - wg->held || (r->rs_in = pbuf_new(wg, r->bytes)) == NULL) {
                 status_set(st, DC_RESOURCE_EXHAUSTED,
                            "group parts waiting on this worker hold %zu bytes already", wg->held);
                 return NULL;
@@ -2228,7 +2235,7 @@ ppart_buffer(struct wgroups *wg, struct ppart *p, uint64_t total, dc_status *st)
                           "group parts waiting on this worker hold %zu bytes already (limit %zu)",
                           wg->held, wg->max_held);
     }
-    if ((p->buf = pbuf_new((size_t)total)) == NULL) {
+    if ((p->buf = pbuf_new(wg, (size_t)total)) == NULL) {
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
     p->data  = p->buf->data;
@@ -2672,7 +2679,16 @@ wgroups_timer(void *arg)
 
     pthread_mutex_lock(&wg->mtx);
     while (!wg->stopping) {
-        wgroups_tick_locked(wg, rpc_now_ms());
+        uint64_t now = rpc_now_ms();
+        wgroups_tick_locked(wg, now);
+        if (now - wg->bufs_trimmed_ms >= GROUPS_BUFFER_IDLE_MS / 4) {
+            /* Unmapping takes a while: not under mtx. */
+            wg->bufs_trimmed_ms = now;
+            pthread_mutex_unlock(&wg->mtx);
+            bufcache_trim(wg->bufs, GROUPS_BUFFER_IDLE_MS);
+            pthread_mutex_lock(&wg->mtx);
+            continue;
+        }
         clock_cond_wait_ms(&wg->cv, &wg->mtx, TIMER_TICK_MS);
     }
     pthread_mutex_unlock(&wg->mtx);
@@ -2682,6 +2698,8 @@ wgroups_timer(void *arg)
 void
 wgroups_metrics_render(struct wgroups *wg, struct mbuf *b)
 {
+    struct bufcache_stats bs;
+
     pthread_mutex_lock(&wg->mtx);
     mbuf_printf(b, "# HELP devcoord_group_calls_total Group calls completed on this worker, by "
                    "kind.\n"
@@ -2737,6 +2755,33 @@ wgroups_metrics_render(struct wgroups *wg, struct mbuf *b)
                 (unsigned long long)(wg->dl != NULL ? dlink_server_refused(wg->dl) : 0),
                 (unsigned long long)wg->ring_calls_total);
     pthread_mutex_unlock(&wg->mtx);
+    bufcache_stats(wg->bufs, &bs);
+    mbuf_printf(b,
+                "# HELP devcoord_group_buffer_cache_hits_total Group call buffers taken from "
+                "the buffer cache (groups.buffer_cache_bytes) instead of newly mapped.\n"
+                "# TYPE devcoord_group_buffer_cache_hits_total counter\n"
+                "devcoord_group_buffer_cache_hits_total %llu\n"
+                "# HELP devcoord_group_buffer_cache_misses_total Large group call buffers "
+                "newly mapped: none of their size was kept.\n"
+                "# TYPE devcoord_group_buffer_cache_misses_total counter\n"
+                "devcoord_group_buffer_cache_misses_total %llu\n"
+                "# HELP devcoord_group_buffer_cache_unmapped_total Large group call buffers "
+                "unmapped: given back to a full cache, or idle.\n"
+                "# TYPE devcoord_group_buffer_cache_unmapped_total counter\n"
+                "devcoord_group_buffer_cache_unmapped_total %llu\n"
+                "# HELP devcoord_group_buffer_cache_kept_bytes Bytes of group call buffers "
+                "kept for reuse (at most groups.buffer_cache_bytes).\n"
+                "# TYPE devcoord_group_buffer_cache_kept_bytes gauge\n"
+                "devcoord_group_buffer_cache_kept_bytes %zu\n"
+                "# HELP devcoord_group_buffer_cache_mapped_bytes Bytes of large group call "
+                "buffers mapped: in use and kept.\n"
+                "# TYPE devcoord_group_buffer_cache_mapped_bytes gauge\n"
+                "devcoord_group_buffer_cache_mapped_bytes %zu\n"
+                "# HELP devcoord_group_buffer_cache_max_bytes groups.buffer_cache_bytes.\n"
+                "# TYPE devcoord_group_buffer_cache_max_bytes gauge\n"
+                "devcoord_group_buffer_cache_max_bytes %zu\n",
+                (unsigned long long)bs.hits, (unsigned long long)bs.misses,
+                (unsigned long long)bs.unmapped, bs.kept_bytes, bs.mapped_bytes, bs.max_bytes);
     mbuf_printf(b, "# HELP devcoord_group_call_seconds Time from a group call's first rank to "
                    "its result.\n"
                    "# TYPE devcoord_group_call_seconds histogram\n");
@@ -2767,7 +2812,9 @@ wgroups_new(const struct config_worker *cfg, const char *token)
     /* One reducing thread per core beside the one that completes a call. */
     if ((wg->lr_in = calloc(GROUPS_MAX_RANKS, sizeof(*wg->lr_in))) == NULL ||
         (wg->lr_out = calloc(GROUPS_MAX_RANKS, sizeof(*wg->lr_out))) == NULL ||
-        (wg->lr = lreduce_new(cpus > 1 ? (unsigned)(cpus > 8 ? 7 : cpus - 1) : 0)) == NULL) {
+        (wg->lr = lreduce_new(cpus > 1 ? (unsigned)(cpus > 8 ? 7 : cpus - 1) : 0)) == NULL ||
+        (wg->bufs = bufcache_new((size_t)cfg->group_buffer_cache_bytes)) == NULL) {
+        lreduce_free(wg->lr);
         free(wg->lr_in);
         free(wg->lr_out);
         free(wg);
@@ -2780,6 +2827,7 @@ wgroups_new(const struct config_worker *cfg, const char *token)
         pthread_cond_destroy(&wg->op_sink_cv);
         pthread_cond_destroy(&wg->cv);
         pthread_mutex_destroy(&wg->mtx);
+        bufcache_free(wg->bufs);
         lreduce_free(wg->lr);
         free(wg->lr_in);
         free(wg->lr_out);
@@ -2859,6 +2907,7 @@ wgroups_free(struct wgroups *wg)
         regions_free(wg, g);
         group_free(g);
     }
+    bufcache_free(wg->bufs); /* every pbuf is back: the calls and the threads are gone */
     lreduce_free(wg->lr);
     free(wg->lr_in);
     free(wg->lr_out);

@@ -17,6 +17,11 @@
  * bytes per call (one message: limits.max_message_bytes). A call's deadline fails its waiting
  * ranks naming the missing ones; a peer whose connection drops ends the generation (every
  * pending and later call fails UNAVAILABLE naming it) until the next GroupSetup.
+ *
+ * Memory: a call's buffers (this worker's part, the ring's receive buffer, peers' parts, the
+ * result) come from one cache per worker (bufcache.h, groups.buffer_cache_bytes) and go back
+ * to it when the call completes, so calls of a steady size allocate nothing large and RSS
+ * stays flat; what is left idle for GROUPS_BUFFER_IDLE_MS is unmapped.
  */
 #ifndef DEVCOORD_WORKER_GROUPS_H
 #define DEVCOORD_WORKER_GROUPS_H
@@ -37,6 +42,8 @@
 /* An all-reduce part at least this large goes round the ring of the group's workers on the
  * data link (reduce-scatter, then all-gather); smaller ones go to every worker directly. */
 #define GROUPS_RING_MIN_BYTES (256u * 1024)
+/* Buffers kept for group calls (bufcache.h) and unused this long are unmapped. */
+#define GROUPS_BUFFER_IDLE_MS 5000
 /* A call's deadline when the rank gives none. */
 #define GROUPS_DEFAULT_TIMEOUT_MS 30000
 /* Shared memory regions a rank may have its worker map (bytes: groups.shm_max_bytes). */

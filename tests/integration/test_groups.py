@@ -168,6 +168,8 @@ class JoinTest(GroupsTestCase):
 # sorted order (node-a: ranks 0-1, node-b: rank 2, node-c: ranks 3-4).
 SPEC3 = {"node-a": ["cuda:0", "cuda:1"], "node-b": ["cuda:0"], "node-c": ["cuda:0", "cuda:1"]}
 DEVS3 = ["node-a/cuda:0", "node-a/cuda:1", "node-b/cuda:0", "node-c/cuda:0", "node-c/cuda:1"]
+THREADS = os.environ.get("DEVCOORD_GROUP_THREADS") or os.path.join(
+    os.path.dirname(os.path.abspath(harness.CTL)), "..", "tests", "devcoord-group-threads")
 
 
 class CallsTest(GroupsTestCase):
@@ -664,6 +666,98 @@ class RingTest(DataPathTest):
     test_many_calls_reach_no_coordinator = None
 
 
+class BufferCacheTest(DataPathTest):
+    """Issue 17: a call's large buffers come from the worker's cache (groups.buffer_cache_bytes)
+    and go back to it, so calls of one size allocate nothing large after the first few."""
+
+    CACHE = "devcoord_group_buffer_cache_"
+
+    def cache(self, m):
+        return {k: v for k, v in m.items() if k.startswith(self.CACHE)}
+
+    def settled(self, port):
+        """The worker's metrics once every buffer is back (the last call's parts may still be
+        on their way out when its ranks have the result)."""
+        deadline = time.monotonic() + 10
+        while True:
+            m = self.metrics(port)
+            if (m[self.CACHE + "mapped_bytes"] == m[self.CACHE + "kept_bytes"]
+                    or time.monotonic() > deadline):
+                return m
+            time.sleep(0.05)
+
+    def test_calls_of_one_size_reuse_their_buffers(self):
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]}, http=True)
+        devs = "node-a/cuda:0,node-b/cuda:0"
+        ports = {n: int(c.worker_specs[n]["http"].rsplit(":", 1)[1]) for n in c.worker_specs}
+        # 20,000 f32 (80 KB): parts over the data link to each other directly. Each rank's
+        # values differ; the sums are exact in f32.
+        n = 20000
+        vals = {"node-a/cuda:0": [float(i % 7) for i in range(n)],
+                "node-b/cuda:0": [(i % 5) * 0.5 for i in range(n)]}
+        procs = [ctl_popen(c, "--timeout", "60s", "collective", "all-reduce", "--devices", devs,
+                           "--self", d, "--dtype", "f32", "--reduce", "sum", "--repeat", "30",
+                           "--values", ",".join("%g" % v for v in vals[d]))
+                 for d in devs.split(",")]
+        want = [a + b for a, b in zip(vals["node-a/cuda:0"], vals["node-b/cuda:0"])]
+        for p in procs:
+            r = finish(p, timeout=120)
+            self.assertEqual(r.rc, 0, r)
+            self.assertEqual(r.out["calls"], 30, r)
+            self.assertEqual(r.out["values"], want)
+        small = {name: self.settled(port) for name, port in ports.items()}
+        for name, m in small.items():
+            # Per call: this worker's part, the peer's part and the result, 80 KB each. The
+            # first call (and a call overlapping the last one's sends) maps; the rest reuse.
+            takes = m[self.CACHE + "hits_total"] + m[self.CACHE + "misses_total"]
+            self.assertGreaterEqual(takes, 90, name)
+            self.assertLessEqual(m[self.CACHE + "misses_total"], 8, (name, self.cache(m)))
+            self.assertEqual(m[self.CACHE + "unmapped_total"], 0, name)
+            self.assertEqual(m[self.CACHE + "max_bytes"], 256 << 20, name)
+            self.assertGreater(m[self.CACHE + "kept_bytes"], 0, name)
+        # 1 MiB parts go round the ring: this worker's part (which ends as the result) and the
+        # ring's receive buffer; another size class, the same story.
+        procs = [ctl_popen(c, "--timeout", "60s", "collective", "all-reduce", "--devices", devs,
+                           "--self", d, "--dtype", "f32", "--count", str(1 << 18), "--reduce",
+                           "sum", "--repeat", "40") for d in devs.split(",")]
+        for p in procs:
+            r = finish(p, timeout=120)
+            self.assertEqual(r.rc, 0, r)
+            self.assertEqual(r.out["calls"], 40, r)
+        for name, port in ports.items():
+            m = self.settled(port)
+            self.assertEqual(m["devcoord_group_ring_calls_total"], 40, name)
+            misses = m[self.CACHE + "misses_total"] - small[name][self.CACHE + "misses_total"]
+            hits = m[self.CACHE + "hits_total"] - small[name][self.CACHE + "hits_total"]
+            self.assertGreaterEqual(hits + misses, 80, name)
+            self.assertLessEqual(misses, 8, (name, self.cache(m)))
+            self.assertEqual(m[self.CACHE + "mapped_bytes"], m[self.CACHE + "kept_bytes"], name)
+
+    @unittest.skipUnless(os.path.exists(THREADS), "devcoord-group-threads is not built")
+    def test_a_small_cache_stays_in_its_bound_and_concurrent_calls_stay_right(self):
+        # Ranks as threads making calls of several sizes at once, some in flight together
+        # (every result checked by the program), against a cache of 3 MiB: buffers given back
+        # to a full cache are unmapped, none is handed to two calls.
+        bound = 3 << 20
+        c = self.start(SPEC3, http=True,
+                       worker_extra={"groups": {"buffer_cache_bytes": bound}})
+        p = subprocess.run([THREADS, c.addr, ",".join(DEVS3), "20"], capture_output=True,
+                           timeout=300, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.strip(), "ok 5")
+        unmapped = 0
+        for name in SPEC3:
+            m = self.settled(int(c.worker_specs[name]["http"].rsplit(":", 1)[1]))
+            self.assertEqual(m[self.CACHE + "max_bytes"], bound, name)
+            self.assertLessEqual(m[self.CACHE + "kept_bytes"], bound, name)
+            self.assertEqual(m[self.CACHE + "mapped_bytes"], m[self.CACHE + "kept_bytes"], name)
+            self.assertGreater(m[self.CACHE + "hits_total"], 0, name)
+            unmapped += m[self.CACHE + "unmapped_total"]
+        self.assertGreater(unmapped, 0)
+
+    test_many_calls_reach_no_coordinator = None
+
+
 class DataLinkInputTest(GroupsTestCase):
     """Issue 17: anything a client sends the data port is refused without a crash, a hang or
     an allocation of what it announces, and the worker goes on serving groups."""
@@ -733,10 +827,6 @@ class DataLinkInputTest(GroupsTestCase):
                          "--dtype", "f32", "--values", "1.5,2", "--reduce", "sum")
                for d in devs.split(",")]]
         self.assertEqual([r.out.get("values") for r in rs], [[3.0, 4.0], [3.0, 4.0]], rs)
-
-
-THREADS = os.environ.get("DEVCOORD_GROUP_THREADS") or os.path.join(
-    os.path.dirname(os.path.abspath(harness.CTL)), "..", "tests", "devcoord-group-threads")
 
 
 class ThreadsTest(GroupsTestCase):
