@@ -191,13 +191,11 @@ main(int argc, char **argv)
      * none: they are reused from the thread's arena). */
     mallopt(M_MMAP_THRESHOLD, 256 * 1024 * 1024);
     mallopt(M_TRIM_THRESHOLD, 512 * 1024 * 1024);
-    /* One arena, for the data path too. What stays on malloc's data path once group calls' buffers come from their
-     * cache (bufcache.h) is nng's messages: every request is one, as large as its
-     * attachment, allocated on whichever nng thread received it. With an arena per thread (up
-     * to 8 per core) each keeps its own peak and fragments on its own, below the trim
-     * threshold for good: RSS climbed in 1 MiB steps over thousands of 1 MiB group calls.
-     * One arena reuses the same chunks whatever the thread; the lock it shares cost nothing
-     * measurable (bench_rss, bench_group; README, issue 17). */
+    /* Also for the group path: once group calls' buffers come from their cache (bufcache.h),
+     * what stays on malloc's data path is nng's messages, each allocated on whichever nng
+     * thread received it. With an arena per thread each kept its own peak below the trim
+     * threshold: RSS climbed in 1 MiB steps over thousands of 1 MiB group calls. The lock one
+     * arena shares cost nothing measurable (bench_rss, bench_group; README, issue 17). */
     mallopt(M_ARENA_MAX, 1);
 
     rv = 1;
