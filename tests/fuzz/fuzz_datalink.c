@@ -26,7 +26,9 @@
  *   2: raw, but with the port's secret written over bytes [56, 88), where a HELLO's comes,
  *      so the fuzzer can shape the HELLO's header and address itself.
  * A data frame with flag bit 0 set gets no memory from frame_begin (the port reads its payload
- * and drops it), as a frame for a group no longer here would.
+ * and drops it), as a frame for a group no longer here would. A frame flagged DLINK_FLAG_OP
+ * (SubmitOp's chunks) goes to op_frame with its payload, which takes it when its seq is even
+ * and refuses it (the port then drops the connection) when odd.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -52,13 +54,13 @@
 /* Bytes frame_begin's buffers start with, so a payload that was not written shows. */
 #define FILL 0xA5
 
-enum event_kind { EV_BEGIN, EV_END, EV_LOST };
+enum event_kind { EV_BEGIN, EV_END, EV_LOST, EV_OP };
 
 struct event {
     enum event_kind kind;
     struct dlink_hdr h;
     char peer[DLINK_ADDRESS_MAX + 1];
-    uint8_t *dst; /* EV_BEGIN: the buffer handed out (NULL: dropped) */
+    uint8_t *dst; /* EV_BEGIN: the buffer handed out (NULL: dropped); EV_OP: the payload */
     void *pin;
     bool ok;
     dc_code why; /* EV_LOST */
@@ -154,6 +156,28 @@ ev_end(void *arg, const char *peer, const struct dlink_hdr *h, void *pin, bool o
     pthread_mutex_unlock(&mtx);
 }
 
+static bool
+ev_op(void *arg, const char *peer, const struct dlink_hdr *h, const uint8_t *payload,
+      dc_status *why)
+{
+    struct event *e;
+
+    (void)arg;
+    pthread_mutex_lock(&mtx);
+    e    = event_add(EV_OP, peer);
+    e->h = *h;
+    if ((e->dst = malloc(h->length ? h->length : 1)) == NULL) {
+        fuzz_finding("cannot allocate %u bytes for an op frame", h->length);
+    }
+    memcpy(e->dst, payload, h->length);
+    pthread_mutex_unlock(&mtx);
+    if ((h->seq & 1) != 0) {
+        status_set(why, DC_INVALID_ARGUMENT, "fuzz: op frame refused (odd seq)");
+        return false;
+    }
+    return true;
+}
+
 static void
 ev_lost(void *arg, const char *peer, const dc_status *why)
 {
@@ -215,7 +239,7 @@ check_decode(const uint8_t raw[DLINK_HDR_SIZE], uint64_t max_frame, struct dlink
     if (h->kind != DLINK_HELLO && h->kind != DLINK_DATA) {
         fuzz_finding("decoded a frame of kind %u", h->kind);
     }
-    if (h->length > max_frame || h->total > max_frame) {
+    if (h->length > max_frame || ((h->flags & DLINK_FLAG_OP) == 0 && h->total > max_frame)) {
         fuzz_finding("decoded length %u, total %llu above max_frame %llu", h->length,
                      (unsigned long long)h->total, (unsigned long long)max_frame);
     }
@@ -275,6 +299,15 @@ model_run(struct model *m, const uint8_t *b, size_t len)
             return;
         }
         pos += DLINK_HDR_SIZE;
+        if ((h.flags & DLINK_FLAG_OP) != 0 && h.length > DLINK_CHUNK) {
+            m->refused = true; /* an op frame is read whole into a chunk buffer, or refused */
+            m->lost    = DC_INVALID_ARGUMENT;
+            return;
+        }
+        if ((h.flags & DLINK_FLAG_OP) != 0 && len - pos < h.length) {
+            m->lost = DC_UNAVAILABLE; /* cut short: op_frame never sees it */
+            return;
+        }
         f          = &m->frames[m->n_frames++];
         f->h       = h;
         f->payload = pos;
@@ -284,6 +317,11 @@ model_run(struct model *m, const uint8_t *b, size_t len)
         }
         f->ok = true;
         pos += h.length;
+        if ((h.flags & DLINK_FLAG_OP) != 0 && (h.seq & 1) != 0) {
+            m->refused = true; /* op_frame refused it */
+            m->lost    = DC_INVALID_ARGUMENT;
+            return;
+        }
     }
 }
 
@@ -292,7 +330,7 @@ model_run(struct model *m, const uint8_t *b, size_t len)
 static void
 start_once(void)
 {
-    struct dlink_events ev = { NULL, ev_begin, ev_end, ev_lost };
+    struct dlink_events ev = { NULL, ev_begin, ev_end, ev_lost, ev_op };
     char url[64];
     dc_status st;
     int rv;
@@ -366,6 +404,18 @@ check_events(const struct model *m, const uint8_t *b)
         const struct event *e       = i < n_events ? &events[i] : NULL;
         const struct event *end     = i + 1 < n_events ? &events[i + 1] : NULL;
 
+        if ((f->h.flags & DLINK_FLAG_OP) != 0) {
+            if (e == NULL || e->kind != EV_OP || !hdr_equal(&e->h, &f->h) ||
+                strcmp(e->peer, peer) != 0) {
+                fuzz_finding("op frame %zu (%u bytes): no op_frame with its header and peer", k,
+                             f->h.length);
+            }
+            if (memcmp(e->dst, b + f->payload, f->h.length) != 0) {
+                fuzz_finding("op frame %zu: the payload delivered is not the bytes sent", k);
+            }
+            i++;
+            continue;
+        }
         if (e == NULL || e->kind != EV_BEGIN) {
             fuzz_finding("data frame %zu (%u bytes at %llu): no frame_begin", k, f->h.length,
                          (unsigned long long)f->h.offset);
@@ -477,7 +527,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     pthread_mutex_lock(&mtx);
     check_events(&m, wire);
     for (size_t i = 0; i < n_events; i++) {
-        if (events[i].kind == EV_BEGIN) {
+        if (events[i].kind == EV_BEGIN || events[i].kind == EV_OP) {
             free(events[i].dst);
         }
     }

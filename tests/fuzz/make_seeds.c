@@ -577,6 +577,19 @@ datalink_seeds(void)
     link_frame(&b, &h, NULL, 0);
     link_seed("hello-three-frames-and-empty", &b);
 
+    /* SubmitOp's chunks (DLINK_FLAG_OP): one taken (even seq), then one refused (odd seq,
+     * fuzz_datalink's op_frame says no and the port drops the connection). */
+    b.len = 0;
+    buf_add(&b, &mode, 1);
+    h       = link_data(0, 48, (uint64_t)64 << 20); /* an op's total may pass one message */
+    h.flags = DLINK_FLAG_OP;
+    h.seq   = 2;
+    link_frame(&b, &h, payload, 48);
+    link_seed("op-frame-taken", &b);
+    h.seq = 3;
+    link_frame(&b, &h, payload + 48, 48);
+    link_seed("op-frame-taken-then-refused", &b);
+
     /* Each broken one way after a valid HELLO. */
 #define BROKEN(name, mutate)             \
     do {                                 \
