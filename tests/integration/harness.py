@@ -252,6 +252,41 @@ class Daemon:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
 
+# ---- the workers' data link (server/worker/datalink.h) ----------------------------------
+
+def dlink_header(kind, length, flags=0, sender=0, group=0, generation=0, seq=0, offset=0,
+                 total=0, version=1):
+    """A data link frame header: magic, version, kind, flags, sender, length, group hash,
+    generation, seq, offset, total (little-endian, 56 bytes)."""
+    return (b"DCDL" + struct.pack("<BBHII", version, kind, flags, sender, length)
+            + struct.pack("<QQQQQ", group, generation, seq, offset, total))
+
+
+def dlink_group_hash(text):
+    """dlink_group_hash: FNV-1a 64 of a group or op id."""
+    h = 1469598103934665603
+    for b in text.encode():
+        h = ((h ^ b) * 1099511628211) & ((1 << 64) - 1)
+    return h
+
+
+def dlink_closed_by_worker(port, data, wait=5.0):
+    """Sends data to a worker's data port; True when the worker closes the connection
+    within `wait` seconds."""
+    with socket.create_connection(("127.0.0.1", port), timeout=wait) as s:
+        if data:
+            s.sendall(data)
+        s.settimeout(wait)
+        try:
+            while s.recv(4096):
+                pass
+            return True
+        except ConnectionResetError:
+            return True
+        except socket.timeout:
+            return False
+
+
 # ---- YAML -------------------------------------------------------------------------------
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_./][A-Za-z0-9_./:+-]*$")

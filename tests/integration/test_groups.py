@@ -24,6 +24,7 @@ import urllib.request
 import harness
 import opsutil
 from harness import F, ClusterTestCase, pb_bytes
+from harness import dlink_closed_by_worker, dlink_header
 from opsutil import ctl_popen, finish
 
 GRID = ("node-a", "node-b", "node-c")
@@ -773,47 +774,28 @@ class DataLinkInputTest(GroupsTestCase):
         self.assertEqual(len(secret), 32)
         return int(address.rsplit(":", 1)[1]), secret
 
-    def closed_by_worker(self, port, data, wait=5.0):
-        """Sends data to the data port; True when the worker closes the connection."""
-        with socket.create_connection(("127.0.0.1", port), timeout=wait) as s:
-            if data:
-                s.sendall(data)
-            s.settimeout(wait)
-            try:
-                while s.recv(4096):
-                    pass
-                return True
-            except ConnectionResetError:
-                return True
-            except socket.timeout:
-                return False
-
-    def header(self, kind, length, total=0, offset=0, group=0, generation=0, seq=0, version=1):
-        return (b"DCDL" + struct.pack("<BBHII", version, kind, 0, 0, length)
-                + struct.pack("<QQQQQ", group, generation, seq, offset, total))
-
     def test_garbage_on_the_data_port_is_refused_and_the_worker_goes_on(self):
         c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]}, http=True,
                        worker_extra={"limits": {"handshake_timeout_ms": 500}})
         rpc_port = int(c.worker_specs["node-a"]["listen"].rsplit(":", 1)[1])
         port, secret = self.link(rpc_port)
-        hello = self.header(1, 32 + 9) + secret + b"tcp://x:1"
+        hello = dlink_header(1, 32 + 9) + secret + b"tcp://x:1"
         hostile = [
             os.urandom(4096),                                   # noise
             b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",               # another protocol
             b"DCDL",                                            # a short frame, then silence
             b"",                                                # nothing at all
-            self.header(1, 32, version=9) + secret,             # a version it does not speak
-            self.header(1, 32) + b"\0" * 32,                    # a wrong secret
-            self.header(2, 16, total=16) + b"\0" * 16,          # data before HELLO
-            hello + self.header(2, 0xFFFFFFFF, total=1 << 40),  # 4 GiB announced
-            hello + self.header(2, 64, total=16),               # bytes outside the part
+            dlink_header(1, 32, version=9) + secret,             # a version it does not speak
+            dlink_header(1, 32) + b"\0" * 32,                    # a wrong secret
+            dlink_header(2, 16, total=16) + b"\0" * 16,          # data before HELLO
+            hello + dlink_header(2, 0xFFFFFFFF, total=1 << 40),  # 4 GiB announced
+            hello + dlink_header(2, 64, total=16),               # bytes outside the part
         ]
         for i, data in enumerate(hostile):
-            self.assertTrue(self.closed_by_worker(port, data), "case %d stayed open" % i)
+            self.assertTrue(dlink_closed_by_worker(port, data), "case %d stayed open" % i)
         # A good HELLO and a frame for no group here: read, dropped, the connection stays.
-        self.assertFalse(self.closed_by_worker(
-            port, hello + self.header(2, 8, total=8, group=1, generation=1, seq=1) + b"x" * 8,
+        self.assertFalse(dlink_closed_by_worker(
+            port, hello + dlink_header(2, 8, total=8, group=1, generation=1, seq=1) + b"x" * 8,
             wait=1.0))
         wport = int(c.worker_specs["node-a"]["http"].rsplit(":", 1)[1])
         with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % wport, timeout=10) as f:

@@ -35,6 +35,7 @@ import urllib.request
 import harness
 import opsutil
 from harness import SLACK_S, ClusterTestCase, pb_bytes, pb_uint
+from harness import dlink_closed_by_worker, dlink_group_hash, dlink_header
 from opsutil import DTYPES, REDUCE_OPS, Model
 
 GRID = ("node-a", "node-b", "node-c")
@@ -738,33 +739,6 @@ class DataLinkTest(OpsTestCase):
 
     # -- hostile frames, on an op driven by hand as the coordinator and node-b would
 
-    @staticmethod
-    def fnv1a(text):
-        h = 1469598103934665603
-        for b in text.encode():
-            h = ((h ^ b) * 1099511628211) & ((1 << 64) - 1)
-        return h
-
-    @staticmethod
-    def header(kind, length, flags=0, sender=0, group=0, generation=0, seq=0, offset=0,
-               total=0):
-        return (b"DCDL" + struct.pack("<BBHII", 1, kind, flags, sender, length)
-                + struct.pack("<QQQQQ", group, generation, seq, offset, total))
-
-    def closed_by_worker(self, port, data, wait=5.0):
-        """Sends data to a data port; True when the worker closes the connection."""
-        with socket.create_connection(("127.0.0.1", port), timeout=wait) as s:
-            s.sendall(data)
-            s.settimeout(wait)
-            try:
-                while s.recv(4096):
-                    pass
-                return True
-            except ConnectionResetError:
-                return True
-            except socket.timeout:
-                return False
-
     def test_a_frame_outside_its_op_or_from_another_sender_is_refused(self):
         c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]}, http=True)
         self.put("node-a/cuda:0", "t", "f32", [1.0] * 1000)
@@ -811,18 +785,18 @@ class DataLinkTest(OpsTestCase):
             port, secret = int(fields[1][0].decode().rsplit(":", 1)[1]), fields[2][0]
 
             def hello(address):
-                return self.header(1, 32 + len(address)) + secret + address.encode()
-            frame = dict(flags=0x8000, sender=1, group=self.fnv1a(op_id), generation=1)
+                return dlink_header(1, 32 + len(address)) + secret + address.encode()
+            frame = dict(flags=0x8000, sender=1, group=dlink_group_hash(op_id), generation=1)
             # A sender that is not the plan's worker 1 (node-b's address): refused, the op
             # goes on.
-            self.assertTrue(self.closed_by_worker(
-                port, hello("tcp://127.0.0.1:1") + self.header(2, 8, total=8, **frame)
+            self.assertTrue(dlink_closed_by_worker(
+                port, hello("tcp://127.0.0.1:1") + dlink_header(2, 8, total=8, **frame)
                 + b"\0" * 8))
             self.assertIsNone(answer.get("r"), "the op should still run: %r" % (answer,))
             # node-b's address, bytes far outside the 4000-byte tensor (an op frame's total
             # is not its op's: nothing is allocated from it): refused, and the op fails.
-            self.assertTrue(self.closed_by_worker(
-                port, hello(b) + self.header(2, 8, offset=1 << 30, total=1 << 40, **frame)
+            self.assertTrue(dlink_closed_by_worker(
+                port, hello(b) + dlink_header(2, 8, offset=1 << 30, total=1 << 40, **frame)
                 + b"\0" * 8))
             t.join(30)
         finally:
