@@ -544,6 +544,14 @@ link_hello(struct buf *b, const char *address, size_t address_len)
     link_frame(b, &h, hello, h.length);
 }
 
+/* Empties b and puts fuzz_datalink's mode byte first. */
+static void
+link_start(struct buf *b, uint8_t mode)
+{
+    b->len = 0;
+    buf_add(b, &mode, 1);
+}
+
 static void
 link_seed(const char *name, const struct buf *b)
 {
@@ -565,7 +573,7 @@ datalink_seeds(void)
     /* Valid: a part in three frames, the middle one for a group no longer here (flag bit 0:
      * fuzz_datalink names no memory for it), then an empty part. */
     mode = LINK_HELLO;
-    buf_add(&b, &mode, 1);
+    link_start(&b, mode);
     h = link_data(0, 32, 96);
     link_frame(&b, &h, payload, 32);
     h       = link_data(32, 32, 96);
@@ -579,8 +587,7 @@ datalink_seeds(void)
 
     /* SubmitOp's chunks (DLINK_FLAG_OP): one taken (even seq), then one refused (odd seq,
      * fuzz_datalink's op_frame says no and the port drops the connection). */
-    b.len = 0;
-    buf_add(&b, &mode, 1);
+    link_start(&b, mode);
     h       = link_data(0, 48, (uint64_t)64 << 20); /* an op's total may pass one message */
     h.flags = DLINK_FLAG_OP;
     h.seq   = 2;
@@ -594,8 +601,7 @@ datalink_seeds(void)
 #define BROKEN(name, mutate)             \
     do {                                 \
         uint8_t raw[DLINK_HDR_SIZE];     \
-        b.len = 0;                       \
-        buf_add(&b, &mode, 1);           \
+        link_start(&b, mode);            \
         h = link_data(0, 32, 64);        \
         link_frame(&b, &h, payload, 32); \
         h = link_data(32, 32, 64);       \
@@ -616,8 +622,7 @@ datalink_seeds(void)
     BROKEN("offset-wraps", memset(raw + 40, 0xff, 8));
 #undef BROKEN
     /* Cut short: inside a header, inside a payload. */
-    b.len = 0;
-    buf_add(&b, &mode, 1);
+    link_start(&b, mode);
     h = link_data(0, 32, 64);
     link_frame(&b, &h, payload, 32);
     h = link_data(32, 32, 64);
@@ -628,55 +633,46 @@ datalink_seeds(void)
     link_seed("payload-cut-short", &b);
 
     /* The HELLO shaped by the input (LINK_SPLICE puts the real secret in). */
-    mode  = LINK_SPLICE;
-    b.len = 0;
-    buf_add(&b, &mode, 1);
+    mode = LINK_SPLICE;
+    link_start(&b, mode);
     link_hello(&b, addr, sizeof(addr) - 1);
     h = link_data(0, 16, 16);
     link_frame(&b, &h, payload, 16);
     link_seed("spliced-hello", &b);
-    b.len = 0;
-    buf_add(&b, &mode, 1);
+    link_start(&b, mode);
     link_hello(&b, "tcp://a:1\0tail", 15);
     h = link_data(0, 16, 16);
     link_frame(&b, &h, payload, 16);
     link_seed("spliced-hello-nul-in-address", &b);
-    b.len = 0;
-    buf_add(&b, &mode, 1);
+    link_start(&b, mode);
     link_hello(&b, "", 0);
     link_seed("spliced-hello-no-address", &b);
     {
         char longest[DLINK_ADDRESS_MAX + 1];
         memset(longest, 'a', sizeof(longest));
-        b.len = 0;
-        buf_add(&b, &mode, 1);
+        link_start(&b, mode);
         link_hello(&b, longest, DLINK_ADDRESS_MAX);
         link_seed("spliced-hello-longest-address", &b);
-        b.len = 0;
-        buf_add(&b, &mode, 1);
+        link_start(&b, mode);
         link_hello(&b, longest, DLINK_ADDRESS_MAX + 1);
         link_seed("spliced-hello-address-too-long", &b);
     }
-    b.len = 0;
-    buf_add(&b, &mode, 1);
+    link_start(&b, mode);
     link_hello(&b, addr, sizeof(addr) - 1);
     b.len -= 8;
     link_seed("spliced-hello-cut-short", &b);
 
     /* Raw: without the secret nothing may come through. */
-    mode  = LINK_RAW;
-    b.len = 0;
-    buf_add(&b, &mode, 1);
+    mode = LINK_RAW;
+    link_start(&b, mode);
     link_hello(&b, addr, sizeof(addr) - 1);
     h = link_data(0, 16, 16);
     link_frame(&b, &h, payload, 16);
     link_seed("wrong-secret", &b);
-    b.len = 0;
-    buf_add(&b, &mode, 1);
+    link_start(&b, mode);
     link_frame(&b, &h, payload, 16);
     link_seed("data-before-hello", &b);
-    b.len = 0;
-    buf_add(&b, &mode, 1);
+    link_start(&b, mode);
     link_seed("nothing", &b);
     free(b.data);
 }
