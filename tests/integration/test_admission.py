@@ -22,9 +22,9 @@ import time
 import unittest
 
 import harness
-from harness import COORDINATOR, F, RpcConnection, RpcError, frame, pb_bytes, pb_uint
+from harness import (COORDINATOR, F, RpcConnection, RpcError, frame, pb_bytes, pb_uint,
+                     sanitized)
 from secutil import settle_rss, vm_rss_kib
-from test_faults import sanitized
 
 CONNECTIONS = 8
 PIPELINED = 16

@@ -22,7 +22,7 @@ import time
 import unittest
 
 import harness
-from harness import SLACK_S, pb_bytes, pb_uint, wait_until
+from harness import SLACK_S, pb_bytes, pb_uint, sanitized, wait_until
 from secutil import SecureTestCase, http_get, http_status, settle_rss
 
 LOAD_DRIVER = os.environ.get("DEVCOORD_LOAD_DRIVER") or os.path.join(
@@ -41,16 +41,6 @@ def dev(worker):
 
 def devices(workers):
     return ",".join(dev(w) for w in workers)
-
-
-def sanitized(binary):
-    """True for a binary built with AddressSanitizer (its RSS says nothing about leaks:
-    freed memory sits in ASan's quarantine)."""
-    try:
-        out = subprocess.run(["ldd", binary], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "libasan" in out
 
 
 class OpsMixin:

@@ -14,12 +14,12 @@ import re
 import socket
 import ssl
 import struct
-import subprocess
 import time
 import unittest
 
 import harness
-from harness import F, SLACK_S, RpcError, _one, frame, pb_bytes, pb_decode, pb_uint
+from harness import (F, SLACK_S, RpcError, _one, frame, pb_bytes, pb_decode, pb_uint,
+                     sanitized)
 from secutil import SecureTestCase, TokenRpcConnection
 
 WORKER_SERVICE = "/devcoord.v1.Worker/"
@@ -586,15 +586,6 @@ class LogInjectionTest(CtlChecks, SecureTestCase):
 
 
 # ---- limits ---------------------------------------------------------------------------------
-
-
-def sanitized(binary):
-    """True for an ASan build (it cannot run under an address-space limit)."""
-    try:
-        out = subprocess.run(["ldd", binary], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "libasan" in out
 
 
 class LimitsTest(CtlChecks, SecureTestCase):

@@ -21,30 +21,14 @@ import time
 import unittest
 
 import harness
-from harness import (COORDINATOR, HOST, RpcConnection, RpcError, F, frame, pb_bytes, pb_uint,
-                     sp_greeting, SP_REQ0)
+from harness import (COORDINATOR, HOST, RpcConnection, RpcError, F, frame, known_nng_leak,
+                     pb_bytes, pb_uint, sp_greeting, SP_REQ0)
 
 BOUND_S = 2.0
 # How long a daemon that missed the bound is given before it is killed (only to report
 # how late it was; a hung one never exits by itself).
 GRACE_S = 4.0
 WORKER = "/devcoord.v1.Worker/"
-
-
-def known_nng_leak(log):
-    """True when the log's LeakSanitizer report holds nothing but messages devcoord packed
-    (wire_pack) and handed to nng to send. nng 1.5.2 leaks a message handed to a connection
-    just as it closes: the protocol (req0_run_send_queue, rep0_ctx_send) gives it to a pipe
-    whose send aio is already closed, nni_aio_begin then returns without finishing that aio,
-    and nobody frees the message. Stopping daemons while requests and replies are in flight
-    makes that race (a worker's DeregisterWorker as the coordinator closes, most often);
-    under ASan it turns a clean exit into a leak report, which is forgiven here and nowhere
-    else."""
-    if "ERROR: LeakSanitizer" not in log:
-        return False
-    report = log.split("ERROR: LeakSanitizer", 1)[1].split("SUMMARY:", 1)[0]
-    blocks = [b for b in report.split("\n\n") if "leak of" in b]
-    return bool(blocks) and all("in wire_pack" in b and "libnng" in b for b in blocks)
 
 
 def request(method, body=b"", rid=1):
