@@ -14,6 +14,12 @@
  * first half (the coordinator keeps its last limits.op_history = 1024 ops), so "flat" is
  * judged on the second half: |slope| below 64 KiB per 1,000 ops (64 bytes per op; one
  * leaked 1 MiB buffer per op would be 1,000,000 KiB per 1,000 ops).
+ *
+ * A worker keeps group call buffers for reuse (groups.buffer_cache_bytes, bounded): each
+ * worker's devcoord_group_buffer_cache_mapped_bytes is sampled with its RSS and reported
+ * beside it (first and last), so a step of RSS can be told from more buffers mapped. Pages
+ * of a mapped buffer count in RSS only once touched: a step with the mapped bytes unchanged
+ * is cache memory touched for the first time, or memory outside the cache.
  */
 #include <math.h>
 #include <pthread.h>
@@ -41,8 +47,11 @@ struct series {
     size_t n;
     double ops[MAX_SAMPLES];
     double kib[MAX_SAMPLES];
-    double first, last, max; /* KiB */
-    double slope, late;      /* KiB per 1,000 ops: whole run, second half */
+    double cache[MAX_SAMPLES];      /* KiB of group call buffers mapped (workers), or -1 */
+    bool has_cache;                 /* every sample read the cache's size */
+    double first, last, max;        /* KiB */
+    double slope, late;             /* KiB per 1,000 ops: whole run, second half */
+    double cache_first, cache_last; /* KiB */
 };
 
 struct path_result {
@@ -63,8 +72,13 @@ sample(struct path_result *r, const struct cluster *c, unsigned done)
     for (size_t p = 0; p < N_PROCS; p++) {
         struct series *s = &r->s[p];
         if (s->n < MAX_SAMPLES) {
-            s->ops[s->n] = done;
-            s->kib[s->n] = (double)bench_rss_bytes(pids[p]) / 1024.0;
+            double cache =
+                p == 0
+                    ? -1
+                    : cluster_worker_metric(c, p - 1, "devcoord_group_buffer_cache_mapped_bytes");
+            s->ops[s->n]   = done;
+            s->kib[s->n]   = (double)bench_rss_bytes(pids[p]) / 1024.0;
+            s->cache[s->n] = cache >= 0 ? cache / 1024.0 : -1;
             s->n++;
         }
     }
@@ -88,8 +102,14 @@ finish(struct path_result *r)
             s->max = s->kib[i] > s->max ? s->kib[i] : s->max;
             x[i]   = s->ops[i] / 1000.0;
         }
-        s->slope = s->n >= 2 ? bench_linfit(x, s->kib, s->n, &a) : 0;
-        s->late  = s->slope;
+        s->has_cache = true;
+        for (size_t i = 0; i < s->n; i++) {
+            s->has_cache = s->has_cache && s->cache[i] >= 0;
+        }
+        s->cache_first = s->cache[0];
+        s->cache_last  = s->cache[s->n - 1];
+        s->slope       = s->n >= 2 ? bench_linfit(x, s->kib, s->n, &a) : 0;
+        s->late        = s->slope;
         for (size_t i = 0; i < s->n; i++) {
             if (s->ops[i] * 2 >= s->ops[s->n - 1]) {
                 s->late = s->n - i >= 2 ? bench_linfit(x + i, s->kib + i, s->n - i, &a) : 0;
@@ -346,12 +366,17 @@ print_path(const struct path_result *r)
     printf("\n%s path: %u all-reduces of 1 MiB f32 over 2 workers in %.1f s (%.0f us each); "
            "VmRSS every %u ops\n",
            r->name, r->ops, r->seconds, r->seconds * 1e6 / r->ops, SAMPLE_EVERY);
-    printf("%-12s | %10s | %10s | %10s | %12s | %15s\n", "process", "first", "last", "max",
-           "slope, all", "slope, 2nd half");
+    printf("%-12s | %10s | %10s | %10s | %12s | %15s | %s\n", "process", "first", "last", "max",
+           "slope, all", "slope, 2nd half", "buffer cache mapped");
     for (size_t p = 0; p < N_PROCS; p++) {
         const struct series *s = &r->s[p];
-        printf("%-12s | %6.0f KiB | %6.0f KiB | %6.0f KiB | %12.1f | %15.1f\n", s->who, s->first,
+        printf("%-12s | %6.0f KiB | %6.0f KiB | %6.0f KiB | %12.1f | %15.1f", s->who, s->first,
                s->last, s->max, s->slope, s->late);
+        if (s->has_cache) {
+            printf(" | %.0f -> %.0f KiB\n", s->cache_first, s->cache_last);
+        } else {
+            printf(" | -\n");
+        }
     }
 }
 
@@ -365,10 +390,15 @@ json_path(FILE *f, const struct path_result *r)
         fprintf(f,
                 "%s\n   {\"process\": \"%s\", \"first_kib\": %.0f, \"last_kib\": %.0f, "
                 "\"max_kib\": %.0f, \"slope_kib_per_1000_ops\": %.2f, "
-                "\"slope_second_half\": %.2f, \"samples\": [",
+                "\"slope_second_half\": %.2f, ",
                 p ? "," : "", s->who, s->first, s->last, s->max, s->slope, s->late);
+        if (s->has_cache) {
+            fprintf(f, "\"cache_mapped_first_kib\": %.0f, \"cache_mapped_last_kib\": %.0f, ",
+                    s->cache_first, s->cache_last);
+        }
+        fprintf(f, "\"samples\": [");
         for (size_t i = 0; i < s->n; i++) {
-            fprintf(f, "%s[%.0f, %.0f]", i ? ", " : "", s->ops[i], s->kib[i]);
+            fprintf(f, "%s[%.0f, %.0f, %.0f]", i ? ", " : "", s->ops[i], s->kib[i], s->cache[i]);
         }
         fprintf(f, "]}");
     }
@@ -433,9 +463,14 @@ main(int argc, char **argv)
                     &sum,
                     bench_fmt("RSS slope, %s, %s path, %u x 1 MiB all-reduce", proc_names[p],
                               r->name, r->ops),
-                    r->ran ? bench_fmt("%.1f KiB/1000 ops 2nd half (all %.1f; %.0f->%.0f KiB)",
-                                       s->late, s->slope, s->first, s->last)
-                           : "failed",
+                    !r->ran ? "failed"
+                    : s->has_cache
+                        ? bench_fmt("%.1f KiB/1000 ops 2nd half (all %.1f; %.0f->%.0f KiB; "
+                                    "buffer cache mapped %.0f->%.0f KiB)",
+                                    s->late, s->slope, s->first, s->last, s->cache_first,
+                                    s->cache_last)
+                        : bench_fmt("%.1f KiB/1000 ops 2nd half (all %.1f; %.0f->%.0f KiB)",
+                                    s->late, s->slope, s->first, s->last),
                     "-", NAN, bench_fmt("flat (2nd half <%.0f KiB/1000 ops)", FLAT_KIB),
                     r->ran ? fabs(s->late) < FLAT_KIB : -1);
             }

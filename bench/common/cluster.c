@@ -1,8 +1,14 @@
 #include "cluster.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
 
 #define START_TIMEOUT_MS 15000
 
@@ -98,19 +104,20 @@ alive_count(struct cluster *c, size_t first, size_t n)
 static int
 spawn_worker(struct cluster *c, unsigned n_devices)
 {
-    char worker[1024], log[1024], listen[64], config[1024], yaml[1024];
+    char worker[1024], log[1024], listen[64], http[64], config[1024], yaml[1024];
     size_t i = c->n_workers;
-    char *argv[12];
-    int port, argc = 0;
+    char *argv[14];
+    int port, http_port, argc = 0;
 
     if (i >= CLUSTER_MAX_WORKERS) {
         fprintf(stderr, "bench: at most %d workers\n", CLUSTER_MAX_WORKERS);
         return -1;
     }
-    if ((port = bench_free_port()) == 0) {
+    if ((port = bench_free_port()) == 0 || (http_port = bench_free_port()) == 0) {
         return -1;
     }
     bench_binary(c->args, "server/worker/devcoord-worker", worker, sizeof(worker));
+    snprintf(http, sizeof(http), "127.0.0.1:%d", http_port);
     snprintf(c->worker_names[i], sizeof(c->worker_names[i]), "w%zu", i);
     snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", port);
     log_path(c, c->worker_names[i], log, sizeof(log));
@@ -136,12 +143,57 @@ spawn_worker(struct cluster *c, unsigned n_devices)
     argv[argc++] = c->address;
     argv[argc++] = "--listen";
     argv[argc++] = listen;
+    argv[argc++] = "--http";
+    argv[argc++] = http;
     argv[argc]   = NULL;
     if ((c->workers[i] = bench_spawn(argv, log)) < 0) {
         return -1;
     }
+    c->worker_http_ports[i] = http_port;
     c->n_workers++;
     return 0;
+}
+
+double
+cluster_worker_metric(const struct cluster *c, size_t i, const char *name)
+{
+    struct sockaddr_in sa       = { .sin_family = AF_INET };
+    struct timeval tv           = { .tv_sec = 5 };
+    static const char request[] = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    size_t cap = 1u << 20, len = 0, name_len = strlen(name);
+    double value = -1;
+    char *page;
+    int fd;
+    ssize_t n;
+
+    if (i >= c->n_workers || (page = malloc(cap + 1)) == NULL) {
+        return -1;
+    }
+    sa.sin_port        = htons((uint16_t)c->worker_http_ports[i]);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if ((fd = socket(AF_INET, SOCK_STREAM, 0)) < 0) {
+        free(page);
+        return -1;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+        write(fd, request, sizeof(request) - 1) == (ssize_t)(sizeof(request) - 1)) {
+        while (len < cap && (n = read(fd, page + len, cap - len)) > 0) {
+            len += (size_t)n;
+        }
+    }
+    close(fd);
+    page[len] = '\0';
+    for (char *line = page; line != NULL && *line != '\0';) {
+        char *next = strchr(line, '\n');
+        if (strncmp(line, name, name_len) == 0 && line[name_len] == ' ') {
+            value = strtod(line + name_len + 1, NULL);
+            break;
+        }
+        line = next != NULL ? next + 1 : NULL;
+    }
+    free(page);
+    return value;
 }
 
 /* Waits until the workers from `first` on are alive in the registry; 0 or -1. */

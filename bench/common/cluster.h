@@ -31,6 +31,7 @@ struct cluster {
     size_t n_workers;
     pid_t workers[CLUSTER_MAX_WORKERS];
     char worker_names[CLUSTER_MAX_WORKERS][32];
+    int worker_http_ports[CLUSTER_MAX_WORKERS]; /* each worker's health and metrics port */
     char tag[32];
 };
 
@@ -48,6 +49,10 @@ int cluster_wait_worker_state(struct cluster *c, const char *name, dc_worker_sta
                               unsigned timeout_ms);
 /* Stops workers and the coordinator (SIGTERM, then SIGKILL) and closes the client. */
 void cluster_stop(struct cluster *c);
+
+/* The value of an unlabelled metric `name` on worker i's /metrics page, or -1 when the page
+ * cannot be read or lacks it. */
+double cluster_worker_metric(const struct cluster *c, size_t i, const char *name);
 
 /* "w3/cpu:0" as a device reference. */
 void cluster_device(const struct cluster *c, size_t worker, dc_device_ref *out);
