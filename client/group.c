@@ -47,6 +47,10 @@ struct dc_group {
     unsigned split_threads; /* asynchronous split calls still running (leave waits) */
     pthread_mutex_t blocks_mtx;
     struct block *blocks;
+    /* A one-worker group's staging block (group_call_whole), one of blocks, shared with the
+     * worker; used with the group's order held, kept as large as the largest call made. */
+    void *stage;
+    size_t stage_bytes;
 };
 
 static uint32_t
@@ -233,6 +237,10 @@ dc_group_leave(dc_group *g, dc_status *st)
         pthread_cond_wait(&g->order_cv, &g->mtx);
     }
     pthread_mutex_unlock(&g->mtx);
+    if (g->stage != NULL) {
+        dc_group_free(g, g->stage); /* the worker unmaps it now, not at the generation's end */
+        g->stage = NULL;
+    }
     req.group_id   = g->id;
     req.generation = g->generation;
     req.rank       = g->rank;
@@ -424,48 +432,36 @@ part_elements(const dc_group *g, const struct call *k)
 
 static dc_request *group_call_async(dc_group *g, const struct call *k, dc_status *st);
 
-/* Parts of one split call on shared memory in flight at once (the worker holds at most
- * GROUPS_MAX_CALLS calls of a group). */
-#define GROUP_SHM_WINDOW 8
+static dc_code stage_reserve(dc_group *g, size_t bytes, dc_status *st);
+static dc_code group_call_parts(dc_group *g, const struct call *k, size_t per, dc_status *st);
 
-/* k, in place in one shared block of a one-worker group, as parts of `per` elements in flight
- * GROUP_SHM_WINDOW at a time: no bytes travel (between workers neither), so the parts' round
- * trips overlap the worker's reductions instead of adding up. The first part goes alone:
- * every part carries the whole call's count (total), so a disagreement on kind, dtype, count,
- * op or root fails the first part for every rank, and each stops there, as ranks splitting
- * one part after the other do; once it passed, every rank makes the same parts, and the
- * ranks' calls stay matched whatever fails later. The first failure (in part order) is the
- * call's; every part started is waited for. */
+/* In a group on one worker no call's bytes need to travel in a message, so a large
+ * all-reduce, reduce or broadcast there is one call, however its buffers came: in a block of
+ * dc_group_alloc as they are (the worker reduces straight in the ranks' memory), in plain
+ * memory through the group's staging block (copied in, the call in place there, the result
+ * copied out). Every rank of the group does the same, so their calls stay matched. A rank
+ * that can have no staging block (its worker cannot map its memory) makes the call in parts
+ * as in any other group; its worker then refuses that call for every rank (the counts
+ * differ), rather than leaving any of them waiting. The group's order held. */
 static dc_code
-group_call_split_shm(dc_group *g, const struct call *k, size_t per, dc_status *st)
+group_call_whole(dc_group *g, const struct call *k, size_t per, dc_status *st)
 {
-    size_t elem = dc_dtype_size(k->dtype), n_parts = (k->count + per - 1) / per, started = 0;
-    dc_request *window[GROUP_SHM_WINDOW];
-    dc_code code = DC_OK;
-    dc_status pst;
+    size_t bytes       = k->count * dc_dtype_size(k->dtype);
+    struct call staged = *k;
+    uint64_t send_off, recv_off;
+    dc_code code;
 
-    for (size_t done = 0; done < n_parts; done++) {
-        size_t upto = done == 0 ? 1 : done + GROUP_SHM_WINDOW; /* the first part alone */
-        for (; code == DC_OK && started < n_parts && started < upto; started++) {
-            struct call part = *k;
-            size_t off       = started * per;
-            part.count       = k->count - off < per ? k->count - off : per;
-            part.total       = k->count;
-            part.send        = (const uint8_t *)k->send + off * elem;
-            part.recv        = (uint8_t *)k->recv + off * elem;
-            part.recv_bytes  = part.count * elem;
-            if ((window[started % GROUP_SHM_WINDOW] = group_call_async(g, &part, &pst)) == NULL) {
-                code = pst.code;
-                *st  = pst;
-            }
-        }
-        if (done >= started) {
-            break; /* a part could not start: nothing more is in flight */
-        }
-        if (dc_wait(window[done % GROUP_SHM_WINDOW], &pst) != DC_OK && code == DC_OK) {
-            code = pst.code;
-            *st  = pst;
-        }
+    if (shm_place(g, k, bytes, &send_off, &recv_off) != 0) {
+        return group_call_run(g, k, NULL, st);
+    }
+    if (stage_reserve(g, bytes, st) != DC_OK) {
+        return group_call_parts(g, k, per, st);
+    }
+    memcpy(g->stage, k->send, bytes);
+    staged.send = g->stage;
+    staged.recv = g->stage;
+    if ((code = group_call_run(g, &staged, NULL, st)) == DC_OK && k->recv_bytes > 0) {
+        memcpy(k->recv, g->stage, k->recv_bytes);
     }
     return code;
 }
@@ -499,12 +495,27 @@ order_give(dc_group *g, bool thread)
     pthread_mutex_unlock(&g->mtx);
 }
 
-/* k as a series of calls of one message each, the group's order held. All-gather's and
- * reduce-scatter's blocks are per rank, so each part goes through tmp: [rank][part] there,
- * [rank][count] in the user's buffer. A call in place in a shared block pipelines its parts
- * (group_call_split_shm). */
+/* k, larger than one message, the group's order held: one call in a group on one worker
+ * (group_call_whole) but for all-gather and reduce-scatter, else in parts. */
 static dc_code
 group_call_split_held(dc_group *g, const struct call *whole, size_t per, dc_status *st)
+{
+    struct call held = *whole;
+
+    held.in_split = true; /* its calls take their seqs without waiting for the order */
+    if (g->one_worker && held.kind != DC_OP_ALL_GATHER && held.kind != DC_OP_REDUCE_SCATTER &&
+        held.count <= SIZE_MAX / dc_dtype_size(held.dtype) && held.send != NULL &&
+        held.recv != NULL) {
+        return group_call_whole(g, &held, per, st);
+    }
+    return group_call_parts(g, &held, per, st);
+}
+
+/* k as a series of calls of one message each, the group's order held. All-gather's and
+ * reduce-scatter's blocks are per rank, so each part goes through tmp: [rank][part] there,
+ * [rank][count] in the user's buffer. */
+static dc_code
+group_call_parts(dc_group *g, const struct call *whole, size_t per, dc_status *st)
 {
     struct call held     = *whole;
     const struct call *k = &held;
@@ -519,12 +530,6 @@ group_call_split_held(dc_group *g, const struct call *whole, size_t per, dc_stat
                           k->send == NULL || k->recv == NULL
                               ? "buffer is NULL"
                               : "invalid operation: count too large");
-    }
-    if (!blocks && g->one_worker) {
-        uint64_t send_off, recv_off;
-        if (shm_place(g, k, k->count * elem, &send_off, &recv_off) != 0) {
-            return group_call_split_shm(g, k, per, st);
-        }
     }
     if (blocks && (tmp = malloc(n * per * elem)) == NULL) {
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
@@ -1050,6 +1055,45 @@ dc_group_free(dc_group *g, void *buf)
         }
         block_release(b);
     }
+}
+
+/* g's staging block, at least bytes large and shared with its worker: kept, or made anew
+ * (the smaller one freed). The group's order held. */
+static dc_code
+stage_reserve(dc_group *g, size_t bytes, dc_status *st)
+{
+    struct block *b;
+
+    if (g->stage != NULL && g->stage_bytes >= bytes) {
+        return DC_OK;
+    }
+    if (g->stage != NULL) {
+        dc_group_free(g, g->stage);
+        g->stage       = NULL;
+        g->stage_bytes = 0;
+    }
+    if (!worker_is_local(g->worker)) {
+        return status_set(st, DC_UNAVAILABLE, "worker %s is not on this host", g->worker);
+    }
+    if ((b = calloc(1, sizeof(*b))) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    b->bytes = bytes;
+    if (block_share(g, b, st) != DC_OK) {
+        fprintf(stderr,
+                "devcoord: group %s rank %u: no staging block of %zu bytes shared with worker "
+                "%s (%s: %s): this call goes in parts\n",
+                g->id, g->rank, bytes, g->worker, dc_status_name(st->code), st->message);
+        free(b);
+        return st->code;
+    }
+    pthread_mutex_lock(&g->blocks_mtx);
+    b->next   = g->blocks;
+    g->blocks = b;
+    pthread_mutex_unlock(&g->blocks_mtx);
+    g->stage       = b->base;
+    g->stage_bytes = bytes;
+    return DC_OK;
 }
 
 bool

@@ -720,7 +720,25 @@ region_shrank(const struct wgroup *g, struct region *r, dc_status *st)
 /* This worker's part of c: its ranks' data reduced (all-reduce, reduce), the root's (broadcast,
  * when it is here) or concatenated in rank order (all-gather). mtx held. */
 static dc_code check_desc(const struct wgroups *wg, const struct wgroup *g, const struct desc *d,
-                          dc_status *st);
+                          bool unbounded, dc_status *st);
+
+/* Whether every rank of c is in, each on its shared memory, in a group on this worker alone:
+ * no message carries such a call's bytes, so none bounds its size (check_desc). */
+static bool
+wcall_unbounded(const struct wgroup *g, const struct wcall *c)
+{
+    const struct gworker *me = &g->workers[g->self];
+
+    if (g->n_workers != 1) {
+        return false;
+    }
+    for (size_t i = 0; i < me->n_ranks; i++) {
+        if (!c->local[i].in || c->local[i].reg == NULL) {
+            return false;
+        }
+    }
+    return true;
+}
 
 /* Whether c runs in place in its ranks' shared memory (wcall_finish_in_place): an
  * all-reduce of a group whose ranks are all on this worker, every one on its region, all
@@ -736,7 +754,7 @@ wcall_in_place(const struct wgroups *wg, const struct wgroup *g, const struct wc
     dc_status why;
 
     if (g->n_workers != 1 || me->n_ranks != g->n || d->kind != DC_OP_ALL_REDUCE ||
-        c->shrunk.code != DC_OK || check_desc(wg, g, d, &why) != DC_OK) {
+        c->shrunk.code != DC_OK || check_desc(wg, g, d, wcall_unbounded(g, c), &why) != DC_OK) {
         return false;
     }
     bytes = (size_t)d->count * elem;
@@ -808,7 +826,7 @@ wcall_make_mine(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status
             return DC_OK; /* no data: every worker will see the disagreement in the descs */
         }
     }
-    if (check_desc(wg, g, d, &why) != DC_OK) {
+    if (check_desc(wg, g, d, wcall_unbounded(g, c), &why) != DC_OK) {
         return DC_OK; /* no data either: every worker will refuse the call */
     }
     switch (d->kind) {
@@ -919,7 +937,7 @@ wcall_compute(struct wgroups *wg, struct wgroup *g, struct wcall *c, struct pbuf
         }
     }
     d = &all[0];
-    if ((rv = check_desc(wg, g, d, st)) != DC_OK) {
+    if ((rv = check_desc(wg, g, d, wcall_unbounded(g, c), st)) != DC_OK) {
         goto out;
     }
     elem  = dc_dtype_size(d->dtype);
@@ -1874,12 +1892,15 @@ group_current(struct wgroups *wg, const char *id, uint64_t generation, dc_status
     return g;
 }
 
-/* A rank's own call, checked alone (the others are compared once all are in). */
+/* A rank's own call, checked alone (the others are compared once all are in). unbounded: its
+ * bytes travel in no message (wcall_unbounded), so only size_t bounds its count. */
 static dc_code
-check_desc(const struct wgroups *wg, const struct wgroup *g, const struct desc *d, dc_status *st)
+check_desc(const struct wgroups *wg, const struct wgroup *g, const struct desc *d, bool unbounded,
+           dc_status *st)
 {
     size_t elem = dc_dtype_size(d->dtype);
-    size_t room = wg->cfg->max_message_bytes > RPC_FRAME_OVERHEAD
+    size_t room = unbounded ? SIZE_MAX
+                  : wg->cfg->max_message_bytes > RPC_FRAME_OVERHEAD
                       ? wg->cfg->max_message_bytes - RPC_FRAME_OVERHEAD
                       : 0;
 
@@ -1909,6 +1930,9 @@ check_desc(const struct wgroups *wg, const struct wgroup *g, const struct desc *
     /* What one message must carry: the rank's input, or all-gather's whole result. */
     if (d->count >
         room / elem / (d->kind == DC_OP_ALL_GATHER || d->kind == DC_OP_REDUCE_SCATTER ? g->n : 1)) {
+        if (unbounded) {
+            return status_set(st, DC_OUT_OF_RANGE, "invalid operation: count too large");
+        }
         return status_set(st, DC_OUT_OF_RANGE,
                           "group call of %llu %s elements is larger than one message "
                           "(limits.max_message_bytes %llu): split it",
@@ -1927,7 +1951,7 @@ check_call(const struct wgroups *wg, const struct wgroup *g, const struct desc *
 {
     dc_status why;
 
-    if (check_desc(wg, g, d, &why) == DC_OK && kind_has_data(d->kind) &&
+    if (check_desc(wg, g, d, false, &why) == DC_OK && kind_has_data(d->kind) &&
         bytes != input_elements(d, g->n) * dc_dtype_size(d->dtype)) {
         return status_set(st, DC_INVALID_ARGUMENT,
                           "group call carries %zu bytes, not %zu %s elements", bytes,
@@ -1989,7 +2013,7 @@ shm_call_place(const struct wgroups *wg, struct wgroup *g, uint32_t rank,
         return DC_INVALID_ARGUMENT;
     }
     p->reg = r;
-    if (check_desc(wg, g, d, st) != DC_OK) {
+    if (check_desc(wg, g, d, g->n_workers == 1, st) != DC_OK) {
         status_clear(st);
         return DC_OK; /* takes part without data, as check_call lets it: all get the refusal */
     }

@@ -9,16 +9,16 @@
  *
  * For each count of COUNTS: all-reduce, reduce (root n-1; the others' buffers unchanged) and
  * reduce-scatter with every op, broadcast (root 0) and all-gather, in every dtype; for each
- * of AR_COUNTS, all-reduce with every op and dtype (counts past one message are split into
- * parts by the library). Then one barrier. Prints "ok RANKS shared S calls C" (S: ranks whose
- * block was shared; C: calls made per rank) and exits 0, or names the first wrong element.
+ * of AR_COUNTS, all-reduce with every op and dtype (counts past one message go as one call
+ * too: a group on one worker never splits them). Then one barrier. Prints "ok RANKS shared S calls
+ * C" (S: ranks whose block was shared; C: calls made per rank) and exits 0, or names the first
+ * wrong element.
  *
  *   devcoord-group-shm-numeric ADDR DEVICE,DEVICE,... SELF|all COUNT[,COUNT...] AR_COUNT[,...]
  *
- * With COUNTS "mismatch": rank 0 all-reduces AR_COUNT f32, the others as many f64, so each
- * rank's library splits the call into a different number of parts; every rank must get
- * INVALID_ARGUMENT naming rank 1, and a right all-reduce after it must work (the ranks' calls
- * still matched).
+ * With COUNTS "mismatch": rank 0 all-reduces AR_COUNT f32, the others as many f64; every
+ * rank must get INVALID_ARGUMENT naming rank 1, and a right all-reduce after it must work (the
+ * ranks' calls still matched).
  */
 #include <math.h>
 #include <pthread.h>

@@ -125,13 +125,12 @@ COUNTS = [1, 1001]
 AR_COUNTS = [300007, 1300003]
 DTYPE_SIZES = [4, 8, 4, 8, 2, 2]  # f32 f64 i32 i64 f16 bf16
 OPS = 5
-PART_BYTES = 4 * 1024 * 1024 - 16 * 1024  # the library's split: one message less its envelope
 
 
 def all_reduce_calls():
-    """The group calls the all-reduces of devcoord-group-shm-numeric make (parts counted)."""
-    return sum(OPS * -(-c // (PART_BYTES // size))
-               for c in COUNTS + AR_COUNTS for size in DTYPE_SIZES)
+    """The group calls the all-reduces of devcoord-group-shm-numeric make: one each, those
+    past one message too (a group on one worker never splits an all-reduce)."""
+    return OPS * len(COUNTS + AR_COUNTS) * len(DTYPE_SIZES)
 
 
 @unittest.skipUnless(os.path.exists(NUMERIC), "devcoord-group-shm-numeric is not built")
@@ -175,10 +174,10 @@ class InPlaceNumericTest(GroupsTestCase):
     def test_two_ranks_as_threads(self):
         self.run_numeric(2, as_processes=False)
 
-    def test_a_mismatch_split_into_different_parts_fails_every_rank_and_calls_stay_matched(self):
-        # Rank 0 all-reduces 1300003 f32 (2 parts), rank 1 as many f64 (3 parts): the first
-        # part fails both with INVALID_ARGUMENT, neither sends the rest, and the right
-        # all-reduce after it pairs the ranks' calls as before (the driver checks both).
+    def test_a_mismatch_past_one_message_fails_every_rank_and_calls_stay_matched(self):
+        # Rank 0 all-reduces 1300003 f32 (5.2 MB), rank 1 as many f64 (10.4 MB), each as one
+        # call: both fail with INVALID_ARGUMENT, and the right all-reduce after it pairs the
+        # ranks' calls as before (the driver checks both).
         c = self.start({"node-a": ["cuda:0", "cuda:1"]}, http=True)
         devices = "node-a/cuda:0,node-a/cuda:1"
         procs = [subprocess.Popen([NUMERIC, c.addr, devices, d, "mismatch", "1300003"],
@@ -195,7 +194,7 @@ class InPlaceNumericTest(GroupsTestCase):
                     p.kill()
                     p.wait()
         m = self.worker_metrics(c, "node-a")
-        self.assertEqual(m["devcoord_group_in_place_calls_total"], 2, m)  # the right call's parts
+        self.assertEqual(m["devcoord_group_in_place_calls_total"], 1, m)  # the right call, whole
 
     def test_two_ranks_as_processes(self):
         self.run_numeric(2, as_processes=True)
@@ -205,6 +204,34 @@ class InPlaceNumericTest(GroupsTestCase):
 
     def test_four_ranks_as_processes(self):
         self.run_numeric(4, as_processes=True)
+
+
+@unittest.skipUnless(os.path.exists(test_groups.THREADS), "devcoord-group-threads is not built")
+class OneWorkerWholeCallsTest(GroupsTestCase):
+    """Issue 17: in a group on one worker an all-reduce past one message is one call, its
+    plain buffers copied through the library's staging block in shared memory, and the worker
+    reduces it in place there (in parts it was one call per message, none in place)."""
+    worker_metrics = ShmCallsTest.worker_metrics
+
+    def test_plain_buffers_past_one_message_go_whole_through_the_staging_block(self):
+        c = self.start({"node-a": ["cuda:0", "cuda:1", "cuda:2"]}, http=True)
+        devices = ["node-a/cuda:%d" % i for i in range(3)]
+        # Every result checked in the program: small calls, _async ones, all-reduces past one
+        # message (1300007 i32, 5.2 MB, blocking and _async; a mean of 900021 f64, 7.2 MB,
+        # which makes the staging block grow), all-gather and reduce-scatter past one message
+        # too (those still go in parts: their blocks are per rank).
+        p = subprocess.run([test_groups.THREADS, c.addr, ",".join(devices), "5"],
+                           capture_output=True, timeout=300, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.strip(), "ok 3")
+        m = {k: v for k, v in self.worker_metrics(c, "node-a").items()
+             if k.startswith("devcoord_group_")}
+        self.assertEqual(m["devcoord_group_in_place_calls_total"], 3, m)  # the three big ones
+        self.assertEqual(m["devcoord_group_shm_calls_total"], 3 * 3, m)  # by each of 3 ranks
+        # The ranks left: their staging blocks went with the generation.
+        harness.wait_until(
+            lambda: self.worker_metrics(c, "node-a")["devcoord_group_shm_mapped_bytes"] == 0,
+            10, "the staging blocks unmapped")
 
 
 class HostileMapTest(GroupsTestCase):
