@@ -47,10 +47,13 @@ struct dc_group {
     unsigned split_threads; /* asynchronous split calls still running (leave waits) */
     pthread_mutex_t blocks_mtx;
     struct block *blocks;
-    /* A one-worker group's staging block (group_call_whole), one of blocks, shared with the
-     * worker; used with the group's order held, kept as large as the largest call made. */
+    /* The staging block of calls past one message (group_call_whole), one of blocks, shared
+     * with the worker; used with the group's order held, as large as the largest call. */
     void *stage;
     size_t stage_bytes;
+    /* Agreed by every rank (whole_agree): calls of up to whole_yes bytes can be made whole,
+     * of whole_no or more (0: none yet) cannot. Used with the group's order held. */
+    size_t whole_yes, whole_no;
 };
 
 static uint32_t
@@ -435,22 +438,83 @@ static dc_request *group_call_async(dc_group *g, const struct call *k, dc_status
 static dc_code stage_reserve(dc_group *g, size_t bytes, dc_status *st);
 static dc_code group_call_parts(dc_group *g, const struct call *k, size_t per, dc_status *st);
 
-/* In a group on one worker no call's bytes need to travel in a message, so a large
- * all-reduce, reduce or broadcast there is one call, however its buffers came: in a block of
- * dc_group_alloc as they are (the worker reduces straight in the ranks' memory), in plain
- * memory through the group's staging block (copied in, the call in place there, the result
- * copied out). Every rank of the group does the same, so their calls stay matched. A rank
- * that can have no staging block (its worker cannot map its memory) makes the call in parts
- * as in any other group; its worker then refuses that call for every rank (the counts
- * differ), rather than leaving any of them waiting. The group's order held. */
+/* The most bytes of one whole call in a group across workers: each of its workers holds a
+ * copy of the ring's input while it runs (bounded by the worker's limits.max_inflight_bytes),
+ * so a larger call goes as several whole calls of this size. */
+#define GROUP_WHOLE_MAX (64u * 1024 * 1024)
+
+/* Whether this rank's buffers of k are in one block of dc_group_alloc, or its staging block
+ * is (or can be made) as large as k. The group's order held. */
+static bool
+piece_ready(dc_group *g, const struct call *k, size_t bytes)
+{
+    uint64_t send_off, recv_off;
+    dc_status why;
+
+    return shm_place(g, k, bytes, &send_off, &recv_off) != 0 ||
+           stage_reserve(g, bytes, &why) == DC_OK;
+}
+
+/* Whether every rank can make k, of `bytes`, whole (group_call_piece): known from an earlier
+ * agreement of this group made for as many bytes or fewer (yes) or as many or more (no),
+ * else agreed now by a one-element all-reduce (MIN of each rank's piece_ready), which every
+ * rank makes at the same call since their calls match. The group's order held. */
 static dc_code
-group_call_whole(dc_group *g, const struct call *k, size_t per, dc_status *st)
+whole_agree(dc_group *g, const struct call *k, size_t bytes, bool *agreed, dc_status *st)
+{
+    int64_t vote, least = 0;
+    struct call v = { .kind       = DC_OP_ALL_REDUCE,
+                      .dtype      = DC_DTYPE_I64,
+                      .reduce     = DC_REDUCE_MIN,
+                      .count      = 1,
+                      .send       = &vote,
+                      .recv       = &least,
+                      .recv_bytes = sizeof(least),
+                      .in_split   = true };
+    dc_code code;
+
+    if (bytes <= g->whole_yes) {
+        *agreed = true;
+        return DC_OK;
+    }
+    if (g->whole_no != 0 && bytes >= g->whole_no) {
+        *agreed = false;
+        return DC_OK;
+    }
+    vote = piece_ready(g, k, bytes) ? 1 : 0;
+    if ((code = group_call_run(g, &v, NULL, st)) != DC_OK) {
+        return code;
+    }
+    *agreed = least == 1;
+    if (*agreed) {
+        g->whole_yes = bytes;
+    } else {
+        g->whole_no = bytes;
+    }
+    return DC_OK;
+}
+
+/* k (at most GROUP_WHOLE_MAX across workers) as one call when every rank agrees it can
+ * (whole_agree), else in parts: its buffers in a block of dc_group_alloc as they are, or in
+ * plain memory through the group's staging block (copied in, the call in place there, the
+ * result copied out). A rank that agreed once but can no longer (its staging block cannot
+ * grow) makes it in parts: the workers refuse that call for every rank (the counts differ,
+ * and the message says why) rather than leave any waiting. The group's order held. */
+static dc_code
+group_call_piece(dc_group *g, const struct call *k, size_t per, dc_status *st)
 {
     size_t bytes       = k->count * dc_dtype_size(k->dtype);
     struct call staged = *k;
     uint64_t send_off, recv_off;
+    bool agreed;
     dc_code code;
 
+    if ((code = whole_agree(g, k, bytes, &agreed, st)) != DC_OK) {
+        return code;
+    }
+    if (!agreed) {
+        return group_call_parts(g, k, per, st);
+    }
     if (shm_place(g, k, bytes, &send_off, &recv_off) != 0) {
         return group_call_run(g, k, NULL, st);
     }
@@ -462,6 +526,31 @@ group_call_whole(dc_group *g, const struct call *k, size_t per, dc_status *st)
     staged.recv = g->stage;
     if ((code = group_call_run(g, &staged, NULL, st)) == DC_OK && k->recv_bytes > 0) {
         memcpy(k->recv, g->stage, k->recv_bytes);
+    }
+    return code;
+}
+
+/* A call on shared memory carries no byte in a message, so a large all-reduce, reduce or
+ * broadcast is one call (on one worker the worker reduces straight in the ranks' memory;
+ * across workers one ring, pipelined over the data link, instead of one per message), or
+ * across workers one per GROUP_WHOLE_MAX bytes. Every rank does the same, so their calls
+ * stay matched. The group's order held. */
+static dc_code
+group_call_whole(dc_group *g, const struct call *k, size_t per, dc_status *st)
+{
+    size_t elem  = dc_dtype_size(k->dtype);
+    size_t most  = g->one_worker ? k->count : GROUP_WHOLE_MAX / elem;
+    dc_code code = DC_OK;
+
+    for (size_t off = 0, len; off < k->count && code == DC_OK; off += len) {
+        struct call piece = *k;
+
+        len              = k->count - off < most ? k->count - off : most;
+        piece.count      = len;
+        piece.send       = (const uint8_t *)k->send + off * elem;
+        piece.recv       = (uint8_t *)k->recv + off * elem;
+        piece.recv_bytes = k->recv_bytes > 0 ? len * elem : 0;
+        code             = group_call_piece(g, &piece, per, st);
     }
     return code;
 }
@@ -495,15 +584,15 @@ order_give(dc_group *g, bool thread)
     pthread_mutex_unlock(&g->mtx);
 }
 
-/* k, larger than one message, the group's order held: one call in a group on one worker
- * (group_call_whole) but for all-gather and reduce-scatter, else in parts. */
+/* k, larger than one message, the group's order held: one call (group_call_whole) but for
+ * all-gather and reduce-scatter, which go in parts (their blocks are per rank). */
 static dc_code
 group_call_split_held(dc_group *g, const struct call *whole, size_t per, dc_status *st)
 {
     struct call held = *whole;
 
     held.in_split = true; /* its calls take their seqs without waiting for the order */
-    if (g->one_worker && held.kind != DC_OP_ALL_GATHER && held.kind != DC_OP_REDUCE_SCATTER &&
+    if (held.kind != DC_OP_ALL_GATHER && held.kind != DC_OP_REDUCE_SCATTER &&
         held.count <= SIZE_MAX / dc_dtype_size(held.dtype) && held.send != NULL &&
         held.recv != NULL) {
         return group_call_whole(g, &held, per, st);

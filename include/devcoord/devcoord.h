@@ -343,8 +343,9 @@ dc_code dc_barrier(dc_group *g, dc_status *st);
  * (NULL, st saying why, when it could not start). Several may be in flight on one group;
  * the k-th started by a rank is matched with the k-th of the others. Buffers must stay
  * valid, and untouched, until dc_wait returns. One larger than a message is made as parts
- * by a thread of the library (in a group on one worker, an all-reduce, reduce or broadcast
- * as one call on shared memory, through a staging block when its buffers are plain memory);
+ * by a thread of the library (when every rank shares memory with its worker, an all-reduce,
+ * reduce or broadcast as one call on shared memory, through a staging block when its buffers
+ * are plain memory);
  * calls this rank starts after it wait (inside their own call) until it is made. Finish every
  * request before dc_group_leave, which waits for such threads. */
 typedef struct dc_request dc_request;

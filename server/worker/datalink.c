@@ -108,7 +108,7 @@ dlink_hdr_decode(const uint8_t in[DLINK_HDR_SIZE], uint64_t max_frame, struct dl
     if (h->length > max_frame || ((h->flags & DLINK_FLAG_OP) == 0 && h->total > max_frame)) {
         return status_set(st, DC_OUT_OF_RANGE,
                           "data link: frame of %u bytes (part of %llu) is larger than "
-                          "limits.max_message_bytes %llu",
+                          "this worker takes (%llu)",
                           h->length, (unsigned long long)h->total, (unsigned long long)max_frame);
     }
     if (h->kind == DLINK_DATA && (h->offset > h->total || h->length > h->total - h->offset)) {

@@ -97,7 +97,9 @@ struct dlink_events {
 struct dlink_server;
 
 /* Listens on url (tcp://host:0 or tls+tcp://host:0; tls required for the latter) and serves
- * connections on threads of its own. max_frame bounds a frame's length and total;
+ * connections on threads of its own. max_frame bounds a frame's length and total (the worker
+ * passes the larger of limits.max_message_bytes and groups.shm_max_bytes: a call on shared
+ * memory is not bounded by one message);
  * handshake_ms bounds the wait for HELLO. Caller frees with dlink_server_free. */
 dc_code dlink_server_start(const char *url, nng_tls_config *tls, uint64_t max_frame,
                            uint32_t handshake_ms, const struct dlink_events *ev,

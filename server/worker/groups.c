@@ -39,6 +39,7 @@ struct desc {
     dc_reduce_op reduce;
     uint32_t root;
     uint64_t total; /* the rank's whole call, when the library split it (0: not split) */
+    bool shared;    /* its bytes in the rank's region, in no message (not compared) */
 };
 
 /* Bytes shared by a call and the data link's threads: a part being sent, or one being
@@ -295,7 +296,8 @@ desc_from_pb(const Devcoord__V1__GroupCallDesc *pb)
                            pb->count,
                            (dc_reduce_op)pb->reduce,
                            pb->root,
-                           pb->total };
+                           pb->total,
+                           pb->shared };
     }
     return d;
 }
@@ -311,6 +313,7 @@ desc_to_pb(const struct desc *d, uint32_t rank, Devcoord__V1__GroupCallDesc *pb)
     pb->reduce = (Devcoord__V1__ReduceOp)d->reduce;
     pb->root   = d->root;
     pb->total  = d->total;
+    pb->shared = d->shared;
 }
 
 static const char *
@@ -720,20 +723,27 @@ region_shrank(const struct wgroup *g, struct region *r, dc_status *st)
 /* This worker's part of c: its ranks' data reduced (all-reduce, reduce), the root's (broadcast,
  * when it is here) or concatenated in rank order (all-gather). mtx held. */
 static dc_code check_desc(const struct wgroups *wg, const struct wgroup *g, const struct desc *d,
-                          bool unbounded, dc_status *st);
+                          bool shared, dc_status *st);
 
-/* Whether every rank of c is in, each on its shared memory, in a group on this worker alone:
- * no message carries such a call's bytes, so none bounds its size (check_desc). */
+/* The most bytes a part of a call from a peer may have: one message's, or a call's on shared
+ * memory (its input lies in one region of a rank: at most groups.shm_max_bytes). What peers'
+ * parts hold at once is bounded apart (max_held). */
+static uint64_t
+group_part_max(const struct wgroups *wg)
+{
+    uint64_t most = wg->cfg->max_message_bytes;
+
+    return wg->cfg->group_shm_max_bytes > most ? wg->cfg->group_shm_max_bytes : most;
+}
+
+/* Whether every rank of c on this worker is in, each on its shared memory. mtx held. */
 static bool
-wcall_unbounded(const struct wgroup *g, const struct wcall *c)
+wcall_local_shared(const struct wgroup *g, const struct wcall *c)
 {
     const struct gworker *me = &g->workers[g->self];
 
-    if (g->n_workers != 1) {
-        return false;
-    }
     for (size_t i = 0; i < me->n_ranks; i++) {
-        if (!c->local[i].in || c->local[i].reg == NULL) {
+        if (!c->local[i].in || !c->local[i].d.shared) {
             return false;
         }
     }
@@ -754,7 +764,7 @@ wcall_in_place(const struct wgroups *wg, const struct wgroup *g, const struct wc
     dc_status why;
 
     if (g->n_workers != 1 || me->n_ranks != g->n || d->kind != DC_OP_ALL_REDUCE ||
-        c->shrunk.code != DC_OK || check_desc(wg, g, d, wcall_unbounded(g, c), &why) != DC_OK) {
+        c->shrunk.code != DC_OK || check_desc(wg, g, d, wcall_local_shared(g, c), &why) != DC_OK) {
         return false;
     }
     bytes = (size_t)d->count * elem;
@@ -826,7 +836,7 @@ wcall_make_mine(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status
             return DC_OK; /* no data: every worker will see the disagreement in the descs */
         }
     }
-    if (check_desc(wg, g, d, wcall_unbounded(g, c), &why) != DC_OK) {
+    if (check_desc(wg, g, d, wcall_local_shared(g, c), &why) != DC_OK) {
         return DC_OK; /* no data either: every worker will refuse the call */
     }
     switch (d->kind) {
@@ -917,7 +927,8 @@ wcall_compute(struct wgroups *wg, struct wgroup *g, struct wcall *c, struct pbuf
     const struct desc *d;
     size_t elem, bytes, nb;
     uint8_t *out;
-    dc_code rv = DC_OK;
+    dc_code rv  = DC_OK;
+    bool shared = true;
 
     *res       = NULL;
     *res_bytes = 0;
@@ -931,13 +942,22 @@ wcall_compute(struct wgroups *wg, struct wgroup *g, struct wcall *c, struct pbuf
             desc_text(&all[r], &all[0], mine, sizeof(mine));
             desc_text(&all[0], &all[r], first, sizeof(first));
             rv = status_set(st, DC_INVALID_ARGUMENT,
-                            "rank %zu (%s) passed %s, rank 0 passed %s (group %s, call %llu)", r,
-                            g->names[r], mine, first, g->id, (unsigned long long)c->seq);
+                            "rank %zu (%s) passed %s, rank 0 passed %s (group %s, call %llu)%s", r,
+                            g->names[r], mine, first, g->id, (unsigned long long)c->seq,
+                            (all[r].total == 0) != (all[0].total == 0) &&
+                                    all[r].kind == all[0].kind && all[r].count != all[0].count
+                                ? ": one made a call larger than one message whole (on shared "
+                                  "memory), the other in parts (it could not share memory with "
+                                  "its worker); every rank of a group must, or none"
+                                : "");
             goto out;
         }
     }
     d = &all[0];
-    if ((rv = check_desc(wg, g, d, wcall_unbounded(g, c), st)) != DC_OK) {
+    for (size_t r = 0; r < g->n; r++) {
+        shared = shared && all[r].shared;
+    }
+    if ((rv = check_desc(wg, g, d, shared, st)) != DC_OK) {
         goto out;
     }
     elem  = dc_dtype_size(d->dtype);
@@ -1892,14 +1912,16 @@ group_current(struct wgroups *wg, const char *id, uint64_t generation, dc_status
     return g;
 }
 
-/* A rank's own call, checked alone (the others are compared once all are in). unbounded: its
- * bytes travel in no message (wcall_unbounded), so only size_t bounds its count. */
+/* A rank's own call, checked alone (the others are compared once all are in), or the call
+ * of all once they agree. shared: every rank's bytes (this one's, or all of them) are on
+ * shared memory, in no message, so only size_t bounds its count (the data link's parts of
+ * it are bounded by group_part_max, peers' parts held by max_held). */
 static dc_code
-check_desc(const struct wgroups *wg, const struct wgroup *g, const struct desc *d, bool unbounded,
+check_desc(const struct wgroups *wg, const struct wgroup *g, const struct desc *d, bool shared,
            dc_status *st)
 {
     size_t elem = dc_dtype_size(d->dtype);
-    size_t room = unbounded ? SIZE_MAX
+    size_t room = shared ? SIZE_MAX
                   : wg->cfg->max_message_bytes > RPC_FRAME_OVERHEAD
                       ? wg->cfg->max_message_bytes - RPC_FRAME_OVERHEAD
                       : 0;
@@ -1930,7 +1952,7 @@ check_desc(const struct wgroups *wg, const struct wgroup *g, const struct desc *
     /* What one message must carry: the rank's input, or all-gather's whole result. */
     if (d->count >
         room / elem / (d->kind == DC_OP_ALL_GATHER || d->kind == DC_OP_REDUCE_SCATTER ? g->n : 1)) {
-        if (unbounded) {
+        if (shared) {
             return status_set(st, DC_OUT_OF_RANGE, "invalid operation: count too large");
         }
         return status_set(st, DC_OUT_OF_RANGE,
@@ -2013,7 +2035,7 @@ shm_call_place(const struct wgroups *wg, struct wgroup *g, uint32_t rank,
         return DC_INVALID_ARGUMENT;
     }
     p->reg = r;
-    if (check_desc(wg, g, d, g->n_workers == 1, st) != DC_OK) {
+    if (check_desc(wg, g, d, true, st) != DC_OK) {
         status_clear(st);
         return DC_OK; /* takes part without data, as check_call lets it: all get the refusal */
     }
@@ -2051,6 +2073,7 @@ wgroups_call(struct wgroups *wg, const Devcoord__V1__GroupCallRequest *in,
     dc_status st;
     dc_code code = DC_OK;
 
+    d.shared = in->region != 0; /* the worker says so, not the rank */
     status_clear(&st);
     data = rpc_call_attachment(cd, &bytes);
     pthread_mutex_lock(&wg->mtx);
@@ -2249,10 +2272,12 @@ ppart_buffer(struct wgroups *wg, struct ppart *p, uint64_t total, dc_status *st)
     if (p->data != NULL) {
         return status_set(st, DC_ALREADY_EXISTS, "duplicate group exchange");
     }
-    if (total > wg->cfg->max_message_bytes) {
+    if (total > group_part_max(wg)) {
         return status_set(st, DC_OUT_OF_RANGE,
-                          "group part of %llu bytes is larger than limits.max_message_bytes",
-                          (unsigned long long)total);
+                          "group part of %llu bytes is larger than this worker takes (%llu: "
+                          "limits.max_message_bytes, or groups.shm_max_bytes for a call on "
+                          "shared memory)",
+                          (unsigned long long)total, (unsigned long long)group_part_max(wg));
     }
     if (total > wg->max_held - wg->held) {
         return status_set(st, DC_RESOURCE_EXHAUSTED,
@@ -2553,7 +2578,7 @@ link_start_locked(struct wgroups *wg, dc_status *st)
         (code = auth_tls_server(&wg->cfg->tls, &wg->dl_tls, st)) != DC_OK) {
         return code;
     }
-    if ((code = dlink_server_start(url, wg->dl_tls, wg->cfg->max_message_bytes,
+    if ((code = dlink_server_start(url, wg->dl_tls, group_part_max(wg),
                                    wg->cfg->handshake_timeout_ms ? wg->cfg->handshake_timeout_ms
                                                                  : 10000,
                                    &ev, &wg->dl, st)) != DC_OK) {

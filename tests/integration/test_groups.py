@@ -40,12 +40,15 @@ class GroupsTestCase(ClusterTestCase):
     heartbeat_ms = 500
     dead_after_ms = 5000
 
-    def start(self, workers, coordinator_config=None, http=False, worker_extra=None):
-        """workers: {name: [device, ...]}"""
+    def start(self, workers, coordinator_config=None, http=False, worker_extra=None,
+              only=None):
+        """workers: {name: [device, ...]}; worker_extra: config of every worker, only: of
+        one ({name: {key: value}})."""
         c = self.cluster = self.make_cluster(coordinator_config=coordinator_config)
         c.start_coordinator()
         for name, devices in workers.items():
             extra = dict(worker_extra or {})
+            extra.update((only or {}).get(name, {}))
             if http:
                 extra["http"] = "127.0.0.1:%d" % harness.free_port()
             c.add_worker(name, [{"device": d, "memory": "8GiB"} for d in devices], extra=extra)
@@ -646,23 +649,43 @@ class PeerInputTest(GroupsTestCase):
 class RingTest(DataPathTest):
     @unittest.skipUnless(os.path.exists(os.environ.get("DEVCOORD_GROUP_THREADS") or ""),
                          "devcoord-group-threads is not built")
-    def test_large_all_reduces_go_round_the_ring_with_right_results(self):
-        # One rank on each of three workers: the program's all-reduces several messages long
-        # (i32 sum, f64 mean; every result checked) go round the ring of workers.
+    def run_program(self, only=None):
+        """devcoord-group-threads, one rank on each of three workers: its all-reduces several
+        messages long (i32 sum, f64 mean, every result checked) go round the ring of
+        workers. Returns the program's run and each worker's metrics."""
         c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"], "node-c": ["cuda:0"]},
-                       http=True)
+                       http=True, only=only)
         devs = "node-a/cuda:0,node-b/cuda:0,node-c/cuda:0"
         p = subprocess.run([os.environ["DEVCOORD_GROUP_THREADS"], c.addr, devs, "1"],
                            capture_output=True, timeout=300, text=True)
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertEqual(p.stdout.strip(), "ok 3")
-        for name in ("node-a", "node-b", "node-c"):
-            m = self.metrics(int(c.worker_specs[name]["http"].rsplit(":", 1)[1]))
-            # Two parts for each of the three big all-reduces (blocking i32, f64 mean, the
-            # asynchronous i32); the small ones and the all-gathers go direct.
-            self.assertEqual(m["devcoord_group_ring_calls_total"], 6, name)
+        return p, {name: self.metrics(int(c.worker_specs[name]["http"].rsplit(":", 1)[1]))
+                   for name in ("node-a", "node-b", "node-c")}
+
+    @unittest.skipUnless(os.path.exists(os.environ.get("DEVCOORD_GROUP_THREADS") or ""),
+                         "devcoord-group-threads is not built")
+    def test_large_all_reduces_go_round_the_ring_with_right_results(self):
+        _, ms = self.run_program()
+        for name, m in ms.items():
+            # Every rank stages its buffers on shared memory with its worker, so each of the
+            # three big all-reduces (blocking i32, f64 mean, the asynchronous i32) is one
+            # call, one ring; the small ones and the all-gathers go direct.
+            self.assertEqual(m["devcoord_group_ring_calls_total"], 3, name)
+            self.assertGreater(m["devcoord_group_shm_calls_total"], 0, name)
             # The big all-gather and reduce-scatter parts go to every worker on the data link.
             self.assertGreater(m["devcoord_group_link_bytes_sent_total"], 4 << 20, name)
+
+    @unittest.skipUnless(os.path.exists(os.environ.get("DEVCOORD_GROUP_THREADS") or ""),
+                         "devcoord-group-threads is not built")
+    def test_a_rank_without_shared_memory_makes_every_rank_go_in_parts(self):
+        # node-c maps nothing: its rank can have no staging block, the ranks agree before
+        # the first big call to make it in parts, each part one ring, with the same results.
+        p, ms = self.run_program(only={"node-c": {"groups": {"shm_max_bytes": 0}}})
+        self.assertIn("this call goes in parts", p.stderr)
+        for name, m in ms.items():
+            self.assertEqual(m["devcoord_group_ring_calls_total"], 6, name)
+            self.assertEqual(m["devcoord_group_shm_calls_total"], 0, name)
 
     test_many_calls_reach_no_coordinator = None
 
