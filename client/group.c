@@ -40,6 +40,7 @@ struct dc_group {
     char worker[CLIENT_ADDRESS_MAX + 1];
     uint32_t call_timeout_ms;
     bool one_worker;     /* every rank on this rank's worker: calls never cross workers */
+    uint32_t n_workers;  /* the workers of the group's ranks */
     pthread_mutex_t mtx; /* one call at a time; guards seq, splitting, split_threads */
     pthread_cond_t order_cv;
     uint64_t seq;
@@ -107,6 +108,7 @@ group_from_reply(dc_client *c, const Devcoord__V1__GroupJoinResponse *resp,
     g->rank       = resp->rank;
     g->size       = resp->size;
     g->one_worker = plan->n_workers == 1;
+    g->n_workers  = (uint32_t)plan->n_workers;
     g->call_timeout_ms =
         opts != NULL && opts->call_timeout_ms ? opts->call_timeout_ms : GROUP_CALL_TIMEOUT_MS;
     if (client_copy_field(g->id, sizeof(g->id), resp->group_id, "group id", st) != DC_OK ||
@@ -438,9 +440,10 @@ static dc_request *group_call_async(dc_group *g, const struct call *k, dc_status
 static dc_code stage_reserve(dc_group *g, size_t bytes, dc_status *st);
 static dc_code group_call_parts(dc_group *g, const struct call *k, size_t per, dc_status *st);
 
-/* The most bytes of one whole call in a group across workers: each of its workers holds a
- * copy of the ring's input while it runs (bounded by the worker's limits.max_inflight_bytes),
- * so a larger call goes as several whole calls of this size. */
+/* The most bytes a worker holds of one whole call in a group across workers (what peers send
+ * it is bounded by its limits.max_inflight_bytes): an all-reduce's ring keeps a copy of its
+ * input, a reduce's direct exchange one part from every other worker. A larger call goes as
+ * several whole calls. */
 #define GROUP_WHOLE_MAX (64u * 1024 * 1024)
 
 /* Whether this rank's buffers of k are in one block of dc_group_alloc, or its staging block
@@ -532,16 +535,19 @@ group_call_piece(dc_group *g, const struct call *k, size_t per, dc_status *st)
 
 /* A call on shared memory carries no byte in a message, so a large all-reduce, reduce or
  * broadcast is one call (on one worker the worker reduces straight in the ranks' memory;
- * across workers one ring, pipelined over the data link, instead of one per message), or
- * across workers one per GROUP_WHOLE_MAX bytes. Every rank does the same, so their calls
- * stay matched. The group's order held. */
+ * across workers one ring, pipelined over the data link, instead of one per message); across
+ * workers one per GROUP_WHOLE_MAX bytes a worker holds of it (a reduce's part from every
+ * other worker). Every rank does the same, so their calls stay matched. The group's order
+ * held. */
 static dc_code
 group_call_whole(dc_group *g, const struct call *k, size_t per, dc_status *st)
 {
     size_t elem  = dc_dtype_size(k->dtype);
-    size_t most  = g->one_worker ? k->count : GROUP_WHOLE_MAX / elem;
+    size_t held  = k->kind == DC_OP_REDUCE && g->n_workers > 1 ? g->n_workers - 1 : 1;
+    size_t most  = g->one_worker ? k->count : GROUP_WHOLE_MAX / held / elem;
     dc_code code = DC_OK;
 
+    most = most > 0 ? most : 1;
     for (size_t off = 0, len; off < k->count && code == DC_OK; off += len) {
         struct call piece = *k;
 

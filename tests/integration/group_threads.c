@@ -7,9 +7,11 @@
  * several messages long (which the library splits), blocking and (the first two) _async
  * beside a small _async one, checking every result; then leaves. Prints "ok
  * N" and exits 0 when every thread saw every result right, else names the first wrong one and
- * exits 1.
+ * exits 1. With HUGE, an all-reduce (sum) and a reduce (max, to the last rank) of HUGE i32 come
+ * last, results checked too (past 64 MiB, across workers the library makes each as several
+ * whole calls).
  *
- *   devcoord-group-threads ADDR DEVICE,DEVICE,... ITERATIONS
+ *   devcoord-group-threads ADDR DEVICE,DEVICE,... ITERATIONS [HUGE]
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -32,6 +34,7 @@ struct rank_thread {
     const char *devices;
     char self[DC_DEVICE_TEXT_SIZE];
     long iterations;
+    size_t huge;
     char error[DC_STATUS_MESSAGE_MAX + DC_DEVICE_TEXT_SIZE + 128];
 };
 
@@ -172,6 +175,54 @@ out:
     free(a);
     free(in);
     free(out);
+}
+
+/* An all-reduce (sum) and a reduce (max, to the last rank) of `count` i32, checked. */
+static void
+huge_calls(dc_group *g, size_t count, const char *self, char *error, size_t cap)
+{
+    uint32_t rank = dc_group_rank(g), n = dc_group_size(g);
+    int32_t *a = malloc(count * sizeof(*a));
+    dc_status st;
+
+    if (a == NULL) {
+        snprintf(error, cap, "%s: out of memory", self);
+        return;
+    }
+    for (size_t i = 0; i < count; i++) {
+        a[i] = (int32_t)(rank + 1) + (int32_t)(i % 1000);
+    }
+    if (dc_all_reduce(g, a, count, DC_DTYPE_I32, DC_REDUCE_SUM, &st) != DC_OK) {
+        snprintf(error, cap, "%s: huge all-reduce: %s", self, st.message);
+        goto out;
+    }
+    for (size_t i = 0; i < count; i++) {
+        int32_t want = (int32_t)(n * (n + 1) / 2) + (int32_t)n * (int32_t)(i % 1000);
+        if (a[i] != want) {
+            snprintf(error, cap, "%s: huge all-reduce: [%zu] = %d, want %d", self, i, a[i], want);
+            goto out;
+        }
+    }
+    for (size_t i = 0; i < count; i++) {
+        a[i] = (int32_t)((rank * 7 + i) % (n * 3));
+    }
+    if (dc_reduce(g, a, count, DC_DTYPE_I32, DC_REDUCE_MAX, n - 1, &st) != DC_OK) {
+        snprintf(error, cap, "%s: huge reduce: %s", self, st.message);
+        goto out;
+    }
+    for (size_t i = 0; i < count; i++) {
+        int32_t want = (int32_t)((rank * 7 + i) % (n * 3));
+        for (uint32_t r = 0; rank == n - 1 && r < n; r++) {
+            int32_t v = (int32_t)((r * 7 + i) % (n * 3));
+            want      = v > want ? v : want;
+        }
+        if (a[i] != want) {
+            snprintf(error, cap, "%s: huge reduce: [%zu] = %d, want %d", self, i, a[i], want);
+            goto out;
+        }
+    }
+out:
+    free(a);
 }
 
 static void *
@@ -319,6 +370,9 @@ rank_main(void *arg)
     if (t->error[0] == '\0') {
         big_calls(g, t->self, t->error, sizeof(t->error));
     }
+    if (t->error[0] == '\0' && t->huge > 0) {
+        huge_calls(g, t->huge, t->self, t->error, sizeof(t->error));
+    }
 out:
     free(gathered);
     if (dc_group_leave(g, &st) != DC_OK && t->error[0] == '\0') {
@@ -338,8 +392,8 @@ main(int argc, char **argv)
     char *list, *save = NULL;
     int rc = 0;
 
-    if (argc != 4) {
-        fprintf(stderr, "usage: %s ADDR DEVICE,DEVICE,... ITERATIONS\n", argv[0]);
+    if (argc != 4 && argc != 5) {
+        fprintf(stderr, "usage: %s ADDR DEVICE,DEVICE,... ITERATIONS [HUGE]\n", argv[0]);
         return 2;
     }
     if (dc_client_open(argv[1], &copts, &c, &st) != DC_OK) {
@@ -356,6 +410,7 @@ main(int argc, char **argv)
         t->client             = c;
         t->devices            = argv[2];
         t->iterations         = atol(argv[3]);
+        t->huge               = argc == 5 ? (size_t)atol(argv[4]) : 0;
         snprintf(t->self, sizeof(t->self), "%s", tok);
     }
     for (size_t i = 0; i < n; i++) {

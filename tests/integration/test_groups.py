@@ -649,14 +649,16 @@ class PeerInputTest(GroupsTestCase):
 class RingTest(DataPathTest):
     @unittest.skipUnless(os.path.exists(os.environ.get("DEVCOORD_GROUP_THREADS") or ""),
                          "devcoord-group-threads is not built")
-    def run_program(self, only=None):
+    def run_program(self, only=None, huge=None):
         """devcoord-group-threads, one rank on each of three workers: its all-reduces several
         messages long (i32 sum, f64 mean, every result checked) go round the ring of
-        workers. Returns the program's run and each worker's metrics."""
+        workers; huge: then an all-reduce and a reduce of that many i32. Returns the
+        program's run and each worker's metrics."""
         c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"], "node-c": ["cuda:0"]},
                        http=True, only=only)
         devs = "node-a/cuda:0,node-b/cuda:0,node-c/cuda:0"
-        p = subprocess.run([os.environ["DEVCOORD_GROUP_THREADS"], c.addr, devs, "1"],
+        p = subprocess.run([os.environ["DEVCOORD_GROUP_THREADS"], c.addr, devs, "1"]
+                           + ([str(huge)] if huge else []),
                            capture_output=True, timeout=300, text=True)
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertEqual(p.stdout.strip(), "ok 3")
@@ -675,6 +677,17 @@ class RingTest(DataPathTest):
             self.assertGreater(m["devcoord_group_shm_calls_total"], 0, name)
             # The big all-gather and reduce-scatter parts go to every worker on the data link.
             self.assertGreater(m["devcoord_group_link_bytes_sent_total"], 4 << 20, name)
+
+    @unittest.skipUnless(os.path.exists(os.environ.get("DEVCOORD_GROUP_THREADS") or ""),
+                         "devcoord-group-threads is not built")
+    def test_calls_past_64_mib_go_as_several_whole_calls(self):
+        # 17,000,003 i32 (68 MB): across workers a whole call holds at most 64 MiB on a
+        # worker, so the all-reduce is two rings (64 MiB, then the rest) and the reduce,
+        # whose workers each hold a part from the two others, three calls of 32 MiB or less.
+        _, ms = self.run_program(huge=17000003)
+        for name, m in ms.items():
+            self.assertEqual(m["devcoord_group_ring_calls_total"], 3 + 2, name)
+            self.assertEqual(m['devcoord_group_calls_total{kind="reduce"}'], 1 + 3, name)
 
     @unittest.skipUnless(os.path.exists(os.environ.get("DEVCOORD_GROUP_THREADS") or ""),
                          "devcoord-group-threads is not built")
