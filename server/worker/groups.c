@@ -44,16 +44,18 @@ struct desc {
 
 /* Bytes shared by a call and the data link's threads: a part being sent, or one being
  * received into. The last reference gives it back to the worker's buffer cache (bufcache.h),
- * whichever thread drops it. */
+ * whichever thread drops it. One made by pbuf_wrap is a rank's region instead (reg): it pins
+ * the mapping until its last reference goes. */
 struct pbuf {
     atomic_size_t refs;
     size_t bytes;
     struct bufcache *bc;
-    size_t pad; /* data 16-byte aligned, as malloc's */
-    uint8_t data[];
+    uint8_t *data;      /* what follows this header, or reg's memory */
+    struct region *reg; /* pbuf_wrap's */
+    size_t pad;         /* data 16-byte aligned, as malloc's */
 };
 
-_Static_assert(offsetof(struct pbuf, data) % 16 == 0, "pbuf data aligned as malloc's");
+_Static_assert(sizeof(struct pbuf) % 16 == 0, "pbuf data aligned as malloc's");
 
 /* A part queued to a peer's data link sender: a group's (buf) or an op's (owner, data). */
 struct sjob {
@@ -107,8 +109,13 @@ struct region {
     size_t bytes;
     int slot;    /* in the SIGBUS guard's registry */
     bool shrunk; /* its object shrank: zero pages now, refused until unmapped */
+    /* pbuf_wrap's buffers on it, and REGION_RETIRED once unmapped by its rank or the
+     * generation's end: the last of the two to go unmaps it (region_retire, region_unpin). */
+    atomic_uint pins;
     struct region *next;
 };
+
+#define REGION_RETIRED 0x80000000u
 
 /* What one of this worker's ranks passed to a call. */
 struct lpart {
@@ -220,6 +227,7 @@ struct wgroups {
     char dl_address[300]; /* what GroupLink tells peers */
     uint64_t link_bytes_out, link_bytes_in;
     uint64_t ring_calls_total;
+    uint64_t ring_in_region_total; /* of those, run in the rank's region (no copy) */
     /* Where DLINK_FLAG_OP frames go (collective.c), and the reader threads inside it. */
     struct wgroups_op_sink op_sink;
     unsigned op_sink_busy;
@@ -241,8 +249,53 @@ pbuf_new(struct wgroups *wg, size_t bytes)
         atomic_init(&b->refs, 1);
         b->bytes = bytes;
         b->bc    = wg->bufs;
+        b->data  = (uint8_t *)(b + 1);
+        b->reg   = NULL;
     }
     return b;
+}
+
+/* A pbuf over bytes of region r (no copy): r stays mapped while it lives. mtx held. */
+static struct pbuf *
+pbuf_wrap(struct region *r, uint8_t *data, size_t bytes)
+{
+    struct pbuf *b = calloc(1, sizeof(*b));
+
+    if (b != NULL) {
+        atomic_init(&b->refs, 1);
+        b->bytes = bytes;
+        b->data  = data;
+        b->reg   = r;
+        atomic_fetch_add(&r->pins, 1);
+    }
+    return b;
+}
+
+static void
+region_destroy(struct region *r)
+{
+    shmguard_retire(r->slot);
+    munmap(r->base, r->bytes);
+    free(r);
+}
+
+/* r, taken off its group's list: unmapped now, or by the last pbuf_wrap buffer on it.
+ * mtx held. */
+static void
+region_retire(struct wgroups *wg, struct region *r)
+{
+    wg->shm_mapped -= r->bytes;
+    if (atomic_fetch_or(&r->pins, REGION_RETIRED) == 0) {
+        region_destroy(r);
+    }
+}
+
+static void
+region_unpin(struct region *r)
+{
+    if (atomic_fetch_sub(&r->pins, 1) == (REGION_RETIRED | 1u)) {
+        region_destroy(r);
+    }
 }
 
 static struct pbuf *
@@ -256,7 +309,12 @@ static void
 pbuf_drop(struct pbuf *b)
 {
     if (b != NULL && atomic_fetch_sub(&b->refs, 1) == 1) {
-        bufcache_give(b->bc, b);
+        if (b->reg != NULL) {
+            region_unpin(b->reg);
+            free(b);
+        } else {
+            bufcache_give(b->bc, b);
+        }
     }
 }
 
@@ -444,10 +502,7 @@ regions_free(struct wgroups *wg, struct wgroup *g)
     while (g->regions != NULL) {
         struct region *r = g->regions;
         g->regions       = r->next;
-        shmguard_retire(r->slot);
-        munmap(r->base, r->bytes);
-        wg->shm_mapped -= r->bytes;
-        free(r);
+        region_retire(wg, r);
     }
 }
 
@@ -819,6 +874,19 @@ wcall_finish_in_place(struct wgroups *wg, struct wgroup *g, struct wcall *c)
     histo_observe(&wg->call_seconds, out.elapsed_us);
 }
 
+/* Whether c's ring can run in its rank's region: an all-reduce in place of the only rank on
+ * this worker, on shared memory, large enough for the ring (ring_wanted). mtx held. */
+static bool
+wcall_ring_in_region(const struct wgroup *g, const struct wcall *c)
+{
+    const struct lpart *p = &c->local[0];
+
+    return g->n_workers >= 2 && g->workers[g->self].n_ranks == 1 && p->in && p->reg != NULL &&
+           !p->reg->shrunk && p->out != NULL && p->out == p->data &&
+           p->d.kind == DC_OP_ALL_REDUCE && p->bytes >= GROUPS_RING_MIN_BYTES &&
+           p->bytes / 8 >= g->n_workers;
+}
+
 static dc_code
 wcall_make_mine(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status *st)
 {
@@ -841,6 +909,17 @@ wcall_make_mine(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status
     }
     switch (d->kind) {
     case DC_OP_ALL_REDUCE:
+        if (wcall_ring_in_region(g, c)) {
+            /* The ring reduces straight in the rank's region, which ends holding the result:
+             * no copy in or out (wcall_try_finish answers once no send reads it any more). */
+            if ((c->mine_buf = pbuf_wrap(c->local[0].reg, c->local[0].out, bytes)) == NULL) {
+                return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+            }
+            c->mine       = c->mine_buf->data;
+            c->mine_bytes = bytes;
+            break;
+        }
+        /* fall through */
     case DC_OP_REDUCE:
     case DC_OP_REDUCE_SCATTER:
         if ((c->mine_buf = pbuf_new(wg, bytes)) == NULL) {
@@ -971,6 +1050,8 @@ wcall_compute(struct wgroups *wg, struct wgroup *g, struct wcall *c, struct pbuf
          * only read them (the sender may still be reading them too): no copy, one buffer
          * fewer per call, but for a mean, which is finished in a buffer of its own. */
         wg->ring_calls_total++;
+        wg->ring_in_region_total +=
+            c->mine_buf != NULL && c->mine_buf == c->ring->acc && c->mine_buf->reg != NULL;
         if (d->reduce != DC_REDUCE_MEAN) {
             *res       = pbuf_hold(c->ring->acc);
             *res_bytes = bytes;
@@ -1082,6 +1163,13 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
     if (c->ring != NULL && c->ring->done < ring_steps(c->ring) && !c->ring->broken &&
         c->shrunk.code == DC_OK && wcall_agrees(g, c)) {
         return; /* still going round the ring */
+    }
+    if (c->mine_buf != NULL && c->mine_buf->reg != NULL && c->shrunk.code == DC_OK &&
+        atomic_load(&c->mine_buf->refs) >
+            1 + (size_t)(c->ring != NULL && c->ring->acc == c->mine_buf)) {
+        /* The rank's region is the ring's (wcall_ring_in_region): a send from it or a frame
+         * into it is still going; the last one to end calls this again. */
+        return;
     }
     wcall_unlink(g, c);
     status_clear(&st);
@@ -1251,6 +1339,8 @@ sjob_done(struct sjob *j, dc_code code, const dc_status *st)
     sjob_free(j);
 }
 
+static struct wcall *wcall_find(const struct wgroup *g, uint64_t seq);
+
 /* One peer's sender: writes queued parts in order; a failure ends the job's group (after one
  * retry on a fresh connection when the failed one was kept from before, e.g. the peer
  * restarted since). */
@@ -1358,15 +1448,24 @@ peer_sender(void *arg)
             pthread_mutex_lock(&wg->mtx);
             continue;
         }
-        if (code != DC_OK && !wg->stopping) {
-            g = group_find(wg, j->group_id);
-            if (g != NULL && g->generation == j->h.generation && !g->ended) {
-                dc_status end;
-                status_set(&end, DC_UNAVAILABLE, "worker %s of group %s is unreachable: %s",
-                           j->worker, g->id, st.message);
-                status_set_worker(&end, j->worker);
-                group_end_locked(wg, g, &end);
+        g = group_find(wg, j->group_id);
+        if (g != NULL && (g->generation != j->h.generation || g->ended)) {
+            g = NULL;
+        }
+        if (code != DC_OK && !wg->stopping && g != NULL) {
+            dc_status end;
+            status_set(&end, DC_UNAVAILABLE, "worker %s of group %s is unreachable: %s", j->worker,
+                       g->id, st.message);
+            status_set_worker(&end, j->worker);
+            group_end_locked(wg, g, &end);
+        } else if (g != NULL && j->buf != NULL && j->buf->reg != NULL) {
+            /* Sent from a rank's region: its call may have waited for this send alone. */
+            struct wcall *c = wcall_find(g, j->h.seq);
+            sjob_free(j);
+            if (c != NULL) {
+                wcall_try_finish(wg, g, c);
             }
+            continue;
         }
         sjob_free(j);
     }
@@ -2189,8 +2288,13 @@ region_map(struct wgroups *wg, struct wgroup *g, const Devcoord__V1__GroupMapReq
                           "this worker maps %d shared memory regions already, its most",
                           SHMGUARD_MAX);
     }
-    *r         = (struct region){ ++g->last_region, in->rank, base, (size_t)in->bytes, slot, false,
-                                  g->regions };
+    *r = (struct region){ .id    = ++g->last_region,
+                          .rank  = in->rank,
+                          .base  = base,
+                          .bytes = (size_t)in->bytes,
+                          .slot  = slot,
+                          .next  = g->regions };
+    atomic_init(&r->pins, 0);
     g->regions = r;
     wg->shm_mapped += r->bytes;
     *id = r->id;
@@ -2216,10 +2320,7 @@ region_unmap(struct wgroups *wg, struct wgroup *g, uint32_t rank, uint64_t id, d
             }
         }
         *pp = r->next;
-        shmguard_retire(r->slot);
-        munmap(r->base, r->bytes);
-        wg->shm_mapped -= r->bytes;
-        free(r);
+        region_retire(wg, r);
         return DC_OK;
     }
     return status_set(st, DC_NOT_FOUND, "rank %u has no region %llu", rank, (unsigned long long)id);
@@ -2473,6 +2574,8 @@ link_frame_end(void *arg, const char *peer, const struct dlink_hdr *h, void *pin
         (pin == c->ring->rs_in || pin == c->ring->acc)) {
         c->ring->got[h->flags - 1] += h->length;
         wg->link_bytes_in += h->length;
+        pbuf_drop(pin); /* its bytes are in: wcall_try_finish may wait for no one else */
+        pin = NULL;
         ring_advance(wg, g, c);
         if (!g->ended && c->ring->done == ring_steps(c->ring)) {
             wcall_try_finish(wg, g, c);
@@ -2796,13 +2899,19 @@ wgroups_metrics_render(struct wgroups *wg, struct mbuf *b)
                 "# HELP devcoord_group_ring_calls_total Group all-reduces whose workers went "
                 "round the ring (reduce-scatter, then all-gather) on the data link.\n"
                 "# TYPE devcoord_group_ring_calls_total counter\n"
-                "devcoord_group_ring_calls_total %llu\n",
+                "devcoord_group_ring_calls_total %llu\n"
+                "# HELP devcoord_group_ring_in_region_calls_total Of those, calls whose ring "
+                "ran in the rank's shared memory (one rank on this worker, in place): no copy "
+                "in or out.\n"
+                "# TYPE devcoord_group_ring_in_region_calls_total counter\n"
+                "devcoord_group_ring_in_region_calls_total %llu\n",
                 (unsigned long long)wg->stalls_total, (unsigned long long)wg->shm_calls_total,
                 (unsigned long long)wg->in_place_total, (unsigned long long)wg->call_bytes_in,
                 (unsigned long long)wg->call_bytes_out, wg->shm_mapped,
                 (unsigned long long)wg->link_bytes_out, (unsigned long long)wg->link_bytes_in,
                 (unsigned long long)(wg->dl != NULL ? dlink_server_refused(wg->dl) : 0),
-                (unsigned long long)wg->ring_calls_total);
+                (unsigned long long)wg->ring_calls_total,
+                (unsigned long long)wg->ring_in_region_total);
     pthread_mutex_unlock(&wg->mtx);
     bufcache_stats(wg->bufs, &bs);
     mbuf_printf(b,

@@ -674,6 +674,9 @@ class RingTest(DataPathTest):
             # three big all-reduces (blocking i32, f64 mean, the asynchronous i32) is one
             # call, one ring; the small ones and the all-gathers go direct.
             self.assertEqual(m["devcoord_group_ring_calls_total"], 3, name)
+            # Each in place in the rank's staging block, the only rank on its worker: the
+            # ring runs there, no copy in or out.
+            self.assertEqual(m["devcoord_group_ring_in_region_calls_total"], 3, name)
             self.assertGreater(m["devcoord_group_shm_calls_total"], 0, name)
             # The big all-gather and reduce-scatter parts go to every worker on the data link.
             self.assertGreater(m["devcoord_group_link_bytes_sent_total"], 4 << 20, name)
@@ -687,6 +690,7 @@ class RingTest(DataPathTest):
         _, ms = self.run_program(huge=17000003)
         for name, m in ms.items():
             self.assertEqual(m["devcoord_group_ring_calls_total"], 3 + 2, name)
+            self.assertEqual(m["devcoord_group_ring_in_region_calls_total"], 3 + 2, name)
             self.assertEqual(m['devcoord_group_calls_total{kind="reduce"}'], 1 + 3, name)
 
     @unittest.skipUnless(os.path.exists(os.environ.get("DEVCOORD_GROUP_THREADS") or ""),
@@ -698,6 +702,7 @@ class RingTest(DataPathTest):
         self.assertIn("this call goes in parts", p.stderr)
         for name, m in ms.items():
             self.assertEqual(m["devcoord_group_ring_calls_total"], 6, name)
+            self.assertEqual(m["devcoord_group_ring_in_region_calls_total"], 0, name)
             self.assertEqual(m["devcoord_group_shm_calls_total"], 0, name)
 
     test_many_calls_reach_no_coordinator = None
