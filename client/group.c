@@ -39,8 +39,7 @@ struct dc_group {
     char (*names)[DC_DEVICE_TEXT_SIZE];
     char worker[CLIENT_ADDRESS_MAX + 1];
     uint32_t call_timeout_ms;
-    bool one_worker;     /* every rank on this rank's worker: calls never cross workers */
-    uint32_t n_workers;  /* the workers of the group's ranks */
+    uint32_t n_workers;  /* the workers of the group's ranks (1: calls never cross workers) */
     pthread_mutex_t mtx; /* one call at a time; guards seq, splitting, split_threads */
     pthread_cond_t order_cv;
     uint64_t seq;
@@ -107,7 +106,6 @@ group_from_reply(dc_client *c, const Devcoord__V1__GroupJoinResponse *resp,
     g->generation = resp->generation;
     g->rank       = resp->rank;
     g->size       = resp->size;
-    g->one_worker = plan->n_workers == 1;
     g->n_workers  = (uint32_t)plan->n_workers;
     g->call_timeout_ms =
         opts != NULL && opts->call_timeout_ms ? opts->call_timeout_ms : GROUP_CALL_TIMEOUT_MS;
@@ -438,6 +436,7 @@ part_elements(const dc_group *g, const struct call *k)
 static dc_request *group_call_async(dc_group *g, const struct call *k, dc_status *st);
 
 static dc_code stage_reserve(dc_group *g, size_t bytes, dc_status *st);
+static void stage_drop(dc_group *g);
 static dc_code group_call_parts(dc_group *g, const struct call *k, size_t per, dc_status *st);
 
 /* The most bytes a worker holds of one whole call in a group across workers (what peers send
@@ -493,6 +492,9 @@ whole_agree(dc_group *g, const struct call *k, size_t bytes, bool *agreed, dc_st
         g->whole_yes = bytes;
     } else {
         g->whole_no = bytes;
+        if (g->stage_bytes > g->whole_yes) {
+            stage_drop(g); /* made for the vote: no call agreed can use all of it */
+        }
     }
     return DC_OK;
 }
@@ -544,7 +546,7 @@ group_call_whole(dc_group *g, const struct call *k, size_t per, dc_status *st)
 {
     size_t elem  = dc_dtype_size(k->dtype);
     size_t held  = k->kind == DC_OP_REDUCE && g->n_workers > 1 ? g->n_workers - 1 : 1;
-    size_t most  = g->one_worker ? k->count : GROUP_WHOLE_MAX / held / elem;
+    size_t most  = g->n_workers == 1 ? k->count : GROUP_WHOLE_MAX / held / elem;
     dc_code code = DC_OK;
 
     most = most > 0 ? most : 1;
@@ -1152,6 +1154,17 @@ dc_group_free(dc_group *g, void *buf)
     }
 }
 
+/* Frees g's staging block, if any. The group's order held. */
+static void
+stage_drop(dc_group *g)
+{
+    if (g->stage != NULL) {
+        dc_group_free(g, g->stage);
+        g->stage       = NULL;
+        g->stage_bytes = 0;
+    }
+}
+
 /* g's staging block, at least bytes large and shared with its worker: kept, or made anew
  * (the smaller one freed). The group's order held. */
 static dc_code
@@ -1162,11 +1175,7 @@ stage_reserve(dc_group *g, size_t bytes, dc_status *st)
     if (g->stage != NULL && g->stage_bytes >= bytes) {
         return DC_OK;
     }
-    if (g->stage != NULL) {
-        dc_group_free(g, g->stage);
-        g->stage       = NULL;
-        g->stage_bytes = 0;
-    }
+    stage_drop(g);
     if (!worker_is_local(g->worker)) {
         return status_set(st, DC_UNAVAILABLE, "worker %s is not on this host", g->worker);
     }

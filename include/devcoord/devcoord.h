@@ -345,9 +345,8 @@ dc_code dc_barrier(dc_group *g, dc_status *st);
  * valid, and untouched, until dc_wait returns. One larger than a message is made as parts
  * by a thread of the library (when every rank shares memory with its worker, an all-reduce,
  * reduce or broadcast as one call on shared memory, through a staging block when its buffers
- * are plain memory);
- * calls this rank starts after it wait (inside their own call) until it is made. Finish every
- * request before dc_group_leave, which waits for such threads. */
+ * are plain memory); calls this rank starts after it wait (inside their own call) until it is
+ * made. Finish every request before dc_group_leave, which waits for such threads. */
 typedef struct dc_request dc_request;
 
 dc_request *dc_all_reduce_async(dc_group *g, void *buf, size_t count, dc_dtype dtype,

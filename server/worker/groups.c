@@ -874,17 +874,24 @@ wcall_finish_in_place(struct wgroups *wg, struct wgroup *g, struct wcall *c)
     histo_observe(&wg->call_seconds, out.elapsed_us);
 }
 
-/* Whether c's ring can run in its rank's region: an all-reduce in place of the only rank on
- * this worker, on shared memory, large enough for the ring (ring_wanted). mtx held. */
+/* Whether a call of this kind, with a part of `bytes` per worker, goes round the ring of g's
+ * workers: an all-reduce of at least GROUPS_RING_MIN_BYTES, 8 bytes a worker or more. */
+static bool
+ring_fits(const struct wgroup *g, dc_op_kind kind, size_t bytes)
+{
+    return g->n_workers >= 2 && kind == DC_OP_ALL_REDUCE && bytes >= GROUPS_RING_MIN_BYTES &&
+           bytes / 8 >= g->n_workers;
+}
+
+/* Whether c's ring can run in its rank's region: the only rank on this worker, in place on
+ * shared memory, a call for the ring. mtx held. */
 static bool
 wcall_ring_in_region(const struct wgroup *g, const struct wcall *c)
 {
     const struct lpart *p = &c->local[0];
 
-    return g->n_workers >= 2 && g->workers[g->self].n_ranks == 1 && p->in && p->reg != NULL &&
-           !p->reg->shrunk && p->out != NULL && p->out == p->data &&
-           p->d.kind == DC_OP_ALL_REDUCE && p->bytes >= GROUPS_RING_MIN_BYTES &&
-           p->bytes / 8 >= g->n_workers;
+    return g->workers[g->self].n_ranks == 1 && p->in && p->reg != NULL && !p->reg->shrunk &&
+           p->out != NULL && p->out == p->data && ring_fits(g, p->d.kind, p->bytes);
 }
 
 static dc_code
@@ -998,6 +1005,18 @@ wcall_descs(const struct wgroup *g, const struct wcall *c, struct desc *out)
 
 /* The call's result into *res (res_bytes of its data; NULL when it has none), the same
  * bytes on every worker. The caller drops *res. mtx held. */
+/* Why two ranks' descs of one call may differ in count: one made it whole, one in parts. */
+static const char *
+split_hint(const struct desc *a, const struct desc *b)
+{
+    if ((a->total == 0) == (b->total == 0) || a->kind != b->kind || a->count == b->count) {
+        return "";
+    }
+    return ": one made a call larger than one message whole (on shared memory), the other in "
+           "parts (it could not share memory with its worker); every rank of a group must, or "
+           "none";
+}
+
 static dc_code
 wcall_compute(struct wgroups *wg, struct wgroup *g, struct wcall *c, struct pbuf **res,
               size_t *res_bytes, dc_status *st)
@@ -1023,12 +1042,7 @@ wcall_compute(struct wgroups *wg, struct wgroup *g, struct wcall *c, struct pbuf
             rv = status_set(st, DC_INVALID_ARGUMENT,
                             "rank %zu (%s) passed %s, rank 0 passed %s (group %s, call %llu)%s", r,
                             g->names[r], mine, first, g->id, (unsigned long long)c->seq,
-                            (all[r].total == 0) != (all[0].total == 0) &&
-                                    all[r].kind == all[0].kind && all[r].count != all[0].count
-                                ? ": one made a call larger than one message whole (on shared "
-                                  "memory), the other in parts (it could not share memory with "
-                                  "its worker); every rank of a group must, or none"
-                                : "");
+                            split_hint(&all[r], &all[0]));
             goto out;
         }
     }
@@ -1719,13 +1733,12 @@ ring_recv_seg(const struct ring *r, uint32_t s)
                         : (r->pos + 2 * r->n - (s - (r->n - 1))) % r->n;
 }
 
-/* Whether c goes round the ring: a large all-reduce with data. The same answer on every
- * worker whose ranks passed the same call. */
+/* Whether c goes round the ring: a large all-reduce with data (ring_fits). The same answer
+ * on every worker whose ranks passed the same call. */
 static bool
 ring_wanted(const struct wgroup *g, const struct wcall *c)
 {
-    return g->n_workers >= 2 && c->mine != NULL && c->local[0].d.kind == DC_OP_ALL_REDUCE &&
-           c->mine_bytes >= GROUPS_RING_MIN_BYTES && c->mine_bytes / 8 >= g->n_workers;
+    return c->mine != NULL && ring_fits(g, c->local[0].d.kind, c->mine_bytes);
 }
 
 /* c's ring, made for a part of `bytes` on first use (by this worker's part or the first
