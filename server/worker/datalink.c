@@ -13,196 +13,6 @@
 #include "auth.h"
 #include "log.h"
 
-/* ---- framing ----------------------------------------------------------------------------- */
-
-static void
-put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static void
-put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) {
-        p[i] = (uint8_t)(v >> (8 * i));
-    }
-}
-
-static void
-put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) {
-        p[i] = (uint8_t)(v >> (8 * i));
-    }
-}
-
-static uint16_t
-get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static uint32_t
-get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--) {
-        v = (v << 8) | p[i];
-    }
-    return v;
-}
-
-static uint64_t
-get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) {
-        v = (v << 8) | p[i];
-    }
-    return v;
-}
-
-void
-dlink_hdr_encode(const struct dlink_hdr *h, uint8_t out[DLINK_HDR_SIZE])
-{
-    put32(out, DLINK_MAGIC);
-    out[4] = DLINK_VERSION;
-    out[5] = h->kind;
-    put16(out + 6, h->flags);
-    put32(out + 8, h->from);
-    put32(out + 12, h->length);
-    put64(out + 16, h->group);
-    put64(out + 24, h->generation);
-    put64(out + 32, h->seq);
-    put64(out + 40, h->offset);
-    put64(out + 48, h->total);
-}
-
-dc_code
-dlink_hdr_decode(const uint8_t in[DLINK_HDR_SIZE], uint64_t max_frame, struct dlink_hdr *h,
-                 dc_status *st)
-{
-    if (get32(in) != DLINK_MAGIC) {
-        return status_set(st, DC_INVALID_ARGUMENT, "data link: not a devcoord frame (magic %08x)",
-                          get32(in));
-    }
-    if (in[4] != DLINK_VERSION) {
-        return status_set(st, DC_INVALID_ARGUMENT,
-                          "data link: frame version %u, this worker speaks %u", in[4],
-                          DLINK_VERSION);
-    }
-    h->kind       = in[5];
-    h->flags      = get16(in + 6);
-    h->from       = get32(in + 8);
-    h->length     = get32(in + 12);
-    h->group      = get64(in + 16);
-    h->generation = get64(in + 24);
-    h->seq        = get64(in + 32);
-    h->offset     = get64(in + 40);
-    h->total      = get64(in + 48);
-    if (h->kind != DLINK_HELLO && h->kind != DLINK_DATA) {
-        return status_set(st, DC_INVALID_ARGUMENT, "data link: unknown frame kind %u", h->kind);
-    }
-    if (h->length > max_frame || ((h->flags & DLINK_FLAG_OP) == 0 && h->total > max_frame)) {
-        return status_set(st, DC_OUT_OF_RANGE,
-                          "data link: frame of %u bytes (part of %llu) is larger than "
-                          "this worker takes (%llu)",
-                          h->length, (unsigned long long)h->total, (unsigned long long)max_frame);
-    }
-    if (h->kind == DLINK_DATA && (h->offset > h->total || h->length > h->total - h->offset)) {
-        return status_set(st, DC_INVALID_ARGUMENT,
-                          "data link: frame bytes %llu+%u outside its part of %llu",
-                          (unsigned long long)h->offset, h->length, (unsigned long long)h->total);
-    }
-    if (h->kind == DLINK_HELLO &&
-        (h->length < DLINK_SECRET_SIZE || h->length > DLINK_SECRET_SIZE + DLINK_ADDRESS_MAX)) {
-        return status_set(st, DC_INVALID_ARGUMENT, "data link: HELLO of %u bytes", h->length);
-    }
-    return DC_OK;
-}
-
-uint64_t
-dlink_group_hash(const char *id)
-{
-    uint64_t h = 1469598103934665603ull;
-
-    for (const unsigned char *p = (const unsigned char *)id; *p != '\0'; p++) {
-        h = (h ^ *p) * 1099511628211ull;
-    }
-    return h;
-}
-
-/* ---- moving bytes ------------------------------------------------------------------------ */
-
-/* Receives exactly the bytes of iov[0..n) (advanced in place). nng's error or 0. */
-static int
-stream_recv_all(nng_stream *s, nng_aio *aio, nng_iov *iov, unsigned n, nng_duration timeout)
-{
-    /* nng reads nothing for an empty iov and takes that for the peer closing (NNG_ECONNSHUT):
-     * an empty payload (dlink_send sends one for an empty part) is received at once. */
-    while (n > 0 && iov[0].iov_len == 0) {
-        iov++;
-        n--;
-    }
-    while (n > 0) {
-        size_t got;
-        int rv;
-        nng_aio_set_timeout(aio, timeout);
-        if ((rv = nng_aio_set_iov(aio, n, iov)) != 0) {
-            return rv;
-        }
-        nng_stream_recv(s, aio);
-        nng_aio_wait(aio);
-        if ((rv = nng_aio_result(aio)) != 0) {
-            return rv;
-        }
-        if ((got = nng_aio_count(aio)) == 0) {
-            return NNG_ECLOSED;
-        }
-        while (n > 0 && got >= iov[0].iov_len) {
-            got -= iov[0].iov_len;
-            iov++;
-            n--;
-        }
-        if (n > 0) {
-            iov[0].iov_buf = (uint8_t *)iov[0].iov_buf + got;
-            iov[0].iov_len -= got;
-        }
-    }
-    return 0;
-}
-
-static int
-stream_send_all(nng_stream *s, nng_aio *aio, nng_iov *iov, unsigned n, nng_duration timeout)
-{
-    while (n > 0) {
-        size_t put;
-        int rv;
-        nng_aio_set_timeout(aio, timeout);
-        if ((rv = nng_aio_set_iov(aio, n, iov)) != 0) {
-            return rv;
-        }
-        nng_stream_send(s, aio);
-        nng_aio_wait(aio);
-        if ((rv = nng_aio_result(aio)) != 0) {
-            return rv;
-        }
-        put = nng_aio_count(aio);
-        while (n > 0 && put >= iov[0].iov_len) {
-            put -= iov[0].iov_len;
-            iov++;
-            n--;
-        }
-        if (n > 0) {
-            iov[0].iov_buf = (uint8_t *)iov[0].iov_buf + put;
-            iov[0].iov_len -= put;
-        }
-    }
-    return 0;
-}
-
 /* ---- the data port ----------------------------------------------------------------------- */
 
 struct dlink_conn {
@@ -254,7 +64,7 @@ conn_hello(struct dlink_conn *c)
     int rv;
 
     status_clear(&st);
-    if ((rv = stream_recv_all(c->stream, c->aio, &iov, 1, (nng_duration)s->handshake_ms)) != 0) {
+    if ((rv = dlink_recv_all(c->stream, c->aio, &iov, 1, (nng_duration)s->handshake_ms)) != 0) {
         conn_refuse(c, rv == NNG_ETIMEDOUT ? "no HELLO in time" : nng_strerror(rv));
         return false;
     }
@@ -263,7 +73,7 @@ conn_hello(struct dlink_conn *c)
         return false;
     }
     iov = (nng_iov){ hello, h.length };
-    if ((rv = stream_recv_all(c->stream, c->aio, &iov, 1, (nng_duration)s->handshake_ms)) != 0) {
+    if ((rv = dlink_recv_all(c->stream, c->aio, &iov, 1, (nng_duration)s->handshake_ms)) != 0) {
         conn_refuse(c, "HELLO cut short");
         return false;
     }
@@ -297,7 +107,7 @@ conn_main(void *arg)
         void *pin    = NULL;
         int rv;
 
-        if ((rv = stream_recv_all(c->stream, c->aio, &iov, 1, NNG_DURATION_INFINITE)) != 0) {
+        if ((rv = dlink_recv_all(c->stream, c->aio, &iov, 1, NNG_DURATION_INFINITE)) != 0) {
             status_set(&why, DC_UNAVAILABLE, "its data connection dropped (%s)", nng_strerror(rv));
             break;
         }
@@ -322,7 +132,7 @@ conn_main(void *arg)
             }
             iov = (nng_iov){ chunk, h.length };
             if (h.length > 0 &&
-                (rv = stream_recv_all(c->stream, c->aio, &iov, 1, NNG_DURATION_INFINITE)) != 0) {
+                (rv = dlink_recv_all(c->stream, c->aio, &iov, 1, NNG_DURATION_INFINITE)) != 0) {
                 status_set(&why, DC_UNAVAILABLE, "its data connection dropped mid-frame (%s)",
                            nng_strerror(rv));
                 break;
@@ -339,7 +149,7 @@ conn_main(void *arg)
         s->ev.frame_begin(s->ev.arg, c->peer, &h, &dst, &pin);
         if (dst != NULL) {
             iov = (nng_iov){ dst, h.length };
-            rv  = stream_recv_all(c->stream, c->aio, &iov, 1, NNG_DURATION_INFINITE);
+            rv  = dlink_recv_all(c->stream, c->aio, &iov, 1, NNG_DURATION_INFINITE);
         } else if (h.length > 0 && chunk == NULL && (chunk = malloc(DLINK_CHUNK)) == NULL) {
             rv = NNG_ENOMEM;
         } else {
@@ -347,7 +157,7 @@ conn_main(void *arg)
             for (size_t left = h.length; left > 0 && rv == 0;) {
                 size_t n = left < DLINK_CHUNK ? left : DLINK_CHUNK;
                 iov      = (nng_iov){ chunk, n };
-                rv       = stream_recv_all(c->stream, c->aio, &iov, 1, NNG_DURATION_INFINITE);
+                rv       = dlink_recv_all(c->stream, c->aio, &iov, 1, NNG_DURATION_INFINITE);
                 left -= n;
             }
         }
@@ -548,115 +358,4 @@ dlink_server_free(struct dlink_server *s)
     nng_stream_listener_free(s->listener);
     pthread_mutex_destroy(&s->mtx);
     free(s);
-}
-
-/* ---- the sending side -------------------------------------------------------------------- */
-
-struct dlink_out {
-    nng_stream *stream;
-    nng_aio *aio;
-};
-
-dc_code
-dlink_dial(const char *url, nng_tls_config *tls, const uint8_t *secret, const char *self,
-           uint32_t timeout_ms, struct dlink_out **out, dc_status *st)
-{
-    struct dlink_out *o  = calloc(1, sizeof(*o));
-    nng_stream_dialer *d = NULL;
-    size_t self_len      = strnlen(self, DLINK_ADDRESS_MAX);
-    uint8_t hello[DLINK_SECRET_SIZE + DLINK_ADDRESS_MAX];
-    uint8_t raw[DLINK_HDR_SIZE];
-    struct dlink_hdr h = { .kind = DLINK_HELLO };
-    nng_iov iov[2];
-    int rv;
-
-    *out = NULL;
-    if (o == NULL) {
-        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
-    }
-    if ((rv = nng_aio_alloc(&o->aio, NULL, NULL)) != 0 ||
-        (rv = nng_stream_dialer_alloc(&d, url)) != 0 ||
-        (tls != NULL && (rv = nng_stream_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, tls)) != 0)) {
-        goto fail;
-    }
-    /* The connection only carries frames one way, so the receiver's ACKs ride on nothing and
-     * are delayed (40 ms on Linux): with Nagle on, a small frame behind one not yet
-     * acknowledged (a small op's ring steps) would wait for that. */
-    (void)nng_stream_dialer_set_bool(d, NNG_OPT_TCP_NODELAY, true);
-    nng_aio_set_timeout(o->aio, (nng_duration)timeout_ms);
-    nng_stream_dialer_dial(d, o->aio);
-    nng_aio_wait(o->aio);
-    if ((rv = nng_aio_result(o->aio)) != 0) {
-        goto fail;
-    }
-    o->stream = nng_aio_get_output(o->aio, 0);
-    nng_stream_dialer_free(d);
-    d = NULL;
-    memcpy(hello, secret, DLINK_SECRET_SIZE);
-    memcpy(hello + DLINK_SECRET_SIZE, self, self_len);
-    h.length = (uint32_t)(DLINK_SECRET_SIZE + self_len);
-    dlink_hdr_encode(&h, raw);
-    iov[0] = (nng_iov){ raw, sizeof(raw) };
-    iov[1] = (nng_iov){ hello, h.length };
-    if ((rv = stream_send_all(o->stream, o->aio, iov, 2, (nng_duration)timeout_ms)) != 0) {
-        goto fail;
-    }
-    *out = o;
-    return DC_OK;
-fail:
-    nng_stream_dialer_free(d);
-    dlink_out_close(o);
-    return status_set(st, DC_UNAVAILABLE, "cannot open the data link to %s: %s", url,
-                      nng_strerror(rv));
-}
-
-dc_code
-dlink_send(struct dlink_out *o, const struct dlink_hdr *h, const uint8_t *data, size_t len,
-           dc_status *st)
-{
-    struct dlink_hdr f = *h;
-    size_t done        = 0;
-
-    f.kind = DLINK_DATA;
-    do {
-        uint8_t raw[DLINK_HDR_SIZE];
-        size_t n = len - done < DLINK_CHUNK ? len - done : DLINK_CHUNK;
-        nng_iov iov[2];
-        int rv;
-
-        f.length = (uint32_t)n;
-        f.offset = h->offset + done;
-        dlink_hdr_encode(&f, raw);
-        iov[0] = (nng_iov){ raw, sizeof(raw) };
-        iov[1] = (nng_iov){ (void *)(data + done), n };
-        if ((rv = stream_send_all(o->stream, o->aio, iov, n > 0 ? 2 : 1, NNG_DURATION_INFINITE)) !=
-            0) {
-            return status_set(st, DC_UNAVAILABLE, "its data connection failed (%s)",
-                              nng_strerror(rv));
-        }
-        done += n;
-    } while (done < len);
-    return DC_OK;
-}
-
-void
-dlink_out_abort(struct dlink_out *o)
-{
-    if (o != NULL && o->stream != NULL) {
-        nng_stream_close(o->stream);
-    }
-}
-
-void
-dlink_out_close(struct dlink_out *o)
-{
-    if (o == NULL) {
-        return;
-    }
-    if (o->stream != NULL) {
-        nng_stream_close(o->stream);
-        nng_stream_free(o->stream);
-    }
-    nng_aio_free(o->aio);
-    free(o);
 }

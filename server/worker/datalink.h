@@ -28,50 +28,8 @@
 #include <nng/nng.h>
 #include <nng/supplemental/tls/tls.h>
 
+#include "dlframe.h"
 #include "status.h"
-
-#define DLINK_MAGIC    0x4c444344u /* "DCDL" as bytes on the wire */
-#define DLINK_VERSION  1
-#define DLINK_HDR_SIZE 56
-/* Payload bytes per data frame: a slice the receiver's caches hold while it lands. */
-#define DLINK_CHUNK       (512u * 1024)
-#define DLINK_SECRET_SIZE 32
-/* Room for the sender's RPC address after the secret in a HELLO frame. */
-#define DLINK_ADDRESS_MAX 255
-/* Connections a worker's data port keeps at once; more are closed at accept. */
-#define DLINK_MAX_CONNS 256
-/* A data frame of a SubmitOp (collective.c), not of a group call: group = dlink_group_hash of
- * the op id, generation = the rank the bytes are about, seq = the op's exchange step, offset
- * in the op's buffer, total = that buffer's size (not bounded by max_frame: nothing is
- * allocated from it). Its payload (at most DLINK_CHUNK bytes, else the connection drops) is
- * read into the connection's own buffer and handed to op_frame. */
-#define DLINK_FLAG_OP 0x8000u
-
-enum dlink_kind {
-    DLINK_HELLO = 1, /* payload: the secret, then the sender's RPC address */
-    DLINK_DATA  = 2, /* payload: bytes [offset, offset + length) of a part of `total` bytes */
-};
-
-struct dlink_hdr {
-    uint8_t kind;
-    uint16_t flags;
-    uint32_t from; /* the sender's index among the group's workers */
-    uint32_t length;
-    uint64_t group; /* dlink_group_hash of the group id */
-    uint64_t generation;
-    uint64_t seq;
-    uint64_t offset;
-    uint64_t total;
-};
-
-/* Pure. */
-void dlink_hdr_encode(const struct dlink_hdr *h, uint8_t out[DLINK_HDR_SIZE]);
-/* DC_OK and *h, or DC_INVALID_ARGUMENT (bad magic, version, kind, offset/length/total) or
- * DC_OUT_OF_RANGE (length or total above max_frame) with a message. */
-dc_code dlink_hdr_decode(const uint8_t in[DLINK_HDR_SIZE], uint64_t max_frame, struct dlink_hdr *h,
-                         dc_status *st);
-/* FNV-1a 64 of a group id. */
-uint64_t dlink_group_hash(const char *id);
 
 /* What a receiving connection asks of its owner (reader threads; may block briefly on the
  * owner's lock, never on the network). */
@@ -115,21 +73,5 @@ uint64_t dlink_server_refused(struct dlink_server *s);
 uint64_t dlink_server_finished(struct dlink_server *s);
 /* Closes the listener and every connection, joins the threads: no event runs after it. */
 void dlink_server_free(struct dlink_server *s);
-
-struct dlink_out;
-
-/* Dials url (tls: the client config for tls+tcp://, else NULL), sends HELLO with secret and
- * self (this worker's RPC address), within timeout_ms. Caller closes with dlink_out_close. */
-dc_code dlink_dial(const char *url, nng_tls_config *tls, const uint8_t *secret, const char *self,
-                   uint32_t timeout_ms, struct dlink_out **out, dc_status *st);
-/* Sends h's part [h->offset, h->offset + len) from data as frames of DLINK_CHUNK (h->length
- * is set per frame). Blocking; one sender at a time. UNAVAILABLE when the connection fails:
- * the connection is then unusable. */
-dc_code dlink_send(struct dlink_out *o, const struct dlink_hdr *h, const uint8_t *data, size_t len,
-                   dc_status *st);
-/* Makes a dlink_send under way on another thread fail at once (the connection is closed);
- * dlink_out_close still frees it. */
-void dlink_out_abort(struct dlink_out *o);
-void dlink_out_close(struct dlink_out *o);
 
 #endif
