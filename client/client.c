@@ -524,6 +524,7 @@ dc_client_open(const char *address, const dc_client_options *opts, dc_client **o
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
     pthread_mutex_init(&c->mtx, NULL);
+    pthread_cond_init(&c->conn_cv, NULL);
     c->timeout_ms =
         (opts != NULL && opts->timeout_ms != 0) ? opts->timeout_ms : CLIENT_DEFAULT_TIMEOUT_MS;
     if ((code = client_token(opts, &c->token, st)) != DC_OK ||
@@ -537,6 +538,7 @@ dc_client_open(const char *address, const dc_client_options *opts, dc_client **o
     return DC_OK;
 fail:
     client_free_options(c);
+    pthread_cond_destroy(&c->conn_cv);
     pthread_mutex_destroy(&c->mtx);
     free(c);
     return code;
@@ -556,6 +558,7 @@ dc_client_close(dc_client *c)
     rpc_client_close(c->coord);
     rpc_leader_free(c->leader);
     client_free_options(c);
+    pthread_cond_destroy(&c->conn_cv);
     pthread_mutex_destroy(&c->mtx);
     free(c);
 }
@@ -574,7 +577,8 @@ worker_conn_find(dc_client *c, const char *address)
 dc_code
 client_worker_conn(dc_client *c, const char *address, struct worker_conn **out, dc_status *st)
 {
-    struct worker_conn *w, *found;
+    struct worker_conn *w;
+    struct rpc_client *rpc = NULL;
     dc_code code;
 
     if (strlen(address) > CLIENT_ADDRESS_MAX) {
@@ -582,48 +586,53 @@ client_worker_conn(dc_client *c, const char *address, struct worker_conn **out, 
                           CLIENT_ADDRESS_MAX);
     }
     pthread_mutex_lock(&c->mtx);
-    found = worker_conn_find(c, address);
-    pthread_mutex_unlock(&c->mtx);
-    if (found != NULL) {
-        *out = found;
+    /* One dial per worker: the others wait for it. Two connections, one closed at once, would
+     * close a socket nng 1.5.2 may still be setting up, and that close can hang. */
+    while ((w = worker_conn_find(c, address)) != NULL && w->rpc == NULL) {
+        pthread_cond_wait(&c->conn_cv, &c->mtx);
+    }
+    if (w != NULL) {
+        pthread_mutex_unlock(&c->mtx);
+        *out = w;
         return DC_OK;
     }
-    /* Dial without the lock: a slow or dead worker must not hold up calls to the others. */
+    if (c->n_workers == c->cap_workers) {
+        size_t cap                = c->cap_workers ? c->cap_workers * 2 : 4;
+        struct worker_conn **grow = realloc(c->workers, cap * sizeof(*grow));
+        if (grow == NULL) {
+            pthread_mutex_unlock(&c->mtx);
+            return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        c->workers     = grow;
+        c->cap_workers = cap;
+    }
     if ((w = calloc(1, sizeof(*w))) == NULL) {
+        pthread_mutex_unlock(&c->mtx);
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
     snprintf(w->address, sizeof(w->address), "%s", address);
     atomic_init(&w->chunk, TENSOR_CHUNK_MAX);
-    if ((code = client_rpc_open(c, address, true, &w->rpc, st)) != DC_OK) {
-        free(w);
-        return code;
-    }
-    pthread_mutex_lock(&c->mtx);
-    if ((found = worker_conn_find(c, address)) == NULL) {
-        if (c->n_workers == c->cap_workers) {
-            size_t cap                = c->cap_workers ? c->cap_workers * 2 : 4;
-            struct worker_conn **grow = realloc(c->workers, cap * sizeof(*grow));
-            if (grow == NULL) {
-                pthread_mutex_unlock(&c->mtx);
-                rpc_client_close(w->rpc);
-                free(w);
-                return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
-            }
-            c->workers     = grow;
-            c->cap_workers = cap;
-        }
-        c->workers[c->n_workers++] = w;
-        found                      = w;
-        w                          = NULL;
-    }
+    c->workers[c->n_workers++] = w; /* dialing (rpc NULL): found, waited for */
     pthread_mutex_unlock(&c->mtx);
-    if (w != NULL) {
-        /* Another thread cached this worker meanwhile; keep one connection. */
-        rpc_client_close(w->rpc);
+    /* Dial without the lock: a slow or dead worker must not hold up calls to the others. */
+    code = client_rpc_open(c, address, true, &rpc, st);
+    pthread_mutex_lock(&c->mtx);
+    if (code == DC_OK) {
+        w->rpc = rpc;
+    } else {
+        for (size_t i = 0; i < c->n_workers; i++) {
+            if (c->workers[i] == w) {
+                c->workers[i] = c->workers[--c->n_workers];
+                break;
+            }
+        }
         free(w);
+        w = NULL;
     }
-    *out = found;
-    return DC_OK;
+    pthread_cond_broadcast(&c->conn_cv);
+    pthread_mutex_unlock(&c->mtx);
+    *out = w;
+    return code;
 }
 
 /* ---- registry ------------------------------------------------------------------------ */

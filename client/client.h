@@ -46,7 +46,8 @@ struct dc_client {
     /* The coordinator's op timeout for a submit that names none; 0 until asked. */
     atomic_uint op_timeout_ms;
 
-    pthread_mutex_t mtx; /* guards the worker cache */
+    pthread_mutex_t mtx;    /* guards the worker cache */
+    pthread_cond_t conn_cv; /* a worker's connection was dialed (or failed to be) */
     struct worker_conn **workers;
     size_t n_workers, cap_workers;
 };
