@@ -41,7 +41,8 @@ static const char usage[] =
     "                   [--layout RxW]\n"
     "  --one-worker: only the one-worker (shared memory) layouts and the probe, no gloo\n"
     "  --plain: the multi-worker layouts pass malloc'd buffers, not dc_group_alloc ones\n"
-    "  --layout RxW: only the layout of R ranks on W workers, no gloo (for A/B runs)\n";
+    "  --layout RxW: only the layout of R ranks on W workers, no gloo (for A/B runs);\n"
+    "                1x1 (one rank: the call's own cost) only this way\n";
 
 struct options {
     bool one_worker; /* for profiling the shared-memory path alone */
@@ -484,9 +485,12 @@ main(int argc, char **argv)
     struct layout ls[] = { { .ranks = 2, .workers = 2 },
                            { .ranks = 4, .workers = 4 },
                            { .ranks = 2, .workers = 1 },
-                           { .ranks = 4, .workers = 1 } };
+                           { .ranks = 4, .workers = 1 },
+                           /* Only with --layout 1x1: one rank's call to its worker and back,
+                            * nothing to wait for (the call's own cost). */
+                           { .ranks = 1, .workers = 1 } };
     struct bench_timing gloo[2][MAX_SIZES] = { { { 0 } } };
-    const size_t nl                        = sizeof(ls) / sizeof(ls[0]);
+    size_t nl                              = sizeof(ls) / sizeof(ls[0]);
     double probe_s, bidir = NAN;
     struct options o = { false, false, 0, 0 };
     int rv;
@@ -494,6 +498,9 @@ main(int argc, char **argv)
     bench_init();
     if ((rv = bench_parse_args(argc, argv, &a, usage, extra_arg, &o)) != 0) {
         return rv;
+    }
+    if (o.ranks != 1 || o.workers != 1) {
+        nl--; /* no 1x1 */
     }
     for (size_t k = 0; k < nl; k++) {
         ls[k].plain = o.plain && ls[k].workers > 1;
