@@ -10,8 +10,10 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "client.h"
 #include "device.h"
+#include "dlframe.h"
 #include "status.h"
 
 /* A call's RPC waits this much longer than the call's own deadline, so that the worker's
@@ -22,6 +24,8 @@
 /* The most bytes one call carries each way (the default message limit less the envelope);
  * a blocking call larger than that is split into several. */
 #define GROUP_CALL_BYTES_MAX TENSOR_CHUNK_MAX
+/* The call link's setup (GroupCallLink, then the dial) is bounded by this. */
+#define LINK_DIAL_MS 2000u
 
 /* A block of dc_group_alloc: shared memory the worker maps as region (0: plain memory). */
 struct block {
@@ -54,6 +58,12 @@ struct dc_group {
     /* Agreed by every rank (whole_agree): calls of up to whole_yes bytes can be made whole,
      * of whole_no or more (0: none yet) cannot. Used with the group's order held. */
     size_t whole_yes, whole_no;
+    /* The call link (GroupCallLink): blocking calls as frames on the worker's data port, one
+     * thread at a time (link_mtx; another thread's call meanwhile goes as an RPC). */
+    pthread_mutex_t link_mtx;
+    struct dlink_out *link;
+    nng_tls_config *link_tls;
+    bool link_off; /* calls go as RPCs: turned off, or the link could not be opened */
 };
 
 static uint32_t
@@ -74,6 +84,11 @@ group_free(dc_group *g)
             g->blocks       = b->next;
             block_release(b);
         }
+        dlink_out_close(g->link);
+        if (g->link_tls != NULL) {
+            nng_tls_config_free(g->link_tls);
+        }
+        pthread_mutex_destroy(&g->link_mtx);
         pthread_mutex_destroy(&g->blocks_mtx);
         pthread_cond_destroy(&g->order_cv);
         pthread_mutex_destroy(&g->mtx);
@@ -102,6 +117,11 @@ group_from_reply(dc_client *c, const Devcoord__V1__GroupJoinResponse *resp,
     pthread_mutex_init(&g->mtx, NULL);
     pthread_cond_init(&g->order_cv, NULL);
     pthread_mutex_init(&g->blocks_mtx, NULL);
+    pthread_mutex_init(&g->link_mtx, NULL);
+    if (getenv("DEVCOORD_GROUP_CALL_LINK") != NULL &&
+        strcmp(getenv("DEVCOORD_GROUP_CALL_LINK"), "0") == 0) {
+        g->link_off = true;
+    }
     g->client     = c;
     g->generation = resp->generation;
     g->rank       = resp->rank;
@@ -339,8 +359,93 @@ shm_place(dc_group *g, const struct call *k, size_t in_bytes, uint64_t *send_off
     return region;
 }
 
+/* Opens g's call link to its worker w: asks where (GroupCallLink), dials, shows the secret.
+ * false: this group's calls go as RPCs from now on. A worker without GroupCallLink, or a data
+ * port the rank cannot reach (behind a port mapping), will not change within a generation,
+ * and a dial that waits its bound on every call would cost more than the link gains.
+ * link_mtx held. */
+static bool
+link_open(dc_group *g, struct worker_conn *w)
+{
+    Devcoord__V1__GroupLinkRequest req = DEVCOORD__V1__GROUP_LINK_REQUEST__INIT;
+    const Devcoord__V1__GroupLinkResponse *resp;
+    const dc_client *c = g->client;
+    struct rpc_reply r = { 0 };
+    char host[256];
+    dc_status st;
+    bool tls;
+
+    g->link_off = true; /* unless it opens */
+    if (rpc_call(w->rpc, WORKER_SVC, M_WORKER_GROUP_CALL_LINK, &req.base, NULL, 0, LINK_DIAL_MS, &r,
+                 &st) != DC_OK) {
+        rpc_reply_free(&r);
+        return false;
+    }
+    resp = (const Devcoord__V1__GroupLinkResponse *)r.body;
+    if (resp == NULL || resp->secret.len != DLINK_SECRET_SIZE || resp->address == NULL ||
+        (strncmp(resp->address, "tcp://", 6) != 0 &&
+         strncmp(resp->address, "tls+tcp://", 10) != 0)) {
+        rpc_reply_free(&r);
+        return false;
+    }
+    tls = strncmp(resp->address, "tls+", 4) == 0;
+    if (tls && g->link_tls == NULL) {
+        auth_url_host(resp->address, host, sizeof(host));
+        if (auth_tls_client(c->tls_ca, c->tls_cert, c->tls_key,
+                            c->tls_server_name != NULL ? c->tls_server_name : host, &g->link_tls,
+                            &st) != DC_OK) {
+            rpc_reply_free(&r);
+            return false;
+        }
+    }
+    if (dlink_dial(resp->address, tls ? g->link_tls : NULL, resp->secret.data, "rank", LINK_DIAL_MS,
+                   &g->link, &st) != DC_OK) {
+        rpc_reply_free(&r);
+        return false;
+    }
+    rpc_reply_free(&r);
+    g->link_off = false;
+    return true;
+}
+
+/* Makes req on g's call link when it has one or can open it and no other thread of this rank
+ * uses it: true, with the call's code. false: make it as an RPC. A link that failed is closed
+ * (the call fails as an RPC would when its connection drops); the next call opens another. */
+static bool
+link_call(dc_group *g, struct worker_conn *w, const Devcoord__V1__GroupCallRequest *req,
+          const void *send, size_t bytes, void *recv, size_t recv_bytes, dc_code *code,
+          dc_status *st)
+{
+    uint8_t pb[DLINK_CALL_PB_MAX];
+    struct dlink_hdr h = { 0 };
+    size_t pb_len;
+
+    if (pthread_mutex_trylock(&g->link_mtx) != 0) {
+        return false;
+    }
+    if (g->link_off || (g->link == NULL && !link_open(g, w)) ||
+        (pb_len = protobuf_c_message_get_packed_size(&req->base)) > sizeof(pb)) {
+        pthread_mutex_unlock(&g->link_mtx);
+        return false;
+    }
+    protobuf_c_message_pack(&req->base, pb);
+    h.from       = g->rank;
+    h.group      = dlink_group_hash(g->id);
+    h.generation = g->generation;
+    h.seq        = req->seq;
+    *code        = dlink_call(g->link, &h, pb, pb_len, send, bytes, recv, recv_bytes,
+                              add_margin(g->call_timeout_ms), st);
+    if (*code != DC_OK && st->transport) {
+        dlink_out_close(g->link);
+        g->link = NULL;
+    }
+    pthread_mutex_unlock(&g->link_mtx);
+    return true;
+}
+
 /* One call: the next seq of g, to this rank's worker, the result into recv. With rq, it is
- * started and rq completes it; without, it is made and waited for. */
+ * started and rq completes it; without, it is made and waited for: on the call link when it
+ * can be. */
 static dc_code
 group_call_run(dc_group *g, const struct call *k, dc_request *rq, dc_status *st)
 {
@@ -410,6 +515,9 @@ group_call_run(dc_group *g, const struct call *k, dc_request *rq, dc_status *st)
         return code;
     }
     pthread_mutex_unlock(&g->mtx);
+    if (link_call(g, w, &req, k->send, bytes, k->recv, recv_bytes, &code, st)) {
+        return code;
+    }
     code = rpc_call(w->rpc, WORKER_SVC, M_WORKER_GROUP_CALL, &req.base, k->send, bytes,
                     add_margin(g->call_timeout_ms), &r, st);
     if (code == DC_OK) {

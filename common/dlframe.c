@@ -94,7 +94,7 @@ dlink_hdr_decode(const uint8_t in[DLINK_HDR_SIZE], uint64_t max_frame, struct dl
     h->seq        = get64(in + 32);
     h->offset     = get64(in + 40);
     h->total      = get64(in + 48);
-    if (h->kind != DLINK_HELLO && h->kind != DLINK_DATA) {
+    if (h->kind < DLINK_HELLO || h->kind > DLINK_PART) {
         return status_set(st, DC_INVALID_ARGUMENT, "data link: unknown frame kind %u", h->kind);
     }
     if (h->length > max_frame || ((h->flags & DLINK_FLAG_OP) == 0 && h->total > max_frame)) {
@@ -107,6 +107,16 @@ dlink_hdr_decode(const uint8_t in[DLINK_HDR_SIZE], uint64_t max_frame, struct dl
         return status_set(st, DC_INVALID_ARGUMENT,
                           "data link: frame bytes %llu+%u outside its part of %llu",
                           (unsigned long long)h->offset, h->length, (unsigned long long)h->total);
+    }
+    if (h->kind == DLINK_PART && h->offset > h->length) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "data link: part frame of %u bytes with a %llu-byte request", h->length,
+                          (unsigned long long)h->offset);
+    }
+    if (h->kind == DLINK_CALL && (h->offset > h->length || h->offset > DLINK_CALL_PB_MAX)) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "data link: call frame of %u bytes with a %llu-byte request", h->length,
+                          (unsigned long long)h->offset);
     }
     if (h->kind == DLINK_HELLO &&
         (h->length < DLINK_SECRET_SIZE || h->length > DLINK_SECRET_SIZE + DLINK_ADDRESS_MAX)) {
@@ -284,6 +294,29 @@ dlink_send(struct dlink_out *o, const struct dlink_hdr *h, const uint8_t *data, 
     return DC_OK;
 }
 
+dc_code
+dlink_send_frame(struct dlink_out *o, const struct dlink_hdr *h, const uint8_t *data, size_t len,
+                 dc_status *st)
+{
+    struct dlink_hdr f = *h;
+    uint8_t raw[DLINK_HDR_SIZE];
+    nng_iov iov[2];
+    int rv;
+
+    if (len > UINT32_MAX) {
+        return status_set(st, DC_INVALID_ARGUMENT, "data link: a frame of %zu bytes", len);
+    }
+    f.length = (uint32_t)len;
+    dlink_hdr_encode(&f, raw);
+    iov[0] = (nng_iov){ raw, sizeof(raw) };
+    iov[1] = (nng_iov){ (void *)data, len };
+    if ((rv = dlink_send_all(o->stream, o->aio, iov, len > 0 ? 2 : 1, NNG_DURATION_INFINITE)) !=
+        0) {
+        return status_set(st, DC_UNAVAILABLE, "its data connection failed (%s)", nng_strerror(rv));
+    }
+    return DC_OK;
+}
+
 void
 dlink_out_abort(struct dlink_out *o)
 {
@@ -304,4 +337,83 @@ dlink_out_close(struct dlink_out *o)
     }
     nng_aio_free(o->aio);
     free(o);
+}
+
+dc_code
+dlink_call(struct dlink_out *o, const struct dlink_hdr *h, const void *pb, size_t pb_len,
+           const void *data, size_t bytes, void *recv, size_t recv_bytes, uint32_t timeout_ms,
+           dc_status *st)
+{
+    struct dlink_hdr f = *h, a;
+    uint8_t raw[DLINK_HDR_SIZE];
+    char text[DLINK_ANSWER_ERROR_MAX + 1];
+    nng_iov iov[3];
+    const char *why = NULL;
+    dc_code code;
+    size_t nul;
+    int rv;
+
+    if (pb_len > DLINK_CALL_PB_MAX || bytes > UINT32_MAX - pb_len) {
+        return status_set(st, DC_INVALID_ARGUMENT, "call link: a call of %zu bytes", bytes);
+    }
+    f.kind   = DLINK_CALL;
+    f.flags  = 0;
+    f.offset = pb_len;
+    f.length = (uint32_t)(pb_len + bytes);
+    f.total  = f.length;
+    dlink_hdr_encode(&f, raw);
+    iov[0] = (nng_iov){ raw, sizeof(raw) };
+    iov[1] = (nng_iov){ (void *)pb, pb_len };
+    iov[2] = (nng_iov){ (void *)data, bytes };
+    if ((rv = dlink_send_all(o->stream, o->aio, iov, bytes > 0 ? 3 : 2,
+                             (nng_duration)timeout_ms)) != 0) {
+        goto failed;
+    }
+    iov[0] = (nng_iov){ raw, sizeof(raw) };
+    if ((rv = dlink_recv_all(o->stream, o->aio, iov, 1, (nng_duration)timeout_ms)) != 0) {
+        goto failed;
+    }
+    if (dlink_hdr_decode(raw,
+                         recv_bytes > DLINK_ANSWER_ERROR_MAX ? recv_bytes : DLINK_ANSWER_ERROR_MAX,
+                         &a, st) != DC_OK) {
+        why = st->message;
+    } else if (a.kind != DLINK_ANSWER || a.seq != h->seq) {
+        why = "not the answer to this call";
+    } else if (a.offset == DC_OK && a.length != recv_bytes && recv_bytes != 0) {
+        why = "a result of the wrong size";
+    } else if (a.offset != DC_OK &&
+               (a.offset > DC_UNAUTHENTICATED || a.length > DLINK_ANSWER_ERROR_MAX)) {
+        why = "a malformed error";
+    }
+    if (why != NULL) {
+        char keep[sizeof(st->message)];
+        snprintf(keep, sizeof(keep), "%s", why);
+        dlink_out_abort(o);
+        status_set(st, DC_INTERNAL, "call link: malformed answer: %s", keep);
+        st->transport = true; /* the connection is closed: unusable */
+        return DC_INTERNAL;
+    }
+    /* A result nobody asked for (recv_bytes 0) is read and dropped, as GroupCall's is. */
+    iov[0] = a.offset == DC_OK && recv_bytes != 0 ? (nng_iov){ recv, a.length }
+                                                  : (nng_iov){ text, a.length };
+    if ((rv = dlink_recv_all(o->stream, o->aio, iov, 1, (nng_duration)timeout_ms)) != 0) {
+        goto failed;
+    }
+    if (a.offset == DC_OK) {
+        return DC_OK;
+    }
+    code           = (dc_code)a.offset;
+    text[a.length] = '\0';
+    nul            = strnlen(text, a.length);
+    status_set(st, code, "%s", nul < a.length ? text + nul + 1 : "");
+    if (nul > 0 && nul < a.length) {
+        status_set_worker(st, text);
+    }
+    return code;
+failed:
+    dlink_out_abort(o);
+    status_set(st, rv == NNG_ETIMEDOUT ? DC_DEADLINE_EXCEEDED : DC_UNAVAILABLE,
+               "call link to the worker: %s", nng_strerror(rv));
+    st->transport = true;
+    return st->code;
 }

@@ -35,7 +35,23 @@
 enum dlink_kind {
     DLINK_HELLO = 1, /* payload: the secret, then the sender's RPC address */
     DLINK_DATA  = 2, /* payload: bytes [offset, offset + length) of a part of `total` bytes */
+    /* The call link: a rank's group call to its own worker, on a connection whose HELLO showed
+     * the call secret (GroupCallLink). Payload: a packed GroupCallRequest of `offset` bytes
+     * (at most DLINK_CALL_PB_MAX), then the call's bytes; seq = the call's seq. */
+    DLINK_CALL = 3,
+    /* The worker's answer to a DLINK_CALL, on the same connection: seq = the call's, offset =
+     * its dc_code; payload = the result's bytes (DC_OK), else the name of the worker the
+     * failure is about, a NUL, and the message. */
+    DLINK_ANSWER = 4,
+    /* A worker's whole part of a small group call, on its data link to a peer: payload = a
+     * packed GroupExchangeRequest of `offset` bytes, then the part's bytes (what the
+     * GroupExchange RPC would carry, with no reply); seq = the call's. At most DLINK_CHUNK. */
+    DLINK_PART = 5,
 };
+
+#define DLINK_CALL_PB_MAX 1024
+/* The most payload an error ANSWER has: a worker name, a NUL and a message. */
+#define DLINK_ANSWER_ERROR_MAX 1024
 
 struct dlink_hdr {
     uint8_t kind;
@@ -77,6 +93,20 @@ dc_code dlink_send(struct dlink_out *o, const struct dlink_hdr *h, const uint8_t
 /* Makes a dlink_send under way on another thread fail at once (the connection is closed);
  * dlink_out_close still frees it. */
 void dlink_out_abort(struct dlink_out *o);
+/* Sends one frame: h (its length set to len) and data. Blocking; one sender at a time;
+ * UNAVAILABLE when the connection fails (it is then unusable). */
+dc_code dlink_send_frame(struct dlink_out *o, const struct dlink_hdr *h, const uint8_t *data,
+                         size_t len, dc_status *st);
+/* A call on the call link (dlink_dial'ed with the call secret): sends a DLINK_CALL frame of
+ * h's group, generation, seq and from, pb (pb_len bytes) then data, and waits up to
+ * timeout_ms for its answer. The answer's bytes, exactly recv_bytes (any, up to
+ * DLINK_ANSWER_ERROR_MAX, are dropped when recv_bytes is 0), go to recv; an error
+ * answer is returned with its message. A connection that fails or stays silent gives
+ * DC_UNAVAILABLE or DC_DEADLINE_EXCEEDED with st->transport set: the link is then unusable.
+ * One call at a time. */
+dc_code dlink_call(struct dlink_out *o, const struct dlink_hdr *h, const void *pb, size_t pb_len,
+                   const void *data, size_t bytes, void *recv, size_t recv_bytes,
+                   uint32_t timeout_ms, dc_status *st);
 void dlink_out_close(struct dlink_out *o);
 
 #endif

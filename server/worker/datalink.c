@@ -24,6 +24,17 @@ struct dlink_conn {
     atomic_bool done;
     char peer[DLINK_ADDRESS_MAX + 1];
     struct dlink_conn *next;
+    /* A call link (its HELLO showed the call secret): the call's frame, and its answer,
+     * handed over by dlink_call_answer under amtx. */
+    bool call;
+    uint8_t *in;
+    size_t in_cap;
+    pthread_mutex_t amtx;
+    pthread_cond_t acv;
+    bool answered;
+    dc_code acode;
+    uint8_t *out;
+    size_t out_cap, out_len;
 };
 
 struct dlink_server {
@@ -35,6 +46,7 @@ struct dlink_server {
     uint32_t handshake_ms;
     struct dlink_events ev;
     uint8_t secret[DLINK_SECRET_SIZE];
+    uint8_t call_secret[DLINK_SECRET_SIZE];
     int port;
     pthread_mutex_t mtx;
     bool stopping;
@@ -77,13 +89,123 @@ conn_hello(struct dlink_conn *c)
         conn_refuse(c, "HELLO cut short");
         return false;
     }
-    if (!auth_equal(hello, DLINK_SECRET_SIZE, s->secret, DLINK_SECRET_SIZE)) {
+    /* Both compared, whichever matches: the time taken says nothing of either. */
+    c->call = auth_equal(hello, DLINK_SECRET_SIZE, s->call_secret, DLINK_SECRET_SIZE) &
+              (s->ev.call != NULL);
+    if (!auth_equal(hello, DLINK_SECRET_SIZE, s->secret, DLINK_SECRET_SIZE) && !c->call) {
         conn_refuse(c, "wrong secret in HELLO");
         return false;
     }
     snprintf(c->peer, sizeof(c->peer), "%.*s", (int)(h.length - DLINK_SECRET_SIZE),
              (const char *)hello + DLINK_SECRET_SIZE);
     return true;
+}
+
+void
+dlink_call_answer(struct dlink_conn *c, const dc_status *st, const void *data, size_t bytes)
+{
+    char text[DLINK_ANSWER_ERROR_MAX];
+    int n = 0;
+
+    pthread_mutex_lock(&c->amtx);
+    c->acode = st != NULL ? st->code : DC_OK;
+    if (c->acode != DC_OK) {
+        /* The worker's name, a NUL, the message: cut to what the rank reads. */
+        n     = snprintf(text, sizeof(text), "%s%c%s", st->worker, '\0', st->message);
+        data  = text;
+        bytes = n < 0 ? 0 : (size_t)n < sizeof(text) ? (size_t)n : sizeof(text) - 1;
+    }
+    if (bytes > c->out_cap) {
+        uint8_t *grow = realloc(c->out, bytes);
+        if (grow == NULL) {
+            c->acode = DC_RESOURCE_EXHAUSTED;
+            bytes =
+                (size_t)snprintf(text, sizeof(text), "%c%s", '\0', "out of memory for the answer");
+            data = text;
+        } else {
+            c->out     = grow;
+            c->out_cap = bytes;
+        }
+    }
+    if (bytes > 0) {
+        memcpy(c->out, data, bytes);
+    }
+    c->out_len  = bytes;
+    c->answered = true;
+    pthread_cond_signal(&c->acv);
+    pthread_mutex_unlock(&c->amtx);
+}
+
+/* A call link: each DLINK_CALL is read whole, handed to ev.call, and answered before the next
+ * is read. Any other frame, or one larger than ev.call_max, drops the connection. */
+static void
+conn_calls(struct dlink_conn *c)
+{
+    struct dlink_server *s = c->srv;
+
+    for (;;) {
+        uint8_t raw[DLINK_HDR_SIZE];
+        nng_iov iov[2] = { { raw, sizeof(raw) } };
+        struct dlink_hdr h;
+        dc_status why;
+        int rv;
+
+        status_clear(&why);
+        if (dlink_recv_all(c->stream, c->aio, iov, 1, NNG_DURATION_INFINITE) != 0) {
+            return; /* the rank went: nothing is waiting on this connection */
+        }
+        if (dlink_hdr_decode(raw, s->ev.call_max, &h, &why) != DC_OK || h.kind != DLINK_CALL) {
+            conn_refuse(c, why.code != DC_OK ? why.message : "call link: not a call frame");
+            return;
+        }
+        if (h.length > c->in_cap) {
+            uint8_t *grow = realloc(c->in, h.length);
+            if (grow == NULL) {
+                conn_refuse(c, "call link: out of memory");
+                return;
+            }
+            c->in     = grow;
+            c->in_cap = h.length;
+        }
+        iov[0] = (nng_iov){ c->in, h.length };
+        if (dlink_recv_all(c->stream, c->aio, iov, 1, NNG_DURATION_INFINITE) != 0) {
+            return;
+        }
+        pthread_mutex_lock(&c->amtx);
+        c->answered = false;
+        pthread_mutex_unlock(&c->amtx);
+        s->ev.call(s->ev.arg, c, c->in, (size_t)h.offset, c->in + h.offset,
+                   h.length - (size_t)h.offset);
+        pthread_mutex_lock(&c->amtx);
+        while (!c->answered) {
+            pthread_cond_wait(&c->acv, &c->amtx);
+        }
+        pthread_mutex_unlock(&c->amtx);
+        h.kind   = DLINK_ANSWER;
+        h.offset = (uint64_t)c->acode;
+        h.length = (uint32_t)c->out_len;
+        h.total  = h.length;
+        dlink_hdr_encode(&h, raw);
+        iov[0] = (nng_iov){ raw, sizeof(raw) };
+        iov[1] = (nng_iov){ c->out, c->out_len };
+        /* A rank that does not read its answer within the handshake bound is dropped. */
+        if ((rv = dlink_send_all(c->stream, c->aio, iov, c->out_len > 0 ? 2 : 1,
+                                 (nng_duration)s->handshake_ms)) != 0) {
+            log_info("call link: answer to %s not sent: %s", c->peer, nng_strerror(rv));
+            return;
+        }
+        /* Small calls keep their buffers; a large one's go back (a link per rank). */
+        if (c->in_cap > DLINK_CHUNK) {
+            free(c->in);
+            c->in     = NULL;
+            c->in_cap = 0;
+        }
+        if (c->out_cap > DLINK_CHUNK) {
+            free(c->out);
+            c->out     = NULL;
+            c->out_cap = 0;
+        }
+    }
 }
 
 static void *
@@ -99,6 +221,11 @@ conn_main(void *arg)
     if (!(authed = conn_hello(c))) {
         goto out;
     }
+    if (c->call) {
+        authed = false; /* not a peer: its end is nobody's loss */
+        conn_calls(c);
+        goto out;
+    }
     for (;;) {
         uint8_t raw[DLINK_HDR_SIZE];
         nng_iov iov = { raw, sizeof(raw) };
@@ -111,18 +238,22 @@ conn_main(void *arg)
             status_set(&why, DC_UNAVAILABLE, "its data connection dropped (%s)", nng_strerror(rv));
             break;
         }
-        if (dlink_hdr_decode(raw, s->max_frame, &h, &why) != DC_OK || h.kind != DLINK_DATA) {
+        if (dlink_hdr_decode(raw, s->max_frame, &h, &why) != DC_OK ||
+            (h.kind != DLINK_DATA && h.kind != DLINK_PART)) {
             if (why.code == DC_OK) {
-                status_set(&why, DC_INVALID_ARGUMENT, "data link: a second HELLO");
+                status_set(&why, DC_INVALID_ARGUMENT, "data link: a frame of kind %u, not data",
+                           h.kind);
             }
             conn_refuse(c, why.message);
             break;
         }
-        if ((h.flags & DLINK_FLAG_OP) != 0) {
-            /* An op's chunk: read into our own buffer, then the op applies it. */
+        if ((h.flags & DLINK_FLAG_OP) != 0 || h.kind == DLINK_PART) {
+            /* An op's chunk or a small call's part: read into our own buffer, then the op or
+             * the call takes it. */
             if (h.length > DLINK_CHUNK) {
                 status_set(&why, DC_INVALID_ARGUMENT,
-                           "data link: op frame of %u bytes (at most %u)", h.length, DLINK_CHUNK);
+                           "data link: %s frame of %u bytes (at most %u)",
+                           h.kind == DLINK_PART ? "part" : "op", h.length, DLINK_CHUNK);
                 conn_refuse(c, why.message);
                 break;
             }
@@ -136,6 +267,17 @@ conn_main(void *arg)
                 status_set(&why, DC_UNAVAILABLE, "its data connection dropped mid-frame (%s)",
                            nng_strerror(rv));
                 break;
+            }
+            if (h.kind == DLINK_PART) {
+                if (s->ev.part == NULL || !s->ev.part(s->ev.arg, c->peer, &h, chunk, &why)) {
+                    if (why.code == DC_OK) {
+                        status_set(&why, DC_INVALID_ARGUMENT,
+                                   "data link: a part frame, not taken here");
+                    }
+                    conn_refuse(c, why.message);
+                    break;
+                }
+                continue;
             }
             if (s->ev.op_frame == NULL || !s->ev.op_frame(s->ev.arg, c->peer, &h, chunk, &why)) {
                 if (why.code == DC_OK) {
@@ -190,6 +332,10 @@ conn_free(struct dlink_conn *c)
     }
     nng_stream_free(c->stream);
     nng_aio_free(c->aio);
+    pthread_cond_destroy(&c->acv);
+    pthread_mutex_destroy(&c->amtx);
+    free(c->in);
+    free(c->out);
     free(c);
 }
 
@@ -244,12 +390,16 @@ accept_main(void *arg)
         }
         c->srv    = s;
         c->stream = stream;
+        pthread_mutex_init(&c->amtx, NULL);
+        pthread_cond_init(&c->acv, NULL);
         if (nng_aio_alloc(&c->aio, NULL, NULL) != 0 ||
             pthread_create(&c->thread, NULL, conn_main, c) != 0) {
             pthread_mutex_unlock(&s->mtx);
             nng_stream_close(stream);
             nng_stream_free(stream);
             nng_aio_free(c->aio);
+            pthread_cond_destroy(&c->acv);
+            pthread_mutex_destroy(&c->amtx);
             free(c);
             atomic_fetch_add(&s->finished, 1);
             continue;
@@ -278,7 +428,8 @@ dlink_server_start(const char *url, nng_tls_config *tls, uint64_t max_frame, uin
     s->handshake_ms = handshake_ms;
     s->ev           = *ev;
     pthread_mutex_init(&s->mtx, NULL);
-    if ((code = auth_random_bytes(s->secret, sizeof(s->secret), st)) != DC_OK) {
+    if ((code = auth_random_bytes(s->secret, sizeof(s->secret), st)) != DC_OK ||
+        (code = auth_random_bytes(s->call_secret, sizeof(s->call_secret), st)) != DC_OK) {
         goto fail;
     }
     if ((rv = nng_stream_listener_alloc(&s->listener, url)) != 0 ||
@@ -313,6 +464,12 @@ const uint8_t *
 dlink_server_secret(const struct dlink_server *s)
 {
     return s->secret;
+}
+
+const uint8_t *
+dlink_server_call_secret(const struct dlink_server *s)
+{
+    return s->call_secret;
 }
 
 uint64_t

@@ -31,6 +31,8 @@
 #include "dlframe.h"
 #include "status.h"
 
+struct dlink_conn;
+
 /* What a receiving connection asks of its owner (reader threads; may block briefly on the
  * owner's lock, never on the network). */
 struct dlink_events {
@@ -50,7 +52,24 @@ struct dlink_events {
      * and the connection drops. NULL: such frames are refused. */
     bool (*op_frame)(void *arg, const char *peer, const struct dlink_hdr *h, const uint8_t *payload,
                      dc_status *why);
+    /* A call link's DLINK_CALL (a rank's group call): pb is its packed GroupCallRequest, data
+     * its bytes, both valid until it is answered. It must be answered exactly once, with
+     * dlink_call_answer, from any thread (maybe before this returns); the connection reads
+     * nothing more until then. NULL: call links are refused. */
+    void (*call)(void *arg, struct dlink_conn *c, const uint8_t *pb, size_t pb_len,
+                 const uint8_t *data, size_t bytes);
+    /* The most bytes a DLINK_CALL frame may carry (limits.max_message_bytes). */
+    uint64_t call_max;
+    /* A DLINK_PART frame's payload (h->length bytes, at most DLINK_CHUNK) is in `payload`,
+     * valid during the call. false: refused (why says so) and the connection drops. NULL:
+     * such frames are refused. */
+    bool (*part)(void *arg, const char *peer, const struct dlink_hdr *h, const uint8_t *payload,
+                 dc_status *why);
 };
+
+/* Answers the call a DLINK_CALL handed to ev.call: st's error, or (st NULL or DC_OK) the
+ * result's bytes, copied. The connection's thread writes the answer. */
+void dlink_call_answer(struct dlink_conn *c, const dc_status *st, const void *data, size_t bytes);
 
 struct dlink_server;
 
@@ -65,6 +84,9 @@ dc_code dlink_server_start(const char *url, nng_tls_config *tls, uint64_t max_fr
 /* The port the kernel gave, and the secret a peer must show. */
 int dlink_server_port(const struct dlink_server *s);
 const uint8_t *dlink_server_secret(const struct dlink_server *s);
+/* The secret a call link's HELLO shows (a rank's, given by GroupCallLink): a connection that
+ * shows it may only send DLINK_CALL frames and gets DLINK_ANSWERs back. */
+const uint8_t *dlink_server_call_secret(const struct dlink_server *s);
 /* Connections refused so far (bad HELLO, bad frame, too many). */
 uint64_t dlink_server_refused(struct dlink_server *s);
 /* Connections the server is done with so far: accepted, then closed at accept or served until

@@ -127,6 +127,7 @@ struct lpart {
     void *cd;
     struct region *reg; /* a call on shared memory: the result goes to out, not the reply */
     uint8_t *out;
+    struct dlink_conn *link; /* made on the call link: answered there, not by closure */
 };
 
 /* What another worker sent for a call. */
@@ -214,7 +215,9 @@ struct wgroups {
     uint64_t calls_total[KINDS];
     uint64_t stalls_total;
     uint64_t shm_calls_total, call_bytes_in, call_bytes_out;
-    uint64_t in_place_total; /* group calls reduced in place (wcall_finish_in_place) */
+    uint64_t link_calls_total;    /* calls taken on the call link */
+    uint64_t parts_out, parts_in; /* small calls' parts sent and taken as DLINK_PART frames */
+    uint64_t in_place_total;      /* group calls reduced in place (wcall_finish_in_place) */
     size_t shm_mapped;
     struct histo call_seconds;
     /* All-reduces of one-worker groups on shared memory, in place (lreduce.h); the job's
@@ -481,16 +484,42 @@ wcall_unlink(struct wgroup *g, struct wcall *c)
     }
 }
 
+/* Whether the rank of p still waits for its answer. */
+static bool
+lpart_waiting(const struct lpart *p)
+{
+    return p->in && (p->closure != NULL || p->link != NULL);
+}
+
+/* Answers p's rank: out and the result's bytes (none on shared memory), or st's error (st not
+ * NULL). Once. */
+static void
+lpart_answer(struct lpart *p, const Devcoord__V1__GroupCallResponse *out, const dc_status *st,
+             const void *data, size_t bytes)
+{
+    if (p->link != NULL) {
+        dlink_call_answer(p->link, st, data, bytes);
+    } else if (st != NULL) {
+        *rpc_call_status(p->cd) = *st;
+        p->closure(NULL, p->cd);
+    } else {
+        if (bytes > 0) {
+            rpc_call_set_reply_attachment(p->cd, data, bytes);
+        }
+        p->closure(out, p->cd);
+    }
+    p->closure = NULL;
+    p->link    = NULL;
+}
+
 /* Answers every local rank of c still waiting with st. mtx held. */
 static void
 wcall_fail_locals(struct wgroup *g, struct wcall *c, const dc_status *st)
 {
     for (size_t i = 0; i < g->workers[g->self].n_ranks; i++) {
         struct lpart *p = &c->local[i];
-        if (p->in && p->closure != NULL) {
-            *rpc_call_status(p->cd) = *st;
-            p->closure(NULL, p->cd);
-            p->closure = NULL;
+        if (lpart_waiting(p)) {
+            lpart_answer(p, NULL, st, NULL, 0);
         }
     }
 }
@@ -863,10 +892,8 @@ wcall_finish_in_place(struct wgroups *wg, struct wgroup *g, struct wcall *c)
     }
     out.elapsed_us = rpc_now_us() - c->first_us;
     for (size_t i = 0; i < me->n_ranks; i++) {
-        struct lpart *p = &c->local[i];
         wg->shm_calls_total++;
-        p->closure(&out, p->cd);
-        p->closure = NULL;
+        lpart_answer(&c->local[i], &out, NULL, NULL, 0);
     }
     g->calls_done++;
     wg->in_place_total++;
@@ -1219,17 +1246,13 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
                 }
                 wg->shm_calls_total++;
                 if (region_shrank(g, p->reg, &st)) {
-                    *rpc_call_status(p->cd) = st;
-                    p->closure(NULL, p->cd);
-                    p->closure = NULL;
+                    lpart_answer(p, NULL, &st, NULL, 0);
                     continue;
                 }
-            } else if (give_bytes > 0) {
-                rpc_call_set_reply_attachment(p->cd, give, give_bytes);
-                wg->call_bytes_out += give_bytes;
+                give_bytes = 0;
             }
-            p->closure(&out, p->cd);
-            p->closure = NULL;
+            wg->call_bytes_out += give_bytes;
+            lpart_answer(p, &out, NULL, give, give_bytes);
         }
         g->calls_done++;
         if ((unsigned)kind < KINDS) {
@@ -1435,11 +1458,16 @@ peer_sender(void *arg)
                 break;
             }
             pthread_mutex_unlock(&wg->mtx);
-            code = dlink_send(o, &j->h, j->owner != NULL ? j->data : j->buf->data + j->h.offset,
-                              j->len, &st);
+            code =
+                j->h.kind == DLINK_PART
+                    ? dlink_send_frame(o, &j->h, j->buf->data, j->len, &st)
+                    : dlink_send(o, &j->h, j->owner != NULL ? j->data : j->buf->data + j->h.offset,
+                                 j->len, &st);
             pthread_mutex_lock(&wg->mtx);
             if (code == DC_OK) {
-                if (j->owner == NULL) {
+                if (j->h.kind == DLINK_PART) {
+                    wg->parts_out++;
+                } else if (j->owner == NULL) {
                     wg->link_bytes_out += j->len;
                 }
                 break;
@@ -1559,6 +1587,46 @@ peer_queue_locked(struct wgroup *g, struct wcall *c, size_t w, struct pbuf *buf,
 
 /* How long a peer whose data link could not be dialed is left on RPC before the next try. */
 #define LINK_RETRY_MS 5000
+
+/* Queues c's whole part to worker w as one DLINK_PART frame: buf holds pb_len bytes of the
+ * packed GroupExchangeRequest, then the part's bytes (len in all). mtx held. */
+static dc_code
+peer_queue_part_locked(struct wgroup *g, struct wcall *c, size_t w, struct pbuf *buf, size_t len,
+                       size_t pb_len, dc_status *st)
+{
+    struct wpeer *p = g->workers[w].peer;
+
+    if (peer_queue_locked(g, c, w, buf, 0, len, 0, st) != DC_OK) {
+        return st->code;
+    }
+    /* peer_queue_locked appended its job last, under the same lock. */
+    p->jobs_tail->h.kind   = DLINK_PART;
+    p->jobs_tail->h.offset = pb_len;
+    p->jobs_tail->h.total  = len;
+    return DC_OK;
+}
+
+/* c's part as one DLINK_PART payload (req packed, then the bytes it carries), or NULL when it
+ * does not fit in one (it then goes as the GroupExchange RPC). mtx held. */
+static struct pbuf *
+part_pack(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *req, const struct wcall *c,
+          size_t *len, size_t *pb_len)
+{
+    size_t bytes = req->has_data ? c->mine_bytes : 0;
+    struct pbuf *b;
+
+    *pb_len = protobuf_c_message_get_packed_size(&req->base);
+    if (*pb_len > DLINK_CHUNK || bytes > DLINK_CHUNK - *pb_len ||
+        (b = pbuf_new(wg, *pb_len + bytes)) == NULL) {
+        return NULL;
+    }
+    protobuf_c_message_pack(&req->base, b->data);
+    if (bytes > 0) {
+        memcpy(b->data + *pb_len, c->mine, bytes);
+    }
+    *len = *pb_len + bytes;
+    return b;
+}
 
 dc_code
 wgroups_peer_link(struct wgroups *wg, const char *address, dc_status *st)
@@ -1881,6 +1949,8 @@ wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c, bool partial)
     Devcoord__V1__GroupExchangeRequest req = DEVCOORD__V1__GROUP_EXCHANGE_REQUEST__INIT;
     Devcoord__V1__GroupCallDesc *descs     = calloc(me->n_ranks, sizeof(*descs));
     Devcoord__V1__GroupCallDesc **ptrs     = calloc(me->n_ranks, sizeof(*ptrs));
+    struct pbuf *part                      = NULL;
+    size_t part_len = 0, pb_len = 0;
     bool ring, link;
     dc_status st;
 
@@ -1921,11 +1991,21 @@ wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c, bool partial)
         group_end_locked(wg, g, &st);
         goto out;
     }
+    if (!partial && !ring && !link) {
+        /* A small part goes whole on the data link, with no reply to wait for. */
+        part = part_pack(wg, &req, c, &part_len, &pb_len);
+    }
     for (size_t w = 0; w < g->n_workers && !g->ended; w++) {
         struct exch_ctx *x;
         uint32_t left =
             c->deadline_ms > rpc_now_ms() ? (uint32_t)(c->deadline_ms - rpc_now_ms()) : 1;
         if (w == g->self) {
+            continue;
+        }
+        if (part != NULL) {
+            if (peer_queue_part_locked(g, c, w, part, part_len, pb_len, &st) != DC_OK) {
+                group_end_locked(wg, g, &st);
+            }
             continue;
         }
         if ((x = calloc(1, sizeof(*x))) == NULL) {
@@ -1953,6 +2033,7 @@ wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c, bool partial)
         }
     }
 out:
+    pbuf_drop(part);
     free(descs);
     free(ptrs);
 }
@@ -2169,25 +2250,25 @@ shm_call_place(const struct wgroups *wg, struct wgroup *g, uint32_t rank,
     return DC_OK;
 }
 
-void
-wgroups_call(struct wgroups *wg, const Devcoord__V1__GroupCallRequest *in,
-             Devcoord__V1__GroupCallResponse_Closure closure, void *cd)
+/* A rank's call, with its bytes (data), answered by closure and cd or on the call link. */
+static void
+call_take(struct wgroups *wg, const Devcoord__V1__GroupCallRequest *in, const void *data,
+          size_t bytes, Devcoord__V1__GroupCallResponse_Closure closure, void *cd,
+          struct dlink_conn *link)
 {
     struct lpart shm = { 0 };
     struct desc d    = desc_from_pb(in->call);
     uint32_t rank    = in->call != NULL ? in->call->rank : 0;
-    const void *data;
     struct wgroup *g;
     struct wcall *c;
     struct lpart *p;
-    size_t bytes = 0, li;
-    bool local   = false;
+    size_t li;
+    bool local = false;
     dc_status st;
     dc_code code = DC_OK;
 
     d.shared = in->region != 0; /* the worker says so, not the rank */
     status_clear(&st);
-    data = rpc_call_attachment(cd, &bytes);
     pthread_mutex_lock(&wg->mtx);
     if (in->call == NULL) {
         code = status_set(&st, DC_INVALID_ARGUMENT, "group call without a call");
@@ -2209,11 +2290,13 @@ wgroups_call(struct wgroups *wg, const Devcoord__V1__GroupCallRequest *in,
                           (unsigned long long)in->seq);
     } else {
         if (in->region != 0) {
-            *p = (struct lpart){ true, d, shm.data, shm.bytes, closure, cd, shm.reg, shm.out };
+            *p =
+                (struct lpart){ true, d, shm.data, shm.bytes, closure, cd, shm.reg, shm.out, link };
         } else {
-            *p = (struct lpart){ true, d, data, bytes, closure, cd, NULL, NULL };
+            *p = (struct lpart){ true, d, data, bytes, closure, cd, NULL, NULL, link };
             wg->call_bytes_in += bytes;
         }
+        wg->link_calls_total += link != NULL;
         if (in->seq > g->local_seq_max) {
             g->local_seq_max = in->seq;
         }
@@ -2234,10 +2317,40 @@ wgroups_call(struct wgroups *wg, const Devcoord__V1__GroupCallRequest *in,
     }
     pthread_mutex_unlock(&wg->mtx);
     if (code != DC_OK) {
+        struct lpart refused = { .in = true, .closure = closure, .cd = cd, .link = link };
         st.code              = code;
-        *rpc_call_status(cd) = st;
-        closure(NULL, cd);
+        lpart_answer(&refused, NULL, &st, NULL, 0);
     }
+}
+
+void
+wgroups_call(struct wgroups *wg, const Devcoord__V1__GroupCallRequest *in,
+             Devcoord__V1__GroupCallResponse_Closure closure, void *cd)
+{
+    size_t bytes     = 0;
+    const void *data = rpc_call_attachment(cd, &bytes);
+
+    call_take(wg, in, data, bytes, closure, cd, NULL);
+}
+
+/* A call on the call link (the data port's thread of that connection). */
+static void
+link_call(void *arg, struct dlink_conn *conn, const uint8_t *pb, size_t pb_len, const uint8_t *data,
+          size_t bytes)
+{
+    struct wgroups *wg = arg;
+    Devcoord__V1__GroupCallRequest *in;
+    dc_status st;
+
+    /* A request of at most DLINK_CALL_PB_MAX bytes, with no recursion: bounded as it is. */
+    in = devcoord__v1__group_call_request__unpack(NULL, pb_len, pb);
+    if (in == NULL) {
+        status_set(&st, DC_INVALID_ARGUMENT, "call link: the call's request does not decode");
+        dlink_call_answer(conn, &st, NULL, 0);
+        return;
+    }
+    call_take(wg, in, data, bytes, NULL, NULL, conn);
+    devcoord__v1__group_call_request__free_unpacked(in, NULL);
 }
 
 /* ---- GroupMap --------------------------------------------------------------------------- */
@@ -2440,43 +2553,36 @@ wcall_peer_in(struct wgroups *wg, struct wgroup *g, struct wcall *c, struct ppar
     wcall_try_finish(wg, g, c);
 }
 
-void
-wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *in,
-                 Devcoord__V1__GroupExchangeResponse_Closure closure, void *cd)
+/* A peer's part of a call of g (GroupExchange, or a DLINK_PART frame), its bytes in data. mtx
+ * held. */
+static dc_code
+exchange_take_locked(struct wgroups *wg, struct wgroup *g,
+                     const Devcoord__V1__GroupExchangeRequest *in, const void *data, size_t bytes,
+                     dc_status *st)
 {
-    Devcoord__V1__GroupExchangeResponse out = DEVCOORD__V1__GROUP_EXCHANGE_RESPONSE__INIT;
-    const void *data;
-    struct wgroup *g;
     struct wcall *c;
     struct ppart *p;
-    size_t bytes = 0;
-    dc_status st;
     dc_code code = DC_OK;
 
-    status_clear(&st);
-    data = rpc_call_attachment(cd, &bytes);
-    pthread_mutex_lock(&wg->mtx);
-    if ((g = group_current(wg, in->group_id, in->generation, &st)) == NULL) {
-        code = st.code;
-    } else if (in->from >= g->n_workers || in->from == g->self ||
-               in->n_calls > g->workers[in->from].n_ranks ||
-               (!in->partial && in->n_calls != g->workers[in->from].n_ranks)) {
-        code = status_set(&st, DC_INVALID_ARGUMENT, "malformed group exchange");
+    if (in->from >= g->n_workers || in->from == g->self ||
+        in->n_calls > g->workers[in->from].n_ranks ||
+        (!in->partial && in->n_calls != g->workers[in->from].n_ranks)) {
+        code = status_set(st, DC_INVALID_ARGUMENT, "malformed group exchange");
     } else if (in->partial) {
         /* A progress note only matters to a call under way here; one that comes late (its
          * call done, or its whole part already in) is dropped. */
         if ((c = wcall_find(g, in->seq)) != NULL && !(p = &c->peer[in->from])->in) {
-            code = peer_note(&g->workers[in->from], p, in, &st);
+            code = peer_note(&g->workers[in->from], p, in, st);
         }
-    } else if ((c = wcall_get(wg, g, in->seq, 0, &st)) == NULL) {
-        code = st.code;
+    } else if ((c = wcall_get(wg, g, in->seq, 0, st)) == NULL) {
+        code = st->code;
     } else if ((p = &c->peer[in->from])->in) {
-        code = status_set(&st, DC_ALREADY_EXISTS, "duplicate group exchange");
+        code = status_set(st, DC_ALREADY_EXISTS, "duplicate group exchange");
     } else if (in->has_data && in->stream_bytes > 0) {
         /* The bytes come (or came) over the data link. */
-        if ((code = ppart_buffer(wg, p, in->stream_bytes, &st)) == DC_OK &&
+        if ((code = ppart_buffer(wg, p, in->stream_bytes, st)) == DC_OK &&
             (p->d = calloc(in->n_calls, sizeof(*p->d))) == NULL) {
-            code = status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory");
+            code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
         }
         if (code == DC_OK) {
             for (size_t k = 0; k < in->n_calls; k++) {
@@ -2486,15 +2592,15 @@ wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *i
             wcall_peer_in(wg, g, c, p, in);
         }
     } else if (p->buf != NULL) {
-        code = status_set(&st, DC_INVALID_ARGUMENT,
+        code = status_set(st, DC_INVALID_ARGUMENT,
                           "group exchange without data after data on the data link");
     } else if (in->has_data && bytes > wg->max_held - wg->held) {
-        code = status_set(&st, DC_RESOURCE_EXHAUSTED,
+        code = status_set(st, DC_RESOURCE_EXHAUSTED,
                           "group parts waiting on this worker hold %zu bytes already (limit %zu)",
                           wg->held, wg->max_held);
     } else if ((p->d = calloc(in->n_calls, sizeof(*p->d))) == NULL ||
                (in->has_data && (p->data = malloc(bytes ? bytes : 1)) == NULL)) {
-        code = status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     } else {
         for (size_t k = 0; k < in->n_calls; k++) {
             p->d[k] = desc_from_pb(in->calls[k]);
@@ -2509,6 +2615,27 @@ wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *i
         }
         wcall_peer_in(wg, g, c, p, in);
     }
+    return code;
+}
+
+void
+wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *in,
+                 Devcoord__V1__GroupExchangeResponse_Closure closure, void *cd)
+{
+    Devcoord__V1__GroupExchangeResponse out = DEVCOORD__V1__GROUP_EXCHANGE_RESPONSE__INIT;
+    size_t bytes                            = 0;
+    const void *data                        = rpc_call_attachment(cd, &bytes);
+    struct wgroup *g;
+    dc_status st;
+    dc_code code;
+
+    status_clear(&st);
+    pthread_mutex_lock(&wg->mtx);
+    if ((g = group_current(wg, in->group_id, in->generation, &st)) == NULL) {
+        code = st.code;
+    } else {
+        code = exchange_take_locked(wg, g, in, data, bytes, &st);
+    }
     pthread_mutex_unlock(&wg->mtx);
     if (code != DC_OK) {
         st.code              = code;
@@ -2517,6 +2644,53 @@ wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *i
         return;
     }
     closure(&out, cd);
+}
+
+/* A peer's whole part of a small call on its data link (DLINK_PART): taken as GroupExchange
+ * takes it. A part of a generation no longer here is dropped, as a data frame's bytes are; one
+ * this worker refuses ends the group here (its peers' calls end at their deadline). false (the
+ * connection drops): a request that does not decode or names another sender. */
+static bool
+link_part(void *arg, const char *peer, const struct dlink_hdr *h, const uint8_t *payload,
+          dc_status *why)
+{
+    struct wgroups *wg = arg;
+    Devcoord__V1__GroupExchangeRequest *in;
+    struct wgroup *g;
+    dc_status st;
+    bool ok = true;
+
+    /* At most DLINK_CHUNK bytes, with no recursion: bounded as it is. */
+    if ((in = devcoord__v1__group_exchange_request__unpack(NULL, (size_t)h->offset, payload)) ==
+        NULL) {
+        status_set(why, DC_INVALID_ARGUMENT, "data link: a part whose request does not decode");
+        return false;
+    }
+    status_clear(&st);
+    pthread_mutex_lock(&wg->mtx);
+    if (wg->stopping || (g = group_current(wg, in->group_id, in->generation, &st)) == NULL) {
+        /* gone: dropped */
+    } else if (in->from >= g->n_workers || in->from == g->self || in->seq != h->seq ||
+               in->partial || in->stream_bytes != 0 ||
+               strcmp(g->workers[in->from].peer->address, peer) != 0) {
+        ok = false;
+        status_set(why, DC_INVALID_ARGUMENT,
+                   "data link: a part of group %s from worker %u, not "
+                   "what this connection's sender may send",
+                   g->id, in->from);
+    } else if (exchange_take_locked(wg, g, in, payload + h->offset, h->length - (size_t)h->offset,
+                                    &st) != DC_OK) {
+        dc_status end;
+        status_set(&end, st.code, "worker %s of group %s sent call %llu's part: %s",
+                   g->workers[in->from].name, g->id, (unsigned long long)in->seq, st.message);
+        status_set_worker(&end, g->workers[in->from].name);
+        group_end_locked(wg, g, &end);
+    } else {
+        wg->parts_in++;
+    }
+    pthread_mutex_unlock(&wg->mtx);
+    devcoord__v1__group_exchange_request__free_unpacked(in, NULL);
+    return ok;
 }
 
 /* ---- the data link: receiving ----------------------------------------------------------- */
@@ -2663,6 +2837,26 @@ wgroups_link(struct wgroups *wg, const Devcoord__V1__GroupLinkRequest *in,
     pthread_mutex_unlock(&wg->mtx);
 }
 
+void
+wgroups_call_link(struct wgroups *wg, const Devcoord__V1__GroupLinkRequest *in,
+                  Devcoord__V1__GroupLinkResponse_Closure closure, void *cd)
+{
+    Devcoord__V1__GroupLinkResponse out = DEVCOORD__V1__GROUP_LINK_RESPONSE__INIT;
+
+    (void)in;
+    pthread_mutex_lock(&wg->mtx);
+    if (link_start_locked(wg, rpc_call_status(cd)) != DC_OK) {
+        pthread_mutex_unlock(&wg->mtx);
+        closure(NULL, cd);
+        return;
+    }
+    out.address     = wg->dl_address;
+    out.secret.data = (uint8_t *)dlink_server_call_secret(wg->dl);
+    out.secret.len  = DLINK_SECRET_SIZE;
+    closure(&out, cd);
+    pthread_mutex_unlock(&wg->mtx);
+}
+
 /* The data port, opened on first need (the first GroupSetup or GroupLink), not at start: a
  * port the kernel picks then cannot be one that a daemon started next to this one was told
  * to listen on. The listen address's scheme and host, groups.data_port or a port the kernel
@@ -2670,9 +2864,11 @@ wgroups_link(struct wgroups *wg, const Devcoord__V1__GroupLinkRequest *in,
 static dc_code
 link_start_locked(struct wgroups *wg, dc_status *st)
 {
-    static const struct dlink_events ev_template = { NULL, link_frame_begin, link_frame_end,
-                                                     link_peer_lost, link_op_frame };
-    struct dlink_events ev                       = ev_template;
+    static const struct dlink_events ev_template = {
+        NULL, link_frame_begin, link_frame_end, link_peer_lost, link_op_frame, link_call,
+        0,    link_part
+    };
+    struct dlink_events ev = ev_template;
     const char *listen = wg->cfg->listen, *adv = wg->cfg->advertise;
     bool tls = strncmp(listen, "tls+", 4) == 0;
     char host[256], ahost[256], url[300];
@@ -2684,7 +2880,8 @@ link_start_locked(struct wgroups *wg, dc_status *st)
     if (wg->stopping) {
         return status_set(st, DC_UNAVAILABLE, "worker shutting down");
     }
-    ev.arg = wg;
+    ev.arg      = wg;
+    ev.call_max = wg->cfg->max_message_bytes;
     auth_url_host(listen, host, sizeof(host));
     auth_url_host(adv != NULL ? adv : listen, ahost, sizeof(ahost));
     snprintf(url, sizeof(url), "%s://%s%s%s:%u", tls ? "tls+tcp" : "tcp",
@@ -2917,14 +3114,28 @@ wgroups_metrics_render(struct wgroups *wg, struct mbuf *b)
                 "ran in the rank's shared memory (one rank on this worker, in place): no copy "
                 "in or out.\n"
                 "# TYPE devcoord_group_ring_in_region_calls_total counter\n"
-                "devcoord_group_ring_in_region_calls_total %llu\n",
+                "devcoord_group_ring_in_region_calls_total %llu\n"
+                "# HELP devcoord_group_call_link_calls_total Group calls of a rank taken on its "
+                "call link (frames on the data port) instead of a GroupCall RPC.\n"
+                "# TYPE devcoord_group_call_link_calls_total counter\n"
+                "devcoord_group_call_link_calls_total %llu\n"
+                "# HELP devcoord_group_link_parts_sent_total Parts of small group calls sent "
+                "whole on the data link (a frame each, no reply awaited).\n"
+                "# TYPE devcoord_group_link_parts_sent_total counter\n"
+                "devcoord_group_link_parts_sent_total %llu\n"
+                "# HELP devcoord_group_link_parts_received_total Parts of small group calls "
+                "taken whole from the data link.\n"
+                "# TYPE devcoord_group_link_parts_received_total counter\n"
+                "devcoord_group_link_parts_received_total %llu\n",
                 (unsigned long long)wg->stalls_total, (unsigned long long)wg->shm_calls_total,
                 (unsigned long long)wg->in_place_total, (unsigned long long)wg->call_bytes_in,
                 (unsigned long long)wg->call_bytes_out, wg->shm_mapped,
                 (unsigned long long)wg->link_bytes_out, (unsigned long long)wg->link_bytes_in,
                 (unsigned long long)(wg->dl != NULL ? dlink_server_refused(wg->dl) : 0),
                 (unsigned long long)wg->ring_calls_total,
-                (unsigned long long)wg->ring_in_region_total);
+                (unsigned long long)wg->ring_in_region_total,
+                (unsigned long long)wg->link_calls_total, (unsigned long long)wg->parts_out,
+                (unsigned long long)wg->parts_in);
     pthread_mutex_unlock(&wg->mtx);
     bufcache_stats(wg->bufs, &bs);
     mbuf_printf(b,

@@ -71,6 +71,10 @@ void wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeReque
 /* Where this worker's data link listens and its secret (GroupLink, for peers). */
 void wgroups_link(struct wgroups *wg, const Devcoord__V1__GroupLinkRequest *in,
                   Devcoord__V1__GroupLinkResponse_Closure closure, void *cd);
+/* Where this worker's data port listens and the secret of a call link (GroupCallLink, for its
+ * ranks): a rank that dials it makes its calls there, in frames (dlframe.h), not in RPCs. */
+void wgroups_call_link(struct wgroups *wg, const Devcoord__V1__GroupLinkRequest *in,
+                       Devcoord__V1__GroupLinkResponse_Closure closure, void *cd);
 /* Calls completed in the group and this worker's stalled ranks (groups list | show). */
 void wgroups_status(struct wgroups *wg, const Devcoord__V1__GroupStatusRequest *in,
                     Devcoord__V1__GroupStatusResponse_Closure closure, void *cd);

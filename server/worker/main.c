@@ -56,8 +56,8 @@ static const char usage[] =
 /* Handlers that never wait: they run on nng's callback threads. Execute only starts its op
  * on a pool thread; Exchange and the tensor calls copy or reduce one chunk. */
 static const char *const worker_inline_methods[] = {
-    "Execute",    "Abort",         "Exchange",    "PutTensor", "GetTensor", "DeleteTensor",
-    "GroupSetup", "GroupExchange", "GroupStatus", "GroupLink", NULL,
+    "Execute",    "Abort",         "Exchange",    "PutTensor", "GetTensor",     "DeleteTensor",
+    "GroupSetup", "GroupExchange", "GroupStatus", "GroupLink", "GroupCallLink", NULL,
 };
 
 /* Set when the worker stops because the coordinator refused it or another instance took its

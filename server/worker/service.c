@@ -135,6 +135,13 @@ w_group_link(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__GroupLinkReq
     wgroups_link(WORKER(svc)->groups, in, closure, cd);
 }
 
+static void
+w_group_call_link(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__GroupLinkRequest *in,
+                  Devcoord__V1__GroupLinkResponse_Closure closure, void *cd)
+{
+    wgroups_call_link(WORKER(svc)->groups, in, closure, cd);
+}
+
 void
 worker_service_init(struct worker *w)
 {
@@ -143,13 +150,14 @@ worker_service_init(struct worker *w)
 }
 
 static const struct auth_rule worker_rules[] = {
-    { "Execute", ROLE_WORKER },       { "Abort", ROLE_WORKER },
-    { "Commit", ROLE_WORKER },        { "Exchange", ROLE_WORKER },
-    { "PutTensor", ROLE_TRAINER },    { "GetTensor", ROLE_TRAINER | ROLE_OPERATOR },
-    { "DeleteTensor", ROLE_TRAINER }, { "ListTensors", ROLE_TRAINER | ROLE_OPERATOR },
-    { "GroupSetup", ROLE_WORKER },    { "GroupCall", ROLE_TRAINER },
-    { "GroupExchange", ROLE_WORKER }, { "GroupStatus", ROLE_TRAINER | ROLE_OPERATOR },
-    { "GroupMap", ROLE_TRAINER },     { "GroupLink", ROLE_WORKER },
+    { "Execute", ROLE_WORKER },        { "Abort", ROLE_WORKER },
+    { "Commit", ROLE_WORKER },         { "Exchange", ROLE_WORKER },
+    { "PutTensor", ROLE_TRAINER },     { "GetTensor", ROLE_TRAINER | ROLE_OPERATOR },
+    { "DeleteTensor", ROLE_TRAINER },  { "ListTensors", ROLE_TRAINER | ROLE_OPERATOR },
+    { "GroupSetup", ROLE_WORKER },     { "GroupCall", ROLE_TRAINER },
+    { "GroupExchange", ROLE_WORKER },  { "GroupStatus", ROLE_TRAINER | ROLE_OPERATOR },
+    { "GroupMap", ROLE_TRAINER },      { "GroupLink", ROLE_WORKER },
+    { "GroupCallLink", ROLE_TRAINER },
 };
 
 dc_code

@@ -19,6 +19,7 @@ import struct
 import subprocess
 import time
 import unittest
+import unittest.mock
 import urllib.request
 
 import harness
@@ -509,8 +510,12 @@ class DataPathTest(GroupsTestCase):
         wm = self.metrics(port)
         self.assertEqual(wm['devcoord_group_calls_total{kind="all-reduce"}'], 1000)
         self.assertEqual(wm["devcoord_group_call_seconds_count"], 1000)
-        # Parts this small (16 f32) ride in the GroupExchange message: nothing on the data
-        # link, and no data port opened to no purpose refused anyone.
+        # Parts this small (16 f32) go whole as one frame each on the data link (no
+        # GroupExchange RPC), none as bulk data frames, and the data port refused nobody.
+        self.assertEqual(wm["devcoord_group_link_parts_sent_total"], 1000)
+        self.assertEqual(wm["devcoord_group_link_parts_received_total"], 1000)
+        self.assertEqual(wm['devcoord_rpc_requests_total{service="Worker",'
+                            'method="GroupExchange",code="OK"}'], 0)
         self.assertEqual(wm["devcoord_group_link_bytes_sent_total"], 0)
         self.assertEqual(wm["devcoord_group_link_refused_total"], 0)
 
@@ -831,6 +836,9 @@ class DataLinkInputTest(GroupsTestCase):
             dlink_header(2, 16, total=16) + b"\0" * 16,          # data before HELLO
             hello + dlink_header(2, 0xFFFFFFFF, total=1 << 40),  # 4 GiB announced
             hello + dlink_header(2, 64, total=16),               # bytes outside the part
+            hello + dlink_header(5, 8, offset=4, total=8) + b"\xff" * 8,  # a part's garbage
+            hello + dlink_header(5, 600000, total=600000),       # a part past one chunk
+            hello + dlink_header(5, 8, offset=9, total=8),       # its request past its end
         ]
         for i, data in enumerate(hostile):
             self.assertTrue(dlink_closed_by_worker(port, data), "case %d stayed open" % i)
@@ -850,6 +858,132 @@ class DataLinkInputTest(GroupsTestCase):
                          "--dtype", "f32", "--values", "1.5,2", "--reduce", "sum")
                for d in devs.split(",")]]
         self.assertEqual([r.out.get("values") for r in rs], [[3.0, 4.0], [3.0, 4.0]], rs)
+
+
+def recv_exactly(sock, n):
+    data = b""
+    while len(data) < n:
+        got = sock.recv(n - len(data))
+        if not got:
+            raise ConnectionError("closed after %d of %d bytes" % (len(data), n))
+        data += got
+    return data
+
+
+def call_link_answer(sock):
+    """(code, payload) of a DLINK_ANSWER read from sock."""
+    hdr = recv_exactly(sock, 56)
+    kind, length = struct.unpack_from("<BxxxI", hdr, 5)[0], struct.unpack_from("<I", hdr, 12)[0]
+    code = struct.unpack_from("<Q", hdr, 40)[0]
+    if hdr[:4] != b"DCDL" or kind != 4:
+        raise AssertionError("not an answer: %r" % hdr)
+    return code, recv_exactly(sock, length)
+
+
+class CallLinkTest(GroupsTestCase):
+    """Issue 17: a rank's blocking calls go as frames on its worker's data port (the call
+    link, GroupCallLink), not as GroupCall RPCs; what arrives there is checked like any peer
+    input."""
+
+    call = PeerInputTest.call
+    metrics = DataPathTest.metrics
+
+    def call_link(self, port):
+        code, message, body = self.call(port, "GroupCallLink", b"")
+        self.assertEqual(code, "OK", message)
+        fields = harness.pb_decode(body)
+        return int(fields[1][0].decode().rsplit(":", 1)[1]), fields[2][0]
+
+    def call_frame(self, gid, rank, seq, values, pb=None):
+        body = (pb_bytes(F("GroupCallRequest", "group_id"), gid)
+                + harness.pb_uint(F("GroupCallRequest", "generation"), 1)
+                + harness.pb_uint(F("GroupCallRequest", "seq"), seq)
+                + pb_msg(F("GroupCallRequest", "call"), call_desc(rank, 1, 3, len(values))))
+        pb = body if pb is None else pb
+        data = struct.pack("<%di" % len(values), *values)
+        return dlink_header(3, len(pb) + len(data), sender=rank, seq=seq, offset=len(pb),
+                            total=len(pb) + len(data)) + pb + data
+
+    def test_calls_on_the_call_link_and_what_it_refuses(self):
+        c = self.start({"node-a": ["cuda:0", "cuda:1"]}, http=True,
+                       worker_extra={"limits": {"handshake_timeout_ms": 500}})
+        address = c.worker_specs["node-a"]["listen"]
+        rpc_port = int(address.rsplit(":", 1)[1])
+        gid = "00000000000000cd"
+        two = [("node-a", 0), ("node-a", 1)]
+        code, message, _ = self.call(
+            rpc_port, "GroupSetup", setup_body(gid, 1, plan(two, [("node-a", address, [0, 1])]), 0))
+        self.assertEqual(code, "OK", message)
+        port, secret = self.call_link(rpc_port)
+        code, _, body = self.call(rpc_port, "GroupLink", b"")
+        self.assertNotEqual(harness.pb_decode(body)[2][0], secret)  # not the peers' secret
+        hello = dlink_header(1, 32 + 4) + secret + b"rank"
+        # Two ranks, each on its own link, make an all-reduce of four i32 (kind 1, dtype 3).
+        socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
+        try:
+            for r, s in enumerate(socks):
+                s.sendall(hello + self.call_frame(gid, r, 1, [r + 1, 10, -3, 7 * r]))
+            answers = [call_link_answer(s) for s in socks]
+            self.assertEqual(answers, [(0, struct.pack("<4i", 3, 20, -6, 7))] * 2)
+            # A request that does not decode is answered with why; the link stays usable.
+            socks[0].sendall(self.call_frame(gid, 0, 2, [1], pb=b"\xff\xff\xff"))
+            code, text = call_link_answer(socks[0])
+            self.assertEqual(code, 3, text)  # INVALID_ARGUMENT
+            self.assertIn(b"does not decode", text)
+            # A call the worker refuses (a rank not on it) names why, after the worker's name.
+            socks[0].sendall(self.call_frame(gid, 7, 2, [1]))
+            code, text = call_link_answer(socks[0])
+            self.assertEqual(code, 3, text)
+            self.assertIn(b"rank 7 of group %s is not on this worker" % gid.encode(), text)
+            # Both ranks again, on the same links: seq 2.
+            for r, s in enumerate(socks):
+                s.sendall(self.call_frame(gid, r, 2, [5, r]))
+            self.assertEqual([call_link_answer(s) for s in socks],
+                             [(0, struct.pack("<2i", 10, 1))] * 2)
+        finally:
+            for s in socks:
+                s.close()
+        hostile = [
+            hello + dlink_header(3, 0xFFFFFFF0, offset=16, total=0xFFFFFFF0),  # 4 GiB announced
+            hello + dlink_header(3, 8, offset=64, total=8) + b"x" * 8,          # request past it
+            hello + dlink_header(3, 4096, offset=2048, total=4096),             # request too big
+            hello + dlink_header(2, 8, total=8) + b"x" * 8,                     # data, not a call
+            hello + dlink_header(4, 0),                                          # an answer
+            dlink_header(1, 32 + 4) + b"\0" * 32 + b"rank",                    # a wrong secret
+        ]
+        for i, data in enumerate(hostile):
+            self.assertTrue(dlink_closed_by_worker(port, data), "case %d stayed open" % i)
+        # The peers' secret does not open a call link: a call frame there drops the connection.
+        peer_hello = dlink_header(1, 32 + 9) + harness.pb_decode(body)[2][0] + b"tcp://x:1"
+        self.assertTrue(dlink_closed_by_worker(port, peer_hello + self.call_frame(gid, 0, 3, [1])))
+        wm = self.metrics(int(c.worker_specs["node-a"]["http"].rsplit(":", 1)[1]))
+        # Taken on the link: the two pairs of calls and the refused rank 7 (refused later, in
+        # the call); the undecodable one never became a call.
+        self.assertEqual(wm["devcoord_group_call_link_calls_total"], 4)
+        self.assertEqual(wm["devcoord_group_link_refused_total"], len(hostile) + 1)
+        self.assertTrue(c.workers["node-a"].running())
+
+    def test_the_library_calls_on_the_link_unless_told_not_to(self):
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]}, http=True)
+        devs = "node-a/cuda:0,node-b/cuda:0"
+        port = int(c.worker_specs["node-a"]["http"].rsplit(":", 1)[1])
+
+        def run(env):
+            with unittest.mock.patch.dict(os.environ, env):
+                procs = [ctl_popen(c, "collective", "all-reduce", "--devices", devs, "--self", d,
+                                   "--dtype", "f32", "--values", "1.5,2", "--reduce", "sum",
+                                   "--repeat", "20") for d in devs.split(",")]
+            rs = [finish(p) for p in procs]
+            for r in rs:
+                self.assertEqual(r.rc, 0, r)
+                self.assertEqual(r.out.get("values"), [3.0, 4.0], r)
+            m = self.metrics(port)
+            return (m["devcoord_group_call_link_calls_total"],
+                    m['devcoord_rpc_requests_total{service="Worker",'
+                          'method="GroupCall",code="OK"}'])
+
+        self.assertEqual(run({}), (20, 0))
+        self.assertEqual(run({"DEVCOORD_GROUP_CALL_LINK": "0"}), (20, 20))
 
 
 class ThreadsTest(GroupsTestCase):

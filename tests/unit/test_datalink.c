@@ -201,7 +201,7 @@ sink_get(struct sink *s, const int *field)
 static struct dlink_server *
 start(struct sink *s, char *url, size_t cap)
 {
-    struct dlink_events ev = { s, sink_begin, sink_end, sink_lost, sink_op };
+    struct dlink_events ev = { s, sink_begin, sink_end, sink_lost, sink_op, NULL, 0, NULL };
     struct dlink_server *srv;
     dc_status st;
 
@@ -475,6 +475,212 @@ test_op_frames_go_to_the_op(void **state)
     pthread_mutex_destroy(&s.mtx);
 }
 
+/* ---- parts of small calls ---------------------------------------------------------------- */
+
+struct parts {
+    pthread_mutex_t mtx;
+    int n;
+    uint64_t offset;
+    uint32_t length;
+    uint8_t first;
+};
+
+/* Takes a part frame, refusing one whose payload starts with 0xFF. */
+static bool
+take_part(void *arg, const char *peer, const struct dlink_hdr *h, const uint8_t *payload,
+          dc_status *why)
+{
+    struct sink *s  = arg;
+    struct parts *p = (struct parts *)s->dst;
+
+    (void)peer;
+    pthread_mutex_lock(&p->mtx);
+    p->n++;
+    p->offset = h->offset;
+    p->length = h->length;
+    p->first  = h->length > 0 ? payload[0] : 0;
+    pthread_mutex_unlock(&p->mtx);
+    if (h->length > 0 && payload[0] == 0xFF) {
+        status_set(why, DC_INVALID_ARGUMENT, "a part refused");
+        return false;
+    }
+    return true;
+}
+
+static void
+test_part_frames_come_whole(void **state)
+{
+    struct parts p         = { .mtx = PTHREAD_MUTEX_INITIALIZER };
+    struct sink s          = { .mtx = PTHREAD_MUTEX_INITIALIZER, .dst = (uint8_t *)&p };
+    struct dlink_events ev = { &s, sink_begin, sink_end, sink_lost, sink_op, NULL, 0, take_part };
+    struct dlink_hdr h     = { .kind = DLINK_PART, .seq = 9, .offset = 3 };
+    uint8_t payload[10]    = { 7, 1, 2, 3, 4, 5, 6, 7, 8, 9 };
+    uint8_t *big           = calloc(1, DLINK_CHUNK + 1);
+    struct dlink_server *srv;
+    struct dlink_out *o;
+    char url[64];
+    dc_status st;
+
+    (void)state;
+    assert_non_null(big);
+    assert_int_equal(dlink_server_start("tcp://127.0.0.1:0", NULL, MAX_FRAME, 300, &ev, &srv, &st),
+                     DC_OK);
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", dlink_server_port(srv));
+    assert_int_equal(
+        dlink_dial(url, NULL, dlink_server_secret(srv), "tcp://127.0.0.1:9", 2000, &o, &st), DC_OK);
+    assert_int_equal(dlink_send_frame(o, &h, payload, sizeof(payload), &st), DC_OK);
+    for (int i = 0; i < 300; i++) {
+        int n;
+        pthread_mutex_lock(&p.mtx);
+        n = p.n;
+        pthread_mutex_unlock(&p.mtx);
+        if (n > 0) {
+            break;
+        }
+        nng_msleep(10);
+    }
+    pthread_mutex_lock(&p.mtx);
+    assert_int_equal(p.n, 1);
+    assert_int_equal(p.offset, 3);
+    assert_int_equal(p.length, sizeof(payload));
+    assert_int_equal(p.first, 7);
+    pthread_mutex_unlock(&p.mtx);
+    /* One the receiver refuses drops the connection: a lost peer. */
+    payload[0] = 0xFF;
+    assert_int_equal(dlink_send_frame(o, &h, payload, sizeof(payload), &st), DC_OK);
+    wait_refused(srv, 1);
+    dlink_out_close(o);
+    /* Larger than a chunk, or a request past its end: dropped unread. */
+    assert_int_equal(
+        dlink_dial(url, NULL, dlink_server_secret(srv), "tcp://127.0.0.1:9", 2000, &o, &st), DC_OK);
+    assert_int_equal(dlink_send_frame(o, &h, big, DLINK_CHUNK + 1, &st), DC_OK);
+    wait_refused(srv, 2);
+    dlink_out_close(o);
+    assert_int_equal(
+        dlink_dial(url, NULL, dlink_server_secret(srv), "tcp://127.0.0.1:9", 2000, &o, &st), DC_OK);
+    h.offset = sizeof(payload) + 1;
+    assert_int_equal(dlink_send_frame(o, &h, payload, sizeof(payload), &st), DC_OK);
+    wait_refused(srv, 3);
+    dlink_out_close(o);
+    dlink_server_free(srv);
+    assert_int_equal(p.n, 2);
+    assert_int_equal(s.begins, 0);
+    free(big);
+    pthread_mutex_destroy(&p.mtx);
+    pthread_mutex_destroy(&s.mtx);
+}
+
+/* ---- the call link ---------------------------------------------------------------------- */
+
+struct later {
+    struct dlink_conn *c;
+    uint8_t data[8];
+};
+
+static void *
+answer_later(void *arg)
+{
+    struct later *l = arg;
+
+    nng_msleep(20);
+    dlink_call_answer(l->c, NULL, l->data, sizeof(l->data));
+    free(l);
+    return NULL;
+}
+
+/* Answers by what pb says: "ok" echoes the data, "err" fails naming a worker, "short" gives
+ * one byte fewer than was sent, "later" answers from another thread. */
+static void
+echo_call(void *arg, struct dlink_conn *c, const uint8_t *pb, size_t pb_len, const uint8_t *data,
+          size_t bytes)
+{
+    dc_status st;
+
+    (void)arg;
+    if (pb_len == 3 && memcmp(pb, "err", 3) == 0) {
+        status_set(&st, DC_NOT_FOUND, "no group like %zu bytes", bytes);
+        status_set_worker(&st, "node-x");
+        dlink_call_answer(c, &st, NULL, 0);
+    } else if (pb_len == 5 && memcmp(pb, "short", 5) == 0) {
+        dlink_call_answer(c, NULL, data, bytes - 1);
+    } else if (pb_len == 5 && memcmp(pb, "later", 5) == 0 && bytes == 8) {
+        struct later *l = malloc(sizeof(*l));
+        pthread_t t;
+        assert_non_null(l);
+        l->c = c;
+        memcpy(l->data, data, 8);
+        assert_int_equal(pthread_create(&t, NULL, answer_later, l), 0);
+        pthread_detach(t);
+    } else {
+        dlink_call_answer(c, NULL, data, bytes);
+    }
+}
+
+static void
+test_call_link_calls_and_answers(void **state)
+{
+    struct sink s          = { .mtx = PTHREAD_MUTEX_INITIALIZER };
+    struct dlink_events ev = {
+        &s, sink_begin, sink_end, sink_lost, sink_op, echo_call, 1024, NULL
+    };
+    struct dlink_hdr h = { .seq = 5 };
+    uint8_t in[8] = { 1, 2, 3, 4, 5, 6, 7, 8 }, out[8], big[2048] = { 0 };
+    struct dlink_server *srv;
+    struct dlink_out *o;
+    char url[64];
+    dc_status st;
+
+    (void)state;
+    assert_int_equal(dlink_server_start("tcp://127.0.0.1:0", NULL, MAX_FRAME, 300, &ev, &srv, &st),
+                     DC_OK);
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", dlink_server_port(srv));
+    assert_memory_not_equal(dlink_server_call_secret(srv), dlink_server_secret(srv),
+                            DLINK_SECRET_SIZE);
+    assert_int_equal(dlink_dial(url, NULL, dlink_server_call_secret(srv), "rank", 2000, &o, &st),
+                     DC_OK);
+    /* The answer's bytes land in the caller's buffer, from this thread or another. */
+    assert_int_equal(dlink_call(o, &h, "ok", 2, in, 8, out, 8, 2000, &st), DC_OK);
+    assert_memory_equal(out, in, 8);
+    memset(out, 0, sizeof(out));
+    h.seq++;
+    assert_int_equal(dlink_call(o, &h, "later", 5, in, 8, out, 8, 2000, &st), DC_OK);
+    assert_memory_equal(out, in, 8);
+    /* An error comes back with its code, message and worker; the link stays. */
+    h.seq++;
+    assert_int_equal(dlink_call(o, &h, "err", 3, in, 8, out, 8, 2000, &st), DC_NOT_FOUND);
+    assert_string_equal(st.message, "no group like 8 bytes");
+    assert_string_equal(st.worker, "node-x");
+    assert_false(st.transport);
+    h.seq++;
+    assert_int_equal(dlink_call(o, &h, "ok", 2, in, 0, NULL, 0, 2000, &st), DC_OK);
+    /* A result of the wrong size is malformed: the link is closed and says so. */
+    h.seq++;
+    assert_int_equal(dlink_call(o, &h, "short", 5, in, 8, out, 8, 2000, &st), DC_INTERNAL);
+    assert_true(st.transport);
+    assert_non_null(strstr(st.message, "wrong size"));
+    assert_int_not_equal(dlink_call(o, &h, "ok", 2, in, 8, out, 8, 500, &st), DC_OK);
+    assert_true(st.transport);
+    dlink_out_close(o);
+    /* A call larger than call_max drops the connection before its bytes are read. */
+    assert_int_equal(dlink_dial(url, NULL, dlink_server_call_secret(srv), "rank", 2000, &o, &st),
+                     DC_OK);
+    assert_int_equal(dlink_call(o, &h, "ok", 2, big, sizeof(big), big, sizeof(big), 2000, &st),
+                     DC_UNAVAILABLE);
+    assert_true(st.transport);
+    dlink_out_close(o);
+    wait_refused(srv, 1);
+    /* The peers' secret opens a data connection, on which a call frame is refused. */
+    assert_int_equal(
+        dlink_dial(url, NULL, dlink_server_secret(srv), "tcp://127.0.0.1:9", 2000, &o, &st), DC_OK);
+    assert_int_not_equal(dlink_call(o, &h, "ok", 2, in, 8, out, 8, 2000, &st), DC_OK);
+    assert_true(st.transport);
+    dlink_out_close(o);
+    wait_refused(srv, 2);
+    dlink_server_free(srv);
+    assert_int_equal(s.begins, 0);
+    pthread_mutex_destroy(&s.mtx);
+}
+
 int
 main(void)
 {
@@ -485,6 +691,8 @@ main(void)
         cmocka_unit_test(test_an_empty_part_keeps_the_link),
         cmocka_unit_test(test_hostile_peers_are_dropped_without_a_frame),
         cmocka_unit_test(test_op_frames_go_to_the_op),
+        cmocka_unit_test(test_part_frames_come_whole),
+        cmocka_unit_test(test_call_link_calls_and_answers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -206,6 +206,7 @@ UNIMPL(group_exchange, Devcoord__V1__GroupExchangeRequest,
 UNIMPL(group_status, Devcoord__V1__GroupStatusRequest, Devcoord__V1__GroupStatusResponse_Closure)
 UNIMPL(group_map, Devcoord__V1__GroupMapRequest, Devcoord__V1__GroupMapResponse_Closure)
 UNIMPL(group_link, Devcoord__V1__GroupLinkRequest, Devcoord__V1__GroupLinkResponse_Closure)
+UNIMPL(group_call_link, Devcoord__V1__GroupLinkRequest, Devcoord__V1__GroupLinkResponse_Closure)
 #undef UNIMPL
 
 /* ---- the coordinator: SubmitOp and GetOp over the op table ------------------------------ */
