@@ -28,7 +28,9 @@
  * A data frame with flag bit 0 set gets no memory from frame_begin (the port reads its payload
  * and drops it), as a frame for a group no longer here would. A frame flagged DLINK_FLAG_OP
  * (SubmitOp's chunks) goes to op_frame with its payload, which takes it when its seq is even
- * and refuses it (the port then drops the connection) when odd.
+ * and refuses it (the port then drops the connection) when odd. A part frame (DLINK_PART, a
+ * small group call's part) goes the same way, to the same handler. Call and answer frames
+ * (the call link's) decode, but a data connection refuses them.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -236,8 +238,17 @@ check_decode(const uint8_t raw[DLINK_HDR_SIZE], uint64_t max_frame, struct dlink
         }
         return code;
     }
-    if (h->kind != DLINK_HELLO && h->kind != DLINK_DATA) {
+    if (h->kind < DLINK_HELLO || h->kind > DLINK_PART) {
         fuzz_finding("decoded a frame of kind %u", h->kind);
+    }
+    if ((h->kind == DLINK_CALL || h->kind == DLINK_PART) && h->offset > h->length) {
+        fuzz_finding("decoded a %s frame of %u bytes whose request has %llu",
+                     h->kind == DLINK_CALL ? "call" : "part", h->length,
+                     (unsigned long long)h->offset);
+    }
+    if (h->kind == DLINK_CALL && h->offset > DLINK_CALL_PB_MAX) {
+        fuzz_finding("decoded a call frame with a request of %llu bytes",
+                     (unsigned long long)h->offset);
     }
     if (h->length > max_frame || ((h->flags & DLINK_FLAG_OP) == 0 && h->total > max_frame)) {
         fuzz_finding("decoded length %u, total %llu above max_frame %llu", h->length,
@@ -260,6 +271,13 @@ check_decode(const uint8_t raw[DLINK_HDR_SIZE], uint64_t max_frame, struct dlink
         fuzz_finding("a decoded header does not decode the same after encoding");
     }
     return DC_OK;
+}
+
+/* An op's or a small call's part: read whole, then handed to its handler (ev_op). */
+static bool
+whole(const struct dlink_hdr *h)
+{
+    return (h->flags & DLINK_FLAG_OP) != 0 || h->kind == DLINK_PART;
 }
 
 /* What the port must do with these bytes (the connection closing after them). */
@@ -293,18 +311,19 @@ model_run(struct model *m, const uint8_t *b, size_t len)
             m->lost = DC_UNAVAILABLE;
             return;
         }
-        if ((code = check_decode(b + pos, MAX_FRAME, &h)) != DC_OK || h.kind != DLINK_DATA) {
+        if ((code = check_decode(b + pos, MAX_FRAME, &h)) != DC_OK ||
+            (h.kind != DLINK_DATA && h.kind != DLINK_PART)) {
             m->refused = true;
             m->lost    = code != DC_OK ? code : DC_INVALID_ARGUMENT;
             return;
         }
         pos += DLINK_HDR_SIZE;
-        if ((h.flags & DLINK_FLAG_OP) != 0 && h.length > DLINK_CHUNK) {
-            m->refused = true; /* an op frame is read whole into a chunk buffer, or refused */
+        if (whole(&h) && h.length > DLINK_CHUNK) {
+            m->refused = true; /* an op or part frame is read whole into a chunk, or refused */
             m->lost    = DC_INVALID_ARGUMENT;
             return;
         }
-        if ((h.flags & DLINK_FLAG_OP) != 0 && len - pos < h.length) {
+        if (whole(&h) && len - pos < h.length) {
             m->lost = DC_UNAVAILABLE; /* cut short: op_frame never sees it */
             return;
         }
@@ -317,8 +336,8 @@ model_run(struct model *m, const uint8_t *b, size_t len)
         }
         f->ok = true;
         pos += h.length;
-        if ((h.flags & DLINK_FLAG_OP) != 0 && (h.seq & 1) != 0) {
-            m->refused = true; /* op_frame refused it */
+        if (whole(&h) && (h.seq & 1) != 0) {
+            m->refused = true; /* op_frame (or part) refused it */
             m->lost    = DC_INVALID_ARGUMENT;
             return;
         }
@@ -330,7 +349,7 @@ model_run(struct model *m, const uint8_t *b, size_t len)
 static void
 start_once(void)
 {
-    struct dlink_events ev = { NULL, ev_begin, ev_end, ev_lost, ev_op, NULL, 0, NULL };
+    struct dlink_events ev = { NULL, ev_begin, ev_end, ev_lost, ev_op, NULL, 0, ev_op };
     char url[64];
     dc_status st;
     int rv;
@@ -404,7 +423,7 @@ check_events(const struct model *m, const uint8_t *b)
         const struct event *e       = i < n_events ? &events[i] : NULL;
         const struct event *end     = i + 1 < n_events ? &events[i + 1] : NULL;
 
-        if ((f->h.flags & DLINK_FLAG_OP) != 0) {
+        if (whole(&f->h)) {
             if (e == NULL || e->kind != EV_OP || !hdr_equal(&e->h, &f->h) ||
                 strcmp(e->peer, peer) != 0) {
                 fuzz_finding("op frame %zu (%u bytes): no op_frame with its header and peer", k,
