@@ -820,6 +820,41 @@ class DataLinkInputTest(GroupsTestCase):
         self.assertEqual(len(secret), 32)
         return int(address.rsplit(":", 1)[1]), secret
 
+    def test_a_part_frame_is_taken_only_from_the_worker_it_names(self):
+        c = self.start({"node-a": ["cuda:0"]}, http=True)
+        address = c.worker_specs["node-a"]["listen"]
+        rpc_port = int(address.rsplit(":", 1)[1])
+        peer_b = "tcp://127.0.0.1:%d" % harness.free_port()  # nobody listens: never dialed
+        gid = "00000000000000ef"
+        code, message, _ = self.call(rpc_port, "GroupSetup", setup_body(
+            gid, 1, plan([("node-a", 0), ("node-b", 0)],
+                         [("node-a", address, [0]), ("node-b", peer_b, [1])]), 0))
+        self.assertEqual(code, "OK", message)
+        port, secret = self.link(rpc_port)
+        part = (pb_bytes(F("GroupExchangeRequest", "group_id"), gid)
+                + harness.pb_uint(F("GroupExchangeRequest", "generation"), 1)
+                + harness.pb_uint(F("GroupExchangeRequest", "seq"), 1)
+                + harness.pb_uint(F("GroupExchangeRequest", "from"), 1)
+                + pb_msg(F("GroupExchangeRequest", "calls"), call_desc(1, 1, 3, 4))
+                + harness.pb_uint(F("GroupExchangeRequest", "has_data"), 1))
+        data = struct.pack("<4i", 1, 2, 3, 4)
+        frame = dlink_header(5, len(part) + len(data), sender=1, seq=1, offset=len(part),
+                             total=len(part) + len(data)) + part + data
+
+        def hello(addr):
+            return dlink_header(1, 32 + len(addr)) + secret + addr.encode()
+
+        # From a connection that says it is someone else: refused, the connection dropped.
+        self.assertTrue(dlink_closed_by_worker(port, hello("tcp://127.0.0.1:9") + frame))
+        wport = int(c.worker_specs["node-a"]["http"].rsplit(":", 1)[1])
+        metrics = DataPathTest.metrics
+        self.assertEqual(metrics(self, wport)["devcoord_group_link_parts_received_total"], 0)
+        # From node-b's address: taken (the call now waits for rank 0), the connection stays.
+        self.assertFalse(dlink_closed_by_worker(port, hello(peer_b) + frame, wait=1.0))
+        m = metrics(self, wport)
+        self.assertEqual(m["devcoord_group_link_parts_received_total"], 1)
+        self.assertEqual(m["devcoord_group_link_refused_total"], 1)
+
     def test_garbage_on_the_data_port_is_refused_and_the_worker_goes_on(self):
         c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]}, http=True,
                        worker_extra={"limits": {"handshake_timeout_ms": 500}})
