@@ -553,13 +553,14 @@ test_part_frames_come_whole(void **state)
     /* Larger than a chunk, or a request past its end: dropped unread. */
     assert_int_equal(
         dlink_dial(url, NULL, dlink_server_secret(srv), "tcp://127.0.0.1:9", 2000, &o, &st), DC_OK);
-    assert_int_equal(dlink_send_frame(o, &h, big, DLINK_CHUNK + 1, &st), DC_OK);
+    /* The port may close before all of it is written: only the refusal counts. */
+    (void)dlink_send_frame(o, &h, big, DLINK_CHUNK + 1, &st);
     wait_refused(srv, 2);
     dlink_out_close(o);
     assert_int_equal(
         dlink_dial(url, NULL, dlink_server_secret(srv), "tcp://127.0.0.1:9", 2000, &o, &st), DC_OK);
     h.offset = sizeof(payload) + 1;
-    assert_int_equal(dlink_send_frame(o, &h, payload, sizeof(payload), &st), DC_OK);
+    (void)dlink_send_frame(o, &h, payload, sizeof(payload), &st);
     wait_refused(srv, 3);
     dlink_out_close(o);
     dlink_server_free(srv);
