@@ -2816,45 +2816,43 @@ link_peer_lost(void *arg, const char *peer, const dc_status *why)
     pthread_mutex_unlock(&wg->mtx);
 }
 
-void
-wgroups_link(struct wgroups *wg, const Devcoord__V1__GroupLinkRequest *in,
-             Devcoord__V1__GroupLinkResponse_Closure closure, void *cd)
+/* Where the data port listens, with the peers' secret or (call) the call link's, opening the
+ * port first if need be. */
+static void
+link_answer(struct wgroups *wg, bool call, Devcoord__V1__GroupLinkResponse_Closure closure,
+            void *cd)
 {
     Devcoord__V1__GroupLinkResponse out = DEVCOORD__V1__GROUP_LINK_RESPONSE__INIT;
 
-    (void)in;
     pthread_mutex_lock(&wg->mtx);
     if (link_start_locked(wg, rpc_call_status(cd)) != DC_OK) {
         pthread_mutex_unlock(&wg->mtx);
         closure(NULL, cd);
         return;
     }
-    out.address     = wg->dl_address;
-    out.secret.data = (uint8_t *)dlink_server_secret(wg->dl);
-    out.secret.len  = DLINK_SECRET_SIZE;
+    out.address = wg->dl_address;
+    out.secret.data =
+        (uint8_t *)(call ? dlink_server_call_secret(wg->dl) : dlink_server_secret(wg->dl));
+    out.secret.len = DLINK_SECRET_SIZE;
     /* Packed by the closure, under the lock: the address lives in wg. */
     closure(&out, cd);
     pthread_mutex_unlock(&wg->mtx);
 }
 
 void
+wgroups_link(struct wgroups *wg, const Devcoord__V1__GroupLinkRequest *in,
+             Devcoord__V1__GroupLinkResponse_Closure closure, void *cd)
+{
+    (void)in;
+    link_answer(wg, false, closure, cd);
+}
+
+void
 wgroups_call_link(struct wgroups *wg, const Devcoord__V1__GroupLinkRequest *in,
                   Devcoord__V1__GroupLinkResponse_Closure closure, void *cd)
 {
-    Devcoord__V1__GroupLinkResponse out = DEVCOORD__V1__GROUP_LINK_RESPONSE__INIT;
-
     (void)in;
-    pthread_mutex_lock(&wg->mtx);
-    if (link_start_locked(wg, rpc_call_status(cd)) != DC_OK) {
-        pthread_mutex_unlock(&wg->mtx);
-        closure(NULL, cd);
-        return;
-    }
-    out.address     = wg->dl_address;
-    out.secret.data = (uint8_t *)dlink_server_call_secret(wg->dl);
-    out.secret.len  = DLINK_SECRET_SIZE;
-    closure(&out, cd);
-    pthread_mutex_unlock(&wg->mtx);
+    link_answer(wg, true, closure, cd);
 }
 
 /* The data port, opened on first need (the first GroupSetup or GroupLink), not at start: a
