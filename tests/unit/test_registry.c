@@ -91,20 +91,32 @@ list_all(struct registry *r, Devcoord__V1__ListDevicesRequest *req, char *names,
     names[0] = '\0';
     *pages   = 0;
     do {
-        Devcoord__V1__ListDevicesResponse out;
+        Devcoord__V1__ListDevicesResponse page, out, *outp;
         struct arena *a = arena_new((size_t)1 << 24);
+        ProtobufCAllocator alloc;
+        uint8_t *packed;
+        size_t len;
         dc_status st;
 
         req->page_token = token;
-        assert_int_equal(registry_list_devices(r, req, a, &out, &st), DC_OK);
+        assert_int_equal(registry_list_devices(r, req, a, &page, &st), DC_OK);
+        /* The devices come packed (unknown fields to protobuf-c): read as a client would. */
+        packed = arena_alloc(a, protobuf_c_message_get_packed_size(&page.base));
+        assert_non_null(packed);
+        len   = protobuf_c_message_pack(&page.base, packed);
+        alloc = arena_allocator(a);
+        outp  = devcoord__v1__list_devices_response__unpack(&alloc, len, packed);
+        assert_non_null(outp);
+        out = *outp;
+        assert_int_equal(out.base.n_unknown_fields, 0);
         if (*pages == 0) {
             *first_total = out.total;
         } else {
             assert_true(out.total == 0);
         }
         for (size_t i = 0; i < out.n_devices; i++) {
-            size_t len = strlen(names);
-            snprintf(names + len, cap - len, "%s%s", len ? "," : "", out.devices[i]->name);
+            size_t at = strlen(names);
+            snprintf(names + at, cap - at, "%s%s", at ? "," : "", out.devices[i]->name);
         }
         n += out.n_devices;
         (*pages)++;

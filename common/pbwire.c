@@ -1,0 +1,274 @@
+#include "pbwire.h"
+
+#include <string.h>
+
+/* Wire types. */
+enum { WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_I32 = 5 };
+
+size_t
+pbwire_put_varint(uint8_t *p, uint64_t v)
+{
+    size_t n = 0;
+
+    while (v >= 0x80) {
+        p[n++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    p[n++] = (uint8_t)v;
+    return n;
+}
+
+/* A varint field, left out when 0 (proto3). */
+static size_t
+put_uint_field(uint8_t *p, unsigned field, uint64_t v)
+{
+    if (v == 0) {
+        return 0;
+    }
+    p[0] = (uint8_t)(field << 3 | WT_VARINT);
+    return 1 + pbwire_put_varint(p + 1, v);
+}
+
+/* A string field, left out when empty (proto3). */
+static size_t
+put_bytes_field(uint8_t *p, unsigned field, const char *s, size_t len)
+{
+    size_t n;
+
+    if (len == 0) {
+        return 0;
+    }
+    p[0] = (uint8_t)(field << 3 | WT_LEN);
+    n    = 1 + pbwire_put_varint(p + 1, len);
+    memcpy(p + n, s, len);
+    return n + len;
+}
+
+/* protobuf-c writes an enum as an int32: a negative one takes ten bytes. */
+static uint64_t
+enum_wire(int32_t v)
+{
+    return (uint64_t)(int64_t)v;
+}
+
+size_t
+pbwire_device_info(uint8_t *out, const char *name, size_t name_len, const char *worker,
+                   size_t worker_len, const dc_device *device, uint32_t state,
+                   uint64_t memory_bytes)
+{
+    uint8_t dev[20];
+    size_t n = 0, dn = 0;
+
+    n += put_bytes_field(out + n, 1, name, name_len < DC_DEVICE_TEXT_MAX ? name_len
+                                                                         : DC_DEVICE_TEXT_MAX);
+    n += put_bytes_field(out + n, 2, worker,
+                         worker_len < DC_WORKER_NAME_MAX ? worker_len : DC_WORKER_NAME_MAX);
+    dn += put_uint_field(dev + dn, 1, enum_wire((int32_t)device->backend));
+    dn += put_uint_field(dev + dn, 2, enum_wire((int32_t)device->kind));
+    dn += put_uint_field(dev + dn, 3, device->index);
+    out[n++] = 3 << 3 | WT_LEN; /* a message field is written whenever it is set, even empty */
+    n += pbwire_put_varint(out + n, dn);
+    memcpy(out + n, dev, dn);
+    n += dn;
+    n += put_uint_field(out + n, 4, enum_wire((int32_t)state));
+    n += put_uint_field(out + n, 5, memory_bytes);
+    return n;
+}
+
+/* ---- reading ---------------------------------------------------------------------------- */
+
+static bool
+get_varint(const uint8_t *p, size_t len, size_t *at, uint64_t *v)
+{
+    uint64_t r = 0;
+
+    for (unsigned shift = 0; shift < 64 && *at < len; shift += 7) {
+        uint8_t b = p[(*at)++];
+        r |= (uint64_t)(b & 0x7f) << shift;
+        if ((b & 0x80) == 0) {
+            *v = r;
+            return true;
+        }
+    }
+    return false; /* truncated, or longer than ten bytes */
+}
+
+/* The next field's key at *at: its number, its wire type, and for WT_LEN where its bytes
+ * are (*data, *dlen); *at moves past the field. False when malformed or truncated. */
+static bool
+next_field(const uint8_t *p, size_t len, size_t *at, uint32_t *field, unsigned *wt, uint64_t *v,
+           const uint8_t **data, size_t *dlen)
+{
+    uint64_t key, n;
+
+    if (!get_varint(p, len, at, &key) || key >> 3 == 0 || key >> 3 > UINT32_MAX) {
+        return false;
+    }
+    *field = (uint32_t)(key >> 3);
+    *wt    = (unsigned)(key & 7);
+    switch (*wt) {
+    case WT_VARINT:
+        return get_varint(p, len, at, v);
+    case WT_I64:
+    case WT_I32:
+        n = *wt == WT_I64 ? 8 : 4;
+        if (len - *at < n) {
+            return false;
+        }
+        *at += n;
+        return true;
+    case WT_LEN:
+        if (!get_varint(p, len, at, &n) || n > len - *at) {
+            return false;
+        }
+        *data = p + *at;
+        *dlen = (size_t)n;
+        *at += (size_t)n;
+        return true;
+    default:
+        return false; /* groups (3, 4) and the reserved types: nothing we send */
+    }
+}
+
+/* A string's bytes into buf: at most max + 1 of them (so one too long still reads too long),
+ * NUL-terminated. */
+static char *
+copy_string(const uint8_t *data, size_t dlen, char *buf, size_t max)
+{
+    size_t n = dlen < max + 1 ? dlen : max + 1;
+
+    memcpy(buf, data, n);
+    buf[n] = '\0';
+    return buf;
+}
+
+static bool
+read_device(const uint8_t *p, size_t len, Devcoord__V1__Device *dev)
+{
+    size_t at = 0;
+
+    while (at < len) {
+        uint32_t field;
+        unsigned wt;
+        uint64_t v = 0;
+        const uint8_t *data;
+        size_t dlen;
+
+        if (!next_field(p, len, &at, &field, &wt, &v, &data, &dlen)) {
+            return false;
+        }
+        if (field >= 1 && field <= 3 && wt != WT_VARINT) {
+            return false;
+        }
+        if (field == 1) {
+            dev->backend = (Devcoord__V1__Backend)(int32_t)(uint32_t)v;
+        } else if (field == 2) {
+            dev->kind = (Devcoord__V1__Kind)(int32_t)(uint32_t)v;
+        } else if (field == 3) {
+            dev->index = (uint32_t)v;
+        }
+    }
+    return true;
+}
+
+bool
+pbwire_read_device_info(const uint8_t *p, size_t len, Devcoord__V1__DeviceInfo *pb,
+                        Devcoord__V1__Device *dev, char *name, char *worker)
+{
+    size_t at = 0;
+
+    devcoord__v1__device_info__init(pb);
+    devcoord__v1__device__init(dev);
+    name[0]    = '\0';
+    worker[0]  = '\0';
+    pb->name   = name;
+    pb->worker = worker;
+    while (at < len) {
+        uint32_t field;
+        unsigned wt;
+        uint64_t v          = 0;
+        const uint8_t *data = NULL;
+        size_t dlen         = 0;
+
+        if (!next_field(p, len, &at, &field, &wt, &v, &data, &dlen)) {
+            return false;
+        }
+        if (field >= 1 && field <= 5 && wt != (field <= 3 ? WT_LEN : WT_VARINT)) {
+            return false;
+        }
+        switch (field) {
+        case 1:
+            copy_string(data, dlen, name, DC_DEVICE_TEXT_MAX);
+            break;
+        case 2:
+            copy_string(data, dlen, worker, DC_WORKER_NAME_MAX);
+            break;
+        case 3:
+            /* A message seen twice: the last one, as protobuf-c 1.4 reads it (no merge). */
+            devcoord__v1__device__init(dev);
+            if (!read_device(data, dlen, dev)) {
+                return false;
+            }
+            pb->device = dev;
+            break;
+        case 4:
+            pb->state = (Devcoord__V1__DeviceState)(int32_t)(uint32_t)v;
+            break;
+        case 5:
+            pb->memory_bytes = v;
+            break;
+        default:
+            break; /* a field from a newer server */
+        }
+    }
+    return true;
+}
+
+bool
+pbwire_scan_page(const uint8_t *p, size_t len, struct pbwire_page *out)
+{
+    size_t at = 0;
+
+    memset(out, 0, sizeof(*out));
+    while (at < len) {
+        uint32_t field;
+        unsigned wt;
+        uint64_t v          = 0;
+        const uint8_t *data = NULL;
+        size_t dlen         = 0;
+
+        if (!next_field(p, len, &at, &field, &wt, &v, &data, &dlen)) {
+            return false;
+        }
+        if (field >= 1 && field <= 3 && wt != (field <= 2 ? WT_LEN : WT_VARINT)) {
+            return false;
+        }
+        if (field == 1) {
+            out->n_devices++;
+        } else if (field == 2) {
+            out->token     = data;
+            out->token_len = dlen;
+        } else if (field == 3) {
+            out->total = v;
+        }
+    }
+    return true;
+}
+
+bool
+pbwire_next_device(const uint8_t *p, size_t len, size_t *at, const uint8_t **dev, size_t *dev_len)
+{
+    while (*at < len) {
+        uint32_t field;
+        unsigned wt;
+        uint64_t v;
+
+        if (!next_field(p, len, at, &field, &wt, &v, dev, dev_len)) {
+            return false;
+        }
+        if (field == 1) {
+            return true;
+        }
+    }
+    return false;
+}
