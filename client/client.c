@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "device.h"
+#include "pbwire.h"
 #include "rpc_leader.h"
 #include "status.h"
 #include "text.h"
@@ -878,8 +879,6 @@ dc_device_list_free(dc_device_list *list)
 dc_code
 dc_list_devices(dc_client *c, const dc_device_filter *filter, dc_device_list **out, dc_status *st)
 {
-    static const Devcoord__V1__ListDevicesResponse empty =
-        DEVCOORD__V1__LIST_DEVICES_RESPONSE__INIT;
     Devcoord__V1__ListDevicesRequest req = DEVCOORD__V1__LIST_DEVICES_REQUEST__INIT;
     struct rpc_reply r                   = { 0 };
     struct device_list_impl *impl        = NULL;
@@ -912,8 +911,10 @@ dc_list_devices(dc_client *c, const dc_device_filter *filter, dc_device_list **o
     }
     list = &impl->pub;
     for (unsigned page = 0;; page++) {
-        const Devcoord__V1__ListDevicesResponse *resp;
-        const char *next;
+        struct pbwire_page pg;
+        char next[PAGE_TOKEN_MAX + 2];
+        const uint8_t *d;
+        size_t at = 0, dlen;
 
         if (page == LIST_DEVICES_MAX_PAGES) {
             code = status_set(st, DC_INTERNAL, "device listing did not end after %d pages",
@@ -921,18 +922,24 @@ dc_list_devices(dc_client *c, const dc_device_filter *filter, dc_device_list **o
             goto out;
         }
         req.page_token = page_token != NULL ? page_token : "";
-        if ((code = coord_call(c, M_COORDINATOR_LIST_DEVICES, &req.base, &r, st)) != DC_OK) {
+        /* The page is read here, by pbwire, straight into the list: a third of the time
+         * protobuf-c takes to unpack 32k devices that would then be copied out again. */
+        if ((code = coord_call(c, M_COORDINATOR_LIST_DEVICES | RPC_RAW_BODY, &req.base, &r, st)) !=
+            DC_OK) {
             goto out;
         }
-        resp = r.body != NULL ? (const Devcoord__V1__ListDevicesResponse *)r.body : &empty;
+        if (!pbwire_scan_page(r.raw_body, r.raw_body_len, &pg)) {
+            code = status_set(st, DC_INTERNAL, "malformed reply: undecodable ListDevices page");
+            goto out;
+        }
         /* The first page says how many there are in all: one allocation, no copying. The
          * figure is the server's word: when it cannot be had, the pages grow the array. */
-        if (page == 0 && resp->total > resp->n_devices && resp->total <= LIST_DEVICES_MAX_TOTAL &&
-            (list->devices = malloc((size_t)resp->total * sizeof(*list->devices))) != NULL) {
-            cap = (size_t)resp->total;
+        if (page == 0 && pg.total > pg.n_devices && pg.total <= LIST_DEVICES_MAX_TOTAL &&
+            (list->devices = malloc((size_t)pg.total * sizeof(*list->devices))) != NULL) {
+            cap = (size_t)pg.total;
         }
-        if (resp->n_devices > cap - list->n) {
-            size_t want = list->n + resp->n_devices;
+        if (pg.n_devices > cap - list->n) {
+            size_t want = list->n + pg.n_devices;
             dc_device_info *grow;
             /* Grow geometrically: a 100k-device listing comes in several pages. */
             if (want < 2 * cap && 2 * cap <= SIZE_MAX / sizeof(*grow)) {
@@ -946,15 +953,28 @@ dc_list_devices(dc_client *c, const dc_device_filter *filter, dc_device_list **o
             list->devices = grow;
             cap           = want;
         }
-        for (size_t i = 0; i < resp->n_devices; i++) {
+        while (pbwire_next_device(r.raw_body, r.raw_body_len, &at, &d, &dlen)) {
             const dc_device_info *prev = list->n > 0 ? &list->devices[list->n - 1] : NULL;
-            if ((code = device_info_from_pb(resp->devices[i], prev, &impl->strings,
-                                            &list->devices[list->n], st)) != DC_OK) {
+            char name[DC_DEVICE_TEXT_MAX + 2], worker[DC_WORKER_NAME_MAX + 2];
+            Devcoord__V1__DeviceInfo pb;
+            Devcoord__V1__Device dev;
+
+            if (!pbwire_read_device_info(d, dlen, &pb, &dev, name, worker)) {
+                code = status_set(st, DC_INTERNAL, "malformed reply: undecodable device");
+                goto out;
+            }
+            if ((code = device_info_from_pb(&pb, prev, &impl->strings, &list->devices[list->n],
+                                            st)) != DC_OK) {
                 goto out;
             }
             list->n++;
         }
-        next = resp->next_page_token != NULL ? resp->next_page_token : "";
+        /* The token as protobuf-c would give it (up to a NUL), one byte past its limit. */
+        dlen = pg.token_len < sizeof(next) - 1 ? pg.token_len : sizeof(next) - 1;
+        if (dlen > 0) {
+            memcpy(next, pg.token, dlen);
+        }
+        next[dlen] = '\0';
         if (next[0] == '\0') {
             break;
         }

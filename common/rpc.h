@@ -177,6 +177,10 @@ void rpc_client_set_reconnect(struct rpc_client *c, uint32_t min_ms, uint32_t ma
 /* A decoded reply. body is NULL when the server sent none. Free with rpc_reply_free. */
 struct rpc_reply {
     ProtobufCMessage *body;
+    /* The body's bytes, left undecoded (body NULL) for a call whose method carried
+     * RPC_RAW_BODY: for a caller that reads them faster itself (pbwire). */
+    const uint8_t *raw_body;
+    size_t raw_body_len;
     const uint8_t *attachment;
     size_t attachment_len;
     nng_msg *msg;        /* internal */
@@ -184,6 +188,10 @@ struct rpc_reply {
 };
 
 void rpc_reply_free(struct rpc_reply *r);
+
+/* Or'ed into a call's method number: the reply's body comes as bytes (raw_body), not
+ * decoded. */
+#define RPC_RAW_BODY 0x80000000u
 
 /* Calls method number `method` of service `svc` and waits for the reply, at most
  * timeout_ms (0: none). Returns the call's code, with st telling why; on return *reply holds

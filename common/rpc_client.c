@@ -19,6 +19,7 @@ struct rpc_slot {
     nng_ctx ctx;
     nng_aio *aio;
     bool receiving;
+    bool raw_body; /* RPC_RAW_BODY: the reply's body is not decoded */
     uint64_t request_id;
     uint64_t deadline_ms;
     uint32_t timeout_ms;
@@ -281,7 +282,10 @@ rpc_slot_decode(struct rpc_slot *s, nng_msg *msg, struct rpc_reply *r, dc_status
         st->device_index = (int32_t)hdr->status->device_index;
     }
     status_set_worker(st, hdr->status->worker);
-    if (f.body_len > 0) {
+    if (s->raw_body) {
+        r->raw_body     = f.body;
+        r->raw_body_len = f.body_len;
+    } else if (f.body_len > 0) {
         r->body = protobuf_c_message_unpack(s->method->output, &alloc, f.body_len, f.body);
         if (r->body == NULL) {
             return status_set(st, arena_exhausted(r->arena) ? DC_RESOURCE_EXHAUSTED : DC_INTERNAL,
@@ -370,6 +374,9 @@ rpc_call_async(struct rpc_client *c, const ProtobufCServiceDescriptor *svc, unsi
     nng_msg *msg;
     int rv;
 
+    bool raw = (method & RPC_RAW_BODY) != 0;
+
+    method &= ~RPC_RAW_BODY;
     if (method >= svc->n_methods) {
         return status_set(st, DC_INTERNAL, "method %u outside %s", method, svc->name);
     }
@@ -396,6 +403,7 @@ rpc_call_async(struct rpc_client *c, const ProtobufCServiceDescriptor *svc, unsi
     s->timeout_ms  = timeout_ms;
     s->deadline_ms = timeout_ms ? rpc_now_ms() + timeout_ms : 0;
     s->method      = &svc->methods[method];
+    s->raw_body    = raw;
     s->done        = done;
     s->arg         = arg;
     nng_aio_set_msg(s->aio, msg);

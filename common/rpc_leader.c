@@ -142,8 +142,10 @@ rpc_leader_call(struct rpc_leader *l, const ProtobufCServiceDescriptor *svc, uns
                 status_set(st, DC_DEADLINE_EXCEEDED,
                            "%s: no coordinator of %zu reachable "
                            "within %u ms (last tried %s)",
-                           method < svc->n_methods ? svc->methods[method].name : "call", l->n,
-                           timeout_ms, l->urls[i]);
+                           (method & ~RPC_RAW_BODY) < svc->n_methods
+                               ? svc->methods[method & ~RPC_RAW_BODY].name
+                               : "call",
+                           l->n, timeout_ms, l->urls[i]);
                 st->transport = true;
                 memset(reply, 0, sizeof(*reply));
                 return DC_DEADLINE_EXCEEDED;
