@@ -18,6 +18,10 @@ struct rpc_slot {
     struct rpc_client *client;
     nng_ctx ctx;
     nng_aio *aio;
+    /* rpc_call's, with no callback: its completion wakes the caller straight from the thread
+     * that completes it, where aio's runs its callback on an nng task thread first (made on
+     * the slot's first synchronous call). */
+    nng_aio *saio;
     bool receiving;
     bool raw_body; /* RPC_RAW_BODY: the reply's body is not decoded */
     uint64_t request_id;
@@ -41,6 +45,8 @@ struct rpc_client {
     atomic_ullong next_id;
 
     pthread_mutex_t mtx;
+    pthread_cond_t sync_cv; /* sync_calls dropped to 0 */
+    unsigned sync_calls;    /* rpc_call's waiting on a slot's saio */
     struct rpc_slot *free_slots;
     struct rpc_slot **slots;
     size_t n_slots, cap_slots;
@@ -106,6 +112,7 @@ rpc_client_open(const struct rpc_client_opts *opts, struct rpc_client **out, dc_
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
     pthread_mutex_init(&c->mtx, NULL);
+    pthread_cond_init(&c->sync_cv, NULL);
     snprintf(c->url, sizeof(c->url), "%s", opts->url);
     c->max_message   = opts->max_message_bytes ? opts->max_message_bytes : RPC_DEFAULT_MAX_MESSAGE;
     c->on_connection = opts->on_connection;
@@ -149,6 +156,7 @@ rpc_client_open(const struct rpc_client_opts *opts, struct rpc_client **out, dc_
     return DC_OK;
 fail:
     free(c->token);
+    pthread_cond_destroy(&c->sync_cv);
     pthread_mutex_destroy(&c->mtx);
     free(c);
     return code;
@@ -167,12 +175,22 @@ rpc_client_close(struct rpc_client *c)
         nng_aio_stop(c->slots[i]->aio);
     }
     nng_close(c->sock);
+    /* Closing failed the synchronous calls still waiting; they give their slots back. */
+    pthread_mutex_lock(&c->mtx);
+    while (c->sync_calls > 0) {
+        pthread_cond_wait(&c->sync_cv, &c->mtx);
+    }
+    pthread_mutex_unlock(&c->mtx);
     for (size_t i = 0; i < c->n_slots; i++) {
         nng_aio_free(c->slots[i]->aio);
+        if (c->slots[i]->saio != NULL) {
+            nng_aio_free(c->slots[i]->saio);
+        }
         free(c->slots[i]);
     }
     free(c->slots);
     free(c->token);
+    pthread_cond_destroy(&c->sync_cv);
     pthread_mutex_destroy(&c->mtx);
     free(c);
 }
@@ -311,31 +329,66 @@ rpc_slot_finish(struct rpc_slot *s, dc_code code, const dc_status *st, struct rp
     rpc_slot_put(s);
 }
 
+/* A request that nng did not take (rv): its message freed, st says why. */
+static dc_code
+rpc_send_failed(struct rpc_slot *s, nng_aio *aio, int rv, dc_status *st)
+{
+    struct rpc_client *c = s->client;
+    dc_code code;
+
+    nng_msg_free(nng_aio_get_msg(aio));
+    nng_aio_set_msg(aio, NULL);
+    /* The deadline passed while waiting for a connection (calls wait for one, as gRPC's
+     * wait-for-ready): a deadline, not a refusal. */
+    if (rv == NNG_ETIMEDOUT && !rpc_client_connected(c)) {
+        code = status_set(st, DC_DEADLINE_EXCEEDED, "cannot reach %s within %u ms: not connected",
+                          c->url, s->timeout_ms);
+    } else {
+        code = wire_nng_status(rv, c->url, st);
+    }
+    st->transport = true;
+    return code;
+}
+
+/* The reply's receive ended (rv): decoded into r, or st says why not. */
+static dc_code
+rpc_reply_take(struct rpc_slot *s, nng_aio *aio, int rv, struct rpc_reply *r, dc_status *st)
+{
+    struct rpc_client *c = s->client;
+    nng_msg *msg;
+    dc_code code;
+
+    if (rv == NNG_ETIMEDOUT) {
+        code = status_set(st, DC_DEADLINE_EXCEEDED, "%s: no reply from %s within %u ms",
+                          s->method->name, c->url, s->timeout_ms);
+    } else if (rv == NNG_ECONNRESET || rv == NNG_ECONNSHUT || rv == NNG_ECLOSED) {
+        code = status_set(st, rv == NNG_ECLOSED ? DC_CANCELLED : DC_UNAVAILABLE,
+                          "%s: connection to %s lost", s->method->name, c->url);
+    } else if (rv != 0) {
+        code = wire_nng_status(rv, c->url, st);
+    }
+    if (rv != 0) {
+        st->transport = true;
+        return code;
+    }
+    msg = nng_aio_get_msg(aio);
+    nng_aio_set_msg(aio, NULL);
+    return rpc_slot_decode(s, msg, r, st);
+}
+
 static void
 rpc_slot_cb(void *arg)
 {
-    struct rpc_slot *s   = arg;
-    struct rpc_client *c = s->client;
-    int rv               = nng_aio_result(s->aio);
-    struct rpc_reply r   = { 0 };
+    struct rpc_slot *s = arg;
+    int rv             = nng_aio_result(s->aio);
+    struct rpc_reply r = { 0 };
     dc_status st;
     dc_code code;
 
     status_clear(&st);
     if (!s->receiving) {
         if (rv != 0) {
-            nng_msg_free(nng_aio_get_msg(s->aio));
-            nng_aio_set_msg(s->aio, NULL);
-            /* The deadline passed while waiting for a connection (calls wait for one, as
-             * gRPC's wait-for-ready): a deadline, not a refusal. */
-            if (rv == NNG_ETIMEDOUT && !rpc_client_connected(c)) {
-                code = status_set(&st, DC_DEADLINE_EXCEEDED,
-                                  "cannot reach %s within %u ms: not connected", c->url,
-                                  s->timeout_ms);
-            } else {
-                code = wire_nng_status(rv, c->url, &st);
-            }
-            st.transport = true;
+            code = rpc_send_failed(s, s->aio, rv, &st);
             rpc_slot_finish(s, code, &st, &r);
             return;
         }
@@ -344,37 +397,22 @@ rpc_slot_cb(void *arg)
         nng_ctx_recv(s->ctx, s->aio);
         return;
     }
-    if (rv == NNG_ETIMEDOUT) {
-        code = status_set(&st, DC_DEADLINE_EXCEEDED, "%s: no reply from %s within %u ms",
-                          s->method->name, c->url, s->timeout_ms);
-    } else if (rv == NNG_ECONNRESET || rv == NNG_ECONNSHUT || rv == NNG_ECLOSED) {
-        code = status_set(&st, rv == NNG_ECLOSED ? DC_CANCELLED : DC_UNAVAILABLE,
-                          "%s: connection to %s lost", s->method->name, c->url);
-    } else if (rv != 0) {
-        code = wire_nng_status(rv, c->url, &st);
-    }
-    if (rv != 0) {
-        st.transport = true;
-    } else {
-        nng_msg *msg = nng_aio_get_msg(s->aio);
-        nng_aio_set_msg(s->aio, NULL);
-        code = rpc_slot_decode(s, msg, &r, &st);
-    }
+    code = rpc_reply_take(s, s->aio, rv, &r, &st);
     rpc_slot_finish(s, code, &st, &r);
 }
 
-dc_code
-rpc_call_async(struct rpc_client *c, const ProtobufCServiceDescriptor *svc, unsigned method,
-               const ProtobufCMessage *request, const void *attachment, size_t attachment_len,
-               uint32_t timeout_ms, rpc_done_fn done, void *arg, dc_status *st)
+/* A call's request packed into *msg, on a slot of its own (*out) set for it. */
+static dc_code
+rpc_prepare(struct rpc_client *c, const ProtobufCServiceDescriptor *svc, unsigned method,
+            const ProtobufCMessage *request, const void *attachment, size_t attachment_len,
+            uint32_t timeout_ms, struct rpc_slot **out, nng_msg **out_msg, dc_status *st)
 {
     Devcoord__V1__RequestHeader hdr = DEVCOORD__V1__REQUEST_HEADER__INIT;
     char path[160];
     struct rpc_slot *s;
     nng_msg *msg;
-    int rv;
-
     bool raw = (method & RPC_RAW_BODY) != 0;
+    int rv;
 
     method &= ~RPC_RAW_BODY;
     if (method >= svc->n_methods) {
@@ -404,65 +442,82 @@ rpc_call_async(struct rpc_client *c, const ProtobufCServiceDescriptor *svc, unsi
     s->deadline_ms = timeout_ms ? rpc_now_ms() + timeout_ms : 0;
     s->method      = &svc->methods[method];
     s->raw_body    = raw;
-    s->done        = done;
-    s->arg         = arg;
+    *out           = s;
+    *out_msg       = msg;
+    return DC_OK;
+}
+
+dc_code
+rpc_call_async(struct rpc_client *c, const ProtobufCServiceDescriptor *svc, unsigned method,
+               const ProtobufCMessage *request, const void *attachment, size_t attachment_len,
+               uint32_t timeout_ms, rpc_done_fn done, void *arg, dc_status *st)
+{
+    struct rpc_slot *s = NULL;
+    nng_msg *msg       = NULL;
+    dc_code code;
+
+    if ((code = rpc_prepare(c, svc, method, request, attachment, attachment_len, timeout_ms, &s,
+                            &msg, st)) != DC_OK) {
+        return code;
+    }
+    s->done = done;
+    s->arg  = arg;
     nng_aio_set_msg(s->aio, msg);
     nng_aio_set_timeout(s->aio, rpc_slot_remaining(s));
     nng_ctx_send(s->ctx, s->aio);
     return DC_OK;
 }
 
-/* A synchronous call waits on one of these. */
-struct rpc_waiter {
-    pthread_mutex_t mtx;
-    pthread_cond_t cv;
-    bool done;
-    dc_code code;
-    dc_status st;
-    struct rpc_reply reply;
-};
-
-static void
-rpc_waiter_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, bool *keep)
-{
-    struct rpc_waiter *w = arg;
-
-    pthread_mutex_lock(&w->mtx);
-    w->code  = code;
-    w->st    = *st;
-    w->reply = *reply;
-    *keep    = true;
-    w->done  = true;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mtx);
-}
-
+/* Made and waited for on the caller's thread: the send, then the receive of the reply, on the
+ * slot's callback-less aio, so the reply wakes the caller directly. */
 dc_code
 rpc_call(struct rpc_client *c, const ProtobufCServiceDescriptor *svc, unsigned method,
          const ProtobufCMessage *request, const void *attachment, size_t attachment_len,
          uint32_t timeout_ms, struct rpc_reply *reply, dc_status *st)
 {
-    struct rpc_waiter w = { .done = false };
+    struct rpc_slot *s = NULL;
+    nng_msg *msg       = NULL;
+    dc_status ls;
     dc_code code;
+    int rv;
 
     memset(reply, 0, sizeof(*reply));
-    pthread_mutex_init(&w.mtx, NULL);
-    pthread_cond_init(&w.cv, NULL);
-    code = rpc_call_async(c, svc, method, request, attachment, attachment_len, timeout_ms,
-                          rpc_waiter_done, &w, st);
-    if (code == DC_OK) {
-        pthread_mutex_lock(&w.mtx);
-        while (!w.done) {
-            pthread_cond_wait(&w.cv, &w.mtx);
-        }
-        pthread_mutex_unlock(&w.mtx);
-        code   = w.code;
-        *reply = w.reply;
-        if (st != NULL) {
-            *st = w.st;
-        }
+    status_clear(&ls);
+    if ((code = rpc_prepare(c, svc, method, request, attachment, attachment_len, timeout_ms, &s,
+                            &msg, &ls)) != DC_OK) {
+        goto out;
     }
-    pthread_cond_destroy(&w.cv);
-    pthread_mutex_destroy(&w.mtx);
+    if (s->saio == NULL && nng_aio_alloc(&s->saio, NULL, NULL) != 0) {
+        s->saio = NULL;
+        nng_msg_free(msg);
+        rpc_slot_put(s);
+        code = status_set(&ls, DC_RESOURCE_EXHAUSTED, "out of memory starting a call");
+        goto out;
+    }
+    pthread_mutex_lock(&c->mtx);
+    c->sync_calls++;
+    pthread_mutex_unlock(&c->mtx);
+    nng_aio_set_msg(s->saio, msg);
+    nng_aio_set_timeout(s->saio, rpc_slot_remaining(s));
+    nng_ctx_send(s->ctx, s->saio);
+    nng_aio_wait(s->saio);
+    if ((rv = nng_aio_result(s->saio)) != 0) {
+        code = rpc_send_failed(s, s->saio, rv, &ls);
+    } else {
+        nng_aio_set_timeout(s->saio, rpc_slot_remaining(s));
+        nng_ctx_recv(s->ctx, s->saio);
+        nng_aio_wait(s->saio);
+        code = rpc_reply_take(s, s->saio, nng_aio_result(s->saio), reply, &ls);
+    }
+    rpc_slot_put(s);
+    pthread_mutex_lock(&c->mtx);
+    if (--c->sync_calls == 0) {
+        pthread_cond_broadcast(&c->sync_cv);
+    }
+    pthread_mutex_unlock(&c->mtx);
+out:
+    if (st != NULL) {
+        *st = ls;
+    }
     return code;
 }
