@@ -1,5 +1,6 @@
 #include "pbwire.h"
 
+#include <limits.h>
 #include <string.h>
 
 /* Wire types. */
@@ -59,8 +60,8 @@ pbwire_device_info(uint8_t *out, const char *name, size_t name_len, const char *
     uint8_t dev[20];
     size_t n = 0, dn = 0;
 
-    n += put_bytes_field(out + n, 1, name, name_len < DC_DEVICE_TEXT_MAX ? name_len
-                                                                         : DC_DEVICE_TEXT_MAX);
+    n += put_bytes_field(out + n, 1, name,
+                         name_len < DC_DEVICE_TEXT_MAX ? name_len : DC_DEVICE_TEXT_MAX);
     n += put_bytes_field(out + n, 2, worker,
                          worker_len < DC_WORKER_NAME_MAX ? worker_len : DC_WORKER_NAME_MAX);
     dn += put_uint_field(dev + dn, 1, enum_wire((int32_t)device->backend));
@@ -93,19 +94,49 @@ get_varint(const uint8_t *p, size_t len, size_t *at, uint64_t *v)
     return false; /* truncated, or longer than ten bytes */
 }
 
-/* The next field's key at *at: its number, its wire type, and for WT_LEN where its bytes
- * are (*data, *dlen); *at moves past the field. False when malformed or truncated. */
+/* A field's key at *at, read as protobuf-c 1.4 reads one (parse_tag_and_wiretype): at most
+ * five bytes, the wire type and the first bits of the number in the first byte, which must
+ * hold some bits of the number (a zero there is no field). */
+static bool
+get_key(const uint8_t *p, size_t len, size_t *at, uint32_t *field, unsigned *wt)
+{
+    const uint8_t *d = p + *at;
+    size_t rem       = len - *at;
+    size_t max       = rem < 5 ? rem : 5;
+    uint32_t tag;
+    unsigned shift = 4;
+    size_t i;
+
+    if (rem == 0 || (d[0] & 0xf8) == 0) {
+        return false;
+    }
+    tag = (uint32_t)(d[0] & 0x7f) >> 3;
+    *wt = d[0] & 7;
+    for (i = 0; (d[i] & 0x80) != 0;) {
+        if (++i == max) {
+            return false;
+        }
+        tag |= (uint32_t)(d[i] & 0x7f) << shift;
+        shift += 7;
+    }
+    *at += i + 1;
+    *field = tag;
+    return true;
+}
+
+/* The next field at *at: its number, its wire type, its value (WT_VARINT) or where its bytes
+ * are (WT_LEN: *data, *dlen); *at moves past it. False when malformed or truncated, as
+ * protobuf-c 1.4 would find it (a length prefix takes at most five bytes, at most INT_MAX). */
 static bool
 next_field(const uint8_t *p, size_t len, size_t *at, uint32_t *field, unsigned *wt, uint64_t *v,
            const uint8_t **data, size_t *dlen)
 {
-    uint64_t key, n;
+    uint64_t n;
+    size_t start;
 
-    if (!get_varint(p, len, at, &key) || key >> 3 == 0 || key >> 3 > UINT32_MAX) {
+    if (!get_key(p, len, at, field, wt)) {
         return false;
     }
-    *field = (uint32_t)(key >> 3);
-    *wt    = (unsigned)(key & 7);
     switch (*wt) {
     case WT_VARINT:
         return get_varint(p, len, at, v);
@@ -118,7 +149,8 @@ next_field(const uint8_t *p, size_t len, size_t *at, uint32_t *field, unsigned *
         *at += n;
         return true;
     case WT_LEN:
-        if (!get_varint(p, len, at, &n) || n > len - *at) {
+        start = *at;
+        if (!get_varint(p, len, at, &n) || *at - start > 5 || n > INT_MAX || n > len - *at) {
             return false;
         }
         *data = p + *at;

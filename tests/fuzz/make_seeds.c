@@ -6,7 +6,7 @@
  * frames (upload in chunks, read back, list, delete). device: every backend and kind in
  * text, and near misses. config: the examples of design §9 and tricky YAML. datalink: the
  * data link's byte streams (a mode byte, then HELLO and data frames, see fuzz_datalink.c),
- * valid and broken one way each.
+ * valid and broken one way each. pbwire: ListDevices pages and a DeviceInfo.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -16,6 +16,7 @@
 
 #include "datalink.h"
 #include "device.h"
+#include "pbwire.h"
 #include "devcoord/v1/devcoord.pb-c.h"
 #include "rpc.h"
 #include "wire.h"
@@ -677,6 +678,62 @@ datalink_seeds(void)
     free(b.data);
 }
 
+/* pbwire: ListDevices pages as the coordinator sends them (devices packed by hand as unknown
+ * fields, after the token and total) and as protobuf-c packs them (devices first), and one
+ * DeviceInfo alone. */
+static void
+pbwire_seeds(void)
+{
+    static const char *const workers[]     = { "node-a", "node-a", "node-b" };
+    Devcoord__V1__ListDevicesResponse page = DEVCOORD__V1__LIST_DEVICES_RESPONSE__INIT;
+    ProtobufCMessageUnknownField fields[3];
+    Devcoord__V1__DeviceInfo infos[3], *ptrs[3];
+    Devcoord__V1__Device devs[3];
+    uint8_t raw[3][PBWIRE_DEVICE_INFO_MAX + PBWIRE_VARINT_MAX];
+    char names[3][DC_DEVICE_TEXT_SIZE];
+    uint8_t out[4096];
+    size_t n;
+
+    for (unsigned i = 0; i < 3; i++) {
+        dc_device d = { .backend = DC_BACKEND_CUDA, .kind = DC_KIND_NONE, .index = i };
+        size_t len;
+        uint8_t body[PBWIRE_DEVICE_INFO_MAX];
+
+        device_cluster_name(workers[i], &d, names[i], sizeof(names[i]));
+        devcoord__v1__device_info__init(&infos[i]);
+        device_to_pb(&d, &devs[i]);
+        infos[i].name         = names[i];
+        infos[i].worker       = (char *)workers[i];
+        infos[i].device       = &devs[i];
+        infos[i].state        = DEVCOORD__V1__DEVICE_STATE__DEVICE_HEALTHY;
+        infos[i].memory_bytes = (uint64_t)80 << 30;
+        ptrs[i]               = &infos[i];
+        len = pbwire_device_info(body, names[i], strlen(names[i]), workers[i], strlen(workers[i]),
+                                 &d, infos[i].state, infos[i].memory_bytes);
+        fields[i].tag       = 1;
+        fields[i].wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
+        fields[i].len       = pbwire_put_varint(raw[i], len);
+        memcpy(raw[i] + fields[i].len, body, len);
+        fields[i].len += len;
+        fields[i].data = raw[i];
+        if (i == 0) {
+            write_seed("pbwire", "device-info", body, len);
+        }
+    }
+    page.next_page_token       = "node-b/1";
+    page.total                 = 100000;
+    page.base.n_unknown_fields = 3;
+    page.base.unknown_fields   = fields;
+    n                          = protobuf_c_message_pack(&page.base, out);
+    write_seed("pbwire", "page-as-the-coordinator-sends-it", out, n);
+    page.base.n_unknown_fields = 0;
+    page.n_devices             = 3;
+    page.devices               = ptrs;
+    n                          = protobuf_c_message_pack(&page.base, out);
+    write_seed("pbwire", "page-as-protobuf-c-packs-it", out, n);
+    write_seed("pbwire", "page-cut-in-a-device", out, n - 5);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -691,5 +748,6 @@ main(int argc, char **argv)
     device_seeds();
     config_seeds();
     datalink_seeds();
+    pbwire_seeds();
     return failures == 0 ? 0 : 1;
 }

@@ -31,8 +31,8 @@ static void
 random_info(Devcoord__V1__DeviceInfo *pb, Devcoord__V1__Device *dev, char *name, char *worker)
 {
     static const uint64_t mems[] = { 0, 1, 127, 128, 16384, (uint64_t)80 << 30, UINT64_MAX };
-    size_t nlen = rnd() % 4 == 0 ? 0 : rnd() % (DC_DEVICE_TEXT_MAX + 1);
-    size_t wlen = rnd() % 4 == 0 ? 0 : rnd() % (DC_WORKER_NAME_MAX + 1);
+    size_t nlen                  = rnd() % 4 == 0 ? 0 : rnd() % (DC_DEVICE_TEXT_MAX + 1);
+    size_t wlen                  = rnd() % 4 == 0 ? 0 : rnd() % (DC_WORKER_NAME_MAX + 1);
 
     for (size_t i = 0; i < nlen; i++) {
         name[i] = (char)('a' + rnd() % 26);
@@ -94,7 +94,7 @@ same_reading(const uint8_t *p, size_t len)
     Devcoord__V1__DeviceInfo ours;
     Devcoord__V1__Device dev;
     Devcoord__V1__DeviceInfo *theirs = devcoord__v1__device_info__unpack(NULL, len, p);
-    bool ok = pbwire_read_device_info(p, len, &ours, &dev, name, worker);
+    bool ok                          = pbwire_read_device_info(p, len, &ours, &dev, name, worker);
 
     assert_int_equal(ok, theirs != NULL);
     if (ok) {
@@ -145,11 +145,11 @@ static void
 test_reads_any_order_and_skips_unknown_fields(void **state)
 {
     /* state 2, an unknown fixed64 (field 9), name "n", device twice (the
-     * second wins whole, as protobuf-c 1.4 reads it: backend 0, index 7), an unknown string (field 12), worker "w". */
-    static const uint8_t msg[] = { 0x20, 0x02, 0x49, 1,    2,    3,    4,    5,    6,
-                                   7,    8,    0x0a, 0x01, 'n',  0x1a, 0x02, 0x08, 0x02,
-                                   0x1a, 0x02, 0x18, 0x07, 0x62, 0x02, 'x',  'y',  0x12,
-                                   0x01, 'w' };
+     * second wins whole, as protobuf-c 1.4 reads it: backend 0, index 7), an unknown string (field
+     * 12), worker "w". */
+    static const uint8_t msg[] = { 0x20, 0x02, 0x49, 1,    2,    3,    4,    5,    6,    7,
+                                   8,    0x0a, 0x01, 'n',  0x1a, 0x02, 0x08, 0x02, 0x1a, 0x02,
+                                   0x18, 0x07, 0x62, 0x02, 'x',  'y',  0x12, 0x01, 'w' };
     char name[DC_DEVICE_TEXT_MAX + 2], worker[DC_WORKER_NAME_MAX + 2];
     Devcoord__V1__DeviceInfo pb;
     Devcoord__V1__Device dev;
@@ -163,6 +163,29 @@ test_reads_any_order_and_skips_unknown_fields(void **state)
     assert_int_equal(pb.device->backend, 0);
     assert_int_equal(pb.device->index, 7);
     same_reading(msg, sizeof(msg));
+}
+
+/* Found by fuzz_pbwire: a key of four bytes whose number is 0 (0x80 0x80 0x80 0x00).
+ * protobuf-c reads it as an unknown field, since only a first byte without number bits is
+ * refused; so does pbwire. */
+static void
+test_reads_keys_as_protobuf_c_does(void **state)
+{
+    static const uint8_t msg[] = { 0x0a, 0x02, 'a',  'b',  0x20, 0x01, 0x28, 0xbc,
+                                   0xbc, 0x80, 0x22, 0x80, 0x80, 0x80, 0x00, 0x6f };
+    /* A five-byte key, and one of six (refused). */
+    static const uint8_t five[] = { 0x0a, 0x01, 'a', 0xf8, 0xff, 0xff, 0xff, 0x0f, 0x00 };
+    static const uint8_t six[]  = { 0x0a, 0x01, 'a', 0xf8, 0xff, 0xff, 0xff, 0x8f, 0x00, 0x00 };
+    char name[DC_DEVICE_TEXT_MAX + 2], worker[DC_WORKER_NAME_MAX + 2];
+    Devcoord__V1__DeviceInfo pb;
+    Devcoord__V1__Device dev;
+
+    (void)state;
+    assert_true(pbwire_read_device_info(msg, sizeof(msg), &pb, &dev, name, worker));
+    same_reading(msg, sizeof(msg));
+    same_reading(five, sizeof(five));
+    same_reading(six, sizeof(six));
+    assert_false(pbwire_read_device_info(six, sizeof(six), &pb, &dev, name, worker));
 }
 
 static void
@@ -220,6 +243,7 @@ main(void)
         cmocka_unit_test(test_writes_protobuf_c_bytes),
         cmocka_unit_test(test_reads_what_protobuf_c_reads),
         cmocka_unit_test(test_reads_any_order_and_skips_unknown_fields),
+        cmocka_unit_test(test_reads_keys_as_protobuf_c_does),
         cmocka_unit_test(test_scans_a_page),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
