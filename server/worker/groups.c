@@ -28,9 +28,11 @@
 #include "status.h"
 #include "validate.h"
 
-#define WORKER_SVC    (&devcoord__v1__worker__descriptor)
-#define TIMER_TICK_MS 20
-#define KINDS         (DC_OP_COUNT)
+#define WORKER_SVC (&devcoord__v1__worker__descriptor)
+/* How long a GroupEnd may take to reach a peer (nobody waits for it). */
+#define GROUP_END_TIMEOUT_MS 5000
+#define TIMER_TICK_MS        20
+#define KINDS                (DC_OP_COUNT)
 
 struct desc {
     dc_op_kind kind;
@@ -552,6 +554,52 @@ group_end_locked(struct wgroups *wg, struct wgroup *g, const dc_status *st)
         wcall_free(wg, g, c);
     }
     regions_free(wg, g);
+}
+
+/* A GroupEnd a peer answered, or did not: nothing to do either way (nng thread). */
+static void
+end_told(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, bool *keep)
+{
+    (void)arg;
+    (void)reply;
+    (void)keep;
+    if (code != DC_OK) {
+        log_debug("a peer did not take a GroupEnd: %s", st->message);
+    }
+}
+
+/* Ends g here for a reason its peers cannot see (this worker refused the part or the data
+ * one of them sent), and tells each of them (GroupEnd, not waited for): their ranks then hear
+ * why at once, not at their calls' deadline. mtx held. */
+static void
+group_refuse_locked(struct wgroups *wg, struct wgroup *g, const dc_status *st)
+{
+    Devcoord__V1__GroupEndRequest req = DEVCOORD__V1__GROUP_END_REQUEST__INIT;
+    Devcoord__V1__Status status       = DEVCOORD__V1__STATUS__INIT;
+
+    if (g->ended) {
+        return;
+    }
+    group_end_locked(wg, g, st);
+    status.code    = (Devcoord__V1__Code)st->code;
+    status.message = (char *)st->message;
+    status.worker  = (char *)st->worker;
+    req.group_id   = g->id;
+    req.generation = g->generation;
+    req.from       = g->self;
+    req.status     = &status;
+    for (size_t w = 0; w < g->n_workers; w++) {
+        dc_status why;
+        if (w == g->self || g->workers[w].peer == NULL) {
+            continue;
+        }
+        /* Packed and queued here; a peer that cannot be reached finds out by itself. */
+        if (rpc_call_async(g->workers[w].peer->client, WORKER_SVC, M_WORKER_GROUP_END, &req.base,
+                           NULL, 0, GROUP_END_TIMEOUT_MS, end_told, NULL, &why) != DC_OK) {
+            log_debug("group %s: cannot tell worker %s it ended: %s", g->id, g->workers[w].name,
+                      why.message);
+        }
+    }
 }
 
 static void
@@ -2646,9 +2694,45 @@ wgroups_exchange(struct wgroups *wg, const Devcoord__V1__GroupExchangeRequest *i
     closure(&out, cd);
 }
 
+void
+wgroups_end(struct wgroups *wg, const Devcoord__V1__GroupEndRequest *in,
+            Devcoord__V1__GroupEndResponse_Closure closure, void *cd)
+{
+    Devcoord__V1__GroupEndResponse out = DEVCOORD__V1__GROUP_END_RESPONSE__INIT;
+    struct wgroup *g;
+    dc_status st;
+
+    status_clear(&st);
+    pthread_mutex_lock(&wg->mtx);
+    if ((g = group_find(wg, in->group_id)) == NULL || g->generation != in->generation) {
+        /* A generation this worker no longer has: nothing left to end. */
+    } else if (in->from >= g->n_workers || in->from == g->self || in->status == NULL ||
+               in->status->code == DEVCOORD__V1__CODE__OK) {
+        status_set(&st, DC_INVALID_ARGUMENT, "malformed group end");
+    } else if (!g->ended && !wg->stopping) {
+        dc_code code = (int)in->status->code > 0 && (int)in->status->code <= (int)DC_UNAUTHENTICATED
+                           ? (dc_code)in->status->code
+                           : DC_UNKNOWN;
+        dc_status end;
+        status_set(&end, code, "worker %s ended generation %llu of group %s: %s",
+                   g->workers[in->from].name, (unsigned long long)g->generation, g->id,
+                   in->status->message);
+        status_set_worker(&end, in->status->worker[0] != '\0' ? in->status->worker
+                                                              : g->workers[in->from].name);
+        group_end_locked(wg, g, &end);
+    }
+    pthread_mutex_unlock(&wg->mtx);
+    if (st.code != DC_OK) {
+        *rpc_call_status(cd) = st;
+        closure(NULL, cd);
+        return;
+    }
+    closure(&out, cd);
+}
+
 /* A peer's whole part of a small call on its data link (DLINK_PART): taken as GroupExchange
  * takes it. A part of a generation no longer here is dropped, as a data frame's bytes are; one
- * this worker refuses ends the group here (its peers' calls end at their deadline). false (the
+ * this worker refuses ends the group here and on its peers (group_refuse_locked). false (the
  * connection drops): a request that does not decode or names another sender. */
 static bool
 link_part(void *arg, const char *peer, const struct dlink_hdr *h, const uint8_t *payload,
@@ -2684,7 +2768,7 @@ link_part(void *arg, const char *peer, const struct dlink_hdr *h, const uint8_t 
         status_set(&end, st.code, "worker %s of group %s sent call %llu's part: %s",
                    g->workers[in->from].name, g->id, (unsigned long long)in->seq, st.message);
         status_set_worker(&end, g->workers[in->from].name);
-        group_end_locked(wg, g, &end);
+        group_refuse_locked(wg, g, &end);
     } else {
         wg->parts_in++;
     }
@@ -2729,7 +2813,7 @@ link_frame_begin(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t
             status_set(&end, st.code, "worker %s of group %s sent call %llu's data: %s",
                        g->workers[h->from].name, g->id, (unsigned long long)h->seq, st.message);
             status_set_worker(&end, g->workers[h->from].name);
-            group_end_locked(wg, g, &end);
+            group_refuse_locked(wg, g, &end);
         }
     } else if (!wg->stopping && g != NULL) {
         if ((c = wcall_get(wg, g, h->seq, 0, &st)) == NULL ||
@@ -2738,7 +2822,7 @@ link_frame_begin(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t
             status_set(&end, st.code, "worker %s of group %s sent call %llu's data: %s",
                        g->workers[h->from].name, g->id, (unsigned long long)h->seq, st.message);
             status_set_worker(&end, g->workers[h->from].name);
-            group_end_locked(wg, g, &end);
+            group_refuse_locked(wg, g, &end);
         } else {
             struct pbuf *b = c->peer[h->from].buf;
             *dst           = b->data + h->offset;

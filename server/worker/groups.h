@@ -75,6 +75,10 @@ void wgroups_link(struct wgroups *wg, const Devcoord__V1__GroupLinkRequest *in,
  * ranks): a rank that dials it makes its calls there, in frames (dlframe.h), not in RPCs. */
 void wgroups_call_link(struct wgroups *wg, const Devcoord__V1__GroupLinkRequest *in,
                        Devcoord__V1__GroupLinkResponse_Closure closure, void *cd);
+/* A peer ended a generation of a group it shares with this worker (GroupEnd): so does this
+ * worker, with the peer's reason. */
+void wgroups_end(struct wgroups *wg, const Devcoord__V1__GroupEndRequest *in,
+                 Devcoord__V1__GroupEndResponse_Closure closure, void *cd);
 /* Calls completed in the group and this worker's stalled ranks (groups list | show). */
 void wgroups_status(struct wgroups *wg, const Devcoord__V1__GroupStatusRequest *in,
                     Devcoord__V1__GroupStatusResponse_Closure closure, void *cd);

@@ -57,7 +57,8 @@ static const char usage[] =
  * on a pool thread; Exchange and the tensor calls copy or reduce one chunk. */
 static const char *const worker_inline_methods[] = {
     "Execute",    "Abort",         "Exchange",    "PutTensor", "GetTensor",     "DeleteTensor",
-    "GroupSetup", "GroupExchange", "GroupStatus", "GroupLink", "GroupCallLink", NULL,
+    "GroupSetup", "GroupExchange", "GroupStatus", "GroupLink", "GroupCallLink", "GroupEnd",
+    NULL,
 };
 
 /* Set when the worker stops because the coordinator refused it or another instance took its

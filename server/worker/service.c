@@ -142,6 +142,13 @@ w_group_call_link(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__GroupLi
     wgroups_call_link(WORKER(svc)->groups, in, closure, cd);
 }
 
+static void
+w_group_end(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__GroupEndRequest *in,
+            Devcoord__V1__GroupEndResponse_Closure closure, void *cd)
+{
+    wgroups_end(WORKER(svc)->groups, in, closure, cd);
+}
+
 void
 worker_service_init(struct worker *w)
 {
@@ -157,7 +164,7 @@ static const struct auth_rule worker_rules[] = {
     { "GroupSetup", ROLE_WORKER },     { "GroupCall", ROLE_TRAINER },
     { "GroupExchange", ROLE_WORKER },  { "GroupStatus", ROLE_TRAINER | ROLE_OPERATOR },
     { "GroupMap", ROLE_TRAINER },      { "GroupLink", ROLE_WORKER },
-    { "GroupCallLink", ROLE_TRAINER },
+    { "GroupCallLink", ROLE_TRAINER }, { "GroupEnd", ROLE_WORKER },
 };
 
 dc_code

@@ -855,6 +855,95 @@ class DataLinkInputTest(GroupsTestCase):
         self.assertEqual(m["devcoord_group_link_parts_received_total"], 1)
         self.assertEqual(m["devcoord_group_link_refused_total"], 1)
 
+    def test_a_refused_part_ends_the_generation_on_its_sender_at_once(self):
+        """A worker that refuses a peer's part ends the generation and tells its peers
+        (GroupEnd): the sender's rank hears why, not DEADLINE_EXCEEDED at its deadline."""
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]})
+        addr = {w: c.worker_specs[w]["listen"] for w in ("node-a", "node-b")}
+        rpc = {w: int(a.rsplit(":", 1)[1]) for w, a in addr.items()}
+        gid = "00000000000000ee"
+        two = plan([("node-a", 0), ("node-b", 0)],
+                   [("node-a", addr["node-a"], [0]), ("node-b", addr["node-b"], [1])])
+        for index, w in enumerate(("node-a", "node-b")):
+            code, message, _ = self.call(rpc[w], "GroupSetup", setup_body(gid, 1, two, index))
+            self.assertEqual(code, "OK", message)
+        # node-b first gets a part of call 1 "from node-a" (a connection that says it is
+        # node-a, with the secret): it keeps it, waiting for its own rank.
+        port, secret = self.link(rpc["node-b"])
+        part = (pb_bytes(F("GroupExchangeRequest", "group_id"), gid)
+                + harness.pb_uint(F("GroupExchangeRequest", "generation"), 1)
+                + harness.pb_uint(F("GroupExchangeRequest", "seq"), 1)
+                + pb_msg(F("GroupExchangeRequest", "calls"), call_desc(0, 1, 3, 4))
+                + harness.pb_uint(F("GroupExchangeRequest", "has_data"), 1))
+        data = struct.pack("<4i", 1, 2, 3, 4)
+        hello = (dlink_header(1, 32 + len(addr["node-a"])) + secret + addr["node-a"].encode())
+        frame = dlink_header(5, len(part) + len(data), sender=0, seq=1, offset=len(part),
+                             total=len(part) + len(data)) + part + data
+        # The connection stays open (node-b would take its close for node-a's going away).
+        fake = socket.create_connection(("127.0.0.1", port), timeout=60.0)
+        self.addCleanup(fake.close)
+        fake.sendall(hello + frame)
+        fake.settimeout(1.0)
+        with self.assertRaises(socket.timeout):  # taken: the connection is not closed
+            fake.recv(1)
+        # node-a's rank calls: node-a's real part is a duplicate to node-b, which refuses it.
+        def call_body(rank, seq):
+            return (pb_bytes(F("GroupCallRequest", "group_id"), gid)
+                    + harness.pb_uint(F("GroupCallRequest", "generation"), 1)
+                    + harness.pb_uint(F("GroupCallRequest", "seq"), seq)
+                    + pb_msg(F("GroupCallRequest", "call"), call_desc(rank, 1, 3, 4)))
+        with harness.RpcConnection(rpc["node-a"], timeout=60.0) as conn:
+            rid = random.randrange(1, 1 << 31)
+            header = (harness.pb_uint(F("RequestHeader", "request_id"), rid)
+                      + pb_bytes(F("RequestHeader", "method"), WORKER_SVC + "GroupCall")
+                      + harness.pb_uint(F("RequestHeader", "timeout_ms"), 30000))
+            code, message, _ = conn.call_raw(harness.frame(header, call_body(0, 1), data), rid)
+        self.assertEqual(code, "ALREADY_EXISTS", message)
+        self.assertIn("worker node-b ended generation 1 of group " + gid, message)
+        self.assertIn("duplicate group exchange", message)
+        # Every later call of the generation fails the same way, on both workers.
+        for w, rank, seq in (("node-a", 0, 2), ("node-b", 1, 1)):
+            code, message, _ = self.call(rpc[w], "GroupCall", call_body(rank, seq), data)
+            self.assertEqual(code, "ALREADY_EXISTS", (w, message))
+            self.assertIn("duplicate group exchange", message)
+
+    def test_group_end_from_a_peer_is_checked_then_ends_the_generation(self):
+        c = self.start({"node-a": ["cuda:0"]})
+        address = c.worker_specs["node-a"]["listen"]
+        rpc_port = int(address.rsplit(":", 1)[1])
+        peer_b = "tcp://127.0.0.1:%d" % harness.free_port()  # nobody listens: never dialed
+        gid = "00000000000000ed"
+        code, message, _ = self.call(rpc_port, "GroupSetup", setup_body(
+            gid, 1, plan([("node-a", 0), ("node-b", 0)],
+                         [("node-a", address, [0]), ("node-b", peer_b, [1])]), 0))
+        self.assertEqual(code, "OK", message)
+
+        def end(frm, code=harness.CODES.index("RESOURCE_EXHAUSTED"), gen=1, status=True):
+            st = (harness.pb_uint(F("Status", "code"), code)
+                  + pb_bytes(F("Status", "message"), "parts over the limit"))
+            return (pb_bytes(F("GroupEndRequest", "group_id"), gid)
+                    + harness.pb_uint(F("GroupEndRequest", "generation"), gen)
+                    + harness.pb_uint(F("GroupEndRequest", "from"), frm)
+                    + (pb_msg(F("GroupEndRequest", "status"), st) if status else b""))
+
+        for body in (end(0), end(2), end(1, code=0), end(1, status=False)):
+            code, message, _ = self.call(rpc_port, "GroupEnd", body)
+            self.assertEqual(code, "INVALID_ARGUMENT", message)
+            self.assertIn("malformed group end", message)
+        # Another generation: nothing to end.
+        code, message, _ = self.call(rpc_port, "GroupEnd", end(1, gen=7))
+        self.assertEqual(code, "OK", message)
+        call = (pb_bytes(F("GroupCallRequest", "group_id"), gid)
+                + harness.pb_uint(F("GroupCallRequest", "generation"), 1)
+                + harness.pb_uint(F("GroupCallRequest", "seq"), 1)
+                + pb_msg(F("GroupCallRequest", "call"), call_desc(0, 1, 3, 4)))
+        code, message, _ = self.call(rpc_port, "GroupEnd", end(1))
+        self.assertEqual(code, "OK", message)
+        code, message, _ = self.call(rpc_port, "GroupCall", call, b"\0" * 16)
+        self.assertEqual(code, "RESOURCE_EXHAUSTED", message)
+        self.assertIn("worker node-b ended generation 1 of group %s: parts over the limit" % gid,
+                      message)
+
     def test_garbage_on_the_data_port_is_refused_and_the_worker_goes_on(self):
         c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]}, http=True,
                        worker_extra={"limits": {"handshake_timeout_ms": 500}})

@@ -430,6 +430,7 @@ UNIMPL(w_, WSVC, group_link, Devcoord__V1__GroupLinkRequest,
        Devcoord__V1__GroupLinkResponse_Closure)
 UNIMPL(w_, WSVC, group_call_link, Devcoord__V1__GroupLinkRequest,
        Devcoord__V1__GroupLinkResponse_Closure)
+UNIMPL(w_, WSVC, group_end, Devcoord__V1__GroupEndRequest, Devcoord__V1__GroupEndResponse_Closure)
 
 static void
 fake_worker_info(Devcoord__V1__WorkerInfo *w, Devcoord__V1__Label *label,
@@ -1256,7 +1257,8 @@ test_method_numbers(void **state)
     assert_string_equal(WORKER_SVC->methods[M_WORKER_GROUP_MAP].name, "GroupMap");
     assert_string_equal(WORKER_SVC->methods[M_WORKER_GROUP_LINK].name, "GroupLink");
     assert_string_equal(WORKER_SVC->methods[M_WORKER_GROUP_CALL_LINK].name, "GroupCallLink");
-    assert_int_equal(M_WORKER_GROUP_CALL_LINK + 1, WORKER_SVC->n_methods);
+    assert_string_equal(WORKER_SVC->methods[M_WORKER_GROUP_END].name, "GroupEnd");
+    assert_int_equal(M_WORKER_GROUP_END + 1, WORKER_SVC->n_methods);
     assert_string_equal(dc_version(), "0.3.0");
     assert_string_equal(dc_op_state_name(DC_OP_STATE_FAILED), "failed");
     assert_null(dc_op_state_name(DC_OP_STATE_NONE));

@@ -207,6 +207,7 @@ UNIMPL(group_status, Devcoord__V1__GroupStatusRequest, Devcoord__V1__GroupStatus
 UNIMPL(group_map, Devcoord__V1__GroupMapRequest, Devcoord__V1__GroupMapResponse_Closure)
 UNIMPL(group_link, Devcoord__V1__GroupLinkRequest, Devcoord__V1__GroupLinkResponse_Closure)
 UNIMPL(group_call_link, Devcoord__V1__GroupLinkRequest, Devcoord__V1__GroupLinkResponse_Closure)
+UNIMPL(group_end, Devcoord__V1__GroupEndRequest, Devcoord__V1__GroupEndResponse_Closure)
 #undef UNIMPL
 
 /* ---- the coordinator: SubmitOp and GetOp over the op table ------------------------------ */
