@@ -124,43 +124,62 @@ get_key(const uint8_t *p, size_t len, size_t *at, uint32_t *field, unsigned *wt)
     return true;
 }
 
-/* The next field at *at: its number, its wire type, its value (WT_VARINT) or where its bytes
- * are (WT_LEN: *data, *dlen); *at moves past it. False when malformed or truncated, as
- * protobuf-c 1.4 would find it (a length prefix takes at most five bytes, at most INT_MAX). */
+/* A field as read: its number, its wire type, its value (WT_VARINT) or where its bytes are
+ * (WT_LEN). */
+struct field {
+    uint32_t num;
+    unsigned wt;
+    uint64_t v;
+    const uint8_t *data;
+    size_t len;
+};
+
+/* The next field at *at into *f; *at moves past it. False when malformed or truncated, as
+ * protobuf-c 1.4 would find it (a length prefix takes at most five bytes, at most INT_MAX),
+ * or when a field of number 1 to n does not have the wire type wire[number - 1] (protobuf-c
+ * refuses a known field of another type; an unknown one it skips). */
 static bool
-next_field(const uint8_t *p, size_t len, size_t *at, uint32_t *field, unsigned *wt, uint64_t *v,
-           const uint8_t **data, size_t *dlen)
+next_field(const uint8_t *p, size_t len, size_t *at, const uint8_t *wire, uint32_t n,
+           struct field *f)
 {
-    uint64_t n;
+    uint64_t size;
     size_t start;
 
-    if (!get_key(p, len, at, field, wt)) {
+    *f = (struct field){ 0 };
+    if (!get_key(p, len, at, &f->num, &f->wt) ||
+        (f->num >= 1 && f->num <= n && f->wt != wire[f->num - 1])) {
         return false;
     }
-    switch (*wt) {
+    switch (f->wt) {
     case WT_VARINT:
-        return get_varint(p, len, at, v);
+        return get_varint(p, len, at, &f->v);
     case WT_I64:
     case WT_I32:
-        n = *wt == WT_I64 ? 8 : 4;
-        if (len - *at < n) {
+        size = f->wt == WT_I64 ? 8 : 4;
+        if (len - *at < size) {
             return false;
         }
-        *at += n;
+        *at += size;
         return true;
     case WT_LEN:
         start = *at;
-        if (!get_varint(p, len, at, &n) || *at - start > 5 || n > INT_MAX || n > len - *at) {
+        if (!get_varint(p, len, at, &size) || *at - start > 5 || size > INT_MAX ||
+            size > len - *at) {
             return false;
         }
-        *data = p + *at;
-        *dlen = (size_t)n;
-        *at += (size_t)n;
+        f->data = p + *at;
+        f->len  = (size_t)size;
+        *at += (size_t)size;
         return true;
     default:
         return false; /* groups (3, 4) and the reserved types: nothing we send */
     }
 }
+
+/* The wire types of the known fields, by number from 1. */
+static const uint8_t device_wire[]      = { WT_VARINT, WT_VARINT, WT_VARINT };
+static const uint8_t device_info_wire[] = { WT_LEN, WT_LEN, WT_LEN, WT_VARINT, WT_VARINT };
+static const uint8_t page_wire[]        = { WT_LEN, WT_LEN, WT_VARINT };
 
 /* A string's bytes into buf: at most max + 1 of them (so one too long still reads too long),
  * NUL-terminated. */
@@ -178,26 +197,18 @@ static bool
 read_device(const uint8_t *p, size_t len, Devcoord__V1__Device *dev)
 {
     size_t at = 0;
+    struct field f;
 
     while (at < len) {
-        uint32_t field;
-        unsigned wt;
-        uint64_t v = 0;
-        const uint8_t *data;
-        size_t dlen;
-
-        if (!next_field(p, len, &at, &field, &wt, &v, &data, &dlen)) {
+        if (!next_field(p, len, &at, device_wire, 3, &f)) {
             return false;
         }
-        if (field >= 1 && field <= 3 && wt != WT_VARINT) {
-            return false;
-        }
-        if (field == 1) {
-            dev->backend = (Devcoord__V1__Backend)(int32_t)(uint32_t)v;
-        } else if (field == 2) {
-            dev->kind = (Devcoord__V1__Kind)(int32_t)(uint32_t)v;
-        } else if (field == 3) {
-            dev->index = (uint32_t)v;
+        if (f.num == 1) {
+            dev->backend = (Devcoord__V1__Backend)(int32_t)(uint32_t)f.v;
+        } else if (f.num == 2) {
+            dev->kind = (Devcoord__V1__Kind)(int32_t)(uint32_t)f.v;
+        } else if (f.num == 3) {
+            dev->index = (uint32_t)f.v;
         }
     }
     return true;
@@ -208,6 +219,7 @@ pbwire_read_device_info(const uint8_t *p, size_t len, Devcoord__V1__DeviceInfo *
                         Devcoord__V1__Device *dev, char *name, char *worker)
 {
     size_t at = 0;
+    struct field f;
 
     devcoord__v1__device_info__init(pb);
     devcoord__v1__device__init(dev);
@@ -216,38 +228,29 @@ pbwire_read_device_info(const uint8_t *p, size_t len, Devcoord__V1__DeviceInfo *
     pb->name   = name;
     pb->worker = worker;
     while (at < len) {
-        uint32_t field;
-        unsigned wt;
-        uint64_t v          = 0;
-        const uint8_t *data = NULL;
-        size_t dlen         = 0;
-
-        if (!next_field(p, len, &at, &field, &wt, &v, &data, &dlen)) {
+        if (!next_field(p, len, &at, device_info_wire, 5, &f)) {
             return false;
         }
-        if (field >= 1 && field <= 5 && wt != (field <= 3 ? WT_LEN : WT_VARINT)) {
-            return false;
-        }
-        switch (field) {
+        switch (f.num) {
         case 1:
-            copy_string(data, dlen, name, DC_DEVICE_TEXT_MAX);
+            copy_string(f.data, f.len, name, DC_DEVICE_TEXT_MAX);
             break;
         case 2:
-            copy_string(data, dlen, worker, DC_WORKER_NAME_MAX);
+            copy_string(f.data, f.len, worker, DC_WORKER_NAME_MAX);
             break;
         case 3:
             /* A message seen twice: the last one, as protobuf-c 1.4 reads it (no merge). */
             devcoord__v1__device__init(dev);
-            if (!read_device(data, dlen, dev)) {
+            if (!read_device(f.data, f.len, dev)) {
                 return false;
             }
             pb->device = dev;
             break;
         case 4:
-            pb->state = (Devcoord__V1__DeviceState)(int32_t)(uint32_t)v;
+            pb->state = (Devcoord__V1__DeviceState)(int32_t)(uint32_t)f.v;
             break;
         case 5:
-            pb->memory_bytes = v;
+            pb->memory_bytes = f.v;
             break;
         default:
             break; /* a field from a newer server */
@@ -260,28 +263,20 @@ bool
 pbwire_scan_page(const uint8_t *p, size_t len, struct pbwire_page *out)
 {
     size_t at = 0;
+    struct field f;
 
     memset(out, 0, sizeof(*out));
     while (at < len) {
-        uint32_t field;
-        unsigned wt;
-        uint64_t v          = 0;
-        const uint8_t *data = NULL;
-        size_t dlen         = 0;
-
-        if (!next_field(p, len, &at, &field, &wt, &v, &data, &dlen)) {
+        if (!next_field(p, len, &at, page_wire, 3, &f)) {
             return false;
         }
-        if (field >= 1 && field <= 3 && wt != (field <= 2 ? WT_LEN : WT_VARINT)) {
-            return false;
-        }
-        if (field == 1) {
+        if (f.num == 1) {
             out->n_devices++;
-        } else if (field == 2) {
-            out->token     = data;
-            out->token_len = dlen;
-        } else if (field == 3) {
-            out->total = v;
+        } else if (f.num == 2) {
+            out->token     = f.data;
+            out->token_len = f.len;
+        } else if (f.num == 3) {
+            out->total = f.v;
         }
     }
     return true;
@@ -290,15 +285,15 @@ pbwire_scan_page(const uint8_t *p, size_t len, struct pbwire_page *out)
 bool
 pbwire_next_device(const uint8_t *p, size_t len, size_t *at, const uint8_t **dev, size_t *dev_len)
 {
-    while (*at < len) {
-        uint32_t field;
-        unsigned wt;
-        uint64_t v;
+    struct field f;
 
-        if (!next_field(p, len, at, &field, &wt, &v, dev, dev_len)) {
+    while (*at < len) {
+        if (!next_field(p, len, at, page_wire, 3, &f)) {
             return false;
         }
-        if (field == 1) {
+        if (f.num == 1) {
+            *dev     = f.data;
+            *dev_len = f.len;
             return true;
         }
     }

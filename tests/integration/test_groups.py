@@ -820,16 +820,22 @@ class DataLinkInputTest(GroupsTestCase):
         self.assertEqual(len(secret), 32)
         return int(address.rsplit(":", 1)[1]), secret
 
-    def test_a_part_frame_is_taken_only_from_the_worker_it_names(self):
-        c = self.start({"node-a": ["cuda:0"]}, http=True)
+    def setup_with_a_fake_peer(self, gid, http=False):
+        """node-a alone, in generation 1 of group gid with rank 1 on a "node-b" nobody serves
+        (never dialed). Returns the cluster, node-a's RPC port and node-b's address."""
+        c = self.start({"node-a": ["cuda:0"]}, http=http)
         address = c.worker_specs["node-a"]["listen"]
         rpc_port = int(address.rsplit(":", 1)[1])
-        peer_b = "tcp://127.0.0.1:%d" % harness.free_port()  # nobody listens: never dialed
-        gid = "00000000000000ef"
+        peer_b = "tcp://127.0.0.1:%d" % harness.free_port()
         code, message, _ = self.call(rpc_port, "GroupSetup", setup_body(
             gid, 1, plan([("node-a", 0), ("node-b", 0)],
                          [("node-a", address, [0]), ("node-b", peer_b, [1])]), 0))
         self.assertEqual(code, "OK", message)
+        return c, rpc_port, peer_b
+
+    def test_a_part_frame_is_taken_only_from_the_worker_it_names(self):
+        gid = "00000000000000ef"
+        c, rpc_port, peer_b = self.setup_with_a_fake_peer(gid, http=True)
         port, secret = self.link(rpc_port)
         part = (pb_bytes(F("GroupExchangeRequest", "group_id"), gid)
                 + harness.pb_uint(F("GroupExchangeRequest", "generation"), 1)
@@ -908,15 +914,8 @@ class DataLinkInputTest(GroupsTestCase):
             self.assertIn("duplicate group exchange", message)
 
     def test_group_end_from_a_peer_is_checked_then_ends_the_generation(self):
-        c = self.start({"node-a": ["cuda:0"]})
-        address = c.worker_specs["node-a"]["listen"]
-        rpc_port = int(address.rsplit(":", 1)[1])
-        peer_b = "tcp://127.0.0.1:%d" % harness.free_port()  # nobody listens: never dialed
         gid = "00000000000000ed"
-        code, message, _ = self.call(rpc_port, "GroupSetup", setup_body(
-            gid, 1, plan([("node-a", 0), ("node-b", 0)],
-                         [("node-a", address, [0]), ("node-b", peer_b, [1])]), 0))
-        self.assertEqual(code, "OK", message)
+        _, rpc_port, _ = self.setup_with_a_fake_peer(gid)
 
         def end(frm, code=harness.CODES.index("RESOURCE_EXHAUSTED"), gen=1, status=True):
             st = (harness.pb_uint(F("Status", "code"), code)
