@@ -394,11 +394,16 @@ class HASecureEtcdTest(harness.ClusterTestCase):
         r = c.ctl("submit", "--op", "barrier", "--devices", "w1/cpu:0,w2/cpu:0",
                   "--timeout-ms", "10000")
         self.assertEqual(r.rc, 0, r)
+        want = "leader: %s" % tcp_addr(c.coord_ports[leader])
         for i in range(len(c.coords)):
             if i != leader:
+                # A follower whose first lease came late may still be campaigning ("no
+                # leader elected yet"): it names the leader once it has read who leads.
+                wait_until(lambda: want in c.answers(i)[1], 20,
+                           "coordinator %d to name the leader" % i)
                 code, msg = c.answers(i)
                 self.assertEqual(code, "UNAVAILABLE", msg)
-                self.assertIn("leader: %s" % tcp_addr(c.coord_ports[leader]), msg)
+                self.assertIn(want, msg)
         return leader
 
     def never_leads(self, c, expect_log):
