@@ -569,8 +569,8 @@ end_told(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, 
 }
 
 /* Ends g here for a reason its peers cannot see (this worker refused the part or the data
- * one of them sent), and tells each of them (GroupEnd, not waited for): their ranks then hear
- * why at once, not at their calls' deadline. mtx held. */
+ * one of them sent, or lost its data connection), and tells each of them (GroupEnd, not
+ * waited for): their ranks then hear why at once, not at their calls' deadline. mtx held. */
 static void
 group_refuse_locked(struct wgroups *wg, struct wgroup *g, const dc_status *st)
 {
@@ -1348,7 +1348,10 @@ exch_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply,
 
 /* ---- the data link: sending ------------------------------------------------------------- */
 
-/* Ends every group that uses peer p with UNAVAILABLE: why says what failed. mtx held. */
+/* Ends every group that uses peer p with UNAVAILABLE: why says what failed. The other
+ * workers are told (group_refuse_locked): a peer whose data connection dropped may well be
+ * alive, and would otherwise wait for this worker's parts until its calls' deadline. mtx
+ * held. */
 static void
 peer_lost_locked(struct wgroups *wg, const char *address, const char *why)
 {
@@ -1364,7 +1367,7 @@ peer_lost_locked(struct wgroups *wg, const char *address, const char *why)
                            "worker %s of group %s is unreachable (%s, at %s): join again",
                            g->workers[w].name, g->id, why, address);
                 status_set_worker(&st, g->workers[w].name);
-                group_end_locked(wg, g, &st);
+                group_refuse_locked(wg, g, &st);
             }
         }
     }

@@ -861,57 +861,86 @@ class DataLinkInputTest(GroupsTestCase):
         self.assertEqual(m["devcoord_group_link_parts_received_total"], 1)
         self.assertEqual(m["devcoord_group_link_refused_total"], 1)
 
-    def test_a_refused_part_ends_the_generation_on_its_sender_at_once(self):
-        """A worker that refuses a peer's part ends the generation and tells its peers
-        (GroupEnd): the sender's rank hears why, not DEADLINE_EXCEEDED at its deadline."""
+    def two_workers_and_a_link_posing_as_node_a(self, gid):
+        """node-a and node-b in generation 1 of group gid (rank 0 on node-a, 1 on node-b),
+        and a data connection to node-b that says it is node-a (it knows the secret).
+        Returns the RPC ports by worker and that connection."""
         c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]})
         addr = {w: c.worker_specs[w]["listen"] for w in ("node-a", "node-b")}
         rpc = {w: int(a.rsplit(":", 1)[1]) for w, a in addr.items()}
-        gid = "00000000000000ee"
         two = plan([("node-a", 0), ("node-b", 0)],
                    [("node-a", addr["node-a"], [0]), ("node-b", addr["node-b"], [1])])
         for index, w in enumerate(("node-a", "node-b")):
             code, message, _ = self.call(rpc[w], "GroupSetup", setup_body(gid, 1, two, index))
             self.assertEqual(code, "OK", message)
-        # node-b first gets a part of call 1 "from node-a" (a connection that says it is
-        # node-a, with the secret): it keeps it, waiting for its own rank.
         port, secret = self.link(rpc["node-b"])
+        fake = socket.create_connection(("127.0.0.1", port), timeout=60.0)
+        self.addCleanup(fake.close)
+        fake.sendall(dlink_header(1, 32 + len(addr["node-a"])) + secret + addr["node-a"].encode())
+        return rpc, fake
+
+    @staticmethod
+    def group_call(gid, rank, seq):
+        return (pb_bytes(F("GroupCallRequest", "group_id"), gid)
+                + harness.pb_uint(F("GroupCallRequest", "generation"), 1)
+                + harness.pb_uint(F("GroupCallRequest", "seq"), seq)
+                + pb_msg(F("GroupCallRequest", "call"), call_desc(rank, 1, 3, 4)))
+
+    def call_with_a_long_deadline(self, port, body, data):
+        """GroupCall with a 30 s deadline: an answer before it is the worker's own."""
+        with harness.RpcConnection(port, timeout=60.0) as conn:
+            rid = random.randrange(1, 1 << 31)
+            header = (harness.pb_uint(F("RequestHeader", "request_id"), rid)
+                      + pb_bytes(F("RequestHeader", "method"), WORKER_SVC + "GroupCall")
+                      + harness.pb_uint(F("RequestHeader", "timeout_ms"), 30000))
+            return conn.call_raw(harness.frame(header, body, data), rid)
+
+    def test_a_refused_part_ends_the_generation_on_its_sender_at_once(self):
+        """A worker that refuses a peer's part ends the generation and tells its peers
+        (GroupEnd): the sender's rank hears why, not DEADLINE_EXCEEDED at its deadline."""
+        gid = "00000000000000ee"
+        rpc, fake = self.two_workers_and_a_link_posing_as_node_a(gid)
+        # node-b first gets a part of call 1 "from node-a": it keeps it, waiting for its
+        # own rank. The connection stays open (its close would end the group: see below).
         part = (pb_bytes(F("GroupExchangeRequest", "group_id"), gid)
                 + harness.pb_uint(F("GroupExchangeRequest", "generation"), 1)
                 + harness.pb_uint(F("GroupExchangeRequest", "seq"), 1)
                 + pb_msg(F("GroupExchangeRequest", "calls"), call_desc(0, 1, 3, 4))
                 + harness.pb_uint(F("GroupExchangeRequest", "has_data"), 1))
         data = struct.pack("<4i", 1, 2, 3, 4)
-        hello = (dlink_header(1, 32 + len(addr["node-a"])) + secret + addr["node-a"].encode())
-        frame = dlink_header(5, len(part) + len(data), sender=0, seq=1, offset=len(part),
-                             total=len(part) + len(data)) + part + data
-        # The connection stays open (node-b would take its close for node-a's going away).
-        fake = socket.create_connection(("127.0.0.1", port), timeout=60.0)
-        self.addCleanup(fake.close)
-        fake.sendall(hello + frame)
+        fake.sendall(dlink_header(5, len(part) + len(data), sender=0, seq=1, offset=len(part),
+                                  total=len(part) + len(data)) + part + data)
         fake.settimeout(1.0)
         with self.assertRaises(socket.timeout):  # taken: the connection is not closed
             fake.recv(1)
         # node-a's rank calls: node-a's real part is a duplicate to node-b, which refuses it.
-        def call_body(rank, seq):
-            return (pb_bytes(F("GroupCallRequest", "group_id"), gid)
-                    + harness.pb_uint(F("GroupCallRequest", "generation"), 1)
-                    + harness.pb_uint(F("GroupCallRequest", "seq"), seq)
-                    + pb_msg(F("GroupCallRequest", "call"), call_desc(rank, 1, 3, 4)))
-        with harness.RpcConnection(rpc["node-a"], timeout=60.0) as conn:
-            rid = random.randrange(1, 1 << 31)
-            header = (harness.pb_uint(F("RequestHeader", "request_id"), rid)
-                      + pb_bytes(F("RequestHeader", "method"), WORKER_SVC + "GroupCall")
-                      + harness.pb_uint(F("RequestHeader", "timeout_ms"), 30000))
-            code, message, _ = conn.call_raw(harness.frame(header, call_body(0, 1), data), rid)
+        code, message, _ = self.call_with_a_long_deadline(
+            rpc["node-a"], self.group_call(gid, 0, 1), data)
         self.assertEqual(code, "ALREADY_EXISTS", message)
         self.assertIn("worker node-b ended generation 1 of group " + gid, message)
         self.assertIn("duplicate group exchange", message)
         # Every later call of the generation fails the same way, on both workers.
         for w, rank, seq in (("node-a", 0, 2), ("node-b", 1, 1)):
-            code, message, _ = self.call(rpc[w], "GroupCall", call_body(rank, seq), data)
+            code, message, _ = self.call(rpc[w], "GroupCall", self.group_call(gid, rank, seq),
+                                         data)
             self.assertEqual(code, "ALREADY_EXISTS", (w, message))
             self.assertIn("duplicate group exchange", message)
+
+    def test_a_dropped_data_connection_ends_the_generation_on_both_sides(self):
+        """node-b takes the close of node-a's data connection for node-a's going away and
+        ends the generation; node-a, alive, hears it from node-b (GroupEnd), so its rank
+        fails at once instead of waiting for node-b's part until its deadline."""
+        gid = "00000000000000ec"
+        rpc, fake = self.two_workers_and_a_link_posing_as_node_a(gid)
+        fake.settimeout(1.0)
+        with self.assertRaises(socket.timeout):  # the hello is taken
+            fake.recv(1)
+        fake.close()
+        code, message, _ = self.call_with_a_long_deadline(
+            rpc["node-a"], self.group_call(gid, 0, 1), struct.pack("<4i", 1, 2, 3, 4))
+        self.assertEqual(code, "UNAVAILABLE", message)
+        self.assertIn("worker node-b ended generation 1 of group " + gid, message)
+        self.assertIn("its data connection dropped", message)
 
     def test_group_end_from_a_peer_is_checked_then_ends_the_generation(self):
         gid = "00000000000000ed"
