@@ -581,6 +581,9 @@ group_refuse_locked(struct wgroups *wg, struct wgroup *g, const dc_status *st)
         return;
     }
     group_end_locked(wg, g, st);
+    if (wg->stopping) {
+        return; /* the peers' clients are closing; the peers see this worker go anyway */
+    }
     status.code    = (Devcoord__V1__Code)st->code;
     status.message = (char *)st->message;
     status.worker  = (char *)st->worker;
