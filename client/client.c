@@ -19,6 +19,7 @@
 #include "rpc_leader.h"
 #include "status.h"
 #include "text.h"
+#include "wire.h"
 
 #define STR_(x) #x
 #define STR(x)  STR_(x)
@@ -99,23 +100,6 @@ coord_call(dc_client *c, unsigned method, const ProtobufCMessage *req, struct rp
            dc_status *st)
 {
     return client_coord_call(c, method, req, c->timeout_ms, r, st);
-}
-
-static void
-status_from_pb(const Devcoord__V1__Status *pb, dc_status *out)
-{
-    status_clear(out);
-    if (pb == NULL) {
-        return;
-    }
-    out->code = ((int)pb->code >= 0 && (int)pb->code <= (int)DC_UNAUTHENTICATED) ? (dc_code)pb->code
-                                                                                 : DC_UNKNOWN;
-    snprintf(out->message, sizeof(out->message), "%s", pb->message != NULL ? pb->message : "");
-    if (pb->detail_case == DEVCOORD__V1__STATUS__DETAIL_DEVICE_INDEX &&
-        pb->device_index <= INT32_MAX) {
-        out->device_index = (int32_t)pb->device_index;
-    }
-    status_set_worker(out, pb->worker != NULL ? pb->worker : "");
 }
 
 /* ---- connection ---------------------------------------------------------------------- */
@@ -1315,7 +1299,7 @@ op_result_from_pb(const Devcoord__V1__OpInfo *pb, dc_op_result *out, dc_status *
     out->root = pb->root;
     out->state =
         (unsigned)pb->state <= DC_OP_STATE_FAILED ? (dc_op_state)pb->state : DC_OP_STATE_NONE;
-    status_from_pb(pb->status, &out->status);
+    wire_status_from_pb(pb->status, &out->status);
     if (pb->plan != NULL && (code = plan_from_pb(pb->plan, out, st)) != DC_OK) {
         return code;
     }
@@ -1335,7 +1319,7 @@ op_result_from_pb(const Devcoord__V1__OpInfo *pb, dc_op_result *out, dc_status *
                                       st)) != DC_OK) {
             return code;
         }
-        status_from_pb(w->status, &ws);
+        wire_status_from_pb(w->status, &ws);
         res->code = ws.code;
         snprintf(res->message, sizeof(res->message), "%s", ws.message);
         res->elapsed_us = w->elapsed_us;

@@ -3,11 +3,14 @@
 #include <limits.h>
 #include <string.h>
 
+/* The most bytes a varint takes. */
+#define VARINT_MAX 10
+
 /* Wire types. */
 enum { WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_I32 = 5 };
 
-size_t
-pbwire_put_varint(uint8_t *p, uint64_t v)
+static size_t
+put_varint(uint8_t *p, uint64_t v)
 {
     size_t n = 0;
 
@@ -27,7 +30,7 @@ put_uint_field(uint8_t *p, unsigned field, uint64_t v)
         return 0;
     }
     p[0] = (uint8_t)(field << 3 | WT_VARINT);
-    return 1 + pbwire_put_varint(p + 1, v);
+    return 1 + put_varint(p + 1, v);
 }
 
 /* A string field, left out when empty (proto3). */
@@ -40,7 +43,7 @@ put_bytes_field(uint8_t *p, unsigned field, const char *s, size_t len)
         return 0;
     }
     p[0] = (uint8_t)(field << 3 | WT_LEN);
-    n    = 1 + pbwire_put_varint(p + 1, len);
+    n    = 1 + put_varint(p + 1, len);
     memcpy(p + n, s, len);
     return n + len;
 }
@@ -53,27 +56,47 @@ enum_wire(int32_t v)
 }
 
 size_t
-pbwire_device_info(uint8_t *out, const char *name, size_t name_len, const char *worker,
-                   size_t worker_len, const dc_device *device, uint32_t state,
-                   uint64_t memory_bytes)
+pbwire_device_info(uint8_t *out, const Devcoord__V1__DeviceInfo *pb)
 {
     uint8_t dev[20];
     size_t n = 0, dn = 0;
 
-    n += put_bytes_field(out + n, 1, name,
-                         name_len < DC_DEVICE_TEXT_MAX ? name_len : DC_DEVICE_TEXT_MAX);
-    n += put_bytes_field(out + n, 2, worker,
-                         worker_len < DC_WORKER_NAME_MAX ? worker_len : DC_WORKER_NAME_MAX);
-    dn += put_uint_field(dev + dn, 1, enum_wire((int32_t)device->backend));
-    dn += put_uint_field(dev + dn, 2, enum_wire((int32_t)device->kind));
-    dn += put_uint_field(dev + dn, 3, device->index);
-    out[n++] = 3 << 3 | WT_LEN; /* a message field is written whenever it is set, even empty */
-    n += pbwire_put_varint(out + n, dn);
-    memcpy(out + n, dev, dn);
-    n += dn;
-    n += put_uint_field(out + n, 4, enum_wire((int32_t)state));
-    n += put_uint_field(out + n, 5, memory_bytes);
+    n += put_bytes_field(out + n, 1, pb->name, strnlen(pb->name, DC_DEVICE_TEXT_MAX));
+    n += put_bytes_field(out + n, 2, pb->worker, strnlen(pb->worker, DC_WORKER_NAME_MAX));
+    if (pb->device != NULL) {
+        dn += put_uint_field(dev + dn, 1, enum_wire((int32_t)pb->device->backend));
+        dn += put_uint_field(dev + dn, 2, enum_wire((int32_t)pb->device->kind));
+        dn += put_uint_field(dev + dn, 3, pb->device->index);
+        out[n++] = 3 << 3 | WT_LEN; /* a message field is written whenever it is set, even empty */
+        n += put_varint(out + n, dn);
+        memcpy(out + n, dev, dn);
+        n += dn;
+    }
+    n += put_uint_field(out + n, 4, enum_wire((int32_t)pb->state));
+    n += put_uint_field(out + n, 5, pb->memory_bytes);
     return n;
+}
+
+bool
+pbwire_device_info_field(struct arena *a, uint32_t field, const Devcoord__V1__DeviceInfo *pb,
+                         ProtobufCMessageUnknownField *f)
+{
+    uint8_t buf[PBWIRE_DEVICE_INFO_MAX], len_bytes[VARINT_MAX];
+    size_t len    = pbwire_device_info(buf, pb);
+    size_t prefix = put_varint(len_bytes, len);
+    uint8_t *p;
+
+    /* The field's data is what follows its tag: the message's length, then its bytes. */
+    if ((p = arena_alloc(a, prefix + len)) == NULL) {
+        return false;
+    }
+    memcpy(p, len_bytes, prefix);
+    memcpy(p + prefix, buf, len);
+    f->tag       = field;
+    f->wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
+    f->len       = prefix + len;
+    f->data      = p;
+    return true;
 }
 
 /* ---- reading ---------------------------------------------------------------------------- */

@@ -6,8 +6,8 @@
  * written in one pass from the registry, and read in one pass into the caller's structs.
  *
  * What is written is what protobuf-c writes for the same DeviceInfo, byte for byte (proto3:
- * fields in number order, defaults left out). Reading accepts any valid encoding (fields in
- * any order, repeated, unknown ones skipped) and refuses truncated or malformed input.
+ * fields in number order, defaults left out). Reading takes what protobuf-c 1.4 takes (fields
+ * in any order, repeated, unknown ones skipped) and refuses what it refuses.
  */
 #ifndef DEVCOORD_COMMON_PBWIRE_H
 #define DEVCOORD_COMMON_PBWIRE_H
@@ -16,24 +16,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "arena.h"
 #include "devcoord/types.h"
 #include "devcoord/v1/devcoord.pb-c.h"
-
-/* The most bytes a varint takes. */
-#define PBWIRE_VARINT_MAX 10
-
-/* v as a varint at p; returns how many bytes (at most PBWIRE_VARINT_MAX). */
-size_t pbwire_put_varint(uint8_t *p, uint64_t v);
 
 /* The most bytes pbwire_device_info writes: tags, lengths and the strings at their limits. */
 #define PBWIRE_DEVICE_INFO_MAX ((3 + DC_DEVICE_TEXT_MAX) + (2 + DC_WORKER_NAME_MAX) + 20 + 6 + 11)
 
-/* One DeviceInfo's bytes (its fields, without a tag or length of its own) into out, which
- * holds PBWIRE_DEVICE_INFO_MAX bytes; returns how many. name and worker are cut at their
- * limits (DC_DEVICE_TEXT_MAX, DC_WORKER_NAME_MAX). */
-size_t pbwire_device_info(uint8_t *out, const char *name, size_t name_len, const char *worker,
-                          size_t worker_len, const dc_device *device, uint32_t state,
-                          uint64_t memory_bytes);
+/* pb's bytes (its fields, without a tag or length of its own) into out, which holds
+ * PBWIRE_DEVICE_INFO_MAX bytes; returns how many. name and worker are cut at their limits
+ * (DC_DEVICE_TEXT_MAX, DC_WORKER_NAME_MAX); the device is left out when NULL. */
+size_t pbwire_device_info(uint8_t *out, const Devcoord__V1__DeviceInfo *pb);
+
+/* pb as field `field` of the message around it, for protobuf-c to write as one of that
+ * message's unknown fields (*f): its length and its bytes, in memory from a. False when a is
+ * spent. */
+bool pbwire_device_info_field(struct arena *a, uint32_t field, const Devcoord__V1__DeviceInfo *pb,
+                              ProtobufCMessageUnknownField *f);
 
 /* A DeviceInfo read from its bytes into *pb, as protobuf-c would unpack it: strings copied,
  * NUL-terminated, into name (room for DC_DEVICE_TEXT_MAX + 2 bytes) and worker

@@ -291,15 +291,7 @@ rpc_slot_decode(struct rpc_slot *s, nng_msg *msg, struct rpc_reply *r, dc_status
     if (hdr->request_id != s->request_id && hdr->request_id != 0) {
         return status_set(st, DC_INTERNAL, "reply to another request from %s", s->client->url);
     }
-    code = ((int)hdr->status->code >= 0 && (int)hdr->status->code <= (int)DC_UNAUTHENTICATED)
-               ? (dc_code)hdr->status->code
-               : DC_UNKNOWN;
-    status_set(st, code, "%s", hdr->status->message);
-    if (hdr->status->detail_case == DEVCOORD__V1__STATUS__DETAIL_DEVICE_INDEX &&
-        hdr->status->device_index <= INT32_MAX) {
-        st->device_index = (int32_t)hdr->status->device_index;
-    }
-    status_set_worker(st, hdr->status->worker);
+    code = wire_status_from_pb(hdr->status, st);
     if (s->raw_body) {
         r->raw_body     = f.body;
         r->raw_body_len = f.body_len;

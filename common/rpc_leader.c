@@ -122,6 +122,8 @@ rpc_leader_call(struct rpc_leader *l, const ProtobufCServiceDescriptor *svc, uns
 {
     uint64_t deadline = rpc_now_ms() + (timeout_ms != 0 ? timeout_ms : 30000);
     size_t i          = atomic_load(&l->current) % l->n;
+    unsigned m        = method & ~RPC_RAW_BODY; /* the flag is rpc_call's */
+    const char *name  = m < svc->n_methods ? svc->methods[m].name : "call";
     dc_code code;
 
     for (;;) {
@@ -142,10 +144,7 @@ rpc_leader_call(struct rpc_leader *l, const ProtobufCServiceDescriptor *svc, uns
                 status_set(st, DC_DEADLINE_EXCEEDED,
                            "%s: no coordinator of %zu reachable "
                            "within %u ms (last tried %s)",
-                           (method & ~RPC_RAW_BODY) < svc->n_methods
-                               ? svc->methods[method & ~RPC_RAW_BODY].name
-                               : "call",
-                           l->n, timeout_ms, l->urls[i]);
+                           name, l->n, timeout_ms, l->urls[i]);
                 st->transport = true;
                 memset(reply, 0, sizeof(*reply));
                 return DC_DEADLINE_EXCEEDED;

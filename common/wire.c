@@ -163,3 +163,22 @@ wire_nng_status(int rv, const char *what, dc_status *st)
     }
     return status_set(st, code, "%s: %s", what, nng_strerror(rv));
 }
+
+dc_code
+wire_status_from_pb(const Devcoord__V1__Status *pb, dc_status *out)
+{
+    status_clear(out);
+    if (pb == NULL) {
+        return DC_OK;
+    }
+    status_set(out,
+               (int)pb->code >= 0 && (int)pb->code <= (int)DC_UNAUTHENTICATED ? (dc_code)pb->code
+                                                                              : DC_UNKNOWN,
+               "%s", pb->message != NULL ? pb->message : "");
+    if (pb->detail_case == DEVCOORD__V1__STATUS__DETAIL_DEVICE_INDEX &&
+        pb->device_index <= INT32_MAX) {
+        out->device_index = (int32_t)pb->device_index;
+    }
+    status_set_worker(out, pb->worker != NULL ? pb->worker : "");
+    return out->code;
+}

@@ -13,6 +13,7 @@
 #include <nng/nng.h>
 #include <protobuf-c/protobuf-c.h>
 
+#include "devcoord/v1/devcoord.pb-c.h"
 #include "status.h"
 
 struct wire_frame {
@@ -47,5 +48,9 @@ int wire_pack_into(nng_msg *m, const ProtobufCMessage *header, const ProtobufCMe
 
 /* Maps an nng error to a status code and message ("<what>: <nng_strerror>"). */
 dc_code wire_nng_status(int rv, const char *what, dc_status *st);
+
+/* A Status from the wire into *out (cleared when pb is NULL): a code outside the enum reads
+ * as DC_UNKNOWN; returns the code. */
+dc_code wire_status_from_pb(const Devcoord__V1__Status *pb, dc_status *out);
 
 #endif

@@ -766,33 +766,43 @@ worker_info(const struct registry *r, const struct reg_worker *w, uint64_t now_m
     return wi;
 }
 
-static Devcoord__V1__DeviceInfo *
-device_info(const struct reg_device *d, const char *worker, struct arena *a)
+/* d as a DeviceInfo in *pb and *dev, its cluster name written into name (DC_DEVICE_TEXT_SIZE
+ * bytes); the strings stay the caller's and the registry's. False when the name does not fit. */
+static bool
+device_info_fill(const struct reg_device *d, char *name, Devcoord__V1__DeviceInfo *pb,
+                 Devcoord__V1__Device *dev)
 {
-    /* One allocation for the message and its device; worker is the caller's arena copy of
-     * d->worker->name (NULL: made here), shared by the devices of a worker in a listing. */
+    if (device_cluster_name(d->worker->name, &d->device, name, DC_DEVICE_TEXT_SIZE) >=
+        DC_DEVICE_TEXT_SIZE) {
+        return false;
+    }
+    devcoord__v1__device_info__init(pb);
+    device_to_pb(&d->device, dev);
+    pb->name         = name;
+    pb->worker       = d->worker->name;
+    pb->device       = dev;
+    pb->state        = (Devcoord__V1__DeviceState)device_state(d);
+    pb->memory_bytes = d->memory_bytes;
+    return true;
+}
+
+/* d as a DeviceInfo in a, strings and all (GetDevice). */
+static Devcoord__V1__DeviceInfo *
+device_info(const struct reg_device *d, struct arena *a)
+{
+    /* One allocation for the message and its device. */
     struct {
         Devcoord__V1__DeviceInfo di;
         Devcoord__V1__Device dev;
     } *m = arena_alloc(a, sizeof(*m));
     char name[DC_DEVICE_TEXT_SIZE];
-    size_t len;
 
-    if (m == NULL) {
+    if (m == NULL || !device_info_fill(d, name, &m->di, &m->dev) ||
+        (m->di.name = arena_strdup(a, name)) == NULL ||
+        (m->di.worker = arena_strdup(a, d->worker->name)) == NULL) {
         return NULL;
     }
-    devcoord__v1__device_info__init(&m->di);
-    device_to_pb(&d->device, &m->dev);
-    len = device_cluster_name(d->worker->name, &d->device, name, sizeof(name));
-    if (len >= sizeof(name) || (m->di.name = arena_alloc(a, len + 1)) == NULL) {
-        return NULL;
-    }
-    memcpy(m->di.name, name, len + 1);
-    m->di.worker       = (char *)(worker != NULL ? worker : arena_strdup(a, d->worker->name));
-    m->di.device       = &m->dev;
-    m->di.state        = (Devcoord__V1__DeviceState)device_state(d);
-    m->di.memory_bytes = d->memory_bytes;
-    return m->di.worker != NULL ? &m->di : NULL;
+    return &m->di;
 }
 
 dc_code
@@ -851,31 +861,13 @@ device_matches(const Devcoord__V1__ListDevicesRequest *req, const struct reg_dev
  * page costs one pass over its devices, where protobuf-c's packing of 32k DeviceInfo structs
  * walks each one's descriptor three times (sizes, then sizes again, then bytes). */
 static bool
-list_device(const struct reg_device *d, size_t wlen, struct arena *a,
-            ProtobufCMessageUnknownField *f)
+list_device(const struct reg_device *d, struct arena *a, ProtobufCMessageUnknownField *f)
 {
-    uint8_t buf[PBWIRE_DEVICE_INFO_MAX];
     char name[DC_DEVICE_TEXT_SIZE];
-    size_t nlen = device_cluster_name(d->worker->name, &d->device, name, sizeof(name));
-    size_t len;
-    uint8_t *p;
+    Devcoord__V1__DeviceInfo pb;
+    Devcoord__V1__Device dev;
 
-    if (nlen >= sizeof(name)) {
-        return false;
-    }
-    len = pbwire_device_info(buf, name, nlen, d->worker->name, wlen, &d->device,
-                             (uint32_t)device_state(d), d->memory_bytes);
-    /* The field's data is what follows its tag: the message's length, then its bytes. */
-    if ((p = arena_alloc(a, (len < 0x80 ? 1 : 2) + len)) == NULL) {
-        return false;
-    }
-    f->tag       = 1;
-    f->wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
-    f->len       = pbwire_put_varint(p, len);
-    memcpy(p + f->len, buf, len);
-    f->len += len;
-    f->data = p;
-    return true;
+    return device_info_fill(d, name, &pb, &dev) && pbwire_device_info_field(a, 1, &pb, f);
 }
 
 /* Page tokens are "<worker>/<n>": resume at that worker, after its first n devices. */
@@ -938,7 +930,6 @@ registry_list_devices(struct registry *r, const Devcoord__V1__ListDevicesRequest
     }
     for (size_t i = first; i < last && code == DC_OK; i++, skip = 0) {
         struct reg_worker *w = r->order[i];
-        size_t wlen          = strlen(w->name);
         for (size_t k = skip; k < w->n_devices; k++) {
             if (!device_matches(req, &w->devices[k])) {
                 continue;
@@ -949,7 +940,7 @@ registry_list_devices(struct registry *r, const Devcoord__V1__ListDevicesRequest
                 out->next_page_token = arena_strdup(a, token);
                 goto done;
             }
-            if (!list_device(&w->devices[k], wlen, a,
+            if (!list_device(&w->devices[k], a,
                              &out->base.unknown_fields[out->base.n_unknown_fields])) {
                 code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory listing devices");
                 break;
@@ -1013,7 +1004,7 @@ registry_get_device(struct registry *r, const char *name, struct arena *a,
         pthread_rwlock_unlock(&r->lock);
         return status_set(st, DC_NOT_FOUND, "unknown device %.256s", name);
     }
-    *out = device_info(d, NULL, a);
+    *out = device_info(d, a);
     pthread_rwlock_unlock(&r->lock);
     return *out != NULL ? DC_OK : status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
 }

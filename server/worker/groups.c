@@ -27,6 +27,7 @@
 #include "shmguard.h"
 #include "status.h"
 #include "validate.h"
+#include "wire.h"
 
 #define WORKER_SVC (&devcoord__v1__worker__descriptor)
 /* How long a GroupEnd may take to reach a peer (nobody waits for it). */
@@ -2716,15 +2717,12 @@ wgroups_end(struct wgroups *wg, const Devcoord__V1__GroupEndRequest *in,
                in->status->code == DEVCOORD__V1__CODE__OK) {
         status_set(&st, DC_INVALID_ARGUMENT, "malformed group end");
     } else if (!g->ended && !wg->stopping) {
-        dc_code code = (int)in->status->code > 0 && (int)in->status->code <= (int)DC_UNAUTHENTICATED
-                           ? (dc_code)in->status->code
-                           : DC_UNKNOWN;
-        dc_status end;
-        status_set(&end, code, "worker %s ended generation %llu of group %s: %s",
+        dc_status why, end;
+        wire_status_from_pb(in->status, &why);
+        status_set(&end, why.code, "worker %s ended generation %llu of group %s: %s",
                    g->workers[in->from].name, (unsigned long long)g->generation, g->id,
-                   in->status->message);
-        status_set_worker(&end, in->status->worker[0] != '\0' ? in->status->worker
-                                                              : g->workers[in->from].name);
+                   why.message);
+        status_set_worker(&end, why.worker[0] != '\0' ? why.worker : g->workers[in->from].name);
         group_end_locked(wg, g, &end);
     }
     pthread_mutex_unlock(&wg->mtx);

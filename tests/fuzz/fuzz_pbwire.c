@@ -39,15 +39,9 @@ check_info(const uint8_t *p, size_t len)
     if (ok) {
         same_info(&ours, theirs, "DeviceInfo");
         /* Within the limits, writing it again gives the same message. */
-        if (ours.device != NULL && strlen(ours.name) <= DC_DEVICE_TEXT_MAX &&
-            strlen(ours.worker) <= DC_WORKER_NAME_MAX) {
+        if (strlen(ours.name) <= DC_DEVICE_TEXT_MAX && strlen(ours.worker) <= DC_WORKER_NAME_MAX) {
             uint8_t buf[PBWIRE_DEVICE_INFO_MAX];
-            dc_device d = { .backend = (dc_backend)ours.device->backend,
-                            .kind    = (dc_kind)ours.device->kind,
-                            .index   = ours.device->index };
-            size_t n    = pbwire_device_info(buf, ours.name, strlen(ours.name), ours.worker,
-                                             strlen(ours.worker), &d, (uint32_t)ours.state,
-                                             ours.memory_bytes);
+            size_t n = pbwire_device_info(buf, &ours);
             if (n > sizeof(buf) ||
                 !pbwire_read_device_info(buf, n, &again, &dev2, name2, worker2)) {
                 fuzz_finding("a DeviceInfo pbwire read does not read back once written");

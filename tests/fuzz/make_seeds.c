@@ -689,15 +689,13 @@ pbwire_seeds(void)
     ProtobufCMessageUnknownField fields[3];
     Devcoord__V1__DeviceInfo infos[3], *ptrs[3];
     Devcoord__V1__Device devs[3];
-    uint8_t raw[3][PBWIRE_DEVICE_INFO_MAX + PBWIRE_VARINT_MAX];
     char names[3][DC_DEVICE_TEXT_SIZE];
+    struct arena *a = arena_new(1 << 16);
     uint8_t out[4096];
     size_t n;
 
     for (unsigned i = 0; i < 3; i++) {
         dc_device d = { .backend = DC_BACKEND_CUDA, .kind = DC_KIND_NONE, .index = i };
-        size_t len;
-        uint8_t body[PBWIRE_DEVICE_INFO_MAX];
 
         device_cluster_name(workers[i], &d, names[i], sizeof(names[i]));
         devcoord__v1__device_info__init(&infos[i]);
@@ -708,18 +706,13 @@ pbwire_seeds(void)
         infos[i].state        = DEVCOORD__V1__DEVICE_STATE__DEVICE_HEALTHY;
         infos[i].memory_bytes = (uint64_t)80 << 30;
         ptrs[i]               = &infos[i];
-        len = pbwire_device_info(body, names[i], strlen(names[i]), workers[i], strlen(workers[i]),
-                                 &d, infos[i].state, infos[i].memory_bytes);
-        fields[i].tag       = 1;
-        fields[i].wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
-        fields[i].len       = pbwire_put_varint(raw[i], len);
-        memcpy(raw[i] + fields[i].len, body, len);
-        fields[i].len += len;
-        fields[i].data = raw[i];
-        if (i == 0) {
-            write_seed("pbwire", "device-info", body, len);
+        if (a == NULL || !pbwire_device_info_field(a, 1, &infos[i], &fields[i])) {
+            fprintf(stderr, "make_seeds: out of memory\n");
+            exit(1);
         }
     }
+    n = pbwire_device_info(out, &infos[0]);
+    write_seed("pbwire", "device-info", out, n);
     page.next_page_token       = "node-b/1";
     page.total                 = 100000;
     page.base.n_unknown_fields = 3;
@@ -732,6 +725,7 @@ pbwire_seeds(void)
     n                          = protobuf_c_message_pack(&page.base, out);
     write_seed("pbwire", "page-as-protobuf-c-packs-it", out, n);
     write_seed("pbwire", "page-cut-in-a-device", out, n - 5);
+    arena_free(a);
 }
 
 int

@@ -26,43 +26,41 @@ rnd(void)
     return rng;
 }
 
-/* A varied DeviceInfo: empty and long strings, zero and huge numbers, negative enums. */
+/* A DeviceInfo with the room its strings and device need. */
+struct sample {
+    Devcoord__V1__DeviceInfo pb;
+    Devcoord__V1__Device dev;
+    char name[DC_DEVICE_TEXT_SIZE];
+    char worker[DC_WORKER_NAME_MAX + 1];
+};
+
+/* A varied DeviceInfo: empty and long strings, zero and huge numbers, negative enums, no
+ * device. */
 static void
-random_info(Devcoord__V1__DeviceInfo *pb, Devcoord__V1__Device *dev, char *name, char *worker)
+random_info(struct sample *x)
 {
     static const uint64_t mems[] = { 0, 1, 127, 128, 16384, (uint64_t)80 << 30, UINT64_MAX };
     size_t nlen                  = rnd() % 4 == 0 ? 0 : rnd() % (DC_DEVICE_TEXT_MAX + 1);
     size_t wlen                  = rnd() % 4 == 0 ? 0 : rnd() % (DC_WORKER_NAME_MAX + 1);
 
     for (size_t i = 0; i < nlen; i++) {
-        name[i] = (char)('a' + rnd() % 26);
+        x->name[i] = (char)('a' + rnd() % 26);
     }
-    name[nlen] = '\0';
+    x->name[nlen] = '\0';
     for (size_t i = 0; i < wlen; i++) {
-        worker[i] = (char)('0' + rnd() % 10);
+        x->worker[i] = (char)('0' + rnd() % 10);
     }
-    worker[wlen] = '\0';
-    devcoord__v1__device_info__init(pb);
-    devcoord__v1__device__init(dev);
-    dev->backend     = (Devcoord__V1__Backend)(rnd() % 5);
-    dev->kind        = (Devcoord__V1__Kind)(rnd() % 8 == 0 ? -1 : (int)(rnd() % 4));
-    dev->index       = rnd() % 3 == 0 ? 0 : (uint32_t)rnd();
-    pb->name         = name;
-    pb->worker       = worker;
-    pb->device       = dev;
-    pb->state        = (Devcoord__V1__DeviceState)(rnd() % 4);
-    pb->memory_bytes = mems[rnd() % (sizeof(mems) / sizeof(mems[0]))];
-}
-
-static size_t
-write_info(const Devcoord__V1__DeviceInfo *pb, uint8_t *out)
-{
-    dc_device d = { .backend = (dc_backend)pb->device->backend,
-                    .kind    = (dc_kind)pb->device->kind,
-                    .index   = pb->device->index };
-
-    return pbwire_device_info(out, pb->name, strlen(pb->name), pb->worker, strlen(pb->worker), &d,
-                              (uint32_t)pb->state, pb->memory_bytes);
+    x->worker[wlen] = '\0';
+    devcoord__v1__device_info__init(&x->pb);
+    devcoord__v1__device__init(&x->dev);
+    x->dev.backend     = (Devcoord__V1__Backend)(rnd() % 5);
+    x->dev.kind        = (Devcoord__V1__Kind)(rnd() % 8 == 0 ? -1 : (int)(rnd() % 4));
+    x->dev.index       = rnd() % 3 == 0 ? 0 : (uint32_t)rnd();
+    x->pb.name         = x->name;
+    x->pb.worker       = x->worker;
+    x->pb.device       = rnd() % 8 == 0 ? NULL : &x->dev;
+    x->pb.state        = (Devcoord__V1__DeviceState)(rnd() % 4);
+    x->pb.memory_bytes = mems[rnd() % (sizeof(mems) / sizeof(mems[0]))];
 }
 
 static void
@@ -70,17 +68,14 @@ test_writes_protobuf_c_bytes(void **state)
 {
     (void)state;
     for (int i = 0; i < 5000; i++) {
-        char name[DC_DEVICE_TEXT_SIZE], worker[DC_WORKER_NAME_MAX + 1];
-        Devcoord__V1__DeviceInfo pb;
-        Devcoord__V1__Device dev;
         uint8_t ours[PBWIRE_DEVICE_INFO_MAX], theirs[2 * PBWIRE_DEVICE_INFO_MAX];
-        size_t n, m;
+        struct sample x;
+        size_t n;
 
-        random_info(&pb, &dev, name, worker);
-        n = write_info(&pb, ours);
-        m = protobuf_c_message_pack(&pb.base, theirs);
+        random_info(&x);
+        n = pbwire_device_info(ours, &x.pb);
         assert_true(n <= PBWIRE_DEVICE_INFO_MAX);
-        assert_int_equal(n, m);
+        assert_int_equal(n, protobuf_c_message_pack(&x.pb.base, theirs));
         assert_memory_equal(ours, theirs, n);
     }
 }
@@ -118,14 +113,12 @@ test_reads_what_protobuf_c_reads(void **state)
 {
     (void)state;
     for (int i = 0; i < 300; i++) {
-        char name[DC_DEVICE_TEXT_SIZE], worker[DC_WORKER_NAME_MAX + 1];
-        Devcoord__V1__DeviceInfo pb;
-        Devcoord__V1__Device dev;
         uint8_t buf[PBWIRE_DEVICE_INFO_MAX + 64];
+        struct sample x;
         size_t n;
 
-        random_info(&pb, &dev, name, worker);
-        n = protobuf_c_message_pack(&pb.base, buf);
+        random_info(&x);
+        n = protobuf_c_message_pack(&x.pb.base, buf);
         same_reading(buf, n);
         /* Every cut: most refused (a string or varint cut short), some valid shorter. */
         for (size_t cut = 0; cut < n; cut++) {
@@ -144,9 +137,9 @@ test_reads_what_protobuf_c_reads(void **state)
 static void
 test_reads_any_order_and_skips_unknown_fields(void **state)
 {
-    /* state 2, an unknown fixed64 (field 9), name "n", device twice (the
-     * second wins whole, as protobuf-c 1.4 reads it: backend 0, index 7), an unknown string (field
-     * 12), worker "w". */
+    /* state 2, an unknown fixed64 (field 9), name "n", device twice (the second wins whole,
+     * as protobuf-c 1.4 reads it: backend 0, index 7), an unknown string (field 12), worker
+     * "w". */
     static const uint8_t msg[] = { 0x20, 0x02, 0x49, 1,    2,    3,    4,    5,    6,    7,
                                    8,    0x0a, 0x01, 'n',  0x1a, 0x02, 0x08, 0x02, 0x1a, 0x02,
                                    0x18, 0x07, 0x62, 0x02, 'x',  'y',  0x12, 0x01, 'w' };
@@ -188,52 +181,76 @@ test_reads_keys_as_protobuf_c_does(void **state)
     assert_false(pbwire_read_device_info(six, sizeof(six), &pb, &dev, name, worker));
 }
 
+/* A page as protobuf-c packs it (devices first) and as the coordinator sends it (devices as
+ * unknown fields written by pbwire_device_info_field, after token and total): both scan to
+ * the same count, token and total, and walk to the same devices' bytes. */
 static void
-test_scans_a_page(void **state)
+test_scans_a_page_either_way(void **state)
 {
     Devcoord__V1__ListDevicesResponse resp = DEVCOORD__V1__LIST_DEVICES_RESPONSE__INIT;
-    Devcoord__V1__DeviceInfo infos[3], *ptrs[3];
-    Devcoord__V1__Device devs[3];
-    char names[3][DC_DEVICE_TEXT_SIZE], workers[3][DC_WORKER_NAME_MAX + 1];
-    struct pbwire_page page;
-    uint8_t *buf;
-    size_t len, at = 0, dlen, k = 0;
-    const uint8_t *d;
+    Devcoord__V1__DeviceInfo *ptrs[3];
+    ProtobufCMessageUnknownField fields[3];
+    struct arena *a = arena_new(1 << 16);
+    struct sample x[3];
 
     (void)state;
+    assert_non_null(a);
     for (int i = 0; i < 3; i++) {
-        random_info(&infos[i], &devs[i], names[i], workers[i]);
-        ptrs[i] = &infos[i];
+        random_info(&x[i]);
+        ptrs[i] = &x[i].pb;
+        assert_true(pbwire_device_info_field(a, 1, &x[i].pb, &fields[i]));
     }
-    resp.n_devices       = 3;
-    resp.devices         = ptrs;
     resp.next_page_token = "node-b/4";
     resp.total           = 100000;
-    buf                  = malloc(protobuf_c_message_get_packed_size(&resp.base));
-    len                  = protobuf_c_message_pack(&resp.base, buf);
-    assert_true(pbwire_scan_page(buf, len, &page));
-    assert_int_equal(page.n_devices, 3);
-    assert_int_equal(page.token_len, 8);
-    assert_memory_equal(page.token, "node-b/4", 8);
-    assert_true(page.total == 100000);
-    while (pbwire_next_device(buf, len, &at, &d, &dlen)) {
-        uint8_t want[PBWIRE_DEVICE_INFO_MAX];
-        assert_true(k < 3);
-        assert_int_equal(dlen, write_info(&infos[k], want));
-        assert_memory_equal(d, want, dlen);
-        k++;
-    }
-    assert_int_equal(k, 3);
-    /* Cut anywhere inside, the page is refused or reads as fewer devices, never past its end. */
-    for (size_t cut = 0; cut < len; cut++) {
-        if (pbwire_scan_page(buf, cut, &page)) {
-            assert_true(page.n_devices <= 3);
+    for (int way = 0; way < 2; way++) {
+        struct pbwire_page page;
+        size_t len, at = 0, dlen, k = 0;
+        const uint8_t *d;
+        uint8_t *buf;
+
+        resp.n_devices             = way == 0 ? 3 : 0;
+        resp.devices               = way == 0 ? ptrs : NULL;
+        resp.base.n_unknown_fields = way == 0 ? 0 : 3;
+        resp.base.unknown_fields   = way == 0 ? NULL : fields;
+        assert_non_null(buf = malloc(protobuf_c_message_get_packed_size(&resp.base)));
+        len = protobuf_c_message_pack(&resp.base, buf);
+        assert_true(pbwire_scan_page(buf, len, &page));
+        assert_int_equal(page.n_devices, 3);
+        assert_int_equal(page.token_len, 8);
+        assert_memory_equal(page.token, "node-b/4", 8);
+        assert_true(page.total == 100000);
+        while (pbwire_next_device(buf, len, &at, &d, &dlen)) {
+            uint8_t want[PBWIRE_DEVICE_INFO_MAX];
+            assert_true(k < 3);
+            assert_int_equal(dlen, pbwire_device_info(want, &x[k].pb));
+            assert_memory_equal(d, want, dlen);
+            k++;
         }
+        assert_int_equal(k, 3);
+        /* Cut anywhere, the page is refused or reads as fewer devices, never past its end. */
+        for (size_t cut = 0; cut < len; cut++) {
+            if (pbwire_scan_page(buf, cut, &page)) {
+                assert_true(page.n_devices <= 3);
+            }
+        }
+        free(buf);
     }
-    /* A wrong wire type for a known field is refused, as protobuf-c refuses it. */
-    buf[0] = 0x08; /* devices as a varint */
-    assert_false(pbwire_scan_page(buf, len, &page));
-    free(buf);
+    arena_free(a);
+}
+
+/* A known field of the wrong wire type is refused, as protobuf-c refuses it. */
+static void
+test_a_page_field_of_the_wrong_type_is_refused(void **state)
+{
+    static const uint8_t devices_as_varint[] = { 0x08, 0x01 };
+    static const uint8_t total_as_string[]   = { 0x1a, 0x01, '7' };
+    struct pbwire_page page;
+
+    (void)state;
+    assert_false(pbwire_scan_page(devices_as_varint, sizeof(devices_as_varint), &page));
+    assert_false(pbwire_scan_page(total_as_string, sizeof(total_as_string), &page));
+    assert_null(devcoord__v1__list_devices_response__unpack(NULL, sizeof(total_as_string),
+                                                            total_as_string));
 }
 
 int
@@ -244,7 +261,8 @@ main(void)
         cmocka_unit_test(test_reads_what_protobuf_c_reads),
         cmocka_unit_test(test_reads_any_order_and_skips_unknown_fields),
         cmocka_unit_test(test_reads_keys_as_protobuf_c_does),
-        cmocka_unit_test(test_scans_a_page),
+        cmocka_unit_test(test_scans_a_page_either_way),
+        cmocka_unit_test(test_a_page_field_of_the_wrong_type_is_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
