@@ -113,15 +113,19 @@ static void
 ha_on_step_down(void *arg, uint64_t term)
 {
     struct coordinator *c = arg;
-    dc_status st;
 
     atomic_store(&c->term, 0);
-    status_set(&st, DC_UNAVAILABLE,
-               "coordinator lost its leadership (term %llu) while the op was in flight; ask the "
-               "new leader",
-               (unsigned long long)term);
-    ops_fail_all(c->ops, &st);
+    ops_leadership_lost(c->ops, term);
     registry_reset(c->registry);
+}
+
+/* Whether this coordinator still leads by its own clock (ops_set_term). */
+static bool
+ha_leads(void *arg)
+{
+    struct coordinator *c = arg;
+
+    return ha_term(c->ha) != 0;
 }
 
 /* Declares silent workers dead, a few times per heartbeat interval; reloads on SIGHUP. */
@@ -291,7 +295,7 @@ main(int argc, char **argv)
             log_error("%s: not starting", st.message);
             goto out;
         }
-        ops_set_term(c->ops, &c->term);
+        ops_set_term(c->ops, &c->term, ha_leads, c);
         groupsvc_set_term(c->groups, &c->term);
     } else if (c->cfg.state_dir != NULL) {
         size_t n = 0;
@@ -366,9 +370,9 @@ out_rpc:
     groupsvc_shutdown(c->groups);
     rpc_server_free(c->rpc);
 out:
-    ha_free(c->ha);
     groupsvc_free(c->groups);
-    ops_free(c->ops);
+    ops_free(c->ops); /* its callbacks may still ask ha_leads */
+    ha_free(c->ha);
     registry_free(c->registry);
     auth_current_free(c->auth);
     if (worker_token != NULL) {

@@ -142,9 +142,23 @@ struct ops {
     pthread_t timer;
     /* The leadership term orders carry (ops_set_term); NULL: a lone coordinator (term 0). */
     const atomic_ullong *term;
+    bool (*leads)(void *arg); /* whether the lease is still fresh; NULL with term */
+    void *leads_arg;
 };
 
 static void op_start_locked(struct ops *o, struct op *op);
+
+/* Why an op of term ends when the leadership is gone; cause (may be NULL) is what else was
+ * seen meanwhile. */
+static void
+leadership_lost_status(dc_status *st, uint64_t term, const char *cause)
+{
+    status_set(st, DC_UNAVAILABLE,
+               "coordinator lost its leadership (term %llu) while the op was in flight; ask the "
+               "new leader%s%.600s%s",
+               (unsigned long long)term, cause != NULL ? " (" : "", cause != NULL ? cause : "",
+               cause != NULL ? ")" : "");
+}
 
 /* Frees op; its connection references must have been dropped (op_put_conns). */
 static void
@@ -701,6 +715,14 @@ ops_on_executed(void *arg, void *tag, dc_code code, const dc_status *st,
                 status_set_worker(&fail, name);
             }
             fail.device_index = st->device_index;
+            if (o->leads != NULL && !o->leads(o->leads_arg)) {
+                /* Paused past the lease: the refusal is likely a worker that moved on to
+                 * the new leader (new epoch, newer term). Either way this op is not ours
+                 * to report any more. */
+                char cause[sizeof(fail.message)];
+                snprintf(cause, sizeof(cause), "%s", fail.message);
+                leadership_lost_status(&fail, op->term, cause);
+            }
             /* ABORTED from a worker while others are still out is a reaction to a peer's
              * failure; the cause is on its way. Keep it only in case nothing better comes. */
             if (code == DC_ABORTED && op->pending > 0) {
@@ -1417,15 +1439,20 @@ ops_new(struct registry *registry, const struct config_coordinator *cfg, const c
 }
 
 void
-ops_set_term(struct ops *o, const atomic_ullong *term)
+ops_set_term(struct ops *o, const atomic_ullong *term, bool (*leads)(void *arg), void *arg)
 {
-    o->term = term;
+    o->term      = term;
+    o->leads     = leads;
+    o->leads_arg = arg;
 }
 
 void
-ops_fail_all(struct ops *o, const dc_status *st)
+ops_leadership_lost(struct ops *o, uint64_t term)
 {
-    ops_fail_where(o, op_any, NULL, st);
+    dc_status st;
+
+    leadership_lost_status(&st, term, NULL);
+    ops_fail_where(o, op_any, NULL, &st);
 }
 
 void

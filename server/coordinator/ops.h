@@ -27,10 +27,14 @@ struct ops *ops_new(struct registry *registry, const struct config_coordinator *
 void ops_shutdown(struct ops *o);
 void ops_free(struct ops *o);
 /* Orders carry *term from now on (state.backend etcd); an op started while it is 0 (this
- * coordinator does not lead) fails UNAVAILABLE. Set before serving. */
-void ops_set_term(struct ops *o, const atomic_ullong *term);
-/* Fails every op in flight with st (a leader that steps down). */
-void ops_fail_all(struct ops *o, const dc_status *st);
+ * coordinator does not lead) fails UNAVAILABLE. leads(arg) says whether this coordinator
+ * still leads by its own clock (its lease fresh): a worker refusing an Execute while it does
+ * not fails the op as the leadership lost, not with the worker's reason. A coordinator
+ * paused past its lease hears the workers that moved on to the new leader before its own
+ * etcd round notices. Set before serving. */
+void ops_set_term(struct ops *o, const atomic_ullong *term, bool (*leads)(void *arg), void *arg);
+/* Fails every op in flight UNAVAILABLE: this coordinator stepped down from term. */
+void ops_leadership_lost(struct ops *o, uint64_t term);
 
 void ops_submit(struct ops *o, const Devcoord__V1__SubmitOpRequest *in,
                 Devcoord__V1__SubmitOpResponse_Closure closure, void *cd);

@@ -7,6 +7,7 @@
  * runs nothing. The registry is the real one; SubmitOp travels over a real RPC server.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -793,6 +794,66 @@ test_a_failed_op_runs_again_under_its_key(void **state)
     assert_int_equal(count(&fakes[0].executes), 2);
 }
 
+/* What ha_leads answers in the leadership tests. */
+static atomic_bool still_leads;
+
+static bool
+fake_leads(void *arg)
+{
+    (void)arg;
+    return atomic_load(&still_leads);
+}
+
+static void
+test_a_refusal_heard_after_the_lease_went_stale_is_the_leadership_lost(void **state)
+{
+    struct fixture *f = *state;
+    static atomic_ullong term;
+    struct result r;
+
+    atomic_store(&term, 7);
+    atomic_store(&still_leads, true);
+    ops_set_term(the_ops, &term, fake_leads, NULL);
+    set_modes(EX_PREPARE, EX_FAIL, EX_PREPARE, CM_OK, CM_OK, CM_OK);
+    /* Still leading: the worker's reason, as ever. */
+    r = submit(f, DC_OP_ALL_REDUCE, "");
+    assert_int_equal(r.code, DC_UNAVAILABLE);
+    assert_non_null(strstr(r.st.message, "worker node-b: device lost"));
+    assert_null(strstr(r.st.message, "leadership"));
+    /* The lease went stale (a paused coordinator) before the etcd round stepped down: the
+     * refusal is reported as the leadership lost, the worker's reason kept beside it. */
+    atomic_store(&still_leads, false);
+    r = submit(f, DC_OP_ALL_REDUCE, "");
+    assert_int_equal(r.code, DC_UNAVAILABLE);
+    assert_non_null(strstr(r.st.message, "coordinator lost its leadership (term 7)"));
+    assert_non_null(strstr(r.st.message, "(worker node-b: device lost)"));
+    assert_true(eventually(aborted, &fakes[0]));
+    for (int i = 0; i < N_WORKERS; i++) {
+        assert_int_equal(count(&fakes[i].commits), 0);
+    }
+}
+
+static void
+test_stepping_down_fails_what_is_in_flight(void **state)
+{
+    struct fixture *f = *state;
+    static atomic_ullong term;
+    struct async_result a;
+
+    atomic_store(&term, 9);
+    atomic_store(&still_leads, true);
+    ops_set_term(the_ops, &term, fake_leads, NULL);
+    set_modes(EX_PARK, EX_PREPARE, EX_PREPARE, CM_OK, CM_OK, CM_OK);
+    submit_async(f, "", &a);
+    assert_true(eventually(executed, &fakes[0]));
+    ops_leadership_lost(the_ops, 9);
+    assert_true(eventually(finished, &a));
+    assert_int_equal(a.res.code, DC_UNAVAILABLE);
+    assert_string_equal(a.res.st.message, "coordinator lost its leadership (term 9) while the op "
+                                          "was in flight; ask the new leader");
+    pthread_mutex_destroy(&a.mtx);
+}
+
 int
 main(void)
 {
@@ -816,6 +877,11 @@ main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_a_failed_op_runs_again_under_its_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_the_same_key_runs_once_in_flight_and_after, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(
+            test_a_refusal_heard_after_the_lease_went_stale_is_the_leadership_lost, setup,
+            teardown),
+        cmocka_unit_test_setup_teardown(test_stepping_down_fails_what_is_in_flight, setup,
                                         teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
