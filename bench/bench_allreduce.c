@@ -34,7 +34,8 @@ static const char usage[] =
 struct point {
     uint64_t bytes;
     double median_s, min_s, max_s;
-    double coord_elapsed_s; /* the coordinator's own elapsed_us for the op, median */
+    double coord_elapsed_s;  /* the coordinator's own elapsed_us for the op, median */
+    double worker_elapsed_s; /* the slowest worker's Execute (its own elapsed_us), median */
     unsigned reps;
     int ok;
 };
@@ -116,9 +117,11 @@ delete_all(struct cluster *c, const char *name)
     }
 }
 
-/* One timed all-reduce; seconds, or -1 on failure. */
+/* One timed all-reduce; seconds, or -1 on failure. coord_s, worker_s (may be NULL): the
+ * coordinator's time for it and the slowest worker's Execute. */
 static double
-one_op(struct cluster *c, const dc_device_ref *devs, const char *name, double *coord_s)
+one_op(struct cluster *c, const dc_device_ref *devs, const char *name, double *coord_s,
+       double *worker_s)
 {
     dc_op_request req = { .kind       = DC_OP_ALL_REDUCE,
                           .reduce     = DC_REDUCE_SUM,
@@ -140,6 +143,13 @@ one_op(struct cluster *c, const dc_device_ref *devs, const char *name, double *c
     }
     if (coord_s != NULL) {
         *coord_s = res != NULL ? (double)res->elapsed_us / 1e6 : 0;
+    }
+    if (worker_s != NULL) {
+        *worker_s = 0;
+        for (size_t i = 0; res != NULL && i < res->n_results; i++) {
+            double w  = (double)res->results[i].elapsed_us / 1e6;
+            *worker_s = w > *worker_s ? w : *worker_s;
+        }
     }
     dc_op_result_free(res);
     return s;
@@ -163,7 +173,7 @@ run_devcoord(const struct bench_args *a, const struct plan *p, struct run *r)
     }
     for (size_t i = 0; i < p->n_sizes && rv == 0; i++) {
         struct point *pt = &r->dc[i];
-        double *times, *coord, warm = INFINITY, s;
+        double *times, *coord, *worker, warm = INFINITY, s;
         unsigned reps;
 
         pt->bytes = p->sizes[i];
@@ -173,7 +183,7 @@ run_devcoord(const struct bench_args *a, const struct plan *p, struct run *r)
             break;
         }
         for (int k = 0; k < (p->sizes[i] >= (16u << 20) ? 1 : 2); k++) {
-            if ((s = one_op(&c, devs, name, NULL)) < 0) {
+            if ((s = one_op(&c, devs, name, NULL, NULL)) < 0) {
                 rv = -1;
                 break;
             }
@@ -182,31 +192,35 @@ run_devcoord(const struct bench_args *a, const struct plan *p, struct run *r)
         if (rv != 0) {
             break;
         }
-        reps  = reps_for(p, warm);
-        times = calloc(reps, sizeof(*times));
-        coord = calloc(reps, sizeof(*coord));
-        if (times == NULL || coord == NULL) {
+        reps   = reps_for(p, warm);
+        times  = calloc(reps, sizeof(*times));
+        coord  = calloc(reps, sizeof(*coord));
+        worker = calloc(reps, sizeof(*worker));
+        if (times == NULL || coord == NULL || worker == NULL) {
             free(times);
             free(coord);
+            free(worker);
             rv = -1;
             break;
         }
         for (unsigned k = 0; k < reps; k++) {
-            if ((times[k] = one_op(&c, devs, name, &coord[k])) < 0) {
+            if ((times[k] = one_op(&c, devs, name, &coord[k], &worker[k])) < 0) {
                 rv = -1;
                 break;
             }
         }
         if (rv == 0) {
-            pt->reps            = reps;
-            pt->median_s        = bench_percentile(times, reps, 50);
-            pt->min_s           = times[0];
-            pt->max_s           = times[reps - 1];
-            pt->coord_elapsed_s = bench_percentile(coord, reps, 50);
-            pt->ok              = 1;
+            pt->reps             = reps;
+            pt->median_s         = bench_percentile(times, reps, 50);
+            pt->min_s            = times[0];
+            pt->max_s            = times[reps - 1];
+            pt->coord_elapsed_s  = bench_percentile(coord, reps, 50);
+            pt->worker_elapsed_s = bench_percentile(worker, reps, 50);
+            pt->ok               = 1;
         }
         free(times);
         free(coord);
+        free(worker);
         delete_all(&c, name);
     }
     cluster_stop(&c);
@@ -311,10 +325,10 @@ run_small(const struct bench_args *a, uint64_t reps)
         fprintf(stderr, "bench_allreduce: the 4 KiB run failed\n");
         return 1;
     }
-    printf("submit all-reduce 4 KiB, 2 workers: median_us=%.1f coord_us=%.1f min_us=%.1f "
-           "reps=%u\n",
-           r.dc[0].median_s * 1e6, r.dc[0].coord_elapsed_s * 1e6, r.dc[0].min_s * 1e6,
-           r.dc[0].reps);
+    printf("submit all-reduce 4 KiB, 2 workers: median_us=%.1f coord_us=%.1f worker_us=%.1f "
+           "min_us=%.1f reps=%u\n",
+           r.dc[0].median_s * 1e6, r.dc[0].coord_elapsed_s * 1e6, r.dc[0].worker_elapsed_s * 1e6,
+           r.dc[0].min_s * 1e6, r.dc[0].reps);
     return 0;
 }
 

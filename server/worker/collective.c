@@ -62,6 +62,15 @@
 #define ORPHAN_MAX_MS       10000
 #define ORPHAN_MAX_CALLS    256
 #define ORPHAN_MAX_PER_PEER (4 * SEND_WINDOW)
+/* A small all-reduce goes as one direct exchange (every worker sends its ranks' tensors to
+ * every other, each reduces them all in rank order) rather than the ring's 2(W - 1) steps
+ * one after the other: at most DIRECT_MAX_WORKERS workers, DIRECT_MAX_TENSOR bytes per
+ * tensor and DIRECT_MAX_TOTAL bytes of every rank's tensor together, and only when every
+ * worker of the op says it can (ExchangeRequest.features, with the descriptions). */
+#define FEATURE_DIRECT     1u
+#define DIRECT_MAX_WORKERS 8u
+#define DIRECT_MAX_TENSOR  ((size_t)64 << 10)
+#define DIRECT_MAX_TOTAL   ((size_t)1 << 20)
 /* Calls parked on a known op that is still starting, per worker of the op. */
 #define PARKED_MAX_PER_WORKER (SEND_WINDOW + 2)
 #define RECENT_OPS            512
@@ -177,6 +186,8 @@ struct cop {
     struct cop_meta *metas;
     uint32_t meta_step; /* the Exchange step that carries them */
     size_t metas_received;
+    bool peers_direct;             /* every peer's descriptions said FEATURE_DIRECT */
+    bool direct;                   /* a small all-reduce as one exchange (cop_prepare decides) */
     struct cop_send_ctx *send_ctx; /* per worker index: the callback argument of a send */
     /* The data link (groups.h's wgroups_op_send): per worker, whether data goes to it there
      * (else in Exchange calls), and its chunks queued and not yet written, which read the
@@ -357,7 +368,7 @@ static bool
 cop_is_ring(const struct cop *op)
 {
     dc_op_kind kind = (dc_op_kind)op->req->kind;
-    return kind == DC_OP_ALL_REDUCE || kind == DC_OP_REDUCE;
+    return (kind == DC_OP_ALL_REDUCE && !op->direct) || kind == DC_OP_REDUCE;
 }
 
 /* Queues a range received at step s - 1 to go on at step s. op->mtx held. */
@@ -424,7 +435,8 @@ cop_step_target(const struct cop *op, uint32_t step, uint32_t from, uint32_t ran
         *end   = op->tensor_bytes;
         return op->self != op->worker_of[op->req->root] && from == op->worker_of[op->req->root];
     }
-    if (kind == DC_OP_ALL_GATHER && step == 0 && rank < op->n_ranks &&
+    /* All-gather, and a direct all-reduce: every rank's tensor to its place in gathered. */
+    if ((kind == DC_OP_ALL_GATHER || op->direct) && step == 0 && rank < op->n_ranks &&
         op->worker_of[rank] == from && from != op->self) {
         *base  = op->gathered;
         *start = (size_t)rank * op->tensor_bytes;
@@ -437,7 +449,8 @@ cop_step_target(const struct cop *op, uint32_t step, uint32_t from, uint32_t ran
 /* Records a peer's tensor descriptions (a META chunk). Any phase: they are what the op
  * waits for before it touches a tensor. */
 static dc_code
-cop_apply_meta(struct cop *op, uint32_t from, const uint8_t *data, size_t len, dc_status *st)
+cop_apply_meta(struct cop *op, uint32_t from, uint32_t features, const uint8_t *data, size_t len,
+               dc_status *st)
 {
     if (len == 0 || len % META_ENTRY != 0) {
         return status_set(st, DC_INVALID_ARGUMENT, "malformed tensor descriptions for op %s",
@@ -463,6 +476,9 @@ cop_apply_meta(struct cop *op, uint32_t from, const uint8_t *data, size_t len, d
         }
         op->metas[rank] = (struct cop_meta){ true, (dc_dtype)dtype, elements };
         op->metas_received++;
+    }
+    if ((features & FEATURE_DIRECT) == 0) {
+        op->peers_direct = false;
     }
     pthread_cond_broadcast(&op->cv);
     pthread_mutex_unlock(&op->mtx);
@@ -539,7 +555,7 @@ cop_apply(struct cop *op, const Devcoord__V1__ExchangeRequest *in, const uint8_t
         return status_set(st, DC_INVALID_ARGUMENT, "exchange from a worker outside op %s", op->id);
     }
     if (in->step == op->meta_step) {
-        return cop_apply_meta(op, in->from, data, len, st);
+        return cop_apply_meta(op, in->from, in->features, data, len, st);
     }
     if ((dc_dtype)in->dtype != op->dtype || in->elements != op->elements) {
         cop_device_name(op, op->local_ranks[0], mine, sizeof(mine));
@@ -1230,10 +1246,11 @@ cop_send_metas(struct cop *op)
             e[8 + b] = (uint8_t)(m->elements >> (8 * b));
         }
     }
-    req.op_id = op->id;
-    req.from  = op->self;
-    req.step  = op->meta_step;
-    req.rank  = op->local_ranks[0];
+    req.op_id    = op->id;
+    req.from     = op->self;
+    req.step     = op->meta_step;
+    req.rank     = op->local_ranks[0];
+    req.features = FEATURE_DIRECT;
     for (uint32_t w = 0; w < op->n_workers; w++) {
         uint64_t left;
         if (w == op->self) {
@@ -1393,7 +1410,7 @@ cop_plan_steps(struct cop *op)
                 break;
             }
         }
-    } else if (kind == DC_OP_ALL_GATHER) {
+    } else if (kind == DC_OP_ALL_GATHER || op->direct) {
         op->fan_in_step      = 0;
         op->step_expected[0] = (uint64_t)(op->n_ranks - op->n_local) * op->tensor_bytes;
         for (uint32_t r = 0; r < op->n_ranks; r++) {
@@ -1471,6 +1488,26 @@ cop_reduce_local(struct cop *op, size_t i, dc_status *st)
     return tensor_unmap(&in, st);
 }
 
+/* Allocates gathered (every rank's tensor, in rank order) and puts the local ranks' in. */
+static dc_code
+cop_gather_local(struct cop *op, dc_status *st)
+{
+    dc_code code = DC_OK;
+
+    if (op->tensor_bytes != 0 && op->n_ranks > SIZE_MAX / op->tensor_bytes) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "all-gather output too large");
+    }
+    if ((op->gathered = malloc((size_t)op->n_ranks * op->tensor_bytes + 1)) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory for op %s", op->id);
+    }
+    for (size_t i = 0; i < op->n_local && code == DC_OK; i++) {
+        code = tensor_read(op->local_tensors[i], 0,
+                           op->gathered + (size_t)op->local_ranks[i] * op->tensor_bytes,
+                           op->tensor_bytes, st);
+    }
+    return code;
+}
+
 /* Everything before data moves: tensors, buffers, the local part of the reduction. No
  * stored tensor is written: results go to the op's staging tensors. */
 static dc_code
@@ -1484,9 +1521,20 @@ cop_prepare(struct cop *op, dc_status *st)
         /* On the first staging tensor, starting from the first local tensor; the other
          * staging tensors get the result at the end. */
         if ((code = cop_outputs_like_inputs(op, SIZE_MAX, st)) != DC_OK ||
-            (code = cop_map_work(op, op->outputs[0].tensor, TENSOR_WRITE, st)) != DC_OK ||
-            (code = tensor_read(op->local_tensors[0], 0, op->work, op->tensor_bytes, st)) !=
-                DC_OK) {
+            (code = cop_map_work(op, op->outputs[0].tensor, TENSOR_WRITE, st)) != DC_OK) {
+            return code;
+        }
+        /* Every worker decides alike: from the same descriptions and the same features. */
+        op->direct = op->peers_direct && op->n_workers > 1 && op->n_workers <= DIRECT_MAX_WORKERS &&
+                     op->tensor_bytes <= DIRECT_MAX_TENSOR &&
+                     (size_t)op->n_ranks * op->tensor_bytes <= DIRECT_MAX_TOTAL;
+        if (op->direct) {
+            /* Every rank's tensor in gathered, reduced in rank order at the end. */
+            code = cop_gather_local(op, st);
+            break;
+        }
+        if ((code = tensor_read(op->local_tensors[0], 0, op->work, op->tensor_bytes, st)) !=
+            DC_OK) {
             return code;
         }
         for (size_t i = 1; i < op->n_local && code == DC_OK; i++) {
@@ -1515,17 +1563,7 @@ cop_prepare(struct cop *op, dc_status *st)
         }
         break;
     case DC_OP_ALL_GATHER:
-        if (op->tensor_bytes != 0 && op->n_ranks > SIZE_MAX / op->tensor_bytes) {
-            return status_set(st, DC_RESOURCE_EXHAUSTED, "all-gather output too large");
-        }
-        if ((op->gathered = malloc((size_t)op->n_ranks * op->tensor_bytes + 1)) == NULL) {
-            return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory for op %s", op->id);
-        }
-        for (size_t i = 0; i < op->n_local && code == DC_OK; i++) {
-            code = tensor_read(op->local_tensors[i], 0,
-                               op->gathered + (size_t)op->local_ranks[i] * op->tensor_bytes,
-                               op->tensor_bytes, st);
-        }
+        code = cop_gather_local(op, st);
         break;
     default:
         return DC_OK;
@@ -1561,6 +1599,14 @@ cop_finish(struct cop *op, dc_status *st)
 
     switch (kind) {
     case DC_OP_ALL_REDUCE:
+        if (op->direct) {
+            /* Rank order on every worker: the same result everywhere, bit for bit. */
+            memcpy(op->work, op->gathered, op->tensor_bytes);
+            for (uint32_t r = 1; r < op->n_ranks; r++) {
+                reduce_into(op->dtype, (dc_reduce_op)op->req->reduce, op->work,
+                            op->gathered + (size_t)r * op->tensor_bytes, op->elements);
+            }
+        }
         if (mean) {
             reduce_finish_mean(op->dtype, op->work, op->elements, op->n_ranks);
         }
@@ -1742,7 +1788,7 @@ cop_run(void *arg)
         switch ((dc_op_kind)op->req->kind) {
         case DC_OP_ALL_REDUCE:
         case DC_OP_REDUCE:
-            ok = cop_ring(op);
+            ok = op->direct ? cop_all_gather(op) : cop_ring(op);
             break;
         case DC_OP_BROADCAST:
             ok = cop_broadcast(op);
@@ -1814,6 +1860,7 @@ cop_run(void *arg)
     co->stats.bytes_received += op->bytes_received;
     co->stats.link_bytes_sent += op->link_bytes_sent;
     co->stats.link_bytes_received += op->link_bytes_received;
+    co->stats.ops_direct += op->direct ? 1 : 0;
     pthread_mutex_unlock(&co->mtx);
     while (parked != NULL) {
         struct parked *p = parked;
@@ -1902,14 +1949,15 @@ cop_new(struct collectives *co, const Devcoord__V1__ExecuteRequest *in, struct c
     }
     pthread_mutex_init(&op->mtx, NULL);
     pthread_cond_init(&op->cv, NULL);
-    op->co          = co;
-    op->req         = in;
-    op->self        = in->self;
-    op->n_workers   = (uint32_t)plan->n_workers;
-    op->n_ranks     = (uint32_t)plan->n_devices;
-    op->fan_in_step = SIZE_MAX;
-    op->started_us  = rpc_now_us();
-    op->deadline_ms = rpc_now_ms() + timeout_ms;
+    op->co           = co;
+    op->req          = in;
+    op->self         = in->self;
+    op->n_workers    = (uint32_t)plan->n_workers;
+    op->n_ranks      = (uint32_t)plan->n_devices;
+    op->fan_in_step  = SIZE_MAX;
+    op->peers_direct = true;
+    op->started_us   = rpc_now_us();
+    op->deadline_ms  = rpc_now_ms() + timeout_ms;
     /* Held at most twice the op's time and a minute, whatever the request asks. */
     hold_ms = in->hold_ms;
     if (hold_ms == 0 || hold_ms > 2 * (uint64_t)timeout_ms + HOLD_MAX_EXTRA_MS) {

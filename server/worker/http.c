@@ -53,11 +53,16 @@ metrics(void *arg, struct mbuf *body)
                 "link (the rest went in Exchange calls).\n"
                 "# TYPE devcoord_dataplane_link_bytes_total counter\n"
                 "devcoord_dataplane_link_bytes_total{direction=\"sent\"} %llu\n"
-                "devcoord_dataplane_link_bytes_total{direction=\"received\"} %llu\n",
+                "devcoord_dataplane_link_bytes_total{direction=\"received\"} %llu\n"
+                "# HELP devcoord_worker_direct_ops_total All-reduces small enough to run as one "
+                "direct exchange between the workers instead of round the ring.\n"
+                "# TYPE devcoord_worker_direct_ops_total counter\n"
+                "devcoord_worker_direct_ops_total %llu\n",
                 DEVCOORD_VERSION, membership_epoch(w->membership) != 0 ? 1 : 0,
                 (unsigned long long)cs.ops_done, (unsigned long long)cs.ops_failed,
                 (unsigned long long)cs.bytes_sent, (unsigned long long)cs.bytes_received,
-                (unsigned long long)cs.link_bytes_sent, (unsigned long long)cs.link_bytes_received);
+                (unsigned long long)cs.link_bytes_sent, (unsigned long long)cs.link_bytes_received,
+                (unsigned long long)cs.ops_direct);
     rpc_metrics_render(body, &w->rpc_metrics);
     wgroups_metrics_render(w->groups, body);
     return 200;

@@ -713,6 +713,44 @@ class DataLinkTest(OpsTestCase):
                 # Groups and ops share the data port: nothing refused.
                 self.assertEqual(m["devcoord_group_link_refused_total"], 0, m)
 
+    def test_a_small_all_reduce_is_one_direct_exchange_with_one_result_everywhere(self):
+        # Up to 64 KiB a tensor (1 MiB all ranks together, 8 workers) an all-reduce goes as
+        # one direct exchange: each worker sends its ranks' tensors to the others, and every
+        # worker sums all ranks in rank order. Values of very different magnitudes make the
+        # f32 sum depend on the order: every device must hold the same bits, those of the
+        # sum in rank order. Above that size the ring runs, and also ends the same everywhere.
+        self.start(grid_spec(), http=True)
+        direct = "devcoord_worker_direct_ops_total"
+        for n, is_direct in ((4096, True), (20000, False)):
+            name = "direct%d" % n
+            inputs = {}
+            for device in RANKS6:
+                inputs[device] = [opsutil.round_to("f32", self.rng.choice((1e7, 1.0, 1e-3))
+                                                   * self.rng.uniform(-1, 1))
+                                  for _ in range(n)]
+                self.put(device, name, "f32", inputs[device])
+            before = {w: self.metrics(w)[direct] for w in GRID}
+            r = self.submit("all-reduce", RANKS6, name, reduce="sum")
+            self.assert_op_ok(r, RANKS6, "all-reduce")
+            got = {}
+            for device in RANKS6:
+                g = self.get(device, name)
+                self.assertEqual(g.rc, 0, g)
+                got[device] = [opsutil.round_to("f32", v) for v in g.out["values"]]
+            with self.subTest(n=n):
+                for device in RANKS6[1:]:
+                    self.assertTrue(got[device] == got[RANKS6[0]],
+                                    "%s and %s differ" % (device, RANKS6[0]))
+                if is_direct:
+                    want = list(inputs[RANKS6[0]])
+                    for device in RANKS6[1:]:
+                        want = [opsutil.round_to("f32", a + b)
+                                for a, b in zip(want, inputs[device])]
+                    self.assertTrue(got[RANKS6[0]] == want, "not the sum in rank order")
+                for w in GRID:
+                    self.assertEqual(self.metrics(w)[direct] - before[w],
+                                     1 if is_direct else 0, w)
+
     def test_a_peer_without_a_data_link_gets_exchange_calls(self):
         # node-b cannot open its data port (the port it is told to use is taken), so its
         # GroupLink fails: node-a sends it the ops' data in Exchange calls, while node-b
