@@ -27,8 +27,9 @@
 #define SHM_PROBE_BYTES (16u << 20)
 
 static const char usage[] =
-    "usage: bench_allreduce [--quick] [--out DIR] [--build DIR] [--small REPS]\n"
-    "  --small REPS: only dc_submit of 4 KiB over 2 workers, REPS times after a warmup; prints\n"
+    "usage: bench_allreduce [--quick] [--out DIR] [--build DIR] [--small REPS [--workers N]]\n"
+    "  --small REPS: only dc_submit of 4 KiB over N (2) workers, REPS times after a warmup; "
+    "prints\n"
     "  the median and writes nothing (for A/B runs of two builds: bench/submit_ab.sh)\n";
 
 struct point {
@@ -302,33 +303,43 @@ size_index(const struct plan *p, uint64_t bytes)
     return SIZE_MAX;
 }
 
+struct small_opts {
+    uint64_t reps, workers;
+};
+
 static int
 small_arg(int argc, char **argv, int i, void *arg)
 {
-    uint64_t *reps = arg;
+    struct small_opts *o = arg;
 
-    if (strcmp(argv[i], "--small") != 0 || i + 1 >= argc) {
+    if (i + 1 >= argc) {
         return 0;
     }
-    return bench_parse_u64(argv[i + 1], 1, 100000, "--small", reps) == 0 ? 2 : -1;
+    if (strcmp(argv[i], "--small") == 0) {
+        return bench_parse_u64(argv[i + 1], 1, 100000, "--small", &o->reps) == 0 ? 2 : -1;
+    }
+    if (strcmp(argv[i], "--workers") == 0) {
+        return bench_parse_u64(argv[i + 1], 2, 4, "--workers", &o->workers) == 0 ? 2 : -1;
+    }
+    return 0;
 }
 
 /* --small: one cell, the single-controller path's small-op latency, nothing else. */
 static int
-run_small(const struct bench_args *a, uint64_t reps)
+run_small(const struct bench_args *a, const struct small_opts *o)
 {
     struct plan p = { .sizes = { 4096 }, .n_sizes = 1, .budget_s = 1e9 };
-    struct run r  = { .workers = 2 };
+    struct run r  = { .workers = (unsigned)o->workers };
 
-    p.min_reps = p.max_reps = (unsigned)reps;
+    p.min_reps = p.max_reps = (unsigned)o->reps;
     if (run_devcoord(a, &p, &r) != 0 || !r.dc[0].ok) {
         fprintf(stderr, "bench_allreduce: the 4 KiB run failed\n");
         return 1;
     }
-    printf("submit all-reduce 4 KiB, 2 workers: median_us=%.1f coord_us=%.1f worker_us=%.1f "
+    printf("submit all-reduce 4 KiB, %u workers: median_us=%.1f coord_us=%.1f worker_us=%.1f "
            "min_us=%.1f reps=%u\n",
-           r.dc[0].median_s * 1e6, r.dc[0].coord_elapsed_s * 1e6, r.dc[0].worker_elapsed_s * 1e6,
-           r.dc[0].min_s * 1e6, r.dc[0].reps);
+           r.workers, r.dc[0].median_s * 1e6, r.dc[0].coord_elapsed_s * 1e6,
+           r.dc[0].worker_elapsed_s * 1e6, r.dc[0].min_s * 1e6, r.dc[0].reps);
     return 0;
 }
 
@@ -344,14 +355,14 @@ main(int argc, char **argv)
     FILE *f;
     int rv;
 
-    uint64_t small = 0;
+    struct small_opts small = { .reps = 0, .workers = 2 };
 
     bench_init();
     if ((rv = bench_parse_args(argc, argv, &a, usage, small_arg, &small)) != 0) {
         return rv;
     }
-    if (small > 0) {
-        return run_small(&a, small);
+    if (small.reps > 0) {
+        return run_small(&a, &small);
     }
     if (a.quick) {
         const uint64_t q[] = { 4096, 65536, 1u << 20, 16u << 20 };
