@@ -31,6 +31,11 @@
  * allocated from it). Its payload (at most DLINK_CHUNK bytes, else the connection drops) is
  * read into the connection's own buffer and handed to op_frame. */
 #define DLINK_FLAG_OP 0x8000u
+/* With DLINK_FLAG_OP: the op's tensor descriptions (collective.c's META entries), not data:
+ * seq = the op's description step, generation = the sender's features, offset 0, total =
+ * length. Sent only to a worker whose GroupLink answer has WGROUPS_FEATURE_OP_META; one that
+ * comes before its op is kept (bounded) until the op's Execute does. */
+#define DLINK_FLAG_OP_META 0x4000u
 
 enum dlink_kind {
     DLINK_HELLO = 1, /* payload: the secret, then the sender's RPC address */

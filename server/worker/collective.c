@@ -101,6 +101,16 @@ struct peer {
     struct rpc_client *client;
 };
 
+/* Tensor descriptions that came on the data link (DLINK_FLAG_OP_META) before their op's
+ * Execute: kept, under the Exchange orphans' bounds, until it comes or ORPHAN_MAX_MS. */
+struct link_orphan {
+    char peer[256];
+    struct dlink_hdr h;
+    uint8_t *data; /* h.length bytes */
+    uint64_t expires_ms;
+    struct link_orphan *next;
+};
+
 enum cop_phase { PHASE_STARTING, PHASE_READY, PHASE_DONE };
 
 struct range {
@@ -194,6 +204,7 @@ struct cop {
      * op's memory: the op waits for them before it changes or releases that memory. */
     uint64_t hash; /* dlink_group_hash(id): how its frames name it */
     bool *link;
+    uint8_t *meta_buf; /* our descriptions, sent from here (the link reads them later) */
     unsigned *link_pending;
     unsigned link_in_flight;
     uint64_t link_bytes_sent, link_bytes_received;
@@ -228,8 +239,10 @@ struct collectives {
     pthread_cond_t cv; /* an op released a reference or ended */
     struct cop *ops;
     struct parked *orphans;
-    size_t orphan_bytes;
+    struct link_orphan *link_orphans;
+    size_t orphan_bytes, n_link_orphans;
     char recent[RECENT_OPS][OP_ID_MAX + 1];
+    uint64_t recent_hash[RECENT_OPS]; /* dlink_group_hash of each */
     size_t recent_next;
     struct peer **peers;
     size_t n_peers;
@@ -296,7 +309,72 @@ static void
 recent_add(struct collectives *co, const char *id)
 {
     snprintf(co->recent[co->recent_next], sizeof(co->recent[0]), "%s", id);
-    co->recent_next = (co->recent_next + 1) % RECENT_OPS;
+    co->recent_hash[co->recent_next] = dlink_group_hash(id);
+    co->recent_next                  = (co->recent_next + 1) % RECENT_OPS;
+}
+
+/* Keeps descriptions that came before their op (within the orphans' bounds: past them, or
+ * for an op that ended here, they are dropped and the sender's op fails at its deadline).
+ * co->mtx held. */
+static void
+link_orphan_keep_locked(struct collectives *co, const char *peer, const struct dlink_hdr *h,
+                        const uint8_t *payload)
+{
+    struct link_orphan *o;
+
+    for (size_t i = 0; i < RECENT_OPS; i++) {
+        if (co->recent_hash[i] == h->group && co->recent[i][0] != '\0') {
+            return;
+        }
+    }
+    if (co->n_link_orphans >= ORPHAN_MAX_CALLS || co->orphan_bytes + h->length > ORPHAN_MAX_BYTES ||
+        (o = calloc(1, sizeof(*o))) == NULL) {
+        log_debug("dropped tensor descriptions from %.200s for an op not here yet (too many "
+                  "waiting)",
+                  peer);
+        return;
+    }
+    if ((o->data = malloc(h->length ? h->length : 1)) == NULL) {
+        free(o);
+        return;
+    }
+    memcpy(o->data, payload, h->length);
+    snprintf(o->peer, sizeof(o->peer), "%s", peer);
+    o->h             = *h;
+    o->expires_ms    = rpc_now_ms() + ORPHAN_MAX_MS;
+    o->next          = co->link_orphans;
+    co->link_orphans = o;
+    co->n_link_orphans++;
+    co->orphan_bytes += h->length;
+}
+
+static void
+link_orphan_free(struct link_orphan *o)
+{
+    free(o->data);
+    free(o);
+}
+
+/* Takes out the kept descriptions of the op whose hash is `hash` (0: none by hash), those
+ * expired by `now` (0: none by time), or with match_all every one. co->mtx held. */
+static struct link_orphan *
+link_orphans_take_locked(struct collectives *co, uint64_t hash, bool match_all, uint64_t now)
+{
+    struct link_orphan *taken = NULL;
+
+    for (struct link_orphan **pp = &co->link_orphans; *pp != NULL;) {
+        struct link_orphan *o = *pp;
+        if (match_all || (hash != 0 && o->h.group == hash) || (now != 0 && o->expires_ms <= now)) {
+            *pp     = o->next;
+            o->next = taken;
+            taken   = o;
+            co->n_link_orphans--;
+            co->orphan_bytes -= o->h.length;
+        } else {
+            pp = &o->next;
+        }
+    }
+    return taken;
 }
 
 static struct cop *
@@ -683,7 +761,8 @@ collectives_reaper(void *arg)
     while (!co->stopping) {
         struct timespec ts;
         struct parked *expired = NULL, **pp = &co->orphans;
-        uint64_t now = rpc_now_ms();
+        uint64_t now              = rpc_now_ms();
+        struct link_orphan *stale = link_orphans_take_locked(co, 0, false, now);
 
         while (*pp != NULL) {
             struct parked *p = *pp;
@@ -697,6 +776,11 @@ collectives_reaper(void *arg)
             }
         }
         pthread_mutex_unlock(&co->mtx);
+        while (stale != NULL) {
+            struct link_orphan *o = stale;
+            stale                 = o->next;
+            link_orphan_free(o);
+        }
         while (expired != NULL) {
             struct parked *p = expired;
             char message[160];
@@ -958,6 +1042,19 @@ cop_choose_links(struct cop *op)
     }
 }
 
+/* Applies a descriptions frame (DLINK_FLAG_OP_META) from worker h->from to op.
+ * INVALID_ARGUMENT: it is malformed or not where descriptions go. */
+static dc_code
+cop_link_meta(struct cop *op, const struct dlink_hdr *h, const uint8_t *payload, dc_status *st)
+{
+    if (h->seq != op->meta_step || h->offset != 0) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "data link: tensor descriptions of op %s at step %llu", op->id,
+                          (unsigned long long)h->seq);
+    }
+    return cop_apply_meta(op, h->from, (uint32_t)h->generation, payload, h->length, st);
+}
+
 /* A data link frame of an op (groups.c's op sink, on the connection's reader thread): the op
  * it names by hash, if it runs here, applies it once it is ready, as an Exchange chunk. A
  * frame from a worker the op does not list at that address, or naming bytes outside the op,
@@ -975,6 +1072,11 @@ cop_link_frame(void *arg, const char *peer, const struct dlink_hdr *h, const uin
     pthread_mutex_lock(&co->mtx);
     for (op = co->ops; op != NULL && op->hash != h->group; op = op->next) {
     }
+    if (op == NULL && !co->stopping && (h->flags & DLINK_FLAG_OP_META) != 0) {
+        link_orphan_keep_locked(co, peer, h, payload);
+        pthread_mutex_unlock(&co->mtx);
+        return true;
+    }
     if (op == NULL || co->stopping) {
         pthread_mutex_unlock(&co->mtx);
         return true;
@@ -991,6 +1093,22 @@ cop_link_frame(void *arg, const char *peer, const struct dlink_hdr *h, const uin
     op->refs++;
     pthread_mutex_unlock(&co->mtx);
 
+    if ((h->flags & DLINK_FLAG_OP_META) != 0) {
+        /* Descriptions: taken in any phase, they are what the op waits for. */
+        status_clear(&st);
+        if (cop_link_meta(op, h, payload, &st) != DC_OK) {
+            pthread_mutex_lock(&op->mtx);
+            cop_fail_locked(op, &st);
+            pthread_mutex_unlock(&op->mtx);
+            *why = st;
+            ok   = false;
+        }
+        pthread_mutex_lock(&co->mtx);
+        op->refs--;
+        pthread_cond_broadcast(&co->cv);
+        pthread_mutex_unlock(&co->mtx);
+        return ok;
+    }
     /* The sender had our tensor descriptions, so the op is here; it may still be preparing. */
     pthread_mutex_lock(&op->mtx);
     while (op->phase == PHASE_STARTING && !op->failed &&
@@ -1219,7 +1337,73 @@ cop_local_metas(struct cop *op)
     }
 }
 
-/* Sends this worker's descriptions to every peer. */
+/* A descriptions frame left (or did not): like cop_link_sent, but they are not data. */
+static void
+cop_meta_sent(void *arg, size_t bytes, dc_code code, const dc_status *st)
+{
+    struct cop_send_ctx *ctx = arg;
+    struct cop *op           = ctx->op;
+
+    (void)bytes;
+    pthread_mutex_lock(&op->mtx);
+    op->link_in_flight--;
+    op->link_pending[ctx->to]--;
+    if (code != DC_OK && !op->failed) {
+        dc_status peer;
+        const char *name = op->req->plan->workers[ctx->to]->name;
+        status_set(&peer, code == DC_ABORTED ? DC_ABORTED : DC_UNAVAILABLE,
+                   "lost worker %s: %s (op %s, data link)", name, st->message, op->id);
+        status_set_worker(&peer, name);
+        cop_fail_locked(op, &peer);
+    }
+    pthread_cond_broadcast(&op->cv);
+    pthread_mutex_unlock(&op->mtx);
+}
+
+/* Sends our descriptions to worker w as a frame on its data link (it said it takes them). */
+static dc_code
+cop_send_meta_frame(struct cop *op, uint32_t w, size_t len, dc_status *st)
+{
+    struct dlink_hdr h = { .kind       = DLINK_DATA,
+                           .flags      = DLINK_FLAG_OP_META,
+                           .from       = op->self,
+                           .group      = op->hash,
+                           .generation = FEATURE_DIRECT,
+                           .seq        = op->meta_step,
+                           .offset     = 0,
+                           .total      = len };
+    dc_code code;
+
+    pthread_mutex_lock(&op->mtx);
+    op->link_in_flight++;
+    op->link_pending[w]++;
+    pthread_mutex_unlock(&op->mtx);
+    if ((code = wgroups_op_send(op->co->wg, op->peers[w]->address, &h, op->meta_buf, len, op,
+                                cop_meta_sent, &op->send_ctx[w], st)) != DC_OK) {
+        pthread_mutex_lock(&op->mtx);
+        op->link_in_flight--;
+        op->link_pending[w]--;
+        pthread_mutex_unlock(&op->mtx);
+        status_prefix(st, "data link");
+    }
+    return code;
+}
+
+/* Whether our descriptions go to worker w as a data link frame: a link to it is up already
+ * (dialing one now could hang on a peer that hangs, while the op's thread should be
+ * answering its Execute with the blame) and its data port takes them. */
+static bool
+cop_meta_link(struct cop *op, uint32_t w)
+{
+    uint32_t features = 0;
+
+    return op->co->wg != NULL && op->n_local * META_ENTRY <= DLINK_CHUNK &&
+           wgroups_peer_linked(op->co->wg, op->peers[w]->address, &features) &&
+           (features & WGROUPS_FEATURE_OP_META) != 0;
+}
+
+/* Sends this worker's descriptions to every peer: as a data link frame where its data port
+ * takes them, else in an Exchange call. */
 static bool
 cop_send_metas(struct cop *op)
 {
@@ -1251,9 +1435,19 @@ cop_send_metas(struct cop *op)
     req.step     = op->meta_step;
     req.rank     = op->local_ranks[0];
     req.features = FEATURE_DIRECT;
+    op->meta_buf = buf; /* the op's from here: freed with it */
     for (uint32_t w = 0; w < op->n_workers; w++) {
         uint64_t left;
         if (w == op->self) {
+            continue;
+        }
+        if (cop_meta_link(op, w)) {
+            if (cop_send_meta_frame(op, w, op->n_local * META_ENTRY, &st) != DC_OK) {
+                pthread_mutex_lock(&op->mtx);
+                cop_fail_locked(op, &st);
+                pthread_mutex_unlock(&op->mtx);
+                return false;
+            }
             continue;
         }
         pthread_mutex_lock(&op->mtx);
@@ -1267,11 +1461,9 @@ cop_send_metas(struct cop *op)
             op->sends_in_flight--;
             cop_fail_locked(op, &st);
             pthread_mutex_unlock(&op->mtx);
-            free(buf);
             return false;
         }
     }
-    free(buf);
     return true;
 }
 
@@ -1702,6 +1894,7 @@ cop_free(struct cop *op)
     free(op->metas);
     free(op->send_ctx);
     free(op->link);
+    free(op->meta_buf);
     free(op->link_pending);
     pthread_cond_destroy(&op->cv);
     pthread_mutex_destroy(&op->mtx);
@@ -2095,6 +2288,7 @@ void
 collectives_execute(struct collectives *co, const Devcoord__V1__ExecuteRequest *in,
                     Devcoord__V1__ExecuteResponse_Closure closure, void *cd)
 {
+    struct link_orphan *early;
     struct cop *op;
     dc_status *st = rpc_call_status(cd);
 
@@ -2125,7 +2319,8 @@ collectives_execute(struct collectives *co, const Devcoord__V1__ExecuteRequest *
         closure(NULL, cd);
         return;
     }
-    /* Chunks that came before us are ours now. */
+    /* Chunks and descriptions that came before us are ours now. */
+    early = link_orphans_take_locked(co, op->hash, false, 0);
     for (struct parked **pp = &co->orphans; *pp != NULL;) {
         struct parked *p = *pp;
         if (strcmp(p->in->op_id, op->id) == 0) {
@@ -2141,6 +2336,29 @@ collectives_execute(struct collectives *co, const Devcoord__V1__ExecuteRequest *
     co->ops  = op;
     co->threads++;
     pthread_mutex_unlock(&co->mtx);
+    while (early != NULL) {
+        struct link_orphan *o = early;
+        dc_status bad;
+        early = o->next;
+        status_clear(&bad);
+        /* As cop_link_frame checks a frame of a running op (the connection is gone by now:
+         * a bad one only fails the op). */
+        if (o->h.from >= op->n_workers || o->h.from == op->self ||
+            strcmp(op->req->plan->workers[o->h.from]->address, o->peer) != 0 ||
+            o->h.generation > UINT32_MAX) {
+            status_set(&bad, DC_INVALID_ARGUMENT,
+                       "data link: descriptions of op %s from %.200s, which is not worker %u of it",
+                       op->id, o->peer, o->h.from);
+        } else {
+            cop_link_meta(op, &o->h, o->data, &bad);
+        }
+        if (bad.code != DC_OK) {
+            pthread_mutex_lock(&op->mtx);
+            cop_fail_locked(op, &bad);
+            pthread_mutex_unlock(&op->mtx);
+        }
+        link_orphan_free(o);
+    }
 
     /* Ops wait for their peers: they run on pool threads, never here (this may be an nng
      * callback). */
@@ -2248,6 +2466,7 @@ collectives_new(const struct config_worker *cfg, const char *token, struct execu
 void
 collectives_free(struct collectives *co)
 {
+    struct link_orphan *early;
     struct parked *orphans;
 
     if (co == NULL) {
@@ -2275,6 +2494,14 @@ collectives_free(struct collectives *co)
     }
     pthread_join(co->reaper, NULL);
     tpool_free(co->pool);
+    pthread_mutex_lock(&co->mtx);
+    early = link_orphans_take_locked(co, 0, true, 0);
+    pthread_mutex_unlock(&co->mtx);
+    while (early != NULL) {
+        struct link_orphan *o = early;
+        early                 = o->next;
+        link_orphan_free(o);
+    }
     while (orphans != NULL) {
         struct parked *p = orphans;
         orphans          = p->next;

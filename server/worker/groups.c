@@ -95,6 +95,7 @@ struct wpeer {
     struct sjob *sending;    /* the job the sender writes now (outside mtx) */
     bool dialing;            /* wgroups_peer_link dials: the sender waits for it */
     uint64_t link_failed_ms; /* when wgroups_peer_link last failed to dial (0: never) */
+    uint32_t features;       /* its GroupLink answer's, as of the last dial */
 };
 
 struct gworker {
@@ -1379,7 +1380,8 @@ peer_lost_locked(struct wgroups *wg, const char *address, const char *why)
 
 /* Asks the peer where its data link listens (GroupLink) and dials it. Sender thread, no lock. */
 static dc_code
-peer_link(struct wgroups *wg, struct wpeer *p, struct dlink_out **out, dc_status *st)
+peer_link(struct wgroups *wg, struct wpeer *p, struct dlink_out **out, uint32_t *features,
+          dc_status *st)
 {
     Devcoord__V1__GroupLinkRequest req = DEVCOORD__V1__GROUP_LINK_REQUEST__INIT;
     Devcoord__V1__GroupLinkResponse *resp;
@@ -1408,8 +1410,9 @@ peer_link(struct wgroups *wg, struct wpeer *p, struct dlink_out **out, dc_status
             return code;
         }
     }
-    code = dlink_dial(resp->address, strncmp(resp->address, "tls+", 4) == 0 ? p->tls : NULL,
-                      resp->secret.data, wg->cfg->advertise, 2000, out, st);
+    code      = dlink_dial(resp->address, strncmp(resp->address, "tls+", 4) == 0 ? p->tls : NULL,
+                           resp->secret.data, wg->cfg->advertise, 2000, out, st);
+    *features = resp->features;
     rpc_reply_free(&reply);
     return code;
 }
@@ -1471,6 +1474,7 @@ peer_sender(void *arg)
         status_clear(&st);
         for (int attempt = 0; attempt < 2 && !wg->stopping; attempt++) {
             struct dlink_out *o;
+            uint32_t features = 0;
             bool fresh;
             /* One dialer at a time (wgroups_peer_link dials too). */
             while (p->dialing && !wg->stopping) {
@@ -1491,8 +1495,11 @@ peer_sender(void *arg)
             p->stale = false;
             pthread_mutex_unlock(&wg->mtx);
             status_clear(&st);
-            code = o == NULL ? peer_link(wg, p, &o, &st) : DC_OK;
+            code = o == NULL ? peer_link(wg, p, &o, &features, &st) : DC_OK;
             pthread_mutex_lock(&wg->mtx);
+            if (code == DC_OK && o != p->out) {
+                p->features = features;
+            }
             if (fresh) {
                 p->dialing = false;
                 pthread_cond_broadcast(&p->cv);
@@ -1688,6 +1695,7 @@ wgroups_peer_link(struct wgroups *wg, const char *address, dc_status *st)
 {
     struct dlink_out *o = NULL;
     struct wpeer *p;
+    uint32_t f = 0;
     dc_code code;
 
     pthread_mutex_lock(&wg->mtx);
@@ -1715,7 +1723,7 @@ wgroups_peer_link(struct wgroups *wg, const char *address, dc_status *st)
     p->dialing = true;
     p->stale   = false;
     pthread_mutex_unlock(&wg->mtx);
-    code = peer_link(wg, p, &o, st);
+    code = peer_link(wg, p, &o, &f, st);
     pthread_mutex_lock(&wg->mtx);
     p->dialing = false;
     pthread_cond_broadcast(&p->cv);
@@ -1724,6 +1732,7 @@ wgroups_peer_link(struct wgroups *wg, const char *address, dc_status *st)
         code = status_set(st, DC_UNAVAILABLE, "worker shutting down");
     } else if (code == DC_OK) {
         p->out            = o;
+        p->features       = f;
         p->link_failed_ms = 0;
     } else {
         p->link_failed_ms = rpc_now_ms();
@@ -1733,6 +1742,23 @@ wgroups_peer_link(struct wgroups *wg, const char *address, dc_status *st)
     }
     pthread_mutex_unlock(&wg->mtx);
     return code;
+}
+
+bool
+wgroups_peer_linked(struct wgroups *wg, const char *address, uint32_t *features)
+{
+    bool up = false;
+
+    pthread_mutex_lock(&wg->mtx);
+    for (size_t i = 0; i < wg->n_peers && !up; i++) {
+        const struct wpeer *p = wg->peers[i];
+        if (strcmp(p->address, address) == 0 && p->out != NULL && !p->stale && !p->dialing) {
+            up        = true;
+            *features = p->features;
+        }
+    }
+    pthread_mutex_unlock(&wg->mtx);
+    return up && !wg->stopping;
 }
 
 dc_code
@@ -2918,7 +2944,8 @@ link_answer(struct wgroups *wg, bool call, Devcoord__V1__GroupLinkResponse_Closu
         closure(NULL, cd);
         return;
     }
-    out.address = wg->dl_address;
+    out.address  = wg->dl_address;
+    out.features = call ? 0 : WGROUPS_FEATURE_OP_META;
     out.secret.data =
         (uint8_t *)(call ? dlink_server_call_secret(wg->dl) : dlink_server_secret(wg->dl));
     out.secret.len = DLINK_SECRET_SIZE;

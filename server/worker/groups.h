@@ -103,6 +103,11 @@ bool wgroups_shm_range_ok(uint64_t off, uint64_t len, uint64_t size);
  * to it. A failure (an older peer without GroupLink, a dial that fails) is remembered for a
  * few seconds, in which the call fails at once: the op sends over RPC meanwhile. */
 dc_code wgroups_peer_link(struct wgroups *wg, const char *address, dc_status *st);
+/* Whether a data link to that peer is up now, and what else its data port takes (*features,
+ * its GroupLink answer's: WGROUPS_FEATURE_*); never dials nor waits for a dial (a peer that
+ * hangs must not hold up the caller). */
+#define WGROUPS_FEATURE_OP_META 1u /* DLINK_FLAG_OP_META frames */
+bool wgroups_peer_linked(struct wgroups *wg, const char *address, uint32_t *features);
 
 /* Told when an op's chunk was written to the peer's connection (bytes: its length) or could
  * not be (bytes 0); runs on the peer's sender thread or in wgroups_op_cancel, no lock held. */

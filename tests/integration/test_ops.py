@@ -709,6 +709,11 @@ class DataLinkTest(OpsTestCase):
                 self.assertEqual(m[self.LINK_SENT], m[self.SENT], m)
                 self.assertGreater(m[self.LINK_RECEIVED], 1 << 20, m)
                 self.assertEqual(m[self.LINK_RECEIVED], m[self.RECEIVED], m)
+                # The tensor descriptions went over it too, once a peer had a link up to
+                # this worker (its first op with it dials it): at most one Exchange call
+                # from each peer, among the dozens of ops.
+                self.assertLessEqual(m['devcoord_rpc_requests_total{service="Worker",'
+                                       'method="Exchange",code="OK"}'], len(GRID) - 1, m)
                 self.assertEqual(m['devcoord_worker_ops_total{result="failed"}'], 0, m)
                 # Groups and ops share the data port: nothing refused.
                 self.assertEqual(m["devcoord_group_link_refused_total"], 0, m)
@@ -784,14 +789,12 @@ class DataLinkTest(OpsTestCase):
 
     # -- hostile frames, on an op driven by hand as the coordinator and node-b would
 
-    def test_a_frame_outside_its_op_or_from_another_sender_is_refused(self):
-        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]}, http=True)
-        self.put("node-a/cuda:0", "t", "f32", [1.0] * 1000)
+    def execute_for_node_a(self, c, op_id):
+        """A hand-made Execute of an all-reduce (sum of "t") of node-a/cuda:0 (rank 0) and
+        node-b/cuda:0 (rank 1), for node-a only: it waits for node-b's descriptions, then
+        for node-b's data."""
         a, b = (c.worker_specs[n]["listen"] for n in ("node-a", "node-b"))
         F = harness.F
-        op_id = "op-hostile-frames"
-        # An all-reduce of node-a/cuda:0 (rank 0) and node-b/cuda:0 (rank 1), sent to node-a
-        # only: it waits for node-b's descriptions, then for node-b's data.
         refs = b"".join(pb_bytes(F("Plan", "devices"),
                                  pb_bytes(F("DeviceRef", "worker"), w)
                                  + pb_bytes(F("DeviceRef", "device"), opsutil.device_pb("cuda:0")))
@@ -814,6 +817,27 @@ class DataLinkTest(OpsTestCase):
         answer = {}
         t = threading.Thread(target=lambda: answer.update(r=opsutil.worker_call(
             c, "node-a", "Execute", body, timeout=30)))
+        return t, answer
+
+    def link_of_node_a(self, c):
+        """node-a's data port and a HELLO for it from `address`, and its GroupLink answer's
+        features."""
+        code, message, reply, _ = opsutil.worker_call(c, "node-a", "GroupLink", b"")
+        self.assertEqual(code, "OK", message)
+        fields = harness.pb_decode(reply)
+        port, secret = int(fields[1][0].decode().rsplit(":", 1)[1]), fields[2][0]
+
+        def hello(address):
+            return dlink_header(1, 32 + len(address)) + secret + address.encode()
+        return port, hello, fields.get(3, [0])[0]
+
+    def test_a_frame_outside_its_op_or_from_another_sender_is_refused(self):
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]}, http=True)
+        self.put("node-a/cuda:0", "t", "f32", [1.0] * 1000)
+        b = c.worker_specs["node-b"]["listen"]
+        F = harness.F
+        op_id = "op-hostile-frames"
+        t, answer = self.execute_for_node_a(c, op_id)
         t.start()
         try:
             # node-b's tensor descriptions (step 2W = 4): rank 1, f32, 1000 elements.
@@ -824,13 +848,7 @@ class DataLinkTest(OpsTestCase):
             code, message, _, _ = opsutil.worker_call(c, "node-a", "Exchange", meta,
                                                       attachment=struct.pack("<IIQ", 1, 1, 1000))
             self.assertEqual(code, "OK", message)
-            code, message, reply, _ = opsutil.worker_call(c, "node-a", "GroupLink", b"")
-            self.assertEqual(code, "OK", message)
-            fields = harness.pb_decode(reply)
-            port, secret = int(fields[1][0].decode().rsplit(":", 1)[1]), fields[2][0]
-
-            def hello(address):
-                return dlink_header(1, 32 + len(address)) + secret + address.encode()
+            port, hello, _ = self.link_of_node_a(c)
             frame = dict(flags=0x8000, sender=1, group=dlink_group_hash(op_id), generation=1)
             # A sender that is not the plan's worker 1 (node-b's address): refused, the op
             # goes on.
@@ -859,6 +877,39 @@ class DataLinkTest(OpsTestCase):
         self.assert_op_ok(self.submit("all-reduce", devices, reduce="sum"), devices)
         self.assertEqual(self.get("node-a/cuda:0", "t").out["values"], [3.0] * 1000)
         self.assertGreater(self.metrics("node-a")[self.LINK_RECEIVED], 0)
+
+
+    def test_descriptions_on_the_data_link_before_their_execute_wait_for_it(self):
+        # A worker's data port takes an op's tensor descriptions as a frame (its GroupLink
+        # answer says so), and keeps those that come before the op's Execute until it comes:
+        # peers' Executes arrive apart, and the first to start sends at once. node-b's
+        # descriptions here say f64 with 999 elements, so node-a's op fails on them at once
+        # (without them it would wait for them until its deadline).
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]}, http=True)
+        self.put("node-a/cuda:0", "t", "f32", [1.0] * 1000)
+        b = c.worker_specs["node-b"]["listen"]
+        op_id = "op-early-descriptions"
+        port, hello, features = self.link_of_node_a(c)
+        self.assertEqual(features, 1)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            # Step 2W = 4; generation: the sender's features. Rank 1, f64, 999 elements.
+            s.sendall(hello(b) + dlink_header(2, 16, flags=0x8000 | 0x4000, sender=1,
+                                              group=dlink_group_hash(op_id), generation=1,
+                                              seq=4, total=16)
+                      + struct.pack("<IIQ", 1, 2, 999))
+            time.sleep(0.5)  # taken (and kept) before the Execute below is even sent
+            t, answer = self.execute_for_node_a(c, op_id)
+            t.start()
+            t.join(60)
+        code, message, _, _ = answer["r"]
+        self.assertEqual(code, "FAILED_PRECONDITION", message)
+        self.assertIn("is f64 with 999 elements, but on node-a/cuda:0 it is f32 with 1000",
+                      message)
+        m = self.metrics("node-a")
+        self.assertEqual(m["devcoord_group_link_refused_total"], 0, m)
+        # Nothing came in an Exchange call.
+        self.assertEqual(m['devcoord_rpc_requests_total{service="Worker",method="Exchange",'
+                         'code="OK"}'], 0, m)
 
 
 class WorkerKillTest(OpsTestCase):
