@@ -892,9 +892,10 @@ cop_wait_locked(struct cop *op, const char *waiting_for, enum blame_kind blame, 
 /* ---- the data link --------------------------------------------------------------------
  *
  * An op's data chunks go to a peer over the data link (datalink.h) when this worker has one
- * to it (decided once per op and peer, cop_choose_links), else in Exchange calls; tensor
- * descriptions always go in Exchange calls. A frame is a chunk with the Exchange call's
- * fields in its header (cop_link_hdr); the receiver applies it with the same checks. */
+ * to it (decided once per op and peer, cop_choose_links), else in Exchange calls. Tensor
+ * descriptions go as a DLINK_FLAG_OP_META frame to a peer whose link is up already and takes
+ * them (cop_meta_link), else in an Exchange call. A frame is a chunk with the Exchange
+ * call's fields in its header; the receiver applies it with the same checks. */
 
 /* A chunk queued to the data link was written (or not): the window moves on; a failure
  * fails the op, naming the peer. Sender thread or wgroups_op_cancel, no lock held. */
@@ -1337,27 +1338,12 @@ cop_local_metas(struct cop *op)
     }
 }
 
-/* A descriptions frame left (or did not): like cop_link_sent, but they are not data. */
+/* A descriptions frame left (or did not): as a chunk, but its bytes are not data. */
 static void
 cop_meta_sent(void *arg, size_t bytes, dc_code code, const dc_status *st)
 {
-    struct cop_send_ctx *ctx = arg;
-    struct cop *op           = ctx->op;
-
     (void)bytes;
-    pthread_mutex_lock(&op->mtx);
-    op->link_in_flight--;
-    op->link_pending[ctx->to]--;
-    if (code != DC_OK && !op->failed) {
-        dc_status peer;
-        const char *name = op->req->plan->workers[ctx->to]->name;
-        status_set(&peer, code == DC_ABORTED ? DC_ABORTED : DC_UNAVAILABLE,
-                   "lost worker %s: %s (op %s, data link)", name, st->message, op->id);
-        status_set_worker(&peer, name);
-        cop_fail_locked(op, &peer);
-    }
-    pthread_cond_broadcast(&op->cv);
-    pthread_mutex_unlock(&op->mtx);
+    cop_link_sent(arg, 0, code, st);
 }
 
 /* Sends our descriptions to worker w as a frame on its data link (it said it takes them). */
