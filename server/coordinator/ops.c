@@ -150,14 +150,18 @@ static void op_start_locked(struct ops *o, struct op *op);
 
 /* Why an op of term ends when the leadership is gone; cause (may be NULL) is what else was
  * seen meanwhile. */
+#define LEADERSHIP_LOST \
+    "coordinator lost its leadership (term %llu) while the op was in flight; ask the new leader"
+
 static void
 leadership_lost_status(dc_status *st, uint64_t term, const char *cause)
 {
-    status_set(st, DC_UNAVAILABLE,
-               "coordinator lost its leadership (term %llu) while the op was in flight; ask the "
-               "new leader%s%.600s%s",
-               (unsigned long long)term, cause != NULL ? " (" : "", cause != NULL ? cause : "",
-               cause != NULL ? ")" : "");
+    if (cause == NULL) {
+        status_set(st, DC_UNAVAILABLE, LEADERSHIP_LOST, (unsigned long long)term);
+    } else {
+        status_set(st, DC_UNAVAILABLE, LEADERSHIP_LOST " (%.600s)", (unsigned long long)term,
+                   cause);
+    }
 }
 
 /* Frees op; its connection references must have been dropped (op_put_conns). */

@@ -327,14 +327,15 @@ link_orphan_keep_locked(struct collectives *co, const char *peer, const struct d
             return;
         }
     }
-    if (co->n_link_orphans >= ORPHAN_MAX_CALLS || co->orphan_bytes + h->length > ORPHAN_MAX_BYTES ||
-        (o = calloc(1, sizeof(*o))) == NULL) {
+    if (co->n_link_orphans >= ORPHAN_MAX_CALLS || co->orphan_bytes + h->length > ORPHAN_MAX_BYTES) {
         log_debug("dropped tensor descriptions from %.200s for an op not here yet (too many "
                   "waiting)",
                   peer);
         return;
     }
-    if ((o->data = malloc(h->length ? h->length : 1)) == NULL) {
+    if ((o = calloc(1, sizeof(*o))) == NULL ||
+        (o->data = malloc(h->length ? h->length : 1)) == NULL) {
+        log_debug("dropped tensor descriptions from %.200s: out of memory", peer);
         free(o);
         return;
     }
@@ -348,23 +349,28 @@ link_orphan_keep_locked(struct collectives *co, const char *peer, const struct d
     co->orphan_bytes += h->length;
 }
 
+/* Frees a list of kept descriptions. */
 static void
-link_orphan_free(struct link_orphan *o)
+link_orphans_free(struct link_orphan *list)
 {
-    free(o->data);
-    free(o);
+    while (list != NULL) {
+        struct link_orphan *o = list;
+        list                  = o->next;
+        free(o->data);
+        free(o);
+    }
 }
 
-/* Takes out the kept descriptions of the op whose hash is `hash` (0: none by hash), those
- * expired by `now` (0: none by time), or with match_all every one. co->mtx held. */
+/* Takes out the kept descriptions of the op whose hash is *hash (hash NULL: none by hash) and
+ * those expired by `now` (0: none; UINT64_MAX: all). co->mtx held. */
 static struct link_orphan *
-link_orphans_take_locked(struct collectives *co, uint64_t hash, bool match_all, uint64_t now)
+link_orphans_take_locked(struct collectives *co, const uint64_t *hash, uint64_t now)
 {
     struct link_orphan *taken = NULL;
 
     for (struct link_orphan **pp = &co->link_orphans; *pp != NULL;) {
         struct link_orphan *o = *pp;
-        if (match_all || (hash != 0 && o->h.group == hash) || (now != 0 && o->expires_ms <= now)) {
+        if ((hash != NULL && o->h.group == *hash) || o->expires_ms <= now) {
             *pp     = o->next;
             o->next = taken;
             taken   = o;
@@ -762,7 +768,7 @@ collectives_reaper(void *arg)
         struct timespec ts;
         struct parked *expired = NULL, **pp = &co->orphans;
         uint64_t now              = rpc_now_ms();
-        struct link_orphan *stale = link_orphans_take_locked(co, 0, false, now);
+        struct link_orphan *stale = link_orphans_take_locked(co, NULL, now);
 
         while (*pp != NULL) {
             struct parked *p = *pp;
@@ -776,11 +782,7 @@ collectives_reaper(void *arg)
             }
         }
         pthread_mutex_unlock(&co->mtx);
-        while (stale != NULL) {
-            struct link_orphan *o = stale;
-            stale                 = o->next;
-            link_orphan_free(o);
-        }
+        link_orphans_free(stale);
         while (expired != NULL) {
             struct parked *p = expired;
             char message[160];
@@ -1043,6 +1045,22 @@ cop_choose_links(struct cop *op)
     }
 }
 
+/* Whether a frame of op (header h, from the connection of `peer`) comes from the worker of
+ * the op it says, at that worker's address, with fields that fit; else why not. */
+static dc_code
+cop_frame_sender_ok(const struct cop *op, const char *peer, const struct dlink_hdr *h,
+                    dc_status *why)
+{
+    if (h->from >= op->n_workers || h->from == op->self ||
+        strcmp(op->req->plan->workers[h->from]->address, peer) != 0 || h->seq > UINT32_MAX ||
+        h->generation > UINT32_MAX) {
+        return status_set(why, DC_INVALID_ARGUMENT,
+                          "data link: a frame of op %s from %.200s, which is not worker %u of it",
+                          op->id, peer, h->from);
+    }
+    return DC_OK;
+}
+
 /* Applies a descriptions frame (DLINK_FLAG_OP_META) from worker h->from to op.
  * INVALID_ARGUMENT: it is malformed or not where descriptions go. */
 static dc_code
@@ -1082,13 +1100,8 @@ cop_link_frame(void *arg, const char *peer, const struct dlink_hdr *h, const uin
         pthread_mutex_unlock(&co->mtx);
         return true;
     }
-    if (h->from >= op->n_workers || h->from == op->self ||
-        strcmp(op->req->plan->workers[h->from]->address, peer) != 0 || h->seq > UINT32_MAX ||
-        h->generation > UINT32_MAX) {
+    if (cop_frame_sender_ok(op, peer, h, why) != DC_OK) {
         pthread_mutex_unlock(&co->mtx);
-        status_set(why, DC_INVALID_ARGUMENT,
-                   "data link: a frame of op %s from %.200s, which is not worker %u of it", op->id,
-                   peer, h->from);
         return false;
     }
     op->refs++;
@@ -2306,7 +2319,7 @@ collectives_execute(struct collectives *co, const Devcoord__V1__ExecuteRequest *
         return;
     }
     /* Chunks and descriptions that came before us are ours now. */
-    early = link_orphans_take_locked(co, op->hash, false, 0);
+    early = link_orphans_take_locked(co, &op->hash, 0);
     for (struct parked **pp = &co->orphans; *pp != NULL;) {
         struct parked *p = *pp;
         if (strcmp(p->in->op_id, op->id) == 0) {
@@ -2322,29 +2335,18 @@ collectives_execute(struct collectives *co, const Devcoord__V1__ExecuteRequest *
     co->ops  = op;
     co->threads++;
     pthread_mutex_unlock(&co->mtx);
-    while (early != NULL) {
-        struct link_orphan *o = early;
+    for (struct link_orphan *o = early; o != NULL; o = o->next) {
         dc_status bad;
-        early = o->next;
-        status_clear(&bad);
-        /* As cop_link_frame checks a frame of a running op (the connection is gone by now:
-         * a bad one only fails the op). */
-        if (o->h.from >= op->n_workers || o->h.from == op->self ||
-            strcmp(op->req->plan->workers[o->h.from]->address, o->peer) != 0 ||
-            o->h.generation > UINT32_MAX) {
-            status_set(&bad, DC_INVALID_ARGUMENT,
-                       "data link: descriptions of op %s from %.200s, which is not worker %u of it",
-                       op->id, o->peer, o->h.from);
-        } else {
-            cop_link_meta(op, &o->h, o->data, &bad);
-        }
-        if (bad.code != DC_OK) {
+        /* Checked as cop_link_frame checks a frame of a running op (its connection may be
+         * gone by now: a bad one only fails the op). */
+        if (cop_frame_sender_ok(op, o->peer, &o->h, &bad) != DC_OK ||
+            cop_link_meta(op, &o->h, o->data, &bad) != DC_OK) {
             pthread_mutex_lock(&op->mtx);
             cop_fail_locked(op, &bad);
             pthread_mutex_unlock(&op->mtx);
         }
-        link_orphan_free(o);
     }
+    link_orphans_free(early);
 
     /* Ops wait for their peers: they run on pool threads, never here (this may be an nng
      * callback). */
@@ -2481,13 +2483,9 @@ collectives_free(struct collectives *co)
     pthread_join(co->reaper, NULL);
     tpool_free(co->pool);
     pthread_mutex_lock(&co->mtx);
-    early = link_orphans_take_locked(co, 0, true, 0);
+    early = link_orphans_take_locked(co, NULL, UINT64_MAX);
     pthread_mutex_unlock(&co->mtx);
-    while (early != NULL) {
-        struct link_orphan *o = early;
-        early                 = o->next;
-        link_orphan_free(o);
-    }
+    link_orphans_free(early);
     while (orphans != NULL) {
         struct parked *p = orphans;
         orphans          = p->next;

@@ -1750,7 +1750,7 @@ wgroups_peer_linked(struct wgroups *wg, const char *address, uint32_t *features)
     bool up = false;
 
     pthread_mutex_lock(&wg->mtx);
-    for (size_t i = 0; i < wg->n_peers && !up; i++) {
+    for (size_t i = 0; i < wg->n_peers && !up && !wg->stopping; i++) {
         const struct wpeer *p = wg->peers[i];
         if (strcmp(p->address, address) == 0 && p->out != NULL && !p->stale && !p->dialing) {
             up        = true;
@@ -1758,7 +1758,7 @@ wgroups_peer_linked(struct wgroups *wg, const char *address, uint32_t *features)
         }
     }
     pthread_mutex_unlock(&wg->mtx);
-    return up && !wg->stopping;
+    return up;
 }
 
 dc_code

@@ -879,6 +879,22 @@ class DataLinkTest(OpsTestCase):
         self.assertGreater(self.metrics("node-a")[self.LINK_RECEIVED], 0)
 
 
+    def early_descriptions(self, c, op_id, sender):
+        """Sends node-a, on a data connection from `sender`, node-b's descriptions of op_id
+        (f64, 999 elements) before the op's Execute, then the Execute; its answer."""
+        port, hello, _ = self.link_of_node_a(c)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            # Step 2W = 4; generation: the sender's features. Rank 1, f64, 999 elements.
+            s.sendall(hello(sender) + dlink_header(2, 16, flags=0x8000 | 0x4000, sender=1,
+                                                   group=dlink_group_hash(op_id), generation=1,
+                                                   seq=4, total=16)
+                      + struct.pack("<IIQ", 1, 2, 999))
+            time.sleep(0.5)  # taken (and kept) before the Execute below is even sent
+            t, answer = self.execute_for_node_a(c, op_id)
+            t.start()
+            t.join(60)
+        return answer["r"]
+
     def test_descriptions_on_the_data_link_before_their_execute_wait_for_it(self):
         # A worker's data port takes an op's tensor descriptions as a frame (its GroupLink
         # answer says so), and keeps those that come before the op's Execute until it comes:
@@ -887,21 +903,9 @@ class DataLinkTest(OpsTestCase):
         # (without them it would wait for them until its deadline).
         c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]}, http=True)
         self.put("node-a/cuda:0", "t", "f32", [1.0] * 1000)
-        b = c.worker_specs["node-b"]["listen"]
-        op_id = "op-early-descriptions"
-        port, hello, features = self.link_of_node_a(c)
-        self.assertEqual(features, 1)
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-            # Step 2W = 4; generation: the sender's features. Rank 1, f64, 999 elements.
-            s.sendall(hello(b) + dlink_header(2, 16, flags=0x8000 | 0x4000, sender=1,
-                                              group=dlink_group_hash(op_id), generation=1,
-                                              seq=4, total=16)
-                      + struct.pack("<IIQ", 1, 2, 999))
-            time.sleep(0.5)  # taken (and kept) before the Execute below is even sent
-            t, answer = self.execute_for_node_a(c, op_id)
-            t.start()
-            t.join(60)
-        code, message, _, _ = answer["r"]
+        self.assertEqual(self.link_of_node_a(c)[2], 1)
+        code, message, _, _ = self.early_descriptions(c, "op-early-descriptions",
+                                                      c.worker_specs["node-b"]["listen"])
         self.assertEqual(code, "FAILED_PRECONDITION", message)
         self.assertIn("is f64 with 999 elements, but on node-a/cuda:0 it is f32 with 1000",
                       message)
@@ -910,6 +914,34 @@ class DataLinkTest(OpsTestCase):
         # Nothing came in an Exchange call.
         self.assertEqual(m['devcoord_rpc_requests_total{service="Worker",method="Exchange",'
                          'code="OK"}'], 0, m)
+        # Kept descriptions get the checks of a running op's frame: from another address
+        # than the plan's node-b, they fail the op.
+        code, message, _, _ = self.early_descriptions(c, "op-early-impostor",
+                                                      "tcp://127.0.0.1:1")
+        self.assertEqual(code, "INVALID_ARGUMENT", message)
+        self.assertIn("from tcp://127.0.0.1:1, which is not worker 1 of it", message)
+
+    def test_descriptions_frame_at_the_wrong_step_is_refused_and_fails_the_op(self):
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]}, http=True)
+        self.put("node-a/cuda:0", "t", "f32", [1.0] * 1000)
+        op_id = "op-misplaced-descriptions"
+        port, hello, _ = self.link_of_node_a(c)
+        t, answer = self.execute_for_node_a(c, op_id)
+        t.start()
+        try:
+            time.sleep(0.5)  # the op runs on node-a (a frame for an unknown op is kept)
+            # Descriptions must come at step 2W = 4: at step 3 they are refused.
+            self.assertTrue(dlink_closed_by_worker(
+                port, hello(c.worker_specs["node-b"]["listen"])
+                + dlink_header(2, 16, flags=0x8000 | 0x4000, sender=1,
+                               group=dlink_group_hash(op_id), generation=1, seq=3, total=16)
+                + struct.pack("<IIQ", 1, 1, 1000)))
+        finally:
+            t.join(60)
+        code, message, _, _ = answer["r"]
+        self.assertEqual(code, "INVALID_ARGUMENT", message)
+        self.assertIn("tensor descriptions of op %s at step 3" % op_id, message)
+        self.assertEqual(self.metrics("node-a")["devcoord_group_link_refused_total"], 1)
 
 
 class WorkerKillTest(OpsTestCase):

@@ -797,6 +797,8 @@ test_a_failed_op_runs_again_under_its_key(void **state)
 /* What ha_leads answers in the leadership tests. */
 static atomic_bool still_leads;
 
+static atomic_ullong the_term;
+
 static bool
 fake_leads(void *arg)
 {
@@ -804,16 +806,22 @@ fake_leads(void *arg)
     return atomic_load(&still_leads);
 }
 
+/* The ops lead (by their own clock) in term `term` from now on. */
+static void
+leading_in(uint64_t term)
+{
+    atomic_store(&the_term, term);
+    atomic_store(&still_leads, true);
+    ops_set_term(the_ops, &the_term, fake_leads, NULL);
+}
+
 static void
 test_a_refusal_heard_after_the_lease_went_stale_is_the_leadership_lost(void **state)
 {
     struct fixture *f = *state;
-    static atomic_ullong term;
     struct result r;
 
-    atomic_store(&term, 7);
-    atomic_store(&still_leads, true);
-    ops_set_term(the_ops, &term, fake_leads, NULL);
+    leading_in(7);
     set_modes(EX_PREPARE, EX_FAIL, EX_PREPARE, CM_OK, CM_OK, CM_OK);
     /* Still leading: the worker's reason, as ever. */
     r = submit(f, DC_OP_ALL_REDUCE, "");
@@ -837,12 +845,9 @@ static void
 test_stepping_down_fails_what_is_in_flight(void **state)
 {
     struct fixture *f = *state;
-    static atomic_ullong term;
     struct async_result a;
 
-    atomic_store(&term, 9);
-    atomic_store(&still_leads, true);
-    ops_set_term(the_ops, &term, fake_leads, NULL);
+    leading_in(9);
     set_modes(EX_PARK, EX_PREPARE, EX_PREPARE, CM_OK, CM_OK, CM_OK);
     submit_async(f, "", &a);
     assert_true(eventually(executed, &fakes[0]));
