@@ -33,7 +33,10 @@
 /* How long a GroupEnd may take to reach a peer (nobody waits for it). */
 #define GROUP_END_TIMEOUT_MS 5000
 #define TIMER_TICK_MS        20
-#define KINDS                (DC_OP_COUNT)
+/* An op's frame up to this size is written by the op's own thread when its peer's sender is
+ * idle (peer_send_inline_locked); larger ones, a ring's chunks, go through the sender. */
+#define OP_INLINE_MAX ((size_t)64 << 10)
+#define KINDS         (DC_OP_COUNT)
 
 struct desc {
     dc_op_kind kind;
@@ -89,10 +92,11 @@ struct wpeer {
     bool sender_started;
     pthread_cond_t cv;
     struct sjob *jobs, *jobs_tail;
-    struct dlink_out *out;   /* set and cleared under mtx; written by the sender only */
+    struct dlink_out *out;   /* set and cleared under mtx; written by its `sending` job only */
     nng_tls_config *tls;     /* the dialer's, for a tls+tcp:// data link */
     bool stale;              /* the RPC connection dropped since out was dialed */
-    struct sjob *sending;    /* the job the sender writes now (outside mtx) */
+    struct sjob *sending;    /* the job the sender (or an op's thread) writes now (outside mtx) */
+    bool inline_busy;        /* an op's thread writes `sending` itself: the sender waits */
     bool dialing;            /* wgroups_peer_link dials: the sender waits for it */
     uint64_t link_failed_ms; /* when wgroups_peer_link last failed to dial (0: never) */
     uint32_t features;       /* its GroupLink answer's, as of the last dial */
@@ -1452,7 +1456,7 @@ peer_sender(void *arg)
         dc_status st;
         dc_code code = DC_OK;
 
-        while (!wg->stopping && p->jobs == NULL) {
+        while (!wg->stopping && (p->jobs == NULL || p->inline_busy)) {
             pthread_cond_wait(&p->cv, &wg->mtx);
         }
         if (wg->stopping) {
@@ -1761,6 +1765,54 @@ wgroups_peer_linked(struct wgroups *wg, const char *address, uint32_t *features)
     return up;
 }
 
+/* Writes op job j to p on the caller's thread: p is linked and idle (no job queued or being
+ * written), so nothing is overtaken, and a small frame goes straight into the socket instead
+ * of waking the sender, whose hand-off costs a small op a thread switch per frame. The sender
+ * takes no job meanwhile (inline_busy); wgroups_op_cancel and shutdown abort the connection
+ * as they would the sender's write. On failure the job goes back to the head of the queue:
+ * the sender dials a fresh connection and tries once more, as it does for a job that failed
+ * on a kept connection. mtx held; unlocks it. */
+static void
+peer_send_inline_locked(struct wgroups *wg, struct wpeer *p, struct sjob *j)
+{
+    struct dlink_out *o = p->out;
+    dc_status st;
+    dc_code code;
+
+    p->sending     = j;
+    p->inline_busy = true;
+    pthread_mutex_unlock(&wg->mtx);
+    status_clear(&st);
+    code = dlink_send(o, &j->h, j->data, j->len, &st);
+    pthread_mutex_lock(&wg->mtx);
+    p->sending     = NULL;
+    p->inline_busy = false;
+    if (code != DC_OK) {
+        p->out = NULL;
+        if (!wg->stopping && !j->cancelled) {
+            j->next = p->jobs;
+            p->jobs = j;
+            if (p->jobs_tail == NULL) {
+                p->jobs_tail = j;
+            }
+            j = NULL;
+        }
+    } else if (wg->stopping) {
+        code = status_set(&st, DC_UNAVAILABLE, "worker shutting down");
+    }
+    pthread_cond_broadcast(&p->cv); /* the sender, and a shutdown waiting for us */
+    pthread_mutex_unlock(&wg->mtx);
+    if (code != DC_OK) {
+        dlink_out_close(o);
+        if (j != NULL && j->cancelled) {
+            code = status_set(&st, DC_ABORTED, "the op ended before its data was sent");
+        }
+    }
+    if (j != NULL) {
+        sjob_done(j, code, &st);
+    }
+}
+
 dc_code
 wgroups_op_send(struct wgroups *wg, const char *address, const struct dlink_hdr *h,
                 const uint8_t *data, size_t len, const void *owner, wgroups_sent_fn done, void *arg,
@@ -1795,6 +1847,11 @@ wgroups_op_send(struct wgroups *wg, const char *address, const struct dlink_hdr 
     j->owner    = owner;
     j->done     = done;
     j->done_arg = arg;
+    if (len <= OP_INLINE_MAX && p->jobs == NULL && p->sending == NULL && p->out != NULL &&
+        !p->stale && !p->dialing) {
+        peer_send_inline_locked(wg, p, j); /* unlocks */
+        return DC_OK;
+    }
     peer_enqueue_locked(p, j);
     pthread_mutex_unlock(&wg->mtx);
     return DC_OK;
@@ -3355,6 +3412,12 @@ wgroups_shutdown(struct wgroups *wg)
         pthread_cond_broadcast(&wg->peers[i]->cv);
         if (wg->peers[i]->out != NULL) {
             dlink_out_abort(wg->peers[i]->out); /* a send under way fails at once */
+        }
+    }
+    /* An op's thread writing a frame itself uses its peer's connection until it returns. */
+    for (size_t i = 0; i < wg->n_peers; i++) {
+        while (wg->peers[i]->inline_busy) {
+            pthread_cond_wait(&wg->peers[i]->cv, &wg->mtx);
         }
     }
     pthread_mutex_unlock(&wg->mtx);
