@@ -67,7 +67,12 @@
  * one after the other: at most DIRECT_MAX_WORKERS workers, DIRECT_MAX_TENSOR bytes per
  * tensor and DIRECT_MAX_TOTAL bytes of every rank's tensor together, and only when every
  * worker of the op says it can (ExchangeRequest.features, with the descriptions). */
-#define FEATURE_DIRECT     1u
+#define FEATURE_DIRECT 1u
+/* A descriptions frame on the data link (never an Exchange call) that also carries the
+ * sender's tensors, in its ranks' order after the descriptions: sent when the op will surely
+ * be direct if the descriptions agree (cop_early_bytes), to peers that take it
+ * (WGROUPS_FEATURE_OP_EARLY), so the data does not wait a round for the descriptions. */
+#define FEATURE_EARLY      2u
 #define DIRECT_MAX_WORKERS 8u
 #define DIRECT_MAX_TENSOR  ((size_t)64 << 10)
 #define DIRECT_MAX_TOTAL   ((size_t)1 << 20)
@@ -196,8 +201,14 @@ struct cop {
     struct cop_meta *metas;
     uint32_t meta_step; /* the Exchange step that carries them */
     size_t metas_received;
-    bool peers_direct;             /* every peer's descriptions said FEATURE_DIRECT */
-    bool direct;                   /* a small all-reduce as one exchange (cop_prepare decides) */
+    bool peers_direct; /* every peer's descriptions said FEATURE_DIRECT */
+    bool direct;       /* a small all-reduce as one exchange (cop_prepare decides) */
+    /* Per worker: the tensors it sent with its descriptions (FEATURE_EARLY, early_len bytes),
+     * applied once the op is prepared; whether we sent ours so to it. */
+    uint8_t **early;
+    size_t *early_len;
+    bool *early_sent;
+    bool sent_early;
     struct cop_send_ctx *send_ctx; /* per worker index: the callback argument of a send */
     /* The data link (groups.h's wgroups_op_send): per worker, whether data goes to it there
      * (else in Exchange calls), and its chunks queued and not yet written, which read the
@@ -1066,12 +1077,110 @@ cop_frame_sender_ok(const struct cop *op, const char *peer, const struct dlink_h
 static dc_code
 cop_link_meta(struct cop *op, const struct dlink_hdr *h, const uint8_t *payload, dc_status *st)
 {
+    uint32_t features = (uint32_t)h->generation;
+    size_t n = 0, metas_len = h->length, each = 0;
+    uint8_t *copy;
+
     if (h->seq != op->meta_step || h->offset != 0) {
         return status_set(st, DC_INVALID_ARGUMENT,
                           "data link: tensor descriptions of op %s at step %llu", op->id,
                           (unsigned long long)h->seq);
     }
-    return cop_apply_meta(op, h->from, (uint32_t)h->generation, payload, h->length, st);
+    if ((features & FEATURE_EARLY) == 0) {
+        return cop_apply_meta(op, h->from, features, payload, h->length, st);
+    }
+    /* Descriptions of the sender's ranks, then each one's tensor: the same size each, no
+     * larger than a direct all-reduce takes. */
+    for (uint32_t r = 0; r < op->n_ranks; r++) {
+        n += op->worker_of[r] == h->from;
+    }
+    metas_len = n * META_ENTRY;
+    if (n == 0 || h->length <= metas_len || (h->length - metas_len) % n != 0 ||
+        (each = (h->length - metas_len) / n) > DIRECT_MAX_TENSOR ||
+        (size_t)op->n_ranks * each > DIRECT_MAX_TOTAL) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "data link: malformed tensor descriptions with data for op %s", op->id);
+    }
+    if ((copy = malloc(h->length - metas_len)) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory in op %s", op->id);
+    }
+    memcpy(copy, payload + metas_len, h->length - metas_len);
+    /* The data is in place before the descriptions: the op goes on as soon as it has the
+     * last of those. Once there it stays until the op ends (a failure below fails the op). */
+    pthread_mutex_lock(&op->mtx);
+    for (uint32_t r = 0; r < op->n_ranks && copy != NULL; r++) {
+        if (op->worker_of[r] == h->from && op->metas[r].known) {
+            free(copy);
+            copy = NULL;
+        }
+    }
+    if (copy != NULL && op->early[h->from] == NULL) {
+        op->early[h->from]     = copy;
+        op->early_len[h->from] = h->length - metas_len;
+    } else {
+        free(copy);
+        copy = NULL;
+    }
+    pthread_mutex_unlock(&op->mtx);
+    if (copy == NULL) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "data link: worker %u described its tensors for op %s twice",
+                          (unsigned)h->from, op->id);
+    }
+    return cop_apply_meta(op, h->from, features, payload, metas_len, st);
+}
+
+/* Applies the tensors that came with the descriptions to a prepared op, as its step 0 data
+ * from their senders. INVALID_ARGUMENT: the op is no direct all-reduce, or they do not fit
+ * the tensor every rank has. */
+static dc_code
+cop_take_early(struct cop *op, dc_status *st)
+{
+    dc_code code = DC_OK;
+
+    /* Our own ranks as we sent them (a tensor rewritten since must not make us sum other
+     * bytes than the peers do). */
+    for (size_t i = 0; op->sent_early && op->direct && i < op->n_local; i++) {
+        memcpy(op->gathered + (size_t)op->local_ranks[i] * op->tensor_bytes,
+               op->meta_buf + op->n_local * META_ENTRY + i * op->tensor_bytes, op->tensor_bytes);
+    }
+
+    for (uint32_t w = 0; w < op->n_workers && code == DC_OK; w++) {
+        const uint8_t *data;
+        size_t len, at = 0;
+
+        pthread_mutex_lock(&op->mtx);
+        data = op->early[w];
+        len  = op->early_len[w];
+        pthread_mutex_unlock(&op->mtx);
+        if (data == NULL) {
+            continue;
+        }
+        if (!op->direct) {
+            return status_set(st, DC_INVALID_ARGUMENT,
+                              "worker %s sent its tensors with its descriptions, but op %s is not "
+                              "one direct exchange",
+                              op->req->plan->workers[w]->name, op->id);
+        }
+        for (uint32_t r = 0; r < op->n_ranks && code == DC_OK; r++) {
+            if (op->worker_of[r] != w) {
+                continue;
+            }
+            if (len - at < op->tensor_bytes) {
+                break;
+            }
+            code = cop_apply_chunk(op, w, 0, r, (uint64_t)r * op->tensor_bytes, data + at,
+                                   op->tensor_bytes, true, st);
+            at += op->tensor_bytes;
+        }
+        if (code == DC_OK && at != len) {
+            code = status_set(st, DC_INVALID_ARGUMENT,
+                              "worker %s sent %zu bytes of tensors with its descriptions for op "
+                              "%s, not its ranks' %zu-byte tensors",
+                              op->req->plan->workers[w]->name, len, op->id, op->tensor_bytes);
+        }
+    }
+    return code;
 }
 
 /* A data link frame of an op (groups.c's op sink, on the connection's reader thread): the op
@@ -1318,7 +1427,7 @@ static bool
 cop_all_gather(struct cop *op)
 {
     for (uint32_t w = 0; w < op->n_workers; w++) {
-        for (size_t i = 0; w != op->self && i < op->n_local; i++) {
+        for (size_t i = 0; w != op->self && !op->early_sent[w] && i < op->n_local; i++) {
             size_t at = (size_t)op->local_ranks[i] * op->tensor_bytes;
             if (!cop_send(op, w, 0, op->gathered, (size_t)op->n_ranks * op->tensor_bytes, at,
                           at + op->tensor_bytes, op->local_ranks[i])) {
@@ -1361,13 +1470,13 @@ cop_meta_sent(void *arg, size_t bytes, dc_code code, const dc_status *st)
 
 /* Sends our descriptions to worker w as a frame on its data link (it said it takes them). */
 static dc_code
-cop_send_meta_frame(struct cop *op, uint32_t w, size_t len, dc_status *st)
+cop_send_meta_frame(struct cop *op, uint32_t w, size_t len, uint32_t features, dc_status *st)
 {
     struct dlink_hdr h = { .kind       = DLINK_DATA,
                            .flags      = DLINK_FLAG_OP_META,
                            .from       = op->self,
                            .group      = op->hash,
-                           .generation = FEATURE_DIRECT,
+                           .generation = features,
                            .seq        = op->meta_step,
                            .offset     = 0,
                            .total      = len };
@@ -1401,15 +1510,63 @@ cop_meta_link(struct cop *op, uint32_t w)
            (features & WGROUPS_FEATURE_OP_META) != 0;
 }
 
+/* The size of our tensors if they may go with our descriptions (FEATURE_EARLY), else 0: an
+ * all-reduce that will be one direct exchange if every rank's tensor is as ours (else it
+ * fails at the descriptions anyway), to peers that all take such frames on links up now (so
+ * all of them can do a direct exchange too), in one frame. */
+static size_t
+cop_early_bytes(struct cop *op)
+{
+    const struct tensor *t0 = op->n_local > 0 ? op->local_tensors[0] : NULL;
+    size_t bytes;
+
+    if ((dc_op_kind)op->req->kind != DC_OP_ALL_REDUCE || op->co->wg == NULL || t0 == NULL ||
+        op->n_workers < 2 || op->n_workers > DIRECT_MAX_WORKERS) {
+        return 0;
+    }
+    bytes = t0->size_bytes;
+    if (bytes == 0 || bytes > DIRECT_MAX_TENSOR || (size_t)op->n_ranks * bytes > DIRECT_MAX_TOTAL ||
+        op->n_local * (META_ENTRY + bytes) > DLINK_CHUNK) {
+        return 0;
+    }
+    for (size_t i = 1; i < op->n_local; i++) {
+        const struct tensor *t = op->local_tensors[i];
+        if (t == NULL || t->dtype != t0->dtype || t->elements != t0->elements ||
+            t->size_bytes != bytes) {
+            return 0;
+        }
+    }
+    for (uint32_t w = 0; w < op->n_workers; w++) {
+        uint32_t features = 0;
+        if (w != op->self && (!wgroups_peer_linked(op->co->wg, op->peers[w]->address, &features) ||
+                              (features & WGROUPS_FEATURE_OP_META) == 0 ||
+                              (features & WGROUPS_FEATURE_OP_EARLY) == 0)) {
+            return 0;
+        }
+    }
+    return bytes;
+}
+
 /* Sends this worker's descriptions to every peer: as a data link frame where its data port
- * takes them, else in an Exchange call. */
+ * takes them (with our tensors when cop_early_bytes says they may go), else in an Exchange
+ * call. */
 static bool
 cop_send_metas(struct cop *op)
 {
     Devcoord__V1__ExchangeRequest req = DEVCOORD__V1__EXCHANGE_REQUEST__INIT;
-    uint8_t *buf                      = calloc(op->n_local, META_ENTRY);
+    size_t early                      = cop_early_bytes(op);
+    size_t metas_len = op->n_local * META_ENTRY, frame_len = metas_len + op->n_local * early;
+    uint8_t *buf = calloc(1, frame_len);
     dc_status st;
 
+    for (size_t i = 0; buf != NULL && early > 0 && i < op->n_local; i++) {
+        status_clear(&st);
+        if (tensor_read(op->local_tensors[i], 0, buf + metas_len + i * early, early, &st) !=
+            DC_OK) {
+            early     = 0; /* described as it is; the data goes after the descriptions */
+            frame_len = metas_len;
+        }
+    }
     if (buf == NULL) {
         status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory in op %s", op->id);
         pthread_mutex_lock(&op->mtx);
@@ -1441,7 +1598,11 @@ cop_send_metas(struct cop *op)
             continue;
         }
         if (cop_meta_link(op, w)) {
-            if (cop_send_meta_frame(op, w, op->n_local * META_ENTRY, &st) != DC_OK) {
+            op->early_sent[w] = early > 0;
+            op->sent_early    = op->sent_early || early > 0;
+            if (cop_send_meta_frame(op, w, early > 0 ? frame_len : metas_len,
+                                    early > 0 ? FEATURE_DIRECT | FEATURE_EARLY : FEATURE_DIRECT,
+                                    &st) != DC_OK) {
                 pthread_mutex_lock(&op->mtx);
                 cop_fail_locked(op, &st);
                 pthread_mutex_unlock(&op->mtx);
@@ -1895,6 +2056,12 @@ cop_free(struct cop *op)
     free(op->link);
     free(op->meta_buf);
     free(op->link_pending);
+    for (uint32_t w = 0; op->early != NULL && w < op->n_workers; w++) {
+        free(op->early[w]);
+    }
+    free(op->early);
+    free(op->early_len);
+    free(op->early_sent);
     pthread_cond_destroy(&op->cv);
     pthread_mutex_destroy(&op->mtx);
     free(op);
@@ -1948,7 +2115,8 @@ cop_run(void *arg)
         cop_local_metas(op);
         cop_take_parked_metas(op);
         if ((op->n_workers == 1 || (cop_send_metas(op) && cop_wait_metas(op))) &&
-            (cop_check_metas(op, &st) != DC_OK || cop_prepare(op, &st) != DC_OK)) {
+            (cop_check_metas(op, &st) != DC_OK || cop_prepare(op, &st) != DC_OK ||
+             cop_take_early(op, &st) != DC_OK)) {
             pthread_mutex_lock(&op->mtx);
             cop_fail_locked(op, &st);
             pthread_mutex_unlock(&op->mtx);
@@ -2053,6 +2221,7 @@ cop_run(void *arg)
     co->stats.link_bytes_sent += op->link_bytes_sent;
     co->stats.link_bytes_received += op->link_bytes_received;
     co->stats.ops_direct += op->direct ? 1 : 0;
+    co->stats.ops_early += op->direct && op->sent_early ? 1 : 0;
     pthread_mutex_unlock(&co->mtx);
     while (parked != NULL) {
         struct parked *p = parked;
@@ -2176,12 +2345,16 @@ cop_new(struct collectives *co, const Devcoord__V1__ExecuteRequest *in, struct c
     op->send_ctx        = calloc(op->n_workers, sizeof(*op->send_ctx));
     op->link            = calloc(op->n_workers, sizeof(*op->link));
     op->link_pending    = calloc(op->n_workers, sizeof(*op->link_pending));
+    op->early           = calloc(op->n_workers, sizeof(*op->early));
+    op->early_len       = calloc(op->n_workers, sizeof(*op->early_len));
+    op->early_sent      = calloc(op->n_workers, sizeof(*op->early_sent));
     op->local_tensors   = calloc(op->n_ranks, sizeof(*op->local_tensors));
     if (op->devices == NULL || op->worker_of == NULL || op->peers == NULL ||
         op->step_expected == NULL || op->bytes_from == NULL || op->step_received == NULL ||
         op->fan_in_expected == NULL || op->fan_in_received == NULL || op->local_ranks == NULL ||
         op->local_tensors == NULL || op->step_forward == NULL || op->step_sent == NULL ||
-        op->metas == NULL || op->send_ctx == NULL || op->link == NULL || op->link_pending == NULL) {
+        op->metas == NULL || op->send_ctx == NULL || op->link == NULL || op->link_pending == NULL ||
+        op->early == NULL || op->early_len == NULL || op->early_sent == NULL) {
         code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
         goto fail;
     }

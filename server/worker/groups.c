@@ -3002,7 +3002,7 @@ link_answer(struct wgroups *wg, bool call, Devcoord__V1__GroupLinkResponse_Closu
         return;
     }
     out.address  = wg->dl_address;
-    out.features = call ? 0 : WGROUPS_FEATURE_OP_META;
+    out.features = call ? 0 : WGROUPS_FEATURE_OP_META | WGROUPS_FEATURE_OP_EARLY;
     out.secret.data =
         (uint8_t *)(call ? dlink_server_call_secret(wg->dl) : dlink_server_secret(wg->dl));
     out.secret.len = DLINK_SECRET_SIZE;

@@ -106,7 +106,8 @@ dc_code wgroups_peer_link(struct wgroups *wg, const char *address, dc_status *st
 /* Whether a data link to that peer is up now, and what else its data port takes (*features,
  * its GroupLink answer's: WGROUPS_FEATURE_*); never dials nor waits for a dial (a peer that
  * hangs must not hold up the caller). */
-#define WGROUPS_FEATURE_OP_META 1u /* DLINK_FLAG_OP_META frames */
+#define WGROUPS_FEATURE_OP_META  1u /* DLINK_FLAG_OP_META frames */
+#define WGROUPS_FEATURE_OP_EARLY 2u /* those frames carrying the sender's tensors too */
 bool wgroups_peer_linked(struct wgroups *wg, const char *address, uint32_t *features);
 
 /* Told when an op's chunk was written to the peer's connection (bytes: its length) or could

@@ -724,17 +724,19 @@ class DataLinkTest(OpsTestCase):
         # worker sums all ranks in rank order. Values of very different magnitudes make the
         # f32 sum depend on the order: every device must hold the same bits, those of the
         # sum in rank order. Above that size the ring runs, and also ends the same everywhere.
+        # Once the workers' data links are up (after the first op), each one's tensors go in
+        # its descriptions frame.
         self.start(grid_spec(), http=True)
-        direct = "devcoord_worker_direct_ops_total"
-        for n, is_direct in ((4096, True), (20000, False)):
-            name = "direct%d" % n
+        direct, early = "devcoord_worker_direct_ops_total", "devcoord_worker_early_data_ops_total"
+        for i, (n, is_direct) in enumerate(((4096, True), (4096, True), (20000, False))):
+            name = "direct%d.%d" % (n, i)
             inputs = {}
             for device in RANKS6:
                 inputs[device] = [opsutil.round_to("f32", self.rng.choice((1e7, 1.0, 1e-3))
                                                    * self.rng.uniform(-1, 1))
                                   for _ in range(n)]
                 self.put(device, name, "f32", inputs[device])
-            before = {w: self.metrics(w)[direct] for w in GRID}
+            before = {w: self.metrics(w) for w in GRID}
             r = self.submit("all-reduce", RANKS6, name, reduce="sum")
             self.assert_op_ok(r, RANKS6, "all-reduce")
             got = {}
@@ -742,7 +744,7 @@ class DataLinkTest(OpsTestCase):
                 g = self.get(device, name)
                 self.assertEqual(g.rc, 0, g)
                 got[device] = [opsutil.round_to("f32", v) for v in g.out["values"]]
-            with self.subTest(n=n):
+            with self.subTest(n=n, i=i):
                 for device in RANKS6[1:]:
                     self.assertTrue(got[device] == got[RANKS6[0]],
                                     "%s and %s differ" % (device, RANKS6[0]))
@@ -753,8 +755,10 @@ class DataLinkTest(OpsTestCase):
                                 for a, b in zip(want, inputs[device])]
                     self.assertTrue(got[RANKS6[0]] == want, "not the sum in rank order")
                 for w in GRID:
-                    self.assertEqual(self.metrics(w)[direct] - before[w],
-                                     1 if is_direct else 0, w)
+                    m = self.metrics(w)
+                    self.assertEqual(m[direct] - before[w][direct], 1 if is_direct else 0, w)
+                    if i > 0:
+                        self.assertEqual(m[early] - before[w][early], 1 if is_direct else 0, w)
 
     def test_a_peer_without_a_data_link_gets_exchange_calls(self):
         # node-b cannot open its data port (the port it is told to use is taken), so its
@@ -879,21 +883,57 @@ class DataLinkTest(OpsTestCase):
         self.assertGreater(self.metrics("node-a")[self.LINK_RECEIVED], 0)
 
 
-    def early_descriptions(self, c, op_id, sender):
+    def early_descriptions(self, c, op_id, sender, payload=struct.pack("<IIQ", 1, 2, 999),
+                           features=1):
         """Sends node-a, on a data connection from `sender`, node-b's descriptions of op_id
-        (f64, 999 elements) before the op's Execute, then the Execute; its answer."""
+        (by default f64, 999 elements) before the op's Execute, then the Execute; its
+        answer."""
         port, hello, _ = self.link_of_node_a(c)
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-            # Step 2W = 4; generation: the sender's features. Rank 1, f64, 999 elements.
-            s.sendall(hello(sender) + dlink_header(2, 16, flags=0x8000 | 0x4000, sender=1,
-                                                   group=dlink_group_hash(op_id), generation=1,
-                                                   seq=4, total=16)
-                      + struct.pack("<IIQ", 1, 2, 999))
+            # Step 2W = 4; generation: the sender's features. Rank 1, its dtype and elements
+            # (then, with features 3, its tensor).
+            s.sendall(hello(sender) + dlink_header(2, len(payload), flags=0x8000 | 0x4000,
+                                                   sender=1, group=dlink_group_hash(op_id),
+                                                   generation=features, seq=4,
+                                                   total=len(payload))
+                      + payload)
             time.sleep(0.5)  # taken (and kept) before the Execute below is even sent
             t, answer = self.execute_for_node_a(c, op_id)
             t.start()
             t.join(60)
         return answer["r"]
+
+    def test_tensors_sent_with_the_descriptions_are_the_peers_data(self):
+        # A small all-reduce's workers send their tensors in their descriptions frame to peers
+        # whose GroupLink answer says they take them (features 2), so the data does not wait a
+        # round for the descriptions. node-b's tensor (f32, 1000 x 2.0) comes that way before
+        # node-a's Execute: node-a's op needs nothing more, prepares at once, and its Commit
+        # publishes the sum.
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]}, http=True)
+        self.put("node-a/cuda:0", "t", "f32", [1.0] * 1000)
+        self.assertEqual(self.link_of_node_a(c)[2] & 2, 2)
+        b = c.worker_specs["node-b"]["listen"]
+        meta = struct.pack("<IIQ", 1, 1, 1000)
+        code, message, _, _ = self.early_descriptions(
+            c, "op-early-data", b, meta + struct.pack("<1000f", *[2.0] * 1000), features=3)
+        self.assertEqual(code, "OK", message)
+        code, message, _, _ = opsutil.worker_call(
+            c, "node-a", "Commit", opsutil.op_id_pb("CommitRequest", "op-early-data"))
+        self.assertEqual(code, "OK", message)
+        self.assertEqual(self.get("node-a/cuda:0", "t").out["values"], [3.0] * 1000)
+        self.assertEqual(self.metrics("node-a")["devcoord_worker_direct_ops_total"], 1)
+        # Bytes that are not the sender's ranks' tensors fail the op, changing nothing.
+        code, message, _, _ = self.early_descriptions(
+            c, "op-early-short", b, meta + struct.pack("<2f", 2.0, 2.0), features=3)
+        self.assertEqual(code, "INVALID_ARGUMENT", message)
+        self.assertIn("sent 8 bytes of tensors with its descriptions for op op-early-short",
+                      message)
+        # More than a direct exchange takes: refused as malformed before anything is kept.
+        code, message, _, _ = self.early_descriptions(
+            c, "op-early-huge", b, meta + b"\0" * (65 << 10), features=3)
+        self.assertEqual(code, "INVALID_ARGUMENT", message)
+        self.assertIn("malformed tensor descriptions with data for op op-early-huge", message)
+        self.assertEqual(self.get("node-a/cuda:0", "t").out["values"], [3.0] * 1000)
 
     def test_descriptions_on_the_data_link_before_their_execute_wait_for_it(self):
         # A worker's data port takes an op's tensor descriptions as a frame (its GroupLink
@@ -903,7 +943,7 @@ class DataLinkTest(OpsTestCase):
         # (without them it would wait for them until its deadline).
         c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]}, http=True)
         self.put("node-a/cuda:0", "t", "f32", [1.0] * 1000)
-        self.assertEqual(self.link_of_node_a(c)[2], 1)
+        self.assertEqual(self.link_of_node_a(c)[2] & 1, 1)
         code, message, _, _ = self.early_descriptions(c, "op-early-descriptions",
                                                       c.worker_specs["node-b"]["listen"])
         self.assertEqual(code, "FAILED_PRECONDITION", message)
