@@ -71,6 +71,11 @@ struct rpc_server_opts {
     /* NULL-terminated names of methods whose handlers are cheap and never wait: they run on
      * nng's callback thread, saving a hand-off. Everything else runs on the server threads. */
     const char *const *inline_methods;
+    /* NULL-terminated names of methods that run inline when their request is at most
+     * inline_small_max_bytes long (small requests are cheap ones), else on the server
+     * threads. */
+    const char *const *inline_small_methods;
+    size_t inline_small_max_bytes;
     /* Admission: request bytes received and not yet answered, on all connections and on
      * one. A request over either is answered RESOURCE_EXHAUSTED at once, undecoded; one
      * request is always taken when nothing else is in flight there. 0: the defaults. */

@@ -63,6 +63,8 @@ struct rpc_server {
     pthread_cond_t cv;      /* work queued */
     pthread_cond_t idle_cv; /* the last call answered (or answer sent), once closing */
     bool inline_method[RPC_MAX_METHODS];
+    bool inline_small[RPC_MAX_METHODS]; /* inline when at most inline_small_max bytes */
+    size_t inline_small_max;
     struct rpc_call *head, *tail;
     bool closing;
     bool threads_exit;
@@ -652,7 +654,9 @@ rpc_call_cb(void *arg)
     }
     /* Cheap methods run here, on nng's thread: no hand-off. They never wait; the rest goes
      * to the server threads. */
-    if (s->inline_method[call->method - s->service->descriptor->methods]) {
+    if (s->inline_method[call->method - s->service->descriptor->methods] ||
+        (s->inline_small[call->method - s->service->descriptor->methods] &&
+         nng_msg_len(call->req) <= s->inline_small_max)) {
         rpc_server_grow(s);
         rpc_call_dispatch(call);
         return;
@@ -698,6 +702,18 @@ rpc_server_start(const struct rpc_server_opts *opts, struct rpc_server **out, dc
         }
         s->inline_method[m - s->service->descriptor->methods] = true;
     }
+    for (size_t i = 0; opts->inline_small_methods != NULL && opts->inline_small_methods[i] != NULL;
+         i++) {
+        const ProtobufCMethodDescriptor *m = protobuf_c_service_descriptor_get_method_by_name(
+            s->service->descriptor, opts->inline_small_methods[i]);
+        if (m == NULL) {
+            code = status_set(st, DC_INTERNAL, "no method %s to run inline",
+                              opts->inline_small_methods[i]);
+            goto fail;
+        }
+        s->inline_small[m - s->service->descriptor->methods] = true;
+    }
+    s->inline_small_max = opts->inline_small_max_bytes;
     s->max_message   = opts->max_message_bytes ? opts->max_message_bytes : RPC_DEFAULT_MAX_MESSAGE;
     s->authorize     = opts->authorize;
     s->authorize_arg = opts->authorize_arg;

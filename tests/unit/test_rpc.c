@@ -153,6 +153,15 @@ t_list_devices(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__ListD
     free(ptrs);
 }
 
+/* SubmitOp answers at once, but for a tensor named "block...", whose handler holds its thread
+ * until the test opens `blocker`. */
+static struct {
+    pthread_mutex_t mtx;
+    pthread_cond_t cv;
+    bool open;
+    unsigned blocked, answered;
+} blocker = { .mtx = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
+
 static void
 t_submit_op(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__SubmitOpRequest *in,
             Devcoord__V1__SubmitOpResponse_Closure closure, void *cd)
@@ -160,7 +169,16 @@ t_submit_op(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__SubmitOp
     Devcoord__V1__SubmitOpResponse resp = DEVCOORD__V1__SUBMIT_OP_RESPONSE__INIT;
 
     (void)svc;
-    (void)in;
+    pthread_mutex_lock(&blocker.mtx);
+    if (strncmp(in->tensor, "block", 5) == 0) {
+        blocker.blocked++;
+        pthread_cond_broadcast(&blocker.cv);
+        while (!blocker.open) {
+            pthread_cond_wait(&blocker.cv, &blocker.mtx);
+        }
+    }
+    blocker.answered++;
+    pthread_mutex_unlock(&blocker.mtx);
     closure(&resp, cd);
 }
 
@@ -570,6 +588,90 @@ test_slow_calls_hold_contexts(void **state)
         pthread_mutex_unlock(&slow_mtx);
     }
     assert_int_equal(done, 64);
+}
+
+static void
+submit_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, bool *keep)
+{
+    (void)reply;
+    (void)keep;
+    if (code != DC_OK) {
+        fprintf(stderr, "submit: %s\n", st->message);
+    }
+    *(dc_code *)arg = code;
+}
+
+/* A method listed as inline when small runs a small request on nng's thread, so it is
+ * answered while the only server thread is held; a larger one waits for that thread. */
+static void
+test_small_requests_of_an_inline_small_method_skip_the_threads(void **state)
+{
+    static const char *const small[]  = { "SubmitOp", NULL };
+    struct rpc_server_opts so         = { .url                    = "tcp://127.0.0.1:0",
+                                          .service                = &test_service.base,
+                                          .threads                = 1,
+                                          .inline_small_methods   = small,
+                                          .inline_small_max_bytes = 512 };
+    Devcoord__V1__SubmitOpRequest req = DEVCOORD__V1__SUBMIT_OP_REQUEST__INIT;
+    char block[600], large_name[600];
+    struct fixture f = { 0 };
+    dc_code held = DC_UNKNOWN, large = DC_UNKNOWN;
+    struct rpc_reply r;
+    dc_status st;
+
+    (void)state;
+    /* Names over 512 bytes make the two large requests. */
+    memset(block, 'x', sizeof(block) - 1);
+    block[sizeof(block) - 1] = '\0';
+    memcpy(block, "block", 5);
+    memset(large_name, 'x', sizeof(large_name) - 1);
+    large_name[sizeof(large_name) - 1] = '\0';
+    blocker.open                       = false;
+    blocker.blocked                    = 0;
+    blocker.answered                   = 0;
+    assert_int_equal(rpc_server_start(&so, &f.server, &st), DC_OK);
+    snprintf(f.url, sizeof(f.url), "tcp://127.0.0.1:%d", rpc_server_port(f.server));
+    open_client(&f, true);
+
+    /* A large "block" request takes the server thread and holds it. */
+    req.tensor = block;
+    assert_int_equal(rpc_call_async(f.client, SVC, M_COORDINATOR_SUBMIT_OP, &req.base, NULL, 0,
+                                    10000, submit_done, &held, &st),
+                     DC_OK);
+    pthread_mutex_lock(&blocker.mtx);
+    while (blocker.blocked == 0) {
+        pthread_cond_wait(&blocker.cv, &blocker.mtx);
+    }
+    pthread_mutex_unlock(&blocker.mtx);
+    /* A large ordinary one queues behind it; a small one is answered meanwhile. */
+    req.tensor = large_name;
+    assert_int_equal(rpc_call_async(f.client, SVC, M_COORDINATOR_SUBMIT_OP, &req.base, NULL, 0,
+                                    10000, submit_done, &large, &st),
+                     DC_OK);
+    req.tensor = "t";
+    assert_int_equal(
+        rpc_call(f.client, SVC, M_COORDINATOR_SUBMIT_OP, &req.base, NULL, 0, 5000, &r, &st), DC_OK);
+    rpc_reply_free(&r);
+    pthread_mutex_lock(&blocker.mtx);
+    assert_int_equal(blocker.answered, 1); /* the small one only */
+    blocker.open = true;
+    pthread_cond_broadcast(&blocker.cv);
+    pthread_mutex_unlock(&blocker.mtx);
+    for (int i = 0; i < 500; i++) {
+        pthread_mutex_lock(&blocker.mtx);
+        bool done = blocker.answered == 3;
+        pthread_mutex_unlock(&blocker.mtx);
+        if (done) {
+            break;
+        }
+        sleep_ms(10);
+    }
+    rpc_client_close(f.client);
+    rpc_server_close(f.server);
+    rpc_server_free(f.server);
+    assert_int_equal(blocker.answered, 3);
+    assert_int_equal(held, DC_OK);
+    assert_int_equal(large, DC_OK);
 }
 
 static void
@@ -1028,6 +1130,7 @@ main(void)
         cmocka_unit_test(test_connect_now_fails_fast),
         cmocka_unit_test(test_client_before_server),
         cmocka_unit_test(test_connection_lost_code),
+        cmocka_unit_test(test_small_requests_of_an_inline_small_method_skip_the_threads),
     };
     int rv = cmocka_run_group_tests(tests, NULL, NULL);
     if (!rpc_server_abandoned()) {
