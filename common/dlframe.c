@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- framing ----------------------------------------------------------------------------- */
 
@@ -265,12 +266,30 @@ fail:
                       nng_strerror(rv));
 }
 
+static uint64_t
+mono_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
 dc_code
 dlink_send(struct dlink_out *o, const struct dlink_hdr *h, const uint8_t *data, size_t len,
            dc_status *st)
 {
-    struct dlink_hdr f = *h;
-    size_t done        = 0;
+    return dlink_send_within(o, h, data, len, 0, st);
+}
+
+dc_code
+dlink_send_within(struct dlink_out *o, const struct dlink_hdr *h, const uint8_t *data, size_t len,
+                  uint32_t timeout_ms, dc_status *st)
+{
+    nng_duration timeout = timeout_ms > 0 ? (nng_duration)timeout_ms : NNG_DURATION_INFINITE;
+    uint64_t until       = timeout_ms > 0 ? mono_ms() + timeout_ms : 0;
+    struct dlink_hdr f   = *h;
+    size_t done          = 0;
 
     f.kind = DLINK_DATA;
     do {
@@ -284,8 +303,11 @@ dlink_send(struct dlink_out *o, const struct dlink_hdr *h, const uint8_t *data, 
         dlink_hdr_encode(&f, raw);
         iov[0] = (nng_iov){ raw, sizeof(raw) };
         iov[1] = (nng_iov){ (void *)(data + done), n };
-        if ((rv = dlink_send_all(o->stream, o->aio, iov, n > 0 ? 2 : 1, NNG_DURATION_INFINITE)) !=
-            0) {
+        if (until != 0) {
+            uint64_t now = mono_ms();
+            timeout      = now < until ? (nng_duration)(until - now) : 1;
+        }
+        if ((rv = dlink_send_all(o->stream, o->aio, iov, n > 0 ? 2 : 1, timeout)) != 0) {
             return status_set(st, DC_UNAVAILABLE, "its data connection failed (%s)",
                               nng_strerror(rv));
         }

@@ -95,6 +95,10 @@ dc_code dlink_dial(const char *url, nng_tls_config *tls, const uint8_t *secret, 
  * the connection is then unusable. */
 dc_code dlink_send(struct dlink_out *o, const struct dlink_hdr *h, const uint8_t *data, size_t len,
                    dc_status *st);
+/* dlink_send, failing (UNAVAILABLE, the connection unusable) if the peer has not taken it
+ * all within timeout_ms: for a writer that must not wait on a peer that stopped reading. */
+dc_code dlink_send_within(struct dlink_out *o, const struct dlink_hdr *h, const uint8_t *data,
+                          size_t len, uint32_t timeout_ms, dc_status *st);
 /* Makes a dlink_send under way on another thread fail at once (the connection is closed);
  * dlink_out_close still frees it. */
 void dlink_out_abort(struct dlink_out *o);

@@ -36,7 +36,11 @@
 /* An op's frame up to this size is written by the op's own thread when its peer's sender is
  * idle (peer_send_inline_locked); larger ones, a ring's chunks, go through the sender. */
 #define OP_INLINE_MAX ((size_t)64 << 10)
-#define KINDS         (DC_OP_COUNT)
+/* How long the op's thread may wait for a peer to take such a frame: one that stopped reading
+ * must not hold the op past its deadline (only the op's thread would cancel it). Then the
+ * connection is dropped and the frame goes to the sender, which the op can cancel. */
+#define OP_INLINE_TIMEOUT_MS 1000
+#define KINDS                (DC_OP_COUNT)
 
 struct desc {
     dc_op_kind kind;
@@ -1769,9 +1773,10 @@ wgroups_peer_linked(struct wgroups *wg, const char *address, uint32_t *features)
  * written), so nothing is overtaken, and a small frame goes straight into the socket instead
  * of waking the sender, whose hand-off costs a small op a thread switch per frame. The sender
  * takes no job meanwhile (inline_busy); wgroups_op_cancel and shutdown abort the connection
- * as they would the sender's write. On failure the job goes back to the head of the queue:
- * the sender dials a fresh connection and tries once more, as it does for a job that failed
- * on a kept connection. mtx held; unlocks it. */
+ * as they would the sender's write. On failure, the peer's not taking the frame within
+ * OP_INLINE_TIMEOUT_MS included, the connection is dropped and the job goes back to the head
+ * of the queue: the sender dials a fresh connection and tries once more, as it does for a
+ * job that failed on a kept connection. mtx held; unlocks it. */
 static void
 peer_send_inline_locked(struct wgroups *wg, struct wpeer *p, struct sjob *j)
 {
@@ -1783,7 +1788,7 @@ peer_send_inline_locked(struct wgroups *wg, struct wpeer *p, struct sjob *j)
     p->inline_busy = true;
     pthread_mutex_unlock(&wg->mtx);
     status_clear(&st);
-    code = dlink_send(o, &j->h, j->data, j->len, &st);
+    code = dlink_send_within(o, &j->h, j->data, j->len, OP_INLINE_TIMEOUT_MS, &st);
     pthread_mutex_lock(&wg->mtx);
     p->sending     = NULL;
     p->inline_busy = false;

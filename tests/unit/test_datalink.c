@@ -10,6 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <nng/nng.h>
 #include <nng/supplemental/util/platform.h>
 
@@ -643,6 +648,39 @@ test_call_link_calls_and_answers(void **state)
     pthread_mutex_destroy(&s.mtx);
 }
 
+/* A peer that takes the connection and never reads: a bounded send gives up (the connection
+ * then unusable) instead of waiting for it forever; what fits in the socket's buffers goes. */
+static void
+test_a_bounded_send_gives_up_on_a_peer_that_does_not_read(void **state)
+{
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t alen       = sizeof(a);
+    uint8_t secret[DLINK_SECRET_SIZE] = { 0 };
+    size_t big                        = (size_t)64 << 20;
+    uint8_t *data                     = calloc(1, big);
+    struct dlink_hdr h                = data_hdr(0, 0, big);
+    struct dlink_out *o               = NULL;
+    char url[64];
+    dc_status st;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+    (void)state;
+    assert_non_null(data);
+    assert_true(fd >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(fd, 4), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &alen), 0);
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
+    /* The kernel completes the connection from the backlog: nobody accepts or reads. */
+    assert_int_equal(dlink_dial(url, NULL, secret, "tcp://127.0.0.1:9", 2000, &o, &st), DC_OK);
+    assert_int_equal(dlink_send_within(o, &h, data, 4096, 200, &st), DC_OK);
+    assert_int_equal(dlink_send_within(o, &h, data, big, 200, &st), DC_UNAVAILABLE);
+    assert_non_null(strstr(st.message, "its data connection failed"));
+    dlink_out_close(o);
+    close(fd);
+    free(data);
+}
+
 int
 main(void)
 {
@@ -655,6 +693,7 @@ main(void)
         cmocka_unit_test(test_op_frames_go_to_the_op),
         cmocka_unit_test(test_part_frames_come_whole),
         cmocka_unit_test(test_call_link_calls_and_answers),
+        cmocka_unit_test(test_a_bounded_send_gives_up_on_a_peer_that_does_not_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
