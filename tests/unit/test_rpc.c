@@ -598,7 +598,10 @@ submit_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *repl
     if (code != DC_OK) {
         fprintf(stderr, "submit: %s\n", st->message);
     }
+    pthread_mutex_lock(&blocker.mtx);
     *(dc_code *)arg = code;
+    pthread_cond_broadcast(&blocker.cv);
+    pthread_mutex_unlock(&blocker.mtx);
 }
 
 /* A method listed as inline when small runs a small request on nng's thread, so it is
@@ -656,16 +659,11 @@ test_small_requests_of_an_inline_small_method_skip_the_threads(void **state)
     assert_int_equal(blocker.answered, 1); /* the small one only */
     blocker.open = true;
     pthread_cond_broadcast(&blocker.cv);
-    pthread_mutex_unlock(&blocker.mtx);
-    for (int i = 0; i < 500; i++) {
-        pthread_mutex_lock(&blocker.mtx);
-        bool done = blocker.answered == 3;
-        pthread_mutex_unlock(&blocker.mtx);
-        if (done) {
-            break;
-        }
-        sleep_ms(10);
+    /* Both large calls complete (their 10 s deadline bounds the wait). */
+    while (held == DC_UNKNOWN || large == DC_UNKNOWN) {
+        pthread_cond_wait(&blocker.cv, &blocker.mtx);
     }
+    pthread_mutex_unlock(&blocker.mtx);
     rpc_client_close(f.client);
     rpc_server_close(f.server);
     rpc_server_free(f.server);
