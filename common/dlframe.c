@@ -4,7 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+#include "rpc.h"
 
 /* ---- framing ----------------------------------------------------------------------------- */
 
@@ -266,15 +267,6 @@ fail:
                       nng_strerror(rv));
 }
 
-static uint64_t
-mono_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 dc_code
 dlink_send(struct dlink_out *o, const struct dlink_hdr *h, const uint8_t *data, size_t len,
            dc_status *st)
@@ -287,7 +279,7 @@ dlink_send_within(struct dlink_out *o, const struct dlink_hdr *h, const uint8_t 
                   uint32_t timeout_ms, dc_status *st)
 {
     nng_duration timeout = timeout_ms > 0 ? (nng_duration)timeout_ms : NNG_DURATION_INFINITE;
-    uint64_t until       = timeout_ms > 0 ? mono_ms() + timeout_ms : 0;
+    uint64_t until       = timeout_ms > 0 ? rpc_now_ms() + timeout_ms : 0;
     struct dlink_hdr f   = *h;
     size_t done          = 0;
 
@@ -304,7 +296,7 @@ dlink_send_within(struct dlink_out *o, const struct dlink_hdr *h, const uint8_t 
         iov[0] = (nng_iov){ raw, sizeof(raw) };
         iov[1] = (nng_iov){ (void *)(data + done), n };
         if (until != 0) {
-            uint64_t now = mono_ms();
+            uint64_t now = rpc_now_ms();
             timeout      = now < until ? (nng_duration)(until - now) : 1;
         }
         if ((rv = dlink_send_all(o->stream, o->aio, iov, n > 0 ? 2 : 1, timeout)) != 0) {

@@ -599,6 +599,21 @@ rpc_server_thread(void *arg)
     }
 }
 
+/* Sets marks[m] for each method m named in names (NULL-terminated; NULL: none). */
+static dc_code
+rpc_server_mark(struct rpc_server *s, const char *const *names, bool *marks, dc_status *st)
+{
+    for (size_t i = 0; names != NULL && names[i] != NULL; i++) {
+        const ProtobufCMethodDescriptor *m =
+            protobuf_c_service_descriptor_get_method_by_name(s->service->descriptor, names[i]);
+        if (m == NULL) {
+            return status_set(st, DC_INTERNAL, "no method %s to run inline", names[i]);
+        }
+        marks[m - s->service->descriptor->methods] = true;
+    }
+    return DC_OK;
+}
+
 /* nng callback: a request arrived, or a reply went out. Never blocks: requests are queued
  * for the server threads. */
 static void
@@ -607,6 +622,7 @@ rpc_call_cb(void *arg)
     struct rpc_call *call = arg;
     struct rpc_server *s  = call->server;
     int rv                = nng_aio_result(call->aio);
+    size_t method;
     bool admitted;
     int id;
 
@@ -654,9 +670,9 @@ rpc_call_cb(void *arg)
     }
     /* Cheap methods run here, on nng's thread: no hand-off. They never wait; the rest goes
      * to the server threads. */
-    if (s->inline_method[call->method - s->service->descriptor->methods] ||
-        (s->inline_small[call->method - s->service->descriptor->methods] &&
-         nng_msg_len(call->req) <= s->inline_small_max)) {
+    method = (size_t)(call->method - s->service->descriptor->methods);
+    if (s->inline_method[method] ||
+        (s->inline_small[method] && nng_msg_len(call->req) <= s->inline_small_max)) {
         rpc_server_grow(s);
         rpc_call_dispatch(call);
         return;
@@ -692,26 +708,9 @@ rpc_server_start(const struct rpc_server_opts *opts, struct rpc_server **out, dc
         code = status_set(st, DC_INTERNAL, "service with more than %d methods", RPC_MAX_METHODS);
         goto fail;
     }
-    for (size_t i = 0; opts->inline_methods != NULL && opts->inline_methods[i] != NULL; i++) {
-        const ProtobufCMethodDescriptor *m = protobuf_c_service_descriptor_get_method_by_name(
-            s->service->descriptor, opts->inline_methods[i]);
-        if (m == NULL) {
-            code =
-                status_set(st, DC_INTERNAL, "no method %s to run inline", opts->inline_methods[i]);
-            goto fail;
-        }
-        s->inline_method[m - s->service->descriptor->methods] = true;
-    }
-    for (size_t i = 0; opts->inline_small_methods != NULL && opts->inline_small_methods[i] != NULL;
-         i++) {
-        const ProtobufCMethodDescriptor *m = protobuf_c_service_descriptor_get_method_by_name(
-            s->service->descriptor, opts->inline_small_methods[i]);
-        if (m == NULL) {
-            code = status_set(st, DC_INTERNAL, "no method %s to run inline",
-                              opts->inline_small_methods[i]);
-            goto fail;
-        }
-        s->inline_small[m - s->service->descriptor->methods] = true;
+    if ((code = rpc_server_mark(s, opts->inline_methods, s->inline_method, st)) != DC_OK ||
+        (code = rpc_server_mark(s, opts->inline_small_methods, s->inline_small, st)) != DC_OK) {
+        goto fail;
     }
     s->inline_small_max = opts->inline_small_max_bytes;
     s->max_message   = opts->max_message_bytes ? opts->max_message_bytes : RPC_DEFAULT_MAX_MESSAGE;

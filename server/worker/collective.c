@@ -203,12 +203,12 @@ struct cop {
     size_t metas_received;
     bool peers_direct; /* every peer's descriptions said FEATURE_DIRECT */
     bool direct;       /* a small all-reduce as one exchange (cop_prepare decides) */
-    /* Per worker: the tensors it sent with its descriptions (FEATURE_EARLY, early_len bytes),
-     * applied once the op is prepared; whether we sent ours so to it. */
+    /* Per worker: the tensors it sent with its descriptions (FEATURE_EARLY, early_len bytes,
+     * in its plan ranks' order), applied once the op is prepared; whether we sent ours so to
+     * it. */
     uint8_t **early;
     size_t *early_len;
     bool *early_sent;
-    bool sent_early;
     struct cop_send_ctx *send_ctx; /* per worker index: the callback argument of a send */
     /* The data link (groups.h's wgroups_op_send): per worker, whether data goes to it there
      * (else in Exchange calls), and its chunks queued and not yet written, which read the
@@ -392,6 +392,15 @@ link_orphans_take_locked(struct collectives *co, const uint64_t *hash, uint64_t 
         }
     }
     return taken;
+}
+
+/* Whether an all-reduce of this op's workers and ranks, with tensors of `bytes` each, is small
+ * enough to go as one direct exchange. */
+static bool
+cop_direct_fits(const struct cop *op, size_t bytes)
+{
+    return op->n_workers > 1 && op->n_workers <= DIRECT_MAX_WORKERS && bytes <= DIRECT_MAX_TENSOR &&
+           (size_t)op->n_ranks * bytes <= DIRECT_MAX_TOTAL;
 }
 
 static struct cop *
@@ -907,7 +916,7 @@ cop_wait_locked(struct cop *op, const char *waiting_for, enum blame_kind blame, 
  * An op's data chunks go to a peer over the data link (datalink.h) when this worker has one
  * to it (decided once per op and peer, cop_choose_links), else in Exchange calls. Tensor
  * descriptions go as a DLINK_FLAG_OP_META frame to a peer whose link is up already and takes
- * them (cop_meta_link), else in an Exchange call. A frame is a chunk with the Exchange
+ * them (cop_link_takes), else in an Exchange call. A frame is a chunk with the Exchange
  * call's fields in its header; the receiver applies it with the same checks. */
 
 /* A chunk queued to the data link was written (or not): the window moves on; a failure
@@ -1078,8 +1087,9 @@ static dc_code
 cop_link_meta(struct cop *op, const struct dlink_hdr *h, const uint8_t *payload, dc_status *st)
 {
     uint32_t features = (uint32_t)h->generation;
-    size_t n = 0, metas_len = h->length, each = 0;
+    size_t n, metas_len, data_len;
     uint8_t *copy;
+    bool twice;
 
     if (h->seq != op->meta_step || h->offset != 0) {
         return status_set(st, DC_INVALID_ARGUMENT,
@@ -1089,40 +1099,30 @@ cop_link_meta(struct cop *op, const struct dlink_hdr *h, const uint8_t *payload,
     if ((features & FEATURE_EARLY) == 0) {
         return cop_apply_meta(op, h->from, features, payload, h->length, st);
     }
-    /* Descriptions of the sender's ranks, then each one's tensor: the same size each, no
-     * larger than a direct all-reduce takes. */
-    for (uint32_t r = 0; r < op->n_ranks; r++) {
-        n += op->worker_of[r] == h->from;
-    }
+    /* The sender's ranks' descriptions, then their tensors, the same size each, no larger
+     * than a direct all-reduce takes (h->from is a worker of op: cop_frame_sender_ok). */
+    n         = op->req->plan->workers[h->from]->n_ranks;
     metas_len = n * META_ENTRY;
-    if (n == 0 || h->length <= metas_len || (h->length - metas_len) % n != 0 ||
-        (each = (h->length - metas_len) / n) > DIRECT_MAX_TENSOR ||
-        (size_t)op->n_ranks * each > DIRECT_MAX_TOTAL) {
+    data_len  = h->length > metas_len ? h->length - metas_len : 0;
+    if (data_len == 0 || data_len % n != 0 || !cop_direct_fits(op, data_len / n)) {
         return status_set(st, DC_INVALID_ARGUMENT,
                           "data link: malformed tensor descriptions with data for op %s", op->id);
     }
-    if ((copy = malloc(h->length - metas_len)) == NULL) {
+    if ((copy = malloc(data_len)) == NULL) {
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory in op %s", op->id);
     }
-    memcpy(copy, payload + metas_len, h->length - metas_len);
-    /* The data is in place before the descriptions: the op goes on as soon as it has the
-     * last of those. Once there it stays until the op ends (a failure below fails the op). */
+    memcpy(copy, payload + metas_len, data_len);
+    /* In place before the descriptions count: the op goes on as soon as it has the last of
+     * them. Freed with the op. */
     pthread_mutex_lock(&op->mtx);
-    for (uint32_t r = 0; r < op->n_ranks && copy != NULL; r++) {
-        if (op->worker_of[r] == h->from && op->metas[r].known) {
-            free(copy);
-            copy = NULL;
-        }
-    }
-    if (copy != NULL && op->early[h->from] == NULL) {
+    twice = op->early[h->from] != NULL;
+    if (!twice) {
         op->early[h->from]     = copy;
-        op->early_len[h->from] = h->length - metas_len;
-    } else {
-        free(copy);
-        copy = NULL;
+        op->early_len[h->from] = data_len;
     }
     pthread_mutex_unlock(&op->mtx);
-    if (copy == NULL) {
+    if (twice) {
+        free(copy);
         return status_set(st, DC_INVALID_ARGUMENT,
                           "data link: worker %u described its tensors for op %s twice",
                           (unsigned)h->from, op->id);
@@ -1130,24 +1130,37 @@ cop_link_meta(struct cop *op, const struct dlink_hdr *h, const uint8_t *payload,
     return cop_apply_meta(op, h->from, features, payload, metas_len, st);
 }
 
-/* Applies the tensors that came with the descriptions to a prepared op, as its step 0 data
- * from their senders. INVALID_ARGUMENT: the op is no direct all-reduce, or they do not fit
- * the tensor every rank has. */
+/* Whether our tensors went with our descriptions to any peer. */
+static bool
+cop_sent_early(const struct cop *op)
+{
+    for (uint32_t w = 0; w < op->n_workers; w++) {
+        if (op->early_sent[w]) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Applies the tensors that came with the descriptions to a prepared op, as their senders'
+ * step 0 data. INVALID_ARGUMENT: the op is no direct all-reduce, or they are not the
+ * sender's ranks' tensors. */
 static dc_code
 cop_take_early(struct cop *op, dc_status *st)
 {
-    dc_code code = DC_OK;
-
-    /* Our own ranks as we sent them (a tensor rewritten since must not make us sum other
-     * bytes than the peers do). */
-    for (size_t i = 0; op->sent_early && op->direct && i < op->n_local; i++) {
-        memcpy(op->gathered + (size_t)op->local_ranks[i] * op->tensor_bytes,
-               op->meta_buf + op->n_local * META_ENTRY + i * op->tensor_bytes, op->tensor_bytes);
+    /* Ours as we sent them: what the peers sum (a tensor rewritten since must not change
+     * it), and what goes to the peers that get our data after the descriptions. */
+    if (op->direct && cop_sent_early(op)) {
+        for (size_t i = 0; i < op->n_local; i++) {
+            memcpy(op->gathered + (size_t)op->local_ranks[i] * op->tensor_bytes,
+                   op->meta_buf + op->n_local * META_ENTRY + i * op->tensor_bytes,
+                   op->tensor_bytes);
+        }
     }
-
-    for (uint32_t w = 0; w < op->n_workers && code == DC_OK; w++) {
+    for (uint32_t w = 0; w < op->n_workers; w++) {
+        const Devcoord__V1__PlanWorker *pw = op->req->plan->workers[w];
         const uint8_t *data;
-        size_t len, at = 0;
+        size_t len;
 
         pthread_mutex_lock(&op->mtx);
         data = op->early[w];
@@ -1160,27 +1173,24 @@ cop_take_early(struct cop *op, dc_status *st)
             return status_set(st, DC_INVALID_ARGUMENT,
                               "worker %s sent its tensors with its descriptions, but op %s is not "
                               "one direct exchange",
-                              op->req->plan->workers[w]->name, op->id);
+                              pw->name, op->id);
         }
-        for (uint32_t r = 0; r < op->n_ranks && code == DC_OK; r++) {
-            if (op->worker_of[r] != w) {
-                continue;
-            }
-            if (len - at < op->tensor_bytes) {
-                break;
-            }
-            code = cop_apply_chunk(op, w, 0, r, (uint64_t)r * op->tensor_bytes, data + at,
-                                   op->tensor_bytes, true, st);
-            at += op->tensor_bytes;
-        }
-        if (code == DC_OK && at != len) {
-            code = status_set(st, DC_INVALID_ARGUMENT,
+        if (len != pw->n_ranks * op->tensor_bytes) {
+            return status_set(st, DC_INVALID_ARGUMENT,
                               "worker %s sent %zu bytes of tensors with its descriptions for op "
                               "%s, not its ranks' %zu-byte tensors",
-                              op->req->plan->workers[w]->name, len, op->id, op->tensor_bytes);
+                              pw->name, len, op->id, op->tensor_bytes);
+        }
+        /* In the sender's plan order (its local_ranks). */
+        for (size_t i = 0; i < pw->n_ranks; i++) {
+            uint32_t r = pw->ranks[i];
+            if (cop_apply_chunk(op, w, 0, r, (uint64_t)r * op->tensor_bytes,
+                                data + i * op->tensor_bytes, op->tensor_bytes, true, st) != DC_OK) {
+                return st->code;
+            }
         }
     }
-    return code;
+    return DC_OK;
 }
 
 /* A data link frame of an op (groups.c's op sink, on the connection's reader thread): the op
@@ -1497,17 +1507,17 @@ cop_send_meta_frame(struct cop *op, uint32_t w, size_t len, uint32_t features, d
     return code;
 }
 
-/* Whether our descriptions go to worker w as a data link frame: a link to it is up already
- * (dialing one now could hang on a peer that hangs, while the op's thread should be
- * answering its Execute with the blame) and its data port takes them. */
+/* Whether descriptions frames with `needs` (WGROUPS_FEATURE_*) go to worker w: a link to it is
+ * up already (dialing one now could hang on a peer that hangs, while the op's thread should
+ * be answering its Execute with the blame) and its data port says it takes them. */
 static bool
-cop_meta_link(struct cop *op, uint32_t w)
+cop_link_takes(struct cop *op, uint32_t w, uint32_t needs)
 {
     uint32_t features = 0;
 
-    return op->co->wg != NULL && op->n_local * META_ENTRY <= DLINK_CHUNK &&
+    return op->co->wg != NULL &&
            wgroups_peer_linked(op->co->wg, op->peers[w]->address, &features) &&
-           (features & WGROUPS_FEATURE_OP_META) != 0;
+           (features & needs) == needs;
 }
 
 /* The size of our tensors if they may go with our descriptions (FEATURE_EARLY), else 0: an
@@ -1520,12 +1530,11 @@ cop_early_bytes(struct cop *op)
     const struct tensor *t0 = op->n_local > 0 ? op->local_tensors[0] : NULL;
     size_t bytes;
 
-    if ((dc_op_kind)op->req->kind != DC_OP_ALL_REDUCE || op->co->wg == NULL || t0 == NULL ||
-        op->n_workers < 2 || op->n_workers > DIRECT_MAX_WORKERS) {
+    if ((dc_op_kind)op->req->kind != DC_OP_ALL_REDUCE || t0 == NULL) {
         return 0;
     }
     bytes = t0->size_bytes;
-    if (bytes == 0 || bytes > DIRECT_MAX_TENSOR || (size_t)op->n_ranks * bytes > DIRECT_MAX_TOTAL ||
+    if (bytes == 0 || !cop_direct_fits(op, bytes) ||
         op->n_local * (META_ENTRY + bytes) > DLINK_CHUNK) {
         return 0;
     }
@@ -1537,10 +1546,8 @@ cop_early_bytes(struct cop *op)
         }
     }
     for (uint32_t w = 0; w < op->n_workers; w++) {
-        uint32_t features = 0;
-        if (w != op->self && (!wgroups_peer_linked(op->co->wg, op->peers[w]->address, &features) ||
-                              (features & WGROUPS_FEATURE_OP_META) == 0 ||
-                              (features & WGROUPS_FEATURE_OP_EARLY) == 0)) {
+        if (w != op->self &&
+            !cop_link_takes(op, w, WGROUPS_FEATURE_OP_META | WGROUPS_FEATURE_OP_EARLY)) {
             return 0;
         }
     }
@@ -1597,9 +1604,9 @@ cop_send_metas(struct cop *op)
         if (w == op->self) {
             continue;
         }
-        if (cop_meta_link(op, w)) {
+        if (op->n_local * META_ENTRY <= DLINK_CHUNK &&
+            cop_link_takes(op, w, WGROUPS_FEATURE_OP_META)) {
             op->early_sent[w] = early > 0;
-            op->sent_early    = op->sent_early || early > 0;
             if (cop_send_meta_frame(op, w, early > 0 ? frame_len : metas_len,
                                     early > 0 ? FEATURE_DIRECT | FEATURE_EARLY : FEATURE_DIRECT,
                                     &st) != DC_OK) {
@@ -1877,9 +1884,7 @@ cop_prepare(struct cop *op, dc_status *st)
             return code;
         }
         /* Every worker decides alike: from the same descriptions and the same features. */
-        op->direct = op->peers_direct && op->n_workers > 1 && op->n_workers <= DIRECT_MAX_WORKERS &&
-                     op->tensor_bytes <= DIRECT_MAX_TENSOR &&
-                     (size_t)op->n_ranks * op->tensor_bytes <= DIRECT_MAX_TOTAL;
+        op->direct = op->peers_direct && cop_direct_fits(op, op->tensor_bytes);
         if (op->direct) {
             /* Every rank's tensor in gathered, reduced in rank order at the end. */
             code = cop_gather_local(op, st);
@@ -2221,7 +2226,7 @@ cop_run(void *arg)
     co->stats.link_bytes_sent += op->link_bytes_sent;
     co->stats.link_bytes_received += op->link_bytes_received;
     co->stats.ops_direct += op->direct ? 1 : 0;
-    co->stats.ops_early += op->direct && op->sent_early ? 1 : 0;
+    co->stats.ops_early += op->direct && cop_sent_early(op) ? 1 : 0;
     pthread_mutex_unlock(&co->mtx);
     while (parked != NULL) {
         struct parked *p = parked;

@@ -1752,6 +1752,14 @@ wgroups_peer_link(struct wgroups *wg, const char *address, dc_status *st)
     return code;
 }
 
+/* Whether p's data link is up and usable now (not being dialed, not from before a drop).
+ * mtx held. */
+static bool
+peer_up_locked(const struct wpeer *p)
+{
+    return p->out != NULL && !p->stale && !p->dialing;
+}
+
 bool
 wgroups_peer_linked(struct wgroups *wg, const char *address, uint32_t *features)
 {
@@ -1760,7 +1768,7 @@ wgroups_peer_linked(struct wgroups *wg, const char *address, uint32_t *features)
     pthread_mutex_lock(&wg->mtx);
     for (size_t i = 0; i < wg->n_peers && !up && !wg->stopping; i++) {
         const struct wpeer *p = wg->peers[i];
-        if (strcmp(p->address, address) == 0 && p->out != NULL && !p->stale && !p->dialing) {
+        if (strcmp(p->address, address) == 0 && peer_up_locked(p)) {
             up        = true;
             *features = p->features;
         }
@@ -1852,8 +1860,7 @@ wgroups_op_send(struct wgroups *wg, const char *address, const struct dlink_hdr 
     j->owner    = owner;
     j->done     = done;
     j->done_arg = arg;
-    if (len <= OP_INLINE_MAX && p->jobs == NULL && p->sending == NULL && p->out != NULL &&
-        !p->stale && !p->dialing) {
+    if (len <= OP_INLINE_MAX && p->jobs == NULL && p->sending == NULL && peer_up_locked(p)) {
         peer_send_inline_locked(wg, p, j); /* unlocks */
         return DC_OK;
     }

@@ -794,22 +794,25 @@ class DataLinkTest(OpsTestCase):
 
     # -- hostile frames, on an op driven by hand as the coordinator and node-b would
 
-    def execute_for_node_a(self, c, op_id):
+    def execute_for_node_a(self, c, op_id, node_b=(("cuda:0", 1),)):
         """A hand-made Execute of an all-reduce (sum of "t") of node-a/cuda:0 (rank 0) and
-        node-b/cuda:0 (rank 1), for node-a only: it waits for node-b's descriptions, then
-        for node-b's data."""
+        node-b's devices (by default cuda:0, rank 1; (device, rank) in node-b's plan order),
+        for node-a only: it waits for node-b's descriptions, then for node-b's data."""
         a, b = (c.worker_specs[n]["listen"] for n in ("node-a", "node-b"))
         F = harness.F
+        ranked = sorted([("node-a", "cuda:0", 0)] + [("node-b", d, r) for d, r in node_b],
+                        key=lambda x: x[2])
         refs = b"".join(pb_bytes(F("Plan", "devices"),
                                  pb_bytes(F("DeviceRef", "worker"), w)
-                                 + pb_bytes(F("DeviceRef", "device"), opsutil.device_pb("cuda:0")))
-                        for w in ("node-a", "node-b"))
+                                 + pb_bytes(F("DeviceRef", "device"), opsutil.device_pb(d)))
+                        for w, d, _ in ranked)
         workers = b"".join(pb_bytes(F("Plan", "workers"),
                                     pb_bytes(F("PlanWorker", "name"), w)
                                     + pb_bytes(F("PlanWorker", "address"), addr)
-                                    + harness.pb_varint(F("PlanWorker", "ranks") << 3)
-                                    + harness.pb_varint(rank))
-                           for w, addr, rank in (("node-a", a, 0), ("node-b", b, 1)))
+                                    + b"".join(harness.pb_varint(F("PlanWorker", "ranks") << 3)
+                                               + harness.pb_varint(rank) for rank in ranks))
+                           for w, addr, ranks in (("node-a", a, [0]),
+                                                  ("node-b", b, [r for _, r in node_b])))
         body = (pb_bytes(F("ExecuteRequest", "op_id"), op_id)
                 + pb_uint(F("ExecuteRequest", "kind"), OP_ALL_REDUCE)
                 + pb_uint(F("ExecuteRequest", "reduce"), REDUCE_SUM)
@@ -885,10 +888,10 @@ class DataLinkTest(OpsTestCase):
 
 
     def early_descriptions(self, c, op_id, sender, payload=struct.pack("<IIQ", 1, 2, 999),
-                           features=1):
+                           features=1, node_b=(("cuda:0", 1),)):
         """Sends node-a, on a data connection from `sender`, node-b's descriptions of op_id
-        (by default f64, 999 elements) before the op's Execute, then the Execute; its
-        answer."""
+        (by default f64, 999 elements) before the op's Execute, then the Execute (node_b as
+        execute_for_node_a's); its answer."""
         port, hello, _ = self.link_of_node_a(c)
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
             # Step 2W = 4; generation: the sender's features. Rank 1, its dtype and elements
@@ -899,7 +902,7 @@ class DataLinkTest(OpsTestCase):
                                                    total=len(payload))
                       + payload)
             time.sleep(0.5)  # taken (and kept) before the Execute below is even sent
-            t, answer = self.execute_for_node_a(c, op_id)
+            t, answer = self.execute_for_node_a(c, op_id, node_b)
             t.start()
             t.join(60)
         return answer["r"]
@@ -935,6 +938,20 @@ class DataLinkTest(OpsTestCase):
         self.assertEqual(code, "INVALID_ARGUMENT", message)
         self.assertIn("malformed tensor descriptions with data for op op-early-huge", message)
         self.assertEqual(self.get("node-a/cuda:0", "t").out["values"], [3.0] * 1000)
+        # The tensors come in the sender's plan order, which need not be rank order: node-b
+        # lists rank 2 before rank 1. f32 sums 1e8, 1, -1e8 in rank order to 0 (1e8 + 1 is
+        # 1e8); the two swapped would give 1.
+        self.put("node-a/cuda:0", "t", "f32", [1e8] * 4)
+        code, message, _, _ = self.early_descriptions(
+            c, "op-early-order", b,
+            struct.pack("<IIQ", 2, 1, 4) + struct.pack("<IIQ", 1, 1, 4)
+            + struct.pack("<4f", *[-1e8] * 4) + struct.pack("<4f", *[1.0] * 4),
+            features=3, node_b=(("cuda:1", 2), ("cuda:0", 1)))
+        self.assertEqual(code, "OK", message)
+        code, message, _, _ = opsutil.worker_call(
+            c, "node-a", "Commit", opsutil.op_id_pb("CommitRequest", "op-early-order"))
+        self.assertEqual(code, "OK", message)
+        self.assertEqual(self.get("node-a/cuda:0", "t").out["values"], [0.0] * 4)
 
     def test_descriptions_on_the_data_link_before_their_execute_wait_for_it(self):
         # A worker's data port takes an op's tensor descriptions as a frame (its GroupLink
