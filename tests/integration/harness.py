@@ -73,6 +73,27 @@ def free_port():
     raise AssertionError("no TCP port on %s that was not handed out already" % HOST)
 
 
+class DeadPort:
+    """A port on 127.0.0.1 nothing listens on while this is open: a socket bound to it
+    without listen(), so a connect is refused and no other test's daemon can take the port
+    (a port that was merely free a moment ago was once taken by a worker, which answered)."""
+
+    def __init__(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind((HOST, 0))
+        self.port = self.sock.getsockname()[1]
+        self.addr = tcp_addr(self.port)
+
+    def close(self):
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def tcp_addr(port):
     return "tcp://%s:%d" % (HOST, port)
 

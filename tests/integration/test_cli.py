@@ -100,7 +100,9 @@ class ExitCodes(harness.ClusterTestCase, OutcomeAssertions):
                             "advertise": "tcp://no-such-host.invalid:%d" % port})
         c.wait_workers()
         c.ctl_ok("tensor", "put", "node-a/cuda:0", "g", "--dtype", "f32", "--values", "1,2")
-        self.down = harness.tcp_addr(harness.free_port())
+        self.dead = harness.DeadPort()
+        self.addCleanup(self.dead.close)
+        self.down = self.dead.addr
 
     CASES = [
         # what, args, server ("up", "down" or an address), rc, code or USAGE, mentions
@@ -343,7 +345,8 @@ class Version(harness.ClusterTestCase, OutcomeAssertions):
         self.assertIn("server: unknown (", r.out)
         self.assertIsNone(c.ctl_ok("version")["server"]["version"])
         # Nobody there: the client's version, then exit 3.
-        r = c.ctl("version", output="table", server=harness.tcp_addr(harness.free_port()))
+        with harness.DeadPort() as dead:
+            r = c.ctl("version", output="table", server=dead.addr)
         self.assertEqual(r.rc, 3, repr(r))
         self.assertIn("client: devcoordctl %s" % mine, r.out)
         self.assertIn("server: unknown (UNAVAILABLE: cannot reach", r.out)

@@ -416,7 +416,8 @@ class MembershipTest(CliMixin, ClusterTestCase):
     def test_health(self):
         r = self.ctl("health", output=None)
         self.assertEqual(r.rc, 0, repr(r))
-        r = self.ctl("health", output=None, server=harness.tcp_addr(harness.free_port()))
+        with harness.DeadPort() as dead:
+            r = self.ctl("health", output=None, server=dead.addr)
         self.assert_error(r, 3, "UNAVAILABLE")
 
     def test_server_address_from_environment(self):

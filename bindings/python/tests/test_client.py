@@ -207,11 +207,12 @@ class ClientTest(unittest.TestCase):
 
 class UnreachableTest(unittest.TestCase):
     def test_dead_address(self):
-        port = harness.free_port()  # nothing listens there
+        dead = harness.DeadPort()  # nothing listens there
+        self.addCleanup(dead.close)
         with self.assertRaises(devcoord.Unavailable) as cm:
-            devcoord.Client(harness.tcp_addr(port), fail_fast=True)
+            devcoord.Client(dead.addr, fail_fast=True)
         self.assertTrue(cm.exception.transport)
-        with devcoord.Client(harness.tcp_addr(port), timeout_ms=300) as c:
+        with devcoord.Client(dead.addr, timeout_ms=300) as c:
             with self.assertRaises(devcoord.Error) as cm:
                 c.workers()
             self.assertIn(cm.exception.code, ("UNAVAILABLE", "DEADLINE_EXCEEDED"))

@@ -154,7 +154,8 @@ fn tokens() {
 
 #[test]
 fn dead_address() {
-    let addr = common::dead_address();
+    let dead = common::DeadAddress::new();
+    let addr = dead.addr.clone();
     let e = Client::connect_with(&addr, &Options { fail_fast: true, ..Options::default() }).err().unwrap();
     assert_eq!(e.code, Code::Unavailable);
     assert!(e.transport);

@@ -9,6 +9,7 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -24,8 +25,20 @@ fn binary(env: &str, relative: &str) -> PathBuf {
     build.join(relative)
 }
 
+/// A port nothing listened on a moment ago and that this process has not handed out before
+/// (tests run on parallel threads; the kernel may offer a port again before the daemon given
+/// it first has bound it).
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    static HANDED_OUT: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap();
+    for _ in 0..1000 {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if !handed_out.contains(&port) {
+            handed_out.push(port);
+            return port;
+        }
+    }
+    panic!("no TCP port on 127.0.0.1 that was not handed out already");
 }
 
 /// Tokens of a cluster started with auth (`token: role` tokens file at the coordinator).
@@ -159,7 +172,55 @@ impl Cluster {
     }
 }
 
-/// A port nothing listens on (a moment ago).
-pub fn dead_address() -> String {
-    format!("tcp://127.0.0.1:{}", free_port())
+#[repr(C)]
+struct SockaddrIn {
+    family: u16,
+    port_be: u16,
+    addr_be: u32,
+    zero: [u8; 8],
+}
+
+extern "C" {
+    fn socket(domain: i32, kind: i32, protocol: i32) -> i32;
+    fn bind(fd: i32, addr: *const SockaddrIn, len: u32) -> i32;
+    fn getsockname(fd: i32, addr: *mut SockaddrIn, len: *mut u32) -> i32;
+    fn close(fd: i32) -> i32;
+}
+
+/// An address nothing listens on while this lives: a socket bound to the port without
+/// listen(), so a connect there is refused and no other test's daemon can take the port
+/// (a port merely free a moment ago was once taken by a worker, which answered).
+pub struct DeadAddress {
+    fd: i32,
+    pub addr: String,
+}
+
+impl DeadAddress {
+    pub fn new() -> DeadAddress {
+        const AF_INET: i32 = 2;
+        const SOCK_STREAM: i32 = 1;
+        let size = std::mem::size_of::<SockaddrIn>() as u32;
+        let mut sa = SockaddrIn { family: AF_INET as u16, port_be: 0, addr_be: 0x7f00_0001u32.to_be(), zero: [0; 8] };
+        // SAFETY: plain socket calls on a socket this struct owns; sa outlives the calls.
+        unsafe {
+            let fd = socket(AF_INET, SOCK_STREAM, 0);
+            assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+            let mut len = size;
+            if bind(fd, &sa, size) != 0 || getsockname(fd, &mut sa, &mut len) != 0 {
+                let e = std::io::Error::last_os_error();
+                close(fd);
+                panic!("bind 127.0.0.1:0: {}", e);
+            }
+            DeadAddress { fd, addr: format!("tcp://127.0.0.1:{}", u16::from_be(sa.port_be)) }
+        }
+    }
+}
+
+impl Drop for DeadAddress {
+    fn drop(&mut self) {
+        // SAFETY: fd is this struct's own socket, closed once.
+        unsafe {
+            close(self.fd);
+        }
+    }
 }
