@@ -69,8 +69,9 @@ slice_run(const struct lreduce_job *j, size_t lo, size_t hi)
         if (j->out[0] != j->in[0]) {
             memcpy(home, j->in[0] + off, m * elem);
         }
-        for (size_t r = 1; r < j->n; r++) {
-            reduce_into(j->dtype, j->op, home, j->in[r] + off, m);
+        if (j->n > 1) { /* in[1..n-1] into home, three a pass */
+            reduce_into_many(j->dtype, j->op, home, (const void *const *)(j->in + 1), j->n - 1, off,
+                             m);
         }
         if (j->op == DC_REDUCE_MEAN) {
             reduce_finish_mean(j->dtype, home, m, j->n);

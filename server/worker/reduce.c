@@ -3,149 +3,165 @@
 #include <stdint.h>
 #include <string.h>
 
-/* The loop for one dtype and op: `dst[i] = EXPR(dst[i], s[i])` over an aligned source. */
-#define KERNEL(T, NAME, EXPR)                                        \
-    static void NAME(T *restrict dst, const T *restrict s, size_t n) \
-    {                                                                \
-        for (size_t i = 0; i < n; i++) {                             \
-            T a = dst[i], b = s[i];                                  \
-            dst[i] = (EXPR);                                         \
-        }                                                            \
+/* The loops of one dtype and op. ONE: `dst[i] = EXPR(dst[i], s[i])`; THREE folds three
+ * sources in one pass, `dst op s0 op s1 op s2` in that order, each combination as ONE makes
+ * it (one pass reads every stream at once: a 4-rank 16 MiB f32 sum took 0.9 ms instead of
+ * 1.5 ms here as three). Sources are aligned for T. */
+#define KERNELS(T, NAME, EXPR)                                                              \
+    static void NAME##_1(void *d, const void *s, size_t n)                                  \
+    {                                                                                       \
+        T *restrict dst       = d;                                                          \
+        const T *restrict src = s;                                                          \
+        for (size_t i = 0; i < n; i++) {                                                    \
+            T a = dst[i], b = src[i];                                                       \
+            dst[i] = (EXPR);                                                                \
+        }                                                                                   \
+    }                                                                                       \
+    static void NAME##_3(void *d, const void *s0, const void *s1, const void *s2, size_t n) \
+    {                                                                                       \
+        T *restrict dst     = d;                                                            \
+        const T *restrict x = s0, *restrict y = s1, *restrict z = s2;                       \
+        for (size_t i = 0; i < n; i++) {                                                    \
+            T a = dst[i], b = x[i];                                                         \
+            a      = (EXPR);                                                                \
+            b      = y[i];                                                                  \
+            a      = (EXPR);                                                                \
+            b      = z[i];                                                                  \
+            dst[i] = (EXPR);                                                                \
+        }                                                                                   \
     }
-
-#define MIN_MAX(T, SUFFIX)                 \
-    KERNEL(T, min_##SUFFIX, b < a ? b : a) \
-    KERNEL(T, max_##SUFFIX, b > a ? b : a)
-
-KERNEL(float, sum_f32, a + b)
-KERNEL(float, prod_f32, a *b)
-KERNEL(double, sum_f64, a + b)
-KERNEL(double, prod_f64, a *b)
-MIN_MAX(float, f32)
-MIN_MAX(double, f64)
-MIN_MAX(int32_t, i32)
-MIN_MAX(int64_t, i64)
 
 /* Integer sums and products wrap as two's complement, as in torch; computed unsigned so
  * overflow is defined. */
-static void
-sum_i32_wrap(int32_t *restrict dst, const int32_t *restrict s, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        dst[i] = (int32_t)((uint32_t)dst[i] + (uint32_t)s[i]);
-    }
-}
+#define INT_KERNELS(T, U, SUFFIX)               \
+    KERNELS(T, sum_##SUFFIX, (T)((U)a + (U)b))  \
+    KERNELS(T, prod_##SUFFIX, (T)((U)a * (U)b)) \
+    KERNELS(T, min_##SUFFIX, b < a ? b : a)     \
+    KERNELS(T, max_##SUFFIX, b > a ? b : a)
+#define FLOAT_KERNELS(T, SUFFIX)            \
+    KERNELS(T, sum_##SUFFIX, a + b)         \
+    KERNELS(T, prod_##SUFFIX, a *b)         \
+    KERNELS(T, min_##SUFFIX, b < a ? b : a) \
+    KERNELS(T, max_##SUFFIX, b > a ? b : a)
 
-static void
-prod_i32_wrap(int32_t *restrict dst, const int32_t *restrict s, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        dst[i] = (int32_t)((uint32_t)dst[i] * (uint32_t)s[i]);
-    }
-}
+FLOAT_KERNELS(float, f32)
+FLOAT_KERNELS(double, f64)
+INT_KERNELS(int32_t, uint32_t, i32)
+INT_KERNELS(int64_t, uint64_t, i64)
 
-static void
-sum_i64_wrap(int64_t *restrict dst, const int64_t *restrict s, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        dst[i] = (int64_t)((uint64_t)dst[i] + (uint64_t)s[i]);
+/* f16 and bf16: each combination is computed in float and rounded once to the dtype (in
+ * THREE too: the running value goes back through the dtype after each source). */
+#define KERNELS16(NAME, TO, FROM, EXPR)                                                     \
+    static void NAME##_1(void *d, const void *s, size_t n)                                  \
+    {                                                                                       \
+        uint16_t *restrict dst       = d;                                                   \
+        const uint16_t *restrict src = s;                                                   \
+        for (size_t i = 0; i < n; i++) {                                                    \
+            float a = TO(dst[i]), b = TO(src[i]);                                           \
+            dst[i] = FROM(EXPR);                                                            \
+        }                                                                                   \
+    }                                                                                       \
+    static void NAME##_3(void *d, const void *s0, const void *s1, const void *s2, size_t n) \
+    {                                                                                       \
+        uint16_t *restrict dst     = d;                                                     \
+        const uint16_t *restrict x = s0, *restrict y = s1, *restrict z = s2;                \
+        for (size_t i = 0; i < n; i++) {                                                    \
+            float a = TO(dst[i]), b = TO(x[i]);                                             \
+            a      = TO(FROM(EXPR));                                                        \
+            b      = TO(y[i]);                                                              \
+            a      = TO(FROM(EXPR));                                                        \
+            b      = TO(z[i]);                                                              \
+            dst[i] = FROM(EXPR);                                                            \
+        }                                                                                   \
     }
-}
-
-static void
-prod_i64_wrap(int64_t *restrict dst, const int64_t *restrict s, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        dst[i] = (int64_t)((uint64_t)dst[i] * (uint64_t)s[i]);
-    }
-}
-
-/* f16 and bf16: each combination is computed in float and rounded once to the dtype. */
-#define KERNEL16(NAME, TO, FROM, EXPR)                                             \
-    static void NAME(uint16_t *restrict dst, const uint16_t *restrict s, size_t n) \
-    {                                                                              \
-        for (size_t i = 0; i < n; i++) {                                           \
-            float a = TO(dst[i]), b = TO(s[i]);                                    \
-            dst[i] = FROM(EXPR);                                                   \
-        }                                                                          \
-    }
-#define HALF_KERNELS(SUFFIX, TO, FROM)              \
-    KERNEL16(sum_##SUFFIX, TO, FROM, a + b)         \
-    KERNEL16(prod_##SUFFIX, TO, FROM, a *b)         \
-    KERNEL16(min_##SUFFIX, TO, FROM, b < a ? b : a) \
-    KERNEL16(max_##SUFFIX, TO, FROM, b > a ? b : a)
+#define HALF_KERNELS(SUFFIX, TO, FROM)               \
+    KERNELS16(sum_##SUFFIX, TO, FROM, a + b)         \
+    KERNELS16(prod_##SUFFIX, TO, FROM, a *b)         \
+    KERNELS16(min_##SUFFIX, TO, FROM, b < a ? b : a) \
+    KERNELS16(max_##SUFFIX, TO, FROM, b > a ? b : a)
 
 HALF_KERNELS(f16, dc_f16_to_float, dc_float_to_f16)
 HALF_KERNELS(bf16, dc_bf16_to_float, dc_float_to_bf16)
 
-/* Applies the kernel to an aligned run of n elements. */
-static void
-reduce_aligned(dc_dtype dtype, dc_reduce_op op, void *dst, const void *src, size_t n)
+typedef void (*kernel1_fn)(void *dst, const void *src, size_t n);
+typedef void (*kernel3_fn)(void *dst, const void *s0, const void *s1, const void *s2, size_t n);
+
+struct kernels {
+    kernel1_fn one;
+    kernel3_fn three;
+};
+
+#define OPS(SUFFIX)                                                                            \
+    {                                                                                          \
+        [DC_REDUCE_SUM]     = { sum_##SUFFIX##_1, sum_##SUFFIX##_3 },                          \
+        [DC_REDUCE_MEAN]    = { sum_##SUFFIX##_1, sum_##SUFFIX##_3 }, /* divided at the end */ \
+            [DC_REDUCE_MIN] = { min_##SUFFIX##_1, min_##SUFFIX##_3 },                          \
+        [DC_REDUCE_MAX]     = { max_##SUFFIX##_1, max_##SUFFIX##_3 },                          \
+        [DC_REDUCE_PROD]    = { prod_##SUFFIX##_1, prod_##SUFFIX##_3 },                        \
+    }
+
+static const struct kernels KERNEL_TABLE[DC_DTYPE_COUNT][DC_REDUCE_COUNT] = {
+    [DC_DTYPE_F32] = OPS(f32), [DC_DTYPE_F64] = OPS(f64), [DC_DTYPE_I32] = OPS(i32),
+    [DC_DTYPE_I64] = OPS(i64), [DC_DTYPE_F16] = OPS(f16), [DC_DTYPE_BF16] = OPS(bf16),
+};
+
+/* The kernels of dtype and op; NULL members for an unknown one. */
+static const struct kernels *
+kernels_of(dc_dtype dtype, dc_reduce_op op)
 {
-    if (op == DC_REDUCE_MEAN) {
-        op = DC_REDUCE_SUM;
+    static const struct kernels none = { NULL, NULL };
+
+    if ((unsigned)dtype >= DC_DTYPE_COUNT || (unsigned)op >= DC_REDUCE_COUNT) {
+        return &none;
     }
-    switch (dtype) {
-    case DC_DTYPE_F32:
-        (op == DC_REDUCE_SUM    ? sum_f32
-         : op == DC_REDUCE_PROD ? prod_f32
-         : op == DC_REDUCE_MIN  ? min_f32
-                                : max_f32)(dst, src, n);
-        break;
-    case DC_DTYPE_F64:
-        (op == DC_REDUCE_SUM    ? sum_f64
-         : op == DC_REDUCE_PROD ? prod_f64
-         : op == DC_REDUCE_MIN  ? min_f64
-                                : max_f64)(dst, src, n);
-        break;
-    case DC_DTYPE_I32:
-        (op == DC_REDUCE_SUM    ? sum_i32_wrap
-         : op == DC_REDUCE_PROD ? prod_i32_wrap
-         : op == DC_REDUCE_MIN  ? min_i32
-                                : max_i32)(dst, src, n);
-        break;
-    case DC_DTYPE_I64:
-        (op == DC_REDUCE_SUM    ? sum_i64_wrap
-         : op == DC_REDUCE_PROD ? prod_i64_wrap
-         : op == DC_REDUCE_MIN  ? min_i64
-                                : max_i64)(dst, src, n);
-        break;
-    case DC_DTYPE_F16:
-        (op == DC_REDUCE_SUM    ? sum_f16
-         : op == DC_REDUCE_PROD ? prod_f16
-         : op == DC_REDUCE_MIN  ? min_f16
-                                : max_f16)(dst, src, n);
-        break;
-    case DC_DTYPE_BF16:
-        (op == DC_REDUCE_SUM    ? sum_bf16
-         : op == DC_REDUCE_PROD ? prod_bf16
-         : op == DC_REDUCE_MIN  ? min_bf16
-                                : max_bf16)(dst, src, n);
-        break;
-    default:
-        break;
-    }
+    return &KERNEL_TABLE[dtype][op];
 }
 
 void
 reduce_into(dc_dtype dtype, dc_reduce_op op, void *dst, const void *src, size_t count)
 {
-    size_t esize = dc_dtype_size(dtype);
+    const struct kernels *k = kernels_of(dtype, op);
+    size_t esize            = dc_dtype_size(dtype);
     /* 8-byte aligned staging for sources that are not aligned for their dtype. */
     uint64_t stage[512];
     size_t per = sizeof(stage) / (esize ? esize : 1);
 
-    if (esize == 0) {
+    if (esize == 0 || k->one == NULL) {
         return;
     }
     if ((uintptr_t)src % esize == 0) {
-        reduce_aligned(dtype, op, dst, src, count);
+        k->one(dst, src, count);
         return;
     }
     for (size_t done = 0; done < count; done += per) {
         size_t n = count - done < per ? count - done : per;
         memcpy(stage, (const char *)src + done * esize, n * esize);
-        reduce_aligned(dtype, op, (char *)dst + done * esize, stage, n);
+        k->one((char *)dst + done * esize, stage, n);
+    }
+}
+
+void
+reduce_into_many(dc_dtype dtype, dc_reduce_op op, void *dst, const void *const *src, size_t n_src,
+                 size_t src_offset, size_t count)
+{
+    const struct kernels *k = kernels_of(dtype, op);
+    size_t esize            = dc_dtype_size(dtype);
+    size_t r                = 0;
+
+    if (esize == 0 || k->three == NULL) {
+        return;
+    }
+    for (; r + 3 <= n_src; r += 3) {
+        const char *x = (const char *)src[r] + src_offset,
+                   *y = (const char *)src[r + 1] + src_offset,
+                   *z = (const char *)src[r + 2] + src_offset;
+        if ((uintptr_t)x % esize != 0 || (uintptr_t)y % esize != 0 || (uintptr_t)z % esize != 0) {
+            break; /* one at a time from here: the same result */
+        }
+        k->three(dst, x, y, z, count);
+    }
+    for (; r < n_src; r++) {
+        reduce_into(dtype, op, dst, (const char *)src[r] + src_offset, count);
     }
 }
 

@@ -13,6 +13,11 @@
 #include "devcoord/types.h"
 
 void reduce_into(dc_dtype dtype, dc_reduce_op op, void *dst, const void *src, size_t count);
+/* dst op src[0] op src[1] ... op src[n_src-1], element by element in that order, each source
+ * read from byte src_offset on: the same bytes as reduce_into once per source, in fewer
+ * passes over dst. */
+void reduce_into_many(dc_dtype dtype, dc_reduce_op op, void *dst, const void *const *src,
+                      size_t n_src, size_t src_offset, size_t count);
 void reduce_finish_mean(dc_dtype dtype, void *buf, size_t count, size_t contributions);
 
 #endif

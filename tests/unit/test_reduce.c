@@ -129,6 +129,89 @@ test_half_precision(void **state)
     assert_true(dc_bf16_to_float(b[0]) == 64.0f);
 }
 
+/* reduce_into_many gives the bytes of reduce_into once per source, in order: every dtype
+ * and op, 1 to 7 sources (three a pass, then the rest), aligned and unaligned sources. */
+static void
+test_many_sources_equal_one_at_a_time(void **state)
+{
+    enum { N = 37, MAX_SRC = 7 };
+    static const dc_reduce_op ops[] = { DC_REDUCE_SUM, DC_REDUCE_MEAN, DC_REDUCE_MIN, DC_REDUCE_MAX,
+                                        DC_REDUCE_PROD };
+    uint64_t raw[MAX_SRC][N + 1], dst_many[N], dst_one[N], init[N] = { 0 };
+    uint32_t seed = 12345;
+
+    (void)state;
+    for (size_t k = 0; k < sizeof(raw); k++) { /* bytes in a range every dtype reduces in */
+        seed                = seed * 1103515245u + 12345u;
+        ((uint8_t *)raw)[k] = (uint8_t)(seed >> 16) & 0x3f;
+        ((uint8_t *)init)[k % sizeof(init)] ^= (uint8_t)((seed >> 8) & 0x3f);
+    }
+    for (int dt = DC_DTYPE_F32; dt < DC_DTYPE_COUNT; dt++) {
+        size_t esize = dc_dtype_size((dc_dtype)dt);
+        for (size_t o = 0; o < sizeof(ops) / sizeof(ops[0]); o++) {
+            for (size_t n_src = 1; n_src <= MAX_SRC; n_src++) {
+                for (size_t shift = 0; shift < 2; shift++) { /* shift 1: unaligned sources */
+                    const void *src[MAX_SRC];
+                    size_t skew = shift * (n_src % 2 == 0 ? 1 : esize); /* odd: aligned again */
+                    for (size_t r = 0; r < n_src; r++) {
+                        src[r] = (const uint8_t *)raw[r] + (r == n_src - 1 ? skew : shift);
+                    }
+                    memcpy(dst_many, init, sizeof(init));
+                    memcpy(dst_one, init, sizeof(init));
+                    reduce_into_many((dc_dtype)dt, ops[o], dst_many, src, n_src, 0, N);
+                    for (size_t r = 0; r < n_src; r++) {
+                        reduce_into((dc_dtype)dt, ops[o], dst_one, src[r], N);
+                    }
+                    assert_memory_equal(dst_many, dst_one, N * esize);
+                }
+            }
+        }
+    }
+    /* src_offset: each source from that byte on */
+    memcpy(dst_many, init, sizeof(init));
+    memcpy(dst_one, init, sizeof(init));
+    {
+        const void *src[3] = { raw[0], raw[1], raw[2] };
+        reduce_into_many(DC_DTYPE_I64, DC_REDUCE_SUM, dst_many, src, 3, 16, 10);
+        for (size_t r = 0; r < 3; r++) {
+            reduce_into(DC_DTYPE_I64, DC_REDUCE_SUM, dst_one, raw[r] + 2, 10);
+        }
+        assert_memory_equal(dst_many, dst_one, 10 * sizeof(int64_t));
+    }
+}
+
+/* Three f16 sources in one pass still round after each combination: 2048 + 1 is 2048 in
+ * f16 (ties to even), so 2048 + 1 + 1 + 0 stays 2048 (2050 if summed in float first). */
+static void
+test_many_sources_round_each_combination(void **state)
+{
+    uint16_t dst[1] = { dc_float_to_f16(2048.0f) }, one[1] = { dc_float_to_f16(1.0f) },
+             zero[1] = { dc_float_to_f16(0.0f) };
+    uint16_t bdst[1] = { dc_float_to_bf16(256.0f) }, bone[1] = { dc_float_to_bf16(1.0f) };
+    const void *src[3] = { one, one, zero }, *bsrc[3] = { bone, bone, bone };
+
+    (void)state;
+    reduce_into_many(DC_DTYPE_F16, DC_REDUCE_SUM, dst, src, 3, 0, 1);
+    assert_true(dc_f16_to_float(dst[0]) == 2048.0f);
+    reduce_into_many(DC_DTYPE_BF16, DC_REDUCE_SUM, bdst, bsrc, 3, 0, 1);
+    assert_true(dc_bf16_to_float(bdst[0]) == 256.0f); /* 257 needs 9 bits: each +1 is lost */
+}
+
+/* The sources fold in their order: 1 + -1 + 2^-30 is 2^-30, 1 + 2^-30 + -1 is 0. */
+static void
+test_many_sources_keep_their_order(void **state)
+{
+    float f = 1.0f, fm = -1.0f, ft = 0x1p-30f, fz = 0.0f;
+    double d = 1.0, dm = -1.0, dt = 0x1p-60, dz = 0.0;
+    const void *fsrc[3] = { &fm, &ft, &fz }, *dsrc[4] = { &dz, &dz, &dm, &dt };
+
+    (void)state;
+    reduce_into_many(DC_DTYPE_F32, DC_REDUCE_SUM, &f, fsrc, 3, 0, 1);
+    assert_true(f == 0x1p-30f);
+    reduce_into_many(DC_DTYPE_F64, DC_REDUCE_SUM, &d, dsrc, 4, 0, 1); /* one pass, then one */
+    assert_true(d == 0x1p-60);
+}
+
 int
 main(void)
 {
@@ -137,6 +220,9 @@ main(void)
         cmocka_unit_test(test_f64_and_integers),
         cmocka_unit_test(test_unaligned_source),
         cmocka_unit_test(test_half_precision),
+        cmocka_unit_test(test_many_sources_equal_one_at_a_time),
+        cmocka_unit_test(test_many_sources_round_each_combination),
+        cmocka_unit_test(test_many_sources_keep_their_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
