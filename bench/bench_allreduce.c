@@ -27,8 +27,10 @@
 #define SHM_PROBE_BYTES (16u << 20)
 
 static const char usage[] =
-    "usage: bench_allreduce [--quick] [--out DIR] [--build DIR] [--small REPS [--workers N]]\n"
-    "  --small REPS: only dc_submit of 4 KiB over N (2) workers, REPS times after a warmup; "
+    "usage: bench_allreduce [--quick] [--out DIR] [--build DIR]\n"
+    "                       [--small REPS [--workers N] [--bytes B]]\n"
+    "  --small REPS: only dc_submit of B (4096) bytes over N (2) workers, REPS times after a "
+    "warmup; "
     "prints\n"
     "  the median and writes nothing (for A/B runs of two builds: bench/submit_ab.sh)\n";
 
@@ -304,7 +306,7 @@ size_index(const struct plan *p, uint64_t bytes)
 }
 
 struct small_opts {
-    uint64_t reps, workers;
+    uint64_t reps, workers, bytes;
 };
 
 static int
@@ -321,25 +323,30 @@ small_arg(int argc, char **argv, int i, void *arg)
     if (strcmp(argv[i], "--workers") == 0) {
         return bench_parse_u64(argv[i + 1], 2, 4, "--workers", &o->workers) == 0 ? 2 : -1;
     }
+    if (strcmp(argv[i], "--bytes") == 0) {
+        return bench_parse_u64(argv[i + 1], 4, 1u << 30, "--bytes", &o->bytes) == 0 ? 2 : -1;
+    }
     return 0;
 }
 
-/* --small: one cell, the single-controller path's small-op latency, nothing else. */
+/* --small: one cell, the single-controller path's latency at one size (4 KiB unless
+ * --bytes), nothing else. */
 static int
 run_small(const struct bench_args *a, const struct small_opts *o)
 {
-    struct plan p = { .sizes = { 4096 }, .n_sizes = 1, .budget_s = 1e9 };
+    struct plan p = { .sizes = { o->bytes / 4 * 4 }, .n_sizes = 1, .budget_s = 1e9 };
     struct run r  = { .workers = (unsigned)o->workers };
 
     p.min_reps = p.max_reps = (unsigned)o->reps;
     if (run_devcoord(a, &p, &r) != 0 || !r.dc[0].ok) {
-        fprintf(stderr, "bench_allreduce: the 4 KiB run failed\n");
+        fprintf(stderr, "bench_allreduce: the %s run failed\n", bench_size_text(p.sizes[0]));
         return 1;
     }
-    printf("submit all-reduce 4 KiB, %u workers: median_us=%.1f coord_us=%.1f worker_us=%.1f "
+    printf("submit all-reduce %s, %u workers: median_us=%.1f coord_us=%.1f worker_us=%.1f "
            "min_us=%.1f reps=%u\n",
-           r.workers, r.dc[0].median_s * 1e6, r.dc[0].coord_elapsed_s * 1e6,
-           r.dc[0].worker_elapsed_s * 1e6, r.dc[0].min_s * 1e6, r.dc[0].reps);
+           bench_size_text(p.sizes[0]), r.workers, r.dc[0].median_s * 1e6,
+           r.dc[0].coord_elapsed_s * 1e6, r.dc[0].worker_elapsed_s * 1e6, r.dc[0].min_s * 1e6,
+           r.dc[0].reps);
     return 0;
 }
 
@@ -355,7 +362,7 @@ main(int argc, char **argv)
     FILE *f;
     int rv;
 
-    struct small_opts small = { .reps = 0, .workers = 2 };
+    struct small_opts small = { .reps = 0, .workers = 2, .bytes = 4096 };
 
     bench_init();
     if ((rv = bench_parse_args(argc, argv, &a, usage, small_arg, &small)) != 0) {
