@@ -5,10 +5,10 @@
 # --small) and the figure is the median of the rounds' medians.
 #
 #   bench/submit_ab.sh --before DIR [--build DIR] [--rounds N] [--reps N] [--workers N]
-#
+#                      [--bytes B]
 # --build: the build tree under test (default build-bench, as bench/run.sh); --before: the
 # other one (both configured with -DDEVCOORD_BENCH=ON); --rounds: 5; --reps per run: 300;
-# --workers: 2 (up to 4).
+# --workers: 2 (up to 4); --bytes: the tensor's size, 4096 (both builds must know --bytes).
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -17,11 +17,13 @@ before=
 rounds=5
 reps=300
 workers=2
+bytes=4096
 while [ $# -gt 0 ]; do
     case "$1" in
     --rounds) rounds=$2; shift ;;
     --reps) reps=$2; shift ;;
     --workers) workers=$2; shift ;;
+    --bytes) bytes=$2; shift ;;
     --build) build=$2; shift ;;
     --before) before=$2; shift ;;
     *) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
@@ -42,7 +44,8 @@ for r in $(seq 1 "$rounds"); do
     order="before after"
     [ $((r % 2)) -eq 0 ] && order="after before"
     for s in $order; do
-        line=$("${tree[$s]}/bench/bench_allreduce" --build "${tree[$s]}" --small "$reps" --workers "$workers" 2>&1 |
+        line=$("${tree[$s]}/bench/bench_allreduce" --build "${tree[$s]}" --small "$reps" --workers "$workers" \
+            --bytes "$bytes" 2>&1 |
             grep '^submit all-reduce')
         med=$(sed -n 's/.*median_us=\([0-9.]*\).*/\1/p' <<<"$line")
         echo "round $r $s ${med:-failed}  ($line)"

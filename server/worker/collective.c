@@ -176,7 +176,14 @@ struct cop {
     uint8_t *work;
     struct tensor_map work_map;
     bool work_mapped, work_owned;
-    uint8_t *gathered; /* all-gather: every rank's tensor in rank order, n_ranks * tensor_bytes */
+    /* A ring all-reduce of this worker's only rank reads that rank's tensor in place (in_map,
+     * until the work buffer is released) instead of copying it into work first: step 0 sends
+     * from it, and each chunk of the reduce-scatter lands as in op chunk into work, which the
+     * ring then writes whole (cop_ring_in_place). NULL otherwise. */
+    const uint8_t *in;
+    struct tensor_map in_map;
+    bool read_in_place; /* op->in was used (devcoord_worker_ring_in_place_ops_total) */
+    uint8_t *gathered;  /* all-gather: every rank's tensor in rank order, n_ranks * tensor_bytes */
     /* The results: new tensors, one per local device the op changes, that go to the staging
      * once the op is prepared (then n_outputs is 0 here). */
     struct staging_output *outputs;
@@ -615,6 +622,10 @@ cop_apply_chunk(struct cop *op, uint32_t from, uint32_t step, uint32_t rank, uin
                           step, (unsigned long long)offset, len);
     }
     if (mode == APPLY_REDUCE) {
+        if (op->in != NULL && base == op->work) {
+            /* The first and only time this worker reduces these bytes: ours, then theirs. */
+            memcpy(base + offset, op->in + offset, len);
+        }
         reduce_into(op->dtype, (dc_reduce_op)op->req->reduce, base + offset, data,
                     len / op->elem_size);
     } else {
@@ -1400,8 +1411,8 @@ cop_ring(struct cop *op)
         op->step_forward[s].len--;
         pthread_mutex_unlock(&op->mtx);
         ring_send(&op->ring, op->self, s, &to, &seg);
-        if (!cop_send(op, to, s, op->work, op->tensor_bytes, r.off, r.off + r.len,
-                      op->local_ranks[0])) {
+        if (!cop_send(op, to, s, s == 0 && op->in != NULL ? op->in : op->work, op->tensor_bytes,
+                      r.off, r.off + r.len, op->local_ranks[0])) {
             return false;
         }
         op->step_sent[s] += r.len;
@@ -1867,6 +1878,18 @@ cop_gather_local(struct cop *op, dc_status *st)
     return code;
 }
 
+/* Whether an all-reduce's ring can read this worker's only rank in place (op->in): its
+ * reduce-scatter reduces each segment but this worker's own once and its all-gather copies
+ * every segment but the one it finished (ring.h), so every byte of work is written by the
+ * ring and none needs the input first. Not with one worker (no ring) or several local ranks
+ * (their sum is made in work before data moves). */
+static bool
+cop_ring_in_place(const struct cop *op)
+{
+    return (dc_op_kind)op->req->kind == DC_OP_ALL_REDUCE && !op->direct && op->n_workers > 1 &&
+           op->n_local == 1 && op->tensor_bytes > 0;
+}
+
 /* Everything before data moves: tensors, buffers, the local part of the reduction. No
  * stored tensor is written: results go to the op's staging tensors. */
 static dc_code
@@ -1888,6 +1911,15 @@ cop_prepare(struct cop *op, dc_status *st)
         if (op->direct) {
             /* Every rank's tensor in gathered, reduced in rank order at the end. */
             code = cop_gather_local(op, st);
+            break;
+        }
+        if (cop_ring_in_place(op)) {
+            if ((code = tensor_map(op->local_tensors[0], 0, op->tensor_bytes, TENSOR_READ,
+                                   &op->in_map, st)) != DC_OK) {
+                return code;
+            }
+            op->in            = op->in_map.data;
+            op->read_in_place = true;
             break;
         }
         if ((code = tensor_read(op->local_tensors[0], 0, op->work, op->tensor_bytes, st)) !=
@@ -2019,11 +2051,22 @@ cop_finish(struct cop *op, dc_status *st)
 static dc_code
 cop_release_work(struct cop *op, dc_status *st)
 {
+    dc_code code = DC_OK;
+
+    if (op->in != NULL) {
+        op->in = NULL;
+        code   = tensor_unmap(&op->in_map, st);
+    }
     if (!op->work_mapped) {
-        return DC_OK;
+        return code;
     }
     op->work_mapped = false;
     op->work        = NULL;
+    if (code != DC_OK) {
+        dc_status ignored;
+        (void)tensor_unmap(&op->work_map, &ignored);
+        return code;
+    }
     return tensor_unmap(&op->work_map, st);
 }
 
@@ -2227,6 +2270,7 @@ cop_run(void *arg)
     co->stats.link_bytes_received += op->link_bytes_received;
     co->stats.ops_direct += op->direct ? 1 : 0;
     co->stats.ops_early += op->direct && cop_sent_early(op) ? 1 : 0;
+    co->stats.ops_ring_in_place += op->read_in_place ? 1 : 0;
     pthread_mutex_unlock(&co->mtx);
     while (parked != NULL) {
         struct parked *p = parked;

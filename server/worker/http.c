@@ -61,12 +61,17 @@ metrics(void *arg, struct mbuf *body)
                 "# HELP devcoord_worker_early_data_ops_total Direct all-reduces whose tensors this "
                 "worker sent with its tensor descriptions, before it had its peers'.\n"
                 "# TYPE devcoord_worker_early_data_ops_total counter\n"
-                "devcoord_worker_early_data_ops_total %llu\n",
+                "devcoord_worker_early_data_ops_total %llu\n"
+                "# HELP devcoord_worker_ring_in_place_ops_total Ring all-reduces that read this "
+                "worker's only rank's tensor in place, with no copy before data moves.\n"
+                "# TYPE devcoord_worker_ring_in_place_ops_total counter\n"
+                "devcoord_worker_ring_in_place_ops_total %llu\n",
                 DEVCOORD_VERSION, membership_epoch(w->membership) != 0 ? 1 : 0,
                 (unsigned long long)cs.ops_done, (unsigned long long)cs.ops_failed,
                 (unsigned long long)cs.bytes_sent, (unsigned long long)cs.bytes_received,
                 (unsigned long long)cs.link_bytes_sent, (unsigned long long)cs.link_bytes_received,
-                (unsigned long long)cs.ops_direct, (unsigned long long)cs.ops_early);
+                (unsigned long long)cs.ops_direct, (unsigned long long)cs.ops_early,
+                (unsigned long long)cs.ops_ring_in_place);
     rpc_metrics_render(body, &w->rpc_metrics);
     wgroups_metrics_render(w->groups, body);
     return 200;

@@ -761,6 +761,27 @@ class DataLinkTest(OpsTestCase):
                     self.assertEqual(m[early] - before[w][early], 1 if is_direct and i > 0 else 0,
                                      w)
 
+    def test_a_ring_reads_a_workers_only_rank_in_place(self):
+        # With one rank on a worker the ring reads that rank's tensor where it is: step 0 sends
+        # from it and each reduce-scatter chunk is reduced from it into the result, which the
+        # ring then writes whole (under the staged executor a byte left unwritten would be the
+        # map's poison). Two and three workers, lengths that do not divide by them, segments
+        # of one and of two frames; a worker with two ranks of the op sums them first, as
+        # before. Every tensor of the grid is checked against the model, and each worker
+        # counts the ops it read in place.
+        self.start(grid_spec(), http=True)
+        key = "devcoord_worker_ring_in_place_ops_total"
+        before = {w: self.metrics(w)[key] for w in GRID}
+        three = ["node-c/cuda:1", "node-a/cuda:0", "node-b/cuda:1"]
+        two = ["node-b/cuda:0", "node-a/cuda:1"]
+        self.run_cases(matrix("all-reduce", ("sum", "max"), [(200003, three, 0)], ("f32", "i64"))
+                       + matrix("all-reduce", ("mean",), [(70001, two, 0)], ("f64",))
+                       + matrix("all-reduce", ("sum",), [(100000, RANKS5, 0)], ("f32",)))
+        # node-a is alone in every op; node-b and node-c hold two ranks of RANKS5.
+        want = {"node-a": 6, "node-b": 5, "node-c": 4}
+        for w in GRID:
+            self.assertEqual(self.metrics(w)[key] - before[w], want[w], w)
+
     def test_a_peer_without_a_data_link_gets_exchange_calls(self):
         # node-b cannot open its data port (the port it is told to use is taken), so its
         # GroupLink fails: node-a sends it the ops' data in Exchange calls, while node-b
