@@ -21,7 +21,8 @@
  * as it was, and a retry reads the old values. All-reduce and a broadcast receiver map their
  * first staging tensor as the op's work buffer for the whole op and unmap it once no handler
  * can write to it any more (cop_release_work); the root of a broadcast maps its own tensor
- * for reading; everything else is copied in and out.
+ * for reading, and so does a ring all-reduce with one local rank (cop_ring_in_place);
+ * everything else is copied in and out.
  */
 #include "collective.h"
 
