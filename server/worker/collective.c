@@ -179,8 +179,8 @@ struct cop {
     bool work_mapped, work_owned;
     /* A ring all-reduce of this worker's only rank reads that rank's tensor in place (in_map,
      * until the work buffer is released) instead of copying it into work first: step 0 sends
-     * from it, and each chunk of the reduce-scatter lands as in op chunk into work, which the
-     * ring then writes whole (cop_ring_in_place). NULL otherwise. */
+     * from it, and each reduce-scatter chunk goes into work as `in op chunk`; the ring writes
+     * every byte of work (cop_ring_in_place). NULL otherwise. */
     const uint8_t *in;
     struct tensor_map in_map;
     bool read_in_place; /* op->in was used (devcoord_worker_ring_in_place_ops_total) */
