@@ -623,7 +623,7 @@ cop_apply_chunk(struct cop *op, uint32_t from, uint32_t step, uint32_t rank, uin
                           step, (unsigned long long)offset, len);
     }
     if (mode == APPLY_REDUCE) {
-        if (op->in != NULL && base == op->work) {
+        if (op->in != NULL) { /* base is work: the ring all-reduce reading in place */
             /* The first and only time this worker reduces these bytes: ours, then theirs. */
             memcpy(base + offset, op->in + offset, len);
         }
@@ -1116,7 +1116,7 @@ cop_link_meta(struct cop *op, const struct dlink_hdr *h, const uint8_t *payload,
     n         = op->req->plan->workers[h->from]->n_ranks;
     metas_len = n * META_ENTRY;
     data_len  = h->length > metas_len ? h->length - metas_len : 0;
-    if (data_len == 0 || data_len % n != 0 || !cop_direct_fits(op, data_len / n)) {
+    if (n == 0 || data_len == 0 || data_len % n != 0 || !cop_direct_fits(op, data_len / n)) {
         return status_set(st, DC_INVALID_ARGUMENT,
                           "data link: malformed tensor descriptions with data for op %s", op->id);
     }

@@ -3,18 +3,20 @@
 #include <stdint.h>
 #include <string.h>
 
-/* The loops of one dtype and op. ONE: `dst[i] = EXPR(dst[i], s[i])`; THREE folds three
- * sources in one pass, `dst op s0 op s1 op s2` in that order, each combination as ONE makes
- * it (one pass reads every stream at once: a 4-rank 16 MiB f32 sum took 0.9 ms instead of
- * 1.5 ms here as three). Sources are aligned for T. */
-#define KERNELS(T, NAME, EXPR)                                                              \
+/* The loops of one dtype and op, over elements of type T computed as W: LOAD turns an
+ * element into W, STORE a W back into an element. ONE: `dst[i] = EXPR(dst[i], s[i])`; THREE
+ * folds three sources in one pass, `dst op s0 op s1 op s2` in that order, the running value
+ * stored and loaded again after each source so that every combination rounds as ONE's does
+ * (one pass reads every stream at once: a 4-rank 16 MiB f32 sum took 0.9 ms instead of 1.5 ms
+ * here as three). Sources are aligned for T. */
+#define KERNELS(T, W, LOAD, STORE, NAME, EXPR)                                              \
     static void NAME##_1(void *d, const void *s, size_t n)                                  \
     {                                                                                       \
         T *restrict dst       = d;                                                          \
         const T *restrict src = s;                                                          \
         for (size_t i = 0; i < n; i++) {                                                    \
-            T a = dst[i], b = src[i];                                                       \
-            dst[i] = (EXPR);                                                                \
+            W a = LOAD(dst[i]), b = LOAD(src[i]);                                           \
+            dst[i] = STORE(EXPR);                                                           \
         }                                                                                   \
     }                                                                                       \
     static void NAME##_3(void *d, const void *s0, const void *s1, const void *s2, size_t n) \
@@ -22,66 +24,37 @@
         T *restrict dst     = d;                                                            \
         const T *restrict x = s0, *restrict y = s1, *restrict z = s2;                       \
         for (size_t i = 0; i < n; i++) {                                                    \
-            T a = dst[i], b = x[i];                                                         \
-            a      = (EXPR);                                                                \
-            b      = y[i];                                                                  \
-            a      = (EXPR);                                                                \
-            b      = z[i];                                                                  \
-            dst[i] = (EXPR);                                                                \
+            W a = LOAD(dst[i]), b = LOAD(x[i]);                                             \
+            a      = LOAD(STORE(EXPR));                                                     \
+            b      = LOAD(y[i]);                                                            \
+            a      = LOAD(STORE(EXPR));                                                     \
+            b      = LOAD(z[i]);                                                            \
+            dst[i] = STORE(EXPR);                                                           \
         }                                                                                   \
     }
+#define SAME(v) (v)
 
 /* Integer sums and products wrap as two's complement, as in torch; computed unsigned so
  * overflow is defined. */
-#define INT_KERNELS(T, U, SUFFIX)               \
-    KERNELS(T, sum_##SUFFIX, (T)((U)a + (U)b))  \
-    KERNELS(T, prod_##SUFFIX, (T)((U)a * (U)b)) \
-    KERNELS(T, min_##SUFFIX, b < a ? b : a)     \
-    KERNELS(T, max_##SUFFIX, b > a ? b : a)
-#define FLOAT_KERNELS(T, SUFFIX)            \
-    KERNELS(T, sum_##SUFFIX, a + b)         \
-    KERNELS(T, prod_##SUFFIX, a *b)         \
-    KERNELS(T, min_##SUFFIX, b < a ? b : a) \
-    KERNELS(T, max_##SUFFIX, b > a ? b : a)
+#define INT_KERNELS(T, U, SUFFIX)                              \
+    KERNELS(T, T, SAME, SAME, sum_##SUFFIX, (T)((U)a + (U)b))  \
+    KERNELS(T, T, SAME, SAME, prod_##SUFFIX, (T)((U)a * (U)b)) \
+    KERNELS(T, T, SAME, SAME, min_##SUFFIX, b < a ? b : a)     \
+    KERNELS(T, T, SAME, SAME, max_##SUFFIX, b > a ? b : a)
+/* Floats computed as W: f32 and f64 as they are, f16 and bf16 (T uint16_t) in float,
+ * rounded once to the dtype per combination. */
+#define FLOAT_KERNELS(T, W, LOAD, STORE, SUFFIX)            \
+    KERNELS(T, W, LOAD, STORE, sum_##SUFFIX, a + b)         \
+    KERNELS(T, W, LOAD, STORE, prod_##SUFFIX, a *b)         \
+    KERNELS(T, W, LOAD, STORE, min_##SUFFIX, b < a ? b : a) \
+    KERNELS(T, W, LOAD, STORE, max_##SUFFIX, b > a ? b : a)
 
-FLOAT_KERNELS(float, f32)
-FLOAT_KERNELS(double, f64)
+FLOAT_KERNELS(float, float, SAME, SAME, f32)
+FLOAT_KERNELS(double, double, SAME, SAME, f64)
+FLOAT_KERNELS(uint16_t, float, dc_f16_to_float, dc_float_to_f16, f16)
+FLOAT_KERNELS(uint16_t, float, dc_bf16_to_float, dc_float_to_bf16, bf16)
 INT_KERNELS(int32_t, uint32_t, i32)
 INT_KERNELS(int64_t, uint64_t, i64)
-
-/* f16 and bf16: each combination is computed in float and rounded once to the dtype (in
- * THREE too: the running value goes back through the dtype after each source). */
-#define KERNELS16(NAME, TO, FROM, EXPR)                                                     \
-    static void NAME##_1(void *d, const void *s, size_t n)                                  \
-    {                                                                                       \
-        uint16_t *restrict dst       = d;                                                   \
-        const uint16_t *restrict src = s;                                                   \
-        for (size_t i = 0; i < n; i++) {                                                    \
-            float a = TO(dst[i]), b = TO(src[i]);                                           \
-            dst[i] = FROM(EXPR);                                                            \
-        }                                                                                   \
-    }                                                                                       \
-    static void NAME##_3(void *d, const void *s0, const void *s1, const void *s2, size_t n) \
-    {                                                                                       \
-        uint16_t *restrict dst     = d;                                                     \
-        const uint16_t *restrict x = s0, *restrict y = s1, *restrict z = s2;                \
-        for (size_t i = 0; i < n; i++) {                                                    \
-            float a = TO(dst[i]), b = TO(x[i]);                                             \
-            a      = TO(FROM(EXPR));                                                        \
-            b      = TO(y[i]);                                                              \
-            a      = TO(FROM(EXPR));                                                        \
-            b      = TO(z[i]);                                                              \
-            dst[i] = FROM(EXPR);                                                            \
-        }                                                                                   \
-    }
-#define HALF_KERNELS(SUFFIX, TO, FROM)               \
-    KERNELS16(sum_##SUFFIX, TO, FROM, a + b)         \
-    KERNELS16(prod_##SUFFIX, TO, FROM, a *b)         \
-    KERNELS16(min_##SUFFIX, TO, FROM, b < a ? b : a) \
-    KERNELS16(max_##SUFFIX, TO, FROM, b > a ? b : a)
-
-HALF_KERNELS(f16, dc_f16_to_float, dc_float_to_f16)
-HALF_KERNELS(bf16, dc_bf16_to_float, dc_float_to_bf16)
 
 typedef void (*kernel1_fn)(void *dst, const void *src, size_t n);
 typedef void (*kernel3_fn)(void *dst, const void *s0, const void *s1, const void *s2, size_t n);
