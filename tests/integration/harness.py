@@ -73,16 +73,8 @@ def free_port():
     raise AssertionError("no TCP port on %s that was not handed out already" % HOST)
 
 
-class DeadPort:
-    """A port on 127.0.0.1 nothing listens on while this is open: a socket bound to it
-    without listen(), so a connect is refused and no other test's daemon can take the port
-    (a port that was merely free a moment ago was once taken by a worker, which answered)."""
-
-    def __init__(self):
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind((HOST, 0))
-        self.port = self.sock.getsockname()[1]
-        self.addr = tcp_addr(self.port)
+class SocketHolder:
+    """An object owning self.sock: close() closes it, and `with` closes it at the end."""
 
     def close(self):
         self.sock.close()
@@ -92,6 +84,18 @@ class DeadPort:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class DeadPort(SocketHolder):
+    """A port on 127.0.0.1 nothing listens on while this is open: a socket bound to it
+    without listen(), so a connect is refused and no other test's daemon can take the port
+    (a port that was merely free a moment ago was once taken by a worker, which answered)."""
+
+    def __init__(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind((HOST, 0))
+        self.port = self.sock.getsockname()[1]
+        self.addr = tcp_addr(self.port)
 
 
 def tcp_addr(port):
@@ -483,7 +487,7 @@ class RpcError(Exception):
     pass
 
 
-class RpcConnection:
+class RpcConnection(SocketHolder):
     """One req0 connection to a devcoord RPC port. Calls are sequential."""
 
     def __init__(self, port, timeout=5.0):
@@ -494,15 +498,6 @@ class RpcConnection:
         if peer != sp_greeting(SP_REP0):
             self.close()
             raise RpcError("unexpected SP greeting %r" % peer)
-
-    def close(self):
-        self.sock.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def recv_exact(self, n):
         data = bytearray()
