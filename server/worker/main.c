@@ -54,11 +54,12 @@ static const char usage[] =
     "STOPPING=1.\n";
 
 /* Handlers that never wait: they run on nng's callback threads. Execute only starts its op
- * on a pool thread; Exchange and the tensor calls copy or reduce one chunk. */
+ * on a pool thread; Commit swaps an op's staged tensors into place under two short locks;
+ * Exchange and the tensor calls copy or reduce one chunk. */
 static const char *const worker_inline_methods[] = {
-    "Execute",    "Abort",         "Exchange",    "PutTensor", "GetTensor",     "DeleteTensor",
-    "GroupSetup", "GroupExchange", "GroupStatus", "GroupLink", "GroupCallLink", "GroupEnd",
-    NULL,
+    "Execute",      "Abort",      "Commit",        "Exchange",    "PutTensor", "GetTensor",
+    "DeleteTensor", "GroupSetup", "GroupExchange", "GroupStatus", "GroupLink", "GroupCallLink",
+    "GroupEnd",     NULL,
 };
 
 /* Set when the worker stops because the coordinator refused it or another instance took its
