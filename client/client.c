@@ -19,6 +19,7 @@
 #include "rpc_leader.h"
 #include "status.h"
 #include "text.h"
+#include "threadname.h"
 #include "wire.h"
 
 #define STR_(x) #x
@@ -314,6 +315,7 @@ dial_run(void *arg)
     dc_code code = rpc_open_spec(&j->spec, true, &rpc, &st);
     bool abandoned;
 
+    thread_name_set("dc-dial");
     pthread_mutex_lock(&j->mtx);
     abandoned = j->abandoned;
     if (!abandoned) {

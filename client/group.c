@@ -15,6 +15,7 @@
 #include "device.h"
 #include "dlframe.h"
 #include "status.h"
+#include "threadname.h"
 
 /* A call's RPC waits this much longer than the call's own deadline, so that the worker's
  * answer (naming the missing ranks) arrives before the client gives up. */
@@ -802,6 +803,7 @@ split_thread(void *arg)
     dc_status st;
     dc_code code;
 
+    thread_name_set("dc-split");
     status_clear(&st);
     code = group_call_split_held(j->g, &j->k, j->per, &st);
     order_give(j->g, true); /* g is not touched after this: dc_group_leave may free it */

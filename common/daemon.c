@@ -16,6 +16,7 @@
 #include "auth.h"
 #include "config.h"
 #include "log.h"
+#include "threadname.h"
 
 static const char *
 option_value(int argc, char **argv, int *i, const char *name)
@@ -336,6 +337,7 @@ daemon_stop_watchdog(void *arg)
 {
     int rv = 0;
 
+    thread_name_set("dc-stop-watch");
     (void)arg;
     pthread_mutex_lock(&stop.mtx);
     while (!stop.done && rv != ETIMEDOUT) {

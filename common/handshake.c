@@ -12,6 +12,7 @@
 #include "clock.h"
 #include "log.h"
 #include "rpc.h"
+#include "threadname.h"
 
 #define SCAN_MS 500
 
@@ -245,6 +246,7 @@ handshake_watch_run(void *arg)
 {
     struct handshake_watch *w = arg;
 
+    thread_name_set("dc-handshake");
     pthread_mutex_lock(&w->mtx);
     while (!w->stopping) {
 

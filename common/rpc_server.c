@@ -18,6 +18,7 @@
 #include "handshake.h"
 #include "log.h"
 #include "rpc.h"
+#include "threadname.h"
 #include "wire.h"
 
 /* One nng context and the call it is serving. A context cycles RECV -> WORK -> SEND -> RECV;
@@ -574,6 +575,7 @@ rpc_server_thread(void *arg)
     struct rpc_server *s = arg;
     struct rpc_call *call;
 
+    thread_name_set("dc-rpc");
     for (;;) {
         pthread_mutex_lock(&s->mtx);
         while (s->head == NULL && !s->threads_exit && !s->trim_due) {
@@ -856,6 +858,7 @@ closer_run(void *arg)
 {
     struct closer *c = arg;
 
+    thread_name_set("dc-rpc-close");
     nng_close(c->sock);
     pthread_mutex_lock(&c->mtx);
     c->done = true;

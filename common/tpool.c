@@ -1,8 +1,11 @@
 #include "tpool.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+
+#include "threadname.h"
 
 struct tpool_job {
     void (*fn)(void *);
@@ -19,6 +22,7 @@ struct tpool {
     unsigned queued; /* jobs no thread has taken yet */
     unsigned idle_ms;
     bool stopping;
+    char name[16]; /* each thread's (threadname.h) */
 };
 
 static void *
@@ -27,6 +31,7 @@ tpool_thread(void *arg)
     struct tpool *p = arg;
     struct tpool_job *job;
 
+    thread_name_set(p->name);
     pthread_mutex_lock(&p->mtx);
     for (;;) {
         while (p->head == NULL && !p->stopping) {
@@ -67,7 +72,7 @@ leave:
 }
 
 struct tpool *
-tpool_new(unsigned max_threads, unsigned idle_ms)
+tpool_new(const char *name, unsigned max_threads, unsigned idle_ms)
 {
     struct tpool *p = calloc(1, sizeof(*p));
 
@@ -79,6 +84,7 @@ tpool_new(unsigned max_threads, unsigned idle_ms)
     pthread_cond_init(&p->gone, NULL);
     p->max     = max_threads ? max_threads : 1;
     p->idle_ms = idle_ms;
+    snprintf(p->name, sizeof(p->name), "%s", name);
     return p;
 }
 

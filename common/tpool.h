@@ -10,7 +10,8 @@
 
 struct tpool;
 
-struct tpool *tpool_new(unsigned max_threads, unsigned idle_ms);
+/* Threads are named `name` (threadname.h). */
+struct tpool *tpool_new(const char *name, unsigned max_threads, unsigned idle_ms);
 
 /* Runs fn(arg) on a pool thread (queued when all max_threads are busy). false when out of
  * memory or stopping: fn will not run. */

@@ -22,6 +22,7 @@
 #include "plan.h"
 #include "rpc.h"
 #include "status.h"
+#include "threadname.h"
 #include "validate.h"
 
 #define TIMER_TICK_MS 20
@@ -631,6 +632,7 @@ groupsvc_timer(void *arg)
     struct groupsvc *g = arg;
     struct group_expired out[EXPIRE_BATCH];
 
+    thread_name_set("dc-group-timer");
     pthread_mutex_lock(&g->mtx);
     while (!g->stopping) {
         size_t n;

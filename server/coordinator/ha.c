@@ -13,6 +13,7 @@
 #include "log.h"
 #include "rpc.h"
 #include "state.h"
+#include "threadname.h"
 
 enum ha_role { ROLE_CANDIDATE, ROLE_FOLLOWER, ROLE_LEADER };
 
@@ -267,6 +268,7 @@ ha_thread(void *arg)
 {
     struct ha *h = arg;
 
+    thread_name_set("dc-ha");
     for (;;) {
         uint64_t started = rpc_now_ms(), spent;
 

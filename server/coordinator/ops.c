@@ -44,6 +44,7 @@
 #include "rpc.h"
 #include "status.h"
 #include "strmap.h"
+#include "threadname.h"
 #include "validate.h"
 
 #define OP_ID_SIZE    40
@@ -1338,6 +1339,7 @@ ops_timer(void *arg)
     struct ops *o = arg;
     dc_status late;
 
+    thread_name_set("dc-ops-timer");
     status_set(&late, DC_DEADLINE_EXCEEDED,
                "deadline passed while waiting behind earlier ops on the same devices");
     pthread_mutex_lock(&o->mtx);

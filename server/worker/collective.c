@@ -42,6 +42,7 @@
 #include "ring.h"
 #include "rpc.h"
 #include "staging.h"
+#include "threadname.h"
 #include "tpool.h"
 #include "validate.h"
 
@@ -795,6 +796,7 @@ collectives_reaper(void *arg)
 {
     struct collectives *co = arg;
 
+    thread_name_set("dc-op-reaper");
     pthread_mutex_lock(&co->mtx);
     while (!co->stopping) {
         struct timespec ts;
@@ -2652,7 +2654,7 @@ collectives_new(const struct config_worker *cfg, const char *token, struct execu
     pthread_mutex_init(&co->mtx, NULL);
     pthread_cond_init(&co->cv, NULL);
     /* Threads for ops come and go with the load; an idle worker keeps none after 30 s. */
-    if ((co->pool = tpool_new(1024, 30000)) == NULL) {
+    if ((co->pool = tpool_new("dc-op", 1024, 30000)) == NULL) {
         pthread_cond_destroy(&co->cv);
         pthread_mutex_destroy(&co->mtx);
         staging_free(co->staging);

@@ -12,6 +12,7 @@
 
 #include "auth.h"
 #include "log.h"
+#include "threadname.h"
 
 /* ---- the data port ----------------------------------------------------------------------- */
 
@@ -217,6 +218,7 @@ conn_main(void *arg)
     bool authed            = false;
     dc_status why;
 
+    thread_name_set("dc-link-rx");
     status_clear(&why);
     if (!(authed = conn_hello(c))) {
         goto out;
@@ -360,6 +362,7 @@ accept_main(void *arg)
 {
     struct dlink_server *s = arg;
 
+    thread_name_set("dc-link-accept");
     for (;;) {
         struct dlink_conn *c;
         nng_stream *stream;

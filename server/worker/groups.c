@@ -26,6 +26,7 @@
 #include "rpc.h"
 #include "shmguard.h"
 #include "status.h"
+#include "threadname.h"
 #include "validate.h"
 #include "wire.h"
 
@@ -1453,6 +1454,7 @@ peer_sender(void *arg)
     struct wpeer *p    = arg;
     struct wgroups *wg = p->wg;
 
+    thread_name_set("dc-link-tx");
     pthread_mutex_lock(&wg->mtx);
     for (;;) {
         struct sjob *j;
@@ -3221,6 +3223,7 @@ wgroups_timer(void *arg)
 {
     struct wgroups *wg = arg;
 
+    thread_name_set("dc-group-timer");
     pthread_mutex_lock(&wg->mtx);
     while (!wg->stopping) {
         uint64_t now = rpc_now_ms();

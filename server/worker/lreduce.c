@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "reduce.h"
+#include "threadname.h"
 
 /* A slice goes through in chunks this big per buffer: every input's and out[0]'s chunk stay
  * in cache between the reduction and the copies out. */
@@ -102,6 +103,7 @@ helper_main(void *arg)
 {
     struct lreduce *lr = arg;
 
+    thread_name_set("dc-lreduce");
     pthread_mutex_lock(&lr->mtx);
     for (;;) {
         while (!lr->stopping && (lr->task == NULL || lr->task->next >= lr->task->n_slices)) {

@@ -13,6 +13,7 @@
 #include "log.h"
 #include "rpc.h"
 #include "rpc_leader.h"
+#include "threadname.h"
 
 #define SVC (&devcoord__v1__coordinator__descriptor)
 
@@ -182,6 +183,7 @@ membership_thread(void *arg)
     bool unreachable     = false;
     dc_status st;
 
+    thread_name_set("dc-membership");
     for (;;) {
         dc_code code;
         uint32_t wait;

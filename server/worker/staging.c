@@ -23,6 +23,7 @@
 #include "device.h"
 #include "log.h"
 #include "rpc.h"
+#include "threadname.h"
 
 #define EXPIRE_TICK_MS 100
 
@@ -130,6 +131,7 @@ staging_expirer(void *arg)
 {
     struct staging *s = arg;
 
+    thread_name_set("dc-stage-expire");
     pthread_mutex_lock(&s->mtx);
     while (!s->stopping) {
         struct held *expired = NULL;

@@ -185,22 +185,29 @@ class Daemon:
             if sig == signal.SIGSTOP:
                 self.wait_stopped()
 
-    def thread_states(self):
-        """The state letter of each of the process's threads (/proc/PID/task/*/stat)."""
-        states = []
+    def _threads_read(self, what):
+        """The text of /proc/PID/task/*/<what>, one per thread still there."""
+        texts = []
         task_dir = "/proc/%d/task" % self.proc.pid
         try:
             tids = os.listdir(task_dir)
         except OSError:
-            return states
+            return texts
         for tid in tids:
             try:
-                with open("%s/%s/stat" % (task_dir, tid)) as f:
-                    stat = f.read()
+                with open("%s/%s/%s" % (task_dir, tid, what)) as f:
+                    texts.append(f.read())
             except OSError:
                 continue  # the thread exited
-            states.append(stat.rsplit(")", 1)[1].split()[0])
-        return states
+        return texts
+
+    def thread_states(self):
+        """The state letter of each of the process's threads (/proc/PID/task/*/stat)."""
+        return [stat.rsplit(")", 1)[1].split()[0] for stat in self._threads_read("stat")]
+
+    def thread_names(self):
+        """The name of each of the process's threads (/proc/PID/task/*/comm)."""
+        return [comm.strip() for comm in self._threads_read("comm")]
 
     def wait_stopped(self, timeout=10.0):
         """Waits until every thread of the process is stopped (state T) or gone."""

@@ -718,6 +718,30 @@ class DataLinkTest(OpsTestCase):
                 # Groups and ops share the data port: nothing refused.
                 self.assertEqual(m["devcoord_group_link_refused_total"], 0, m)
 
+    def test_the_daemons_threads_carry_their_names(self):
+        """Every thread a daemon starts names itself dc-<role> (threadname.h), so top -H, gdb
+        and perf tell them apart: after ops that moved data over the data link, each thread
+        is the main thread, one of nng's (nng:...) or one of ours, and the roles of an op's
+        path are there by name."""
+        c = self.start(grid_spec())
+        self.run_cases(matrix("all-reduce", ("sum",), [(200000, RANKS6, 2)], ("f32",)))
+        roles = {
+            "devcoord-server": {"dc-rpc", "dc-ops-timer", "dc-group-timer"},
+            "devcoord-worker": {"dc-rpc", "dc-membership", "dc-op", "dc-op-reaper",
+                                "dc-stage-expire", "dc-group-timer", "dc-link-accept",
+                                "dc-link-rx", "dc-link-tx"},
+        }
+        daemons = [("coordinator", "devcoord-server", c.coordinator)] + [
+            (name, "devcoord-worker", c.worker(name)) for name in GRID]
+        for who, main, daemon in daemons:
+            names = daemon.thread_names()
+            with self.subTest(daemon=who):
+                self.assertEqual(names.count(main), 1, names)
+                unnamed = [n for n in names
+                           if n != main and not n.startswith(("nng:", "dc-"))]
+                self.assertEqual(unnamed, [], names)
+                self.assertLessEqual(roles[main], set(names), names)
+
     def test_a_small_all_reduce_is_one_direct_exchange_with_one_result_everywhere(self):
         # Up to 64 KiB a tensor (1 MiB all ranks together, 8 workers) an all-reduce goes as
         # one direct exchange: each worker sends its ranks' tensors to the others, and every
