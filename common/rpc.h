@@ -117,6 +117,18 @@ void rpc_server_free(struct rpc_server *s);
  * closed mid-read); then nng_fini would wait forever too and must not be called. */
 bool rpc_server_abandoned(void);
 
+/* Where a frame's reply goes (rpc_server_serve_frame): the reply frame's bytes, valid during
+ * the call, or NULL and 0 when not even an error reply could be built. Any thread. */
+typedef void (*rpc_frame_answer_fn)(void *arg, const void *reply, size_t len);
+
+/* Serves one request frame (as a client's rpc_call sends it: wire.h's header and body) that
+ * came over another transport: admitted, authorized, decoded and dispatched as if it had come
+ * on the socket (inline methods run on the caller's thread, the rest on the server threads);
+ * answer gets the reply frame exactly once, maybe before this returns. Calls so served count
+ * as busy until answered: the caller must stop serving frames before rpc_server_free. */
+void rpc_server_serve_frame(struct rpc_server *s, const void *frame, size_t len,
+                            rpc_frame_answer_fn answer, void *arg);
+
 /* The call's status: a handler fills it (status_set) and then calls closure(NULL, call) to
  * answer with an error, or closure(msg, call) to answer with a body (and the status, if it
  * set one: a refused SubmitOp still carries its body). */
@@ -193,6 +205,20 @@ struct rpc_reply {
 };
 
 void rpc_reply_free(struct rpc_reply *r);
+
+/* A call's request frame as rpc_call sends it, for another transport (the coordinator's
+ * control link to workers): method `method` of svc (below svc->n_methods) with request,
+ * attachment, token ("" for NULL), request_id and timeout; RESOURCE_EXHAUSTED past
+ * max_message. The caller owns *out. */
+dc_code rpc_request_pack(const ProtobufCServiceDescriptor *svc, unsigned method,
+                         const ProtobufCMessage *request, const void *attachment,
+                         size_t attachment_len, const char *token, uint64_t request_id,
+                         uint32_t timeout_ms, size_t max_message, nng_msg **out, dc_status *st);
+/* A reply frame in msg (taken: freed with r) decoded as rpc_call decodes it: the status in st
+ * and returned, the body (method's output; raw: left as bytes) in r. from names the server
+ * in messages. Free r with rpc_reply_free whatever is returned. */
+dc_code rpc_reply_decode(const ProtobufCMethodDescriptor *method, bool raw, uint64_t request_id,
+                         const char *from, nng_msg *msg, struct rpc_reply *r, dc_status *st);
 
 /* Or'ed into a call's method number: the reply's body comes as bytes (raw_body), not
  * decoded. */

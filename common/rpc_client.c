@@ -261,8 +261,9 @@ rpc_slot_remaining(const struct rpc_slot *s)
 }
 
 /* Decodes a reply message into r and st; takes msg. */
-static dc_code
-rpc_slot_decode(struct rpc_slot *s, nng_msg *msg, struct rpc_reply *r, dc_status *st)
+dc_code
+rpc_reply_decode(const ProtobufCMethodDescriptor *method, bool raw, uint64_t request_id,
+                 const char *from, nng_msg *msg, struct rpc_reply *r, dc_status *st)
 {
     Devcoord__V1__ReplyHeader *hdr;
     ProtobufCAllocator alloc;
@@ -283,28 +284,34 @@ rpc_slot_decode(struct rpc_slot *s, nng_msg *msg, struct rpc_reply *r, dc_status
     hdr   = devcoord__v1__reply_header__unpack(&alloc, f.header_len, f.header);
     if (hdr == NULL && arena_exhausted(r->arena)) {
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory decoding a reply from %s",
-                          s->client->url);
+                          from);
     }
     if (hdr == NULL || hdr->status == NULL) {
-        return status_set(st, DC_INTERNAL, "undecodable reply header from %s", s->client->url);
+        return status_set(st, DC_INTERNAL, "undecodable reply header from %s", from);
     }
-    if (hdr->request_id != s->request_id && hdr->request_id != 0) {
-        return status_set(st, DC_INTERNAL, "reply to another request from %s", s->client->url);
+    if (hdr->request_id != request_id && hdr->request_id != 0) {
+        return status_set(st, DC_INTERNAL, "reply to another request from %s", from);
     }
     code = wire_status_from_pb(hdr->status, st);
-    if (s->raw_body) {
+    if (raw) {
         r->raw_body     = f.body;
         r->raw_body_len = f.body_len;
     } else if (f.body_len > 0) {
-        r->body = protobuf_c_message_unpack(s->method->output, &alloc, f.body_len, f.body);
+        r->body = protobuf_c_message_unpack(method->output, &alloc, f.body_len, f.body);
         if (r->body == NULL) {
             return status_set(st, arena_exhausted(r->arena) ? DC_RESOURCE_EXHAUSTED : DC_INTERNAL,
-                              "undecodable %s reply from %s", s->method->name, s->client->url);
+                              "undecodable %s reply from %s", method->name, from);
         }
     }
     r->attachment     = f.attachment;
     r->attachment_len = f.attachment_len;
     return code;
+}
+
+static dc_code
+rpc_slot_decode(struct rpc_slot *s, nng_msg *msg, struct rpc_reply *r, dc_status *st)
+{
+    return rpc_reply_decode(s->method, s->raw_body, s->request_id, s->client->url, msg, r, st);
 }
 
 static void
@@ -393,43 +400,59 @@ rpc_slot_cb(void *arg)
     rpc_slot_finish(s, code, &st, &r);
 }
 
+dc_code
+rpc_request_pack(const ProtobufCServiceDescriptor *svc, unsigned method,
+                 const ProtobufCMessage *request, const void *attachment, size_t attachment_len,
+                 const char *token, uint64_t request_id, uint32_t timeout_ms, size_t max_message,
+                 nng_msg **out, dc_status *st)
+{
+    Devcoord__V1__RequestHeader hdr = DEVCOORD__V1__REQUEST_HEADER__INIT;
+    char path[160];
+    int rv;
+
+    rpc_method_path(svc, method, path, sizeof(path));
+    hdr.request_id = request_id;
+    hdr.method     = path;
+    hdr.timeout_ms = timeout_ms;
+    hdr.token      = token != NULL ? (char *)token : "";
+    if ((rv = wire_pack(out, &hdr.base, request, attachment, attachment_len,
+                        max_message + RPC_FRAME_OVERHEAD)) != 0) {
+        if (rv == NNG_EMSGSIZE) {
+            return status_set(st, DC_RESOURCE_EXHAUSTED,
+                              "%s request over the %zu-byte message limit",
+                              svc->methods[method].name, max_message);
+        }
+        return wire_nng_status(rv, "packing a request", st);
+    }
+    return DC_OK;
+}
+
 /* A call's request packed into *msg, on a slot of its own (*out) set for it. */
 static dc_code
 rpc_prepare(struct rpc_client *c, const ProtobufCServiceDescriptor *svc, unsigned method,
             const ProtobufCMessage *request, const void *attachment, size_t attachment_len,
             uint32_t timeout_ms, struct rpc_slot **out, nng_msg **out_msg, dc_status *st)
 {
-    Devcoord__V1__RequestHeader hdr = DEVCOORD__V1__REQUEST_HEADER__INIT;
-    char path[160];
     struct rpc_slot *s;
     nng_msg *msg;
     bool raw = (method & RPC_RAW_BODY) != 0;
-    int rv;
+    uint64_t request_id;
 
     method &= ~RPC_RAW_BODY;
     if (method >= svc->n_methods) {
         return status_set(st, DC_INTERNAL, "method %u outside %s", method, svc->name);
     }
-    rpc_method_path(svc, method, path, sizeof(path));
-    hdr.request_id = atomic_fetch_add(&c->next_id, 1);
-    hdr.method     = path;
-    hdr.timeout_ms = timeout_ms;
-    hdr.token      = c->token != NULL ? c->token : "";
-    if ((rv = wire_pack(&msg, &hdr.base, request, attachment, attachment_len,
-                        c->max_message + RPC_FRAME_OVERHEAD)) != 0) {
-        if (rv == NNG_EMSGSIZE) {
-            return status_set(st, DC_RESOURCE_EXHAUSTED,
-                              "%s request over the %zu-byte message limit",
-                              svc->methods[method].name, c->max_message);
-        }
-        return wire_nng_status(rv, "packing a request", st);
+    request_id = atomic_fetch_add(&c->next_id, 1);
+    if (rpc_request_pack(svc, method, request, attachment, attachment_len, c->token, request_id,
+                         timeout_ms, c->max_message, &msg, st) != DC_OK) {
+        return st->code;
     }
     if ((s = rpc_slot_get(c)) == NULL) {
         nng_msg_free(msg);
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory starting a call");
     }
     s->receiving   = false;
-    s->request_id  = hdr.request_id;
+    s->request_id  = request_id;
     s->timeout_ms  = timeout_ms;
     s->deadline_ms = timeout_ms ? rpc_now_ms() + timeout_ms : 0;
     s->method      = &svc->methods[method];

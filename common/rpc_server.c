@@ -43,6 +43,10 @@ struct rpc_call {
     size_t reply_att_len;
     dc_status status;
     struct rpc_call *next; /* work queue */
+    /* A call that came as a frame on another transport (rpc_server_serve_frame): its reply
+     * frame goes to frame_answer, then the call is freed; ctx and aio are unused. */
+    rpc_frame_answer_fn frame_answer;
+    void *frame_arg;
 };
 
 struct rpc_pipe_load {
@@ -93,6 +97,7 @@ struct rpc_server {
 };
 
 static void rpc_call_cb(void *arg);
+static void rpc_call_take(struct rpc_call *call);
 
 /* Tells the handshake watch which connections are pipes, and the owner which closed (nng
  * thread: both only record). */
@@ -375,6 +380,21 @@ rpc_call_answer(const ProtobufCMessage *body, void *data)
                    rpc_now_us() - call->arrived_us);
     }
     rpc_call_reset(call);
+    if (call->frame_answer != NULL) {
+        /* Answered on its own transport, also while closing: that one is still open. */
+        call->frame_answer(call->frame_arg, rv == 0 ? nng_msg_body(reply) : NULL,
+                           rv == 0 ? nng_msg_len(reply) : 0);
+        if (rv == 0) {
+            nng_msg_free(reply);
+        }
+        pthread_mutex_lock(&s->mtx);
+        if (--s->busy == 0 && s->closing) {
+            pthread_cond_broadcast(&s->idle_cv);
+        }
+        pthread_mutex_unlock(&s->mtx);
+        free(call);
+        return;
+    }
     pthread_mutex_lock(&s->mtx);
     if (rv != 0 || s->closing) {
         /* Not even an error reply could be built: drop the request; the client times out.
@@ -624,8 +644,6 @@ rpc_call_cb(void *arg)
     struct rpc_call *call = arg;
     struct rpc_server *s  = call->server;
     int rv                = nng_aio_result(call->aio);
-    size_t method;
-    bool admitted;
     int id;
 
     if (call->sending) {
@@ -660,6 +678,20 @@ rpc_call_cb(void *arg)
     nng_aio_set_msg(call->aio, NULL);
     pthread_mutex_lock(&s->mtx);
     s->busy++;
+    pthread_mutex_unlock(&s->mtx);
+    rpc_call_take(call);
+}
+
+/* A request in call->req (counted busy): admitted, decoded and dispatched, inline or on the
+ * server threads, or answered at once. */
+static void
+rpc_call_take(struct rpc_call *call)
+{
+    struct rpc_server *s = call->server;
+    size_t method;
+    bool admitted;
+
+    pthread_mutex_lock(&s->mtx);
     admitted = rpc_server_admit(s, call, nng_msg_len(call->req));
     pthread_mutex_unlock(&s->mtx);
     if (!admitted) {
@@ -670,12 +702,14 @@ rpc_call_cb(void *arg)
     if (!rpc_call_open(call)) {
         return;
     }
-    /* Cheap methods run here, on nng's thread: no hand-off. They never wait; the rest goes
-     * to the server threads. */
+    /* Cheap methods run here, on nng's thread (or a frame's): no hand-off. They never wait;
+     * the rest goes to the server threads. */
     method = (size_t)(call->method - s->service->descriptor->methods);
     if (s->inline_method[method] ||
         (s->inline_small[method] && nng_msg_len(call->req) <= s->inline_small_max)) {
-        rpc_server_grow(s);
+        if (call->frame_answer == NULL) {
+            rpc_server_grow(s);
+        }
         rpc_call_dispatch(call);
         return;
     }
@@ -689,6 +723,31 @@ rpc_call_cb(void *arg)
     s->tail = call;
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mtx);
+}
+
+void
+rpc_server_serve_frame(struct rpc_server *s, const void *frame, size_t len,
+                       rpc_frame_answer_fn answer, void *arg)
+{
+    struct rpc_call *call = calloc(1, sizeof(*call));
+    nng_msg *req          = NULL;
+
+    if (call == NULL || nng_msg_alloc(&req, len) != 0) {
+        free(call);
+        answer(arg, NULL, 0);
+        return;
+    }
+    memcpy(nng_msg_body(req), frame, len);
+    call->server       = s;
+    call->req          = req;
+    call->arrived_us   = rpc_now_us();
+    call->frame_answer = answer;
+    call->frame_arg    = arg;
+    status_clear(&call->status);
+    pthread_mutex_lock(&s->mtx);
+    s->busy++;
+    pthread_mutex_unlock(&s->mtx);
+    rpc_call_take(call);
 }
 
 dc_code

@@ -481,6 +481,104 @@ test_error_status_and_detail(void **state)
     rpc_reply_free(&r);
 }
 
+/* rpc_server_serve_frame: a frame from another transport, answered through a callback. */
+struct frame_box {
+    pthread_mutex_t mtx;
+    pthread_cond_t cv;
+    bool answered;
+    nng_msg *reply; /* NULL: no reply could be made */
+};
+
+static void
+frame_answer(void *arg, const void *reply, size_t len)
+{
+    struct frame_box *b = arg;
+
+    pthread_mutex_lock(&b->mtx);
+    b->reply = NULL;
+    if (reply != NULL) {
+        assert_int_equal(nng_msg_alloc(&b->reply, len), 0);
+        memcpy(nng_msg_body(b->reply), reply, len);
+    }
+    b->answered = true;
+    pthread_cond_signal(&b->cv);
+    pthread_mutex_unlock(&b->mtx);
+}
+
+/* Serves bytes as a frame and decodes the reply as a GetDevice reply to request_id. */
+static dc_code
+serve_frame(struct rpc_server *s, const void *bytes, size_t len, uint64_t request_id,
+            struct rpc_reply *r, dc_status *st)
+{
+    struct frame_box b = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, NULL };
+
+    rpc_server_serve_frame(s, bytes, len, frame_answer, &b);
+    pthread_mutex_lock(&b.mtx);
+    while (!b.answered) {
+        pthread_cond_wait(&b.cv, &b.mtx);
+    }
+    pthread_mutex_unlock(&b.mtx);
+    assert_non_null(b.reply);
+    return rpc_reply_decode(&SVC->methods[M_COORDINATOR_GET_DEVICE], false, request_id, "a link",
+                            b.reply, r, st);
+}
+
+static void
+test_frames_from_another_transport(void **state)
+{
+    struct fixture *f                  = *state;
+    Devcoord__V1__GetDeviceRequest req = DEVCOORD__V1__GET_DEVICE_REQUEST__INIT;
+    static const uint8_t att[]         = { 1, 2, 3, 4, 5 };
+    static uint8_t big[RPC_FRAME_OVERHEAD + 64];
+    uint8_t garbage[64];
+    struct rpc_reply r;
+    nng_msg *m;
+    dc_status st;
+
+    /* Packed as rpc_call packs it, served as if it had come on the socket, and its reply
+     * decoded as rpc_call decodes one: body, attachment and the status's details. */
+    req.name = "node-a/cuda:3";
+    assert_int_equal(rpc_request_pack(SVC, M_COORDINATOR_GET_DEVICE, &req.base, att, sizeof(att),
+                                      NULL, 42, 5000, 1 << 20, &m, &st),
+                     DC_OK);
+    assert_int_equal(serve_frame(f->server, nng_msg_body(m), nng_msg_len(m), 42, &r, &st), DC_OK);
+    assert_string_equal(((Devcoord__V1__GetDeviceResponse *)r.body)->device->name, "node-a/cuda:3");
+    assert_int_equal(r.attachment_len, sizeof(att));
+    assert_memory_equal(r.attachment, att, sizeof(att));
+    rpc_reply_free(&r);
+    /* The same reply read as another request's is refused. */
+    assert_int_equal(serve_frame(f->server, nng_msg_body(m), nng_msg_len(m), 43, &r, &st),
+                     DC_INTERNAL);
+    assert_string_equal(st.message, "reply to another request from a link");
+    rpc_reply_free(&r);
+    nng_msg_free(m);
+
+    req.name = "boom";
+    assert_int_equal(rpc_request_pack(SVC, M_COORDINATOR_GET_DEVICE, &req.base, NULL, 0, NULL, 7,
+                                      5000, 1 << 20, &m, &st),
+                     DC_OK);
+    assert_int_equal(serve_frame(f->server, nng_msg_body(m), nng_msg_len(m), 7, &r, &st),
+                     DC_NOT_FOUND);
+    assert_int_equal(st.device_index, 7);
+    assert_string_equal(st.worker, "node-z");
+    rpc_reply_free(&r);
+    nng_msg_free(m);
+
+    /* Bytes that are no frame, and a request over the message limit, are refused. */
+    memset(garbage, 0xff, sizeof(garbage));
+    assert_int_equal(serve_frame(f->server, garbage, sizeof(garbage), 0, &r, &st),
+                     DC_INVALID_ARGUMENT);
+    rpc_reply_free(&r);
+    req.name = "node-a/cuda:0";
+    assert_int_equal(rpc_request_pack(SVC, M_COORDINATOR_GET_DEVICE, &req.base, garbage,
+                                      sizeof(garbage), NULL, 8, 5000, 16, &m, &st),
+                     DC_OK); /* 16 bytes of limit, plus the frame's overhead */
+    nng_msg_free(m);
+    assert_int_equal(rpc_request_pack(SVC, M_COORDINATOR_GET_DEVICE, &req.base, big, sizeof(big),
+                                      NULL, 8, 5000, 16, &m, &st),
+                     DC_RESOURCE_EXHAUSTED);
+}
+
 static void
 test_deadline(void **state)
 {
@@ -1114,6 +1212,7 @@ main(void)
         cmocka_unit_test(test_method_numbers_match_descriptor),
         cmocka_unit_test(test_wire_pack_into),
         cmocka_unit_test_setup_teardown(test_call_and_attachment, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_frames_from_another_transport, setup, teardown),
         cmocka_unit_test_setup_teardown(test_error_status_and_detail, setup, teardown),
         cmocka_unit_test_setup_teardown(test_deadline, setup, teardown),
         cmocka_unit_test_setup_teardown(test_many_threads_one_client, setup, teardown),
