@@ -218,12 +218,19 @@ dc_code
 dlink_dial(const char *url, nng_tls_config *tls, const uint8_t *secret, const char *self,
            uint32_t timeout_ms, struct dlink_out **out, dc_status *st)
 {
+    return dlink_dial_as(url, tls, secret, self, 0, timeout_ms, out, st);
+}
+
+dc_code
+dlink_dial_as(const char *url, nng_tls_config *tls, const uint8_t *secret, const char *self,
+              uint16_t hello_flags, uint32_t timeout_ms, struct dlink_out **out, dc_status *st)
+{
     struct dlink_out *o  = calloc(1, sizeof(*o));
     nng_stream_dialer *d = NULL;
     size_t self_len      = strnlen(self, DLINK_ADDRESS_MAX);
     uint8_t hello[DLINK_SECRET_SIZE + DLINK_ADDRESS_MAX];
     uint8_t raw[DLINK_HDR_SIZE];
-    struct dlink_hdr h = { .kind = DLINK_HELLO };
+    struct dlink_hdr h = { .kind = DLINK_HELLO, .flags = hello_flags };
     nng_iov iov[2];
     int rv;
 
@@ -353,18 +360,25 @@ dlink_out_close(struct dlink_out *o)
     free(o);
 }
 
-dc_code
-dlink_call(struct dlink_out *o, const struct dlink_hdr *h, const void *pb, size_t pb_len,
-           const void *data, size_t bytes, void *recv, size_t recv_bytes, uint32_t timeout_ms,
-           dc_status *st)
+/* Marks the link unusable (closed) after a transport failure rv: st says so. */
+static dc_code
+dlink_call_failed(struct dlink_out *o, int rv, dc_status *st)
 {
-    struct dlink_hdr f = *h, a;
+    dlink_out_abort(o);
+    status_set(st, rv == NNG_ETIMEDOUT ? DC_DEADLINE_EXCEEDED : DC_UNAVAILABLE,
+               "call link to the worker: %s", nng_strerror(rv));
+    st->transport = true;
+    return st->code;
+}
+
+/* Sends a DLINK_CALL frame: h's group, generation, seq and from; pb then data. */
+static dc_code
+dlink_call_write(struct dlink_out *o, const struct dlink_hdr *h, const void *pb, size_t pb_len,
+                 const void *data, size_t bytes, uint32_t timeout_ms, dc_status *st)
+{
+    struct dlink_hdr f = *h;
     uint8_t raw[DLINK_HDR_SIZE];
-    char text[DLINK_ANSWER_ERROR_MAX + 1];
     nng_iov iov[3];
-    const char *why = NULL;
-    dc_code code;
-    size_t nul;
     int rv;
 
     if (pb_len > DLINK_CALL_PB_MAX || bytes > UINT32_MAX - pb_len) {
@@ -381,22 +395,34 @@ dlink_call(struct dlink_out *o, const struct dlink_hdr *h, const void *pb, size_
     iov[2] = (nng_iov){ (void *)data, bytes };
     if ((rv = dlink_send_all(o->stream, o->aio, iov, bytes > 0 ? 3 : 2,
                              (nng_duration)timeout_ms)) != 0) {
-        goto failed;
+        return dlink_call_failed(o, rv, st);
     }
-    iov[0] = (nng_iov){ raw, sizeof(raw) };
-    if ((rv = dlink_recv_all(o->stream, o->aio, iov, 1, (nng_duration)timeout_ms)) != 0) {
-        goto failed;
+    return DC_OK;
+}
+
+/* Reads the answer's header to the call of seq into *a, checked against max_answer (the most
+ * an answer may carry). DC_OK, or a failure with st->transport set and the connection closed
+ * (unusable). */
+static dc_code
+dlink_call_header(struct dlink_out *o, uint64_t seq, size_t max_answer, uint32_t timeout_ms,
+                  struct dlink_hdr *a, dc_status *st)
+{
+    uint8_t raw[DLINK_HDR_SIZE];
+    nng_iov iov     = { raw, sizeof(raw) };
+    const char *why = NULL;
+    int rv;
+
+    if ((rv = dlink_recv_all(o->stream, o->aio, &iov, 1, (nng_duration)timeout_ms)) != 0) {
+        return dlink_call_failed(o, rv, st);
     }
     if (dlink_hdr_decode(raw,
-                         recv_bytes > DLINK_ANSWER_ERROR_MAX ? recv_bytes : DLINK_ANSWER_ERROR_MAX,
-                         &a, st) != DC_OK) {
+                         max_answer > DLINK_ANSWER_ERROR_MAX ? max_answer : DLINK_ANSWER_ERROR_MAX,
+                         a, st) != DC_OK) {
         why = st->message;
-    } else if (a.kind != DLINK_ANSWER || a.seq != h->seq) {
+    } else if (a->kind != DLINK_ANSWER || a->seq != seq) {
         why = "not the answer to this call";
-    } else if (a.offset == DC_OK && a.length != recv_bytes && recv_bytes != 0) {
-        why = "a result of the wrong size";
-    } else if (a.offset != DC_OK &&
-               (a.offset > DC_UNAUTHENTICATED || a.length > DLINK_ANSWER_ERROR_MAX)) {
+    } else if (a->offset != DC_OK &&
+               (a->offset > DC_UNAUTHENTICATED || a->length > DLINK_ANSWER_ERROR_MAX)) {
         why = "a malformed error";
     }
     if (why != NULL) {
@@ -407,27 +433,105 @@ dlink_call(struct dlink_out *o, const struct dlink_hdr *h, const void *pb, size_
         st->transport = true; /* the connection is closed: unusable */
         return DC_INTERNAL;
     }
-    /* A result nobody asked for (recv_bytes 0) is read and dropped, as GroupCall's is. */
-    iov[0] = a.offset == DC_OK && recv_bytes != 0 ? (nng_iov){ recv, a.length }
-                                                  : (nng_iov){ text, a.length };
-    if ((rv = dlink_recv_all(o->stream, o->aio, iov, 1, (nng_duration)timeout_ms)) != 0) {
-        goto failed;
+    return DC_OK;
+}
+
+/* Sends a call and reads its answer's header (both above). */
+static dc_code
+dlink_call_start(struct dlink_out *o, const struct dlink_hdr *h, const void *pb, size_t pb_len,
+                 const void *data, size_t bytes, size_t max_answer, uint32_t timeout_ms,
+                 struct dlink_hdr *a, dc_status *st)
+{
+    dc_code code;
+
+    if ((code = dlink_call_write(o, h, pb, pb_len, data, bytes, timeout_ms, st)) != DC_OK) {
+        return code;
     }
-    if (a.offset == DC_OK) {
+    return dlink_call_header(o, h->seq, max_answer, timeout_ms, a, st);
+}
+
+/* Reads the answer's payload (a->length bytes) into buf (an error's into text), within
+ * timeout_ms: DC_OK, the answer's error with its message, or a transport failure. */
+static dc_code
+dlink_call_finish(struct dlink_out *o, const struct dlink_hdr *a, void *buf, uint32_t timeout_ms,
+                  dc_status *st)
+{
+    char text[DLINK_ANSWER_ERROR_MAX + 1];
+    nng_iov iov = a->offset == DC_OK && buf != NULL ? (nng_iov){ buf, a->length }
+                                                    : (nng_iov){ text, a->length };
+    dc_code code;
+    size_t nul;
+    int rv;
+
+    if ((rv = dlink_recv_all(o->stream, o->aio, &iov, 1, (nng_duration)timeout_ms)) != 0) {
+        return dlink_call_failed(o, rv, st);
+    }
+    if (a->offset == DC_OK) {
         return DC_OK;
     }
-    code           = (dc_code)a.offset;
-    text[a.length] = '\0';
-    nul            = strnlen(text, a.length);
-    status_set(st, code, "%s", nul < a.length ? text + nul + 1 : "");
-    if (nul > 0 && nul < a.length) {
+    code            = (dc_code)a->offset;
+    text[a->length] = '\0';
+    nul             = strnlen(text, a->length);
+    status_set(st, code, "%s", nul < a->length ? text + nul + 1 : "");
+    if (nul > 0 && nul < a->length) {
         status_set_worker(st, text);
     }
     return code;
-failed:
-    dlink_out_abort(o);
-    status_set(st, rv == NNG_ETIMEDOUT ? DC_DEADLINE_EXCEEDED : DC_UNAVAILABLE,
-               "call link to the worker: %s", nng_strerror(rv));
-    st->transport = true;
-    return st->code;
+}
+
+dc_code
+dlink_call(struct dlink_out *o, const struct dlink_hdr *h, const void *pb, size_t pb_len,
+           const void *data, size_t bytes, void *recv, size_t recv_bytes, uint32_t timeout_ms,
+           dc_status *st)
+{
+    struct dlink_hdr a;
+    dc_code code;
+
+    if ((code = dlink_call_start(o, h, pb, pb_len, data, bytes, recv_bytes, timeout_ms, &a, st)) !=
+        DC_OK) {
+        return code;
+    }
+    if (a.offset == DC_OK && a.length != recv_bytes && recv_bytes != 0) {
+        dlink_out_abort(o);
+        status_set(st, DC_INTERNAL, "call link: malformed answer: a result of the wrong size");
+        st->transport = true;
+        return DC_INTERNAL;
+    }
+    /* A result nobody asked for (recv_bytes 0) is read and dropped, as GroupCall's is. */
+    return dlink_call_finish(o, &a, recv_bytes != 0 ? recv : NULL, timeout_ms, st);
+}
+
+dc_code
+dlink_call_send(struct dlink_out *o, const struct dlink_hdr *h, const void *data, size_t bytes,
+                uint32_t timeout_ms, dc_status *st)
+{
+    return dlink_call_write(o, h, NULL, 0, data, bytes, timeout_ms, st);
+}
+
+dc_code
+dlink_call_recv_any(struct dlink_out *o, uint64_t seq, size_t max_answer, uint32_t timeout_ms,
+                    nng_msg **answer, dc_status *st)
+{
+    struct dlink_hdr a;
+    nng_msg *m = NULL;
+    dc_code code;
+
+    *answer = NULL;
+    if ((code = dlink_call_header(o, seq, max_answer, timeout_ms, &a, st)) != DC_OK) {
+        return code;
+    }
+    if (a.offset == DC_OK && nng_msg_alloc(&m, a.length) != 0) {
+        dlink_out_abort(o);
+        status_set(st, DC_RESOURCE_EXHAUSTED, "call link: out of memory for an answer of %u bytes",
+                   a.length);
+        st->transport = true;
+        return DC_RESOURCE_EXHAUSTED;
+    }
+    if ((code = dlink_call_finish(o, &a, m != NULL ? nng_msg_body(m) : NULL, timeout_ms, st)) !=
+        DC_OK) {
+        nng_msg_free(m);
+        return code;
+    }
+    *answer = m;
+    return DC_OK;
 }

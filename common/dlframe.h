@@ -37,6 +37,14 @@
  * comes before its op is kept (bounded) until the op's Execute does. */
 #define DLINK_FLAG_OP_META 0x4000u
 
+/* In a HELLO's flags, with the peers' secret (GroupLink's, which only the worker role
+ * learns): a control link, the coordinator's. Its DLINK_CALL frames carry a Worker RPC's
+ * request frame (wire.h: header with method and token, body) as their data (no pb), served
+ * as if it had come as an RPC; each DLINK_ANSWER carries the reply frame (DC_OK), or an error
+ * when no reply could be made. Only to a worker whose GroupLink answer has
+ * WGROUPS_FEATURE_CONTROL. */
+#define DLINK_HELLO_CONTROL 0x0001u
+
 enum dlink_kind {
     DLINK_HELLO = 1, /* payload: the secret, then the sender's RPC address */
     DLINK_DATA  = 2, /* payload: bytes [offset, offset + length) of a part of `total` bytes */
@@ -90,6 +98,10 @@ struct dlink_out;
  * self (this worker's RPC address), within timeout_ms. Caller closes with dlink_out_close. */
 dc_code dlink_dial(const char *url, nng_tls_config *tls, const uint8_t *secret, const char *self,
                    uint32_t timeout_ms, struct dlink_out **out, dc_status *st);
+/* dlink_dial with flags in the HELLO frame (DLINK_HELLO_CONTROL). */
+dc_code dlink_dial_as(const char *url, nng_tls_config *tls, const uint8_t *secret, const char *self,
+                      uint16_t hello_flags, uint32_t timeout_ms, struct dlink_out **out,
+                      dc_status *st);
 /* Sends h's part [h->offset, h->offset + len) from data as frames of DLINK_CHUNK (h->length
  * is set per frame). Blocking; one sender at a time. UNAVAILABLE when the connection fails:
  * the connection is then unusable. */
@@ -116,6 +128,15 @@ dc_code dlink_send_frame(struct dlink_out *o, const struct dlink_hdr *h, const u
 dc_code dlink_call(struct dlink_out *o, const struct dlink_hdr *h, const void *pb, size_t pb_len,
                    const void *data, size_t bytes, void *recv, size_t recv_bytes,
                    uint32_t timeout_ms, dc_status *st);
+/* dlink_call in two steps, for a call whose answer is read on another thread: send sends
+ * the DLINK_CALL frame (data only, no pb); recv_any reads the answer to seq, of any size up to
+ * max_answer, into a new message (*answer, the caller's on DC_OK) instead of a buffer the
+ * caller sized. The same failures as dlink_call: a failed send has not reached the worker
+ * whole (it drops a frame cut short unread). */
+dc_code dlink_call_send(struct dlink_out *o, const struct dlink_hdr *h, const void *data,
+                        size_t bytes, uint32_t timeout_ms, dc_status *st);
+dc_code dlink_call_recv_any(struct dlink_out *o, uint64_t seq, size_t max_answer,
+                            uint32_t timeout_ms, nng_msg **answer, dc_status *st);
 void dlink_out_close(struct dlink_out *o);
 
 #endif

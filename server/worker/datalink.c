@@ -25,14 +25,21 @@ struct dlink_conn {
     atomic_bool done;
     char peer[DLINK_ADDRESS_MAX + 1];
     struct dlink_conn *next;
-    /* A call link (its HELLO showed the call secret): the call's frame, and its answer,
-     * handed over by dlink_call_answer under amtx. */
+    /* A call link (its HELLO showed the call secret) or a control link: the call's frame and
+     * header, and whether its answer went out, set by dlink_call_answer under amtx. A control
+     * link's answerer (the op's thread, or this one) writes the answer itself, so no hand-off
+     * back to this thread delays it; a rank's is copied and written by this thread. */
     bool call;
+    bool control; /* a control link (DLINK_HELLO_CONTROL): the coordinator's RPC frames */
     uint8_t *in;
     size_t in_cap;
+    struct dlink_hdr ch;
     pthread_mutex_t amtx;
     pthread_cond_t acv;
     bool answered;
+    bool answer_failed;
+    /* A rank's answer, copied for this connection's thread to write: its answerer may hold
+     * the groups lock, and a rank slow to read must not hold that up. */
     dc_code acode;
     uint8_t *out;
     size_t out_cap, out_len;
@@ -97,65 +104,110 @@ conn_hello(struct dlink_conn *c)
         conn_refuse(c, "wrong secret in HELLO");
         return false;
     }
+    /* A control link shows the peers' secret (the worker role's), not a rank's. */
+    if ((h.flags & DLINK_HELLO_CONTROL) != 0) {
+        if (c->call || s->ev.control == NULL) {
+            conn_refuse(c, c->call ? "a control link with a call link's secret"
+                                   : "control links are not taken here");
+            return false;
+        }
+        c->control = true;
+    }
     snprintf(c->peer, sizeof(c->peer), "%.*s", (int)(h.length - DLINK_SECRET_SIZE),
              (const char *)hello + DLINK_SECRET_SIZE);
     return true;
+}
+
+/* Writes the answer to the call in c->ch: code, then bytes of data. nng's error or 0. */
+static int
+conn_answer_write(struct dlink_conn *c, dc_code code, const void *data, size_t bytes)
+{
+    struct dlink_hdr h = c->ch;
+    uint8_t raw[DLINK_HDR_SIZE];
+    nng_iov iov[2];
+    int rv;
+
+    h.kind   = DLINK_ANSWER;
+    h.offset = (uint64_t)code;
+    h.length = (uint32_t)bytes;
+    h.total  = h.length;
+    dlink_hdr_encode(&h, raw);
+    iov[0] = (nng_iov){ raw, sizeof(raw) };
+    iov[1] = (nng_iov){ (void *)data, bytes };
+    /* A caller that does not read its answer within the handshake bound is dropped. */
+    if ((rv = dlink_send_all(c->stream, c->aio, iov, bytes > 0 ? 2 : 1,
+                             (nng_duration)c->srv->handshake_ms)) != 0) {
+        log_info("call link: answer to %s not sent: %s", c->peer, nng_strerror(rv));
+    }
+    return rv;
 }
 
 void
 dlink_call_answer(struct dlink_conn *c, const dc_status *st, const void *data, size_t bytes)
 {
     char text[DLINK_ANSWER_ERROR_MAX];
-    int n = 0;
+    dc_code code = st != NULL ? st->code : DC_OK;
+    int n, rv = 0;
 
-    pthread_mutex_lock(&c->amtx);
-    c->acode = st != NULL ? st->code : DC_OK;
-    if (c->acode != DC_OK) {
+    if (code != DC_OK) {
         /* The worker's name, a NUL, the message: cut to what the rank reads. */
         n     = snprintf(text, sizeof(text), "%s%c%s", st->worker, '\0', st->message);
         data  = text;
         bytes = n < 0 ? 0 : (size_t)n < sizeof(text) ? (size_t)n : sizeof(text) - 1;
     }
-    if (bytes > c->out_cap) {
-        uint8_t *grow = realloc(c->out, bytes);
-        if (grow == NULL) {
-            c->acode = DC_RESOURCE_EXHAUSTED;
-            bytes =
-                (size_t)snprintf(text, sizeof(text), "%c%s", '\0', "out of memory for the answer");
-            data = text;
-        } else {
-            c->out     = grow;
-            c->out_cap = bytes;
+    if (c->control) {
+        /* This connection's thread reads nothing until answered: its aio is free here. */
+        rv = conn_answer_write(c, code, data, bytes);
+        pthread_mutex_lock(&c->amtx);
+        c->answer_failed = rv != 0;
+        c->out_len       = 0;
+    } else {
+        pthread_mutex_lock(&c->amtx);
+        if (bytes > c->out_cap) {
+            uint8_t *grow = realloc(c->out, bytes);
+            if (grow == NULL) {
+                code  = DC_RESOURCE_EXHAUSTED;
+                bytes = (size_t)snprintf(text, sizeof(text), "%c%s", '\0',
+                                         "out of memory for the answer");
+                data  = text;
+            } else {
+                c->out     = grow;
+                c->out_cap = bytes;
+            }
         }
+        if (bytes > 0) {
+            memcpy(c->out, data, bytes);
+        }
+        c->out_len = bytes;
     }
-    if (bytes > 0) {
-        memcpy(c->out, data, bytes);
-    }
-    c->out_len  = bytes;
+    c->acode    = code;
     c->answered = true;
     pthread_cond_signal(&c->acv);
     pthread_mutex_unlock(&c->amtx);
 }
 
-/* A call link: each DLINK_CALL is read whole, handed to ev.call, and answered before the next
- * is read. Any other frame, or one larger than ev.call_max, drops the connection. */
+/* A call link: each DLINK_CALL is read whole, handed to ev.call (a control link's to
+ * ev.control), and answered before the next is read. Any other frame, or one larger than
+ * ev.call_max (ev.control_max), drops the connection. */
 static void
 conn_calls(struct dlink_conn *c)
 {
     struct dlink_server *s = c->srv;
+    uint64_t max           = c->control ? s->ev.control_max : s->ev.call_max;
 
     for (;;) {
         uint8_t raw[DLINK_HDR_SIZE];
-        nng_iov iov[2] = { { raw, sizeof(raw) } };
+        nng_iov iov[1] = { { raw, sizeof(raw) } };
         struct dlink_hdr h;
         dc_status why;
-        int rv;
+        bool failed;
 
         status_clear(&why);
         if (dlink_recv_all(c->stream, c->aio, iov, 1, NNG_DURATION_INFINITE) != 0) {
             return; /* the rank went: nothing is waiting on this connection */
         }
-        if (dlink_hdr_decode(raw, s->ev.call_max, &h, &why) != DC_OK || h.kind != DLINK_CALL) {
+        if (dlink_hdr_decode(raw, max, &h, &why) != DC_OK || h.kind != DLINK_CALL ||
+            (c->control && h.offset != 0)) {
             conn_refuse(c, why.code != DC_OK ? why.message : "call link: not a call frame");
             return;
         }
@@ -175,24 +227,23 @@ conn_calls(struct dlink_conn *c)
         pthread_mutex_lock(&c->amtx);
         c->answered = false;
         pthread_mutex_unlock(&c->amtx);
-        s->ev.call(s->ev.arg, c, c->in, (size_t)h.offset, c->in + h.offset,
-                   h.length - (size_t)h.offset);
+        c->ch = h;
+        if (c->control) {
+            s->ev.control(s->ev.arg, c, c->in, h.length);
+        } else {
+            s->ev.call(s->ev.arg, c, c->in, (size_t)h.offset, c->in + h.offset,
+                       h.length - (size_t)h.offset);
+        }
         pthread_mutex_lock(&c->amtx);
         while (!c->answered) {
             pthread_cond_wait(&c->acv, &c->amtx);
         }
+        failed = c->answer_failed;
         pthread_mutex_unlock(&c->amtx);
-        h.kind   = DLINK_ANSWER;
-        h.offset = (uint64_t)c->acode;
-        h.length = (uint32_t)c->out_len;
-        h.total  = h.length;
-        dlink_hdr_encode(&h, raw);
-        iov[0] = (nng_iov){ raw, sizeof(raw) };
-        iov[1] = (nng_iov){ c->out, c->out_len };
-        /* A rank that does not read its answer within the handshake bound is dropped. */
-        if ((rv = dlink_send_all(c->stream, c->aio, iov, c->out_len > 0 ? 2 : 1,
-                                 (nng_duration)s->handshake_ms)) != 0) {
-            log_info("call link: answer to %s not sent: %s", c->peer, nng_strerror(rv));
+        if (!c->control && conn_answer_write(c, c->acode, c->out, c->out_len) != 0) {
+            failed = true;
+        }
+        if (failed) {
             return;
         }
         /* Small calls keep their buffers; a large one's go back (a link per rank). */
@@ -223,7 +274,7 @@ conn_main(void *arg)
     if (!(authed = conn_hello(c))) {
         goto out;
     }
-    if (c->call) {
+    if (c->call || c->control) {
         authed = false; /* not a peer: its end is nobody's loss */
         conn_calls(c);
         goto out;
@@ -336,8 +387,8 @@ conn_free(struct dlink_conn *c)
     nng_aio_free(c->aio);
     pthread_cond_destroy(&c->acv);
     pthread_mutex_destroy(&c->amtx);
-    free(c->in);
     free(c->out);
+    free(c->in);
     free(c);
 }
 

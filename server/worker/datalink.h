@@ -65,10 +65,18 @@ struct dlink_events {
      * such frames are refused. */
     bool (*part)(void *arg, const char *peer, const struct dlink_hdr *h, const uint8_t *payload,
                  dc_status *why);
+    /* A control link's DLINK_CALL (the coordinator's, dlframe.h DLINK_HELLO_CONTROL): frame is
+     * a Worker RPC's request frame, len bytes (at most control_max), valid until answered. It
+     * must be answered exactly once with dlink_call_answer (the reply frame), from any
+     * thread. NULL: control links are refused. */
+    void (*control)(void *arg, struct dlink_conn *c, const uint8_t *frame, size_t len);
+    uint64_t control_max;
 };
 
-/* Answers the call a DLINK_CALL handed to ev.call: st's error, or (st NULL or DC_OK) the
- * result's bytes, copied. The connection's thread writes the answer. */
+/* Answers the call a DLINK_CALL handed to ev.call or ev.control: st's error, or (st NULL or
+ * DC_OK) the result's bytes. A call link's answer is copied and written by the connection's
+ * thread (its answerer may hold locks); a control link's is written by the caller, at once
+ * (bounded by the handshake timeout), so it must hold no lock others wait on. */
 void dlink_call_answer(struct dlink_conn *c, const dc_status *st, const void *data, size_t bytes);
 
 struct dlink_server;

@@ -248,7 +248,8 @@ struct wgroups {
     struct wgroups_op_sink op_sink;
     unsigned op_sink_busy;
     pthread_cond_t op_sink_cv;
-    struct bufcache *bufs; /* every pbuf's bytes (groups.buffer_cache_bytes) */
+    struct wgroups_control control; /* its calls counted in op_sink_busy too */
+    struct bufcache *bufs;          /* every pbuf's bytes (groups.buffer_cache_bytes) */
     uint64_t bufs_trimmed_ms;
 };
 
@@ -1923,6 +1924,21 @@ wgroups_set_op_sink(struct wgroups *wg, const struct wgroups_op_sink *sink)
     pthread_mutex_unlock(&wg->mtx);
 }
 
+void
+wgroups_set_control(struct wgroups *wg, const struct wgroups_control *control)
+{
+    pthread_mutex_lock(&wg->mtx);
+    if (control != NULL) {
+        wg->control = *control;
+    } else {
+        memset(&wg->control, 0, sizeof(wg->control));
+        while (wg->op_sink_busy > 0) {
+            pthread_cond_wait(&wg->op_sink_cv, &wg->mtx);
+        }
+    }
+    pthread_mutex_unlock(&wg->mtx);
+}
+
 /* ---- the ring ---------------------------------------------------------------------------- */
 
 /* Segment k's first byte: boundaries on multiples of 8 bytes, so on an element of every
@@ -2991,6 +3007,33 @@ link_op_frame(void *arg, const char *peer, const struct dlink_hdr *h, const uint
     return ok;
 }
 
+/* A control link's call: to the control handler, outside mtx; refused when there is none
+ * (stopping). */
+static void
+link_control(void *arg, struct dlink_conn *conn, const uint8_t *frame, size_t len)
+{
+    struct wgroups *wg = arg;
+    struct wgroups_control control;
+
+    pthread_mutex_lock(&wg->mtx);
+    control = wg->control;
+    if (control.call == NULL) {
+        dc_status st;
+        pthread_mutex_unlock(&wg->mtx);
+        status_set(&st, DC_UNAVAILABLE, "worker shutting down");
+        dlink_call_answer(conn, &st, NULL, 0);
+        return;
+    }
+    wg->op_sink_busy++;
+    pthread_mutex_unlock(&wg->mtx);
+    control.call(control.arg, conn, frame, len);
+    pthread_mutex_lock(&wg->mtx);
+    if (--wg->op_sink_busy == 0) {
+        pthread_cond_broadcast(&wg->op_sink_cv);
+    }
+    pthread_mutex_unlock(&wg->mtx);
+}
+
 static void
 link_peer_lost(void *arg, const char *peer, const dc_status *why)
 {
@@ -3016,7 +3059,9 @@ link_answer(struct wgroups *wg, bool call, Devcoord__V1__GroupLinkResponse_Closu
         return;
     }
     out.address  = wg->dl_address;
-    out.features = call ? 0 : WGROUPS_FEATURE_OP_META | WGROUPS_FEATURE_OP_EARLY;
+    out.features = call ? 0
+                        : WGROUPS_FEATURE_OP_META | WGROUPS_FEATURE_OP_EARLY |
+                              (wg->control.call != NULL ? WGROUPS_FEATURE_CONTROL : 0);
     out.secret.data =
         (uint8_t *)(call ? dlink_server_call_secret(wg->dl) : dlink_server_secret(wg->dl));
     out.secret.len = DLINK_SECRET_SIZE;
@@ -3048,11 +3093,17 @@ wgroups_call_link(struct wgroups *wg, const Devcoord__V1__GroupLinkRequest *in,
 static dc_code
 link_start_locked(struct wgroups *wg, dc_status *st)
 {
-    static const struct dlink_events ev_template = {
-        NULL, link_frame_begin, link_frame_end, link_peer_lost, link_op_frame, link_call,
-        0,    link_part
-    };
-    struct dlink_events ev = ev_template;
+    static const struct dlink_events ev_template = { NULL,
+                                                     link_frame_begin,
+                                                     link_frame_end,
+                                                     link_peer_lost,
+                                                     link_op_frame,
+                                                     link_call,
+                                                     0,
+                                                     link_part,
+                                                     link_control,
+                                                     0 };
+    struct dlink_events ev                       = ev_template;
     const char *listen = wg->cfg->listen, *adv = wg->cfg->advertise;
     bool tls = strncmp(listen, "tls+", 4) == 0;
     char host[256], ahost[256], url[300];
@@ -3064,8 +3115,9 @@ link_start_locked(struct wgroups *wg, dc_status *st)
     if (wg->stopping) {
         return status_set(st, DC_UNAVAILABLE, "worker shutting down");
     }
-    ev.arg      = wg;
-    ev.call_max = wg->cfg->max_message_bytes;
+    ev.arg         = wg;
+    ev.call_max    = wg->cfg->max_message_bytes;
+    ev.control_max = (uint64_t)wg->cfg->max_message_bytes + RPC_FRAME_OVERHEAD;
     auth_url_host(listen, host, sizeof(host));
     auth_url_host(adv != NULL ? adv : listen, ahost, sizeof(ahost));
     snprintf(url, sizeof(url), "%s://%s%s%s:%u", tls ? "tls+tcp" : "tcp",

@@ -108,6 +108,7 @@ dc_code wgroups_peer_link(struct wgroups *wg, const char *address, dc_status *st
  * hangs must not hold up the caller). */
 #define WGROUPS_FEATURE_OP_META  1u /* DLINK_FLAG_OP_META frames */
 #define WGROUPS_FEATURE_OP_EARLY 2u /* those frames carrying the sender's tensors too */
+#define WGROUPS_FEATURE_CONTROL  4u /* control links: the coordinator's calls (dlframe.h) */
 bool wgroups_peer_linked(struct wgroups *wg, const char *address, uint32_t *features);
 
 /* Told when an op's chunk was written to the peer's connection (bytes: its length) or could
@@ -135,6 +136,17 @@ struct wgroups_op_sink {
                   dc_status *why);
 };
 void wgroups_set_op_sink(struct wgroups *wg, const struct wgroups_op_sink *sink);
+
+/* Where a control link's calls go (datalink.h's control, on the connection's thread without
+ * the groups lock): frame is a Worker RPC's request frame, to be answered with
+ * dlink_call_answer on conn. Set before the RPC server starts, so every GroupLink answer
+ * offers WGROUPS_FEATURE_CONTROL. NULL removes it (calls after that are refused) and returns
+ * once no call into the old one runs. */
+struct wgroups_control {
+    void *arg;
+    void (*call)(void *arg, struct dlink_conn *conn, const uint8_t *frame, size_t len);
+};
+void wgroups_set_control(struct wgroups *wg, const struct wgroups_control *control);
 
 /* devcoord_group_calls_total{kind}, devcoord_group_call_seconds, devcoord_group_stalls_total. */
 void wgroups_metrics_render(struct wgroups *wg, struct mbuf *b);

@@ -62,6 +62,36 @@ static const char *const worker_inline_methods[] = {
     "GroupEnd",     NULL,
 };
 
+/* A control link's call reaches the RPC server as if it had come on its socket (token,
+ * limits, inline methods and metrics alike); its reply frame goes back on the link. */
+static void
+control_answer(void *arg, const void *reply, size_t len)
+{
+    struct dlink_conn *conn = arg;
+    dc_status st;
+
+    if (reply == NULL) {
+        status_set(&st, DC_INTERNAL, "no reply could be made");
+        dlink_call_answer(conn, &st, NULL, 0);
+        return;
+    }
+    dlink_call_answer(conn, NULL, reply, len);
+}
+
+static void
+control_call(void *arg, struct dlink_conn *conn, const uint8_t *frame, size_t len)
+{
+    struct worker *w = arg;
+    dc_status st;
+
+    if (w->rpc == NULL) { /* a GroupLink answered before rpc_server_start returned */
+        status_set(&st, DC_UNAVAILABLE, "worker starting");
+        dlink_call_answer(conn, &st, NULL, 0);
+        return;
+    }
+    rpc_server_serve_frame(w->rpc, frame, len, control_answer, conn);
+}
+
 /* Set when the worker stops because the coordinator refused it or another instance took its
  * name: a failure, so the process exits non-zero (systemd and compose restart it). */
 static atomic_bool fenced;
@@ -220,6 +250,9 @@ main(int argc, char **argv)
     }
     worker_service_init(w);
     rpc_metrics_init(&w->rpc_metrics, w->service.base.descriptor);
+    /* Before the server starts: a GroupLink answer offers control links only with this set,
+     * and the link is learned through GroupLink, so no control call comes before w->rpc. */
+    wgroups_set_control(w->groups, &(struct wgroups_control){ w, control_call });
     so.observe           = rpc_metrics_observe;
     so.observe_arg       = &w->rpc_metrics;
     so.url               = w->cfg.listen;

@@ -294,6 +294,17 @@ def dlink_header(kind, length, flags=0, sender=0, group=0, generation=0, seq=0, 
             + struct.pack("<QQQQQ", group, generation, seq, offset, total))
 
 
+def recv_exactly(sock, n):
+    """n bytes from sock, or ConnectionError when it closes first."""
+    data = b""
+    while len(data) < n:
+        got = sock.recv(n - len(data))
+        if not got:
+            raise ConnectionError("closed after %d of %d bytes" % (len(data), n))
+        data += got
+    return data
+
+
 def dlink_group_hash(text):
     """dlink_group_hash: FNV-1a 64 of a group or op id."""
     h = 1469598103934665603

@@ -1012,14 +1012,7 @@ class DataLinkInputTest(GroupsTestCase):
         self.assertEqual([r.out.get("values") for r in rs], [[3.0, 4.0], [3.0, 4.0]], rs)
 
 
-def recv_exactly(sock, n):
-    data = b""
-    while len(data) < n:
-        got = sock.recv(n - len(data))
-        if not got:
-            raise ConnectionError("closed after %d of %d bytes" % (len(data), n))
-        data += got
-    return data
+recv_exactly = harness.recv_exactly
 
 
 def call_link_answer(sock):
@@ -1030,6 +1023,71 @@ def call_link_answer(sock):
     if hdr[:4] != b"DCDL" or kind != 4:
         raise AssertionError("not an answer: %r" % hdr)
     return code, recv_exactly(sock, length)
+
+
+class ControlLinkTest(GroupsTestCase):
+    """Issue 17: the coordinator's Execute and Commit come as RPC frames on control links to
+    the worker's data port (HELLO flag DLINK_HELLO_CONTROL with the peers' secret); each frame
+    is served by the worker's RPC server as if it had come as an RPC, and anything else there
+    drops the connection."""
+
+    call = PeerInputTest.call
+
+    @staticmethod
+    def rpc_frame(method, body, rid, token=b""):
+        header = (harness.pb_uint(F("RequestHeader", "request_id"), rid)
+                  + pb_bytes(F("RequestHeader", "method"), method)
+                  + harness.pb_uint(F("RequestHeader", "timeout_ms"), 3000)
+                  + pb_bytes(F("RequestHeader", "token"), token))
+        return harness.frame(header, body)
+
+    def control_call(self, sock, seq, payload):
+        sock.sendall(dlink_header(3, len(payload), seq=seq, total=len(payload)) + payload)
+        code, reply = call_link_answer(sock)
+        self.assertEqual(code, 0, reply)
+        return harness.parse_reply(reply)
+
+    def test_rpc_frames_on_a_control_link_and_what_it_refuses(self):
+        c = self.start({"node-a": ["cuda:0"]})
+        rpc_port = int(c.worker_specs["node-a"]["listen"].rsplit(":", 1)[1])
+        code, message, body = self.call(rpc_port, "GroupLink", b"")
+        self.assertEqual(code, "OK", message)
+        fields = harness.pb_decode(body)
+        port, secret = int(fields[1][0].decode().rsplit(":", 1)[1]), fields[2][0]
+        self.assertEqual(fields[3][0] & 4, 4, "GroupLink offers control links (features bit 2)")
+        hello = dlink_header(1, 32 + 11, flags=1) + secret + b"coordinator"
+        commit = pb_bytes(F("CommitRequest", "op_id"), "op-1-1")
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(hello)
+            # Served by the RPC server: Commit's own refusal, then a method it lacks, then
+            # bytes that are no frame at all; the link stays usable after each.
+            self.assertEqual(self.control_call(sock, 1, self.rpc_frame(
+                WORKER_SVC + "Commit", commit, 7))[:2],
+                ("NOT_FOUND", "no prepared op op-1-1 on this worker"))
+            code, message, _ = self.control_call(sock, 2, self.rpc_frame(
+                WORKER_SVC + "Nope", b"", 8))
+            self.assertEqual(code, "UNIMPLEMENTED", message)
+            code, message, _ = self.control_call(sock, 3, b"\xff" * 16)
+            self.assertEqual(code, "INVALID_ARGUMENT", message)
+            self.assertIn("undecodable request", message)
+            code, message, _ = self.control_call(sock, 4, self.rpc_frame(
+                WORKER_SVC + "Commit", b"\xff\xff\xff", 9))
+            self.assertEqual(code, "INVALID_ARGUMENT", message)
+        code, _, body = self.call(rpc_port, "GroupCallLink", b"")
+        call_secret = harness.pb_decode(body)[2][0]
+        frame = self.rpc_frame(WORKER_SVC + "Commit", commit, 7)
+        hostile = [
+            # A rank's secret does not open a control link.
+            dlink_header(1, 32 + 4, flags=1) + call_secret + b"rank",
+            dlink_header(1, 32 + 4, flags=1) + b"\0" * 32 + b"rank",           # a wrong secret
+            hello + dlink_header(3, 0xFFFFFFF0, total=0xFFFFFFF0),              # 4 GiB announced
+            hello + dlink_header(3, len(frame), offset=4, total=len(frame)) + frame,  # a pb part
+            hello + dlink_header(2, 8, total=8) + b"x" * 8,                     # data, not a call
+            hello + dlink_header(4, 0),                                          # an answer
+        ]
+        for i, data in enumerate(hostile):
+            self.assertTrue(dlink_closed_by_worker(port, data), "case %d stayed open" % i)
+        self.assertEqual(self.call(rpc_port, "GroupLink", b"")[0], "OK")
 
 
 class CallLinkTest(GroupsTestCase):

@@ -269,6 +269,56 @@ class AuthTest(CtlChecks, SecureTestCase):
             for code in AUTH_CODES:
                 self.assertNotIn(code, log, "%s refused a call during the op:\n%s" % (name, log))
 
+    def test_control_link_calls_need_the_worker_role(self):
+        """Execute and Commit on a control link (the data port, with the secret only a worker
+        token gets from GroupLink) are authorized like their RPCs: the token inside each frame
+        is checked; and the coordinator's own calls there pass, op after op."""
+        c = self.cluster
+        worker = c.tokens.by_role["worker"]
+        port = c.worker_port("node-a")
+        code, message, _ = c.rpc("GroupLink", port=port, token=c.tokens.by_role["trainer"],
+                                 service=WORKER_SERVICE)
+        self.assertEqual((code, message), ("PERMISSION_DENIED",
+                                           needs("GroupLink", ["worker"]) + "trainer"))
+        code, message, body = c.rpc("GroupLink", port=port, token=worker, service=WORKER_SERVICE)
+        self.assertEqual(code, "OK", message)
+        fields = pb_decode(body)
+        data_port, secret = int(fields[1][0].decode().rsplit(":", 1)[1]), fields[2][0]
+        commit = pb_bytes(F("CommitRequest", "op_id"), "op-1-1")
+        with socket.create_connection(("127.0.0.1", data_port), timeout=10) as sock:
+            sock.sendall(harness.dlink_header(1, 32 + 1, flags=1) + secret + b"x")
+            for seq, (token, want) in enumerate([
+                    (c.tokens.by_role["trainer"], "PERMISSION_DENIED"),
+                    (c.tokens.by_role["operator"], "PERMISSION_DENIED"),
+                    ("", "UNAUTHENTICATED"), (c.tokens.unknown, "UNAUTHENTICATED"),
+                    (worker, "NOT_FOUND")], 1):
+                header = (pb_uint(1, seq) + pb_bytes(2, WORKER_SERVICE + "Commit")
+                          + pb_uint(3, 3000) + pb_bytes(4, token))
+                payload = frame(header, commit)
+                sock.sendall(harness.dlink_header(3, len(payload), seq=seq, total=len(payload))
+                             + payload)
+                hdr = harness.recv_exactly(sock, 56)
+                self.assertEqual(struct.unpack_from("<Q", hdr, 40)[0], 0)  # an RPC reply frame
+                code, message, _ = harness.parse_reply(
+                    harness.recv_exactly(sock, struct.unpack_from("<I", hdr, 12)[0]))
+                with self.subTest(seq=seq):
+                    self.assertEqual(code, want, message)
+        values = {"node-a/cuda:0": [1], "node-a/cuda:1": [2], "node-b/cuda:0": [3]}
+        for dev, v in values.items():
+            self.assert_ok(c.ctl("tensor", "put", dev, "h", "--dtype", "f32", "--values",
+                                 ",".join(map(str, v)), auth="trainer"))
+        for i in range(4):  # the first op's calls go as RPCs, the later ones on links
+            out = self.assert_ok(c.ctl("submit", "--op", "all-reduce", "--reduce", "sum",
+                                       "--tensor", "h", "--devices", ALL_REDUCE_DEVICES,
+                                       auth="trainer"))
+            self.assertEqual(out["status"], "OK", out)
+        for dev in values:
+            got = self.assert_ok(c.ctl("tensor", "get", dev, "h", auth="trainer"))
+            self.assertEqual(got["values"], [6 * 3 ** 3], dev)
+        for name in ("node-a", "node-b"):
+            log = c.worker(name).log_text()
+            self.assertEqual(log.count("PERMISSION_DENIED"), 0, log)
+
     def test_workers_exchange_tokens_are_checked(self):
         """A worker whose token its peer does not know: registration works (the coordinator
         knows it) but the peer refuses its Exchange calls, so the op fails with

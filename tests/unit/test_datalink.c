@@ -206,7 +206,9 @@ sink_get(struct sink *s, const int *field)
 static struct dlink_server *
 start(struct sink *s, char *url, size_t cap)
 {
-    struct dlink_events ev = { s, sink_begin, sink_end, sink_lost, sink_op, NULL, 0, NULL };
+    struct dlink_events ev = {
+        s, sink_begin, sink_end, sink_lost, sink_op, NULL, 0, NULL, NULL, 0
+    };
     struct dlink_server *srv;
     dc_status st;
 
@@ -487,10 +489,12 @@ test_part_frames_come_whole(void **state)
 {
     struct sink s = { .mtx = PTHREAD_MUTEX_INITIALIZER };
     /* Parts go to the same kind of handler as op frames: sink_op counts them. */
-    struct dlink_events ev = { &s, sink_begin, sink_end, sink_lost, NULL, NULL, 0, sink_op };
-    struct dlink_hdr h     = { .kind = DLINK_PART, .seq = 9, .offset = 3 };
-    uint8_t payload[10]    = { 7, 1, 2, 3, 4, 5, 6, 7, 8, 9 };
-    uint8_t *big           = calloc(1, DLINK_CHUNK + 1);
+    struct dlink_events ev = {
+        &s, sink_begin, sink_end, sink_lost, NULL, NULL, 0, sink_op, NULL, 0
+    };
+    struct dlink_hdr h  = { .kind = DLINK_PART, .seq = 9, .offset = 3 };
+    uint8_t payload[10] = { 7, 1, 2, 3, 4, 5, 6, 7, 8, 9 };
+    uint8_t *big        = calloc(1, DLINK_CHUNK + 1);
     struct dlink_server *srv;
     struct dlink_out *o;
     char url[64];
@@ -587,10 +591,9 @@ static void
 test_call_link_calls_and_answers(void **state)
 {
     struct sink s          = { .mtx = PTHREAD_MUTEX_INITIALIZER };
-    struct dlink_events ev = {
-        &s, sink_begin, sink_end, sink_lost, sink_op, echo_call, 1024, NULL
-    };
-    struct dlink_hdr h = { .seq = 5 };
+    struct dlink_events ev = { &s,        sink_begin, sink_end, sink_lost, sink_op,
+                               echo_call, 1024,       NULL,     NULL,      0 };
+    struct dlink_hdr h     = { .seq = 5 };
     uint8_t in[8] = { 1, 2, 3, 4, 5, 6, 7, 8 }, out[8], big[2048] = { 0 };
     struct dlink_server *srv;
     struct dlink_out *o;
