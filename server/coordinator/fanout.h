@@ -53,7 +53,13 @@ struct fanout_opts {
     const struct config_tls *tls; /* for tls+tcp:// workers; must outlive it */
     size_t max_message_bytes;
     struct fanout_events events;
+    /* Execute and Commit over control links where workers offer them (fanout.c says how):
+     * the op table's fanout, not the groups'. */
+    bool control_links;
 };
+
+/* GroupLink's features bit for control links (the worker's WGROUPS_FEATURE_CONTROL). */
+#define FANOUT_WORKER_FEATURE_CONTROL 4u
 
 /* NULL when out of memory. */
 struct fanout *fanout_new(const struct fanout_opts *opts);
@@ -67,9 +73,15 @@ dc_code fanout_conn_get(struct fanout *f, const char *worker, const char *addres
                         struct fanout_conn **out, dc_status *st);
 /* Drops a reference (NULL: nothing). May be called from an events callback. */
 void fanout_conn_put(struct fanout *f, struct fanout_conn *c);
+/* The worker's registration (its epoch) the next calls on c are for: a new one forgets what
+ * was learned of its data port and the control links made to it. */
+void fanout_conn_epoch(struct fanout *f, struct fanout_conn *c, uint64_t epoch);
+/* Execute and Commit calls started on control links and as RPCs, since start. */
+void fanout_counts(struct fanout *f, uint64_t *link_calls, uint64_t *rpc_calls);
 
-/* Sends req on c. On DC_OK events.executed runs once with tag; otherwise it never runs and st
- * says why the call could not start. */
+/* Sends req on c (on a control link when one is at hand). On DC_OK events.executed runs once
+ * with tag, on an nng thread or a control link's; otherwise it never runs and st says why the
+ * call could not start. */
 dc_code fanout_execute(struct fanout *f, struct fanout_conn *c,
                        const Devcoord__V1__ExecuteRequest *req, uint32_t timeout_ms, void *tag,
                        dc_status *st);

@@ -987,6 +987,7 @@ op_enqueue_locked(struct ops *o, struct op *op, Devcoord__V1__SubmitOpResponse_C
             DC_OK) {
             goto out;
         }
+        fanout_conn_epoch(o->fanout, op->workers[i].conn, pw->epoch);
     }
     snprintf(op->id, sizeof(op->id), "op-%llx-%llx", (unsigned long long)op->submitted_unix_ms,
              (unsigned long long)++o->counter);
@@ -1367,6 +1368,8 @@ static const double fanout_buckets[] = { 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024 
 void
 ops_metrics_render(struct ops *o, struct mbuf *b)
 {
+    uint64_t link_calls, rpc_calls;
+
     pthread_mutex_lock(&o->mtx);
     mbuf_printf(b, "# HELP devcoord_ops_total Operations ended, by kind and code.\n"
                    "# TYPE devcoord_ops_total counter\n");
@@ -1395,6 +1398,14 @@ ops_metrics_render(struct ops *o, struct mbuf *b)
     mbuf_printf(b, "# HELP devcoord_op_fanout_workers Workers an op was sent to.\n"
                    "# TYPE devcoord_op_fanout_workers histogram\n");
     histo_render(b, "devcoord_op_fanout_workers", "", &o->fanout_workers);
+    fanout_counts(o->fanout, &link_calls, &rpc_calls);
+    mbuf_printf(b,
+                "# HELP devcoord_op_worker_calls_total Execute and Commit calls to workers, by "
+                "how they went: as frames on a control link, or as RPCs.\n"
+                "# TYPE devcoord_op_worker_calls_total counter\n"
+                "devcoord_op_worker_calls_total{transport=\"link\"} %llu\n"
+                "devcoord_op_worker_calls_total{transport=\"rpc\"} %llu\n",
+                (unsigned long long)link_calls, (unsigned long long)rpc_calls);
 }
 
 /* ---- life -------------------------------------------------------------------------------- */
@@ -1404,7 +1415,8 @@ ops_new(struct registry *registry, const struct config_coordinator *cfg, const c
 {
     struct fanout_opts fo = { .token             = worker_token,
                               .tls               = &cfg->tls,
-                              .max_message_bytes = cfg->max_message_bytes };
+                              .max_message_bytes = cfg->max_message_bytes,
+                              .control_links     = true };
     struct ops *o         = calloc(1, sizeof(*o));
 
     if (o == NULL) {

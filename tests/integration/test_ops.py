@@ -718,6 +718,34 @@ class DataLinkTest(OpsTestCase):
                 # Groups and ops share the data port: nothing refused.
                 self.assertEqual(m["devcoord_group_link_refused_total"], 0, m)
 
+    def test_execute_and_commit_go_on_control_links_once_learned(self):
+        """The coordinator learns each worker's data port with its first op (GroupLink) and
+        sends later ops' Execute and Commit as frames on control links (fanout.c): every op
+        is right, every call is counted once (link or RPC), most went on links, and each
+        worker's RPC server served them all (its Execute and Commit counts)."""
+        http = harness.free_port()
+        self.start(grid_spec(), http=True,
+                   coordinator_config={"http": "%s:%d" % (harness.HOST, http)})
+        cases = (matrix("all-reduce", ("sum",), [(7, RANKS6, 2)], ("f32", "f64", "i32", "i64"))
+                 + matrix("all-reduce", ("max",), [(200000, RANKS5, 4)], ("f32", "i32"))
+                 + matrix("broadcast", layouts=[(7, RANKS6, 2)], dtypes=("f64", "i64")))
+        self.run_cases(cases)
+        with urllib.request.urlopen("http://%s:%d/metrics" % (harness.HOST, http),
+                                    timeout=10) as f:
+            text = f.read().decode()
+        calls = {line.split('"')[1]: float(line.rpartition(" ")[2]) for line in text.splitlines()
+                 if line.startswith("devcoord_op_worker_calls_total{")}
+        # Each op: an Execute and a Commit to each of the three workers.
+        self.assertEqual(calls["link"] + calls["rpc"], 6 * len(cases), calls)
+        self.assertGreater(calls["link"], 3 * len(cases), calls)
+        self.assertGreater(calls["rpc"], 0, calls)  # the first op's, before any link
+        for name in GRID:
+            m = self.metrics(name)
+            with self.subTest(worker=name):
+                for method in ("Execute", "Commit"):
+                    self.assertEqual(m['devcoord_rpc_requests_total{service="Worker",'
+                                       'method="%s",code="OK"}' % method], len(cases), m)
+
     def test_the_daemons_threads_carry_their_names(self):
         """Every thread a daemon starts names itself dc-<role> (threadname.h), so top -H, gdb
         and perf tell them apart: after ops that moved data over the data link, each thread
