@@ -256,7 +256,8 @@ struct collectives {
     struct tpool *pool;
 
     pthread_mutex_t mtx;
-    pthread_cond_t cv; /* an op released a reference or ended */
+    pthread_cond_t cv;        /* an op released a reference or ended */
+    pthread_cond_t reaper_cv; /* stopping (the reaper's own: it is woken by nothing else) */
     struct cop *ops;
     struct parked *orphans;
     struct link_orphan *link_orphans;
@@ -832,7 +833,7 @@ collectives_reaper(void *arg)
             ts.tv_sec++;
             ts.tv_nsec -= 1000000000L;
         }
-        pthread_cond_timedwait(&co->cv, &co->mtx, &ts);
+        pthread_cond_timedwait(&co->reaper_cv, &co->mtx, &ts);
     }
     pthread_mutex_unlock(&co->mtx);
     return NULL;
@@ -2653,9 +2654,11 @@ collectives_new(const struct config_worker *cfg, const char *token, struct execu
     }
     pthread_mutex_init(&co->mtx, NULL);
     pthread_cond_init(&co->cv, NULL);
+    pthread_cond_init(&co->reaper_cv, NULL);
     /* Threads for ops come and go with the load; an idle worker keeps none after 30 s. */
     if ((co->pool = tpool_new("dc-op", 1024, 30000)) == NULL) {
         pthread_cond_destroy(&co->cv);
+        pthread_cond_destroy(&co->reaper_cv);
         pthread_mutex_destroy(&co->mtx);
         staging_free(co->staging);
         free(co);
@@ -2664,6 +2667,7 @@ collectives_new(const struct config_worker *cfg, const char *token, struct execu
     if (pthread_create(&co->reaper, NULL, collectives_reaper, co) != 0) {
         tpool_free(co->pool);
         pthread_cond_destroy(&co->cv);
+        pthread_cond_destroy(&co->reaper_cv);
         pthread_mutex_destroy(&co->mtx);
         staging_free(co->staging);
         free(co);
@@ -2687,6 +2691,7 @@ collectives_free(struct collectives *co)
     }
     pthread_mutex_lock(&co->mtx);
     co->stopping = true;
+    pthread_cond_signal(&co->reaper_cv);
     for (struct cop *op = co->ops; op != NULL; op = op->next) {
         dc_status st;
         status_set(&st, DC_UNAVAILABLE, "worker %s is shutting down", co->cfg->name);
@@ -2724,6 +2729,7 @@ collectives_free(struct collectives *co)
     free(co->peers);
     staging_free(co->staging);
     pthread_cond_destroy(&co->cv);
+    pthread_cond_destroy(&co->reaper_cv);
     pthread_mutex_destroy(&co->mtx);
     free(co);
 }
