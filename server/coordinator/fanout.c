@@ -343,6 +343,7 @@ ctl_dial_run(void *arg)
                c->n_idle < CTL_IDLE_MAX) {
         c->idle[c->n_idle++] = out;
         out                  = NULL;
+        log_info("control link to %s (%s) made: %u idle", c->address, url, c->n_idle);
     }
     pthread_mutex_unlock(&f->mtx);
     dlink_out_close(out);

@@ -150,6 +150,9 @@ struct range_queue {
 /* One op in flight on this worker. The op's thread (cop_run) runs it; Exchange handlers
  * apply received chunks to `work` or `gathered` without op->mtx (chunks never overlap), and
  * count them under it. */
+/* Set by collectives_run_here on a thread that may run an op itself. */
+static _Thread_local bool run_here;
+
 struct cop {
     struct collectives *co;
     char id[OP_ID_MAX + 1];
@@ -2575,8 +2578,10 @@ collectives_execute(struct collectives *co, const Devcoord__V1__ExecuteRequest *
     link_orphans_free(early);
 
     /* Ops wait for their peers: they run on pool threads, never here (this may be an nng
-     * callback). */
-    if (!tpool_submit(co->pool, cop_run, op)) {
+     * callback), unless this thread may wait (collectives_run_here). */
+    if (run_here) {
+        cop_run(op);
+    } else if (!tpool_submit(co->pool, cop_run, op)) {
         dc_status fail;
         status_set(&fail, DC_RESOURCE_EXHAUSTED, "no thread for op %s", op->id);
         pthread_mutex_lock(&op->mtx);
@@ -2585,6 +2590,12 @@ collectives_execute(struct collectives *co, const Devcoord__V1__ExecuteRequest *
         /* The op's own code answers and cleans up; it just runs here, failing at once. */
         cop_run(op);
     }
+}
+
+void
+collectives_run_here(bool may_wait)
+{
+    run_here = may_wait;
 }
 
 void

@@ -48,6 +48,12 @@ struct collectives *collectives_new(const struct config_worker *cfg, const char 
 /* Aborts what is running, answers every waiting call and frees everything. */
 void collectives_free(struct collectives *co);
 
+/* Whether the calling thread may run an op itself, waiting on its peers (a control link's
+ * thread, which would only wait for the answer otherwise), instead of handing it to a pool
+ * thread: one wake-up less before the op's data moves. Per thread; off by default (nng's
+ * threads must never wait). */
+void collectives_run_here(bool may_wait);
+
 void collectives_execute(struct collectives *co, const Devcoord__V1__ExecuteRequest *in,
                          Devcoord__V1__ExecuteResponse_Closure closure, void *cd);
 void collectives_abort(struct collectives *co, const Devcoord__V1__AbortRequest *in,

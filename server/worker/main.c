@@ -89,7 +89,10 @@ control_call(void *arg, struct dlink_conn *conn, const uint8_t *frame, size_t le
         dlink_call_answer(conn, &st, NULL, 0);
         return;
     }
+    /* This connection's thread only waits for the answer: an Execute runs its op here. */
+    collectives_run_here(true);
     rpc_server_serve_frame(w->rpc, frame, len, control_answer, conn);
+    collectives_run_here(false);
 }
 
 /* Set when the worker stops because the coordinator refused it or another instance took its
