@@ -248,8 +248,8 @@ struct wgroups {
     struct wgroups_op_sink op_sink;
     unsigned op_sink_busy;
     pthread_cond_t op_sink_cv;
-    struct wgroups_control control; /* its calls counted in op_sink_busy too */
-    struct bufcache *bufs;          /* every pbuf's bytes (groups.buffer_cache_bytes) */
+    struct wgroups_control control;
+    struct bufcache *bufs; /* every pbuf's bytes (groups.buffer_cache_bytes) */
     uint64_t bufs_trimmed_ms;
 };
 
@@ -1928,14 +1928,7 @@ void
 wgroups_set_control(struct wgroups *wg, const struct wgroups_control *control)
 {
     pthread_mutex_lock(&wg->mtx);
-    if (control != NULL) {
-        wg->control = *control;
-    } else {
-        memset(&wg->control, 0, sizeof(wg->control));
-        while (wg->op_sink_busy > 0) {
-            pthread_cond_wait(&wg->op_sink_cv, &wg->mtx);
-        }
-    }
+    wg->control = *control;
     pthread_mutex_unlock(&wg->mtx);
 }
 
@@ -3007,8 +3000,8 @@ link_op_frame(void *arg, const char *peer, const struct dlink_hdr *h, const uint
     return ok;
 }
 
-/* A control link's call: to the control handler, outside mtx; refused when there is none
- * (stopping). */
+/* A control link's call: to the control handler (set once, kept until the data port
+ * closes), outside mtx; refused before it is set. */
 static void
 link_control(void *arg, struct dlink_conn *conn, const uint8_t *frame, size_t len)
 {
@@ -3017,21 +3010,14 @@ link_control(void *arg, struct dlink_conn *conn, const uint8_t *frame, size_t le
 
     pthread_mutex_lock(&wg->mtx);
     control = wg->control;
+    pthread_mutex_unlock(&wg->mtx);
     if (control.call == NULL) {
         dc_status st;
-        pthread_mutex_unlock(&wg->mtx);
-        status_set(&st, DC_UNAVAILABLE, "worker shutting down");
+        status_set(&st, DC_UNAVAILABLE, "control links are not served yet");
         dlink_call_answer(conn, &st, NULL, 0);
         return;
     }
-    wg->op_sink_busy++;
-    pthread_mutex_unlock(&wg->mtx);
     control.call(control.arg, conn, frame, len);
-    pthread_mutex_lock(&wg->mtx);
-    if (--wg->op_sink_busy == 0) {
-        pthread_cond_broadcast(&wg->op_sink_cv);
-    }
-    pthread_mutex_unlock(&wg->mtx);
 }
 
 static void

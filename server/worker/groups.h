@@ -139,9 +139,9 @@ void wgroups_set_op_sink(struct wgroups *wg, const struct wgroups_op_sink *sink)
 
 /* Where a control link's calls go (datalink.h's control, on the connection's thread without
  * the groups lock): frame is a Worker RPC's request frame, to be answered with
- * dlink_call_answer on conn. Set before the RPC server starts, so every GroupLink answer
- * offers WGROUPS_FEATURE_CONTROL. NULL removes it (calls after that are refused) and returns
- * once no call into the old one runs. */
+ * dlink_call_answer on conn. Set once, before the RPC server starts, so every GroupLink
+ * answer offers WGROUPS_FEATURE_CONTROL; it stays until wgroups_shutdown closes the data
+ * port (the worker stops its RPC server only after that). Until set, calls are refused. */
 struct wgroups_control {
     void *arg;
     void (*call)(void *arg, struct dlink_conn *conn, const uint8_t *frame, size_t len);
