@@ -66,10 +66,10 @@ struct fanout_conn {
     unsigned refs;             /* the table's (while current) and each holder's */
     struct fanout_conn *next;  /* every connection not yet closed and freed */
     /* Control links (dlframe.h DLINK_HELLO_CONTROL): learned with GroupLink, dialled on a
-     * pool thread, kept idle between calls. ctl_gen counts registrations seen: a link made
+     * pool thread, kept idle between calls, for the registration ctl_epoch: a link made
      * for an older one is closed, not kept. */
     enum ctl_state ctl;
-    uint64_t ctl_epoch, ctl_gen;
+    uint64_t ctl_epoch;
     char ctl_url[ADDRESS_MAX + 1];
     uint8_t ctl_secret[DLINK_SECRET_SIZE];
     struct dlink_out *idle[CTL_IDLE_MAX];
@@ -94,7 +94,7 @@ enum ctl_send {
 struct ctl_job {
     struct fanout *f;
     struct fanout_conn *c; /* a reference held */
-    uint64_t gen;          /* c->ctl_gen when the job started */
+    uint64_t epoch;        /* c->ctl_epoch when the job started */
     struct dlink_out *out; /* the link (a call's, taken idle; a dial's once made) */
     const ProtobufCMethodDescriptor *method;
     nng_msg *req; /* the request frame */
@@ -337,9 +337,9 @@ ctl_dial_run(void *arg)
     }
     pthread_mutex_lock(&f->mtx);
     c->n_dialing--;
-    if (out == NULL && c->ctl_gen == j->gen) {
+    if (out == NULL && c->ctl_epoch == j->epoch) {
         c->ctl = CTL_NONE; /* until the worker registers again */
-    } else if (out != NULL && !f->closing && c->ctl_gen == j->gen && c->ctl == CTL_READY &&
+    } else if (out != NULL && !f->closing && c->ctl_epoch == j->epoch && c->ctl == CTL_READY &&
                c->n_idle < CTL_IDLE_MAX) {
         c->idle[c->n_idle++] = out;
         out                  = NULL;
@@ -360,9 +360,9 @@ ctl_dial_locked(struct fanout *f, struct fanout_conn *c)
         f->busy >= CTL_BUSY_MAX || (j = calloc(1, sizeof(*j))) == NULL) {
         return;
     }
-    j->f   = f;
-    j->c   = c;
-    j->gen = c->ctl_gen;
+    j->f     = f;
+    j->c     = c;
+    j->epoch = c->ctl_epoch;
     c->refs++;
     c->n_dialing++;
     f->busy++;
@@ -377,7 +377,7 @@ ctl_dial_locked(struct fanout *f, struct fanout_conn *c)
 struct ctl_ask {
     struct fanout *f;
     struct fanout_conn *c; /* a reference held */
-    uint64_t gen;
+    uint64_t epoch;
 };
 
 /* GroupLink's answer: where the worker's data port is and its secret, and whether it takes
@@ -391,10 +391,9 @@ ctl_ask_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *rep
     const Devcoord__V1__GroupLinkResponse *r =
         code == DC_OK ? (const Devcoord__V1__GroupLinkResponse *)reply->body : NULL;
 
-    (void)st;
     (void)keep;
     pthread_mutex_lock(&f->mtx);
-    if (c->ctl_gen == a->gen && c->ctl == CTL_ASKING) {
+    if (c->ctl_epoch == a->epoch && c->ctl == CTL_ASKING) {
         if (r != NULL && (r->features & FANOUT_WORKER_FEATURE_CONTROL) != 0 &&
             r->secret.len == DLINK_SECRET_SIZE && strncmp(r->address, "tcp://", 6) == 0 &&
             strlen(r->address) < sizeof(c->ctl_url)) {
@@ -403,6 +402,8 @@ ctl_ask_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *rep
             c->ctl = CTL_READY;
             ctl_dial_locked(f, c);
         } else {
+            log_info("no control links to %s, its calls go as RPCs: %s", c->address,
+                     code != DC_OK ? st->message : "its GroupLink answer does not offer them");
             c->ctl = CTL_NONE;
         }
     }
@@ -426,7 +427,7 @@ ctl_ask_locked(struct fanout *f, struct fanout_conn *c)
     if ((a = malloc(sizeof(*a))) == NULL) {
         return;
     }
-    *a     = (struct ctl_ask){ f, c, c->ctl_gen };
+    *a     = (struct ctl_ask){ f, c, c->ctl_epoch };
     c->ctl = CTL_ASKING;
     c->refs++;
     if (rpc_call_async(c->client, WORKER_SVC, M_WORKER_GROUP_LINK, &req.base, NULL, 0, CTL_ASK_MS,
@@ -485,7 +486,7 @@ ctl_call_run(void *arg)
     if (j->next != NULL) {
         j->next->prev = j->prev;
     }
-    if (send != CTL_SEND_FAILED && !st.transport && !f->closing && c->ctl_gen == j->gen &&
+    if (send != CTL_SEND_FAILED && !st.transport && !f->closing && c->ctl_epoch == j->epoch &&
         c->client != NULL && c->n_idle < CTL_IDLE_MAX) {
         c->idle[c->n_idle++] = j->out;
         j->out               = NULL;
@@ -554,7 +555,7 @@ ctl_call(struct fanout *f, struct fanout_conn *c, unsigned method, const Protobu
     }
     j->f          = f;
     j->c          = c;
-    j->gen        = c->ctl_gen;
+    j->epoch      = c->ctl_epoch;
     j->out        = c->idle[--c->n_idle];
     j->method     = &WORKER_SVC->methods[method];
     j->timeout_ms = timeout_ms;
@@ -611,8 +612,7 @@ fanout_conn_epoch(struct fanout *f, struct fanout_conn *c, uint64_t epoch)
     if (c->ctl_epoch != epoch) {
         /* Another registration: another process, perhaps, with another data port. */
         c->ctl_epoch = epoch;
-        c->ctl_gen++;
-        c->ctl = CTL_UNKNOWN;
+        c->ctl       = CTL_UNKNOWN;
         ctl_doom_idle_locked(f, c);
     }
     pthread_mutex_unlock(&f->mtx);
