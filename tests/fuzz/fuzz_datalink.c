@@ -11,8 +11,9 @@
  *     the memory frame_begin named (a buffer of exactly h->length bytes, so a write past it
  *     shows under ASan), and ok is false only when the input ends inside the payload;
  *   - a frame whose header does not decode, or a HELLO in the wrong place, ends the
- *     connection and counts as refused; so does a HELLO that is cut short or has the wrong
- *     secret; an authenticated connection that ends reports peer_lost once.
+ *     connection and counts as refused; so does a HELLO that is cut short, has the wrong
+ *     secret or asks for a control link (DLINK_HELLO_CONTROL: this port has no control
+ *     handler); an authenticated connection that ends reports peer_lost once.
  * Besides, dlink_hdr_decode is checked as a pure function on every header the model meets:
  * decoding bounds length and total by max_frame, a data frame's bytes by its part, a HELLO's
  * length by the secret and an address, and an accepted header encodes back to its bytes.
@@ -292,7 +293,8 @@ model_run(struct model *m, const uint8_t *b, size_t len)
     memset(m, 0, sizeof(*m));
     if (len < DLINK_HDR_SIZE || check_decode(b, MAX_FRAME, &h) != DC_OK || h.kind != DLINK_HELLO ||
         len - DLINK_HDR_SIZE < h.length ||
-        memcmp(b + DLINK_HDR_SIZE, secret, DLINK_SECRET_SIZE) != 0) {
+        memcmp(b + DLINK_HDR_SIZE, secret, DLINK_SECRET_SIZE) != 0 ||
+        (h.flags & DLINK_HELLO_CONTROL) != 0) {
         m->refused = true;
         return;
     }
