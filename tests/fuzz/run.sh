@@ -4,7 +4,8 @@
 # the saved reproducers of past findings (tests/fuzz/crashes/<target>-*.bin). Prints each
 # target's executions and any crash, leak, timeout or out-of-memory; exits non-zero if any.
 #   bash tests/fuzz/run.sh [SECONDS]     (default 60; build dir build-fuzz/, override with
-#                                         BUILD_DIR=...; TARGETS="fuzz_device ..." for some)
+#                                         BUILD_DIR=...; TARGETS="fuzz_device ..." for some;
+#                                         JOBS=N targets at once, default nproc)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 seconds=${1:-60}
@@ -24,17 +25,19 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 out="$build/fuzz-results"
 rm -rf "$out"
 mkdir -p "$out"
-failed=()
-for t in $targets; do
+# One target: replays its reproducers, fuzzs, writes its report to $out/<target>.report and
+# exits non-zero on any finding.
+fuzz_one() {
+    local t=$1 name bin work repro rc execs rate a ok=1
     name=${t#fuzz_}
     bin="$build/tests/fuzz/$t"
     work="$out/$t"
     mkdir -p "$work/corpus" "$work/artifacts"
     cp tests/fuzz/corpus/"$name"/* "$work/corpus/"
-    opts=(-rss_limit_mb=2048 -timeout=10 -artifact_prefix="$work/artifacts/")
+    local opts=(-rss_limit_mb=2048 -timeout=10 -artifact_prefix="$work/artifacts/")
+    exec >"$out/$t.report" 2>&1
 
     echo "== $t: replaying saved reproducers"
-    ok=1
     for repro in tests/fuzz/crashes/"$name"-*.bin; do
         [ -e "$repro" ] || continue
         if ! "$bin" "${opts[@]}" "$repro" >"$work/replay-$(basename "$repro").log" 2>&1; then
@@ -62,7 +65,29 @@ for t in $targets; do
             [ -e "$a" ] && echo "   reproducer: $a"
         done
     fi
-    [ "$ok" -eq 1 ] || failed+=("$t")
+    [ "$ok" -eq 1 ]
+}
+
+# JOBS targets at once (each fuzzes on one core for a fixed time): the step takes
+# ceil(targets / JOBS) x SECONDS instead of targets x SECONDS.
+jobs=${JOBS:-$(nproc)}
+failed=()
+set -- $targets
+while [ $# -gt 0 ]; do
+    batch=()
+    pids=()
+    while [ $# -gt 0 ] && [ ${#batch[@]} -lt "$jobs" ]; do
+        fuzz_one "$1" &
+        pids+=($!)
+        batch+=("$1")
+        shift
+    done
+    for i in "${!batch[@]}"; do
+        rc=0
+        wait "${pids[$i]}" || rc=$?
+        cat "$out/${batch[$i]}.report"
+        [ "$rc" -eq 0 ] || failed+=("${batch[$i]}")
+    done
 done
 
 if [ ${#failed[@]} -gt 0 ]; then
