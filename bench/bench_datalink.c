@@ -159,8 +159,12 @@ static int
 run_scheme(bool tls, const uint64_t *sizes, size_t n_sizes, unsigned reps, double *gbs)
 {
     struct side a = { .bytes = 0 }, b = { .bytes = 0 };
-    struct dlink_events ea  = { &a, side_begin, side_end, side_lost, NULL, NULL, 0, NULL, NULL, 0 };
-    struct dlink_events eb  = { &b, side_begin, side_end, side_lost, NULL, NULL, 0, NULL, NULL, 0 };
+    struct dlink_events ea = {
+        .arg = &a, .frame_begin = side_begin, .frame_end = side_end, .peer_lost = side_lost
+    };
+    struct dlink_events eb = {
+        .arg = &b, .frame_begin = side_begin, .frame_end = side_end, .peer_lost = side_lost
+    };
     struct dlink_server *sa = NULL, *sb = NULL;
     struct dlink_out *ab = NULL, *ba = NULL;
     nng_tls_config *server = NULL, *client = NULL;

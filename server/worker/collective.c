@@ -231,6 +231,7 @@ struct cop {
     unsigned *link_pending;
     unsigned link_in_flight;
     uint64_t link_bytes_sent, link_bytes_received;
+    uint64_t link_bytes_placed; /* of those, read straight into the op's buffer */
     bool answering;   /* the op's thread answers: its request (op->req) goes with the answer */
     bool thread_done; /* the op's thread has answered; the last send frees it */
 
@@ -602,41 +603,40 @@ cop_apply_meta(struct cop *op, uint32_t from, uint32_t features, const uint8_t *
     return DC_OK;
 }
 
-/* Applies one received data chunk (an Exchange call's or a data link frame's) to a ready op:
- * bytes [offset, offset + len) of step `step` from worker `from` about rank `rank`. Runs on
- * a server or data link thread, without op->mtx while the bytes move: chunks of one op never
- * overlap (see cop_step_target). INVALID_ARGUMENT: the chunk lies outside the op. */
+/* Where bytes [offset, offset + len) of step `step` from worker `from` about rank `rank` go
+ * in a ready op: *dst, and whether they are reduced in or copied. INVALID_ARGUMENT: the chunk
+ * lies outside the op. */
 static dc_code
-cop_apply_chunk(struct cop *op, uint32_t from, uint32_t step, uint32_t rank, uint64_t offset,
-                const uint8_t *data, size_t len, bool link, dc_status *st)
+cop_chunk_target(struct cop *op, uint32_t from, uint32_t step, uint32_t rank, uint64_t offset,
+                 size_t len, uint8_t **dst, enum apply_mode *mode, dc_status *st)
 {
     uint8_t *base;
     size_t start, end;
-    enum apply_mode mode;
-    uint32_t to, seg;
 
     if (from >= op->n_workers || from == op->self || rank >= op->n_ranks ||
         op->worker_of[rank] != from) {
         return status_set(st, DC_INVALID_ARGUMENT, "exchange from a worker outside op %s", op->id);
     }
     if (step >= op->n_steps || step == op->meta_step ||
-        !cop_step_target(op, step, from, rank, &base, &start, &end, &mode) || offset < start ||
+        !cop_step_target(op, step, from, rank, &base, &start, &end, mode) || offset < start ||
         offset > end || len > end - offset || len % op->elem_size != 0 ||
         offset % op->elem_size != 0) {
         return status_set(st, DC_INVALID_ARGUMENT,
                           "exchange chunk outside op %s (step %u, offset %llu, %zu bytes)", op->id,
                           step, (unsigned long long)offset, len);
     }
-    if (mode == APPLY_REDUCE) {
-        if (op->in != NULL) { /* base is work: the ring all-reduce reading in place */
-            /* The first and only time this worker reduces these bytes: ours, then theirs. */
-            memcpy(base + offset, op->in + offset, len);
-        }
-        reduce_into(op->dtype, (dc_reduce_op)op->req->reduce, base + offset, data,
-                    len / op->elem_size);
-    } else {
-        memcpy(base + offset, data, len);
-    }
+    *dst = base + offset;
+    return DC_OK;
+}
+
+/* Counts a chunk that is in (cop_chunk_target's bytes, reduced or copied): the step's bytes,
+ * the ring's forward of it, the op's counters. */
+static void
+cop_chunk_landed(struct cop *op, uint32_t from, uint32_t step, uint64_t offset, size_t len,
+                 bool link, bool placed)
+{
+    uint32_t to, seg;
+
     pthread_mutex_lock(&op->mtx);
     op->step_received[step] += len;
     if (step == op->fan_in_step) {
@@ -657,9 +657,38 @@ cop_apply_chunk(struct cop *op, uint32_t from, uint32_t step, uint32_t rank, uin
     if (link) {
         op->link_bytes_received += len;
     }
+    if (placed) {
+        op->link_bytes_placed += len;
+    }
     op->bytes_from[from] += len;
     pthread_cond_broadcast(&op->cv);
     pthread_mutex_unlock(&op->mtx);
+}
+
+/* Applies one received data chunk (an Exchange call's or a data link frame's) to a ready op:
+ * bytes [offset, offset + len) of step `step` from worker `from` about rank `rank`. Runs on
+ * a server or data link thread, without op->mtx while the bytes move: chunks of one op never
+ * overlap (see cop_step_target). INVALID_ARGUMENT: the chunk lies outside the op. */
+static dc_code
+cop_apply_chunk(struct cop *op, uint32_t from, uint32_t step, uint32_t rank, uint64_t offset,
+                const uint8_t *data, size_t len, bool link, dc_status *st)
+{
+    enum apply_mode mode = APPLY_COPY;
+    uint8_t *dst         = NULL;
+
+    if (cop_chunk_target(op, from, step, rank, offset, len, &dst, &mode, st) != DC_OK) {
+        return st->code;
+    }
+    if (mode == APPLY_REDUCE) {
+        if (op->in != NULL) { /* base is work: the ring all-reduce reading in place */
+            /* The first and only time this worker reduces these bytes: ours, then theirs. */
+            memcpy(dst, op->in + offset, len);
+        }
+        reduce_into(op->dtype, (dc_reduce_op)op->req->reduce, dst, data, len / op->elem_size);
+    } else {
+        memcpy(dst, data, len);
+    }
+    cop_chunk_landed(op, from, step, offset, len, link, false);
     return DC_OK;
 }
 
@@ -1281,6 +1310,80 @@ cop_link_frame(void *arg, const char *peer, const struct dlink_hdr *h, const uin
     pthread_cond_broadcast(&co->cv);
     pthread_mutex_unlock(&co->mtx);
     return ok;
+}
+
+/* Where an op frame's payload may be read straight to (datalink.h's op_place): bytes of a
+ * ready op that are copied, not reduced (the ring's all-gather steps, a broadcast's, an
+ * all-gather's or a direct all-reduce's), so they skip the link's buffer and a copy. NULL
+ * for anything else, which then comes to cop_link_frame as before (and is refused there if
+ * it does not fit). A reference to the op is held until cop_link_landed. */
+static uint8_t *
+cop_link_place(void *arg, const char *peer, const struct dlink_hdr *h, void **pin,
+               uint32_t *wait_ms)
+{
+    struct collectives *co = arg;
+    enum apply_mode mode;
+    uint8_t *dst = NULL;
+    struct cop *op;
+    dc_status st;
+    bool ready;
+
+    if ((h->flags & DLINK_FLAG_OP_META) != 0 || h->length == 0) {
+        return NULL;
+    }
+    pthread_mutex_lock(&co->mtx);
+    for (op = co->ops; op != NULL && op->hash != h->group; op = op->next) {
+    }
+    if (op == NULL || co->stopping || cop_frame_sender_ok(op, peer, h, &st) != DC_OK) {
+        pthread_mutex_unlock(&co->mtx);
+        return NULL;
+    }
+    op->refs++;
+    pthread_mutex_unlock(&co->mtx);
+    pthread_mutex_lock(&op->mtx);
+    while (op->phase == PHASE_STARTING && !op->failed &&
+           cop_wait_locked(op, "op did not get ready", BLAME_NONE, 0)) {
+    }
+    ready = op->phase == PHASE_READY && !op->failed;
+    pthread_mutex_unlock(&op->mtx);
+    status_clear(&st);
+    if (ready &&
+        cop_chunk_target(op, h->from, (uint32_t)h->seq, (uint32_t)h->generation, h->offset,
+                         h->length, &dst, &mode, &st) == DC_OK &&
+        mode == APPLY_COPY) {
+        uint64_t now  = rpc_now_ms();
+        uint64_t left = op->deadline_ms > now ? op->deadline_ms - now : 1;
+
+        *wait_ms = left < INT32_MAX ? (uint32_t)left : INT32_MAX;
+        *pin     = op;
+        return dst;
+    }
+    pthread_mutex_lock(&co->mtx);
+    op->refs--;
+    pthread_cond_broadcast(&co->cv);
+    pthread_mutex_unlock(&co->mtx);
+    return NULL;
+}
+
+/* A frame cop_link_place placed is in (ok), or its connection dropped mid-frame (the op
+ * then fails as its peer is lost; what landed of it counts for nothing). */
+static bool
+cop_link_landed(void *arg, const char *peer, const struct dlink_hdr *h, void *pin, bool ok,
+                dc_status *why)
+{
+    struct collectives *co = arg;
+    struct cop *op         = pin;
+
+    (void)peer;
+    (void)why;
+    if (ok) {
+        cop_chunk_landed(op, h->from, (uint32_t)h->seq, h->offset, h->length, true, true);
+    }
+    pthread_mutex_lock(&co->mtx);
+    op->refs--;
+    pthread_cond_broadcast(&co->cv);
+    pthread_mutex_unlock(&co->mtx);
+    return true;
 }
 
 /* Sends bytes [start, end) of base (a buffer of `extent` bytes) to worker `to` as chunks of
@@ -2275,6 +2378,7 @@ cop_run(void *arg)
     co->stats.bytes_received += op->bytes_received;
     co->stats.link_bytes_sent += op->link_bytes_sent;
     co->stats.link_bytes_received += op->link_bytes_received;
+    co->stats.link_bytes_placed += op->link_bytes_placed;
     co->stats.ops_direct += op->direct ? 1 : 0;
     co->stats.ops_early += op->direct && cop_sent_early(op) ? 1 : 0;
     co->stats.ops_ring_in_place += op->read_in_place ? 1 : 0;
@@ -2685,7 +2789,7 @@ collectives_new(const struct config_worker *cfg, const char *token, struct execu
         return NULL;
     }
     if (wg != NULL) {
-        sink = (struct wgroups_op_sink){ co, cop_link_frame };
+        sink = (struct wgroups_op_sink){ co, cop_link_frame, cop_link_place, cop_link_landed };
         wgroups_set_op_sink(wg, &sink);
     }
     return co;

@@ -283,8 +283,9 @@ conn_main(void *arg)
         uint8_t raw[DLINK_HDR_SIZE];
         nng_iov iov = { raw, sizeof(raw) };
         struct dlink_hdr h;
-        uint8_t *dst = NULL;
-        void *pin    = NULL;
+        uint8_t *dst     = NULL;
+        uint32_t wait_ms = 0;
+        void *pin        = NULL;
         int rv;
 
         if ((rv = dlink_recv_all(c->stream, c->aio, &iov, 1, NNG_DURATION_INFINITE)) != 0) {
@@ -309,6 +310,29 @@ conn_main(void *arg)
                            h.kind == DLINK_PART ? "part" : "op", h.length, DLINK_CHUNK);
                 conn_refuse(c, why.message);
                 break;
+            }
+            if (h.kind == DLINK_DATA && h.length > 0 && s->ev.op_place != NULL &&
+                (dst = s->ev.op_place(s->ev.arg, c->peer, &h, &pin, &wait_ms)) != NULL) {
+                /* Straight into the op's memory, no copy out of our buffer; within the op's
+                 * deadline, as the op waits for the frame before it lets its buffer go. */
+                bool took;
+
+                iov  = (nng_iov){ dst, h.length };
+                rv   = dlink_recv_all(c->stream, c->aio, &iov, 1, (nng_duration)wait_ms);
+                took = s->ev.op_landed(s->ev.arg, c->peer, &h, pin, rv == 0, &why);
+                if (rv != 0) {
+                    status_set(&why, DC_UNAVAILABLE, "its data connection dropped mid-frame (%s)",
+                               nng_strerror(rv));
+                    break;
+                }
+                if (!took) {
+                    if (why.code == DC_OK) {
+                        status_set(&why, DC_INVALID_ARGUMENT, "data link: an op frame refused");
+                    }
+                    conn_refuse(c, why.message);
+                    break;
+                }
+                continue;
             }
             if (chunk == NULL && (chunk = malloc(DLINK_CHUNK)) == NULL) {
                 status_set(&why, DC_RESOURCE_EXHAUSTED, "data link: out of memory");

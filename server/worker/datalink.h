@@ -71,6 +71,16 @@ struct dlink_events {
      * thread. NULL: control links are refused. */
     void (*control)(void *arg, struct dlink_conn *c, const uint8_t *frame, size_t len);
     uint64_t control_max;
+    /* Optional: where a DLINK_FLAG_OP frame's payload (h->length bytes, more than 0) may be
+     * read straight to, or NULL to read it into the connection's buffer for op_frame as
+     * usual. The read may take *wait_ms (the op's deadline): past it, the connection drops.
+     * After a non-NULL answer op_landed runs once, with *pin, when the payload is in (ok) or
+     * the read failed (!ok). op_landed false (when ok): refused, why says so, and the
+     * connection drops. */
+    uint8_t *(*op_place)(void *arg, const char *peer, const struct dlink_hdr *h, void **pin,
+                         uint32_t *wait_ms);
+    bool (*op_landed)(void *arg, const char *peer, const struct dlink_hdr *h, void *pin, bool ok,
+                      dc_status *why);
 };
 
 /* Answers the call a DLINK_CALL handed to ev.call or ev.control: st's error, or (st NULL or

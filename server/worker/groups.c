@@ -1916,10 +1916,13 @@ wgroups_set_op_sink(struct wgroups *wg, const struct wgroups_op_sink *sink)
     if (sink != NULL) {
         wg->op_sink = *sink;
     } else {
-        memset(&wg->op_sink, 0, sizeof(wg->op_sink));
+        /* No new frame goes to it; a frame placed still lands with it (link_op_landed). */
+        wg->op_sink.frame = NULL;
+        wg->op_sink.place = NULL;
         while (wg->op_sink_busy > 0) {
             pthread_cond_wait(&wg->op_sink_cv, &wg->mtx);
         }
+        memset(&wg->op_sink, 0, sizeof(wg->op_sink));
     }
     pthread_mutex_unlock(&wg->mtx);
 }
@@ -3000,6 +3003,55 @@ link_op_frame(void *arg, const char *peer, const struct dlink_hdr *h, const uint
     return ok;
 }
 
+/* Where an op frame's payload may go straight (the op sink's place), outside mtx. A frame
+ * placed keeps the sink busy until link_op_landed, so the sink is not unset under it. */
+static uint8_t *
+link_op_place(void *arg, const char *peer, const struct dlink_hdr *h, void **pin, uint32_t *wait_ms)
+{
+    struct wgroups *wg = arg;
+    struct wgroups_op_sink sink;
+    uint8_t *dst;
+
+    pthread_mutex_lock(&wg->mtx);
+    sink = wg->op_sink;
+    if (sink.place == NULL) {
+        pthread_mutex_unlock(&wg->mtx);
+        return NULL; /* no collectives, or none that place: through op_frame */
+    }
+    wg->op_sink_busy++;
+    pthread_mutex_unlock(&wg->mtx);
+    if ((dst = sink.place(sink.arg, peer, h, pin, wait_ms)) == NULL) {
+        pthread_mutex_lock(&wg->mtx);
+        if (--wg->op_sink_busy == 0) {
+            pthread_cond_broadcast(&wg->op_sink_cv);
+        }
+        pthread_mutex_unlock(&wg->mtx);
+    }
+    return dst;
+}
+
+/* The end of a frame link_op_place placed: the sink is the one that placed it (still set,
+ * as it was kept busy). */
+static bool
+link_op_landed(void *arg, const char *peer, const struct dlink_hdr *h, void *pin, bool ok,
+               dc_status *why)
+{
+    struct wgroups *wg = arg;
+    struct wgroups_op_sink sink;
+    bool took;
+
+    pthread_mutex_lock(&wg->mtx);
+    sink = wg->op_sink;
+    pthread_mutex_unlock(&wg->mtx);
+    took = sink.landed(sink.arg, peer, h, pin, ok, why);
+    pthread_mutex_lock(&wg->mtx);
+    if (--wg->op_sink_busy == 0) {
+        pthread_cond_broadcast(&wg->op_sink_cv);
+    }
+    pthread_mutex_unlock(&wg->mtx);
+    return took;
+}
+
 /* A control link's call: to the control handler (set once, kept until the data port
  * closes), outside mtx; refused before it is set. */
 static void
@@ -3088,7 +3140,9 @@ link_start_locked(struct wgroups *wg, dc_status *st)
                                                      0,
                                                      link_part,
                                                      link_control,
-                                                     0 };
+                                                     0,
+                                                     link_op_place,
+                                                     link_op_landed };
     struct dlink_events ev                       = ev_template;
     const char *listen = wg->cfg->listen, *adv = wg->cfg->advertise;
     bool tls = strncmp(listen, "tls+", 4) == 0;

@@ -134,6 +134,11 @@ struct wgroups_op_sink {
     void *arg;
     bool (*frame)(void *arg, const char *peer, const struct dlink_hdr *h, const uint8_t *payload,
                   dc_status *why);
+    /* datalink.h's op_place and op_landed (both or neither may be NULL). */
+    uint8_t *(*place)(void *arg, const char *peer, const struct dlink_hdr *h, void **pin,
+                      uint32_t *wait_ms);
+    bool (*landed)(void *arg, const char *peer, const struct dlink_hdr *h, void *pin, bool ok,
+                   dc_status *why);
 };
 void wgroups_set_op_sink(struct wgroups *wg, const struct wgroups_op_sink *sink);
 

@@ -54,6 +54,10 @@ metrics(void *arg, struct mbuf *body)
                 "# TYPE devcoord_dataplane_link_bytes_total counter\n"
                 "devcoord_dataplane_link_bytes_total{direction=\"sent\"} %llu\n"
                 "devcoord_dataplane_link_bytes_total{direction=\"received\"} %llu\n"
+                "# HELP devcoord_dataplane_link_bytes_placed_total Of those received, bytes read "
+                "straight into the op's buffer (copied steps), not through the link's own.\n"
+                "# TYPE devcoord_dataplane_link_bytes_placed_total counter\n"
+                "devcoord_dataplane_link_bytes_placed_total %llu\n"
                 "# HELP devcoord_worker_direct_ops_total All-reduces small enough to run as one "
                 "direct exchange between the workers instead of round the ring.\n"
                 "# TYPE devcoord_worker_direct_ops_total counter\n"
@@ -70,8 +74,8 @@ metrics(void *arg, struct mbuf *body)
                 (unsigned long long)cs.ops_done, (unsigned long long)cs.ops_failed,
                 (unsigned long long)cs.bytes_sent, (unsigned long long)cs.bytes_received,
                 (unsigned long long)cs.link_bytes_sent, (unsigned long long)cs.link_bytes_received,
-                (unsigned long long)cs.ops_direct, (unsigned long long)cs.ops_early,
-                (unsigned long long)cs.ops_ring_in_place);
+                (unsigned long long)cs.link_bytes_placed, (unsigned long long)cs.ops_direct,
+                (unsigned long long)cs.ops_early, (unsigned long long)cs.ops_ring_in_place);
     rpc_metrics_render(body, &w->rpc_metrics);
     wgroups_metrics_render(w->groups, body);
     return 200;

@@ -684,6 +684,7 @@ class DataLinkTest(OpsTestCase):
 
     LINK_SENT = 'devcoord_dataplane_link_bytes_total{direction="sent"}'
     LINK_RECEIVED = 'devcoord_dataplane_link_bytes_total{direction="received"}'
+    LINK_PLACED = 'devcoord_dataplane_link_bytes_placed_total'
     SENT = 'devcoord_dataplane_bytes_total{direction="sent"}'
     RECEIVED = 'devcoord_dataplane_bytes_total{direction="received"}'
 
@@ -709,6 +710,11 @@ class DataLinkTest(OpsTestCase):
                 self.assertEqual(m[self.LINK_SENT], m[self.SENT], m)
                 self.assertGreater(m[self.LINK_RECEIVED], 1 << 20, m)
                 self.assertEqual(m[self.LINK_RECEIVED], m[self.RECEIVED], m)
+                # Bytes that are copied, not reduced (the ring's all-gather half, the
+                # broadcast's), were read straight into the op's buffer; those reduced went
+                # through the link's own buffer.
+                self.assertGreater(m[self.LINK_PLACED], 1 << 19, m)
+                self.assertLess(m[self.LINK_PLACED], m[self.LINK_RECEIVED], m)
                 # The tensor descriptions went over it too, once a peer had a link up to
                 # this worker (its first op with it dials it): at most one Exchange call
                 # from each peer, among the dozens of ops.
@@ -1140,7 +1146,7 @@ class WorkerKillTest(OpsTestCase):
             c.kill_worker("node-b")
             r = opsutil.finish(p, timeout=180)
         finally:
-            if p.poll() is None:
+            if p is not None and p.poll() is None:
                 p.kill()
                 p.wait()
         took = time.monotonic() - killed_at

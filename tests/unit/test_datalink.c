@@ -130,6 +130,12 @@ struct sink {
     int op_frames;
     size_t op_bytes;
     uint64_t op_offset;
+    /* Op frames at offset 0 are placed in place_dst (op_place), read within place_wait_ms;
+     * op_landed counts them, ok or not, and the bytes of those ok. */
+    uint8_t *place_dst;
+    uint32_t place_wait_ms;
+    int landed_ok, landed_failed;
+    size_t landed_bytes;
 };
 
 static bool
@@ -150,6 +156,40 @@ sink_op(void *arg, const char *peer, const struct dlink_hdr *h, const uint8_t *p
     }
     pthread_mutex_unlock(&s->mtx);
     return ok;
+}
+
+static uint8_t *
+sink_place(void *arg, const char *peer, const struct dlink_hdr *h, void **pin, uint32_t *wait_ms)
+{
+    struct sink *s = arg;
+
+    (void)peer;
+    if (s->place_dst == NULL || h->offset != 0) {
+        return NULL;
+    }
+    *pin     = s;
+    *wait_ms = s->place_wait_ms;
+    return s->place_dst;
+}
+
+static bool
+sink_landed(void *arg, const char *peer, const struct dlink_hdr *h, void *pin, bool ok,
+            dc_status *why)
+{
+    struct sink *s = arg;
+
+    (void)peer;
+    (void)why;
+    assert_ptr_equal(pin, s);
+    pthread_mutex_lock(&s->mtx);
+    if (ok) {
+        s->landed_ok++;
+        s->landed_bytes += h->length;
+    } else {
+        s->landed_failed++;
+    }
+    pthread_mutex_unlock(&s->mtx);
+    return true;
 }
 
 static void
@@ -206,9 +246,8 @@ sink_get(struct sink *s, const int *field)
 static struct dlink_server *
 start(struct sink *s, char *url, size_t cap)
 {
-    struct dlink_events ev = {
-        s, sink_begin, sink_end, sink_lost, sink_op, NULL, 0, NULL, NULL, 0
-    };
+    struct dlink_events ev = { s, sink_begin, sink_end, sink_lost, sink_op,    NULL,
+                               0, NULL,       NULL,     0,         sink_place, sink_landed };
     struct dlink_server *srv;
     dc_status st;
 
@@ -482,6 +521,76 @@ test_op_frames_go_to_the_op(void **state)
     pthread_mutex_destroy(&s.mtx);
 }
 
+/* An op frame the receiver places (op_place) is read straight into the memory it names and
+ * landed once; one it does not place goes to op_frame as before. A placed frame whose bytes
+ * stop coming is given up after the wait op_place set: landed not ok, the connection dropped. */
+static void
+test_placed_op_frames_land_in_place(void **state)
+{
+    struct sink s = { 0 };
+    size_t n      = DLINK_CHUNK + 1000;
+    uint8_t *src = malloc(n), *dst = calloc(1, DLINK_CHUNK);
+    struct dlink_server *srv;
+    struct dlink_out *o;
+    struct dlink_hdr h = data_hdr(0, 0, (uint64_t)MAX_FRAME * 4);
+    uint8_t raw[DLINK_HDR_SIZE + DLINK_SECRET_SIZE + DLINK_HDR_SIZE + 10] = { 0 };
+    nng_time t0;
+    char url[64];
+    dc_status st;
+
+    (void)state;
+    pthread_mutex_init(&s.mtx, NULL);
+    assert_non_null(src);
+    assert_non_null(dst);
+    for (size_t i = 0; i < n; i++) {
+        src[i] = (uint8_t)(i * 7 + 1);
+    }
+    s.place_dst     = dst;
+    s.place_wait_ms = 300;
+    srv             = start(&s, url, sizeof(url));
+    h.flags         = DLINK_FLAG_OP;
+    assert_int_equal(
+        dlink_dial(url, NULL, dlink_server_secret(srv), "tcp://127.0.0.1:9", 2000, &o, &st), DC_OK);
+    /* Two frames: the first (offset 0) placed, the rest to op_frame. */
+    assert_int_equal(dlink_send(o, &h, src, n, &st), DC_OK);
+    for (int i = 0; i < 300 && sink_get(&s, &s.op_frames) < 1; i++) {
+        nng_msleep(10);
+    }
+    pthread_mutex_lock(&s.mtx);
+    assert_int_equal(s.landed_ok, 1);
+    assert_int_equal(s.landed_failed, 0);
+    assert_int_equal(s.landed_bytes, DLINK_CHUNK);
+    assert_int_equal(s.op_frames, 1);
+    assert_int_equal(s.op_bytes, 1000);
+    assert_int_equal(s.op_offset, DLINK_CHUNK);
+    assert_int_equal(s.begins, 0);
+    pthread_mutex_unlock(&s.mtx);
+    assert_memory_equal(dst, src, DLINK_CHUNK);
+    dlink_out_close(o);
+
+    /* A placed frame cut short, the connection left open: given up after place_wait_ms. */
+    h = (struct dlink_hdr){ .kind = DLINK_HELLO, .length = DLINK_SECRET_SIZE };
+    dlink_hdr_encode(&h, raw);
+    memcpy(raw + DLINK_HDR_SIZE, dlink_server_secret(srv), DLINK_SECRET_SIZE);
+    h       = data_hdr(0, 100, 100);
+    h.flags = DLINK_FLAG_OP;
+    dlink_hdr_encode(&h, raw + DLINK_HDR_SIZE + DLINK_SECRET_SIZE);
+    t0 = nng_clock();
+    assert_true(raw_send_then_closed(url, raw, sizeof(raw))); /* closed by the port */
+    assert_true(nng_clock() - t0 < 3000);
+    for (int i = 0; i < 300 && sink_get(&s, &s.landed_failed) < 1; i++) {
+        nng_msleep(10);
+    }
+    pthread_mutex_lock(&s.mtx);
+    assert_int_equal(s.landed_failed, 1);
+    assert_int_equal(s.landed_ok, 1);
+    pthread_mutex_unlock(&s.mtx);
+    dlink_server_free(srv);
+    free(src);
+    free(dst);
+    pthread_mutex_destroy(&s.mtx);
+}
+
 /* ---- parts of small calls ---------------------------------------------------------------- */
 
 static void
@@ -489,12 +598,11 @@ test_part_frames_come_whole(void **state)
 {
     struct sink s = { .mtx = PTHREAD_MUTEX_INITIALIZER };
     /* Parts go to the same kind of handler as op frames: sink_op counts them. */
-    struct dlink_events ev = {
-        &s, sink_begin, sink_end, sink_lost, NULL, NULL, 0, sink_op, NULL, 0
-    };
-    struct dlink_hdr h  = { .kind = DLINK_PART, .seq = 9, .offset = 3 };
-    uint8_t payload[10] = { 7, 1, 2, 3, 4, 5, 6, 7, 8, 9 };
-    uint8_t *big        = calloc(1, DLINK_CHUNK + 1);
+    struct dlink_events ev = { &s, sink_begin, sink_end, sink_lost, NULL, NULL,
+                               0,  sink_op,    NULL,     0,         NULL, NULL };
+    struct dlink_hdr h     = { .kind = DLINK_PART, .seq = 9, .offset = 3 };
+    uint8_t payload[10]    = { 7, 1, 2, 3, 4, 5, 6, 7, 8, 9 };
+    uint8_t *big           = calloc(1, DLINK_CHUNK + 1);
     struct dlink_server *srv;
     struct dlink_out *o;
     char url[64];
@@ -591,8 +699,8 @@ static void
 test_call_link_calls_and_answers(void **state)
 {
     struct sink s          = { .mtx = PTHREAD_MUTEX_INITIALIZER };
-    struct dlink_events ev = { &s,        sink_begin, sink_end, sink_lost, sink_op,
-                               echo_call, 1024,       NULL,     NULL,      0 };
+    struct dlink_events ev = { &s,   sink_begin, sink_end, sink_lost, sink_op, echo_call,
+                               1024, NULL,       NULL,     0,         NULL,    NULL };
     struct dlink_hdr h     = { .seq = 5 };
     uint8_t in[8] = { 1, 2, 3, 4, 5, 6, 7, 8 }, out[8], big[2048] = { 0 };
     struct dlink_server *srv;
@@ -694,6 +802,7 @@ main(void)
         cmocka_unit_test(test_an_empty_part_keeps_the_link),
         cmocka_unit_test(test_hostile_peers_are_dropped_without_a_frame),
         cmocka_unit_test(test_op_frames_go_to_the_op),
+        cmocka_unit_test(test_placed_op_frames_land_in_place),
         cmocka_unit_test(test_part_frames_come_whole),
         cmocka_unit_test(test_call_link_calls_and_answers),
         cmocka_unit_test(test_a_bounded_send_gives_up_on_a_peer_that_does_not_read),
