@@ -1240,6 +1240,33 @@ cop_take_early(struct cop *op, dc_status *st)
     return DC_OK;
 }
 
+/* Waits (within the op's deadline) for a frame's op to be ready for data: false when it
+ * failed or is past that. */
+static bool
+cop_wait_ready(struct cop *op)
+{
+    bool ready;
+
+    pthread_mutex_lock(&op->mtx);
+    while (op->phase == PHASE_STARTING && !op->failed &&
+           cop_wait_locked(op, "op did not get ready", BLAME_NONE, 0)) {
+    }
+    ready = op->phase == PHASE_READY && !op->failed;
+    pthread_mutex_unlock(&op->mtx);
+    return ready;
+}
+
+/* Drops a data handler's reference to op (taken under co->mtx); the op's thread may be
+ * waiting for it. */
+static void
+cop_unref(struct collectives *co, struct cop *op)
+{
+    pthread_mutex_lock(&co->mtx);
+    op->refs--;
+    pthread_cond_broadcast(&co->cv);
+    pthread_mutex_unlock(&co->mtx);
+}
+
 /* A data link frame of an op (groups.c's op sink, on the connection's reader thread): the op
  * it names by hash, if it runs here, applies it once it is ready, as an Exchange chunk. A
  * frame from a worker the op does not list at that address, or naming bytes outside the op,
@@ -1283,19 +1310,11 @@ cop_link_frame(void *arg, const char *peer, const struct dlink_hdr *h, const uin
             *why = st;
             ok   = false;
         }
-        pthread_mutex_lock(&co->mtx);
-        op->refs--;
-        pthread_cond_broadcast(&co->cv);
-        pthread_mutex_unlock(&co->mtx);
+        cop_unref(co, op);
         return ok;
     }
     /* The sender had our tensor descriptions, so the op is here; it may still be preparing. */
-    pthread_mutex_lock(&op->mtx);
-    while (op->phase == PHASE_STARTING && !op->failed &&
-           cop_wait_locked(op, "op did not get ready", BLAME_NONE, 0)) {
-    }
-    ready = op->phase == PHASE_READY && !op->failed;
-    pthread_mutex_unlock(&op->mtx);
+    ready = cop_wait_ready(op);
     status_clear(&st);
     if (ready && cop_apply_chunk(op, h->from, (uint32_t)h->seq, (uint32_t)h->generation, h->offset,
                                  payload, h->length, true, &st) != DC_OK) {
@@ -1305,10 +1324,7 @@ cop_link_frame(void *arg, const char *peer, const struct dlink_hdr *h, const uin
         *why = st;
         ok   = st.code != DC_INVALID_ARGUMENT;
     }
-    pthread_mutex_lock(&co->mtx);
-    op->refs--;
-    pthread_cond_broadcast(&co->cv);
-    pthread_mutex_unlock(&co->mtx);
+    cop_unref(co, op);
     return ok;
 }
 
@@ -1340,12 +1356,7 @@ cop_link_place(void *arg, const char *peer, const struct dlink_hdr *h, void **pi
     }
     op->refs++;
     pthread_mutex_unlock(&co->mtx);
-    pthread_mutex_lock(&op->mtx);
-    while (op->phase == PHASE_STARTING && !op->failed &&
-           cop_wait_locked(op, "op did not get ready", BLAME_NONE, 0)) {
-    }
-    ready = op->phase == PHASE_READY && !op->failed;
-    pthread_mutex_unlock(&op->mtx);
+    ready = cop_wait_ready(op);
     status_clear(&st);
     if (ready &&
         cop_chunk_target(op, h->from, (uint32_t)h->seq, (uint32_t)h->generation, h->offset,
@@ -1358,10 +1369,7 @@ cop_link_place(void *arg, const char *peer, const struct dlink_hdr *h, void **pi
         *pin     = op;
         return dst;
     }
-    pthread_mutex_lock(&co->mtx);
-    op->refs--;
-    pthread_cond_broadcast(&co->cv);
-    pthread_mutex_unlock(&co->mtx);
+    cop_unref(co, op);
     return NULL;
 }
 
@@ -1379,10 +1387,7 @@ cop_link_landed(void *arg, const char *peer, const struct dlink_hdr *h, void *pi
     if (ok) {
         cop_chunk_landed(op, h->from, (uint32_t)h->seq, h->offset, h->length, true, true);
     }
-    pthread_mutex_lock(&co->mtx);
-    op->refs--;
-    pthread_cond_broadcast(&co->cv);
-    pthread_mutex_unlock(&co->mtx);
+    cop_unref(co, op);
     return true;
 }
 

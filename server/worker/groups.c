@@ -2977,6 +2977,33 @@ link_frame_end(void *arg, const char *peer, const struct dlink_hdr *h, void *pin
     pbuf_drop(pin);
 }
 
+/* The op sink, kept busy (wgroups_set_op_sink(NULL) waits for op_sink_release), into *sink:
+ * false when none is set. */
+static bool
+op_sink_take(struct wgroups *wg, struct wgroups_op_sink *sink)
+{
+    pthread_mutex_lock(&wg->mtx);
+    *sink = wg->op_sink;
+    if (sink->frame == NULL) {
+        pthread_mutex_unlock(&wg->mtx);
+        return false;
+    }
+    wg->op_sink_busy++;
+    pthread_mutex_unlock(&wg->mtx);
+    return true;
+}
+
+/* A call into the op sink is over: wgroups_set_op_sink(NULL) may be waiting for it. */
+static void
+op_sink_release(struct wgroups *wg)
+{
+    pthread_mutex_lock(&wg->mtx);
+    if (--wg->op_sink_busy == 0) {
+        pthread_cond_broadcast(&wg->op_sink_cv);
+    }
+    pthread_mutex_unlock(&wg->mtx);
+}
+
 /* An op's frame: to the op sink, outside mtx (it may wait for its op to be ready). */
 static bool
 link_op_frame(void *arg, const char *peer, const struct dlink_hdr *h, const uint8_t *payload,
@@ -2986,20 +3013,11 @@ link_op_frame(void *arg, const char *peer, const struct dlink_hdr *h, const uint
     struct wgroups_op_sink sink;
     bool ok;
 
-    pthread_mutex_lock(&wg->mtx);
-    sink = wg->op_sink;
-    if (sink.frame == NULL) {
-        pthread_mutex_unlock(&wg->mtx);
+    if (!op_sink_take(wg, &sink)) {
         return true; /* no collectives (stopping): dropped */
     }
-    wg->op_sink_busy++;
-    pthread_mutex_unlock(&wg->mtx);
     ok = sink.frame(sink.arg, peer, h, payload, why);
-    pthread_mutex_lock(&wg->mtx);
-    if (--wg->op_sink_busy == 0) {
-        pthread_cond_broadcast(&wg->op_sink_cv);
-    }
-    pthread_mutex_unlock(&wg->mtx);
+    op_sink_release(wg);
     return ok;
 }
 
@@ -3010,22 +3028,13 @@ link_op_place(void *arg, const char *peer, const struct dlink_hdr *h, void **pin
 {
     struct wgroups *wg = arg;
     struct wgroups_op_sink sink;
-    uint8_t *dst;
+    uint8_t *dst = NULL;
 
-    pthread_mutex_lock(&wg->mtx);
-    sink = wg->op_sink;
-    if (sink.place == NULL) {
-        pthread_mutex_unlock(&wg->mtx);
-        return NULL; /* no collectives, or none that place: through op_frame */
+    if (!op_sink_take(wg, &sink)) {
+        return NULL; /* no collectives (stopping): op_frame drops it */
     }
-    wg->op_sink_busy++;
-    pthread_mutex_unlock(&wg->mtx);
-    if ((dst = sink.place(sink.arg, peer, h, pin, wait_ms)) == NULL) {
-        pthread_mutex_lock(&wg->mtx);
-        if (--wg->op_sink_busy == 0) {
-            pthread_cond_broadcast(&wg->op_sink_cv);
-        }
-        pthread_mutex_unlock(&wg->mtx);
+    if (sink.place == NULL || (dst = sink.place(sink.arg, peer, h, pin, wait_ms)) == NULL) {
+        op_sink_release(wg);
     }
     return dst;
 }
@@ -3044,11 +3053,7 @@ link_op_landed(void *arg, const char *peer, const struct dlink_hdr *h, void *pin
     sink = wg->op_sink;
     pthread_mutex_unlock(&wg->mtx);
     took = sink.landed(sink.arg, peer, h, pin, ok, why);
-    pthread_mutex_lock(&wg->mtx);
-    if (--wg->op_sink_busy == 0) {
-        pthread_cond_broadcast(&wg->op_sink_cv);
-    }
-    pthread_mutex_unlock(&wg->mtx);
+    op_sink_release(wg);
     return took;
 }
 
