@@ -29,9 +29,11 @@
  * A data frame with flag bit 0 set gets no memory from frame_begin (the port reads its payload
  * and drops it), as a frame for a group no longer here would. A frame flagged DLINK_FLAG_OP
  * (SubmitOp's chunks) goes to op_frame with its payload, which takes it when its seq is even
- * and refuses it (the port then drops the connection) when odd. A part frame (DLINK_PART, a
- * small group call's part) goes the same way, to the same handler. Call and answer frames
- * (the call link's) decode, but a data connection refuses them.
+ * and refuses it (the port then drops the connection) when odd; one with seq bit 1 set and
+ * a payload is placed instead (op_place: a buffer of exactly its length), read straight
+ * into it and landed (op_landed, ok or not), taken or refused by the same rule. A part frame
+ * (DLINK_PART, a small group call's part) goes the same way, to the same handler. Call and answer
+ * frames (the call link's) decode, but a data connection refuses them.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -57,13 +59,14 @@
 /* Bytes frame_begin's buffers start with, so a payload that was not written shows. */
 #define FILL 0xA5
 
-enum event_kind { EV_BEGIN, EV_END, EV_LOST, EV_OP };
+enum event_kind { EV_BEGIN, EV_END, EV_LOST, EV_OP, EV_PLACE, EV_LANDED };
 
 struct event {
     enum event_kind kind;
     struct dlink_hdr h;
     char peer[DLINK_ADDRESS_MAX + 1];
-    uint8_t *dst; /* EV_BEGIN: the buffer handed out (NULL: dropped); EV_OP: the payload */
+    uint8_t *dst; /* EV_BEGIN, EV_PLACE: the buffer handed out (NULL: dropped); EV_OP: the
+                   * payload */
     void *pin;
     bool ok;
     dc_code why; /* EV_LOST */
@@ -181,6 +184,51 @@ ev_op(void *arg, const char *peer, const struct dlink_hdr *h, const uint8_t *pay
     return true;
 }
 
+/* Op frames with seq bit 1 set are placed (see placed()). */
+static uint8_t *
+ev_place(void *arg, const char *peer, const struct dlink_hdr *h, void **pin, uint32_t *wait_ms)
+{
+    struct event *e;
+
+    (void)arg;
+    if ((h->seq & 2) == 0) {
+        return NULL;
+    }
+    pthread_mutex_lock(&mtx);
+    e    = event_add(EV_PLACE, peer);
+    e->h = *h;
+    /* h->length was checked against a chunk by now; if not, the malloc limit says so. */
+    if ((e->dst = malloc(h->length)) == NULL) {
+        fuzz_finding("cannot allocate %u bytes for a placed op frame", h->length);
+    }
+    memset(e->dst, FILL, h->length);
+    e->pin   = e->dst;
+    *pin     = e->dst;
+    *wait_ms = HANDSHAKE_MS;
+    pthread_mutex_unlock(&mtx);
+    return e->dst;
+}
+
+static bool
+ev_landed(void *arg, const char *peer, const struct dlink_hdr *h, void *pin, bool ok,
+          dc_status *why)
+{
+    struct event *e;
+
+    (void)arg;
+    pthread_mutex_lock(&mtx);
+    e      = event_add(EV_LANDED, peer);
+    e->h   = *h;
+    e->pin = pin;
+    e->ok  = ok;
+    pthread_mutex_unlock(&mtx);
+    if (ok && (h->seq & 1) != 0) {
+        status_set(why, DC_INVALID_ARGUMENT, "fuzz: placed op frame refused (odd seq)");
+        return false;
+    }
+    return true;
+}
+
 static void
 ev_lost(void *arg, const char *peer, const dc_status *why)
 {
@@ -281,6 +329,14 @@ whole(const struct dlink_hdr *h)
     return (h->flags & DLINK_FLAG_OP) != 0 || h->kind == DLINK_PART;
 }
 
+/* An op frame the port reads straight into the buffer ev_place hands out. */
+static bool
+placed(const struct dlink_hdr *h)
+{
+    return h->kind == DLINK_DATA && (h->flags & DLINK_FLAG_OP) != 0 && h->length > 0 &&
+           (h->seq & 2) != 0;
+}
+
 /* What the port must do with these bytes (the connection closing after them). */
 static void
 model_run(struct model *m, const uint8_t *b, size_t len)
@@ -325,7 +381,7 @@ model_run(struct model *m, const uint8_t *b, size_t len)
             m->lost    = DC_INVALID_ARGUMENT;
             return;
         }
-        if (whole(&h) && len - pos < h.length) {
+        if (whole(&h) && !placed(&h) && len - pos < h.length) {
             m->lost = DC_UNAVAILABLE; /* cut short: op_frame never sees it */
             return;
         }
@@ -351,8 +407,8 @@ model_run(struct model *m, const uint8_t *b, size_t len)
 static void
 start_once(void)
 {
-    struct dlink_events ev = { NULL, ev_begin, ev_end, ev_lost, ev_op, NULL,
-                               0,    ev_op,    NULL,   0,       NULL,  NULL };
+    struct dlink_events ev = { NULL, ev_begin, ev_end, ev_lost, ev_op,    NULL,
+                               0,    ev_op,    NULL,   0,       ev_place, ev_landed };
     char url[64];
     dc_status st;
     int rv;
@@ -426,6 +482,28 @@ check_events(const struct model *m, const uint8_t *b)
         const struct event *e       = i < n_events ? &events[i] : NULL;
         const struct event *end     = i + 1 < n_events ? &events[i + 1] : NULL;
 
+        if (placed(&f->h)) {
+            if (e == NULL || e->kind != EV_PLACE || !hdr_equal(&e->h, &f->h) ||
+                strcmp(e->peer, peer) != 0) {
+                fuzz_finding("placed op frame %zu (%u bytes): no op_place with its header and "
+                             "peer",
+                             k, f->h.length);
+            }
+            if (end == NULL || end->kind != EV_LANDED || !hdr_equal(&end->h, &f->h) ||
+                end->pin != e->pin || strcmp(end->peer, peer) != 0) {
+                fuzz_finding("placed op frame %zu: op_place without its op_landed", k);
+            }
+            if (end->ok != f->ok) {
+                fuzz_finding("placed op frame %zu: op_landed ok=%d, but %s of its %u bytes were "
+                             "sent",
+                             k, end->ok, f->ok ? "all" : "not all", f->h.length);
+            }
+            if (end->ok && memcmp(e->dst, b + f->payload, f->h.length) != 0) {
+                fuzz_finding("placed op frame %zu: the payload in place is not the bytes sent", k);
+            }
+            i += 2;
+            continue;
+        }
         if (whole(&f->h)) {
             if (e == NULL || e->kind != EV_OP || !hdr_equal(&e->h, &f->h) ||
                 strcmp(e->peer, peer) != 0) {
@@ -549,7 +627,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     pthread_mutex_lock(&mtx);
     check_events(&m, wire);
     for (size_t i = 0; i < n_events; i++) {
-        if (events[i].kind == EV_BEGIN || events[i].kind == EV_OP) {
+        if (events[i].kind == EV_BEGIN || events[i].kind == EV_OP || events[i].kind == EV_PLACE) {
             free(events[i].dst);
         }
     }
