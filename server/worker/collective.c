@@ -1256,6 +1256,19 @@ cop_wait_ready(struct cop *op)
     return ready;
 }
 
+/* The op running here whose id hashes to `hash` (a data link frame's group), or NULL. co->mtx
+ * held. */
+static struct cop *
+cop_by_hash_locked(struct collectives *co, uint64_t hash)
+{
+    struct cop *op = co->ops;
+
+    while (op != NULL && op->hash != hash) {
+        op = op->next;
+    }
+    return op;
+}
+
 /* Drops a data handler's reference to op (taken under co->mtx); the op's thread may be
  * waiting for it. */
 static void
@@ -1282,8 +1295,7 @@ cop_link_frame(void *arg, const char *peer, const struct dlink_hdr *h, const uin
     bool ok = true, ready;
 
     pthread_mutex_lock(&co->mtx);
-    for (op = co->ops; op != NULL && op->hash != h->group; op = op->next) {
-    }
+    op = cop_by_hash_locked(co, h->group);
     if (op == NULL && !co->stopping && (h->flags & DLINK_FLAG_OP_META) != 0) {
         link_orphan_keep_locked(co, peer, h, payload);
         pthread_mutex_unlock(&co->mtx);
@@ -1344,12 +1356,11 @@ cop_link_place(void *arg, const char *peer, const struct dlink_hdr *h, void **pi
     dc_status st;
     bool ready;
 
-    if ((h->flags & DLINK_FLAG_OP_META) != 0 || h->length == 0) {
-        return NULL;
+    if ((h->flags & DLINK_FLAG_OP_META) != 0) {
+        return NULL; /* descriptions: cop_link_frame's */
     }
     pthread_mutex_lock(&co->mtx);
-    for (op = co->ops; op != NULL && op->hash != h->group; op = op->next) {
-    }
+    op = cop_by_hash_locked(co, h->group);
     if (op == NULL || co->stopping || cop_frame_sender_ok(op, peer, h, &st) != DC_OK) {
         pthread_mutex_unlock(&co->mtx);
         return NULL;

@@ -320,6 +320,13 @@ conn_main(void *arg)
                 iov  = (nng_iov){ dst, h.length };
                 rv   = dlink_recv_all(c->stream, c->aio, &iov, 1, (nng_duration)wait_ms);
                 took = s->ev.op_landed(s->ev.arg, c->peer, &h, pin, rv == 0, &why);
+                if (rv == NNG_ETIMEDOUT) {
+                    status_set(&why, DC_DEADLINE_EXCEEDED,
+                               "an op frame of %u bytes did not come whole within its op's "
+                               "deadline (%u ms)",
+                               h.length, wait_ms);
+                    break;
+                }
                 if (rv != 0) {
                     status_set(&why, DC_UNAVAILABLE, "its data connection dropped mid-frame (%s)",
                                nng_strerror(rv));

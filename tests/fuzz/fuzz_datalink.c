@@ -123,6 +123,47 @@ event_add(enum event_kind kind, const char *peer)
     return e;
 }
 
+/* A buffer for a frame's payload, exactly h->length bytes (1 for none) filled with FILL, so
+ * bytes not written show. mtx held. */
+static uint8_t *
+payload_buffer(const struct dlink_hdr *h)
+{
+    uint8_t *b;
+
+    /* h->length has been checked against the port's limits by now; if not, the malloc limit
+     * says so. */
+    if ((b = malloc(h->length ? h->length : 1)) == NULL) {
+        fuzz_finding("cannot allocate %u bytes for a frame", h->length);
+    }
+    memset(b, FILL, h->length);
+    return b;
+}
+
+/* frame_end's or op_landed's event. */
+static void
+event_end(enum event_kind kind, const char *peer, const struct dlink_hdr *h, void *pin, bool ok)
+{
+    struct event *e;
+
+    pthread_mutex_lock(&mtx);
+    e      = event_add(kind, peer);
+    e->h   = *h;
+    e->pin = pin;
+    e->ok  = ok;
+    pthread_mutex_unlock(&mtx);
+}
+
+/* What op_frame and op_landed say of a whole op frame: taken when its seq is even. */
+static bool
+op_taken(const struct dlink_hdr *h, dc_status *why)
+{
+    if ((h->seq & 1) != 0) {
+        status_set(why, DC_INVALID_ARGUMENT, "fuzz: op frame refused (odd seq)");
+        return false;
+    }
+    return true;
+}
+
 static void
 ev_begin(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t **dst, void **pin)
 {
@@ -133,14 +174,9 @@ ev_begin(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t **dst, 
     e    = event_add(EV_BEGIN, peer);
     e->h = *h;
     if ((h->flags & 1) == 0) {
-        /* h->length has been checked against MAX_FRAME by now; if not, the malloc limit
-         * says so. */
-        if ((e->dst = malloc(h->length ? h->length : 1)) == NULL) {
-            fuzz_finding("cannot allocate %u bytes for a frame", h->length);
-        }
-        memset(e->dst, FILL, h->length);
-        *dst = e->dst;
-        *pin = e->dst;
+        e->dst = payload_buffer(h);
+        *dst   = e->dst;
+        *pin   = e->dst;
     } else {
         *pin = &drop_pin;
     }
@@ -151,15 +187,8 @@ ev_begin(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t **dst, 
 static void
 ev_end(void *arg, const char *peer, const struct dlink_hdr *h, void *pin, bool ok)
 {
-    struct event *e;
-
     (void)arg;
-    pthread_mutex_lock(&mtx);
-    e      = event_add(EV_END, peer);
-    e->h   = *h;
-    e->pin = pin;
-    e->ok  = ok;
-    pthread_mutex_unlock(&mtx);
+    event_end(EV_END, peer, h, pin, ok);
 }
 
 static bool
@@ -170,18 +199,12 @@ ev_op(void *arg, const char *peer, const struct dlink_hdr *h, const uint8_t *pay
 
     (void)arg;
     pthread_mutex_lock(&mtx);
-    e    = event_add(EV_OP, peer);
-    e->h = *h;
-    if ((e->dst = malloc(h->length ? h->length : 1)) == NULL) {
-        fuzz_finding("cannot allocate %u bytes for an op frame", h->length);
-    }
+    e      = event_add(EV_OP, peer);
+    e->h   = *h;
+    e->dst = payload_buffer(h);
     memcpy(e->dst, payload, h->length);
     pthread_mutex_unlock(&mtx);
-    if ((h->seq & 1) != 0) {
-        status_set(why, DC_INVALID_ARGUMENT, "fuzz: op frame refused (odd seq)");
-        return false;
-    }
-    return true;
+    return op_taken(h, why);
 }
 
 /* Op frames with seq bit 1 set are placed (see placed()). */
@@ -195,13 +218,9 @@ ev_place(void *arg, const char *peer, const struct dlink_hdr *h, void **pin, uin
         return NULL;
     }
     pthread_mutex_lock(&mtx);
-    e    = event_add(EV_PLACE, peer);
-    e->h = *h;
-    /* h->length was checked against a chunk by now; if not, the malloc limit says so. */
-    if ((e->dst = malloc(h->length)) == NULL) {
-        fuzz_finding("cannot allocate %u bytes for a placed op frame", h->length);
-    }
-    memset(e->dst, FILL, h->length);
+    e        = event_add(EV_PLACE, peer);
+    e->h     = *h;
+    e->dst   = payload_buffer(h);
     e->pin   = e->dst;
     *pin     = e->dst;
     *wait_ms = HANDSHAKE_MS;
@@ -213,20 +232,9 @@ static bool
 ev_landed(void *arg, const char *peer, const struct dlink_hdr *h, void *pin, bool ok,
           dc_status *why)
 {
-    struct event *e;
-
     (void)arg;
-    pthread_mutex_lock(&mtx);
-    e      = event_add(EV_LANDED, peer);
-    e->h   = *h;
-    e->pin = pin;
-    e->ok  = ok;
-    pthread_mutex_unlock(&mtx);
-    if (ok && (h->seq & 1) != 0) {
-        status_set(why, DC_INVALID_ARGUMENT, "fuzz: placed op frame refused (odd seq)");
-        return false;
-    }
-    return true;
+    event_end(EV_LANDED, peer, h, pin, ok);
+    return !ok || op_taken(h, why);
 }
 
 static void

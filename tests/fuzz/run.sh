@@ -25,17 +25,18 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 out="$build/fuzz-results"
 rm -rf "$out"
 mkdir -p "$out"
-# One target: replays its reproducers, fuzzs, writes its report to $out/<target>.report and
+# One target, in a subshell of its own (run with &): replays its reproducers, fuzzes, writes
+# its report to $out/<target>.report (first, so a failure of its own lands there too) and
 # exits non-zero on any finding.
 fuzz_one() {
     local t=$1 name bin work repro rc execs rate a ok=1
+    exec >"$out/$t.report" 2>&1
     name=${t#fuzz_}
     bin="$build/tests/fuzz/$t"
     work="$out/$t"
     mkdir -p "$work/corpus" "$work/artifacts"
     cp tests/fuzz/corpus/"$name"/* "$work/corpus/"
     local opts=(-rss_limit_mb=2048 -timeout=10 -artifact_prefix="$work/artifacts/")
-    exec >"$out/$t.report" 2>&1
 
     echo "== $t: replaying saved reproducers"
     for repro in tests/fuzz/crashes/"$name"-*.bin; do
