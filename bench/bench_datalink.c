@@ -1,5 +1,5 @@
 /*
- * The workers' data link alone (issue 17, server/worker/datalink.c): two data ports in this
+ * The workers' data link alone (issue 17, common/datalink.c): two data ports in this
  * process, each dialing the other, send a part of 1 MiB or 16 MiB both ways at once (as two
  * workers of a group exchange their parts), over tcp:// and tls+tcp://. The figure is bytes per
  * second per direction, from the start of both sends until both parts have landed in their

@@ -1,5 +1,5 @@
 /*
- * The receiving side of the workers' data link (server/worker/datalink.c) on real bytes: one
+ * The receiving side of the workers' data link (common/datalink.c) on real bytes: one
  * data port on 127.0.0.1 per process, and per input a fresh TCP connection to it that carries
  * the input, then closes. The target waits (bounded) until the port is done with that
  * connection, then compares what the events got with what a model of the protocol, run on

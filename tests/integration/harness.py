@@ -284,7 +284,7 @@ class Daemon:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
 
-# ---- the workers' data link (server/worker/datalink.h) ----------------------------------
+# ---- the workers' data link (common/datalink.h) ----------------------------------
 
 def dlink_header(kind, length, flags=0, sender=0, group=0, generation=0, seq=0, offset=0,
                  total=0, version=1):

@@ -1,4 +1,4 @@
-/* The data link (server/worker/datalink.c): frame headers from the wire, then a real data port
+/* The data link (common/datalink.c): frame headers from the wire, then a real data port
  * on 127.0.0.1 with a HELLO, a part landing in the memory named for it, and hostile peers. */
 #include <stdarg.h>
 #include <stddef.h>

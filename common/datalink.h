@@ -18,8 +18,8 @@
  * (limits.max_message_bytes), offset + length beyond total) drops the connection: its payload
  * is never allocated or read.
  */
-#ifndef DEVCOORD_WORKER_DATALINK_H
-#define DEVCOORD_WORKER_DATALINK_H
+#ifndef DEVCOORD_DATALINK_H
+#define DEVCOORD_DATALINK_H
 
 #include <stdbool.h>
 #include <stddef.h>
