@@ -212,6 +212,9 @@ dlink_send_all(nng_stream *s, nng_aio *aio, nng_iov *iov, unsigned n, nng_durati
 struct dlink_out {
     nng_stream *stream;
     nng_aio *aio;
+    nng_aio *idle; /* dlink_out_idle_begin's read, made on its first use */
+    bool idle_on;
+    uint8_t idle_byte;
 };
 
 dc_code
@@ -352,12 +355,44 @@ dlink_out_close(struct dlink_out *o)
     if (o == NULL) {
         return;
     }
+    if (o->idle != NULL) {
+        nng_aio_stop(o->idle);
+    }
     if (o->stream != NULL) {
         nng_stream_close(o->stream);
         nng_stream_free(o->stream);
     }
+    nng_aio_free(o->idle);
     nng_aio_free(o->aio);
     free(o);
+}
+
+void
+dlink_out_idle_begin(struct dlink_out *o)
+{
+    nng_iov iov = { &o->idle_byte, 1 };
+
+    if (o->idle_on || (o->idle == NULL && nng_aio_alloc(&o->idle, NULL, NULL) != 0)) {
+        return; /* no watch: idle_end finds nothing wrong */
+    }
+    nng_aio_set_timeout(o->idle, NNG_DURATION_INFINITE);
+    if (nng_aio_set_iov(o->idle, 1, &iov) != 0) {
+        return;
+    }
+    o->idle_on = true;
+    nng_stream_recv(o->stream, o->idle);
+}
+
+bool
+dlink_out_idle_end(struct dlink_out *o)
+{
+    if (!o->idle_on) {
+        return true;
+    }
+    o->idle_on = false;
+    nng_aio_cancel(o->idle);
+    nng_aio_wait(o->idle);
+    return nng_aio_result(o->idle) == NNG_ECANCELED;
 }
 
 /* Marks the link unusable (closed) after a transport failure rv: st says so. */

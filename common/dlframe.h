@@ -1,5 +1,5 @@
 /*
- * The data link's frames and its dialing side (datalink.h in server/worker has the whole
+ * The data link's frames and its dialing side (datalink.h has the whole
  * story and the listening side): shared by workers, which send a group's bytes to their peers,
  * and by libdevcoord, whose ranks make calls on their worker's data port (the call link).
  */
@@ -138,5 +138,12 @@ dc_code dlink_call_send(struct dlink_out *o, const struct dlink_hdr *h, const vo
 dc_code dlink_call_recv_any(struct dlink_out *o, uint64_t seq, size_t max_answer,
                             uint32_t timeout_ms, nng_msg **answer, dc_status *st);
 void dlink_out_close(struct dlink_out *o);
+/* Between calls on a link that only answers (a call link): leaves a one-byte read posted,
+ * which completes only when the peer sends something unasked or the connection ends (the
+ * peer closed it, restarted, or went). dlink_out_idle_end takes it back before the next
+ * call: true when it was still waiting (the link is fit to use), false when the link ended
+ * or broke its protocol (the caller closes it, and can still make the call another way). */
+void dlink_out_idle_begin(struct dlink_out *o);
+bool dlink_out_idle_end(struct dlink_out *o);
 
 #endif
