@@ -61,6 +61,7 @@ UNIMPL(get_cluster_status, Devcoord__V1__GetClusterStatusRequest,
 UNIMPL(group_join, Devcoord__V1__GroupJoinRequest, Devcoord__V1__GroupJoinResponse_Closure)
 UNIMPL(group_leave, Devcoord__V1__GroupLeaveRequest, Devcoord__V1__GroupLeaveResponse_Closure)
 UNIMPL(list_groups, Devcoord__V1__ListGroupsRequest, Devcoord__V1__ListGroupsResponse_Closure)
+UNIMPL(call_link, Devcoord__V1__CallLinkRequest, Devcoord__V1__CallLinkResponse_Closure)
 
 /* The cheap method: the name back in a DeviceInfo, the attachment back as the reply's. */
 static void

@@ -1459,6 +1459,18 @@ static const struct field state_fields[] = {
 };
 
 /* Nested mappings of flat struct members (heartbeat, limits, auth) keep the parent's base. */
+static const struct field call_link_fields[] = {
+    { .name   = "enabled",
+      .parse  = field_bool,
+      .offset = offsetof(struct config_coordinator, call_link) },
+    { .name   = "port",
+      .parse  = field_u32,
+      .min    = 0,
+      .max    = 65535,
+      .offset = offsetof(struct config_coordinator, call_link_port) },
+    { .name = NULL },
+};
+
 static const struct field coordinator_fields[] = {
     { .name   = "listen",
       .parse  = field_address,
@@ -1490,6 +1502,7 @@ static const struct field coordinator_fields[] = {
     { .name   = "advertise",
       .parse  = field_address,
       .offset = offsetof(struct config_coordinator, advertise) },
+    { .name = "call_link", .parse = field_map, .sub = call_link_fields },
     { .name = NULL },
 };
 
@@ -1719,6 +1732,7 @@ config_coordinator_defaults(struct config_coordinator *cfg, dc_status *st)
     cfg->max_inflight_bytes_per_connection = RPC_DEFAULT_MAX_INFLIGHT_PER_CONNECTION;
     cfg->handshake_timeout_ms              = RPC_DEFAULT_HANDSHAKE_TIMEOUT_MS;
     cfg->state.lease_ttl_ms                = 3000;
+    cfg->call_link                         = true;
     if ((cfg->listen = strdup(DEFAULT_COORDINATOR_LISTEN)) == NULL ||
         (cfg->http = strdup(DEFAULT_COORDINATOR_HTTP)) == NULL ||
         (cfg->state.prefix = strdup("/devcoord/default")) == NULL) {

@@ -76,6 +76,11 @@ struct config_coordinator {
     uint32_t handshake_timeout_ms;
     struct config_tls tls;
     struct config_log log;
+    /* call_link.enabled (default true) and call_link.port (default 0: the kernel picks): the
+     * raw connection trainers may send SubmitOp on (README "SubmitOp on the call link"), on
+     * the listen address's host; never with a tls+tcp:// listener. */
+    bool call_link;
+    uint32_t call_link_port;
 };
 
 struct config_device {

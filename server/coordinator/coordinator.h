@@ -31,6 +31,7 @@ struct coordinator {
     struct auth_current *auth; /* NULL: no tokens file, every call is let in; swapped on
                                   SIGHUP (daemon_reload) */
     struct rpc_server *rpc;
+    struct call_link *link; /* NULL: no call link (calllink.h) */
     struct rpc_metrics rpc_metrics;
     struct http_server *http;
     atomic_bool ready;

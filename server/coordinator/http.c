@@ -5,6 +5,7 @@
 #include <strings.h>
 
 #include "arena.h"
+#include "calllink.h"
 #include "clock.h"
 #include "coordinator.h"
 #include "ha.h"
@@ -57,6 +58,12 @@ metrics(void *arg, struct mbuf *body)
     registry_metrics_render(c->registry, body);
     ops_metrics_render(c->ops, body);
     groupsvc_metrics_render(c->groups, body);
+    mbuf_printf(body,
+                "# HELP devcoord_call_link_calls_total Calls trainers made on the call link "
+                "(README \"SubmitOp on the call link\"), not as RPCs.\n"
+                "# TYPE devcoord_call_link_calls_total counter\n"
+                "devcoord_call_link_calls_total %llu\n",
+                (unsigned long long)call_link_calls(c->link));
     rpc_metrics_render(body, &c->rpc_metrics);
     return 200;
 }

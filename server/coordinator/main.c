@@ -10,6 +10,7 @@
 #include <nng/nng.h>
 
 #include "auth.h"
+#include "calllink.h"
 #include "coordinator.h"
 #include "daemon.h"
 #include "log.h"
@@ -48,8 +49,8 @@ static const char usage[] =
  * operator steering (which writes the state file) and a large SubmitOp go to the server
  * threads. */
 static const char *const coordinator_inline_methods[] = {
-    "RegisterWorker",   "Heartbeat", "DeregisterWorker", "GetDevice", "GetOp",
-    "GetClusterStatus", NULL,
+    "RegisterWorker", "Heartbeat",        "DeregisterWorker", "GetDevice",
+    "GetOp",          "GetClusterStatus", "CallLink",         NULL,
 };
 
 /* A small SubmitOp (a few dozen devices: validation and planning are cheap) runs inline too,
@@ -335,10 +336,15 @@ main(int argc, char **argv)
         so.authorize     = coordinator_authorize;
         so.authorize_arg = c;
     }
+    if (call_link_start(&c->cfg, &c->link, &st) != DC_OK) {
+        log_error("%s: not starting", st.message);
+        goto out;
+    }
     if (rpc_server_start(&so, &c->rpc, &st) != DC_OK) {
         log_error("%s", st.message);
         goto out;
     }
+    call_link_serve(c->link, c->rpc);
     if (coordinator_http_start(c, &st) != DC_OK) {
         log_error("%s", st.message);
         goto out_rpc;
@@ -378,8 +384,12 @@ out_rpc:
     rpc_server_close(c->rpc);
     ops_shutdown(c->ops);
     groupsvc_shutdown(c->groups);
+    /* Its connections stop taking frames before the server they are served by goes. */
+    call_link_free(c->link);
+    c->link = NULL;
     rpc_server_free(c->rpc);
 out:
+    call_link_free(c->link);
     groupsvc_free(c->groups);
     ops_free(c->ops); /* its callbacks may still ask ha_leads */
     ha_free(c->ha);

@@ -4,6 +4,7 @@
 
 #include "arena.h"
 #include "auth.h"
+#include "calllink.h"
 #include "coordinator.h"
 #include "log.h"
 #include "groupsvc.h"
@@ -289,6 +290,18 @@ c_list_groups(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__ListGr
     groupsvc_list(COORD(svc)->groups, in, closure, cd);
 }
 
+/* Where the call link listens (calllink.h), port 0 when there is none. */
+static void
+c_call_link(Devcoord__V1__Coordinator_Service *svc, const Devcoord__V1__CallLinkRequest *in,
+            Devcoord__V1__CallLinkResponse_Closure closure, void *cd)
+{
+    Devcoord__V1__CallLinkResponse out = DEVCOORD__V1__CALL_LINK_RESPONSE__INIT;
+
+    (void)in;
+    call_link_describe(COORD(svc)->link, &out);
+    closure(&out, cd);
+}
+
 void
 coordinator_service_init(struct coordinator *c)
 {
@@ -315,6 +328,7 @@ static const struct auth_rule coordinator_rules[] = {
     { "GroupJoin", ROLE_TRAINER },
     { "GroupLeave", ROLE_TRAINER },
     { "ListGroups", ROLE_TRAINER | ROLE_OPERATOR },
+    { "CallLink", ROLE_TRAINER },
 };
 
 /* The status page shows what these calls answer, so a token sees it only if it may make

@@ -417,6 +417,7 @@ UNIMPL(f_, CSVC, group_leave, Devcoord__V1__GroupLeaveRequest,
        Devcoord__V1__GroupLeaveResponse_Closure)
 UNIMPL(f_, CSVC, list_groups, Devcoord__V1__ListGroupsRequest,
        Devcoord__V1__ListGroupsResponse_Closure)
+UNIMPL(f_, CSVC, call_link, Devcoord__V1__CallLinkRequest, Devcoord__V1__CallLinkResponse_Closure)
 UNIMPL(w_, WSVC, group_setup, Devcoord__V1__GroupSetupRequest,
        Devcoord__V1__GroupSetupResponse_Closure)
 UNIMPL(w_, WSVC, group_call, Devcoord__V1__GroupCallRequest,
@@ -1247,7 +1248,8 @@ test_method_numbers(void **state)
     /* methods.h is generated from the .proto: its first and last entries of each service. */
     assert_string_equal(COORD_SVC->methods[M_COORDINATOR_REGISTER_WORKER].name, "RegisterWorker");
     assert_string_equal(COORD_SVC->methods[M_COORDINATOR_LIST_GROUPS].name, "ListGroups");
-    assert_int_equal(M_COORDINATOR_LIST_GROUPS + 1, COORD_SVC->n_methods);
+    assert_string_equal(COORD_SVC->methods[M_COORDINATOR_CALL_LINK].name, "CallLink");
+    assert_int_equal(M_COORDINATOR_CALL_LINK + 1, COORD_SVC->n_methods);
     assert_string_equal(WORKER_SVC->methods[M_WORKER_EXECUTE].name, "Execute");
     assert_string_equal(WORKER_SVC->methods[M_WORKER_EXCHANGE].name, "Exchange");
     assert_string_equal(WORKER_SVC->methods[M_WORKER_COMMIT].name, "Commit");

@@ -71,6 +71,8 @@ assert_coordinator_defaults(const struct config_coordinator *c)
     assert_false(c->tls.require_client_cert);
     assert_int_equal(c->log.level, LOG_INFO);
     assert_int_equal(c->log.format, LOG_FORMAT_TEXT);
+    assert_true(c->call_link);
+    assert_int_equal(c->call_link_port, 0);
 }
 
 static void
@@ -513,6 +515,9 @@ static const struct bad coordinator_bad[] = {
     { "state: {backend: etcd, endpoints: [http://a:1], username: [a]}\n",
       NAME ":1:59: key 'state.username': ", "expected a string, found a sequence" },
     { "advertise: nowhere\n", NAME ":1:12: key 'advertise': ", "invalid address 'nowhere'" },
+    { "call_link: {port: 70000}\n", NAME ":1:19: key 'call_link.port': ", "" },
+    { "call_link: {enabled: maybe}\n", NAME ":1:22: key 'call_link.enabled': ", "" },
+    { "call_link: {host: a}\n", NAME ":1:13: ", "call_link.host" },
 };
 
 /* state: {backend: etcd, ...} and the coordinator's advertise (issue 16). */
@@ -547,6 +552,12 @@ test_coordinator_state_etcd(void **state)
     assert_string_equal(c.state.username, "devcoord");
     assert_string_equal(c.state.password_file, "/etc/devcoord/etcd-password");
     assert_string_equal(c.advertise, "tcp://coord-a:7400");
+    config_coordinator_free(&c);
+    /* call_link (README "SubmitOp on the call link"): off, or on a fixed port. */
+    static const char link_yaml[] = "call_link: {enabled: false, port: 7401}\n";
+    assert_int_equal(config_coordinator_parse(NAME, link_yaml, strlen(link_yaml), &c, &st), DC_OK);
+    assert_false(c.call_link);
+    assert_int_equal(c.call_link_port, 7401);
     assert_int_equal(config_coordinator_parse(NAME, comma, strlen(comma), &c, &st), DC_OK);
     assert_string_equal(c.state.endpoints, "http://a:1,http://b:2");
     assert_string_equal(c.state.prefix, "/devcoord/default");

@@ -257,6 +257,7 @@ UNIMPL(get_cluster_status, Devcoord__V1__GetClusterStatusRequest,
 UNIMPL(group_join, Devcoord__V1__GroupJoinRequest, Devcoord__V1__GroupJoinResponse_Closure)
 UNIMPL(group_leave, Devcoord__V1__GroupLeaveRequest, Devcoord__V1__GroupLeaveResponse_Closure)
 UNIMPL(list_groups, Devcoord__V1__ListGroupsRequest, Devcoord__V1__ListGroupsResponse_Closure)
+UNIMPL(call_link, Devcoord__V1__CallLinkRequest, Devcoord__V1__CallLinkResponse_Closure)
 #undef UNIMPL
 
 static Devcoord__V1__Coordinator_Service coordinator_service = DEVCOORD__V1__COORDINATOR__INIT(c_);
