@@ -90,8 +90,14 @@ dc_code
 client_coord_call(dc_client *c, unsigned method, const ProtobufCMessage *req, uint32_t timeout_ms,
                   struct rpc_reply *r, dc_status *st)
 {
+    dc_code code;
+
     if (c->leader != NULL) {
         return rpc_leader_call(c->leader, COORD_SVC, method, req, timeout_ms, r, st);
+    }
+    if (method == M_COORDINATOR_SUBMIT_OP &&
+        coord_link_call(c, method, req, timeout_ms, r, st, &code)) {
+        return code;
     }
     return rpc_call(c->coord, COORD_SVC, method, req, NULL, 0, timeout_ms, r, st);
 }
@@ -518,12 +524,17 @@ dc_client_open(const char *address, const dc_client_options *opts, dc_client **o
         (code = client_tls_options(c, opts, st)) != DC_OK ||
         (code = several ? rpc_leader_new(list, client_leader_open, c, &c->leader, st)
                         : client_rpc_open(c, addr, opts != NULL && opts->fail_fast, &c->coord,
-                                          st)) != DC_OK) {
+                                          st)) != DC_OK ||
+        (!several && (code = coord_link_new(c, addr, st)) != DC_OK)) {
         goto fail;
+    }
+    if (!several) {
+        snprintf(c->coord_url, sizeof(c->coord_url), "%s", addr);
     }
     *out = c;
     return DC_OK;
 fail:
+    rpc_client_close(c->coord);
     client_free_options(c);
     pthread_cond_destroy(&c->conn_cv);
     pthread_mutex_destroy(&c->mtx);
@@ -542,6 +553,7 @@ dc_client_close(dc_client *c)
         free(c->workers[i]);
     }
     free(c->workers);
+    coord_link_free(c);
     rpc_client_close(c->coord);
     rpc_leader_free(c->leader);
     client_free_options(c);

@@ -8,6 +8,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -46,6 +47,11 @@ struct dc_client {
     /* The coordinator's op timeout for a submit that names none; 0 until asked. */
     atomic_uint op_timeout_ms;
 
+    /* SubmitOp on the coordinator's call link (calllink.c): NULL when not tried (a list of
+     * coordinators, tls+tcp://, DEVCOORD_CALL_LINK=off). coord_url: the one address. */
+    struct coord_link *link;
+    char coord_url[CLIENT_ADDRESS_MAX + 8];
+
     pthread_mutex_t mtx;    /* guards the worker cache */
     pthread_cond_t conn_cv; /* a worker's connection was dialed (or failed to be) */
     struct worker_conn **workers;
@@ -69,6 +75,14 @@ dc_code client_copy_field(char *dst, size_t cap, const char *src, const char *wh
  * for an unknown dtype, too many dimensions or a size that does not fit in size_t. */
 dc_code tensor_expected_bytes(dc_dtype dtype, const uint64_t *shape, size_t ndim, size_t *out,
                               dc_status *st);
+
+/* calllink.c: the link set up for url (nothing when it is not plain tcp://), freed. */
+dc_code coord_link_new(dc_client *c, const char *url, dc_status *st);
+void coord_link_free(dc_client *c);
+/* Makes a call on the link when it has one, or can open it, and no other call is on it:
+ * true and *code (r and st as rpc_call sets them); false when the RPC must make it. */
+bool coord_link_call(dc_client *c, unsigned method, const ProtobufCMessage *req,
+                     uint32_t timeout_ms, struct rpc_reply *r, dc_status *st, dc_code *code);
 
 /* A call to the coordinator (or, with a list, to their leader; rpc_leader.h says which
  * calls go again where). */

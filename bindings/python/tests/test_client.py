@@ -8,8 +8,11 @@ the library from $DEVCOORD_LIB (set by CTest), else build/client/libdevcoord.so.
 
 import array
 import os
+import socket
 import sys
+import time
 import unittest
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -203,6 +206,82 @@ class ClientTest(unittest.TestCase):
             self.client.submit("all-reduce", [A, B], "g", reduce="average")
         self.assertEqual(devcoord.dtype("bf16").number, 6)
         self.assertEqual(devcoord.dtype("f16").size, 2)
+
+
+class CallLinkTest(unittest.TestCase):
+    """SubmitOp on the coordinator's call link (README "SubmitOp on the call link"): a handle's
+    SubmitOps after its first go as frames on a raw connection to the coordinator and are
+    served like RPCs (counted with them); a link the coordinator dropped by restarting is
+    found dead and opened again without failing an op; with the link off every op is an
+    RPC."""
+
+    def start(self, **config):
+        self.http = harness.free_port()
+        config["http"] = "%s:%d" % (harness.HOST, self.http)
+        cluster = start_cluster(harness.Cluster(heartbeat_ms=200, dead_after_ms=2000,
+                                                coordinator_config=config), self)
+        self.addCleanup(cluster.close)
+        client = devcoord.Client(cluster.addr, timeout_ms=20000)
+        self.addCleanup(client.close)
+        client.put(A, "cl", [1.0, 2.0])
+        client.put(B, "cl", [3.0, 4.0])
+        self.expect = [2.0, 3.0]  # half the first sum: each op doubles it
+        return cluster, client
+
+    def metrics(self):
+        with urllib.request.urlopen("http://%s:%d/metrics" % (harness.HOST, self.http),
+                                    timeout=10) as f:
+            text = f.read().decode()
+        ok = 'devcoord_rpc_requests_total{service="Coordinator",method="%s",code="OK"} '
+        m = {"link": None, "submits": 0.0, "asks": 0.0}
+        for line in text.splitlines():
+            if line.startswith("devcoord_call_link_calls_total "):
+                m["link"] = float(line.split()[1])
+            elif line.startswith(ok % "SubmitOp"):
+                m["submits"] = float(line.split()[1])
+            elif line.startswith(ok % "CallLink"):
+                m["asks"] = float(line.split()[1])
+        return m
+
+    def all_reduce(self, client):
+        """One all-reduce of the two tensors (each op doubles them), checked on both."""
+        op = client.submit("all-reduce", [A, B], "cl", reduce="sum")
+        self.assertEqual((op.state, op.code), ("done", "OK"))
+        self.expect = [2 * v for v in self.expect]
+        for dev in (A, B):
+            self.assertEqual(client.get(dev, "cl").tolist(), self.expect)
+
+    def test_ops_after_the_first_go_on_the_link_and_survive_a_restart(self):
+        port = harness.free_port()
+        cluster, client = self.start(call_link={"port": port})
+        for _ in range(5):
+            self.all_reduce(client)
+        # The first op went as an RPC (a one-shot client never opens the link). The second
+        # asked where the link is (CallLink as an RPC), dialed it and made a CallLink on it
+        # first, then it and the others went on it: five calls on the link, on the
+        # configured port, every one in the RPC counts too.
+        self.assertEqual(self.metrics(), {"link": 5.0, "submits": 5.0, "asks": 2.0})
+        socket.create_connection((harness.HOST, port), timeout=5).close()
+        # SIGKILL: the link's connection dies with the process. The client finds it dead
+        # before its next op and asks the new coordinator again; no op fails for it.
+        cluster.restart_coordinator()
+        cluster.wait_workers(["node-a", "node-b"])
+        deadline = time.monotonic() + 20
+        while self.metrics()["link"] < 3:
+            self.assertLess(time.monotonic(), deadline, self.metrics())
+            self.all_reduce(client)
+        # The new coordinator was asked where its link is (by RPC, then on the link) and
+        # took ops on it; each call on the link was a SubmitOp or such a CallLink.
+        m = self.metrics()
+        self.assertGreaterEqual(m["asks"], 2, m)
+        self.assertLessEqual(m["link"], m["submits"] + m["asks"], m)
+
+    def test_with_the_link_off_every_op_is_an_rpc(self):
+        cluster, client = self.start(call_link={"enabled": False})
+        for _ in range(3):
+            self.all_reduce(client)
+        # The client asked once, heard port 0, and never again.
+        self.assertEqual(self.metrics(), {"link": 0.0, "submits": 3.0, "asks": 1.0})
 
 
 class UnreachableTest(unittest.TestCase):
