@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "address.h"
 #include "auth.h"
 #include "client.h"
 #include "dlframe.h"
@@ -33,9 +34,8 @@ struct coord_link {
 dc_code
 coord_link_new(dc_client *c, const char *url, dc_status *st)
 {
-    struct coord_link *l;
-
     const char *env = getenv("DEVCOORD_CALL_LINK");
+    struct coord_link *l;
 
     /* Plain tcp:// only, and one coordinator: a list follows their leader by RPC. */
     if (url == NULL || strncmp(url, "tcp://", 6) != 0 || (env != NULL && strcmp(env, "off") == 0)) {
@@ -73,24 +73,20 @@ link_drop(struct coord_link *l)
 
 /* One call on l->out. *sent: its frame went whole, so the call is the link's whatever
  * becomes of it (made at most once); until then the link is dropped on any failure and the
- * call can still go as an RPC. l->mtx held. */
+ * call can still go as an RPC. Failures read as the RPC's would. l->mtx held. */
 static dc_code
 link_roundtrip(dc_client *c, struct coord_link *l, unsigned method, const ProtobufCMessage *req,
                uint32_t timeout_ms, struct rpc_reply *r, dc_status *st, bool *sent)
 {
+    const char *name   = COORD_SVC->methods[method].name;
     struct dlink_hdr h = { .kind = DLINK_CALL };
     nng_msg *msg = NULL, *answer = NULL;
     dc_code code;
 
     *sent = false;
     memset(r, 0, sizeof(*r));
-    if (!dlink_out_idle_end(l->out)) {
-        link_drop(l); /* the coordinator closed it (restarted, stopping) */
-        return status_set(st, DC_UNAVAILABLE, "call link closed by the coordinator");
-    }
     if ((code = rpc_request_pack(COORD_SVC, method, req, NULL, 0, c->token, ++l->seq, timeout_ms,
                                  RPC_DEFAULT_MAX_MESSAGE, &msg, st)) != DC_OK) {
-        dlink_out_idle_begin(l->out);
         return code;
     }
     h.seq = l->seq;
@@ -101,17 +97,22 @@ link_roundtrip(dc_client *c, struct coord_link *l, unsigned method, const Protob
         return code;
     }
     *sent = true;
-    if ((code = dlink_call_recv_any(l->out, h.seq, RPC_DEFAULT_MAX_MESSAGE + RPC_FRAME_OVERHEAD,
-                                    timeout_ms, &answer, st)) != DC_OK) {
-        if (st->transport) {
-            link_drop(l);
-        } else {
-            dlink_out_idle_begin(l->out);
-        }
-        return code;
+    code  = dlink_call_recv_any(l->out, h.seq, RPC_DEFAULT_MAX_MESSAGE + RPC_FRAME_OVERHEAD,
+                                timeout_ms, &answer, st);
+    if (code == DC_OK) {
+        return rpc_reply_decode(&COORD_SVC->methods[method], false, h.seq, c->coord_url, answer, r,
+                                st);
     }
-    code = rpc_reply_decode(&COORD_SVC->methods[method], false, h.seq, c->coord_url, answer, r, st);
-    dlink_out_idle_begin(l->out);
+    if (st->transport) { /* as rpc_call words it: dlframe's message names a worker */
+        link_drop(l);
+        if (code == DC_DEADLINE_EXCEEDED) {
+            status_set(st, code, "%s: no reply from %s within %u ms (call link)", name,
+                       c->coord_url, timeout_ms);
+        } else {
+            status_set(st, code, "%s: connection to %s lost (call link)", name, c->coord_url);
+        }
+        st->transport = true;
+    }
     return code;
 }
 
@@ -142,8 +143,7 @@ link_open(dc_client *c, struct coord_link *l)
         l->off = true; /* an older coordinator, or its link is off */
     } else if (code == DC_OK && resp->port <= 65535 && resp->secret.len == DLINK_SECRET_SIZE) {
         auth_url_host(c->coord_url, host, sizeof(host));
-        snprintf(url, sizeof(url), "tcp://%s%s%s:%u", strchr(host, ':') ? "[" : "", host,
-                 strchr(host, ':') ? "]" : "", resp->port);
+        address_url(url, sizeof(url), "tcp", host, resp->port);
         began = rpc_now_ms();
         if (dlink_dial_as(url, NULL, resp->secret.data, "libdevcoord", DLINK_HELLO_CONTROL,
                           LINK_SETUP_MS, &l->out, &st) == DC_OK) {
@@ -185,11 +185,11 @@ coord_link_call(dc_client *c, unsigned method, const ProtobufCMessage *req, uint
     }
     l->wanted = true;
     status_clear(&ls);
-    if (l->out != NULL) {
+    if (l->out != NULL) { /* else, or when not sent, the RPC makes it (or says why not) */
         *code = link_roundtrip(c, l, method, req, timeout_ms, r, &ls, &sent);
-        if (!sent) {
-            rpc_reply_free(r); /* the RPC makes it, or says why it cannot be packed */
-        }
+    }
+    if (l->out != NULL) {
+        dlink_out_idle_begin(l->out); /* watched until the next call */
     }
     pthread_mutex_unlock(&l->mtx);
     if (sent && st != NULL) {

@@ -1,5 +1,6 @@
 #include "address.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "log.h"
@@ -79,4 +80,12 @@ address_split_list(const char *list, char *buf, size_t cap, const char **out, si
         out[n++] = p;
     }
     return n;
+}
+
+void
+address_url(char *out, size_t cap, const char *scheme, const char *host, unsigned port)
+{
+    bool v6 = strchr(host, ':') != NULL;
+
+    snprintf(out, cap, "%s://%s%s%s:%u", scheme, v6 ? "[" : "", host, v6 ? "]" : "", port);
 }

@@ -21,4 +21,8 @@ bool address_port_valid(const char *text);
  * of list, cap bytes); returns the count, 0 when it does not fit or names none. */
 size_t address_split_list(const char *list, char *buf, size_t cap, const char **out, size_t max);
 
+/* "scheme://host:port" into out (cap bytes), an IPv6 literal host (one with a ':') in
+ * brackets. */
+void address_url(char *out, size_t cap, const char *scheme, const char *host, unsigned port);
+
 #endif

@@ -186,6 +186,19 @@ dlink_call_answer(struct dlink_conn *c, const dc_status *st, const void *data, s
     pthread_mutex_unlock(&c->amtx);
 }
 
+void
+dlink_call_answer_frame(void *arg, const void *reply, size_t len)
+{
+    dc_status st;
+
+    if (reply == NULL) {
+        status_set(&st, DC_INTERNAL, "no reply could be made");
+        dlink_call_answer(arg, &st, NULL, 0);
+        return;
+    }
+    dlink_call_answer(arg, NULL, reply, len);
+}
+
 /* A call link: each DLINK_CALL is read whole, handed to ev.call (a control link's to
  * ev.control), and answered before the next is read. Any other frame, or one larger than
  * ev.call_max (ev.control_max), drops the connection. */

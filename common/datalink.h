@@ -88,6 +88,9 @@ struct dlink_events {
  * thread (its answerer may hold locks); a control link's is written by the caller, at once
  * (bounded by the handshake timeout), so it must hold no lock others wait on. */
 void dlink_call_answer(struct dlink_conn *c, const dc_status *st, const void *data, size_t bytes);
+/* A control link's answer from the RPC server (rpc.h's rpc_frame_answer_fn, arg the
+ * connection): the reply frame, or INTERNAL when no reply could be made (reply NULL). */
+void dlink_call_answer_frame(void *arg, const void *reply, size_t len);
 
 struct dlink_server;
 

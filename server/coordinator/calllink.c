@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "address.h"
 #include "auth.h"
 #include "config.h"
 #include "datalink.h"
@@ -15,20 +16,6 @@ struct call_link {
     _Atomic(struct rpc_server *) rpc;
     atomic_uint_fast64_t calls;
 };
-
-static void
-link_answer(void *arg, const void *reply, size_t len)
-{
-    struct dlink_conn *conn = arg;
-    dc_status st;
-
-    if (reply == NULL) {
-        status_set(&st, DC_INTERNAL, "no reply could be made");
-        dlink_call_answer(conn, &st, NULL, 0);
-        return;
-    }
-    dlink_call_answer(conn, NULL, reply, len);
-}
 
 /* A frame: served on this connection's thread when its method runs inline (a small SubmitOp
  * does), else by the server threads while this one waits for the answer. */
@@ -45,7 +32,7 @@ link_call(void *arg, struct dlink_conn *conn, const uint8_t *frame, size_t len)
         return;
     }
     atomic_fetch_add(&l->calls, 1);
-    rpc_server_serve_frame(rpc, frame, len, link_answer, conn);
+    rpc_server_serve_frame(rpc, frame, len, dlink_call_answer_frame, conn);
 }
 
 dc_code
@@ -67,8 +54,7 @@ call_link_start(const struct config_coordinator *cfg, struct call_link **out, dc
     ev.control     = link_call;
     ev.control_max = cfg->max_message_bytes + RPC_FRAME_OVERHEAD;
     auth_url_host(cfg->listen, host, sizeof(host));
-    snprintf(url, sizeof(url), "tcp://%s%s%s:%u", strchr(host, ':') ? "[" : "",
-             host[0] ? host : "0.0.0.0", strchr(host, ':') ? "]" : "", cfg->call_link_port);
+    address_url(url, sizeof(url), "tcp", host[0] ? host : "0.0.0.0", cfg->call_link_port);
     if ((code = dlink_server_start(url, NULL, ev.control_max,
                                    cfg->handshake_timeout_ms ? cfg->handshake_timeout_ms : 10000,
                                    &ev, &l->dl, st)) != DC_OK) {
@@ -76,8 +62,9 @@ call_link_start(const struct config_coordinator *cfg, struct call_link **out, dc
         free(l);
         return code;
     }
-    log_info("call link listening on tcp://%s%s%s:%d", strchr(host, ':') ? "[" : "",
-             host[0] ? host : "0.0.0.0", strchr(host, ':') ? "]" : "", dlink_server_port(l->dl));
+    address_url(url, sizeof(url), "tcp", host[0] ? host : "0.0.0.0",
+                (unsigned)dlink_server_port(l->dl));
+    log_info("call link listening on %s", url);
     *out = l;
     return DC_OK;
 }

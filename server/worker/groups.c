@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "address.h"
 #include "auth.h"
 #include "bufcache.h"
 #include "clock.h"
@@ -3165,9 +3166,8 @@ link_start_locked(struct wgroups *wg, dc_status *st)
     ev.control_max = (uint64_t)wg->cfg->max_message_bytes + RPC_FRAME_OVERHEAD;
     auth_url_host(listen, host, sizeof(host));
     auth_url_host(adv != NULL ? adv : listen, ahost, sizeof(ahost));
-    snprintf(url, sizeof(url), "%s://%s%s%s:%u", tls ? "tls+tcp" : "tcp",
-             strchr(host, ':') ? "[" : "", host[0] ? host : "0.0.0.0", strchr(host, ':') ? "]" : "",
-             wg->cfg->group_data_port);
+    address_url(url, sizeof(url), tls ? "tls+tcp" : "tcp", host[0] ? host : "0.0.0.0",
+                wg->cfg->group_data_port);
     if (tls && wg->dl_tls == NULL &&
         (code = auth_tls_server(&wg->cfg->tls, &wg->dl_tls, st)) != DC_OK) {
         return code;
@@ -3178,9 +3178,8 @@ link_start_locked(struct wgroups *wg, dc_status *st)
                                    &ev, &wg->dl, st)) != DC_OK) {
         return code;
     }
-    snprintf(wg->dl_address, sizeof(wg->dl_address), "%s://%s%s%s:%d", tls ? "tls+tcp" : "tcp",
-             strchr(ahost, ':') ? "[" : "", ahost[0] ? ahost : "127.0.0.1",
-             strchr(ahost, ':') ? "]" : "", dlink_server_port(wg->dl));
+    address_url(wg->dl_address, sizeof(wg->dl_address), tls ? "tls+tcp" : "tcp",
+                ahost[0] ? ahost : "127.0.0.1", (unsigned)dlink_server_port(wg->dl));
     log_info("data link listening on %s (advertised as %s)", url, wg->dl_address);
     return DC_OK;
 }

@@ -65,20 +65,6 @@ static const char *const worker_inline_methods[] = {
 /* A control link's call reaches the RPC server as if it had come on its socket (token,
  * limits, inline methods and metrics alike); its reply frame goes back on the link. */
 static void
-control_answer(void *arg, const void *reply, size_t len)
-{
-    struct dlink_conn *conn = arg;
-    dc_status st;
-
-    if (reply == NULL) {
-        status_set(&st, DC_INTERNAL, "no reply could be made");
-        dlink_call_answer(conn, &st, NULL, 0);
-        return;
-    }
-    dlink_call_answer(conn, NULL, reply, len);
-}
-
-static void
 control_call(void *arg, struct dlink_conn *conn, const uint8_t *frame, size_t len)
 {
     struct worker *w = arg;
@@ -91,7 +77,7 @@ control_call(void *arg, struct dlink_conn *conn, const uint8_t *frame, size_t le
     }
     /* This connection's thread only waits for the answer: an Execute runs its op here. */
     collectives_run_here(true);
-    rpc_server_serve_frame(w->rpc, frame, len, control_answer, conn);
+    rpc_server_serve_frame(w->rpc, frame, len, dlink_call_answer_frame, conn);
     collectives_run_here(false);
 }
 

@@ -208,6 +208,24 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(devcoord.dtype("f16").size, 2)
 
 
+def call_link_metrics(http):
+    """The coordinator's call link counts from its /metrics on port http: calls on the link,
+    and SubmitOp and CallLink answered OK (on the link or as RPCs)."""
+    with urllib.request.urlopen("http://%s:%d/metrics" % (harness.HOST, http),
+                                timeout=10) as f:
+        text = f.read().decode()
+    ok = 'devcoord_rpc_requests_total{service="Coordinator",method="%s",code="OK"} '
+    m = {"link": None, "submits": 0.0, "asks": 0.0}
+    for line in text.splitlines():
+        if line.startswith("devcoord_call_link_calls_total "):
+            m["link"] = float(line.split()[1])
+        elif line.startswith(ok % "SubmitOp"):
+            m["submits"] = float(line.split()[1])
+        elif line.startswith(ok % "CallLink"):
+            m["asks"] = float(line.split()[1])
+    return m
+
+
 class CallLinkTest(unittest.TestCase):
     """SubmitOp on the coordinator's call link (README "SubmitOp on the call link"): a handle's
     SubmitOps after its first go as frames on a raw connection to the coordinator and are
@@ -229,19 +247,7 @@ class CallLinkTest(unittest.TestCase):
         return cluster, client
 
     def metrics(self):
-        with urllib.request.urlopen("http://%s:%d/metrics" % (harness.HOST, self.http),
-                                    timeout=10) as f:
-            text = f.read().decode()
-        ok = 'devcoord_rpc_requests_total{service="Coordinator",method="%s",code="OK"} '
-        m = {"link": None, "submits": 0.0, "asks": 0.0}
-        for line in text.splitlines():
-            if line.startswith("devcoord_call_link_calls_total "):
-                m["link"] = float(line.split()[1])
-            elif line.startswith(ok % "SubmitOp"):
-                m["submits"] = float(line.split()[1])
-            elif line.startswith(ok % "CallLink"):
-                m["asks"] = float(line.split()[1])
-        return m
+        return call_link_metrics(self.http)
 
     def all_reduce(self, client):
         """One all-reduce of the two tensors (each op doubles them), checked on both."""
@@ -303,8 +309,10 @@ class UnreachableTest(unittest.TestCase):
 class SecureTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.cluster = start_cluster(secutil.SecureCluster(auth=True, heartbeat_ms=500,
-                                                          dead_after_ms=5000), cls)
+        cls.http = harness.free_port()
+        cls.cluster = start_cluster(secutil.SecureCluster(
+            auth=True, heartbeat_ms=500, dead_after_ms=5000,
+            coordinator_config={"http": "%s:%d" % (harness.HOST, cls.http)}), cls)
 
     def test_token(self):
         tokens = self.cluster.tokens
@@ -315,6 +323,13 @@ class SecureTest(unittest.TestCase):
             c.submit("all-reduce", [A, B], "t", reduce="max")
             self.assertEqual(c.get(B, "t").tolist(), [3.0, 4.0])
             self.assertEqual(c.get(A, "t").tolist(), [3.0, 4.0])
+            # The handle's second op goes on the coordinator's call link: its frame carries
+            # the token, checked as an RPC's would be.
+            c.put(A, "t", [5.0, 1.0])
+            c.submit("all-reduce", [A, B], "t", reduce="max")
+            self.assertEqual(c.get(B, "t").tolist(), [5.0, 4.0])
+            self.assertEqual(call_link_metrics(self.http),
+                             {"link": 2.0, "submits": 2.0, "asks": 2.0})
         with devcoord.Client(self.cluster.addr, token=tokens.unknown) as c:
             with self.assertRaises(devcoord.Unauthenticated):
                 c.workers()
