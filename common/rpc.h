@@ -121,12 +121,18 @@ bool rpc_server_abandoned(void);
  * the call, or NULL and 0 when not even an error reply could be built. Any thread. */
 typedef void (*rpc_frame_answer_fn)(void *arg, const void *reply, size_t len);
 
+/* The bit of method index m in rpc_server_serve_frame's `methods`. */
+#define RPC_METHOD_BIT(m) ((uint64_t)1 << (m))
+
 /* Serves one request frame (as a client's rpc_call sends it: wire.h's header and body) that
  * came over another transport: admitted, authorized, decoded and dispatched as if it had come
  * on the socket (inline methods run on the caller's thread, the rest on the server threads);
- * answer gets the reply frame exactly once, maybe before this returns. Calls so served count
- * as busy until answered: the caller must stop serving frames before rpc_server_free. */
-void rpc_server_serve_frame(struct rpc_server *s, const void *frame, size_t len,
+ * answer gets the reply frame exactly once, maybe before this returns. Only the methods whose
+ * RPC_METHOD_BIT is set in `methods` are served so; any other is answered UNIMPLEMENTED
+ * before its body is decoded (a link serves the calls it was made for, nothing else). Calls
+ * so served count as busy until answered: the caller must stop serving frames before
+ * rpc_server_free. */
+void rpc_server_serve_frame(struct rpc_server *s, const void *frame, size_t len, uint64_t methods,
                             rpc_frame_answer_fn answer, void *arg);
 
 /* The call's status: a handler fills it (status_set) and then calls closure(NULL, call) to

@@ -47,6 +47,7 @@ struct rpc_call {
      * frame goes to frame_answer, then the call is freed; ctx and aio are unused. */
     rpc_frame_answer_fn frame_answer;
     void *frame_arg;
+    uint64_t frame_methods; /* the methods served on that transport (RPC_METHOD_BIT) */
 };
 
 struct rpc_pipe_load {
@@ -702,9 +703,14 @@ rpc_call_take(struct rpc_call *call)
     if (!rpc_call_open(call)) {
         return;
     }
+    method = (size_t)(call->method - s->service->descriptor->methods);
+    if (call->frame_answer != NULL && (call->frame_methods & RPC_METHOD_BIT(method)) == 0) {
+        rpc_call_fail(call, DC_UNIMPLEMENTED, "%s is not served on this link; call it as an RPC",
+                      call->method->name);
+        return;
+    }
     /* Cheap methods run here, on nng's thread (or a frame's): no hand-off. They never wait;
      * the rest goes to the server threads. */
-    method = (size_t)(call->method - s->service->descriptor->methods);
     if (s->inline_method[method] ||
         (s->inline_small[method] && nng_msg_len(call->req) <= s->inline_small_max)) {
         if (call->frame_answer == NULL) {
@@ -726,7 +732,7 @@ rpc_call_take(struct rpc_call *call)
 }
 
 void
-rpc_server_serve_frame(struct rpc_server *s, const void *frame, size_t len,
+rpc_server_serve_frame(struct rpc_server *s, const void *frame, size_t len, uint64_t methods,
                        rpc_frame_answer_fn answer, void *arg)
 {
     struct rpc_call *call = calloc(1, sizeof(*call));
@@ -738,11 +744,12 @@ rpc_server_serve_frame(struct rpc_server *s, const void *frame, size_t len,
         return;
     }
     memcpy(nng_msg_body(req), frame, len);
-    call->server       = s;
-    call->req          = req;
-    call->arrived_us   = rpc_now_us();
-    call->frame_answer = answer;
-    call->frame_arg    = arg;
+    call->server        = s;
+    call->req           = req;
+    call->arrived_us    = rpc_now_us();
+    call->frame_answer  = answer;
+    call->frame_arg     = arg;
+    call->frame_methods = methods;
     status_clear(&call->status);
     pthread_mutex_lock(&s->mtx);
     s->busy++;

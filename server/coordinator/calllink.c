@@ -9,7 +9,13 @@
 #include "auth.h"
 #include "config.h"
 #include "datalink.h"
+#include "devcoord/v1/methods.h"
 #include "log.h"
+
+/* What the client sends on the link: its SubmitOps, and the CallLink that checks a new one.
+ * Anything else (a GroupJoin, which is tied to its RPC connection's end) goes as an RPC. */
+#define LINK_METHODS \
+    (RPC_METHOD_BIT(M_COORDINATOR_SUBMIT_OP) | RPC_METHOD_BIT(M_COORDINATOR_CALL_LINK))
 
 struct call_link {
     struct dlink_server *dl;
@@ -18,7 +24,8 @@ struct call_link {
 };
 
 /* A frame: served on this connection's thread when its method runs inline (a small SubmitOp
- * does), else by the server threads while this one waits for the answer. */
+ * does), else by the server threads while this one waits for the answer; a method not in
+ * LINK_METHODS is answered UNIMPLEMENTED. */
 static void
 link_call(void *arg, struct dlink_conn *conn, const uint8_t *frame, size_t len)
 {
@@ -32,7 +39,7 @@ link_call(void *arg, struct dlink_conn *conn, const uint8_t *frame, size_t len)
         return;
     }
     atomic_fetch_add(&l->calls, 1);
-    rpc_server_serve_frame(rpc, frame, len, dlink_call_answer_frame, conn);
+    rpc_server_serve_frame(rpc, frame, len, LINK_METHODS, dlink_call_answer_frame, conn);
 }
 
 dc_code

@@ -16,6 +16,7 @@
 #include "collective.h"
 #include "groups.h"
 #include "daemon.h"
+#include "devcoord/v1/methods.h"
 #include "device.h"
 #include "log.h"
 #include "rpc.h"
@@ -62,8 +63,12 @@ static const char *const worker_inline_methods[] = {
     "GroupEnd",     NULL,
 };
 
+/* What the coordinator sends on a control link (fanout.c): an op's Execute and Commit. */
+#define CONTROL_METHODS (RPC_METHOD_BIT(M_WORKER_EXECUTE) | RPC_METHOD_BIT(M_WORKER_COMMIT))
+
 /* A control link's call reaches the RPC server as if it had come on its socket (token,
- * limits, inline methods and metrics alike); its reply frame goes back on the link. */
+ * limits, inline methods and metrics alike); its reply frame goes back on the link. Any
+ * method but CONTROL_METHODS is answered UNIMPLEMENTED. */
 static void
 control_call(void *arg, struct dlink_conn *conn, const uint8_t *frame, size_t len)
 {
@@ -77,7 +82,7 @@ control_call(void *arg, struct dlink_conn *conn, const uint8_t *frame, size_t le
     }
     /* This connection's thread only waits for the answer: an Execute runs its op here. */
     collectives_run_here(true);
-    rpc_server_serve_frame(w->rpc, frame, len, dlink_call_answer_frame, conn);
+    rpc_server_serve_frame(w->rpc, frame, len, CONTROL_METHODS, dlink_call_answer_frame, conn);
     collectives_run_here(false);
 }
 

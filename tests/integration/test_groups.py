@@ -1073,6 +1073,11 @@ class ControlLinkTest(GroupsTestCase):
             code, message, _ = self.control_call(sock, 4, self.rpc_frame(
                 WORKER_SVC + "Commit", b"\xff\xff\xff", 9))
             self.assertEqual(code, "INVALID_ARGUMENT", message)
+            # A Worker method the coordinator never sends there (it goes as an RPC) is refused
+            # before its handler runs.
+            self.assertEqual(self.control_call(sock, 5, self.rpc_frame(
+                WORKER_SVC + "GroupLink", b"", 10))[:2],
+                ("UNIMPLEMENTED", "GroupLink is not served on this link; call it as an RPC"))
         code, _, body = self.call(rpc_port, "GroupCallLink", b"")
         call_secret = harness.pb_decode(body)[2][0]
         frame = self.rpc_frame(WORKER_SVC + "Commit", commit, 7)
@@ -1088,6 +1093,41 @@ class ControlLinkTest(GroupsTestCase):
         for i, data in enumerate(hostile):
             self.assertTrue(dlink_closed_by_worker(port, data), "case %d stayed open" % i)
         self.assertEqual(self.call(rpc_port, "GroupLink", b"")[0], "OK")
+
+
+class CoordinatorCallLinkTest(GroupsTestCase):
+    """The coordinator's call link (CallLink): SubmitOp and CallLink frames from a trainer,
+    served as RPCs; any other method there is refused, so a GroupJoin, which ends with its RPC
+    connection, can never be made on it."""
+
+    def test_only_submit_op_and_call_link_are_served(self):
+        c = self.start({"node-a": ["cuda:0"]})
+        coord = "/devcoord.v1.Coordinator/"
+        with harness.RpcConnection(c.port) as conn:
+            code, message, body = conn.call(coord + "CallLink")
+        self.assertEqual(code, "OK", message)
+        fields = harness.pb_decode(body)
+        port, secret = fields[1][0], fields[2][0]
+        self.assertGreater(port, 0)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(dlink_header(1, 32 + 7, flags=1) + secret + b"trainer")
+
+            def link_call(seq, method, body=b""):
+                payload = ControlLinkTest.rpc_frame(coord + method, body, 100 + seq)
+                sock.sendall(dlink_header(3, len(payload), seq=seq, total=len(payload)) + payload)
+                code, reply = call_link_answer(sock)
+                self.assertEqual(code, 0, reply)
+                return harness.parse_reply(reply)[:2]
+
+            self.assertEqual(link_call(1, "CallLink")[0], "OK")
+            # SubmitOp reaches its handler: an op naming no devices is its own refusal.
+            code, message = link_call(2, "SubmitOp")
+            self.assertEqual(code, "INVALID_ARGUMENT", message)
+            self.assertNotIn("not served", message)
+            for seq, method in enumerate(["GroupJoin", "ListWorkers", "RegisterWorker"], 3):
+                self.assertEqual(link_call(seq, method), (
+                    "UNIMPLEMENTED", method + " is not served on this link; call it as an RPC"))
+            self.assertEqual(link_call(9, "CallLink")[0], "OK")  # the link is still usable
 
 
 class CallLinkTest(GroupsTestCase):

@@ -506,14 +506,15 @@ frame_answer(void *arg, const void *reply, size_t len)
     pthread_mutex_unlock(&b->mtx);
 }
 
-/* Serves bytes as a frame and decodes the reply as a GetDevice reply to request_id. */
+/* Serves bytes as a frame (methods: those served so) and decodes the reply as a GetDevice
+ * reply to request_id. */
 static dc_code
-serve_frame(struct rpc_server *s, const void *bytes, size_t len, uint64_t request_id,
-            struct rpc_reply *r, dc_status *st)
+serve_frame_of(struct rpc_server *s, const void *bytes, size_t len, uint64_t methods,
+               uint64_t request_id, struct rpc_reply *r, dc_status *st)
 {
     struct frame_box b = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, NULL };
 
-    rpc_server_serve_frame(s, bytes, len, frame_answer, &b);
+    rpc_server_serve_frame(s, bytes, len, methods, frame_answer, &b);
     pthread_mutex_lock(&b.mtx);
     while (!b.answered) {
         pthread_cond_wait(&b.cv, &b.mtx);
@@ -522,6 +523,14 @@ serve_frame(struct rpc_server *s, const void *bytes, size_t len, uint64_t reques
     assert_non_null(b.reply);
     return rpc_reply_decode(&SVC->methods[M_COORDINATOR_GET_DEVICE], false, request_id, "a link",
                             b.reply, r, st);
+}
+
+static dc_code
+serve_frame(struct rpc_server *s, const void *bytes, size_t len, uint64_t request_id,
+            struct rpc_reply *r, dc_status *st)
+{
+    return serve_frame_of(s, bytes, len, RPC_METHOD_BIT(M_COORDINATOR_GET_DEVICE), request_id, r,
+                          st);
 }
 
 static void
@@ -551,6 +560,19 @@ test_frames_from_another_transport(void **state)
     assert_int_equal(serve_frame(f->server, nng_msg_body(m), nng_msg_len(m), 43, &r, &st),
                      DC_INTERNAL);
     assert_string_equal(st.message, "reply to another request from a link");
+    rpc_reply_free(&r);
+    nng_msg_free(m);
+
+    /* A method the link does not serve is refused before its handler runs (which would
+     * have answered this one NOT_FOUND). */
+    req.name = "boom";
+    assert_int_equal(rpc_request_pack(SVC, M_COORDINATOR_GET_DEVICE, &req.base, NULL, 0, NULL, 6,
+                                      5000, 1 << 20, &m, &st),
+                     DC_OK);
+    assert_int_equal(serve_frame_of(f->server, nng_msg_body(m), nng_msg_len(m),
+                                    RPC_METHOD_BIT(M_COORDINATOR_LIST_WORKERS), 6, &r, &st),
+                     DC_UNIMPLEMENTED);
+    assert_string_equal(st.message, "GetDevice is not served on this link; call it as an RPC");
     rpc_reply_free(&r);
     nng_msg_free(m);
 
