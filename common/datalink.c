@@ -1,5 +1,6 @@
 /* The data link between workers: framing, the data port and its connections (see datalink.h).
- * Every connection has a thread of its own that blocks on nng_aio_wait, never an nng callback. */
+ * Every connection has a thread of its own that blocks reading it (dlsock.h), never an nng
+ * callback. */
 #include "datalink.h"
 
 #include <pthread.h>
@@ -11,6 +12,7 @@
 #include <nng/supplemental/util/platform.h>
 
 #include "auth.h"
+#include "dlsock.h"
 #include "log.h"
 #include "threadname.h"
 
@@ -18,8 +20,7 @@
 
 struct dlink_conn {
     struct dlink_server *srv;
-    nng_stream *stream;
-    nng_aio *aio;
+    struct dlsock *sock;
     pthread_t thread;
     bool started;
     atomic_bool done;
@@ -46,8 +47,7 @@ struct dlink_conn {
 };
 
 struct dlink_server {
-    nng_stream_listener *listener;
-    nng_aio *accept_aio;
+    struct dlsock_listener *listener;
     pthread_t accept_thread;
     bool accept_started;
     uint64_t max_frame;
@@ -84,7 +84,7 @@ conn_hello(struct dlink_conn *c)
     int rv;
 
     status_clear(&st);
-    if ((rv = dlink_recv_all(c->stream, c->aio, &iov, 1, (nng_duration)s->handshake_ms)) != 0) {
+    if ((rv = dlsock_recv_all(c->sock, &iov, 1, (nng_duration)s->handshake_ms)) != 0) {
         conn_refuse(c, rv == NNG_ETIMEDOUT ? "no HELLO in time" : nng_strerror(rv));
         return false;
     }
@@ -93,7 +93,7 @@ conn_hello(struct dlink_conn *c)
         return false;
     }
     iov = (nng_iov){ hello, h.length };
-    if ((rv = dlink_recv_all(c->stream, c->aio, &iov, 1, (nng_duration)s->handshake_ms)) != 0) {
+    if ((rv = dlsock_recv_all(c->sock, &iov, 1, (nng_duration)s->handshake_ms)) != 0) {
         conn_refuse(c, "HELLO cut short");
         return false;
     }
@@ -135,8 +135,8 @@ conn_answer_write(struct dlink_conn *c, dc_code code, const void *data, size_t b
     iov[0] = (nng_iov){ raw, sizeof(raw) };
     iov[1] = (nng_iov){ (void *)data, bytes };
     /* A caller that does not read its answer within the handshake bound is dropped. */
-    if ((rv = dlink_send_all(c->stream, c->aio, iov, bytes > 0 ? 2 : 1,
-                             (nng_duration)c->srv->handshake_ms)) != 0) {
+    if ((rv = dlsock_send_all(c->sock, iov, bytes > 0 ? 2 : 1,
+                              (nng_duration)c->srv->handshake_ms)) != 0) {
         log_info("call link: answer to %s not sent: %s", c->peer, nng_strerror(rv));
     }
     return rv;
@@ -156,7 +156,7 @@ dlink_call_answer(struct dlink_conn *c, const dc_status *st, const void *data, s
         bytes = n < 0 ? 0 : (size_t)n < sizeof(text) ? (size_t)n : sizeof(text) - 1;
     }
     if (c->control) {
-        /* This connection's thread reads nothing until answered: its aio is free here. */
+        /* This connection's thread reads nothing until answered: its socket is free here. */
         rv = conn_answer_write(c, code, data, bytes);
         pthread_mutex_lock(&c->amtx);
         c->answer_failed = rv != 0;
@@ -216,7 +216,7 @@ conn_calls(struct dlink_conn *c)
         bool failed;
 
         status_clear(&why);
-        if (dlink_recv_all(c->stream, c->aio, iov, 1, NNG_DURATION_INFINITE) != 0) {
+        if (dlsock_recv_all(c->sock, iov, 1, NNG_DURATION_INFINITE) != 0) {
             return; /* the rank went: nothing is waiting on this connection */
         }
         if (dlink_hdr_decode(raw, max, &h, &why) != DC_OK || h.kind != DLINK_CALL ||
@@ -234,7 +234,7 @@ conn_calls(struct dlink_conn *c)
             c->in_cap = h.length;
         }
         iov[0] = (nng_iov){ c->in, h.length };
-        if (dlink_recv_all(c->stream, c->aio, iov, 1, NNG_DURATION_INFINITE) != 0) {
+        if (dlsock_recv_all(c->sock, iov, 1, NNG_DURATION_INFINITE) != 0) {
             return;
         }
         pthread_mutex_lock(&c->amtx);
@@ -301,7 +301,7 @@ conn_main(void *arg)
         void *pin        = NULL;
         int rv;
 
-        if ((rv = dlink_recv_all(c->stream, c->aio, &iov, 1, NNG_DURATION_INFINITE)) != 0) {
+        if ((rv = dlsock_recv_all(c->sock, &iov, 1, NNG_DURATION_INFINITE)) != 0) {
             status_set(&why, DC_UNAVAILABLE, "its data connection dropped (%s)", nng_strerror(rv));
             break;
         }
@@ -331,7 +331,7 @@ conn_main(void *arg)
                 bool took;
 
                 iov  = (nng_iov){ dst, h.length };
-                rv   = dlink_recv_all(c->stream, c->aio, &iov, 1, (nng_duration)wait_ms);
+                rv   = dlsock_recv_all(c->sock, &iov, 1, (nng_duration)wait_ms);
                 took = s->ev.op_landed(s->ev.arg, c->peer, &h, pin, rv == 0, &why);
                 if (rv == NNG_ETIMEDOUT) {
                     status_set(&why, DC_DEADLINE_EXCEEDED,
@@ -360,7 +360,7 @@ conn_main(void *arg)
             }
             iov = (nng_iov){ chunk, h.length };
             if (h.length > 0 &&
-                (rv = dlink_recv_all(c->stream, c->aio, &iov, 1, NNG_DURATION_INFINITE)) != 0) {
+                (rv = dlsock_recv_all(c->sock, &iov, 1, NNG_DURATION_INFINITE)) != 0) {
                 status_set(&why, DC_UNAVAILABLE, "its data connection dropped mid-frame (%s)",
                            nng_strerror(rv));
                 break;
@@ -388,7 +388,7 @@ conn_main(void *arg)
         s->ev.frame_begin(s->ev.arg, c->peer, &h, &dst, &pin);
         if (dst != NULL) {
             iov = (nng_iov){ dst, h.length };
-            rv  = dlink_recv_all(c->stream, c->aio, &iov, 1, NNG_DURATION_INFINITE);
+            rv  = dlsock_recv_all(c->sock, &iov, 1, NNG_DURATION_INFINITE);
         } else if (h.length > 0 && chunk == NULL && (chunk = malloc(DLINK_CHUNK)) == NULL) {
             rv = NNG_ENOMEM;
         } else {
@@ -396,7 +396,7 @@ conn_main(void *arg)
             for (size_t left = h.length; left > 0 && rv == 0;) {
                 size_t n = left < DLINK_CHUNK ? left : DLINK_CHUNK;
                 iov      = (nng_iov){ chunk, n };
-                rv       = dlink_recv_all(c->stream, c->aio, &iov, 1, NNG_DURATION_INFINITE);
+                rv       = dlsock_recv_all(c->sock, &iov, 1, NNG_DURATION_INFINITE);
                 left -= n;
             }
         }
@@ -415,7 +415,7 @@ out:
     if (authed && why.code != DC_OK) {
         s->ev.peer_lost(s->ev.arg, c->peer, &why);
     }
-    nng_stream_close(c->stream);
+    dlsock_shutdown(c->sock);
     atomic_fetch_add(&s->finished, 1);
     atomic_store(&c->done, true);
     return NULL;
@@ -427,8 +427,7 @@ conn_free(struct dlink_conn *c)
     if (c->started) {
         pthread_join(c->thread, NULL);
     }
-    nng_stream_free(c->stream);
-    nng_aio_free(c->aio);
+    dlsock_free(c->sock);
     pthread_cond_destroy(&c->acv);
     pthread_mutex_destroy(&c->amtx);
     free(c->out);
@@ -460,19 +459,16 @@ accept_main(void *arg)
     thread_name_set("dc-link-accept");
     for (;;) {
         struct dlink_conn *c;
-        nng_stream *stream;
+        struct dlsock *sock;
         int rv;
 
-        nng_stream_listener_accept(s->listener, s->accept_aio);
-        nng_aio_wait(s->accept_aio);
-        if ((rv = nng_aio_result(s->accept_aio)) != 0) {
-            if (rv == NNG_ECLOSED || rv == NNG_ECANCELED) {
+        if ((rv = dlsock_accept(s->listener, &sock)) != 0) {
+            if (rv == NNG_ECLOSED) {
                 return NULL;
             }
             nng_msleep(10);
             continue;
         }
-        stream = nng_aio_get_output(s->accept_aio, 0);
         pthread_mutex_lock(&s->mtx);
         server_reap_locked(s);
         if (s->stopping || s->n_conns >= DLINK_MAX_CONNS || (c = calloc(1, sizeof(*c))) == NULL) {
@@ -481,21 +477,17 @@ accept_main(void *arg)
                 log_warn("data link: refused a connection: %zu open already", s->n_conns);
             }
             pthread_mutex_unlock(&s->mtx);
-            nng_stream_close(stream);
-            nng_stream_free(stream);
+            dlsock_free(sock);
             atomic_fetch_add(&s->finished, 1);
             continue;
         }
-        c->srv    = s;
-        c->stream = stream;
+        c->srv  = s;
+        c->sock = sock;
         pthread_mutex_init(&c->amtx, NULL);
         pthread_cond_init(&c->acv, NULL);
-        if (nng_aio_alloc(&c->aio, NULL, NULL) != 0 ||
-            pthread_create(&c->thread, NULL, conn_main, c) != 0) {
+        if (pthread_create(&c->thread, NULL, conn_main, c) != 0) {
             pthread_mutex_unlock(&s->mtx);
-            nng_stream_close(stream);
-            nng_stream_free(stream);
-            nng_aio_free(c->aio);
+            dlsock_free(sock);
             pthread_cond_destroy(&c->acv);
             pthread_mutex_destroy(&c->amtx);
             free(c);
@@ -530,12 +522,7 @@ dlink_server_start(const char *url, nng_tls_config *tls, uint64_t max_frame, uin
         (code = auth_random_bytes(s->call_secret, sizeof(s->call_secret), st)) != DC_OK) {
         goto fail;
     }
-    if ((rv = nng_stream_listener_alloc(&s->listener, url)) != 0 ||
-        (tls != NULL &&
-         (rv = nng_stream_listener_set_ptr(s->listener, NNG_OPT_TLS_CONFIG, tls)) != 0) ||
-        (rv = nng_stream_listener_listen(s->listener)) != 0 ||
-        (rv = nng_stream_listener_get_int(s->listener, NNG_OPT_TCP_BOUND_PORT, &s->port)) != 0 ||
-        (rv = nng_aio_alloc(&s->accept_aio, NULL, NULL)) != 0) {
+    if ((rv = dlsock_listen(url, tls, &s->listener, &s->port)) != 0) {
         code = status_set(st, DC_UNAVAILABLE, "cannot listen for the data link on %s: %s", url,
                           nng_strerror(rv));
         goto fail;
@@ -592,25 +579,21 @@ dlink_server_free(struct dlink_server *s)
     s->stopping = true;
     pthread_mutex_unlock(&s->mtx);
     if (s->listener != NULL) {
-        nng_stream_listener_close(s->listener);
-    }
-    if (s->accept_aio != NULL) {
-        nng_aio_stop(s->accept_aio);
+        dlsock_listener_close(s->listener);
     }
     if (s->accept_started) {
         pthread_join(s->accept_thread, NULL);
     }
-    /* The accept thread is gone: the list is ours. Closing a stream ends its thread's wait. */
+    /* The accept thread is gone: the list is ours. Shutting a socket ends its thread's wait. */
     for (struct dlink_conn *c = s->conns; c != NULL; c = c->next) {
-        nng_stream_close(c->stream);
+        dlsock_shutdown(c->sock);
     }
     while (s->conns != NULL) {
         struct dlink_conn *c = s->conns;
         s->conns             = c->next;
         conn_free(c);
     }
-    nng_aio_free(s->accept_aio);
-    nng_stream_listener_free(s->listener);
+    dlsock_listener_free(s->listener);
     pthread_mutex_destroy(&s->mtx);
     free(s);
 }

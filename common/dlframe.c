@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dlsock.h"
 #include "rpc.h"
 
 /* ---- framing ----------------------------------------------------------------------------- */
@@ -140,81 +141,10 @@ dlink_group_hash(const char *id)
 
 /* ---- moving bytes ------------------------------------------------------------------------ */
 
-/* Receives exactly the bytes of iov[0..n) (advanced in place). nng's error or 0. */
-int
-dlink_recv_all(nng_stream *s, nng_aio *aio, nng_iov *iov, unsigned n, nng_duration timeout)
-{
-    /* nng reads nothing for an empty iov and takes that for the peer closing (NNG_ECONNSHUT):
-     * an empty payload (dlink_send sends one for an empty part) is received at once. */
-    while (n > 0 && iov[0].iov_len == 0) {
-        iov++;
-        n--;
-    }
-    while (n > 0) {
-        size_t got;
-        int rv;
-        nng_aio_set_timeout(aio, timeout);
-        if ((rv = nng_aio_set_iov(aio, n, iov)) != 0) {
-            return rv;
-        }
-        nng_stream_recv(s, aio);
-        nng_aio_wait(aio);
-        if ((rv = nng_aio_result(aio)) != 0) {
-            return rv;
-        }
-        if ((got = nng_aio_count(aio)) == 0) {
-            return NNG_ECLOSED;
-        }
-        while (n > 0 && got >= iov[0].iov_len) {
-            got -= iov[0].iov_len;
-            iov++;
-            n--;
-        }
-        if (n > 0) {
-            iov[0].iov_buf = (uint8_t *)iov[0].iov_buf + got;
-            iov[0].iov_len -= got;
-        }
-    }
-    return 0;
-}
-
-int
-dlink_send_all(nng_stream *s, nng_aio *aio, nng_iov *iov, unsigned n, nng_duration timeout)
-{
-    while (n > 0) {
-        size_t put;
-        int rv;
-        nng_aio_set_timeout(aio, timeout);
-        if ((rv = nng_aio_set_iov(aio, n, iov)) != 0) {
-            return rv;
-        }
-        nng_stream_send(s, aio);
-        nng_aio_wait(aio);
-        if ((rv = nng_aio_result(aio)) != 0) {
-            return rv;
-        }
-        put = nng_aio_count(aio);
-        while (n > 0 && put >= iov[0].iov_len) {
-            put -= iov[0].iov_len;
-            iov++;
-            n--;
-        }
-        if (n > 0) {
-            iov[0].iov_buf = (uint8_t *)iov[0].iov_buf + put;
-            iov[0].iov_len -= put;
-        }
-    }
-    return 0;
-}
-
 /* ---- the sending side -------------------------------------------------------------------- */
 
 struct dlink_out {
-    nng_stream *stream;
-    nng_aio *aio;
-    nng_aio *idle; /* dlink_out_idle_begin's read, made on its first use */
-    bool idle_on;
-    uint8_t idle_byte;
+    struct dlsock *sock;
 };
 
 dc_code
@@ -228,9 +158,8 @@ dc_code
 dlink_dial_as(const char *url, nng_tls_config *tls, const uint8_t *secret, const char *self,
               uint16_t hello_flags, uint32_t timeout_ms, struct dlink_out **out, dc_status *st)
 {
-    struct dlink_out *o  = calloc(1, sizeof(*o));
-    nng_stream_dialer *d = NULL;
-    size_t self_len      = strnlen(self, DLINK_ADDRESS_MAX);
+    struct dlink_out *o = calloc(1, sizeof(*o));
+    size_t self_len     = strnlen(self, DLINK_ADDRESS_MAX);
     uint8_t hello[DLINK_SECRET_SIZE + DLINK_ADDRESS_MAX];
     uint8_t raw[DLINK_HDR_SIZE];
     struct dlink_hdr h = { .kind = DLINK_HELLO, .flags = hello_flags };
@@ -241,37 +170,21 @@ dlink_dial_as(const char *url, nng_tls_config *tls, const uint8_t *secret, const
     if (o == NULL) {
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
-    if ((rv = nng_aio_alloc(&o->aio, NULL, NULL)) != 0 ||
-        (rv = nng_stream_dialer_alloc(&d, url)) != 0 ||
-        (tls != NULL && (rv = nng_stream_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, tls)) != 0)) {
+    if ((rv = dlsock_dial(url, tls, timeout_ms, &o->sock)) != 0) {
         goto fail;
     }
-    /* The connection only carries frames one way, so the receiver's ACKs ride on nothing and
-     * are delayed (40 ms on Linux): with Nagle on, a small frame behind one not yet
-     * acknowledged (a small op's ring steps) would wait for that. */
-    (void)nng_stream_dialer_set_bool(d, NNG_OPT_TCP_NODELAY, true);
-    nng_aio_set_timeout(o->aio, (nng_duration)timeout_ms);
-    nng_stream_dialer_dial(d, o->aio);
-    nng_aio_wait(o->aio);
-    if ((rv = nng_aio_result(o->aio)) != 0) {
-        goto fail;
-    }
-    o->stream = nng_aio_get_output(o->aio, 0);
-    nng_stream_dialer_free(d);
-    d = NULL;
     memcpy(hello, secret, DLINK_SECRET_SIZE);
     memcpy(hello + DLINK_SECRET_SIZE, self, self_len);
     h.length = (uint32_t)(DLINK_SECRET_SIZE + self_len);
     dlink_hdr_encode(&h, raw);
     iov[0] = (nng_iov){ raw, sizeof(raw) };
     iov[1] = (nng_iov){ hello, h.length };
-    if ((rv = dlink_send_all(o->stream, o->aio, iov, 2, (nng_duration)timeout_ms)) != 0) {
+    if ((rv = dlsock_send_all(o->sock, iov, 2, (nng_duration)timeout_ms)) != 0) {
         goto fail;
     }
     *out = o;
     return DC_OK;
 fail:
-    nng_stream_dialer_free(d);
     dlink_out_close(o);
     return status_set(st, DC_UNAVAILABLE, "cannot open the data link to %s: %s", url,
                       nng_strerror(rv));
@@ -309,7 +222,7 @@ dlink_send_within(struct dlink_out *o, const struct dlink_hdr *h, const uint8_t 
             uint64_t now = rpc_now_ms();
             timeout      = now < until ? (nng_duration)(until - now) : 1;
         }
-        if ((rv = dlink_send_all(o->stream, o->aio, iov, n > 0 ? 2 : 1, timeout)) != 0) {
+        if ((rv = dlsock_send_all(o->sock, iov, n > 0 ? 2 : 1, timeout)) != 0) {
             return status_set(st, DC_UNAVAILABLE, "its data connection failed (%s)",
                               nng_strerror(rv));
         }
@@ -334,8 +247,7 @@ dlink_send_frame(struct dlink_out *o, const struct dlink_hdr *h, const uint8_t *
     dlink_hdr_encode(&f, raw);
     iov[0] = (nng_iov){ raw, sizeof(raw) };
     iov[1] = (nng_iov){ (void *)data, len };
-    if ((rv = dlink_send_all(o->stream, o->aio, iov, len > 0 ? 2 : 1, NNG_DURATION_INFINITE)) !=
-        0) {
+    if ((rv = dlsock_send_all(o->sock, iov, len > 0 ? 2 : 1, NNG_DURATION_INFINITE)) != 0) {
         return status_set(st, DC_UNAVAILABLE, "its data connection failed (%s)", nng_strerror(rv));
     }
     return DC_OK;
@@ -344,8 +256,8 @@ dlink_send_frame(struct dlink_out *o, const struct dlink_hdr *h, const uint8_t *
 void
 dlink_out_abort(struct dlink_out *o)
 {
-    if (o != NULL && o->stream != NULL) {
-        nng_stream_close(o->stream);
+    if (o != NULL) {
+        dlsock_shutdown(o->sock);
     }
 }
 
@@ -355,44 +267,20 @@ dlink_out_close(struct dlink_out *o)
     if (o == NULL) {
         return;
     }
-    if (o->idle != NULL) {
-        nng_aio_stop(o->idle);
-    }
-    if (o->stream != NULL) {
-        nng_stream_close(o->stream);
-        nng_stream_free(o->stream);
-    }
-    nng_aio_free(o->idle);
-    nng_aio_free(o->aio);
+    dlsock_free(o->sock);
     free(o);
 }
 
 void
 dlink_out_idle_begin(struct dlink_out *o)
 {
-    nng_iov iov = { &o->idle_byte, 1 };
-
-    if (o->idle_on || (o->idle == NULL && nng_aio_alloc(&o->idle, NULL, NULL) != 0)) {
-        return; /* no watch: idle_end finds nothing wrong */
-    }
-    nng_aio_set_timeout(o->idle, NNG_DURATION_INFINITE);
-    if (nng_aio_set_iov(o->idle, 1, &iov) != 0) {
-        return;
-    }
-    o->idle_on = true;
-    nng_stream_recv(o->stream, o->idle);
+    dlsock_idle_begin(o->sock);
 }
 
 bool
 dlink_out_idle_end(struct dlink_out *o)
 {
-    if (!o->idle_on) {
-        return true;
-    }
-    o->idle_on = false;
-    nng_aio_cancel(o->idle);
-    nng_aio_wait(o->idle);
-    return nng_aio_result(o->idle) == NNG_ECANCELED;
+    return dlsock_idle_end(o->sock);
 }
 
 /* Marks the link unusable (closed) after a transport failure rv: st says so. */
@@ -428,8 +316,7 @@ dlink_call_write(struct dlink_out *o, const struct dlink_hdr *h, const void *pb,
     iov[0] = (nng_iov){ raw, sizeof(raw) };
     iov[1] = (nng_iov){ (void *)pb, pb_len };
     iov[2] = (nng_iov){ (void *)data, bytes };
-    if ((rv = dlink_send_all(o->stream, o->aio, iov, bytes > 0 ? 3 : 2,
-                             (nng_duration)timeout_ms)) != 0) {
+    if ((rv = dlsock_send_all(o->sock, iov, bytes > 0 ? 3 : 2, (nng_duration)timeout_ms)) != 0) {
         return dlink_call_failed(o, rv, st);
     }
     return DC_OK;
@@ -447,7 +334,7 @@ dlink_call_header(struct dlink_out *o, uint64_t seq, size_t max_answer, uint32_t
     const char *why = NULL;
     int rv;
 
-    if ((rv = dlink_recv_all(o->stream, o->aio, &iov, 1, (nng_duration)timeout_ms)) != 0) {
+    if ((rv = dlsock_recv_all(o->sock, &iov, 1, (nng_duration)timeout_ms)) != 0) {
         return dlink_call_failed(o, rv, st);
     }
     if (dlink_hdr_decode(raw,
@@ -498,7 +385,7 @@ dlink_call_finish(struct dlink_out *o, const struct dlink_hdr *a, void *buf, uin
     size_t nul;
     int rv;
 
-    if ((rv = dlink_recv_all(o->stream, o->aio, &iov, 1, (nng_duration)timeout_ms)) != 0) {
+    if ((rv = dlsock_recv_all(o->sock, &iov, 1, (nng_duration)timeout_ms)) != 0) {
         return dlink_call_failed(o, rv, st);
     }
     if (a->offset == DC_OK) {

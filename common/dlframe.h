@@ -87,11 +87,6 @@ dc_code dlink_hdr_decode(const uint8_t in[DLINK_HDR_SIZE], uint64_t max_frame, s
 /* FNV-1a 64 of a group id. */
 uint64_t dlink_group_hash(const char *id);
 
-/* Receives (or sends) exactly the bytes of iov[0..n) (advanced in place), each wait bounded
- * by timeout. nng's error or 0. */
-int dlink_recv_all(nng_stream *s, nng_aio *aio, nng_iov *iov, unsigned n, nng_duration timeout);
-int dlink_send_all(nng_stream *s, nng_aio *aio, nng_iov *iov, unsigned n, nng_duration timeout);
-
 struct dlink_out;
 
 /* Dials url (tls: the client config for tls+tcp://, else NULL), sends HELLO with secret and

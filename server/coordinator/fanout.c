@@ -300,8 +300,8 @@ abort_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply
  *
  * Execute and Commit are the op's round trips to each worker. As RPCs each costs a trip
  * through nng's request/reply layers on both ends: a dozen thread hand-offs on this
- * coordinator alone, where a frame on a raw stream costs two (nng's poller, then the
- * waiting thread). So for workers that offer it (GroupLink's WGROUPS_FEATURE_CONTROL; plain
+ * coordinator alone, where a frame on a raw link wakes only the thread waiting for it
+ * (dlsock.h). So for workers that offer it (GroupLink's WGROUPS_FEATURE_CONTROL; plain
  * tcp:// only), these calls go as the same request frames over control links: connections
  * to the worker's data port, one call at a time each, made on a pool thread and kept idle
  * between calls. The worker serves each frame through its RPC server as if it had come as an

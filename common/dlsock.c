@@ -1,0 +1,542 @@
+/* A raw link's connection: a plain socket, or an nng stream (see dlsock.h). */
+#define _GNU_SOURCE /* accept4 */
+#include "dlsock.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+/* Scatter/gather entries handed to one system call (callers pass at most three). */
+#define IOV_MAX_PER_CALL 8
+
+struct dlsock {
+    int fd;             /* a plain socket, or -1 */
+    atomic_bool closed; /* dlsock_shutdown came (plain) */
+    nng_stream *stream; /* else */
+    nng_aio *aio;
+    nng_aio *idle; /* the nng kind's idle watch: a one-byte read, made on first use */
+    bool idle_on;
+    uint8_t idle_byte;
+};
+
+struct dlsock_listener {
+    int fd; /* a plain listening socket, or -1 */
+    atomic_bool closed;
+    nng_stream_listener *listener; /* else */
+    nng_aio *aio;
+};
+
+/* ---- addresses --------------------------------------------------------------------------- */
+
+/* The numeric address of a plain "tcp://host:port" url (host: an IPv4 or bracketed IPv6
+ * address, or "localhost"; empty or "*" for any when passive): 0, or -1 when url is anything
+ * else (tls+tcp://, a name) and goes to nng. */
+static int
+plain_addr(const char *url, bool passive, struct sockaddr_storage *ss, socklen_t *len)
+{
+    struct addrinfo hints = { .ai_socktype = SOCK_STREAM,
+                              .ai_flags    = AI_NUMERICHOST | AI_NUMERICSERV };
+    struct addrinfo *res  = NULL;
+    const char *host, *colon, *port;
+    char h[64];
+    size_t n;
+
+    if (strncmp(url, "tcp://", 6) != 0) {
+        return -1;
+    }
+    host  = url + 6;
+    colon = strrchr(host, ':');
+    if (colon == NULL || colon[1] == '\0') {
+        return -1;
+    }
+    port = colon + 1;
+    n    = (size_t)(colon - host);
+    if (n >= 2 && host[0] == '[' && host[n - 1] == ']') {
+        host++;
+        n -= 2;
+    }
+    if (n >= sizeof(h)) {
+        return -1;
+    }
+    memcpy(h, host, n);
+    h[n] = '\0';
+    if (strcmp(h, "localhost") == 0) {
+        snprintf(h, sizeof(h), "127.0.0.1");
+    }
+    if (passive && (h[0] == '\0' || strcmp(h, "*") == 0)) {
+        hints.ai_flags |= AI_PASSIVE;
+        hints.ai_family = AF_INET;
+    } else if (h[0] == '\0') {
+        return -1;
+    }
+    if (getaddrinfo(hints.ai_flags & AI_PASSIVE ? NULL : h, port, &hints, &res) != 0 ||
+        res == NULL) {
+        return -1;
+    }
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *len = res->ai_addrlen;
+    freeaddrinfo(res);
+    return 0;
+}
+
+/* nng's code for errno e. */
+static int
+nng_code(int e)
+{
+    switch (e) {
+    case ECONNREFUSED:
+        return NNG_ECONNREFUSED;
+    case ECONNRESET:
+        return NNG_ECONNRESET;
+    case EPIPE:
+    case ESHUTDOWN:
+        return NNG_ECONNSHUT;
+    case ETIMEDOUT:
+        return NNG_ETIMEDOUT;
+    case ENOMEM:
+    case ENOBUFS:
+        return NNG_ENOMEM;
+    case EMFILE:
+    case ENFILE:
+        return NNG_ENOFILES;
+    case EADDRINUSE:
+        return NNG_EADDRINUSE;
+    case ENETUNREACH:
+    case EHOSTUNREACH:
+        return NNG_EUNREACHABLE;
+    default:
+        return NNG_ESYSERR | e;
+    }
+}
+
+/* Waits until fd is ready for events, up to timeout. 0, NNG_ETIMEDOUT or an error. */
+static int
+plain_wait(int fd, short events, nng_duration timeout)
+{
+    struct pollfd p = { .fd = fd, .events = events };
+    int rv;
+
+    do {
+        rv = poll(&p, 1, timeout < 0 ? -1 : (int)timeout);
+    } while (rv < 0 && errno == EINTR);
+    if (rv < 0) {
+        return nng_code(errno);
+    }
+    return rv == 0 ? NNG_ETIMEDOUT : 0;
+}
+
+/* Drops the first `done` bytes of iov[0..*n), advancing iov. */
+static nng_iov *
+iov_advance(nng_iov *iov, unsigned *n, size_t done)
+{
+    while (*n > 0 && done >= iov[0].iov_len) {
+        done -= iov[0].iov_len;
+        iov++;
+        (*n)--;
+    }
+    if (*n > 0) {
+        iov[0].iov_buf = (uint8_t *)iov[0].iov_buf + done;
+        iov[0].iov_len -= done;
+    }
+    return iov;
+}
+
+static unsigned
+iov_copy(struct iovec *out, const nng_iov *iov, unsigned n)
+{
+    unsigned k = n < IOV_MAX_PER_CALL ? n : IOV_MAX_PER_CALL;
+
+    for (unsigned i = 0; i < k; i++) {
+        out[i] = (struct iovec){ iov[i].iov_buf, iov[i].iov_len };
+    }
+    return k;
+}
+
+static int
+plain_io(struct dlsock *s, bool recv, nng_iov *iov, unsigned n, nng_duration timeout)
+{
+    while (n > 0 && iov[0].iov_len == 0) {
+        iov++;
+        n--;
+    }
+    while (n > 0) {
+        struct iovec v[IOV_MAX_PER_CALL];
+        struct msghdr m = { .msg_iov = v, .msg_iovlen = iov_copy(v, iov, n) };
+        ssize_t r;
+        int rv;
+
+        if (atomic_load(&s->closed)) {
+            return NNG_ECLOSED;
+        }
+        /* Unbounded, a call waits in the kernel (a read for all it asks): one wake-up per
+         * part, not per segment. Bounded, it takes what is there and then polls. */
+        if (recv) {
+            r = recvmsg(s->fd, &m, timeout < 0 ? MSG_WAITALL : MSG_DONTWAIT);
+        } else {
+            r = sendmsg(s->fd, &m, MSG_NOSIGNAL | (timeout < 0 ? 0 : MSG_DONTWAIT));
+        }
+        if (r > 0) {
+            iov = iov_advance(iov, &n, (size_t)r);
+            continue;
+        }
+        if (r == 0) {
+            return NNG_ECLOSED; /* the peer closed, or dlsock_shutdown */
+        }
+        if (errno == EINTR) {
+            continue;
+        }
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+            return atomic_load(&s->closed) ? NNG_ECLOSED : nng_code(errno);
+        }
+        if ((rv = plain_wait(s->fd, recv ? POLLIN : POLLOUT, timeout)) != 0) {
+            return rv;
+        }
+    }
+    return 0;
+}
+
+static int
+stream_io(struct dlsock *s, bool recv, nng_iov *iov, unsigned n, nng_duration timeout)
+{
+    /* nng reads nothing for an empty iov and takes that for the peer closing (NNG_ECONNSHUT):
+     * an empty part is done at once. */
+    while (n > 0 && iov[0].iov_len == 0) {
+        iov++;
+        n--;
+    }
+    while (n > 0) {
+        size_t done;
+        int rv;
+
+        nng_aio_set_timeout(s->aio, timeout);
+        if ((rv = nng_aio_set_iov(s->aio, n, iov)) != 0) {
+            return rv;
+        }
+        if (recv) {
+            nng_stream_recv(s->stream, s->aio);
+        } else {
+            nng_stream_send(s->stream, s->aio);
+        }
+        nng_aio_wait(s->aio);
+        if ((rv = nng_aio_result(s->aio)) != 0) {
+            return rv;
+        }
+        if ((done = nng_aio_count(s->aio)) == 0) {
+            return NNG_ECLOSED;
+        }
+        iov = iov_advance(iov, &n, done);
+    }
+    return 0;
+}
+
+int
+dlsock_recv_all(struct dlsock *s, nng_iov *iov, unsigned n, nng_duration timeout)
+{
+    return s->fd >= 0 ? plain_io(s, true, iov, n, timeout) : stream_io(s, true, iov, n, timeout);
+}
+
+int
+dlsock_send_all(struct dlsock *s, nng_iov *iov, unsigned n, nng_duration timeout)
+{
+    return s->fd >= 0 ? plain_io(s, false, iov, n, timeout) : stream_io(s, false, iov, n, timeout);
+}
+
+/* ---- connections ------------------------------------------------------------------------- */
+
+static struct dlsock *
+sock_new(int fd, nng_stream *stream)
+{
+    struct dlsock *s = calloc(1, sizeof(*s));
+
+    if (s == NULL) {
+        return NULL;
+    }
+    s->fd = fd;
+    atomic_init(&s->closed, false);
+    if (fd < 0 && nng_aio_alloc(&s->aio, NULL, NULL) != 0) {
+        free(s);
+        return NULL;
+    }
+    s->stream = stream;
+    return s;
+}
+
+static void
+nodelay(int fd)
+{
+    int one = 1;
+
+    /* A link carries frames one way at a time, so the peer's ACKs ride on nothing and are
+     * delayed (40 ms on Linux): with Nagle on, a small frame behind one not yet acknowledged
+     * would wait for that. */
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+static int
+plain_dial(const struct sockaddr_storage *ss, socklen_t len, uint32_t timeout_ms, int *out)
+{
+    int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), rv = 0;
+    int err        = 0;
+    socklen_t elen = sizeof(err);
+
+    if (fd < 0) {
+        return nng_code(errno);
+    }
+    if (connect(fd, (const struct sockaddr *)ss, len) != 0) {
+        if (errno != EINPROGRESS) {
+            rv = nng_code(errno);
+        } else if ((rv = plain_wait(fd, POLLOUT, (nng_duration)timeout_ms)) == 0 &&
+                   getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen) == 0 && err != 0) {
+            rv = nng_code(err);
+        }
+    }
+    if (rv == 0 && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+        rv = nng_code(errno);
+    }
+    if (rv != 0) {
+        close(fd);
+        return rv;
+    }
+    nodelay(fd);
+    *out = fd;
+    return 0;
+}
+
+int
+dlsock_dial(const char *url, nng_tls_config *tls, uint32_t timeout_ms, struct dlsock **out)
+{
+    struct sockaddr_storage ss;
+    nng_stream_dialer *d = NULL;
+    nng_aio *aio         = NULL;
+    socklen_t len;
+    int fd, rv;
+
+    *out = NULL;
+    if (tls == NULL && plain_addr(url, false, &ss, &len) == 0) {
+        if ((rv = plain_dial(&ss, len, timeout_ms, &fd)) != 0) {
+            return rv;
+        }
+        if ((*out = sock_new(fd, NULL)) == NULL) {
+            close(fd);
+            return NNG_ENOMEM;
+        }
+        return 0;
+    }
+    if ((rv = nng_aio_alloc(&aio, NULL, NULL)) != 0 ||
+        (rv = nng_stream_dialer_alloc(&d, url)) != 0 ||
+        (tls != NULL && (rv = nng_stream_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, tls)) != 0)) {
+        goto out;
+    }
+    (void)nng_stream_dialer_set_bool(d, NNG_OPT_TCP_NODELAY, true);
+    nng_aio_set_timeout(aio, (nng_duration)timeout_ms);
+    nng_stream_dialer_dial(d, aio);
+    nng_aio_wait(aio);
+    if ((rv = nng_aio_result(aio)) == 0) {
+        nng_stream *stream = nng_aio_get_output(aio, 0);
+        if ((*out = sock_new(-1, stream)) == NULL) {
+            nng_stream_close(stream);
+            nng_stream_free(stream);
+            rv = NNG_ENOMEM;
+        }
+    }
+out:
+    nng_stream_dialer_free(d);
+    nng_aio_free(aio);
+    return rv;
+}
+
+void
+dlsock_idle_begin(struct dlsock *s)
+{
+    nng_iov iov = { &s->idle_byte, 1 };
+
+    if (s->fd >= 0 || s->idle_on || (s->idle == NULL && nng_aio_alloc(&s->idle, NULL, NULL) != 0)) {
+        return; /* a plain socket is polled at idle_end; else no watch: nothing found wrong */
+    }
+    nng_aio_set_timeout(s->idle, NNG_DURATION_INFINITE);
+    if (nng_aio_set_iov(s->idle, 1, &iov) != 0) {
+        return;
+    }
+    s->idle_on = true;
+    nng_stream_recv(s->stream, s->idle);
+}
+
+bool
+dlsock_idle_end(struct dlsock *s)
+{
+    if (s->fd >= 0) {
+        /* Anything to read (a byte, the peer's close, an error) makes the link unfit. */
+        struct pollfd p = { .fd = s->fd, .events = POLLIN };
+        int rv;
+
+        while ((rv = poll(&p, 1, 0)) < 0 && errno == EINTR) {
+        }
+        return rv == 0 && !atomic_load(&s->closed);
+    }
+    if (!s->idle_on) {
+        return true;
+    }
+    s->idle_on = false;
+    nng_aio_cancel(s->idle);
+    nng_aio_wait(s->idle);
+    return nng_aio_result(s->idle) == NNG_ECANCELED;
+}
+
+void
+dlsock_shutdown(struct dlsock *s)
+{
+    if (s == NULL) {
+        return;
+    }
+    if (s->fd >= 0) {
+        /* Wakes a read or poll under way on another thread; the descriptor stays ours until
+         * dlsock_free, so no other connection can take its number meanwhile. */
+        atomic_store(&s->closed, true);
+        (void)shutdown(s->fd, SHUT_RDWR);
+    } else if (s->stream != NULL) {
+        nng_stream_close(s->stream);
+    }
+}
+
+void
+dlsock_free(struct dlsock *s)
+{
+    if (s == NULL) {
+        return;
+    }
+    if (s->fd >= 0) {
+        close(s->fd);
+    }
+    if (s->idle != NULL) {
+        nng_aio_stop(s->idle);
+    }
+    if (s->stream != NULL) {
+        nng_stream_close(s->stream);
+        nng_stream_free(s->stream);
+    }
+    nng_aio_free(s->idle);
+    nng_aio_free(s->aio);
+    free(s);
+}
+
+/* ---- listening --------------------------------------------------------------------------- */
+
+int
+dlsock_listen(const char *url, nng_tls_config *tls, struct dlsock_listener **out, int *port)
+{
+    struct dlsock_listener *l = calloc(1, sizeof(*l));
+    struct sockaddr_storage ss;
+    socklen_t len;
+    int rv = 0, one = 1;
+
+    *out = NULL;
+    if (l == NULL) {
+        return NNG_ENOMEM;
+    }
+    l->fd = -1;
+    atomic_init(&l->closed, false);
+    if (tls == NULL && plain_addr(url, true, &ss, &len) == 0) {
+        if ((l->fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
+            setsockopt(l->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+            bind(l->fd, (struct sockaddr *)&ss, len) != 0 || listen(l->fd, 128) != 0 ||
+            getsockname(l->fd, (struct sockaddr *)&ss, &len) != 0) {
+            rv = nng_code(errno);
+            goto fail;
+        }
+        *port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                               : ((struct sockaddr_in *)&ss)->sin_port);
+        *out  = l;
+        return 0;
+    }
+    if ((rv = nng_stream_listener_alloc(&l->listener, url)) != 0 ||
+        (tls != NULL &&
+         (rv = nng_stream_listener_set_ptr(l->listener, NNG_OPT_TLS_CONFIG, tls)) != 0) ||
+        (rv = nng_stream_listener_listen(l->listener)) != 0 ||
+        (rv = nng_stream_listener_get_int(l->listener, NNG_OPT_TCP_BOUND_PORT, port)) != 0 ||
+        (rv = nng_aio_alloc(&l->aio, NULL, NULL)) != 0) {
+        goto fail;
+    }
+    *out = l;
+    return 0;
+fail:
+    dlsock_listener_free(l);
+    return rv;
+}
+
+int
+dlsock_accept(struct dlsock_listener *l, struct dlsock **out)
+{
+    *out = NULL;
+    if (l->fd >= 0) {
+        for (;;) {
+            int fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC);
+            if (fd >= 0) {
+                nodelay(fd);
+                if ((*out = sock_new(fd, NULL)) == NULL) {
+                    close(fd);
+                    return NNG_ENOMEM;
+                }
+                return 0;
+            }
+            if (atomic_load(&l->closed)) {
+                return NNG_ECLOSED;
+            }
+            if (errno != EINTR && errno != ECONNABORTED) {
+                return nng_code(errno);
+            }
+        }
+    }
+    nng_stream_listener_accept(l->listener, l->aio);
+    nng_aio_wait(l->aio);
+    if (atomic_load(&l->closed)) {
+        return NNG_ECLOSED; /* whatever nng says of a stopped aio */
+    }
+    if (nng_aio_result(l->aio) == 0) {
+        nng_stream *stream = nng_aio_get_output(l->aio, 0);
+        if ((*out = sock_new(-1, stream)) == NULL) {
+            nng_stream_close(stream);
+            nng_stream_free(stream);
+            return NNG_ENOMEM;
+        }
+        return 0;
+    }
+    return nng_aio_result(l->aio);
+}
+
+void
+dlsock_listener_close(struct dlsock_listener *l)
+{
+    atomic_store(&l->closed, true);
+    if (l->fd >= 0) {
+        (void)shutdown(l->fd, SHUT_RDWR); /* wakes accept4 (EINVAL) */
+    } else if (l->listener != NULL) {
+        nng_stream_listener_close(l->listener);
+        if (l->aio != NULL) {
+            nng_aio_stop(l->aio);
+        }
+    }
+}
+
+void
+dlsock_listener_free(struct dlsock_listener *l)
+{
+    if (l == NULL) {
+        return;
+    }
+    if (l->fd >= 0) {
+        close(l->fd);
+    }
+    nng_aio_free(l->aio);
+    nng_stream_listener_free(l->listener);
+    free(l);
+}

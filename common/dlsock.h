@@ -1,0 +1,58 @@
+/*
+ * A raw link's connection (the data link, call links, control links): the bytes of one TCP
+ * connection, read and written by blocking calls on the caller's thread.
+ *
+ * Two kinds behind one interface. A plain `tcp://` connection to or from a numeric address
+ * is a socket read and written with system calls on the caller's thread: a frame that
+ * arrives wakes that thread itself. Anything else (`tls+tcp://`, or a host given by name,
+ * which only nng resolves within a dial's timeout) is an nng stream, whose every completion
+ * first wakes nng's poller thread, which then wakes the caller: one thread hop more per read,
+ * 58 µs against 30 µs for a 64-byte round trip on 127.0.0.1 here.
+ *
+ * Errors are nng's codes (NNG_ETIMEDOUT, NNG_ECLOSED, ...), whatever the kind. One reader
+ * and one writer at a time; dlsock_shutdown may come from any thread.
+ */
+#ifndef DEVCOORD_COMMON_DLSOCK_H
+#define DEVCOORD_COMMON_DLSOCK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <nng/nng.h>
+#include <nng/supplemental/tls/tls.h>
+
+struct dlsock;
+struct dlsock_listener;
+
+/* Connects to url (tls: the client config for tls+tcp://, else NULL) within timeout_ms, with
+ * Nagle off. 0 and *out, or nng's error. */
+int dlsock_dial(const char *url, nng_tls_config *tls, uint32_t timeout_ms, struct dlsock **out);
+
+/* Receives (or sends) exactly the bytes of iov[0..n) (advanced in place), each wait bounded
+ * by timeout (NNG_DURATION_INFINITE: none). 0, or nng's error (NNG_ECLOSED: the peer closed,
+ * or dlsock_shutdown). */
+int dlsock_recv_all(struct dlsock *s, nng_iov *iov, unsigned n, nng_duration timeout);
+int dlsock_send_all(struct dlsock *s, nng_iov *iov, unsigned n, nng_duration timeout);
+
+/* A watch for the peer closing while the connection is idle: idle_begin before leaving it
+ * unused, idle_end before using it again, true when nothing arrived and it did not close
+ * (false: it is unusable). One watch at a time; no reads in between. */
+void dlsock_idle_begin(struct dlsock *s);
+bool dlsock_idle_end(struct dlsock *s);
+
+/* Ends every wait on s, now and later (they fail NNG_ECLOSED). Any thread; s stays valid. */
+void dlsock_shutdown(struct dlsock *s);
+/* Closes and frees s (NULL: nothing). No other thread may be using it. */
+void dlsock_free(struct dlsock *s);
+
+/* Listens on url (tls: the server config for tls+tcp://, else NULL); *port is the port bound
+ * (url's, or the kernel's choice for port 0). 0 or nng's error. */
+int dlsock_listen(const char *url, nng_tls_config *tls, struct dlsock_listener **out, int *port);
+/* Waits for the next connection: 0 and *out, or nng's error (NNG_ECLOSED once closed). */
+int dlsock_accept(struct dlsock_listener *l, struct dlsock **out);
+/* Makes dlsock_accept fail NNG_ECLOSED, now and later. Any thread. */
+void dlsock_listener_close(struct dlsock_listener *l);
+/* Frees l (NULL: nothing) once no dlsock_accept is under way. */
+void dlsock_listener_free(struct dlsock_listener *l);
+
+#endif

@@ -1,0 +1,236 @@
+/* A raw link's connection (common/dlsock.c): plain sockets on 127.0.0.1 carrying bytes both
+ * ways, timeouts, the peer closing, waits ended from another thread, and a dial that finds
+ * nobody; an nng stream peer on the same listener. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <nng/nng.h>
+#include <nng/supplemental/util/platform.h>
+
+#include "dlsock.h"
+
+struct pair {
+    struct dlsock_listener *l;
+    int port;
+    struct dlsock *a, *b; /* dialled, accepted */
+};
+
+static void
+pair_open(struct pair *p)
+{
+    char url[64];
+
+    assert_int_equal(dlsock_listen("tcp://127.0.0.1:0", NULL, &p->l, &p->port), 0);
+    assert_true(p->port > 0);
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", p->port);
+    assert_int_equal(dlsock_dial(url, NULL, 2000, &p->a), 0);
+    assert_int_equal(dlsock_accept(p->l, &p->b), 0);
+}
+
+static void
+pair_close(struct pair *p)
+{
+    dlsock_free(p->a);
+    dlsock_free(p->b);
+    dlsock_listener_free(p->l);
+}
+
+struct sender {
+    struct dlsock *s;
+    nng_iov *iov;
+    int rv;
+};
+
+static void *
+send_one(void *arg)
+{
+    struct sender *x = arg;
+
+    x->rv = dlsock_send_all(x->s, x->iov, 1, NNG_DURATION_INFINITE);
+    return NULL;
+}
+
+static void
+test_bytes_both_ways(void **state)
+{
+    static uint8_t big[3 << 20], back[3 << 20];
+    uint8_t head[7] = "header", tail[5] = "tail", got_head[7], got_tail[5];
+    nng_iov out[3] = { { head, sizeof(head) }, { NULL, 0 }, { tail, sizeof(tail) } };
+    nng_iov in[2]  = { { got_head, sizeof(got_head) }, { got_tail, sizeof(got_tail) } };
+    nng_iov bo = { big, sizeof(big) }, bi = { back, sizeof(back) };
+    struct pair p;
+
+    (void)state;
+    pair_open(&p);
+    /* Scattered parts (an empty one among them) arrive as one run of bytes. */
+    assert_int_equal(dlsock_send_all(p.a, out, 3, 1000), 0);
+    assert_int_equal(dlsock_recv_all(p.b, in, 2, 1000), 0);
+    assert_memory_equal(got_head, head, sizeof(head));
+    assert_memory_equal(got_tail, tail, sizeof(tail));
+    /* More than the socket buffers hold: an unbounded writer on another thread waits in
+     * the kernel for the reader, and every byte arrives in order. */
+    for (size_t i = 0; i < sizeof(big); i++) {
+        big[i] = (uint8_t)(i * 7 + 1);
+    }
+    struct sender snd = { p.b, &bo, -1 };
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, send_one, &snd), 0);
+    assert_int_equal(dlsock_recv_all(p.a, &bi, 1, NNG_DURATION_INFINITE), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(snd.rv, 0);
+    assert_memory_equal(back, big, sizeof(big));
+    pair_close(&p);
+}
+
+static void
+test_timeout_close_and_idle(void **state)
+{
+    uint8_t byte = 0, buf[4];
+    nng_iov one = { &byte, 1 }, four = { buf, sizeof(buf) };
+    struct pair p;
+
+    (void)state;
+    pair_open(&p);
+    /* Nothing sent: a bounded read times out, and the idle watch finds the link fit. */
+    assert_int_equal(dlsock_recv_all(p.b, &one, 1, 50), NNG_ETIMEDOUT);
+    dlsock_idle_begin(p.a);
+    assert_true(dlsock_idle_end(p.a));
+    /* A stray byte, then the peer's close, make it unfit; reads then see the close. */
+    one = (nng_iov){ &byte, 1 };
+    assert_int_equal(dlsock_send_all(p.b, &one, 1, 1000), 0);
+    nng_msleep(50);
+    dlsock_idle_begin(p.a);
+    assert_false(dlsock_idle_end(p.a));
+    dlsock_free(p.b);
+    p.b = NULL;
+    assert_int_equal(dlsock_recv_all(p.a, &four, 1, 1000), NNG_ECLOSED); /* 1 byte, then EOF */
+    pair_close(&p);
+}
+
+struct waiter {
+    struct dlsock *s;
+    struct dlsock_listener *l;
+    int rv;
+};
+
+static void *
+recv_forever(void *arg)
+{
+    struct waiter *w = arg;
+    uint8_t buf[16];
+    nng_iov iov = { buf, sizeof(buf) };
+
+    w->rv = dlsock_recv_all(w->s, &iov, 1, NNG_DURATION_INFINITE);
+    return NULL;
+}
+
+static void *
+accept_forever(void *arg)
+{
+    struct waiter *w = arg;
+    struct dlsock *s = NULL;
+
+    w->rv = dlsock_accept(w->l, &s);
+    dlsock_free(s);
+    return NULL;
+}
+
+static void
+test_waits_ended_from_another_thread(void **state)
+{
+    struct pair p;
+    struct waiter w = { 0 }, la = { 0 };
+    pthread_t t;
+
+    (void)state;
+    pair_open(&p);
+    /* An unbounded read on one thread ends when another shuts the socket, and every later
+     * call fails at once. */
+    w.s = p.a;
+    assert_int_equal(pthread_create(&t, NULL, recv_forever, &w), 0);
+    nng_msleep(50);
+    dlsock_shutdown(p.a);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(w.rv, NNG_ECLOSED);
+    assert_int_equal(recv_forever(&w), NULL);
+    assert_int_equal(w.rv, NNG_ECLOSED);
+    /* The peer sees the connection end. */
+    w.s = p.b;
+    recv_forever(&w);
+    assert_int_equal(w.rv, NNG_ECLOSED);
+    /* A waiting accept ends when the listener closes. */
+    la.l = p.l;
+    assert_int_equal(pthread_create(&t, NULL, accept_forever, &la), 0);
+    nng_msleep(50);
+    dlsock_listener_close(p.l);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(la.rv, NNG_ECLOSED);
+    pair_close(&p);
+}
+
+static void
+test_dial_refused_and_nng_peer(void **state)
+{
+    struct dlsock_listener *l;
+    struct dlsock *s = NULL, *in = NULL;
+    nng_stream_dialer *d;
+    nng_stream *ns;
+    nng_aio *aio;
+    char url[64];
+    uint8_t msg[5] = "hello", got[5];
+    nng_iov iov    = { got, sizeof(got) };
+    int port;
+
+    (void)state;
+    /* A port nobody listens on any more. */
+    assert_int_equal(dlsock_listen("tcp://127.0.0.1:0", NULL, &l, &port), 0);
+    dlsock_listener_free(l);
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
+    assert_int_equal(dlsock_dial(url, NULL, 2000, &s), NNG_ECONNREFUSED);
+    assert_null(s);
+    /* An nng stream dialer is an ordinary TCP peer of a plain listener. */
+    assert_int_equal(dlsock_listen("tcp://127.0.0.1:0", NULL, &l, &port), 0);
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
+    assert_int_equal(nng_aio_alloc(&aio, NULL, NULL), 0);
+    assert_int_equal(nng_stream_dialer_alloc(&d, url), 0);
+    nng_stream_dialer_dial(d, aio);
+    nng_aio_wait(aio);
+    assert_int_equal(nng_aio_result(aio), 0);
+    ns = nng_aio_get_output(aio, 0);
+    assert_int_equal(dlsock_accept(l, &in), 0);
+    nng_iov out = { msg, sizeof(msg) };
+    assert_int_equal(nng_aio_set_iov(aio, 1, &out), 0);
+    nng_stream_send(ns, aio);
+    nng_aio_wait(aio);
+    assert_int_equal(nng_aio_result(aio), 0);
+    assert_int_equal(dlsock_recv_all(in, &iov, 1, 1000), 0);
+    assert_memory_equal(got, msg, sizeof(msg));
+    nng_stream_close(ns);
+    nng_stream_free(ns);
+    nng_stream_dialer_free(d);
+    nng_aio_free(aio);
+    dlsock_free(in);
+    dlsock_listener_free(l);
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bytes_both_ways),
+        cmocka_unit_test(test_timeout_close_and_idle),
+        cmocka_unit_test(test_waits_ended_from_another_thread),
+        cmocka_unit_test(test_dial_refused_and_nng_peer),
+    };
+    int rv = cmocka_run_group_tests(tests, NULL, NULL);
+
+    nng_fini();
+    return rv;
+}
