@@ -224,6 +224,7 @@ struct wgroups {
     struct wpeer **peers;
     size_t n_peers;
     bool stopping;
+    bool leaving; /* wgroups_leaving: the worker is stopping, groups end unannounced */
     pthread_t timer;
     size_t held, max_held; /* peers' parts kept until their call completes */
     uint64_t calls_total[KINDS];
@@ -594,8 +595,11 @@ group_refuse_locked(struct wgroups *wg, struct wgroup *g, const dc_status *st)
         return;
     }
     group_end_locked(wg, g, st);
-    if (wg->stopping) {
-        return; /* the peers' clients are closing; the peers see this worker go anyway */
+    if (wg->stopping || wg->leaving) {
+        /* The peers see this worker go anyway. A GroupEnd sent now would also race the close
+         * of the peer's client with the peer's own close (both often stop at once), and
+         * nng 1.5.2 can then keep the request's message for good. */
+        return;
     }
     status.code    = (Devcoord__V1__Code)st->code;
     status.message = (char *)st->message;
@@ -3550,6 +3554,17 @@ wgroups_shutdown(struct wgroups *wg)
         rpc_client_close(wg->peers[i]->client);
         wg->peers[i]->client = NULL;
     }
+}
+
+void
+wgroups_leaving(struct wgroups *wg)
+{
+    if (wg == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&wg->mtx);
+    wg->leaving = true;
+    pthread_mutex_unlock(&wg->mtx);
 }
 
 void

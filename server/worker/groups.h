@@ -59,6 +59,9 @@ struct wgroups *wgroups_new(const struct config_worker *cfg, const char *token);
 /* Fails every waiting call and refuses new ones (UNAVAILABLE), closes the connections to
  * peers. Handlers may still run (and are refused) until wgroups_free. */
 void wgroups_shutdown(struct wgroups *wg);
+/* The worker begins to stop: groups that end from now on are not announced to their peers
+ * (GroupEnd), which see this worker go anyway. NULL: nothing. */
+void wgroups_leaving(struct wgroups *wg);
 /* wgroups_shutdown if not done, then frees everything: no handler may run any more. */
 void wgroups_free(struct wgroups *wg);
 
