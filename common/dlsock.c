@@ -319,7 +319,7 @@ dlsock_dial(const char *url, nng_tls_config *tls, uint32_t timeout_ms, struct dl
     nng_stream_dialer *d = NULL;
     nng_aio *aio         = NULL;
     socklen_t len;
-    int fd, rv;
+    int fd = -1, rv;
 
     *out = NULL;
     if (tls == NULL && plain_addr(url, false, &ss, &len) == 0) {
