@@ -16,6 +16,9 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "address.h"
+#include "auth.h"
+
 /* Scatter/gather entries handed to one system call (callers pass at most three). */
 #define IOV_MAX_PER_CALL 8
 
@@ -47,40 +50,24 @@ plain_addr(const char *url, bool passive, struct sockaddr_storage *ss, socklen_t
     struct addrinfo hints = { .ai_socktype = SOCK_STREAM,
                               .ai_flags    = AI_NUMERICHOST | AI_NUMERICSERV };
     struct addrinfo *res  = NULL;
-    const char *host, *colon, *port;
-    char h[64];
-    size_t n;
+    const char *port      = strrchr(url, ':');
+    char h[ADDRESS_MAX + 1];
 
-    if (strncmp(url, "tcp://", 6) != 0) {
+    if (strncmp(url, "tcp://", 6) != 0 || port == NULL || !address_port_valid(port + 1)) {
         return -1;
     }
-    host  = url + 6;
-    colon = strrchr(host, ':');
-    if (colon == NULL || colon[1] == '\0') {
-        return -1;
-    }
-    port = colon + 1;
-    n    = (size_t)(colon - host);
-    if (n >= 2 && host[0] == '[' && host[n - 1] == ']') {
-        host++;
-        n -= 2;
-    }
-    if (n >= sizeof(h)) {
-        return -1;
-    }
-    memcpy(h, host, n);
-    h[n] = '\0';
+    auth_url_host(url, h, sizeof(h));
     if (strcmp(h, "localhost") == 0) {
         snprintf(h, sizeof(h), "127.0.0.1");
     }
-    if (passive && (h[0] == '\0' || strcmp(h, "*") == 0)) {
+    if (h[0] == '\0' || strcmp(h, "*") == 0) {
+        if (!passive) {
+            return -1;
+        }
         hints.ai_flags |= AI_PASSIVE;
         hints.ai_family = AF_INET;
-    } else if (h[0] == '\0') {
-        return -1;
     }
-    if (getaddrinfo(hints.ai_flags & AI_PASSIVE ? NULL : h, port, &hints, &res) != 0 ||
-        res == NULL) {
+    if (getaddrinfo(hints.ai_flags & AI_PASSIVE ? NULL : h, port + 1, &hints, &res) != 0) {
         return -1;
     }
     memcpy(ss, res->ai_addr, res->ai_addrlen);
@@ -165,10 +152,6 @@ iov_copy(struct iovec *out, const nng_iov *iov, unsigned n)
 static int
 plain_io(struct dlsock *s, bool recv, nng_iov *iov, unsigned n, nng_duration timeout)
 {
-    while (n > 0 && iov[0].iov_len == 0) {
-        iov++;
-        n--;
-    }
     while (n > 0) {
         struct iovec v[IOV_MAX_PER_CALL];
         struct msghdr m = { .msg_iov = v, .msg_iovlen = iov_copy(v, iov, n) };
@@ -208,12 +191,6 @@ plain_io(struct dlsock *s, bool recv, nng_iov *iov, unsigned n, nng_duration tim
 static int
 stream_io(struct dlsock *s, bool recv, nng_iov *iov, unsigned n, nng_duration timeout)
 {
-    /* nng reads nothing for an empty iov and takes that for the peer closing (NNG_ECONNSHUT):
-     * an empty part is done at once. */
-    while (n > 0 && iov[0].iov_len == 0) {
-        iov++;
-        n--;
-    }
     while (n > 0) {
         size_t done;
         int rv;
@@ -239,16 +216,28 @@ stream_io(struct dlsock *s, bool recv, nng_iov *iov, unsigned n, nng_duration ti
     return 0;
 }
 
+static int
+sock_io(struct dlsock *s, bool recv, nng_iov *iov, unsigned n, nng_duration timeout)
+{
+    /* Empty parts first are done at once (nng would read nothing for them and take that for
+     * the peer closing). */
+    while (n > 0 && iov[0].iov_len == 0) {
+        iov++;
+        n--;
+    }
+    return s->fd >= 0 ? plain_io(s, recv, iov, n, timeout) : stream_io(s, recv, iov, n, timeout);
+}
+
 int
 dlsock_recv_all(struct dlsock *s, nng_iov *iov, unsigned n, nng_duration timeout)
 {
-    return s->fd >= 0 ? plain_io(s, true, iov, n, timeout) : stream_io(s, true, iov, n, timeout);
+    return sock_io(s, true, iov, n, timeout);
 }
 
 int
 dlsock_send_all(struct dlsock *s, nng_iov *iov, unsigned n, nng_duration timeout)
 {
-    return s->fd >= 0 ? plain_io(s, false, iov, n, timeout) : stream_io(s, false, iov, n, timeout);
+    return sock_io(s, false, iov, n, timeout);
 }
 
 /* ---- connections ------------------------------------------------------------------------- */
@@ -390,6 +379,12 @@ dlsock_idle_end(struct dlsock *s)
     nng_aio_cancel(s->idle);
     nng_aio_wait(s->idle);
     return nng_aio_result(s->idle) == NNG_ECANCELED;
+}
+
+bool
+dlsock_is_plain(const struct dlsock *s)
+{
+    return s->fd >= 0;
 }
 
 void

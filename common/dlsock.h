@@ -40,6 +40,9 @@ int dlsock_send_all(struct dlsock *s, nng_iov *iov, unsigned n, nng_duration tim
 void dlsock_idle_begin(struct dlsock *s);
 bool dlsock_idle_end(struct dlsock *s);
 
+/* Whether s is a plain socket (else an nng stream). */
+bool dlsock_is_plain(const struct dlsock *s);
+
 /* Ends every wait on s, now and later (they fail NNG_ECLOSED). Any thread; s stays valid. */
 void dlsock_shutdown(struct dlsock *s);
 /* Closes and frees s (NULL: nothing). No other thread may be using it. */

@@ -9,7 +9,6 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <nng/nng.h>
 #include <nng/supplemental/util/platform.h>
@@ -220,6 +219,39 @@ test_dial_refused_and_nng_peer(void **state)
     dlsock_listener_free(l);
 }
 
+/* Which addresses get plain sockets: numeric ones (IPv4, bracketed IPv6) and localhost, on
+ * both ends; a url that is no plain tcp:// address goes to nng, which refuses this one. */
+static void
+test_addresses(void **state)
+{
+    const char *hosts[] = { "127.0.0.1", "localhost", "[::1]" };
+    struct dlsock *s    = NULL;
+
+    (void)state;
+    for (size_t i = 0; i < sizeof(hosts) / sizeof(hosts[0]); i++) {
+        struct dlsock_listener *l;
+        struct dlsock *a, *b;
+        char url[64];
+        int port;
+
+        snprintf(url, sizeof(url), "tcp://%s:0", hosts[i]);
+        if (dlsock_listen(url, NULL, &l, &port) != 0) {
+            assert_string_equal(hosts[i], "[::1]"); /* a machine without IPv6 loopback */
+            continue;
+        }
+        snprintf(url, sizeof(url), "tcp://%s:%d", hosts[i], port);
+        assert_int_equal(dlsock_dial(url, NULL, 2000, &a), 0);
+        assert_int_equal(dlsock_accept(l, &b), 0);
+        assert_true(dlsock_is_plain(a));
+        assert_true(dlsock_is_plain(b));
+        dlsock_free(a);
+        dlsock_free(b);
+        dlsock_listener_free(l);
+    }
+    assert_int_not_equal(dlsock_dial("tcp://127.0.0.1:http", NULL, 500, &s), 0);
+    assert_null(s);
+}
+
 int
 main(void)
 {
@@ -228,6 +260,7 @@ main(void)
         cmocka_unit_test(test_timeout_close_and_idle),
         cmocka_unit_test(test_waits_ended_from_another_thread),
         cmocka_unit_test(test_dial_refused_and_nng_peer),
+        cmocka_unit_test(test_addresses),
     };
     int rv = cmocka_run_group_tests(tests, NULL, NULL);
 
