@@ -16,6 +16,12 @@
  * buffers instead, streamed to the worker and back over RPC (what this bench did before).
  * Beside gloo, the 16 MiB one-worker rows are set against the shared-memory limit of this
  * machine (bench_shm_probe: two threads all-reduce two 16 MiB f32 arrays, issue 17).
+ *
+ * The 2-ranks-on-2-workers layout also sets the single-controller path against the group
+ * path (issue 17: SubmitOp within 10 % of it): after its own timed calls, each size runs
+ * paired rounds on the same cluster, one group call (every rank, started together) then one
+ * dc_submit all-reduce by rank 0 over tensors of the same size parked on the same devices,
+ * so both see the same load; the medians of the two series are compared.
  */
 #include <math.h>
 #include <pthread.h>
@@ -85,8 +91,10 @@ struct plan {
 
 struct layout {
     unsigned ranks, workers;
-    bool plain; /* malloc'd buffers (never for one worker) */
+    bool plain;  /* malloc'd buffers (never for one worker) */
+    bool paired; /* also the paired rounds against dc_submit (2x2 only) */
     struct bench_timing dc[MAX_SIZES];
+    struct bench_timing pair_group[MAX_SIZES], pair_submit[MAX_SIZES];
     int ran;
 };
 
@@ -102,6 +110,9 @@ struct shared {
     unsigned reps;     /* chosen by rank 0 from its warmup, for every rank */
     atomic_int failed; /* any rank failed: the others stop at the next barrier */
     struct bench_timing *out;
+    /* The paired rounds (layout.paired): rank 0's series of each. */
+    bool paired;
+    struct bench_timing *pair_group, *pair_submit;
 };
 
 struct rank_arg {
@@ -168,10 +179,130 @@ warmup(struct shared *sh, dc_group *g, float *buf, size_t count)
     return warm;
 }
 
+/* Fills t from times[reps] (sorted by it). */
+static void
+timing_set(struct bench_timing *t, uint64_t bytes, double *times, unsigned reps)
+{
+    t->bytes    = bytes;
+    t->reps     = reps;
+    t->median_s = bench_percentile(times, reps, 50);
+    t->min_s    = times[0];
+    t->max_s    = times[reps - 1];
+    t->ok       = 1;
+}
+
+/* One dc_submit all-reduce (f32 sum) of the tensor `name` on every rank's device; seconds, or
+ * -1 (and sh->failed) on failure. */
+static double
+timed_submit(struct shared *sh, dc_client *client, const dc_device_ref *devs, const char *name)
+{
+    dc_op_request req = { .kind       = DC_OP_ALL_REDUCE,
+                          .reduce     = DC_REDUCE_SUM,
+                          .devices    = devs,
+                          .n_devices  = sh->ranks,
+                          .tensor     = name,
+                          .timeout_ms = 120000 };
+    dc_op_result *res = NULL;
+    dc_status st;
+    uint64_t t0  = bench_now_ns();
+    dc_code code = dc_submit(client, &req, &res, &st);
+    double s     = (double)(bench_now_ns() - t0) / 1e9;
+
+    dc_op_result_free(res);
+    if (code != DC_OK) {
+        fprintf(stderr, "bench_group: dc_submit all-reduce of %s: %s: %s\n", name,
+                dc_status_name(code), st.message);
+        atomic_store(&sh->failed, 1);
+        return -1;
+    }
+    return s;
+}
+
+/* Rank 0 parks a tensor of `bytes` (f32, all 1e-3) as `name` on every rank's device and runs
+ * one submit of it (the warmup); 0, or -1 (and sh->failed). */
+static int
+submit_prepare(struct shared *sh, dc_client *client, const dc_device_ref *devs, const char *name,
+               uint64_t bytes)
+{
+    size_t n          = (size_t)(bytes / sizeof(float));
+    float *data       = malloc(n * sizeof(float));
+    uint64_t shape[1] = { n };
+    dc_status st;
+    int rv = 0;
+
+    if (data == NULL) {
+        atomic_store(&sh->failed, 1);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        data[i] = 1e-3f;
+    }
+    for (unsigned r = 0; r < sh->ranks && rv == 0; r++) {
+        if (dc_tensor_put(client, sh->self[r], name, DC_DTYPE_F32, shape, 1, data,
+                          n * sizeof(float), &st) != DC_OK) {
+            fprintf(stderr, "bench_group: put %s on %s: %s\n", name, sh->self[r], st.message);
+            atomic_store(&sh->failed, 1);
+            rv = -1;
+        }
+    }
+    free(data);
+    return rv == 0 && timed_submit(sh, client, devs, name) >= 0 ? 0 : -1;
+}
+
+/* The paired rounds of one size (layout.paired): reps times, every rank makes one group call,
+ * all started together, then rank 0 one dc_submit while the others wait. Every rank reaches
+ * every barrier, failed or not. */
+static void
+run_paired(struct shared *sh, dc_client *client, dc_group *g, float *buf, size_t count,
+           size_t size_index, unsigned reps)
+{
+    uint64_t bytes = count * sizeof(float);
+    bool lead      = g != NULL && dc_group_rank(g) == 0;
+    double *tg = NULL, *ts = NULL;
+    dc_device_ref *devs = NULL;
+    size_t n_devs       = 0;
+    char name[64];
+    dc_status st;
+    unsigned k;
+
+    snprintf(name, sizeof(name), "paired%llu", (unsigned long long)bytes);
+    if (lead &&
+        ((tg = calloc(reps, sizeof(*tg))) == NULL || (ts = calloc(reps, sizeof(*ts))) == NULL ||
+         dc_device_list_parse(sh->devices, &devs, &n_devs, &st) != DC_OK ||
+         submit_prepare(sh, client, devs, name, bytes) != 0)) {
+        atomic_store(&sh->failed, 1);
+    }
+    for (k = 0; k < reps; k++) {
+        pthread_barrier_wait(&sh->barrier);
+        if (buf != NULL && !atomic_load(&sh->failed)) {
+            double t = timed_all_reduce(sh, g, buf, count);
+            if (lead) {
+                tg[k] = t;
+            }
+        }
+        pthread_barrier_wait(&sh->barrier);
+        if (lead && !atomic_load(&sh->failed)) {
+            ts[k] = timed_submit(sh, client, devs, name);
+        }
+    }
+    if (lead && !atomic_load(&sh->failed)) {
+        timing_set(&sh->pair_group[size_index], bytes, tg, reps);
+        timing_set(&sh->pair_submit[size_index], bytes, ts, reps);
+    }
+    if (lead && n_devs > 0) {
+        for (unsigned r = 0; r < sh->ranks; r++) {
+            dc_tensor_delete(client, sh->self[r], name, &st);
+        }
+    }
+    free(devs);
+    free(tg);
+    free(ts);
+}
+
 /* Every size: warmup, rank 0 picks the repeat count, then the timed calls. Every rank
  * reaches both barriers of every size, failed or not. */
 static void
-run_sizes(struct shared *sh, dc_group *g)
+run_sizes(struct shared *sh, dc_client *client, dc_group *g)
 {
     const struct plan *p = sh->p;
 
@@ -213,16 +344,13 @@ run_sizes(struct shared *sh, dc_group *g)
             for (; k < reps && (times[k] = timed_all_reduce(sh, g, buf, count)) >= 0; k++) {
             }
             if (k == reps && dc_group_rank(g) == 0) {
-                struct bench_timing *t = &sh->out[i];
-                t->bytes               = p->sizes[i];
-                t->reps                = reps;
-                t->median_s            = bench_percentile(times, reps, 50);
-                t->min_s               = times[0];
-                t->max_s               = times[reps - 1];
-                t->ok                  = 1;
+                timing_set(&sh->out[i], p->sizes[i], times, reps);
             }
         }
         free(times);
+        if (sh->paired) {
+            run_paired(sh, client, g, buf, count, i, p->max_reps);
+        }
         if (sh->shm && buf != NULL) {
             dc_group_free(g, buf);
         } else {
@@ -251,7 +379,7 @@ rank_main(void *arg)
         atomic_store(&sh->failed, 1);
         g = NULL;
     }
-    run_sizes(sh, g);
+    run_sizes(sh, client, g);
     if (g != NULL) {
         dc_group_leave(g, &st);
     }
@@ -264,7 +392,13 @@ rank_main(void *arg)
 static int
 run_layout(const struct bench_args *a, const struct plan *p, struct layout *l)
 {
-    struct shared sh = { .p = p, .ranks = l->ranks, .shm = !l->plain, .out = l->dc };
+    struct shared sh = { .p           = p,
+                         .ranks       = l->ranks,
+                         .shm         = !l->plain,
+                         .out         = l->dc,
+                         .paired      = l->paired,
+                         .pair_group  = l->pair_group,
+                         .pair_submit = l->pair_submit };
     struct rank_arg args[MAX_RANKS];
     pthread_t threads[MAX_RANKS];
     struct cluster c;
@@ -341,6 +475,23 @@ print_table(const struct plan *p, const struct layout *l, const struct bench_tim
     }
 }
 
+/* The paired rounds of a layout: the group call's and dc_submit's medians, side by side. */
+static void
+print_paired(const struct plan *p, const struct layout *l)
+{
+    printf("\nPaired rounds, %s: one group call (rank 0's time) then one dc_submit all-reduce "
+           "of the same size on the same devices (the controller's time), alternating\n",
+           layout_text(l));
+    printf("%-8s | %12s %5s | %12s %5s | %12s\n", "size", "group", "reps", "submit", "reps",
+           "submit/group");
+    for (size_t i = 0; i < p->n_sizes; i++) {
+        const struct bench_timing *g = &l->pair_group[i], *s = &l->pair_submit[i];
+        printf("%-8s | %9.1f us %5u | %9.1f us %5u | %11.2fx\n", bench_size_text(p->sizes[i]),
+               g->ok ? g->median_s * 1e6 : NAN, g->reps, s->ok ? s->median_s * 1e6 : NAN, s->reps,
+               g->ok && s->ok ? s->median_s / g->median_s : NAN);
+    }
+}
+
 static void
 json_points(FILE *f, unsigned ranks, const struct bench_timing *t, size_t n)
 {
@@ -386,6 +537,19 @@ write_results(const struct bench_args *a, const struct plan *p, const struct lay
                     ls[k].plain ? "streamed to the worker" : "dc_group_alloc");
             json_points(f, ls[k].ranks, ls[k].dc, p->n_sizes);
             fprintf(f, ",");
+            if (ls[k].paired) {
+                fprintf(f,
+                        "\n    {\"system\": \"devcoord, paired rounds: group call\", \"ranks\": "
+                        "%u, \"workers\": %u, \"points\": [",
+                        ls[k].ranks, ls[k].workers);
+                json_points(f, ls[k].ranks, ls[k].pair_group, p->n_sizes);
+                fprintf(f,
+                        ",\n    {\"system\": \"devcoord, paired rounds: dc_submit\", \"ranks\": "
+                        "%u, \"workers\": %u, \"points\": [",
+                        ls[k].ranks, ls[k].workers);
+                json_points(f, ls[k].ranks, ls[k].pair_submit, p->n_sizes);
+                fprintf(f, ",");
+            }
         }
         for (unsigned r = 2; r <= 4; r += 2) {
             fprintf(f, "\n    {\"system\": \"gloo\", \"ranks\": %u, \"points\": [", r);
@@ -460,6 +624,20 @@ write_results(const struct bench_args *a, const struct plan *p, const struct lay
                     isnan(bidir) ? "-" : bench_fmt("iperf3 --bidir %.2f GB/s", bidir / GB), r,
                     ">= 0.9x --bidir per direction (issue 17)", isnan(r) ? -1 : r >= 0.9);
             }
+            if (ls[k].paired) {
+                /* Issue 17: SubmitOp all-reduce of 16 MiB within 10 % of the group path. */
+                const struct bench_timing *pg = &ls[k].pair_group[i], *ps = &ls[k].pair_submit[i];
+                double r = pg->ok && ps->ok ? ps->median_s / pg->median_s : NAN;
+                bool big = p->sizes[i] >= PROBE_BYTES;
+                bench_summary_row(
+                    &sum,
+                    bench_fmt("SubmitOp all-reduce %s, %u workers, paired with the group path",
+                              bench_size_text(p->sizes[i]), ls[k].workers),
+                    ps->ok ? bench_fmt("%.1f us", ps->median_s * 1e6) : "-",
+                    pg->ok ? bench_fmt("group call %.1f us", pg->median_s * 1e6) : "-", r,
+                    big ? "<= 1.1x the group path (issue 17)" : "- (issue 17 sets none)",
+                    big && !isnan(r) ? r <= 1.1 : -1);
+            }
             if (ls[k].workers == 1 && p->sizes[i] == PROBE_BYTES) {
                 /* The shared-memory limit: bus bandwidth against the 2-thread probe's. */
                 double bw = d->ok ? busbw(ls[k].ranks, d->bytes, d->median_s) : NAN;
@@ -503,7 +681,8 @@ main(int argc, char **argv)
         nl--; /* no 1x1 */
     }
     for (size_t k = 0; k < nl; k++) {
-        ls[k].plain = o.plain && ls[k].workers > 1;
+        ls[k].plain  = o.plain && ls[k].workers > 1;
+        ls[k].paired = ls[k].ranks == 2 && ls[k].workers == 2;
     }
     p.budget_s = a.quick ? 0.5 : 2.0;
     p.min_reps = a.quick ? 3 : 5;
@@ -537,6 +716,9 @@ main(int argc, char **argv)
             fprintf(stderr, "bench_group: %s failed\n", layout_text(&ls[k]));
         }
         print_table(&p, &ls[k], gloo_of(gloo, ls[k].ranks));
+        if (ls[k].paired) {
+            print_paired(&p, &ls[k]);
+        }
     }
     write_results(&a, &p, ls, nl, gloo, probe_s, bidir);
     return 0;
