@@ -3,7 +3,8 @@
  * everything in it works on one object, struct cop, from several kinds of thread at once: the
  * op's own thread (cop_run: describe, check, prepare, send, finish, answer), the server
  * threads that apply peers' Exchange chunks (cop_apply), the data link's reader threads that
- * apply peers' frames (cop_link_frame), nng's callbacks that count acknowledged sends
+ * apply peers' frames (cop_link_frame) and pass ring chunks on (cop_forward_now), nng's
+ * callbacks that count acknowledged sends
  * (cop_sent) and the data link's sender threads that count written frames (cop_link_sent).
  * The rules that keep them apart (op->mtx for counters,
  * co->mtx and op->refs for the op's lifetime, the phases that say when chunks may land,
@@ -53,8 +54,9 @@
 /* Chunks an op has queued to the data link at once (each DLINK_CHUNK bytes at most, sent from
  * the op's own memory by the peer's sender thread), and how long an op that failed waits for
  * the one being written before it closes that connection to get its memory back. */
-#define LINK_WINDOW   16
-#define LINK_GRACE_MS 1000
+#define LINK_WINDOW        16
+#define LINK_WINDOW_DIRECT (2 * LINK_WINDOW)
+#define LINK_GRACE_MS      1000
 /* Exchange calls for ops this worker has not been told of yet (a peer's Execute came first)
  * wait for ours, each holding an RPC context. A peer sends at most SEND_WINDOW calls per op
  * at once, so a few windows per connection is all a real cluster needs; more is a peer
@@ -230,8 +232,13 @@ struct cop {
     uint8_t *meta_buf; /* our descriptions, sent from here (the link reads them later) */
     unsigned *link_pending;
     unsigned link_in_flight;
+    /* Ring chunks a data handler forwards itself (cop_forward_now) and has not yet handed to
+     * the link; once links_closing is set (cop_wait_links) none starts. */
+    unsigned forwarding;
+    bool links_closing;
     uint64_t link_bytes_sent, link_bytes_received;
-    uint64_t link_bytes_placed; /* of those, read straight into the op's buffer */
+    uint64_t link_bytes_placed;    /* of those, read straight into the op's buffer */
+    uint64_t link_bytes_forwarded; /* of those sent, by cop_forward_now */
     bool answering;   /* the op's thread answers: its request (op->req) goes with the answer */
     bool thread_done; /* the op's thread has answered; the last send frees it */
 
@@ -515,6 +522,10 @@ cop_forward_push(struct cop *op, uint32_t s, size_t off, size_t len)
 
 /* ---- receiving --------------------------------------------------------------------------- */
 
+static bool cop_forward_direct_locked(struct cop *op, uint32_t to, uint32_t step, size_t len);
+static bool cop_step_sent_all_locked(const struct cop *op, uint32_t step);
+static void cop_forward_now(struct cop *op, uint32_t to, uint32_t step, size_t off, size_t len);
+
 enum apply_mode { APPLY_REDUCE, APPLY_COPY };
 
 /* Where a chunk of `step` from worker `from` about rank `rank` lands: the buffer, the byte
@@ -635,7 +646,8 @@ static void
 cop_chunk_landed(struct cop *op, uint32_t from, uint32_t step, uint64_t offset, size_t len,
                  bool link, bool placed)
 {
-    uint32_t to, seg;
+    uint32_t to = 0, seg;
+    bool direct = false, wake = false;
 
     pthread_mutex_lock(&op->mtx);
     op->step_received[step] += len;
@@ -647,11 +659,16 @@ cop_chunk_landed(struct cop *op, uint32_t from, uint32_t step, uint64_t offset, 
         status_set(&dup, DC_INVALID_ARGUMENT, "op %s received more data than expected at step %u",
                    op->id, step);
         cop_fail_locked(op, &dup);
-    } else if (cop_is_ring(op) && ring_send(&op->ring, op->self, step + 1, &to, &seg) &&
-               !cop_forward_push(op, step + 1, offset, len)) {
-        dc_status oom;
-        status_set(&oom, DC_RESOURCE_EXHAUSTED, "out of memory in op %s", op->id);
-        cop_fail_locked(op, &oom);
+    } else if (cop_is_ring(op) && ring_send(&op->ring, op->self, step + 1, &to, &seg)) {
+        if ((direct = cop_forward_direct_locked(op, to, step + 1, len))) {
+            wake = cop_step_sent_all_locked(op, step + 1); /* the op's thread may be done */
+        } else if (!cop_forward_push(op, step + 1, offset, len)) {
+            dc_status oom;
+            status_set(&oom, DC_RESOURCE_EXHAUSTED, "out of memory in op %s", op->id);
+            cop_fail_locked(op, &oom);
+        } else {
+            wake = true; /* the op's thread sends it */
+        }
     }
     op->bytes_received += len;
     if (link) {
@@ -661,8 +678,14 @@ cop_chunk_landed(struct cop *op, uint32_t from, uint32_t step, uint64_t offset, 
         op->link_bytes_placed += len;
     }
     op->bytes_from[from] += len;
-    pthread_cond_broadcast(&op->cv);
+    /* Woken for what it waits on: a range to send, a step all in or all sent, a failure. */
+    if (wake || op->failed || op->step_received[step] == op->step_expected[step]) {
+        pthread_cond_broadcast(&op->cv);
+    }
     pthread_mutex_unlock(&op->mtx);
+    if (direct) {
+        cop_forward_now(op, to, step + 1, offset, len);
+    }
 }
 
 /* Applies one received data chunk (an Exchange call's or a data link frame's) to a ready op:
@@ -973,11 +996,14 @@ cop_link_sent(void *arg, size_t bytes, dc_code code, const dc_status *st)
 {
     struct cop_send_ctx *ctx = arg;
     struct cop *op           = ctx->op;
+    bool wake;
 
     pthread_mutex_lock(&op->mtx);
     op->link_in_flight--;
     op->link_pending[ctx->to]--;
     op->link_bytes_sent += bytes;
+    /* Waiters: a send for room in the window, cop_wait_links for none left, a failure. */
+    wake = op->link_in_flight == LINK_WINDOW - 1 || op->link_in_flight == 0 || code != DC_OK;
     if (code != DC_OK && !op->failed) {
         dc_status peer;
         const char *name = op->req->plan->workers[ctx->to]->name;
@@ -986,7 +1012,9 @@ cop_link_sent(void *arg, size_t bytes, dc_code code, const dc_status *st)
         status_set_worker(&peer, name);
         cop_fail_locked(op, &peer);
     }
-    pthread_cond_broadcast(&op->cv);
+    if (wake) {
+        pthread_cond_broadcast(&op->cv);
+    }
     pthread_mutex_unlock(&op->mtx);
 }
 
@@ -1013,6 +1041,11 @@ cop_wait_links(struct cop *op)
     uint64_t until;
 
     pthread_mutex_lock(&op->mtx);
+    /* No handler forwards a chunk from here, and none is left half queued. */
+    op->links_closing = true;
+    while (op->forwarding > 0) {
+        pthread_cond_wait(&op->cv, &op->mtx);
+    }
     while (!op->failed && op->link_in_flight > 0) {
         uint32_t who = cop_link_laggard(op);
         snprintf(waiting, sizeof(waiting), "worker %.64s did not take data of op %.64s",
@@ -1073,6 +1106,7 @@ cop_link_send(struct cop *op, uint32_t to, uint32_t step, const uint8_t *base, s
         }
         op->link_in_flight++;
         op->link_pending[to]++;
+        op->bytes_sent += len;
         pthread_mutex_unlock(&op->mtx);
         h.offset = off;
         if (wgroups_op_send(op->co->wg, op->peers[to]->address, &h, base + off, len, op,
@@ -1085,10 +1119,75 @@ cop_link_send(struct cop *op, uint32_t to, uint32_t step, const uint8_t *base, s
             pthread_mutex_unlock(&op->mtx);
             return false;
         }
-        op->bytes_sent += len;
         off += len;
     }
     return true;
+}
+
+/* Whether the data handler that got a ring chunk forwards it to worker `to` at `step` itself
+ * (cop_forward_now), as the group path does, instead of waking the op's thread to do it: a
+ * chunk no longer waits for that thread to be scheduled, per chunk, on a busy machine. Only
+ * over the data link (an Exchange call would wait for its window on this thread) and while
+ * the queue is short: past LINK_WINDOW_DIRECT chunks queued the op's thread takes them, so
+ * the queue stays bounded and the handler never waits. Counts the chunk as sent and in
+ * flight when it says yes. op->mtx held. */
+static bool
+cop_forward_direct_locked(struct cop *op, uint32_t to, uint32_t step, size_t len)
+{
+    if (!op->link[to] || op->failed || op->links_closing ||
+        op->link_in_flight >= LINK_WINDOW_DIRECT) {
+        return false;
+    }
+    op->link_in_flight++;
+    op->link_pending[to]++;
+    op->forwarding++;
+    op->step_sent[step] += len;
+    op->bytes_sent += len;
+    op->link_bytes_forwarded += len;
+    return true;
+}
+
+/* Whether this worker has sent all it sends at ring step `step`. op->mtx held. */
+static bool
+cop_step_sent_all_locked(const struct cop *op, uint32_t step)
+{
+    uint32_t to, seg;
+    size_t start, end;
+
+    if (!ring_send(&op->ring, op->self, step, &to, &seg)) {
+        return true;
+    }
+    cop_segment(op, seg, &start, &end);
+    return op->step_sent[step] == end - start;
+}
+
+/* Queues a chunk cop_forward_direct_locked took to the data link to `to`; a failure fails
+ * the op. Any thread, no lock held. */
+static void
+cop_forward_now(struct cop *op, uint32_t to, uint32_t step, size_t off, size_t len)
+{
+    struct dlink_hdr h = { .kind       = DLINK_DATA,
+                           .from       = op->self,
+                           .group      = op->hash,
+                           .generation = op->local_ranks[0],
+                           .seq        = step,
+                           .total      = op->tensor_bytes,
+                           .offset     = off };
+    dc_status st;
+    dc_code code = wgroups_op_send(op->co->wg, op->peers[to]->address, &h, op->work + off, len, op,
+                                   cop_link_sent, &op->send_ctx[to], &st);
+
+    pthread_mutex_lock(&op->mtx);
+    if (code != DC_OK) {
+        op->link_in_flight--;
+        op->link_pending[to]--;
+        status_prefix(&st, "data link");
+        cop_fail_locked(op, &st);
+    }
+    if (--op->forwarding == 0 && op->links_closing) {
+        pthread_cond_broadcast(&op->cv);
+    }
+    pthread_mutex_unlock(&op->mtx);
 }
 
 /* Which peers get the op's data over the data link: those this worker has (or can open) a
@@ -1437,6 +1536,7 @@ cop_send(struct cop *op, uint32_t to, uint32_t step, const uint8_t *base, size_t
             return false;
         }
         op->sends_in_flight++;
+        op->bytes_sent += len;
         pthread_mutex_unlock(&op->mtx);
 
         left       = op->deadline_ms > rpc_now_ms() ? op->deadline_ms - rpc_now_ms() : 1;
@@ -1450,7 +1550,6 @@ cop_send(struct cop *op, uint32_t to, uint32_t step, const uint8_t *base, size_t
             pthread_mutex_unlock(&op->mtx);
             return false;
         }
-        op->bytes_sent += len;
         off += len;
     }
     return true;
@@ -1541,8 +1640,8 @@ cop_ring(struct cop *op)
                       r.off, r.off + r.len, op->local_ranks[0])) {
             return false;
         }
-        op->step_sent[s] += r.len;
         pthread_mutex_lock(&op->mtx);
+        op->step_sent[s] += r.len;
     }
     pthread_mutex_unlock(&op->mtx);
     for (uint32_t s = 0; s < steps; s++) {
@@ -2395,6 +2494,7 @@ cop_run(void *arg)
     co->stats.link_bytes_sent += op->link_bytes_sent;
     co->stats.link_bytes_received += op->link_bytes_received;
     co->stats.link_bytes_placed += op->link_bytes_placed;
+    co->stats.link_bytes_forwarded += op->link_bytes_forwarded;
     co->stats.ops_direct += op->direct ? 1 : 0;
     co->stats.ops_early += op->direct && cop_sent_early(op) ? 1 : 0;
     co->stats.ops_ring_in_place += op->read_in_place ? 1 : 0;

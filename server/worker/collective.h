@@ -35,10 +35,12 @@ struct collectives_stats {
     uint64_t ops_done, ops_failed;
     uint64_t bytes_sent, bytes_received;
     uint64_t link_bytes_sent, link_bytes_received; /* of those, over the data link */
-    uint64_t link_bytes_placed; /* of those received, read straight into the op's buffer */
-    uint64_t ops_direct;        /* all-reduces run as one direct exchange, not round the ring */
-    uint64_t ops_early;         /* of those, ops whose tensors went with the descriptions */
-    uint64_t ops_ring_in_place; /* ring all-reduces that read the only local rank in place */
+    uint64_t link_bytes_placed;    /* of those received, read straight into the op's buffer */
+    uint64_t link_bytes_forwarded; /* of those sent, ring chunks passed on by the handler that
+                                    * received them (cop_forward_now), not the op's thread */
+    uint64_t ops_direct;           /* all-reduces run as one direct exchange, not round the ring */
+    uint64_t ops_early;            /* of those, ops whose tensors went with the descriptions */
+    uint64_t ops_ring_in_place;    /* ring all-reduces that read the only local rank in place */
 };
 
 /* token (may be NULL) is what this worker shows its peers; it must outlive co. wg (may be

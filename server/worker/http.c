@@ -58,6 +58,10 @@ metrics(void *arg, struct mbuf *body)
                 "straight into the op's buffer (copied steps), not through the link's own.\n"
                 "# TYPE devcoord_dataplane_link_bytes_placed_total counter\n"
                 "devcoord_dataplane_link_bytes_placed_total %llu\n"
+                "# HELP devcoord_dataplane_link_bytes_forwarded_total Of those sent, ring bytes "
+                "passed on by the thread that received them, as they landed.\n"
+                "# TYPE devcoord_dataplane_link_bytes_forwarded_total counter\n"
+                "devcoord_dataplane_link_bytes_forwarded_total %llu\n"
                 "# HELP devcoord_worker_direct_ops_total All-reduces small enough to run as one "
                 "direct exchange between the workers instead of round the ring.\n"
                 "# TYPE devcoord_worker_direct_ops_total counter\n"
@@ -74,7 +78,8 @@ metrics(void *arg, struct mbuf *body)
                 (unsigned long long)cs.ops_done, (unsigned long long)cs.ops_failed,
                 (unsigned long long)cs.bytes_sent, (unsigned long long)cs.bytes_received,
                 (unsigned long long)cs.link_bytes_sent, (unsigned long long)cs.link_bytes_received,
-                (unsigned long long)cs.link_bytes_placed, (unsigned long long)cs.ops_direct,
+                (unsigned long long)cs.link_bytes_placed,
+                (unsigned long long)cs.link_bytes_forwarded, (unsigned long long)cs.ops_direct,
                 (unsigned long long)cs.ops_early, (unsigned long long)cs.ops_ring_in_place);
     rpc_metrics_render(body, &w->rpc_metrics);
     wgroups_metrics_render(w->groups, body);

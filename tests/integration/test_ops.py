@@ -685,6 +685,7 @@ class DataLinkTest(OpsTestCase):
     LINK_SENT = 'devcoord_dataplane_link_bytes_total{direction="sent"}'
     LINK_RECEIVED = 'devcoord_dataplane_link_bytes_total{direction="received"}'
     LINK_PLACED = 'devcoord_dataplane_link_bytes_placed_total'
+    LINK_FORWARDED = 'devcoord_dataplane_link_bytes_forwarded_total'
     SENT = 'devcoord_dataplane_bytes_total{direction="sent"}'
     RECEIVED = 'devcoord_dataplane_bytes_total{direction="received"}'
 
@@ -715,6 +716,10 @@ class DataLinkTest(OpsTestCase):
                 # through the link's own buffer.
                 self.assertGreater(m[self.LINK_PLACED], 1 << 19, m)
                 self.assertLess(m[self.LINK_PLACED], m[self.LINK_RECEIVED], m)
+                # The ring's chunks after step 0 were passed on by the thread that received
+                # them, as they landed (its step 0 and the broadcast's sends are the op's).
+                self.assertGreater(m[self.LINK_FORWARDED], 1 << 19, m)
+                self.assertLess(m[self.LINK_FORWARDED], m[self.LINK_SENT], m)
                 # The tensor descriptions went over it too, once a peer had a link up to
                 # this worker (its first op with it dials it): at most one Exchange call
                 # from each peer, among the dozens of ops.
