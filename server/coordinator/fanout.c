@@ -76,14 +76,12 @@ struct fanout_conn {
     unsigned n_idle, n_dialing;
 };
 
-/* Who sends a call's frame: the caller, on its own thread, when it is small (the pool
- * thread's wake-up then overlaps the send and the worker's work instead of preceding them),
- * else the pool thread. */
+/* Who sends a call's frame: the caller, on its own thread, when it is small, before the
+ * pool thread that reads the answer is even woken (so neither that wake-up nor that thread
+ * delays the frame, or the next worker's, on a machine with few CPUs), else the pool thread. */
 enum ctl_send {
-    CTL_SEND_PENDING, /* the caller is sending */
-    CTL_SENT,         /* the caller sent it: the pool thread reads the answer */
-    CTL_SEND_FAILED,  /* the caller could not: the call goes as an RPC, the job only ends */
-    CTL_SEND_BY_JOB,  /* the pool thread sends it, then reads the answer */
+    CTL_SENT,        /* the caller sent it: the pool thread reads the answer */
+    CTL_SEND_BY_JOB, /* the pool thread sends it, then reads the answer */
 };
 
 /* Frames up to this size are written by the caller (an nng thread, maybe: a control link
@@ -104,6 +102,7 @@ struct ctl_job {
     void *arg;
     enum ctl_send send;          /* under f->mtx */
     struct ctl_job *next, *prev; /* f->jobs while its link is in use */
+    struct ctl_job *orphan_next; /* f->orphans (ctl_call) */
 };
 
 struct fanout {
@@ -116,6 +115,8 @@ struct fanout {
      * thread, and counts. */
     struct tpool *pool;
     struct ctl_job *jobs;
+    /* Calls sent whose reader could not be started (ctl_call): ctl_orphans_end fails them. */
+    struct ctl_job *orphans;
     unsigned busy; /* jobs submitted and not finished */
     pthread_cond_t idle_cv;
     bool closing;
@@ -143,22 +144,45 @@ ctl_drop_idle(struct fanout_conn *c)
 /* Moves c's idle control links to where fanout_close_stale (a thread of ours) closes them:
  * this may run on an nng thread, which must not close streams. Out of memory, they are
  * closed here after all. mtx held. */
-static void
-ctl_doom_idle_locked(struct fanout *f, struct fanout_conn *c)
+static bool
+ctl_doomed_room_locked(struct fanout *f, size_t more)
 {
-    if (f->n_doomed + c->n_idle > f->cap_doomed) {
-        size_t cap            = (f->n_doomed + c->n_idle) * 2;
+    if (f->n_doomed + more > f->cap_doomed) {
+        size_t cap            = (f->n_doomed + more) * 2;
         struct dlink_out **dd = realloc(f->doomed, cap * sizeof(*dd));
         if (dd == NULL) {
-            ctl_drop_idle(c);
-            return;
+            return false;
         }
         f->doomed     = dd;
         f->cap_doomed = cap;
     }
+    return true;
+}
+
+static void
+ctl_doom_idle_locked(struct fanout *f, struct fanout_conn *c)
+{
+    if (!ctl_doomed_room_locked(f, c->n_idle)) {
+        ctl_drop_idle(c);
+        return;
+    }
     while (c->n_idle > 0) {
         f->doomed[f->n_doomed++] = c->idle[--c->n_idle];
     }
+}
+
+/* The same for one link (NULL: none). mtx held. */
+static void
+ctl_doom_locked(struct fanout *f, struct dlink_out *out)
+{
+    if (out == NULL) {
+        return;
+    }
+    if (!ctl_doomed_room_locked(f, 1)) {
+        dlink_out_close(out);
+        return;
+    }
+    f->doomed[f->n_doomed++] = out;
 }
 
 struct fanout *
@@ -438,6 +462,21 @@ ctl_ask_locked(struct fanout *f, struct fanout_conn *c)
     }
 }
 
+/* Takes j off f->jobs. mtx held. */
+static void
+ctl_job_unlink_locked(struct fanout *f, struct ctl_job *j)
+{
+    if (j->prev != NULL) {
+        j->prev->next = j->next;
+    } else {
+        f->jobs = j->next;
+    }
+    if (j->next != NULL) {
+        j->next->prev = j->prev;
+    }
+    j->next = j->prev = NULL;
+}
+
 /* A call on a control link taken idle: its frame sent (by the caller, or here), its answer
  * read and handed to the events. */
 static void
@@ -449,24 +488,18 @@ ctl_call_run(void *arg)
     struct rpc_reply r    = { 0 };
     nng_msg *answer       = NULL;
     bool keep             = false;
-    enum ctl_send send;
     dc_status st;
     dc_code code;
 
     status_clear(&st);
-    pthread_mutex_lock(&f->mtx);
-    while ((send = j->send) == CTL_SEND_PENDING) {
-        pthread_cond_wait(&f->idle_cv, &f->mtx);
-    }
-    pthread_mutex_unlock(&f->mtx);
-    if (send == CTL_SEND_BY_JOB) {
+    if (j->send == CTL_SEND_BY_JOB) {
         struct dlink_hdr h = { .seq = j->request_id };
         code = dlink_call_send(j->out, &h, nng_msg_body(j->req), nng_msg_len(j->req), j->timeout_ms,
                                &st);
         nng_msg_free(j->req);
         j->req = NULL;
     } else {
-        code = send == CTL_SENT ? DC_OK : DC_UNAVAILABLE;
+        code = DC_OK;
     }
     if (code == DC_OK) {
         code = dlink_call_recv_any(j->out, j->request_id,
@@ -477,29 +510,29 @@ ctl_call_run(void *arg)
         code = rpc_reply_decode(j->method, false, j->request_id, c->address, answer, &r, &st);
     }
     pthread_mutex_lock(&f->mtx);
-    /* Off the list first: fanout_close_all aborts only the links on it. */
-    if (j->prev != NULL) {
-        j->prev->next = j->next;
-    } else {
-        f->jobs = j->next;
-    }
-    if (j->next != NULL) {
-        j->next->prev = j->prev;
-    }
-    if (send != CTL_SEND_FAILED && !st.transport && !f->closing && c->ctl_epoch == j->epoch &&
-        c->client != NULL && c->n_idle < CTL_IDLE_MAX) {
+    ctl_job_unlink_locked(f, j); /* first: fanout_close_all aborts only the links listed */
+    if (!st.transport && !f->closing && c->ctl_epoch == j->epoch && c->client != NULL &&
+        c->n_idle < CTL_IDLE_MAX) {
         c->idle[c->n_idle++] = j->out;
         j->out               = NULL;
     }
     pthread_mutex_unlock(&f->mtx);
     dlink_out_close(j->out);
-    if (send != CTL_SEND_FAILED) { /* else the call went as an RPC: its events are its own */
-        j->done(j->arg, code, &st, &r, &keep);
-        if (!keep) {
-            rpc_reply_free(&r);
-        }
+    j->done(j->arg, code, &st, &r, &keep);
+    if (!keep) {
+        rpc_reply_free(&r);
     }
     ctl_job_finish(j);
+}
+
+/* A job no longer holds its connection nor counts as busy. mtx held. */
+static void
+ctl_job_end_locked(struct fanout *f, struct ctl_job *j)
+{
+    j->c->refs--;
+    if (--f->busy == 0) {
+        pthread_cond_broadcast(&f->idle_cv);
+    }
 }
 
 static void
@@ -508,10 +541,7 @@ ctl_job_finish(struct ctl_job *j)
     struct fanout *f = j->f;
 
     pthread_mutex_lock(&f->mtx);
-    j->c->refs--;
-    if (--f->busy == 0) {
-        pthread_cond_broadcast(&f->idle_cv);
-    }
+    ctl_job_end_locked(f, j);
     pthread_mutex_unlock(&f->mtx);
     free(j);
 }
@@ -561,7 +591,7 @@ ctl_call(struct fanout *f, struct fanout_conn *c, unsigned method, const Protobu
     j->timeout_ms = timeout_ms;
     j->done       = done;
     j->arg        = arg;
-    j->send       = by_caller ? CTL_SEND_PENDING : CTL_SEND_BY_JOB;
+    j->send       = by_caller ? CTL_SENT : CTL_SEND_BY_JOB;
     j->next       = f->jobs;
     if (f->jobs != NULL) {
         f->jobs->prev = j;
@@ -569,40 +599,83 @@ ctl_call(struct fanout *f, struct fanout_conn *c, unsigned method, const Protobu
     f->jobs = j;
     c->refs++;
     f->busy++;
-    /* Submitted before the send, so nothing sent is left without a reader. */
-    if (!tpool_submit(f->pool, ctl_call_run, j)) {
-        f->jobs = j->next;
-        if (f->jobs != NULL) {
-            f->jobs->prev = NULL;
-        }
-        c->idle[c->n_idle++] = j->out;
-        c->refs--;
-        f->busy--;
-        pthread_mutex_unlock(&f->mtx);
-        nng_msg_free(j->req);
-        free(j);
-        return false;
-    }
-    pthread_mutex_unlock(&f->mtx);
     if (!by_caller) {
+        if (!tpool_submit(f->pool, ctl_call_run, j)) {
+            ctl_job_unlink_locked(f, j);
+            c->idle[c->n_idle++] = j->out;
+            ctl_job_end_locked(f, j);
+            pthread_mutex_unlock(&f->mtx);
+            nng_msg_free(j->req);
+            free(j);
+            return false;
+        }
+        pthread_mutex_unlock(&f->mtx);
         atomic_fetch_add(&f->link_calls, 1);
         return true;
     }
+    pthread_mutex_unlock(&f->mtx);
     h    = (struct dlink_hdr){ .seq = j->request_id };
     code = dlink_call_send(j->out, &h, nng_msg_body(j->req), nng_msg_len(j->req), timeout_ms, &st);
     nng_msg_free(j->req);
     j->req = NULL;
-    pthread_mutex_lock(&f->mtx);
-    /* A frame not sent whole was not taken: the worker drops a frame cut short unread. */
-    j->send = code == DC_OK ? CTL_SENT : CTL_SEND_FAILED;
-    pthread_cond_broadcast(&f->idle_cv);
-    pthread_mutex_unlock(&f->mtx);
     if (code != DC_OK) {
+        /* Not sent whole, so not taken (the worker drops a frame cut short unread): the call
+         * goes as an RPC, and the link is closed by a thread of ours (this may be nng's). */
         log_info("control link to %s failed (%s): the call goes as an RPC", c->address, st.message);
+        pthread_mutex_lock(&f->mtx);
+        ctl_job_unlink_locked(f, j);
+        ctl_doom_locked(f, j->out);
+        ctl_job_end_locked(f, j);
+        pthread_mutex_unlock(&f->mtx);
+        free(j);
         return false;
     }
+    /* Sent: from here the call is on the link, and its answer needs a reader. */
     atomic_fetch_add(&f->link_calls, 1);
+    if (!tpool_submit(f->pool, ctl_call_run, j)) {
+        /* None can be started (out of memory or threads): the call fails as a lost link, from
+         * the next ctl_orphans_end (the caller may hold the locks done takes). */
+        pthread_mutex_lock(&f->mtx);
+        j->orphan_next = f->orphans;
+        f->orphans     = j;
+        pthread_cond_broadcast(&f->idle_cv); /* fanout_close_all may be waiting for it */
+        pthread_mutex_unlock(&f->mtx);
+    }
     return true;
+}
+
+/* Ends the calls ctl_call sent but could not start a reader for: each fails as a lost
+ * control link (its answer unread, the link closed). No lock held: done takes the events'. */
+static void
+ctl_orphans_end(struct fanout *f)
+{
+    struct ctl_job *list;
+
+    pthread_mutex_lock(&f->mtx);
+    list       = f->orphans;
+    f->orphans = NULL;
+    for (struct ctl_job *j = list; j != NULL; j = j->orphan_next) {
+        ctl_job_unlink_locked(f, j);
+        ctl_doom_locked(f, j->out);
+        j->out = NULL;
+    }
+    pthread_mutex_unlock(&f->mtx);
+    while (list != NULL) {
+        struct ctl_job *j  = list;
+        struct rpc_reply r = { 0 };
+        bool keep          = false;
+        dc_status st;
+
+        list = j->orphan_next;
+        status_set(&st, DC_UNAVAILABLE, "control link to %s: no thread to read the answer",
+                   j->c->address);
+        st.transport = true;
+        j->done(j->arg, DC_UNAVAILABLE, &st, &r, &keep);
+        if (!keep) {
+            rpc_reply_free(&r);
+        }
+        ctl_job_finish(j);
+    }
 }
 
 void
@@ -697,6 +770,7 @@ fanout_close_stale(struct fanout *f)
     struct dlink_out **doomed;
     size_t n_doomed;
 
+    ctl_orphans_end(f);
     pthread_mutex_lock(&f->mtx);
     for (struct fanout_conn **pp = &f->conns; *pp != NULL;) {
         struct fanout_conn *c = *pp;
@@ -738,6 +812,12 @@ fanout_close_all(struct fanout *f)
         dlink_out_abort(j->out);
     }
     while (f->busy > 0) {
+        if (f->orphans != NULL) {
+            pthread_mutex_unlock(&f->mtx);
+            ctl_orphans_end(f); /* their busy counts go with them */
+            pthread_mutex_lock(&f->mtx);
+            continue;
+        }
         pthread_cond_wait(&f->idle_cv, &f->mtx);
     }
     for (struct fanout_conn *c = f->conns; c != NULL; c = c->next) {
