@@ -1110,7 +1110,7 @@ cop_link_send(struct cop *op, uint32_t to, uint32_t step, const uint8_t *base, s
         pthread_mutex_unlock(&op->mtx);
         h.offset = off;
         if (wgroups_op_send(op->co->wg, op->peers[to]->address, &h, base + off, len, op,
-                            cop_link_sent, &op->send_ctx[to], &st) != DC_OK) {
+                            cop_link_sent, &op->send_ctx[to], true, &st) != DC_OK) {
             pthread_mutex_lock(&op->mtx);
             op->link_in_flight--;
             op->link_pending[to]--;
@@ -1174,8 +1174,9 @@ cop_forward_now(struct cop *op, uint32_t to, uint32_t step, size_t off, size_t l
                            .total      = op->tensor_bytes,
                            .offset     = off };
     dc_status st;
+    /* Queued, never written here: this may be a data link reader, which must keep reading. */
     dc_code code = wgroups_op_send(op->co->wg, op->peers[to]->address, &h, op->work + off, len, op,
-                                   cop_link_sent, &op->send_ctx[to], &st);
+                                   cop_link_sent, &op->send_ctx[to], false, &st);
 
     pthread_mutex_lock(&op->mtx);
     if (code != DC_OK) {
@@ -1733,7 +1734,7 @@ cop_send_meta_frame(struct cop *op, uint32_t w, size_t len, uint32_t features, d
     op->link_pending[w]++;
     pthread_mutex_unlock(&op->mtx);
     if ((code = wgroups_op_send(op->co->wg, op->peers[w]->address, &h, op->meta_buf, len, op,
-                                cop_meta_sent, &op->send_ctx[w], st)) != DC_OK) {
+                                cop_meta_sent, &op->send_ctx[w], true, st)) != DC_OK) {
         pthread_mutex_lock(&op->mtx);
         op->link_in_flight--;
         op->link_pending[w]--;

@@ -1837,7 +1837,7 @@ peer_send_inline_locked(struct wgroups *wg, struct wpeer *p, struct sjob *j)
 dc_code
 wgroups_op_send(struct wgroups *wg, const char *address, const struct dlink_hdr *h,
                 const uint8_t *data, size_t len, const void *owner, wgroups_sent_fn done, void *arg,
-                dc_status *st)
+                bool may_write, dc_status *st)
 {
     struct wpeer *p = NULL;
     struct sjob *j;
@@ -1868,7 +1868,8 @@ wgroups_op_send(struct wgroups *wg, const char *address, const struct dlink_hdr 
     j->owner    = owner;
     j->done     = done;
     j->done_arg = arg;
-    if (len <= OP_INLINE_MAX && p->jobs == NULL && p->sending == NULL && peer_up_locked(p)) {
+    if (may_write && len <= OP_INLINE_MAX && p->jobs == NULL && p->sending == NULL &&
+        peer_up_locked(p)) {
         peer_send_inline_locked(wg, p, j); /* unlocks */
         return DC_OK;
     }

@@ -121,10 +121,12 @@ typedef void (*wgroups_sent_fn)(void *arg, size_t bytes, dc_code code, const dc_
 /* Queues len bytes at data (at most DLINK_CHUNK; they stay the caller's until done runs) as
  * one frame with header h (flags get DLINK_FLAG_OP) to the peer at `address`, behind what is
  * queued to it already. owner names the op for wgroups_op_cancel. done runs exactly once
- * when DC_OK is returned, never otherwise. */
+ * when DC_OK is returned, never otherwise. may_write: a small frame to an idle peer may be
+ * written by the calling thread itself (for an op's own thread; never a data link reader's,
+ * which must not stop reading to wait on a peer). */
 dc_code wgroups_op_send(struct wgroups *wg, const char *address, const struct dlink_hdr *h,
                         const uint8_t *data, size_t len, const void *owner, wgroups_sent_fn done,
-                        void *arg, dc_status *st);
+                        void *arg, bool may_write, dc_status *st);
 
 /* Takes owner's queued chunks off every queue (their done says ABORTED) and, with
  * abort_current, makes a chunk of owner's being written fail at once by closing that
