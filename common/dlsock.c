@@ -260,6 +260,29 @@ sock_new(int fd, nng_stream *stream)
     return s;
 }
 
+/* *out for a plain socket fd, or NNG_ENOMEM (fd closed). */
+static int
+sock_of_fd(int fd, struct dlsock **out)
+{
+    if ((*out = sock_new(fd, NULL)) == NULL) {
+        close(fd);
+        return NNG_ENOMEM;
+    }
+    return 0;
+}
+
+/* *out for an nng stream, or NNG_ENOMEM (the stream closed and freed). */
+static int
+sock_of_stream(nng_stream *stream, struct dlsock **out)
+{
+    if ((*out = sock_new(-1, stream)) == NULL) {
+        nng_stream_close(stream);
+        nng_stream_free(stream);
+        return NNG_ENOMEM;
+    }
+    return 0;
+}
+
 static void
 nodelay(int fd)
 {
@@ -284,9 +307,11 @@ plain_dial(const struct sockaddr_storage *ss, socklen_t len, uint32_t timeout_ms
     if (connect(fd, (const struct sockaddr *)ss, len) != 0) {
         if (errno != EINPROGRESS) {
             rv = nng_code(errno);
-        } else if ((rv = plain_wait(fd, POLLOUT, (nng_duration)timeout_ms)) == 0 &&
-                   getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen) == 0 && err != 0) {
-            rv = nng_code(err);
+        } else if ((rv = plain_wait(fd, POLLOUT, (nng_duration)timeout_ms)) == 0) {
+            /* Writable: connected, or failed with the error SO_ERROR holds. */
+            rv = getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen) != 0 ? nng_code(errno)
+                 : err != 0                                             ? nng_code(err)
+                                                                        : 0;
         }
     }
     if (rv == 0 && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
@@ -312,14 +337,7 @@ dlsock_dial(const char *url, nng_tls_config *tls, uint32_t timeout_ms, struct dl
 
     *out = NULL;
     if (tls == NULL && plain_addr(url, false, &ss, &len) == 0) {
-        if ((rv = plain_dial(&ss, len, timeout_ms, &fd)) != 0) {
-            return rv;
-        }
-        if ((*out = sock_new(fd, NULL)) == NULL) {
-            close(fd);
-            return NNG_ENOMEM;
-        }
-        return 0;
+        return (rv = plain_dial(&ss, len, timeout_ms, &fd)) != 0 ? rv : sock_of_fd(fd, out);
     }
     if ((rv = nng_aio_alloc(&aio, NULL, NULL)) != 0 ||
         (rv = nng_stream_dialer_alloc(&d, url)) != 0 ||
@@ -331,12 +349,7 @@ dlsock_dial(const char *url, nng_tls_config *tls, uint32_t timeout_ms, struct dl
     nng_stream_dialer_dial(d, aio);
     nng_aio_wait(aio);
     if ((rv = nng_aio_result(aio)) == 0) {
-        nng_stream *stream = nng_aio_get_output(aio, 0);
-        if ((*out = sock_new(-1, stream)) == NULL) {
-            nng_stream_close(stream);
-            nng_stream_free(stream);
-            rv = NNG_ENOMEM;
-        }
+        rv = sock_of_stream(nng_aio_get_output(aio, 0), out);
     }
 out:
     nng_stream_dialer_free(d);
@@ -471,17 +484,15 @@ fail:
 int
 dlsock_accept(struct dlsock_listener *l, struct dlsock **out)
 {
+    int rv;
+
     *out = NULL;
     if (l->fd >= 0) {
         for (;;) {
             int fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC);
             if (fd >= 0) {
                 nodelay(fd);
-                if ((*out = sock_new(fd, NULL)) == NULL) {
-                    close(fd);
-                    return NNG_ENOMEM;
-                }
-                return 0;
+                return sock_of_fd(fd, out);
             }
             if (atomic_load(&l->closed)) {
                 return NNG_ECLOSED;
@@ -493,19 +504,16 @@ dlsock_accept(struct dlsock_listener *l, struct dlsock **out)
     }
     nng_stream_listener_accept(l->listener, l->aio);
     nng_aio_wait(l->aio);
+    if ((rv = nng_aio_result(l->aio)) == 0 && atomic_load(&l->closed)) {
+        /* Accepted just as the listener closed: not handed out, not leaked. */
+        nng_stream *stream = nng_aio_get_output(l->aio, 0);
+        nng_stream_close(stream);
+        nng_stream_free(stream);
+    }
     if (atomic_load(&l->closed)) {
         return NNG_ECLOSED; /* whatever nng says of a stopped aio */
     }
-    if (nng_aio_result(l->aio) == 0) {
-        nng_stream *stream = nng_aio_get_output(l->aio, 0);
-        if ((*out = sock_new(-1, stream)) == NULL) {
-            nng_stream_close(stream);
-            nng_stream_free(stream);
-            return NNG_ENOMEM;
-        }
-        return 0;
-    }
-    return nng_aio_result(l->aio);
+    return rv != 0 ? rv : sock_of_stream(nng_aio_get_output(l->aio, 0), out);
 }
 
 void

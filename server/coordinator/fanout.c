@@ -100,7 +100,7 @@ struct ctl_job {
     uint32_t timeout_ms;
     rpc_done_fn done;
     void *arg;
-    enum ctl_send send;          /* under f->mtx */
+    enum ctl_send send;          /* set before the job is submitted */
     struct ctl_job *next, *prev; /* f->jobs while its link is in use */
     struct ctl_job *orphan_next; /* f->orphans (ctl_call) */
 };

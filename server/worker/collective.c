@@ -1619,10 +1619,7 @@ cop_ring(struct cop *op)
         }
         if (s == steps) {
             for (uint32_t k = 0; k < steps && done; k++) {
-                if (ring_send(&op->ring, op->self, k, &to, &seg)) {
-                    cop_segment(op, seg, &start, &end);
-                    done = op->step_sent[k] == end - start;
-                }
+                done = cop_step_sent_all_locked(op, k);
             }
             if (done || op->failed) {
                 break;
