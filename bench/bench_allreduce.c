@@ -83,29 +83,14 @@ reps_for(const struct plan *p, double warm_s)
 static int
 put_all(struct cluster *c, const char *name, uint64_t bytes)
 {
-    size_t n          = (size_t)(bytes / sizeof(float));
-    float *data       = malloc(n * sizeof(float));
-    uint64_t shape[1] = { n };
-    char dev[64];
-    dc_status st;
-    int rv = 0;
+    char devs[CLUSTER_MAX_WORKERS][64];
+    const char *refs[CLUSTER_MAX_WORKERS];
 
-    if (data == NULL) {
-        return -1;
+    for (size_t w = 0; w < c->n_workers; w++) {
+        snprintf(devs[w], sizeof(devs[w]), "%s/cpu:0", c->worker_names[w]);
+        refs[w] = devs[w];
     }
-    for (size_t i = 0; i < n; i++) {
-        data[i] = 1e-3f;
-    }
-    for (size_t w = 0; w < c->n_workers && rv == 0; w++) {
-        snprintf(dev, sizeof(dev), "%s/cpu:0", c->worker_names[w]);
-        if (dc_tensor_put(c->client, dev, name, DC_DTYPE_F32, shape, 1, data, n * sizeof(float),
-                          &st) != DC_OK) {
-            fprintf(stderr, "bench_allreduce: put %s on %s: %s\n", name, dev, st.message);
-            rv = -1;
-        }
-    }
-    free(data);
-    return rv;
+    return cluster_put_f32(c->client, refs, c->n_workers, name, bytes, "bench_allreduce");
 }
 
 static void
@@ -126,22 +111,11 @@ static double
 one_op(struct cluster *c, const dc_device_ref *devs, const char *name, double *coord_s,
        double *worker_s)
 {
-    dc_op_request req = { .kind       = DC_OP_ALL_REDUCE,
-                          .reduce     = DC_REDUCE_SUM,
-                          .devices    = devs,
-                          .n_devices  = c->n_workers,
-                          .tensor     = name,
-                          .timeout_ms = 120000 };
     dc_op_result *res = NULL;
-    dc_status st;
-    uint64_t t0  = bench_now_ns();
-    dc_code code = dc_submit(c->client, &req, &res, &st);
-    double s     = (double)(bench_now_ns() - t0) / 1e9;
+    double s =
+        cluster_submit_all_reduce(c->client, devs, c->n_workers, name, &res, "bench_allreduce");
 
-    if (code != DC_OK) {
-        fprintf(stderr, "bench_allreduce: all-reduce %s: %s: %s\n", name, dc_status_name(code),
-                st.message);
-        dc_op_result_free(res);
+    if (s < 0) {
         return -1;
     }
     if (coord_s != NULL) {

@@ -191,62 +191,35 @@ timing_set(struct bench_timing *t, uint64_t bytes, double *times, unsigned reps)
     t->ok       = 1;
 }
 
-/* One dc_submit all-reduce (f32 sum) of the tensor `name` on every rank's device; seconds, or
- * -1 (and sh->failed) on failure. */
+/* One dc_submit all-reduce of `name` on every rank's device; seconds, or -1 (and
+ * sh->failed). */
 static double
 timed_submit(struct shared *sh, dc_client *client, const dc_device_ref *devs, const char *name)
 {
-    dc_op_request req = { .kind       = DC_OP_ALL_REDUCE,
-                          .reduce     = DC_REDUCE_SUM,
-                          .devices    = devs,
-                          .n_devices  = sh->ranks,
-                          .tensor     = name,
-                          .timeout_ms = 120000 };
-    dc_op_result *res = NULL;
-    dc_status st;
-    uint64_t t0  = bench_now_ns();
-    dc_code code = dc_submit(client, &req, &res, &st);
-    double s     = (double)(bench_now_ns() - t0) / 1e9;
+    double s = cluster_submit_all_reduce(client, devs, sh->ranks, name, NULL, "bench_group");
 
-    dc_op_result_free(res);
-    if (code != DC_OK) {
-        fprintf(stderr, "bench_group: dc_submit all-reduce of %s: %s: %s\n", name,
-                dc_status_name(code), st.message);
+    if (s < 0) {
         atomic_store(&sh->failed, 1);
-        return -1;
     }
     return s;
 }
 
-/* Rank 0 parks a tensor of `bytes` (f32, all 1e-3) as `name` on every rank's device and runs
- * one submit of it (the warmup); 0, or -1 (and sh->failed). */
+/* Rank 0 parks a tensor of `bytes` as `name` on every rank's device and runs one submit of
+ * it (the warmup); 0, or -1 (and sh->failed). */
 static int
 submit_prepare(struct shared *sh, dc_client *client, const dc_device_ref *devs, const char *name,
                uint64_t bytes)
 {
-    size_t n          = (size_t)(bytes / sizeof(float));
-    float *data       = malloc(n * sizeof(float));
-    uint64_t shape[1] = { n };
-    dc_status st;
-    int rv = 0;
+    const char *refs[MAX_RANKS];
 
-    if (data == NULL) {
+    for (unsigned r = 0; r < sh->ranks; r++) {
+        refs[r] = sh->self[r];
+    }
+    if (cluster_put_f32(client, refs, sh->ranks, name, bytes, "bench_group") != 0) {
         atomic_store(&sh->failed, 1);
         return -1;
     }
-    for (size_t i = 0; i < n; i++) {
-        data[i] = 1e-3f;
-    }
-    for (unsigned r = 0; r < sh->ranks && rv == 0; r++) {
-        if (dc_tensor_put(client, sh->self[r], name, DC_DTYPE_F32, shape, 1, data,
-                          n * sizeof(float), &st) != DC_OK) {
-            fprintf(stderr, "bench_group: put %s on %s: %s\n", name, sh->self[r], st.message);
-            atomic_store(&sh->failed, 1);
-            rv = -1;
-        }
-    }
-    free(data);
-    return rv == 0 && timed_submit(sh, client, devs, name) >= 0 ? 0 : -1;
+    return timed_submit(sh, client, devs, name) >= 0 ? 0 : -1;
 }
 
 /* The paired rounds of one size (layout.paired): reps times, every rank makes one group call,

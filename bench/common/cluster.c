@@ -297,3 +297,60 @@ cluster_device(const struct cluster *c, size_t worker, dc_device_ref *out)
     out->device.kind    = DC_KIND_NONE;
     out->device.index   = 0;
 }
+
+int
+cluster_put_f32(dc_client *client, const char *const *devices, size_t n, const char *name,
+                uint64_t bytes, const char *who)
+{
+    size_t count      = (size_t)(bytes / sizeof(float));
+    float *data       = malloc(count ? count * sizeof(float) : 1);
+    uint64_t shape[1] = { count };
+    dc_status st;
+    int rv = 0;
+
+    if (data == NULL) {
+        fprintf(stderr, "%s: out of memory for %s\n", who, name);
+        return -1;
+    }
+    for (size_t i = 0; i < count; i++) {
+        data[i] = 1e-3f;
+    }
+    for (size_t k = 0; k < n && rv == 0; k++) {
+        if (dc_tensor_put(client, devices[k], name, DC_DTYPE_F32, shape, 1, data,
+                          count * sizeof(float), &st) != DC_OK) {
+            fprintf(stderr, "%s: put %s on %s: %s\n", who, name, devices[k], st.message);
+            rv = -1;
+        }
+    }
+    free(data);
+    return rv;
+}
+
+double
+cluster_submit_all_reduce(dc_client *client, const dc_device_ref *devs, size_t n, const char *name,
+                          dc_op_result **res, const char *who)
+{
+    dc_op_request req = { .kind       = DC_OP_ALL_REDUCE,
+                          .reduce     = DC_REDUCE_SUM,
+                          .devices    = devs,
+                          .n_devices  = n,
+                          .tensor     = name,
+                          .timeout_ms = 120000 };
+    dc_op_result *r   = NULL;
+    dc_status st;
+    uint64_t t0  = bench_now_ns();
+    dc_code code = dc_submit(client, &req, &r, &st);
+    double s     = (double)(bench_now_ns() - t0) / 1e9;
+
+    if (code != DC_OK) {
+        fprintf(stderr, "%s: all-reduce %s: %s: %s\n", who, name, dc_status_name(code), st.message);
+        dc_op_result_free(r);
+        return -1;
+    }
+    if (res != NULL) {
+        *res = r;
+    } else {
+        dc_op_result_free(r);
+    }
+    return s;
+}
