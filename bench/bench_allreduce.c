@@ -90,7 +90,7 @@ put_all(struct cluster *c, const char *name, uint64_t bytes)
         snprintf(devs[w], sizeof(devs[w]), "%s/cpu:0", c->worker_names[w]);
         refs[w] = devs[w];
     }
-    return cluster_put_f32(c->client, refs, c->n_workers, name, bytes, "bench_allreduce");
+    return cluster_put_f32(c->client, refs, c->n_workers, name, bytes, 1e-3f, "bench_allreduce");
 }
 
 static void

@@ -215,7 +215,7 @@ submit_prepare(struct shared *sh, dc_client *client, const dc_device_ref *devs, 
     for (unsigned r = 0; r < sh->ranks; r++) {
         refs[r] = sh->self[r];
     }
-    if (cluster_put_f32(client, refs, sh->ranks, name, bytes, "bench_group") != 0) {
+    if (cluster_put_f32(client, refs, sh->ranks, name, bytes, 1e-3f, "bench_group") != 0) {
         atomic_store(&sh->failed, 1);
         return -1;
     }

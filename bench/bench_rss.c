@@ -135,55 +135,35 @@ static int
 run_submit(const struct bench_args *a, unsigned ops, struct path_result *r)
 {
     static const char name[] = "rss";
-    size_t n                 = BYTES / sizeof(float);
-    uint64_t shape[1]        = { n };
     dc_device_ref devs[N_WORKERS];
+    char dev[N_WORKERS][64];
+    const char *refs[N_WORKERS];
     struct cluster c;
-    float *data;
     uint64_t t0;
     int rv = 0;
 
     r->name = "submit";
-    if ((data = malloc(BYTES)) == NULL || start_cluster(&c, a, "rss-submit") != 0) {
-        free(data);
+    if (start_cluster(&c, a, "rss-submit") != 0) {
         return -1;
     }
-    for (size_t i = 0; i < n; i++) {
-        data[i] = 0.0f; /* sums of zeros stay zero however often they are reduced */
-    }
-    for (size_t w = 0; w < N_WORKERS && rv == 0; w++) {
-        char dev[64];
-        dc_status st;
+    for (size_t w = 0; w < N_WORKERS; w++) {
         cluster_device(&c, w, &devs[w]);
-        snprintf(dev, sizeof(dev), "%s/cpu:0", c.worker_names[w]);
-        if (dc_tensor_put(c.client, dev, name, DC_DTYPE_F32, shape, 1, data, BYTES, &st) != DC_OK) {
-            fprintf(stderr, "bench_rss: put on %s: %s\n", dev, st.message);
-            rv = -1;
-        }
+        snprintf(dev[w], sizeof(dev[w]), "%s/cpu:0", c.worker_names[w]);
+        refs[w] = dev[w];
     }
-    free(data);
-    dc_op_request req = { .kind       = DC_OP_ALL_REDUCE,
-                          .reduce     = DC_REDUCE_SUM,
-                          .devices    = devs,
-                          .n_devices  = N_WORKERS,
-                          .tensor     = name,
-                          .timeout_ms = 60000 };
-    t0                = bench_now_ns();
+    /* Zeros: sums of zeros stay zero however often they are reduced. */
+    rv = cluster_put_f32(c.client, refs, N_WORKERS, name, BYTES, 0.0f, "bench_rss");
+    t0 = bench_now_ns();
     for (unsigned i = 0; rv == 0 && i < WARMUP_OPS + ops; i++) {
-        dc_op_result *res = NULL;
-        dc_status st;
         if (i >= WARMUP_OPS && (i - WARMUP_OPS) % SAMPLE_EVERY == 0) {
             if (i == WARMUP_OPS) {
                 t0 = bench_now_ns();
             }
             sample(r, &c, i - WARMUP_OPS);
         }
-        if (dc_submit(c.client, &req, &res, &st) != DC_OK) {
-            fprintf(stderr, "bench_rss: submit all-reduce %u: %s: %s\n", i, dc_status_name(st.code),
-                    st.message);
+        if (cluster_submit_all_reduce(c.client, devs, N_WORKERS, name, NULL, "bench_rss") < 0) {
             rv = -1;
         }
-        dc_op_result_free(res);
     }
     if (rv == 0) {
         sample(r, &c, ops);

@@ -300,7 +300,7 @@ cluster_device(const struct cluster *c, size_t worker, dc_device_ref *out)
 
 int
 cluster_put_f32(dc_client *client, const char *const *devices, size_t n, const char *name,
-                uint64_t bytes, const char *who)
+                uint64_t bytes, float value, const char *who)
 {
     size_t count      = (size_t)(bytes / sizeof(float));
     float *data       = malloc(count ? count * sizeof(float) : 1);
@@ -313,7 +313,7 @@ cluster_put_f32(dc_client *client, const char *const *devices, size_t n, const c
         return -1;
     }
     for (size_t i = 0; i < count; i++) {
-        data[i] = 1e-3f;
+        data[i] = value;
     }
     for (size_t k = 0; k < n && rv == 0; k++) {
         if (dc_tensor_put(client, devices[k], name, DC_DTYPE_F32, shape, 1, data,

@@ -57,10 +57,10 @@ double cluster_worker_metric(const struct cluster *c, size_t i, const char *name
 /* "w3/cpu:0" as a device reference. */
 void cluster_device(const struct cluster *c, size_t worker, dc_device_ref *out);
 
-/* Parks `name`, `bytes` of f32 all 1e-3, on each of devices[0..n) through client: 0, or -1
- * (said on stderr after `who`). */
+/* Parks `name`, `bytes` of f32 each equal to value, on each of devices[0..n) through client:
+ * 0, or -1 (said on stderr after `who`). */
 int cluster_put_f32(dc_client *client, const char *const *devices, size_t n, const char *name,
-                    uint64_t bytes, const char *who);
+                    uint64_t bytes, float value, const char *who);
 /* One dc_submit all-reduce (f32 sum) of tensor `name` on devs[0..n): its seconds, or -1 (said
  * on stderr after `who`). res (NULL: not wanted) gets the result on success, for
  * dc_op_result_free. */
