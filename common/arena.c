@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "failinject.h"
+
 #define ARENA_ALIGN     16
 #define ARENA_CHUNK_MIN 16384
 #define ARENA_CHUNK_MAX (1u << 20)
@@ -36,13 +38,7 @@ arena_fail_after(unsigned n)
 static bool
 arena_injected_failure(void)
 {
-    unsigned n = atomic_load(&fail_countdown);
-    while (n > 0) {
-        if (atomic_compare_exchange_weak(&fail_countdown, &n, n - 1)) {
-            return n == 1;
-        }
-    }
-    return false;
+    return failinject_hit(&fail_countdown);
 }
 
 struct arena *

@@ -1,10 +1,12 @@
 #include "tpool.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
+#include "failinject.h"
 #include "threadname.h"
 
 struct tpool_job {
@@ -88,10 +90,18 @@ tpool_new(const char *name, unsigned max_threads, unsigned idle_ms)
     return p;
 }
 
+static atomic_uint fail_countdown;
+
+void
+tpool_fail_after(unsigned n)
+{
+    atomic_store(&fail_countdown, n);
+}
+
 bool
 tpool_submit(struct tpool *p, void (*fn)(void *), void *arg)
 {
-    struct tpool_job *job = malloc(sizeof(*job));
+    struct tpool_job *job = failinject_hit(&fail_countdown) ? NULL : malloc(sizeof(*job));
     bool ok               = true;
 
     if (job == NULL) {

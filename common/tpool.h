@@ -17,6 +17,10 @@ struct tpool *tpool_new(const char *name, unsigned max_threads, unsigned idle_ms
  * memory or stopping: fn will not run. */
 bool tpool_submit(struct tpool *p, void (*fn)(void *), void *arg);
 
+/* For tests of what a caller does when a job cannot be started: the n-th tpool_submit from
+ * now (any pool's) fails as if out of memory; 0 injects nothing. */
+void tpool_fail_after(unsigned n);
+
 /* Waits for the jobs queued and running, then frees the pool. */
 void tpool_free(struct tpool *p);
 

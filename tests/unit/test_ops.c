@@ -25,6 +25,7 @@
 #include "ops.h"
 #include "registry.h"
 #include "rpc.h"
+#include "worker_stubs.h"
 
 #define N_WORKERS 3
 #define COORD_SVC (&devcoord__v1__coordinator__descriptor)
@@ -186,31 +187,6 @@ w_abort(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__AbortRequest *in,
     closure(&out, cd);
 }
 
-#define UNIMPL(name, Req, Closure)                                                        \
-    static void w_##name(Devcoord__V1__Worker_Service *s, const Req *in, Closure closure, \
-                         void *cd)                                                        \
-    {                                                                                     \
-        (void)s;                                                                          \
-        (void)in;                                                                         \
-        status_set(rpc_call_status(cd), DC_UNIMPLEMENTED, "not in this test");            \
-        closure(NULL, cd);                                                                \
-    }
-UNIMPL(exchange, Devcoord__V1__ExchangeRequest, Devcoord__V1__ExchangeResponse_Closure)
-UNIMPL(put_tensor, Devcoord__V1__PutTensorRequest, Devcoord__V1__PutTensorResponse_Closure)
-UNIMPL(get_tensor, Devcoord__V1__GetTensorRequest, Devcoord__V1__GetTensorResponse_Closure)
-UNIMPL(delete_tensor, Devcoord__V1__DeleteTensorRequest, Devcoord__V1__DeleteTensorResponse_Closure)
-UNIMPL(list_tensors, Devcoord__V1__ListTensorsRequest, Devcoord__V1__ListTensorsResponse_Closure)
-UNIMPL(group_setup, Devcoord__V1__GroupSetupRequest, Devcoord__V1__GroupSetupResponse_Closure)
-UNIMPL(group_call, Devcoord__V1__GroupCallRequest, Devcoord__V1__GroupCallResponse_Closure)
-UNIMPL(group_exchange, Devcoord__V1__GroupExchangeRequest,
-       Devcoord__V1__GroupExchangeResponse_Closure)
-UNIMPL(group_status, Devcoord__V1__GroupStatusRequest, Devcoord__V1__GroupStatusResponse_Closure)
-UNIMPL(group_map, Devcoord__V1__GroupMapRequest, Devcoord__V1__GroupMapResponse_Closure)
-UNIMPL(group_link, Devcoord__V1__GroupLinkRequest, Devcoord__V1__GroupLinkResponse_Closure)
-UNIMPL(group_call_link, Devcoord__V1__GroupLinkRequest, Devcoord__V1__GroupLinkResponse_Closure)
-UNIMPL(group_end, Devcoord__V1__GroupEndRequest, Devcoord__V1__GroupEndResponse_Closure)
-#undef UNIMPL
-
 /* ---- the coordinator: SubmitOp and GetOp over the op table ------------------------------ */
 
 static struct ops *the_ops;
@@ -326,9 +302,12 @@ setup(void **state)
     }
     f->cfg.op_timeout_ms = 20000;
     for (int i = 0; i < N_WORKERS; i++) {
-        Devcoord__V1__Worker_Service svc = DEVCOORD__V1__WORKER__INIT(w_);
+        Devcoord__V1__Worker_Service svc = DEVCOORD__V1__WORKER__INIT(unimpl_);
         struct rpc_server_opts wo        = so;
 
+        svc.execute      = w_execute;
+        svc.commit       = w_commit;
+        svc.abort        = w_abort;
         fake_services[i] = svc;
         wo.service       = &fake_services[i].base;
         snprintf(fakes[i].name, sizeof(fakes[i].name), "node-%c", 'a' + i);
