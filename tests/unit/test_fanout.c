@@ -62,16 +62,6 @@ w_group_link(Devcoord__V1__Worker_Service *svc, const Devcoord__V1__GroupLinkReq
     closure(&out, cd);
 }
 
-static dc_code
-allow_all(void *arg, const ProtobufCMethodDescriptor *method, const char *token, dc_status *st)
-{
-    (void)arg;
-    (void)method;
-    (void)token;
-    (void)st;
-    return DC_OK;
-}
-
 /* A control link's frame, served as the worker's control_call serves it. */
 static void
 port_control(void *arg, struct dlink_conn *conn, const uint8_t *frame, size_t len)
@@ -204,7 +194,7 @@ setup(void **state)
     static Devcoord__V1__Worker_Service worker_service = DEVCOORD__V1__WORKER__INIT(unimpl_);
     struct rpc_server_opts so                          = { .url       = "tcp://127.0.0.1:0",
                                                            .service   = &worker_service.base,
-                                                           .authorize = allow_all };
+                                                           .authorize = stub_allow_all };
     struct dlink_events ev                             = { .arg         = NULL,
                                                            .frame_begin = port_begin,
                                                            .frame_end   = port_end,

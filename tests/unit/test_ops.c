@@ -238,16 +238,6 @@ UNIMPL(call_link, Devcoord__V1__CallLinkRequest, Devcoord__V1__CallLinkResponse_
 
 static Devcoord__V1__Coordinator_Service coordinator_service = DEVCOORD__V1__COORDINATOR__INIT(c_);
 
-static dc_code
-allow_all(void *arg, const ProtobufCMethodDescriptor *method, const char *token, dc_status *st)
-{
-    (void)arg;
-    (void)method;
-    (void)token;
-    (void)st;
-    return DC_OK;
-}
-
 /* ---- fixture ---------------------------------------------------------------------------- */
 
 struct fixture {
@@ -291,7 +281,7 @@ setup(void **state)
     struct fixture *f         = calloc(1, sizeof(*f));
     struct registry_opts ro   = { .heartbeat_interval_ms = 1000, .dead_after_ms = 600000 };
     struct rpc_client_opts co = { 0 };
-    struct rpc_server_opts so = { .url = "tcp://127.0.0.1:0", .authorize = allow_all };
+    struct rpc_server_opts so = { .url = "tcp://127.0.0.1:0", .authorize = stub_allow_all };
     char url[64];
     dc_status st;
 

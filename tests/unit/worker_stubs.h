@@ -1,6 +1,7 @@
 /*
- * Worker service handlers that answer UNIMPLEMENTED, for a test's fake worker that serves a
- * few methods: it starts from DEVCOORD__V1__WORKER__INIT(unimpl_) and sets those it serves.
+ * Stubs for a test's fake servers: Worker service handlers that answer UNIMPLEMENTED (a fake
+ * worker that serves a few methods starts from DEVCOORD__V1__WORKER__INIT(unimpl_) and sets
+ * those it serves), and an authorizer that lets every call in.
  */
 #ifndef DEVCOORD_TESTS_WORKER_STUBS_H
 #define DEVCOORD_TESTS_WORKER_STUBS_H
@@ -40,5 +41,15 @@ WORKER_STUB(group_call_link, Devcoord__V1__GroupLinkRequest,
             Devcoord__V1__GroupLinkResponse_Closure)
 WORKER_STUB(group_end, Devcoord__V1__GroupEndRequest, Devcoord__V1__GroupEndResponse_Closure)
 #undef WORKER_STUB
+
+static inline dc_code
+stub_allow_all(void *arg, const ProtobufCMethodDescriptor *method, const char *token, dc_status *st)
+{
+    (void)arg;
+    (void)method;
+    (void)token;
+    (void)st;
+    return DC_OK;
+}
 
 #endif
