@@ -34,19 +34,12 @@ arena_fail_after(unsigned n)
     atomic_store(&fail_countdown, n);
 }
 
-/* True when a test asked for this allocation to fail. */
-static bool
-arena_injected_failure(void)
-{
-    return failinject_hit(&fail_countdown);
-}
-
 struct arena *
 arena_new(size_t budget)
 {
     struct arena *a;
 
-    if (arena_injected_failure() || (a = calloc(1, sizeof(*a))) == NULL) {
+    if (failinject_hit(&fail_countdown) || (a = calloc(1, sizeof(*a))) == NULL) {
         return NULL;
     }
     a->budget = budget;
@@ -82,7 +75,7 @@ arena_alloc(struct arena *a, size_t size)
         return NULL;
     }
     want = (size + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
-    if (want > a->budget - a->spent || arena_injected_failure()) {
+    if (want > a->budget - a->spent || failinject_hit(&fail_countdown)) {
         a->exhausted = true;
         return NULL;
     }

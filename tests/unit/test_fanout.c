@@ -101,6 +101,9 @@ port_lost(void *arg, const char *peer, const dc_status *why)
     (void)why;
 }
 
+/* The fake's service: the stubs, with the two methods above set by setup. */
+static Devcoord__V1__Worker_Service worker_service = DEVCOORD__V1__WORKER__INIT(unimpl_);
+
 /* ---- the calls' outcomes ---------------------------------------------------------------- */
 
 struct outcome {
@@ -191,20 +194,18 @@ struct fixture {
 static int
 setup(void **state)
 {
-    static Devcoord__V1__Worker_Service worker_service = DEVCOORD__V1__WORKER__INIT(unimpl_);
-    struct rpc_server_opts so                          = { .url       = "tcp://127.0.0.1:0",
-                                                           .service   = &worker_service.base,
-                                                           .authorize = stub_allow_all };
-    struct dlink_events ev                             = { .arg         = NULL,
-                                                           .frame_begin = port_begin,
-                                                           .frame_end   = port_end,
-                                                           .peer_lost   = port_lost,
-                                                           .control     = port_control,
-                                                           .control_max = 1 << 20 };
-    struct fanout_opts fo                              = { .max_message_bytes = 1 << 20,
-                                                           .events            = { on_executed, on_committed, on_aborted, NULL },
-                                                           .control_links     = true };
-    struct fixture *fx                                 = calloc(1, sizeof(*fx));
+    struct rpc_server_opts so = { .url       = "tcp://127.0.0.1:0",
+                                  .service   = &worker_service.base,
+                                  .authorize = stub_allow_all };
+    struct dlink_events ev    = { .frame_begin = port_begin,
+                                  .frame_end   = port_end,
+                                  .peer_lost   = port_lost,
+                                  .control     = port_control,
+                                  .control_max = 1 << 20 };
+    struct fanout_opts fo     = { .max_message_bytes = 1 << 20,
+                                  .events            = { on_executed, on_committed, on_aborted, NULL },
+                                  .control_links     = true };
+    struct fixture *fx        = calloc(1, sizeof(*fx));
     char address[64];
     dc_status st;
 
