@@ -13,6 +13,7 @@
 
 #include "auth.h"
 #include "dlsock.h"
+#include "failinject.h"
 #include "log.h"
 #include "threadname.h"
 
@@ -44,7 +45,17 @@ struct dlink_conn {
     dc_code acode;
     uint8_t *out;
     size_t out_cap, out_len;
+    const uint8_t *out_src; /* what goes: out, or a constant when out could not grow */
 };
+
+/* For tests: the n-th growth of an answer's buffer from now on fails (failinject.h). */
+static atomic_uint answer_fail_countdown;
+
+void
+dlink_answer_fail_after(unsigned n)
+{
+    atomic_store(&answer_fail_countdown, n);
+}
 
 struct dlink_server {
     struct dlsock_listener *listener;
@@ -113,6 +124,10 @@ conn_hello(struct dlink_conn *c)
         }
         c->control = true;
     }
+    if (!c->call && !c->control && s->ev.frame_begin == NULL) {
+        conn_refuse(c, "data connections are not taken here");
+        return false;
+    }
     snprintf(c->peer, sizeof(c->peer), "%.*s", (int)(h.length - DLINK_SECRET_SIZE),
              (const char *)hello + DLINK_SECRET_SIZE);
     return true;
@@ -162,20 +177,25 @@ dlink_call_answer(struct dlink_conn *c, const dc_status *st, const void *data, s
         c->answer_failed = rv != 0;
         c->out_len       = 0;
     } else {
+        /* No worker's name, a NUL, the message. */
+        static const char oom[] = "\0out of memory for the answer";
+
         pthread_mutex_lock(&c->amtx);
+        c->out_src = c->out;
         if (bytes > c->out_cap) {
-            uint8_t *grow = realloc(c->out, bytes);
+            uint8_t *grow = failinject_hit(&answer_fail_countdown) ? NULL : realloc(c->out, bytes);
             if (grow == NULL) {
-                code  = DC_RESOURCE_EXHAUSTED;
-                bytes = (size_t)snprintf(text, sizeof(text), "%c%s", '\0',
-                                         "out of memory for the answer");
-                data  = text;
+                /* Not into out, which may be smaller than even this text. */
+                code       = DC_RESOURCE_EXHAUSTED;
+                c->out_src = (const uint8_t *)oom;
+                bytes      = sizeof(oom) - 1;
             } else {
                 c->out     = grow;
                 c->out_cap = bytes;
+                c->out_src = grow;
             }
         }
-        if (bytes > 0) {
+        if (bytes > 0 && c->out_src == c->out) {
             memcpy(c->out, data, bytes);
         }
         c->out_len = bytes;
@@ -253,7 +273,7 @@ conn_calls(struct dlink_conn *c)
         }
         failed = c->answer_failed;
         pthread_mutex_unlock(&c->amtx);
-        if (!c->control && conn_answer_write(c, c->acode, c->out, c->out_len) != 0) {
+        if (!c->control && conn_answer_write(c, c->acode, c->out_src, c->out_len) != 0) {
             failed = true;
         }
         if (failed) {
@@ -412,7 +432,7 @@ out:
     pthread_mutex_lock(&s->mtx);
     authed = authed && !s->stopping;
     pthread_mutex_unlock(&s->mtx);
-    if (authed && why.code != DC_OK) {
+    if (authed && why.code != DC_OK && s->ev.peer_lost != NULL) {
         s->ev.peer_lost(s->ev.arg, c->peer, &why);
     }
     dlsock_shutdown(c->sock);

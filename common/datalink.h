@@ -39,7 +39,9 @@ struct dlink_events {
     void *arg;
     /* A data frame's header came from the worker whose RPC address is `peer`: where its
      * payload goes (room for h->length bytes). *dst NULL: the payload is read and dropped
-     * (a group or call no longer here). *pin is handed back to frame_end. */
+     * (a group or call no longer here). *pin is handed back to frame_end. NULL (frame_end
+     * and peer_lost unused then): only call and control links are taken, a connection
+     * showing the peers' secret without DLINK_HELLO_CONTROL is refused. */
     void (*frame_begin)(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t **dst,
                         void **pin);
     /* The payload is in (ok) or the connection failed while reading it (!ok). */
@@ -98,7 +100,7 @@ struct dlink_server;
  * connections on threads of its own. max_frame bounds a frame's length and total (the worker
  * passes the larger of limits.max_message_bytes and groups.shm_max_bytes: a call on shared
  * memory is not bounded by one message);
- * handshake_ms bounds the wait for HELLO. Caller frees with dlink_server_free. */
+ * handshake_ms bounds the wait for the whole HELLO. Caller frees with dlink_server_free. */
 dc_code dlink_server_start(const char *url, nng_tls_config *tls, uint64_t max_frame,
                            uint32_t handshake_ms, const struct dlink_events *ev,
                            struct dlink_server **out, dc_status *st);
@@ -116,5 +118,9 @@ uint64_t dlink_server_refused(struct dlink_server *s);
 uint64_t dlink_server_finished(struct dlink_server *s);
 /* Closes the listener and every connection, joins the threads: no event runs after it. */
 void dlink_server_free(struct dlink_server *s);
+
+/* For tests: the n-th time from now on that an answer on a call link needs a larger buffer,
+ * the growth fails (the caller is answered RESOURCE_EXHAUSTED); 0 injects nothing. */
+void dlink_answer_fail_after(unsigned n);
 
 #endif

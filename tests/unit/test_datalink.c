@@ -782,6 +782,83 @@ test_a_bounded_send_gives_up_on_a_peer_that_does_not_read(void **state)
     free(data);
 }
 
+static void
+refuse_control(void *arg, struct dlink_conn *c, const uint8_t *frame, size_t len)
+{
+    dc_status st;
+
+    (void)arg;
+    (void)frame;
+    (void)len;
+    status_set(&st, DC_UNIMPLEMENTED, "nothing here");
+    dlink_call_answer(c, &st, NULL, 0);
+}
+
+/* A server that takes only control links (the coordinator's call link has no data events):
+ * a peer showing its secret without the control flag is refused, whatever it then sends. */
+static void
+test_a_server_without_data_events_refuses_data_connections(void **state)
+{
+    struct dlink_events ev = { .control = refuse_control, .control_max = 1024 };
+    struct dlink_hdr h     = data_hdr(0, 64, 64);
+    uint8_t payload[64]    = { 0 };
+    struct dlink_server *srv;
+    struct dlink_out *o;
+    char url[64];
+    dc_status st;
+
+    (void)state;
+    assert_int_equal(dlink_server_start("tcp://127.0.0.1:0", NULL, MAX_FRAME, 300, &ev, &srv, &st),
+                     DC_OK);
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", dlink_server_port(srv));
+    /* Closed at once after HELLO. */
+    assert_int_equal(dlink_dial(url, NULL, dlink_server_secret(srv), "tcp://x:1", 2000, &o, &st),
+                     DC_OK);
+    dlink_out_close(o);
+    wait_refused(srv, 1);
+    /* A data frame behind the HELLO. */
+    assert_int_equal(dlink_dial(url, NULL, dlink_server_secret(srv), "tcp://x:1", 2000, &o, &st),
+                     DC_OK);
+    (void)dlink_send(o, &h, payload, sizeof(payload), &st); /* may already see it closed */
+    wait_refused(srv, 2);
+    dlink_out_close(o);
+    wait_finished(srv, 2);
+    dlink_server_free(srv);
+}
+
+/* An answer whose buffer cannot grow: the caller is told so, nothing is written where the
+ * answer would not fit, and the link goes on. */
+static void
+test_an_answer_that_cannot_get_its_buffer_fails_the_call_alone(void **state)
+{
+    struct sink s          = { .mtx = PTHREAD_MUTEX_INITIALIZER };
+    struct dlink_events ev = { .arg = &s, .call = echo_call, .call_max = 1024 };
+    struct dlink_hdr h     = { .seq = 1 };
+    uint8_t in[8]          = { 1, 2, 3, 4, 5, 6, 7, 8 }, out[8];
+    struct dlink_server *srv;
+    struct dlink_out *o;
+    char url[64];
+    dc_status st;
+
+    (void)state;
+    assert_int_equal(dlink_server_start("tcp://127.0.0.1:0", NULL, MAX_FRAME, 300, &ev, &srv, &st),
+                     DC_OK);
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", dlink_server_port(srv));
+    assert_int_equal(dlink_dial(url, NULL, dlink_server_call_secret(srv), "rank", 2000, &o, &st),
+                     DC_OK);
+    /* The link's first answer needs a buffer (it has none yet). */
+    dlink_answer_fail_after(1);
+    assert_int_equal(dlink_call(o, &h, "ok", 2, in, 8, out, 8, 2000, &st), DC_RESOURCE_EXHAUSTED);
+    assert_string_equal(st.message, "out of memory for the answer");
+    assert_false(st.transport);
+    h.seq++;
+    assert_int_equal(dlink_call(o, &h, "ok", 2, in, 8, out, 8, 2000, &st), DC_OK);
+    assert_memory_equal(out, in, 8);
+    dlink_out_close(o);
+    dlink_server_free(srv);
+    pthread_mutex_destroy(&s.mtx);
+}
+
 int
 main(void)
 {
@@ -796,6 +873,8 @@ main(void)
         cmocka_unit_test(test_part_frames_come_whole),
         cmocka_unit_test(test_call_link_calls_and_answers),
         cmocka_unit_test(test_a_bounded_send_gives_up_on_a_peer_that_does_not_read),
+        cmocka_unit_test(test_a_server_without_data_events_refuses_data_connections),
+        cmocka_unit_test(test_an_answer_that_cannot_get_its_buffer_fails_the_call_alone),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
