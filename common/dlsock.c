@@ -16,6 +16,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <nng/supplemental/util/platform.h>
+
 #include "address.h"
 #include "auth.h"
 
@@ -149,9 +151,27 @@ iov_copy(struct iovec *out, const nng_iov *iov, unsigned n)
     return k;
 }
 
+/* The milliseconds left of `timeout` counted from `start`: 0 once it has passed;
+ * NNG_DURATION_INFINITE stays so. The bound is a whole call's, so a peer that trickles
+ * bytes does not stretch it. */
+static nng_duration
+time_left(nng_time start, nng_duration timeout)
+{
+    nng_time gone;
+
+    if (timeout < 0) {
+        return timeout;
+    }
+    gone = nng_clock() - start;
+    return gone < (nng_time)timeout ? (nng_duration)((nng_time)timeout - gone) : 0;
+}
+
 static int
 plain_io(struct dlsock *s, bool recv, nng_iov *iov, unsigned n, nng_duration timeout)
 {
+    nng_time start = nng_clock();
+    nng_duration left;
+
     while (n > 0) {
         struct iovec v[IOV_MAX_PER_CALL];
         struct msghdr m = { .msg_iov = v, .msg_iovlen = iov_copy(v, iov, n) };
@@ -181,7 +201,10 @@ plain_io(struct dlsock *s, bool recv, nng_iov *iov, unsigned n, nng_duration tim
         if (errno != EAGAIN && errno != EWOULDBLOCK) {
             return atomic_load(&s->closed) ? NNG_ECLOSED : nng_code(errno);
         }
-        if ((rv = plain_wait(s->fd, recv ? POLLIN : POLLOUT, timeout)) != 0) {
+        if ((left = time_left(start, timeout)) == 0) {
+            return NNG_ETIMEDOUT;
+        }
+        if ((rv = plain_wait(s->fd, recv ? POLLIN : POLLOUT, left)) != 0) {
             return rv;
         }
     }
@@ -191,11 +214,14 @@ plain_io(struct dlsock *s, bool recv, nng_iov *iov, unsigned n, nng_duration tim
 static int
 stream_io(struct dlsock *s, bool recv, nng_iov *iov, unsigned n, nng_duration timeout)
 {
+    nng_time start    = nng_clock();
+    nng_duration left = timeout;
+
     while (n > 0) {
         size_t done;
         int rv;
 
-        nng_aio_set_timeout(s->aio, timeout);
+        nng_aio_set_timeout(s->aio, left);
         if ((rv = nng_aio_set_iov(s->aio, n, iov)) != 0) {
             return rv;
         }
@@ -212,6 +238,9 @@ stream_io(struct dlsock *s, bool recv, nng_iov *iov, unsigned n, nng_duration ti
             return NNG_ECLOSED;
         }
         iov = iov_advance(iov, &n, done);
+        if (n > 0 && (left = time_left(start, timeout)) == 0) {
+            return NNG_ETIMEDOUT;
+        }
     }
     return 0;
 }
@@ -283,15 +312,28 @@ sock_of_stream(nng_stream *stream, struct dlsock **out)
     return 0;
 }
 
+/* Keepalive probes: a peer silent this long after an idle connection's last byte is probed
+ * every KEEPALIVE_INTERVAL_S, and given up after KEEPALIVE_PROBES unanswered (~50 s). */
+#define KEEPALIVE_IDLE_S     30
+#define KEEPALIVE_INTERVAL_S 5
+#define KEEPALIVE_PROBES     4
+
 static void
 nodelay(int fd)
 {
-    int one = 1;
+    int one = 1, idle = KEEPALIVE_IDLE_S, intvl = KEEPALIVE_INTERVAL_S, cnt = KEEPALIVE_PROBES;
 
     /* A link carries frames one way at a time, so the peer's ACKs ride on nothing and are
      * delayed (40 ms on Linux): with Nagle on, a small frame behind one not yet acknowledged
      * would wait for that. */
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    /* A reader waits for the next frame without a bound, and the receiving end of a one-way
+     * link never writes: without probes, a peer whose host died or was cut off would hold
+     * the connection, its thread and what its frame pinned for good. */
+    (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
 }
 
 static int
@@ -345,6 +387,7 @@ dlsock_dial(const char *url, nng_tls_config *tls, uint32_t timeout_ms, struct dl
         goto out;
     }
     (void)nng_stream_dialer_set_bool(d, NNG_OPT_TCP_NODELAY, true);
+    (void)nng_stream_dialer_set_bool(d, NNG_OPT_TCP_KEEPALIVE, true); /* the system's timing */
     nng_aio_set_timeout(aio, (nng_duration)timeout_ms);
     nng_stream_dialer_dial(d, aio);
     nng_aio_wait(aio);
@@ -466,8 +509,12 @@ dlsock_listen(const char *url, nng_tls_config *tls, struct dlsock_listener **out
         *out  = l;
         return 0;
     }
-    if ((rv = nng_stream_listener_alloc(&l->listener, url)) != 0 ||
-        (tls != NULL &&
+    if ((rv = nng_stream_listener_alloc(&l->listener, url)) != 0) {
+        goto fail;
+    }
+    /* Keepalive as for plain sockets (nodelay), on the system's timing: best effort. */
+    (void)nng_stream_listener_set_bool(l->listener, NNG_OPT_TCP_KEEPALIVE, true);
+    if ((tls != NULL &&
          (rv = nng_stream_listener_set_ptr(l->listener, NNG_OPT_TLS_CONFIG, tls)) != 0) ||
         (rv = nng_stream_listener_listen(l->listener)) != 0 ||
         (rv = nng_stream_listener_get_int(l->listener, NNG_OPT_TCP_BOUND_PORT, port)) != 0 ||

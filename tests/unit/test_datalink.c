@@ -782,6 +782,51 @@ test_a_bounded_send_gives_up_on_a_peer_that_does_not_read(void **state)
     free(data);
 }
 
+/* A trickled HELLO: the handshake bound is the whole HELLO's, not each byte's. */
+static void
+test_a_hello_trickled_byte_by_byte_is_cut_off_at_the_handshake_bound(void **state)
+{
+    struct sink s = { .mtx = PTHREAD_MUTEX_INITIALIZER };
+    struct dlink_server *srv;
+    struct dlink_hdr h = { .kind = DLINK_HELLO, .length = DLINK_SECRET_SIZE };
+    uint8_t raw[DLINK_HDR_SIZE + DLINK_SECRET_SIZE];
+    nng_stream_dialer *d;
+    nng_stream *conn;
+    nng_aio *aio;
+    size_t sent = 0;
+    char url[64];
+
+    (void)state;
+    srv = start(&s, url, sizeof(url)); /* HELLO bound: 300 ms */
+    dlink_hdr_encode(&h, raw);
+    memcpy(raw + DLINK_HDR_SIZE, dlink_server_secret(srv), DLINK_SECRET_SIZE);
+    assert_int_equal(nng_aio_alloc(&aio, NULL, NULL), 0);
+    assert_int_equal(nng_stream_dialer_alloc(&d, url), 0);
+    nng_stream_dialer_dial(d, aio);
+    nng_aio_wait(aio);
+    assert_int_equal(nng_aio_result(aio), 0);
+    conn = nng_aio_get_output(aio, 0);
+    /* A good HELLO, one byte every 50 ms (each far inside the bound, all of it 4.4 s). */
+    for (; sent < sizeof(raw) && dlink_server_refused(srv) == 0; sent++) {
+        nng_iov iov = { raw + sent, 1 };
+        nng_aio_set_iov(aio, 1, &iov);
+        nng_stream_send(conn, aio);
+        nng_aio_wait(aio);
+        if (nng_aio_result(aio) != 0) {
+            break;
+        }
+        nng_msleep(50);
+    }
+    wait_refused(srv, 1);
+    assert_true(sent < sizeof(raw));
+    nng_stream_close(conn);
+    nng_stream_free(conn);
+    nng_stream_dialer_free(d);
+    nng_aio_free(aio);
+    dlink_server_free(srv);
+    assert_int_equal(s.begins, 0);
+}
+
 static void
 refuse_control(void *arg, struct dlink_conn *c, const uint8_t *frame, size_t len)
 {
@@ -873,6 +918,7 @@ main(void)
         cmocka_unit_test(test_part_frames_come_whole),
         cmocka_unit_test(test_call_link_calls_and_answers),
         cmocka_unit_test(test_a_bounded_send_gives_up_on_a_peer_that_does_not_read),
+        cmocka_unit_test(test_a_hello_trickled_byte_by_byte_is_cut_off_at_the_handshake_bound),
         cmocka_unit_test(test_a_server_without_data_events_refuses_data_connections),
         cmocka_unit_test(test_an_answer_that_cannot_get_its_buffer_fails_the_call_alone),
     };
