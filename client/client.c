@@ -318,8 +318,11 @@ dial_run(void *arg)
     struct dial_job *j     = arg;
     struct rpc_client *rpc = NULL;
     dc_status st;
-    dc_code code = rpc_open_spec(&j->spec, true, &rpc, &st);
+    dc_code code;
     bool abandoned;
+
+    status_clear(&st); /* copied to the caller's whatever the outcome */
+    code = rpc_open_spec(&j->spec, true, &rpc, &st);
 
     thread_name_set("dc-dial");
     pthread_mutex_lock(&j->mtx);

@@ -857,8 +857,12 @@ group_call_async_split(dc_group *g, const struct call *k, size_t per, dc_status 
 static dc_code
 group_call(dc_group *g, const struct call *k, dc_status *st)
 {
+    dc_status local;
     size_t per;
 
+    if (st == NULL) {
+        st = &local; /* the paths below read back what they set (st->transport) */
+    }
     if (g == NULL || k->kind == DC_OP_BARRIER || dc_dtype_size(k->dtype) == 0 ||
         k->count <= (per = part_elements(g, k))) {
         return group_call_run(g, k, NULL, st);
@@ -870,9 +874,13 @@ group_call(dc_group *g, const struct call *k, dc_status *st)
 static dc_request *
 group_call_async(dc_group *g, const struct call *k, dc_status *st)
 {
+    dc_status local;
     dc_request *rq;
     size_t per;
 
+    if (st == NULL) {
+        st = &local;
+    }
     status_clear(st);
     if (g != NULL && !k->in_split && k->kind != DC_OP_BARRIER && dc_dtype_size(k->dtype) != 0 &&
         k->count > (per = part_elements(g, k))) {

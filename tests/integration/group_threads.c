@@ -2,7 +2,8 @@
  * Ranks as threads of one process (burn's model), through the public API: one dc_client shared
  * by every thread, one dc_group per thread. Each thread joins as one device of the list, then
  * makes ITERATIONS all-reduces (sum, i64 and f64) and one reduce, broadcast, all-gather,
- * reduce-scatter and barrier, then IN_FLIGHT all-reduces started at once (_async) and
+ * reduce-scatter and barrier, one all-reduce the ranks disagree on (its failure
+ * told with no dc_status), then IN_FLIGHT all-reduces started at once (_async) and
  * finished with dc_test/dc_wait, then an all-reduce, an all-gather and a reduce-scatter
  * several messages long (which the library splits), blocking and (the first two) _async
  * beside a small _async one, checking every result; then leaves. Prints "ok
@@ -330,6 +331,18 @@ rank_main(void *arg)
     }
     if (dc_barrier(g, &st) != DC_OK) {
         snprintf(t->error, sizeof(t->error), "%s: barrier: %s", t->self, st.message);
+        goto out;
+    }
+    /* The ranks disagree on the op: the call fails on every rank, told with no dc_status
+     * (the header allows it), and the group goes on. */
+    if (n > 1 && dc_all_reduce(g, iv, COUNT, DC_DTYPE_I64,
+                               rank == 0 ? DC_REDUCE_MAX : DC_REDUCE_SUM, NULL) == DC_OK) {
+        snprintf(t->error, sizeof(t->error), "%s: an all-reduce with two ops succeeded", t->self);
+        goto out;
+    }
+    if (dc_barrier(g, &st) != DC_OK) {
+        snprintf(t->error, sizeof(t->error), "%s: barrier after a failed call: %s", t->self,
+                 st.message);
         goto out;
     }
     /* Several calls in flight on the group, each with its own buffer. */
