@@ -43,6 +43,7 @@
  * connection is dropped and the frame goes to the sender, which the op can cancel. */
 #define OP_INLINE_TIMEOUT_MS 1000
 #define KINDS                (DC_OP_COUNT)
+#define ENDED_WINDOW         (2 * GROUPS_MAX_CALLS)
 
 struct desc {
     dc_op_kind kind;
@@ -208,6 +209,11 @@ struct wgroup {
     struct wcall *calls;
     size_t n_calls;
     uint64_t calls_done;
+    /* The calls that ended here last (a window of ENDED_WINDOW): what a peer still sends for
+     * one (a ring frame, a part after this worker failed the call) is dropped, not taken for
+     * a new call, and a rank that calls one again is told it ended. */
+    uint64_t ended_seqs[ENDED_WINDOW];
+    size_t n_ended;
     uint64_t local_seq_max; /* the highest call any of this worker's ranks has made */
     struct region *regions;
     uint64_t last_region;
@@ -487,7 +493,7 @@ wcall_free(struct wgroups *wg, struct wgroup *g, struct wcall *c)
     free(c);
 }
 
-/* Unlinks c from g. mtx held. */
+/* Unlinks c from g, which remembers it ended. mtx held. */
 static void
 wcall_unlink(struct wgroup *g, struct wcall *c)
 {
@@ -495,9 +501,24 @@ wcall_unlink(struct wgroup *g, struct wcall *c)
         if (*pp == c) {
             *pp = c->next;
             g->n_calls--;
+            g->ended_seqs[g->n_ended++ % ENDED_WINDOW] = c->seq;
             return;
         }
     }
+}
+
+/* Whether call seq of g ended here lately (wcall_unlink). mtx held. */
+static bool
+wcall_ended(const struct wgroup *g, uint64_t seq)
+{
+    size_t n = g->n_ended < ENDED_WINDOW ? g->n_ended : ENDED_WINDOW;
+
+    for (size_t i = 0; i < n; i++) {
+        if (g->ended_seqs[i] == seq) {
+            return true;
+        }
+    }
+    return false;
 }
 
 /* Whether the rank of p still waits for its answer. */
@@ -2068,6 +2089,21 @@ ring_start(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status *st)
     return DC_OK;
 }
 
+/* A frame of a part or ring step must start where the bytes of that part or step so far end:
+ * one connection carries them in order, so a frame elsewhere is repeated or out of place,
+ * and counting it would complete the part with bytes that never came. */
+static dc_code
+frame_in_order(const struct dlink_hdr *h, uint64_t expected, dc_status *st)
+{
+    if (h->offset != expected) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "a data frame at byte %llu where byte %llu was next (repeated or out "
+                          "of order)",
+                          (unsigned long long)h->offset, (unsigned long long)expected);
+    }
+    return DC_OK;
+}
+
 /* Where a ring frame from the previous worker lands, or NULL (the call's ring cannot take
  * it: it is marked broken). mtx held. */
 static uint8_t *
@@ -2088,6 +2124,9 @@ ring_frame_dst(struct wgroups *wg, const struct wgroup *g, struct wcall *c,
     if (h->from != r->prev || s >= ring_steps(r) || h->offset < ring_off(r, k) ||
         h->offset + h->length > ring_off(r, k) + ring_len(r, k)) {
         status_set(st, DC_INVALID_ARGUMENT, "a ring frame outside its step (step %u)", s);
+        return NULL;
+    }
+    if (frame_in_order(h, ring_off(r, k) + r->got[s], st) != DC_OK) {
         return NULL;
     }
     if (s < r->n - 1) {
@@ -2453,6 +2492,9 @@ call_take(struct wgroups *wg, const Devcoord__V1__GroupCallRequest *in, const vo
     } else if (in->region != 0 &&
                (code = shm_call_place(wg, g, rank, in, &d, &shm, &st)) != DC_OK) {
     } else if (in->region == 0 && (code = check_call(wg, g, &d, bytes, &st)) != DC_OK) {
+    } else if (wcall_ended(g, in->seq)) {
+        code = status_set(&st, DC_ABORTED, "call %llu of group %s already ended on this worker",
+                          (unsigned long long)in->seq, g->id);
     } else if ((c = wcall_get(wg, g, in->seq, in->timeout_ms, &st)) == NULL) {
         code = st.code;
     } else if ((p = &c->local[li])->in) {
@@ -2744,6 +2786,8 @@ exchange_take_locked(struct wgroups *wg, struct wgroup *g,
         if ((c = wcall_find(g, in->seq)) != NULL && !(p = &c->peer[in->from])->in) {
             code = peer_note(&g->workers[in->from], p, in, st);
         }
+    } else if (wcall_ended(g, in->seq)) {
+        /* The call ended here first (failed, or its deadline passed): nothing to take. */
     } else if ((c = wcall_get(wg, g, in->seq, 0, st)) == NULL) {
         code = st->code;
     } else if ((p = &c->peer[in->from])->in) {
@@ -2922,7 +2966,9 @@ link_frame_begin(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t
 
     status_clear(&st);
     pthread_mutex_lock(&wg->mtx);
-    if (!wg->stopping && (g = frame_group(wg, peer, h)) != NULL && h->flags != 0) {
+    if (!wg->stopping && (g = frame_group(wg, peer, h)) != NULL && wcall_ended(g, h->seq)) {
+        /* A frame of a call that ended here: read and dropped. */
+    } else if (!wg->stopping && g != NULL && h->flags != 0) {
         struct pbuf *b = NULL;
         if ((c = wcall_get(wg, g, h->seq, 0, &st)) != NULL &&
             (*dst = ring_frame_dst(wg, g, c, h, &b, &st)) != NULL) {
@@ -2936,7 +2982,8 @@ link_frame_begin(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t
         }
     } else if (!wg->stopping && g != NULL) {
         if ((c = wcall_get(wg, g, h->seq, 0, &st)) == NULL ||
-            ppart_buffer(wg, &c->peer[h->from], h->total, &st) != DC_OK) {
+            ppart_buffer(wg, &c->peer[h->from], h->total, &st) != DC_OK ||
+            frame_in_order(h, c->peer[h->from].received, &st) != DC_OK) {
             dc_status end;
             status_set(&end, st.code, "worker %s of group %s sent call %llu's data: %s",
                        g->workers[h->from].name, g->id, (unsigned long long)h->seq, st.message);

@@ -942,6 +942,50 @@ class DataLinkInputTest(GroupsTestCase):
         self.assertIn("worker node-b ended generation 1 of group " + gid, message)
         self.assertIn("its data connection dropped", message)
 
+    def test_a_repeated_data_frame_ends_the_generation_naming_it(self):
+        """A part's frames come in order on one connection: a frame sent twice would complete
+        the part with bytes that never came. node-b refuses it and ends the generation, so
+        its rank hears why at once, not DEADLINE_EXCEEDED."""
+        gid = "00000000000000eb"
+        rpc, fake = self.two_workers_and_a_link_posing_as_node_a(gid)
+        half = dlink_header(2, 8, sender=0, group=harness.dlink_group_hash(gid), generation=1,
+                            seq=1, offset=0, total=16) + b"\1" * 8
+        fake.sendall(half + half)
+        code, message, _ = self.call_with_a_long_deadline(
+            rpc["node-b"], self.group_call(gid, 1, 1), struct.pack("<4i", 1, 2, 3, 4))
+        self.assertEqual(code, "INVALID_ARGUMENT", message)
+        self.assertIn("worker node-a of group %s sent call 1's data: a data frame at byte 0 "
+                      "where byte 8 was next (repeated or out of order)" % gid, message)
+
+    def test_what_comes_for_a_call_that_ended_is_dropped_and_the_group_goes_on(self):
+        """A call that ended here (its deadline passed) is remembered: the rank calling it
+        again hears so at once, and a late ring frame of it is read and dropped instead of
+        being taken for a new call (an all-gather frame would have ended the generation)."""
+        gid = "00000000000000ea"
+        _, rpc_port, peer_b = self.setup_with_a_fake_peer(gid)
+
+        def call(seq):
+            body = (self.group_call(gid, 0, seq)
+                    + harness.pb_uint(F("GroupCallRequest", "timeout_ms"), 300))
+            return self.call(rpc_port, "GroupCall", body, struct.pack("<4i", 1, 2, 3, 4))
+
+        code, message, _ = call(1)  # node-b never sends its part
+        self.assertEqual(code, "DEADLINE_EXCEEDED", message)
+        code, message, _ = call(1)
+        self.assertEqual(code, "ABORTED", message)
+        self.assertIn("call 1 of group %s already ended on this worker" % gid, message)
+        port, secret = self.link(rpc_port)
+        frame = dlink_header(2, 8, flags=2, sender=1, group=harness.dlink_group_hash(gid),
+                             generation=1, seq=1, offset=8, total=16) + b"\0" * 8
+        fake = socket.create_connection(("127.0.0.1", port), timeout=60.0)
+        self.addCleanup(fake.close)  # open until the end: its close would end the generation
+        fake.sendall(dlink_header(1, 32 + len(peer_b)) + secret + peer_b.encode() + frame)
+        fake.settimeout(1.0)
+        with self.assertRaises(socket.timeout):  # taken: the connection is not closed
+            fake.recv(1)
+        code, message, _ = call(2)  # the generation goes on: this one waits for node-b
+        self.assertEqual(code, "DEADLINE_EXCEEDED", message)
+
     def test_group_end_from_a_peer_is_checked_then_ends_the_generation(self):
         gid = "00000000000000ed"
         _, rpc_port, _ = self.setup_with_a_fake_peer(gid)
