@@ -615,7 +615,7 @@ whole_agree(dc_group *g, const struct call *k, size_t bytes, bool *agreed, dc_st
  * grow) makes it in parts: the workers refuse that call for every rank (the counts differ,
  * and the message says why) rather than leave any waiting. The group's order held. */
 static dc_code
-group_call_piece(dc_group *g, const struct call *k, size_t per, dc_status *st)
+group_call_piece_agreed(dc_group *g, const struct call *k, size_t per, dc_status *st)
 {
     size_t bytes       = k->count * dc_dtype_size(k->dtype);
     struct call staged = *k;
@@ -640,6 +640,24 @@ group_call_piece(dc_group *g, const struct call *k, size_t per, dc_status *st)
     staged.recv = g->stage;
     if ((code = group_call_run(g, &staged, NULL, st)) == DC_OK && k->recv_bytes > 0) {
         memcpy(k->recv, g->stage, k->recv_bytes);
+    }
+    return code;
+}
+
+/* group_call_piece_agreed; a failed call also forgets what this group agreed before. The
+ * ranks' memories of it can part: a rank whose vote failed alone (its link dropped with the
+ * answer on the way) remembers nothing while the others remember yes, and one that agreed
+ * but can no longer stage goes in parts while the others go whole. Their next call then
+ * fails on every rank too (the workers refuse calls that do not match), so every rank
+ * forgets, and the one after is voted on again, by all. The group's order held. */
+static dc_code
+group_call_piece(dc_group *g, const struct call *k, size_t per, dc_status *st)
+{
+    dc_code code = group_call_piece_agreed(g, k, per, st);
+
+    if (code != DC_OK) {
+        g->whole_yes = 0;
+        g->whole_no  = 0;
     }
     return code;
 }
