@@ -411,7 +411,10 @@ link_open(dc_group *g, struct worker_conn *w)
 
 /* Makes req on g's call link when it has one or can open it and no other thread of this rank
  * uses it: true, with the call's code. false: make it as an RPC. A link that failed is closed
- * (the call fails as an RPC would when its connection drops); the next call opens another. */
+ * (the call fails as an RPC would when its connection drops); the next call opens another.
+ * A link dropped on its first call goes as the RPC, and so does every later call: a worker
+ * at its connection bound (DLINK_MAX_CONNS) accepts a link and closes it unread, and would
+ * close every new one the same way. */
 static bool
 link_call(dc_group *g, struct worker_conn *w, const Devcoord__V1__GroupCallRequest *req,
           const void *send, size_t bytes, void *recv, size_t recv_bytes, dc_code *code,
@@ -420,10 +423,12 @@ link_call(dc_group *g, struct worker_conn *w, const Devcoord__V1__GroupCallReque
     uint8_t pb[DLINK_CALL_PB_MAX];
     struct dlink_hdr h = { 0 };
     size_t pb_len;
+    bool fresh;
 
     if (pthread_mutex_trylock(&g->link_mtx) != 0) {
         return false;
     }
+    fresh = g->link == NULL;
     if (g->link_off || (g->link == NULL && !link_open(g, w)) ||
         (pb_len = protobuf_c_message_get_packed_size(&req->base)) > sizeof(pb)) {
         pthread_mutex_unlock(&g->link_mtx);
@@ -439,6 +444,13 @@ link_call(dc_group *g, struct worker_conn *w, const Devcoord__V1__GroupCallReque
     if (*code != DC_OK && st->transport) {
         dlink_out_close(g->link);
         g->link = NULL;
+        if (fresh && *code == DC_UNAVAILABLE) {
+            /* Closed, not timed out: unread, or if read (dropped after), the RPC is refused
+             * as a second call of the seq, never made twice. */
+            g->link_off = true;
+            pthread_mutex_unlock(&g->link_mtx);
+            return false;
+        }
     }
     pthread_mutex_unlock(&g->link_mtx);
     return true;

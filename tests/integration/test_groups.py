@@ -1280,6 +1280,36 @@ class CallLinkTest(GroupsTestCase):
         self.assertEqual(run({"DEVCOORD_GROUP_CALL_LINK": "0"}), (20, 20))
 
 
+    def test_a_link_the_worker_turns_away_leaves_the_calls_to_rpcs(self):
+        """A worker whose data port holds all the connections it takes (256) accepts a
+        rank's call link and closes it unread: the rank's first call on it goes as a
+        GroupCall RPC, and so do the later ones."""
+        c = self.start({"node-a": ["cuda:0", "cuda:1"]}, http=True,
+                       worker_extra={"limits": {"handshake_timeout_ms": 120000}})
+        rpc_port = int(c.worker_specs["node-a"]["listen"].rsplit(":", 1)[1])
+        port, _ = self.call_link(rpc_port)
+        hogs = []
+        self.addCleanup(lambda: [h.close() for h in hogs])
+        for _ in range(256):  # no HELLO: each holds its place until the handshake bound
+            hogs.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        for _ in range(100):  # the worker has taken them all once it turns the next away
+            if dlink_closed_by_worker(port, b"", wait=0.2):
+                break
+        else:
+            self.fail("the data port never reached its connection bound")
+        devs = "node-a/cuda:0,node-a/cuda:1"
+        procs = [ctl_popen(c, "collective", "all-reduce", "--devices", devs, "--self", d,
+                           "--dtype", "f32", "--values", "1.5,2", "--reduce", "sum",
+                           "--repeat", "5") for d in devs.split(",")]
+        for r in [finish(p) for p in procs]:
+            self.assertEqual(r.rc, 0, r)
+            self.assertEqual(r.out.get("values"), [3.0, 4.0], r)
+        m = self.metrics(int(c.worker_specs["node-a"]["http"].rsplit(":", 1)[1]))
+        self.assertEqual(m["devcoord_group_call_link_calls_total"], 0)
+        self.assertEqual(m['devcoord_rpc_requests_total{service="Worker",'
+                           'method="GroupCall",code="OK"}'], 10)
+
+
 class ThreadsTest(GroupsTestCase):
     @unittest.skipUnless(os.path.exists(THREADS), "devcoord-group-threads is not built")
     def test_ranks_as_threads_of_one_process(self):
