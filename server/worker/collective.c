@@ -2467,6 +2467,11 @@ cop_run(void *arg)
         pthread_cond_wait(&co->cv, &co->mtx);
     }
     pthread_mutex_unlock(&co->mtx);
+    /* A handler may have failed the op since ok was read (data past what a step expects,
+     * landing while cop_finish ran): it is not prepared then. */
+    pthread_mutex_lock(&op->mtx);
+    ok = ok && !op->failed;
+    pthread_mutex_unlock(&op->mtx);
     /* No handler touches the work buffer any more: the tensor may have it back. */
     if (cop_release_work(op, &st) != DC_OK && ok) {
         pthread_mutex_lock(&op->mtx);
@@ -2737,6 +2742,7 @@ collectives_execute(struct collectives *co, const Devcoord__V1__ExecuteRequest *
     struct link_orphan *early;
     struct cop *op;
     dc_status *st = rpc_call_status(cd);
+    bool known;
 
     if (cop_new(co, in, &op, st) != DC_OK) {
         closure(NULL, cd);
@@ -2748,8 +2754,15 @@ collectives_execute(struct collectives *co, const Devcoord__V1__ExecuteRequest *
     /* The coordinator starts an op only once the ops before it on its devices are decided:
      * staging still held for them here was not committed and never may be. Dropped before
      * the key is looked up, so a late Commit of an earlier op cannot publish (and record its
-     * key) between the two. */
-    cop_supersede(op);
+     * key) between the two. Not by an op that runs or ended here: that is a late or repeated
+     * Execute (an op the coordinator aborted may have started the next one, prepared here
+     * since), refused below, and must not discard what came after it. */
+    pthread_mutex_lock(&co->mtx);
+    known = cop_find_locked(co, op->id) != NULL || recent_has(co, op->id);
+    pthread_mutex_unlock(&co->mtx);
+    if (!known) {
+        cop_supersede(op);
+    }
     /* An op committed here under this key runs nothing again, whatever came since (this is
      * asked before the abort record: an Abort may overtake its Execute). */
     if (in->idempotency_key[0] != '\0' && cop_answer_committed(co, op, closure, cd)) {

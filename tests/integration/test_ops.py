@@ -1588,6 +1588,20 @@ class AtomicOpsTest(OpsTestCase):
         self.assertEqual(code, "OK", message)
         self.assertEqual(self.values(), summed)
 
+        # An aborted op's Execute again (late, or repeated), after the next op prepared:
+        # refused, and the next op still commits.
+        code, message, _, _ = self.worker_call("Abort", "op-x-3b")
+        self.assertEqual(code, "OK", message)
+        code, message, _, _ = self.execute("op-x-3c")
+        self.assertEqual(code, "OK", message)
+        code, message, _, _ = self.execute("op-x-3b")
+        self.assertEqual((code, "already ran, was aborted" in message), ("ABORTED", True),
+                         message)
+        code, message, _, _ = self.worker_call("Commit", "op-x-3c")
+        self.assertEqual(code, "OK", message)
+        summed = [[22, 44, 66], [22, 44, 66]]
+        self.assertEqual(self.values(), summed)
+
         # Nobody commits or aborts: the hold runs out and the staging goes.
         code, message, _, _ = self.execute("op-x-4", hold_ms=300)
         self.assertEqual(code, "OK", message)
