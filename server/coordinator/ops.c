@@ -927,10 +927,23 @@ op_new(const Devcoord__V1__SubmitOpRequest *in, const struct config_coordinator 
     return op;
 }
 
-/* The tensors an op that runs needs (a dry run runs nothing, so it needs none). */
+/* The tensors an op that runs needs (a dry run runs nothing, so it needs none), names op
+ * keeps whole, and a deadline nng can count (a duration is a signed 32-bit count). */
 static dc_code
-op_check_tensors(const struct op *op, bool dry_run, dc_status *st)
+op_check_tensors(const struct op *op, const Devcoord__V1__SubmitOpRequest *in, bool dry_run,
+                 dc_status *st)
 {
+    if (strlen(in->tensor) >= sizeof(op->tensor) ||
+        strlen(in->output_tensor) >= sizeof(op->output)) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "invalid operation: tensor names are at most %zu bytes",
+                          sizeof(op->tensor) - 1);
+    }
+    if (in->timeout_ms > INT32_MAX) {
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "invalid operation: timeout_ms %u is more than %d", in->timeout_ms,
+                          INT32_MAX);
+    }
     if (!dry_run && op->kind != DC_OP_BARRIER && op->tensor[0] == '\0') {
         return status_set(st, DC_INVALID_ARGUMENT,
                           "invalid operation: %s needs a tensor name (SubmitOpRequest.tensor)",
@@ -1121,7 +1134,7 @@ ops_submit(struct ops *o, const Devcoord__V1__SubmitOpRequest *in,
                              .devices   = refs,
                              .n_devices = in->n_devices };
     if ((code = registry_validate(o->registry, &spec, &limits, concrete, group_id, &st)) != DC_OK ||
-        (code = op_check_tensors(op, dry_run, &st)) != DC_OK) {
+        (code = op_check_tensors(op, in, dry_run, &st)) != DC_OK) {
         goto out;
     }
     /* Plan; a dry run ends here. */

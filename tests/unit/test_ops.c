@@ -709,6 +709,59 @@ test_the_same_key_runs_once_in_flight_and_after(void **state)
     pthread_mutex_destroy(&second.mtx);
 }
 
+/* What op cannot keep whole is refused before anything runs: a tensor name longer than 255
+ * bytes (it would be cut, naming another tensor), a deadline nng cannot count. */
+static void
+test_a_name_too_long_or_a_deadline_past_int32_is_refused(void **state)
+{
+    struct fixture *f = *state;
+    char name[300];
+    const char *why[3] = { "tensor names are at most 255 bytes",
+                           "tensor names are at most 255 bytes",
+                           "timeout_ms 3000000000 is more than 2147483647" };
+
+    memset(name, 'n', sizeof(name) - 1);
+    name[sizeof(name) - 1] = '\0';
+    set_modes(EX_PREPARE, EX_PREPARE, EX_PREPARE, CM_OK, CM_OK, CM_OK);
+    for (int k = 0; k < 3; k++) {
+        struct rpc_reply reply = { 0 };
+        struct request req;
+        dc_status st;
+
+        request_init(&req, DC_OP_ALL_REDUCE, "");
+        if (k == 0) {
+            req.pb.tensor = name;
+        } else if (k == 1) {
+            req.pb.output_tensor = name;
+        } else {
+            req.pb.timeout_ms = 3000000000u;
+        }
+        assert_int_equal(rpc_call(f->client, COORD_SVC, M_COORDINATOR_SUBMIT_OP, &req.pb.base, NULL,
+                                  0, 60000, &reply, &st),
+                         DC_INVALID_ARGUMENT);
+        assert_non_null(strstr(st.message, why[k]));
+        rpc_reply_free(&reply);
+    }
+    /* At the bounds: taken. */
+    name[255] = '\0';
+    {
+        struct rpc_reply reply = { 0 };
+        struct request req;
+        dc_status st;
+
+        request_init(&req, DC_OP_ALL_REDUCE, "");
+        req.pb.tensor     = name;
+        req.pb.timeout_ms = INT32_MAX;
+        assert_int_equal(rpc_call(f->client, COORD_SVC, M_COORDINATOR_SUBMIT_OP, &req.pb.base, NULL,
+                                  0, 60000, &reply, &st),
+                         DC_OK);
+        rpc_reply_free(&reply);
+    }
+    for (int i = 0; i < N_WORKERS; i++) {
+        assert_int_equal(count(&fakes[i].executes), 1);
+    }
+}
+
 /* A worker that does not know Commit wrote its results at Execute: it may hold them. */
 static void
 test_a_commit_unknown_to_an_old_worker_is_unconfirmed(void **state)
@@ -834,6 +887,8 @@ main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_commit_after_every_worker_prepared, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_name_too_long_or_a_deadline_past_int32_is_refused,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_a_failure_before_commit_aborts_the_prepared_and_commits_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_a_commit_refused_by_one_worker_is_partial_and_names_it,
