@@ -71,6 +71,13 @@ plan_build(struct plan *p, const dc_device_ref *devices, size_t n,
         }
         p->workers[owner[r]].n_ranks++;
     }
+    if (p->n_workers < n) {
+        /* Made for one worker per device; an op is kept (history) with its plan. */
+        struct plan_worker *fit = realloc(p->workers, p->n_workers * sizeof(*fit));
+        if (fit != NULL) {
+            p->workers = fit;
+        }
+    }
     /* Each worker's ranks are one slice of p->ranks, sized by the counts above; one pass in
      * rank order then fills every slice in ascending order. */
     for (size_t i = 0; i < p->n_workers; i++) {

@@ -562,6 +562,15 @@ registry_heartbeat(struct registry *r, const Devcoord__V1__HeartbeatRequest *req
         pthread_rwlock_unlock(&r->lock);
         return session_refused(st, req->name);
     }
+    if (req->n_devices > w->n_devices) {
+        /* Each is matched against every registered device under the write lock: a list
+         * longer than the registration is no health report, and would stall the registry. */
+        size_t registered = w->n_devices;
+        pthread_rwlock_unlock(&r->lock);
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "heartbeat of worker %.64s names %zu devices; it registered %zu",
+                          req->name, req->n_devices, registered);
+    }
     w->last_heartbeat_ms = now_ms;
     w->alive             = true;
     for (size_t i = 0; i < req->n_devices; i++) {

@@ -200,6 +200,19 @@ test_liveness_and_fencing(void **state)
     assert_int_equal(registry_sweep(r, 2501), 1);
     assert_int_equal(registry_heartbeat(r, &hb, 2600, &ws, &st), DC_OK);
     assert_int_equal(ws, DC_WORKER_ALIVE);
+    /* A health report longer than the registration (one device) is refused, not matched. */
+    {
+        Devcoord__V1__DeviceSpec spec    = DEVCOORD__V1__DEVICE_SPEC__INIT;
+        Devcoord__V1__DeviceSpec *two[2] = { &spec, &spec };
+        hb.devices                       = two;
+        hb.n_devices                     = 2;
+        assert_int_equal(registry_heartbeat(r, &hb, 2650, &ws, &st), DC_INVALID_ARGUMENT);
+        assert_non_null(strstr(st.message, "names 2 devices; it registered 1"));
+        hb.n_devices = 1;
+        assert_int_equal(registry_heartbeat(r, &hb, 2650, &ws, &st), DC_OK);
+        hb.devices   = NULL;
+        hb.n_devices = 0;
+    }
 
     /* Registering again ends the old epoch: its calls are refused. */
     reg(r, "node-a", 1, 2700, &e2);
