@@ -133,28 +133,89 @@ conn_hello(struct dlink_conn *c)
     return true;
 }
 
-/* Writes the answer to the call in c->ch: code, then bytes of data. nng's error or 0. */
-static int
-conn_answer_write(struct dlink_conn *c, dc_code code, const void *data, size_t bytes)
+/* The answer's header to the call in c->ch (code, then bytes of data) into raw. */
+static void
+conn_answer_header(const struct dlink_conn *c, dc_code code, size_t bytes,
+                   uint8_t raw[DLINK_HDR_SIZE])
 {
     struct dlink_hdr h = c->ch;
-    uint8_t raw[DLINK_HDR_SIZE];
-    nng_iov iov[2];
-    int rv;
 
     h.kind   = DLINK_ANSWER;
     h.offset = (uint64_t)code;
     h.length = (uint32_t)bytes;
     h.total  = h.length;
     dlink_hdr_encode(&h, raw);
-    iov[0] = (nng_iov){ raw, sizeof(raw) };
-    iov[1] = (nng_iov){ (void *)data, bytes };
-    /* A caller that does not read its answer within the handshake bound is dropped. */
-    if ((rv = dlsock_send_all(c->sock, iov, bytes > 0 ? 2 : 1,
-                              (nng_duration)c->srv->handshake_ms)) != 0) {
+}
+
+/* Writes iov[0..n) within the handshake bound: a caller that does not read its answer within
+ * it is dropped. nng's error or 0. */
+static int
+conn_write(struct dlink_conn *c, nng_iov *iov, unsigned n)
+{
+    int rv = dlsock_send_all(c->sock, iov, n, (nng_duration)c->srv->handshake_ms);
+
+    if (rv != 0) {
         log_info("call link: answer to %s not sent: %s", c->peer, nng_strerror(rv));
     }
     return rv;
+}
+
+/* Writes the answer to the call in c->ch: code, then bytes of data. nng's error or 0. */
+static int
+conn_answer_write(struct dlink_conn *c, dc_code code, const void *data, size_t bytes)
+{
+    uint8_t raw[DLINK_HDR_SIZE];
+    nng_iov iov[2];
+
+    conn_answer_header(c, code, bytes, raw);
+    iov[0] = (nng_iov){ raw, sizeof(raw) };
+    iov[1] = (nng_iov){ (void *)data, bytes };
+    return conn_write(c, iov, bytes > 0 ? 2 : 1);
+}
+
+/* A control link's answer, written by its answerer as far as the socket takes it at once;
+ * the rest (header included, if it did not go whole) is copied to c->out for the
+ * connection's thread to write, so no answerer (an op's thread, maybe under its lock) waits
+ * on a caller slow to read. amtx held. 0, or nng's error: the answer cannot go. */
+static int
+conn_control_answer_locked(struct dlink_conn *c, dc_code code, const void *data, size_t bytes)
+{
+    uint8_t raw[DLINK_HDR_SIZE];
+    nng_iov iov[2];
+    unsigned n  = bytes > 0 ? 2 : 1;
+    size_t sent = 0, rest;
+    int rv;
+
+    conn_answer_header(c, code, bytes, raw);
+    iov[0]     = (nng_iov){ raw, sizeof(raw) };
+    iov[1]     = (nng_iov){ (void *)data, bytes };
+    c->out_len = 0;
+    if ((rv = dlsock_send_now(c->sock, iov, n, &sent)) != 0 && rv != NNG_ENOTSUP) {
+        return rv;
+    }
+    if ((rest = sizeof(raw) + bytes - sent) == 0) {
+        return 0;
+    }
+    if (rest > c->out_cap) {
+        uint8_t *grow = failinject_hit(&answer_fail_countdown) ? NULL : realloc(c->out, rest);
+        if (grow == NULL) {
+            return NNG_ENOMEM;
+        }
+        c->out     = grow;
+        c->out_cap = rest;
+    }
+    /* The unsent end of header then data. */
+    if (sent < sizeof(raw)) {
+        memcpy(c->out, raw + sent, sizeof(raw) - sent);
+        if (bytes > 0) {
+            memcpy(c->out + sizeof(raw) - sent, data, bytes);
+        }
+    } else {
+        memcpy(c->out, (const uint8_t *)data + (sent - sizeof(raw)), rest);
+    }
+    c->out_src = c->out;
+    c->out_len = rest;
+    return 0;
 }
 
 void
@@ -172,10 +233,12 @@ dlink_call_answer(struct dlink_conn *c, const dc_status *st, const void *data, s
     }
     if (c->control) {
         /* This connection's thread reads nothing until answered: its socket is free here. */
-        rv = conn_answer_write(c, code, data, bytes);
         pthread_mutex_lock(&c->amtx);
+        rv               = conn_control_answer_locked(c, code, data, bytes);
         c->answer_failed = rv != 0;
-        c->out_len       = 0;
+        if (rv != 0) {
+            log_info("call link: answer to %s not sent: %s", c->peer, nng_strerror(rv));
+        }
     } else {
         /* No worker's name, a NUL, the message. */
         static const char oom[] = "\0out of memory for the answer";
@@ -275,6 +338,9 @@ conn_calls(struct dlink_conn *c)
         pthread_mutex_unlock(&c->amtx);
         if (!c->control && conn_answer_write(c, c->acode, c->out_src, c->out_len) != 0) {
             failed = true;
+        } else if (c->control && !failed && c->out_len > 0) {
+            nng_iov rest = { (void *)c->out_src, c->out_len }; /* the answer's unsent end */
+            failed       = conn_write(c, &rest, 1) != 0;
         }
         if (failed) {
             return;

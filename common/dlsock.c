@@ -269,6 +269,39 @@ dlsock_send_all(struct dlsock *s, nng_iov *iov, unsigned n, nng_duration timeout
     return sock_io(s, false, iov, n, timeout);
 }
 
+int
+dlsock_send_now(struct dlsock *s, const nng_iov *iov, unsigned n, size_t *sent)
+{
+    nng_iov left[IOV_MAX_PER_CALL];
+    nng_iov *at = left;
+
+    *sent = 0;
+    if (s->fd < 0 || n > IOV_MAX_PER_CALL) {
+        return NNG_ENOTSUP;
+    }
+    memcpy(left, iov, n * sizeof(*iov));
+    while (n > 0) {
+        struct iovec v[IOV_MAX_PER_CALL];
+        struct msghdr m = { .msg_iov = v, .msg_iovlen = iov_copy(v, at, n) };
+        ssize_t r;
+
+        if (atomic_load(&s->closed)) {
+            return NNG_ECLOSED;
+        }
+        if ((r = sendmsg(s->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT)) > 0) {
+            *sent += (size_t)r;
+            at = iov_advance(at, &n, (size_t)r);
+        } else if (r < 0 && errno == EINTR) {
+            continue;
+        } else if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            return 0;
+        } else {
+            return r == 0 ? NNG_ECLOSED : nng_code(errno);
+        }
+    }
+    return 0;
+}
+
 /* ---- connections ------------------------------------------------------------------------- */
 
 static struct dlsock *

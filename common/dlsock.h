@@ -33,6 +33,10 @@ int dlsock_dial(const char *url, nng_tls_config *tls, uint32_t timeout_ms, struc
  * (NNG_ECLOSED: the peer closed, or dlsock_shutdown). */
 int dlsock_recv_all(struct dlsock *s, nng_iov *iov, unsigned n, nng_duration timeout);
 int dlsock_send_all(struct dlsock *s, nng_iov *iov, unsigned n, nng_duration timeout);
+/* Sends what of iov[0..n) the socket takes without waiting (*sent bytes: maybe none, maybe
+ * all). 0, or nng's error; NNG_ENOTSUP (nothing sent) on an nng stream, which cannot say how
+ * much of a write that timed out went. */
+int dlsock_send_now(struct dlsock *s, const nng_iov *iov, unsigned n, size_t *sent);
 
 /* A watch for the peer closing while the connection is idle: idle_begin before leaving it
  * unused, idle_end before using it again, true when nothing arrived and it did not close

@@ -904,6 +904,79 @@ test_an_answer_that_cannot_get_its_buffer_fails_the_call_alone(void **state)
     pthread_mutex_destroy(&s.mtx);
 }
 
+/* A control link's answerer does not wait for a caller slow to read: a large answer goes as
+ * far as the socket takes it at once, the connection's thread writes the rest. */
+static struct {
+    pthread_mutex_t mtx;
+    bool returned;
+    uint8_t *reply;
+    size_t bytes;
+} big_answer = { .mtx = PTHREAD_MUTEX_INITIALIZER };
+
+static void
+answer_big(void *arg, struct dlink_conn *c, const uint8_t *frame, size_t len)
+{
+    (void)arg;
+    (void)frame;
+    (void)len;
+    dlink_call_answer(c, NULL, big_answer.reply, big_answer.bytes);
+    pthread_mutex_lock(&big_answer.mtx);
+    big_answer.returned = true;
+    pthread_mutex_unlock(&big_answer.mtx);
+}
+
+static bool
+big_answer_returned(void)
+{
+    bool r;
+
+    pthread_mutex_lock(&big_answer.mtx);
+    r = big_answer.returned;
+    pthread_mutex_unlock(&big_answer.mtx);
+    return r;
+}
+
+static void
+test_a_control_answer_does_not_wait_for_a_slow_reader(void **state)
+{
+    struct dlink_events ev = { .control = answer_big, .control_max = 1024 };
+    struct dlink_hdr h     = { .seq = 9 };
+    struct dlink_server *srv;
+    struct dlink_out *o;
+    nng_msg *answer = NULL;
+    char url[64];
+    dc_status st;
+
+    (void)state;
+    big_answer.bytes = (size_t)32 << 20; /* far past what socket buffers hold */
+    big_answer.reply = malloc(big_answer.bytes);
+    assert_non_null(big_answer.reply);
+    for (size_t i = 0; i < big_answer.bytes; i++) {
+        big_answer.reply[i] = (uint8_t)(i * 7);
+    }
+    /* A handshake bound far past the wait below: an answerer that waited would still wait. */
+    assert_int_equal(
+        dlink_server_start("tcp://127.0.0.1:0", NULL, MAX_FRAME, 20000, &ev, &srv, &st), DC_OK);
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", dlink_server_port(srv));
+    assert_int_equal(dlink_dial_as(url, NULL, dlink_server_secret(srv), "coordinator",
+                                   DLINK_HELLO_CONTROL, 2000, &o, &st),
+                     DC_OK);
+    assert_int_equal(dlink_call_send(o, &h, "req", 3, 2000, &st), DC_OK);
+    /* Nobody reads yet: the answerer is done all the same. */
+    for (int i = 0; i < 300 && !big_answer_returned(); i++) {
+        nng_msleep(10);
+    }
+    assert_true(big_answer_returned());
+    /* The whole answer, in order, once read. */
+    assert_int_equal(dlink_call_recv_any(o, h.seq, big_answer.bytes, 10000, &answer, &st), DC_OK);
+    assert_int_equal(nng_msg_len(answer), big_answer.bytes);
+    assert_memory_equal(nng_msg_body(answer), big_answer.reply, big_answer.bytes);
+    nng_msg_free(answer);
+    dlink_out_close(o);
+    dlink_server_free(srv);
+    free(big_answer.reply);
+}
+
 int
 main(void)
 {
@@ -921,6 +994,7 @@ main(void)
         cmocka_unit_test(test_a_hello_trickled_byte_by_byte_is_cut_off_at_the_handshake_bound),
         cmocka_unit_test(test_a_server_without_data_events_refuses_data_connections),
         cmocka_unit_test(test_an_answer_that_cannot_get_its_buffer_fails_the_call_alone),
+        cmocka_unit_test(test_a_control_answer_does_not_wait_for_a_slow_reader),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
