@@ -270,6 +270,31 @@ out:
 }
 
 void
+fanout_forget(struct fanout *f, const char *worker)
+{
+    struct fanout_conn *c;
+
+    pthread_mutex_lock(&f->mtx);
+    if ((c = strmap_del(&f->current, worker)) != NULL) {
+        c->refs--; /* the table's */
+    }
+    pthread_mutex_unlock(&f->mtx);
+}
+
+size_t
+fanout_conn_count(struct fanout *f)
+{
+    size_t n = 0;
+
+    pthread_mutex_lock(&f->mtx);
+    for (const struct fanout_conn *c = f->conns; c != NULL; c = c->next) {
+        n++;
+    }
+    pthread_mutex_unlock(&f->mtx);
+    return n;
+}
+
+void
 fanout_conn_put(struct fanout *f, struct fanout_conn *c)
 {
     if (c != NULL) {

@@ -73,6 +73,12 @@ dc_code fanout_conn_get(struct fanout *f, const char *worker, const char *addres
                         struct fanout_conn **out, dc_status *st);
 /* Drops a reference (NULL: nothing). May be called from an events callback. */
 void fanout_conn_put(struct fanout *f, struct fanout_conn *c);
+/* Forgets the connection kept for `worker` (gone: dead or deregistered): the next
+ * fanout_close_stale closes it once no caller holds it, and the next fanout_conn_get for
+ * that name opens a new one. Nothing when none is kept. */
+void fanout_forget(struct fanout *f, const char *worker);
+/* Connections open (kept or held, not yet closed by fanout_close_stale). */
+size_t fanout_conn_count(struct fanout *f);
 /* The worker's registration (its epoch) the next calls on c are for: a new one forgets what
  * was learned of its data port and the control links made to it. */
 void fanout_conn_epoch(struct fanout *f, struct fanout_conn *c, uint64_t epoch);

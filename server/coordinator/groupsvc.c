@@ -566,6 +566,12 @@ groupsvc_metrics_render(struct groupsvc *g, struct mbuf *b)
 /* ---- timer and life ---------------------------------------------------------------------- */
 
 void
+groupsvc_worker_gone(struct groupsvc *g, const char *name)
+{
+    fanout_forget(g->fanout, name);
+}
+
+void
 groupsvc_disconnected(struct groupsvc *g, uint32_t pipe)
 {
     pthread_mutex_lock(&g->mtx);

@@ -56,6 +56,8 @@ void groupsvc_ask_workers(struct groupsvc *g, Devcoord__V1__ListGroupsResponse *
 /* A connection of the coordinator's RPC server closed (rpc_server_opts.on_disconnect): the
  * joins parked on it are let go within a timer tick, so that their ranks may join again. */
 void groupsvc_disconnected(struct groupsvc *g, uint32_t pipe);
+/* Worker `name` is gone (dead or deregistered): its connection is not kept. */
+void groupsvc_worker_gone(struct groupsvc *g, const char *name);
 
 /* Joins by outcome, generations completed (Prometheus text). */
 void groupsvc_metrics_render(struct groupsvc *g, struct mbuf *b);

@@ -76,6 +76,9 @@ on_worker_gone(void *arg, const char *name, uint64_t epoch, enum registry_gone w
     if (c->ops != NULL) {
         ops_worker_gone(c->ops, name, epoch, why);
     }
+    if (c->groups != NULL && why != GONE_REPLACED) {
+        groupsvc_worker_gone(c->groups, name);
+    }
 }
 
 static void

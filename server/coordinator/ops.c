@@ -1327,6 +1327,11 @@ ops_worker_gone(struct ops *o, const char *name, uint64_t epoch, enum registry_g
     status_set(&st, DC_UNAVAILABLE, "worker %s %s", name, words[why]);
     status_set_worker(&st, name);
     ops_fail_where(o, op_uses_worker, &g, &st);
+    if (why != GONE_REPLACED) {
+        /* Kept, its connection would redial a worker that may never come back under this
+         * name (a container's host name is new after each restart) for good. */
+        fanout_forget(o->fanout, name);
+    }
 }
 
 static bool

@@ -351,6 +351,40 @@ test_shutdown_ends_a_link_call_with_no_reader(void **state)
     assert_lost_link(&o);
 }
 
+/* A forgotten worker's connection is closed once nobody holds it, and not before. */
+static void
+test_a_forgotten_worker_is_not_kept(void **state)
+{
+    struct fixture *fx = *state;
+    struct fanout_conn *again;
+    char address[64];
+    dc_status st;
+
+    snprintf(address, sizeof(address), "tcp://127.0.0.1:%d", rpc_server_port(worker_rpc));
+    fanout_close_stale(fx->f);
+    assert_int_equal(fanout_conn_count(fx->f), 1); /* kept for node-a, and held */
+    fanout_forget(fx->f, "node-z");                /* not known: nothing */
+    fanout_forget(fx->f, "node-a");
+    fanout_close_stale(fx->f);
+    assert_int_equal(fanout_conn_count(fx->f), 1); /* the fixture still holds it */
+    fanout_conn_put(fx->f, fx->c);
+    fanout_close_stale(fx->f);
+    assert_int_equal(fanout_conn_count(fx->f), 0);
+    /* The next get opens a new one, kept again; calls work on it. */
+    assert_int_equal(fanout_conn_get(fx->f, "node-a", address, &fx->c, &st), DC_OK);
+    fanout_close_stale(fx->f);
+    assert_int_equal(fanout_conn_count(fx->f), 1);
+    assert_int_equal(fanout_conn_get(fx->f, "node-a", address, &again, &st), DC_OK);
+    assert_ptr_equal(again, fx->c);
+    fanout_conn_put(fx->f, again);
+    {
+        struct outcome o;
+        execute(fx, &o);
+        assert_true(outcome_wait(&o));
+        assert_int_equal(o.code, DC_OK);
+    }
+}
+
 int
 main(void)
 {
@@ -362,6 +396,7 @@ main(void)
             teardown),
         cmocka_unit_test_setup_teardown(test_shutdown_ends_a_link_call_with_no_reader, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_a_forgotten_worker_is_not_kept, setup, teardown),
     };
     int rv = cmocka_run_group_tests(tests, NULL, NULL);
 
