@@ -656,18 +656,21 @@ group_call_piece_agreed(dc_group *g, const struct call *k, size_t per, dc_status
     return code;
 }
 
-/* group_call_piece_agreed; a failed call also forgets what this group agreed before. The
- * ranks' memories of it can part: a rank whose vote failed alone (its link dropped with the
- * answer on the way) remembers nothing while the others remember yes, and one that agreed
- * but can no longer stage goes in parts while the others go whole. Their next call then
- * fails on every rank too (the workers refuse calls that do not match), so every rank
- * forgets, and the one after is voted on again, by all. The group's order held. */
+/* group_call_piece_agreed; a call the workers refuse because the ranks' calls do not match
+ * also forgets what this group agreed before. The ranks' memories of it can part: a rank
+ * whose vote failed alone (its link dropped with the answer on the way) remembers nothing
+ * while the others remember yes, and one that agreed but can no longer stage goes in parts
+ * while the others go whole. Their next call then fails on every rank with that refusal,
+ * so every rank forgets, and the one after is voted on again, by all. Any other failure
+ * keeps the agreement: it may be one rank's alone (its region shrank), and forgetting then
+ * would part them. The group's order held. */
 static dc_code
 group_call_piece(dc_group *g, const struct call *k, size_t per, dc_status *st)
 {
     dc_code code = group_call_piece_agreed(g, k, per, st);
 
-    if (code != DC_OK) {
+    /* wcall_compute's words: "rank N (device) passed X, rank 0 passed Y (group ...)". */
+    if (code == DC_INVALID_ARGUMENT && strstr(st->message, ", rank 0 passed ") != NULL) {
         g->whole_yes = 0;
         g->whole_no  = 0;
     }

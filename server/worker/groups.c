@@ -1155,6 +1155,7 @@ wcall_compute(struct wgroups *wg, struct wgroup *g, struct wcall *c, struct pbuf
             char mine[64], first[64];
             desc_text(&all[r], &all[0], mine, sizeof(mine));
             desc_text(&all[0], &all[r], first, sizeof(first));
+            /* client/group.c (group_call_piece) knows these words: keep them. */
             rv = status_set(st, DC_INVALID_ARGUMENT,
                             "rank %zu (%s) passed %s, rank 0 passed %s (group %s, call %llu)%s", r,
                             g->names[r], mine, first, g->id, (unsigned long long)c->seq,
