@@ -147,12 +147,19 @@ conn_answer_header(const struct dlink_conn *c, dc_code code, size_t bytes,
     dlink_hdr_encode(&h, raw);
 }
 
-/* Writes iov[0..n) within the handshake bound: a caller that does not read its answer within
- * it is dropped. nng's error or 0. */
+/* Writes iov[0..n) within the handshake bound, plus a millisecond per kilobyte (a caller
+ * reading at 1 MB/s or more has time for any answer): a caller that does not read its answer
+ * within it is dropped. nng's error or 0. */
 static int
 conn_write(struct dlink_conn *c, nng_iov *iov, unsigned n)
 {
-    int rv = dlsock_send_all(c->sock, iov, n, (nng_duration)c->srv->handshake_ms);
+    uint64_t bound = c->srv->handshake_ms;
+    int rv;
+
+    for (unsigned i = 0; i < n; i++) {
+        bound += iov[i].iov_len / 1000;
+    }
+    rv = dlsock_send_all(c->sock, iov, n, (nng_duration)(bound < INT32_MAX ? bound : INT32_MAX));
 
     if (rv != 0) {
         log_info("call link: answer to %s not sent: %s", c->peer, nng_strerror(rv));

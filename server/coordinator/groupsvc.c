@@ -903,11 +903,14 @@ groupsvc_ask_workers(struct groupsvc *g, Devcoord__V1__ListGroupsResponse *group
             struct ask *k = &all->asks[all->n++];
             k->all        = all;
             k->group      = i;
-            /* Keyed by address: the page asks whoever serves there now. */
+            /* Keyed by address: the page asks whoever serves there now. Not kept past the
+             * ask (fanout_forget): no worker's end forgets an address for it, and one that
+             * moved would leave a connection redialing the old one for good. */
             if (fanout_conn_get(g->fanout, gi->worker_addresses[w], gi->worker_addresses[w],
                                 &k->conn, &st) != DC_OK) {
                 continue;
             }
+            fanout_forget(g->fanout, gi->worker_addresses[w]);
             pthread_mutex_lock(&all->mtx);
             all->refs++;
             all->out++;
