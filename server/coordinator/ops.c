@@ -117,7 +117,8 @@ struct op {
     uint64_t deadline_ms;
     Devcoord__V1__SubmitOpResponse_Closure closure; /* NULL once answered */
     void *cd;
-    unsigned refs; /* the tables, and each RPC in flight */
+    unsigned refs;   /* the tables, and each RPC in flight */
+    bool in_history; /* ended: no call of it starts any more */
     struct op *next_active;
 };
 
@@ -186,13 +187,17 @@ op_put_conns(struct ops *o, struct op *op)
     }
 }
 
-/* Drops a reference; the op goes with the last. ops->mtx held. */
+/* Drops a reference; the op goes with the last. An op only the history holds puts back its
+ * connections: it makes no call any more, and one kept for it would keep a worker that is
+ * gone connected (redialing) until the op left the history. ops->mtx held. */
 static void
 op_unref_locked(struct ops *o, struct op *op)
 {
     if (--op->refs == 0) {
         op_put_conns(o, op);
         op_free(op);
+    } else if (op->refs == 1 && op->in_history) {
+        op_put_conns(o, op);
     }
 }
 
@@ -429,6 +434,10 @@ history_add_locked(struct ops *o, struct op *op)
     }
     o->history[o->hist_next] = op;
     o->hist_next             = (o->hist_next + 1) % o->hist_cap;
+    op->in_history           = true;
+    if (op->refs == 1) {
+        op_put_conns(o, op); /* as op_unref_locked would */
+    }
 }
 
 static void op_commit_verdict(const struct op *op, const dc_status *cause, dc_status *out);
@@ -1422,8 +1431,13 @@ ops_metrics_render(struct ops *o, struct mbuf *b)
                 "how they went: as frames on a control link, or as RPCs.\n"
                 "# TYPE devcoord_op_worker_calls_total counter\n"
                 "devcoord_op_worker_calls_total{transport=\"link\"} %llu\n"
-                "devcoord_op_worker_calls_total{transport=\"rpc\"} %llu\n",
-                (unsigned long long)link_calls, (unsigned long long)rpc_calls);
+                "devcoord_op_worker_calls_total{transport=\"rpc\"} %llu\n"
+                "# HELP devcoord_op_worker_connections Connections to workers the op table keeps "
+                "or an op holds (one per worker that is not gone).\n"
+                "# TYPE devcoord_op_worker_connections gauge\n"
+                "devcoord_op_worker_connections %zu\n",
+                (unsigned long long)link_calls, (unsigned long long)rpc_calls,
+                fanout_conn_count(o->fanout));
 }
 
 /* ---- life -------------------------------------------------------------------------------- */

@@ -757,6 +757,30 @@ class DataLinkTest(OpsTestCase):
                     self.assertEqual(m['devcoord_rpc_requests_total{service="Worker",'
                                        'method="%s",code="OK"}' % method], len(cases), m)
 
+    def test_the_coordinator_lets_go_of_a_worker_that_left(self):
+        """A worker that deregistered (SIGTERM) is not kept connected: the op table closes
+        its connection (fanout_forget) and keeps the other's."""
+        http = harness.free_port()
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]},
+                       coordinator_config={"http": "%s:%d" % (harness.HOST, http)})
+        devs = ["node-a/cuda:0", "node-b/cuda:0"]
+        for d, v in zip(devs, ([1, 2], [3, 4])):
+            self.put(d, "t", "i32", v)
+        self.assert_op_ok(self.submit("all-reduce", devs, reduce="sum"), devs)
+
+        def connections():
+            with urllib.request.urlopen("http://%s:%d/metrics" % (harness.HOST, http),
+                                        timeout=10) as f:
+                for line in f.read().decode().splitlines():
+                    if line.startswith("devcoord_op_worker_connections "):
+                        return int(line.split()[1])
+            return None
+
+        self.assertEqual(connections(), 2)
+        self.assertEqual(c.terminate_worker("node-b"), 0)
+        harness.wait_until(lambda: connections() == 1, 20,
+                           "the coordinator to close its connection to node-b")
+
     def test_the_daemons_threads_carry_their_names(self):
         """Every thread a daemon starts names itself dc-<role> (threadname.h), so top -H, gdb
         and perf tell them apart: after ops that moved data over the data link, each thread
