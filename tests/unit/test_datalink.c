@@ -252,18 +252,27 @@ sink_wait(struct sink *s, const int *field, int want)
     }
 }
 
+/* A server on 127.0.0.1 with events ev and HELLO bound handshake_ms; its URL into url. */
+static struct dlink_server *
+start_with(const struct dlink_events *ev, uint32_t handshake_ms, char *url, size_t cap)
+{
+    struct dlink_server *srv;
+    dc_status st;
+
+    assert_int_equal(
+        dlink_server_start("tcp://127.0.0.1:0", NULL, MAX_FRAME, handshake_ms, ev, &srv, &st),
+        DC_OK);
+    snprintf(url, cap, "tcp://127.0.0.1:%d", dlink_server_port(srv));
+    return srv;
+}
+
 static struct dlink_server *
 start(struct sink *s, char *url, size_t cap)
 {
     struct dlink_events ev = { s, sink_begin, sink_end, sink_lost, sink_op,    NULL,
                                0, NULL,       NULL,     0,         sink_place, sink_landed };
-    struct dlink_server *srv;
-    dc_status st;
 
-    assert_int_equal(dlink_server_start("tcp://127.0.0.1:0", NULL, MAX_FRAME, 300, &ev, &srv, &st),
-                     DC_OK);
-    snprintf(url, cap, "tcp://127.0.0.1:%d", dlink_server_port(srv));
-    return srv;
+    return start_with(&ev, 300, url, cap);
 }
 
 /* Waits (bounded) for the server to refuse `want` connections in all. */
@@ -602,9 +611,7 @@ test_part_frames_come_whole(void **state)
 
     (void)state;
     assert_non_null(big);
-    assert_int_equal(dlink_server_start("tcp://127.0.0.1:0", NULL, MAX_FRAME, 300, &ev, &srv, &st),
-                     DC_OK);
-    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", dlink_server_port(srv));
+    srv = start_with(&ev, 300, url, sizeof(url));
     assert_int_equal(
         dlink_dial(url, NULL, dlink_server_secret(srv), "tcp://127.0.0.1:9", 2000, &o, &st), DC_OK);
     assert_int_equal(dlink_send_frame(o, &h, payload, sizeof(payload), &st), DC_OK);
@@ -699,9 +706,7 @@ test_call_link_calls_and_answers(void **state)
     dc_status st;
 
     (void)state;
-    assert_int_equal(dlink_server_start("tcp://127.0.0.1:0", NULL, MAX_FRAME, 300, &ev, &srv, &st),
-                     DC_OK);
-    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", dlink_server_port(srv));
+    srv = start_with(&ev, 300, url, sizeof(url));
     assert_memory_not_equal(dlink_server_call_secret(srv), dlink_server_secret(srv),
                             DLINK_SECRET_SIZE);
     assert_int_equal(dlink_dial(url, NULL, dlink_server_call_secret(srv), "rank", 2000, &o, &st),
@@ -853,9 +858,7 @@ test_a_server_without_data_events_refuses_data_connections(void **state)
     dc_status st;
 
     (void)state;
-    assert_int_equal(dlink_server_start("tcp://127.0.0.1:0", NULL, MAX_FRAME, 300, &ev, &srv, &st),
-                     DC_OK);
-    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", dlink_server_port(srv));
+    srv = start_with(&ev, 300, url, sizeof(url));
     /* Closed at once after HELLO. */
     assert_int_equal(dlink_dial(url, NULL, dlink_server_secret(srv), "tcp://x:1", 2000, &o, &st),
                      DC_OK);
@@ -886,9 +889,7 @@ test_an_answer_that_cannot_get_its_buffer_fails_the_call_alone(void **state)
     dc_status st;
 
     (void)state;
-    assert_int_equal(dlink_server_start("tcp://127.0.0.1:0", NULL, MAX_FRAME, 300, &ev, &srv, &st),
-                     DC_OK);
-    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", dlink_server_port(srv));
+    srv = start_with(&ev, 300, url, sizeof(url));
     assert_int_equal(dlink_dial(url, NULL, dlink_server_call_secret(srv), "rank", 2000, &o, &st),
                      DC_OK);
     /* The link's first answer needs a buffer (it has none yet). */
@@ -955,9 +956,7 @@ test_a_control_answer_does_not_wait_for_a_slow_reader(void **state)
         big_answer.reply[i] = (uint8_t)(i * 7);
     }
     /* A handshake bound far past the wait below: an answerer that waited would still wait. */
-    assert_int_equal(
-        dlink_server_start("tcp://127.0.0.1:0", NULL, MAX_FRAME, 20000, &ev, &srv, &st), DC_OK);
-    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", dlink_server_port(srv));
+    srv = start_with(&ev, 20000, url, sizeof(url));
     assert_int_equal(dlink_dial_as(url, NULL, dlink_server_secret(srv), "coordinator",
                                    DLINK_HELLO_CONTROL, 2000, &o, &st),
                      DC_OK);
