@@ -321,10 +321,9 @@ dial_run(void *arg)
     dc_code code;
     bool abandoned;
 
+    thread_name_set("dc-dial");
     status_clear(&st); /* copied to the caller's whatever the outcome */
     code = rpc_open_spec(&j->spec, true, &rpc, &st);
-
-    thread_name_set("dc-dial");
     pthread_mutex_lock(&j->mtx);
     abandoned = j->abandoned;
     if (!abandoned) {

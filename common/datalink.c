@@ -160,7 +160,6 @@ conn_write(struct dlink_conn *c, nng_iov *iov, unsigned n)
         bound += iov[i].iov_len / 1000;
     }
     rv = dlsock_send_all(c->sock, iov, n, (nng_duration)(bound < INT32_MAX ? bound : INT32_MAX));
-
     if (rv != 0) {
         log_info("call link: answer to %s not sent: %s", c->peer, nng_strerror(rv));
     }

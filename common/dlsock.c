@@ -166,8 +166,9 @@ time_left(nng_time start, nng_duration timeout)
     return gone < (nng_time)timeout ? (nng_duration)((nng_time)timeout - gone) : 0;
 }
 
+/* *done (when not NULL) counts the bytes that went, whatever the outcome. */
 static int
-plain_io(struct dlsock *s, bool recv, nng_iov *iov, unsigned n, nng_duration timeout)
+plain_io(struct dlsock *s, bool recv, nng_iov *iov, unsigned n, nng_duration timeout, size_t *done)
 {
     nng_time start = nng_clock();
     nng_duration left;
@@ -190,6 +191,9 @@ plain_io(struct dlsock *s, bool recv, nng_iov *iov, unsigned n, nng_duration tim
         }
         if (r > 0) {
             iov = iov_advance(iov, &n, (size_t)r);
+            if (done != NULL) {
+                *done += (size_t)r;
+            }
             continue;
         }
         if (r == 0) {
@@ -254,7 +258,8 @@ sock_io(struct dlsock *s, bool recv, nng_iov *iov, unsigned n, nng_duration time
         iov++;
         n--;
     }
-    return s->fd >= 0 ? plain_io(s, recv, iov, n, timeout) : stream_io(s, recv, iov, n, timeout);
+    return s->fd >= 0 ? plain_io(s, recv, iov, n, timeout, NULL)
+                      : stream_io(s, recv, iov, n, timeout);
 }
 
 int
@@ -272,34 +277,16 @@ dlsock_send_all(struct dlsock *s, nng_iov *iov, unsigned n, nng_duration timeout
 int
 dlsock_send_now(struct dlsock *s, const nng_iov *iov, unsigned n, size_t *sent)
 {
-    nng_iov left[IOV_MAX_PER_CALL];
-    nng_iov *at = left;
+    nng_iov left[IOV_MAX_PER_CALL]; /* plain_io advances what it is given */
+    int rv;
 
     *sent = 0;
     if (s->fd < 0 || n > IOV_MAX_PER_CALL) {
         return NNG_ENOTSUP;
     }
     memcpy(left, iov, n * sizeof(*iov));
-    while (n > 0) {
-        struct iovec v[IOV_MAX_PER_CALL];
-        struct msghdr m = { .msg_iov = v, .msg_iovlen = iov_copy(v, at, n) };
-        ssize_t r;
-
-        if (atomic_load(&s->closed)) {
-            return NNG_ECLOSED;
-        }
-        if ((r = sendmsg(s->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT)) > 0) {
-            *sent += (size_t)r;
-            at = iov_advance(at, &n, (size_t)r);
-        } else if (r < 0 && errno == EINTR) {
-            continue;
-        } else if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            return 0;
-        } else {
-            return r == 0 ? NNG_ECLOSED : nng_code(errno);
-        }
-    }
-    return 0;
+    rv = plain_io(s, false, left, n, 0, sent); /* bound 0: what goes at once */
+    return rv == NNG_ETIMEDOUT ? 0 : rv;
 }
 
 /* ---- connections ------------------------------------------------------------------------- */

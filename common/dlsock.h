@@ -29,8 +29,8 @@ struct dlsock_listener;
 int dlsock_dial(const char *url, nng_tls_config *tls, uint32_t timeout_ms, struct dlsock **out);
 
 /* Receives (or sends) exactly the bytes of iov[0..n) (advanced in place), the whole of it
- * within timeout ms (NNG_DURATION_INFINITE: no bound; 0: only what goes at once). 0, or nng's error
- * (NNG_ECLOSED: the peer closed, or dlsock_shutdown). */
+ * within timeout ms (NNG_DURATION_INFINITE: no bound; 0: only what goes at once). 0, or
+ * nng's error (NNG_ECLOSED: the peer closed, or dlsock_shutdown). */
 int dlsock_recv_all(struct dlsock *s, nng_iov *iov, unsigned n, nng_duration timeout);
 int dlsock_send_all(struct dlsock *s, nng_iov *iov, unsigned n, nng_duration timeout);
 /* Sends what of iov[0..n) the socket takes without waiting (*sent bytes: maybe none, maybe

@@ -117,8 +117,7 @@ struct op {
     uint64_t deadline_ms;
     Devcoord__V1__SubmitOpResponse_Closure closure; /* NULL once answered */
     void *cd;
-    unsigned refs;   /* the tables, and each RPC in flight */
-    bool in_history; /* ended: no call of it starts any more */
+    unsigned refs; /* the tables, and each RPC in flight */
     struct op *next_active;
 };
 
@@ -187,17 +186,26 @@ op_put_conns(struct ops *o, struct op *op)
     }
 }
 
-/* Drops a reference; the op goes with the last. An op only the history holds puts back its
- * connections: it makes no call any more, and one kept for it would keep a worker that is
- * gone connected (redialing) until the op left the history. ops->mtx held. */
+/* An ended op that only one table (the history) holds puts back its connections: no call of
+ * it starts any more, and one kept for it would keep a worker that is gone connected
+ * (redialing) until the op left the history. ops->mtx held. */
+static void
+op_put_conns_if_idle(struct ops *o, struct op *op)
+{
+    if (op->refs == 1 && (op->state == OP_DONE || op->state == OP_FAILED)) {
+        op_put_conns(o, op);
+    }
+}
+
+/* Drops a reference; the op goes with the last. ops->mtx held. */
 static void
 op_unref_locked(struct ops *o, struct op *op)
 {
     if (--op->refs == 0) {
         op_put_conns(o, op);
         op_free(op);
-    } else if (op->refs == 1 && op->in_history) {
-        op_put_conns(o, op);
+    } else {
+        op_put_conns_if_idle(o, op);
     }
 }
 
@@ -434,10 +442,7 @@ history_add_locked(struct ops *o, struct op *op)
     }
     o->history[o->hist_next] = op;
     o->hist_next             = (o->hist_next + 1) % o->hist_cap;
-    op->in_history           = true;
-    if (op->refs == 1) {
-        op_put_conns(o, op); /* as op_unref_locked would */
-    }
+    op_put_conns_if_idle(o, op);
 }
 
 static void op_commit_verdict(const struct op *op, const dc_status *cause, dc_status *out);
