@@ -957,6 +957,24 @@ class DataLinkInputTest(GroupsTestCase):
         self.assertIn("worker node-a of group %s sent call 1's data: a data frame at byte 0 "
                       "where byte 8 was next (repeated or out of order)" % gid, message)
 
+    def test_a_repeated_ring_frame_ends_the_generation_naming_it(self):
+        """The same for a ring step: node-a's first reduce-scatter step is node-b's half
+        (bytes 8-16 of 16); a frame of it sent twice is refused, not counted twice."""
+        gid = "00000000000000e9"
+        _, rpc_port, peer_b = self.setup_with_a_fake_peer(gid)
+        port, secret = self.link(rpc_port)
+        step0 = dlink_header(2, 8, flags=1, sender=1, group=harness.dlink_group_hash(gid),
+                             generation=1, seq=1, offset=8, total=16) + b"\1" * 8
+        fake = socket.create_connection(("127.0.0.1", port), timeout=60.0)
+        self.addCleanup(fake.close)  # open until the end: its close would end the generation
+        fake.sendall(dlink_header(1, 32 + len(peer_b)) + secret + peer_b.encode()
+                     + step0 + step0)
+        code, message, _ = self.call_with_a_long_deadline(
+            rpc_port, self.group_call(gid, 0, 1), struct.pack("<4i", 1, 2, 3, 4))
+        self.assertEqual(code, "INVALID_ARGUMENT", message)
+        self.assertIn("worker node-b of group %s sent call 1's data: a data frame at byte 8 "
+                      "where byte 16 was next (repeated or out of order)" % gid, message)
+
     def test_what_comes_for_a_call_that_ended_is_dropped_and_the_group_goes_on(self):
         """A call that ended here (its deadline passed) is remembered: the rank calling it
         again hears so at once, and a late ring frame of it is read and dropped instead of
@@ -1278,7 +1296,6 @@ class CallLinkTest(GroupsTestCase):
 
         self.assertEqual(run({}), (20, 0))
         self.assertEqual(run({"DEVCOORD_GROUP_CALL_LINK": "0"}), (20, 20))
-
 
     def test_a_link_the_worker_turns_away_leaves_the_calls_to_rpcs(self):
         """A worker whose data port holds all the connections it takes (256) accepts a

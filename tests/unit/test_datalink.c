@@ -295,6 +295,27 @@ wait_finished(struct dlink_server *srv, uint64_t want)
     assert_int_equal(dlink_server_finished(srv), want);
 }
 
+/* A raw TCP connection to url, with its dialer and an aio to use on it. */
+static nng_stream *
+raw_dial(const char *url, nng_stream_dialer **d, nng_aio **aio)
+{
+    assert_int_equal(nng_aio_alloc(aio, NULL, NULL), 0);
+    assert_int_equal(nng_stream_dialer_alloc(d, url), 0);
+    nng_stream_dialer_dial(*d, *aio);
+    nng_aio_wait(*aio);
+    assert_int_equal(nng_aio_result(*aio), 0);
+    return nng_aio_get_output(*aio, 0);
+}
+
+static void
+raw_close(nng_stream *s, nng_stream_dialer *d, nng_aio *aio)
+{
+    nng_stream_close(s);
+    nng_stream_free(s);
+    nng_stream_dialer_free(d);
+    nng_aio_free(aio);
+}
+
 /* A raw TCP client: sends bytes, then reports whether the server closed the connection. */
 static bool
 raw_send_then_closed(const char *url, const void *bytes, size_t len)
@@ -306,12 +327,7 @@ raw_send_then_closed(const char *url, const void *bytes, size_t len)
     uint8_t buf[16];
     bool closed;
 
-    assert_int_equal(nng_aio_alloc(&aio, NULL, NULL), 0);
-    assert_int_equal(nng_stream_dialer_alloc(&d, url), 0);
-    nng_stream_dialer_dial(d, aio);
-    nng_aio_wait(aio);
-    assert_int_equal(nng_aio_result(aio), 0);
-    s = nng_aio_get_output(aio, 0);
+    s = raw_dial(url, &d, &aio);
     if (len > 0) {
         iov = (nng_iov){ (void *)bytes, len };
         nng_aio_set_iov(aio, 1, &iov);
@@ -324,10 +340,7 @@ raw_send_then_closed(const char *url, const void *bytes, size_t len)
     nng_stream_recv(s, aio);
     nng_aio_wait(aio);
     closed = nng_aio_result(aio) != NNG_ETIMEDOUT;
-    nng_stream_close(s);
-    nng_stream_free(s);
-    nng_stream_dialer_free(d);
-    nng_aio_free(aio);
+    raw_close(s, d, aio);
     return closed;
 }
 
@@ -805,12 +818,7 @@ test_a_hello_trickled_byte_by_byte_is_cut_off_at_the_handshake_bound(void **stat
     srv = start(&s, url, sizeof(url)); /* HELLO bound: 300 ms */
     dlink_hdr_encode(&h, raw);
     memcpy(raw + DLINK_HDR_SIZE, dlink_server_secret(srv), DLINK_SECRET_SIZE);
-    assert_int_equal(nng_aio_alloc(&aio, NULL, NULL), 0);
-    assert_int_equal(nng_stream_dialer_alloc(&d, url), 0);
-    nng_stream_dialer_dial(d, aio);
-    nng_aio_wait(aio);
-    assert_int_equal(nng_aio_result(aio), 0);
-    conn = nng_aio_get_output(aio, 0);
+    conn = raw_dial(url, &d, &aio);
     /* A good HELLO, one byte every 50 ms (each far inside the bound, all of it 4.4 s). */
     for (; sent < sizeof(raw) && dlink_server_refused(srv) == 0; sent++) {
         nng_iov iov = { raw + sent, 1 };
@@ -824,10 +832,7 @@ test_a_hello_trickled_byte_by_byte_is_cut_off_at_the_handshake_bound(void **stat
     }
     wait_refused(srv, 1);
     assert_true(sent < sizeof(raw));
-    nng_stream_close(conn);
-    nng_stream_free(conn);
-    nng_stream_dialer_free(d);
-    nng_aio_free(aio);
+    raw_close(conn, d, aio);
     dlink_server_free(srv);
     assert_int_equal(s.begins, 0);
 }
@@ -907,40 +912,42 @@ test_an_answer_that_cannot_get_its_buffer_fails_the_call_alone(void **state)
 
 /* A control link's answerer does not wait for a caller slow to read: a large answer goes as
  * far as the socket takes it at once, the connection's thread writes the rest. */
-static struct {
+struct big_answer {
     pthread_mutex_t mtx;
     bool returned;
     uint8_t *reply;
     size_t bytes;
-} big_answer = { .mtx = PTHREAD_MUTEX_INITIALIZER };
+};
 
 static void
 answer_big(void *arg, struct dlink_conn *c, const uint8_t *frame, size_t len)
 {
-    (void)arg;
+    struct big_answer *b = arg;
+
     (void)frame;
     (void)len;
-    dlink_call_answer(c, NULL, big_answer.reply, big_answer.bytes);
-    pthread_mutex_lock(&big_answer.mtx);
-    big_answer.returned = true;
-    pthread_mutex_unlock(&big_answer.mtx);
+    dlink_call_answer(c, NULL, b->reply, b->bytes);
+    pthread_mutex_lock(&b->mtx);
+    b->returned = true;
+    pthread_mutex_unlock(&b->mtx);
 }
 
 static bool
-big_answer_returned(void)
+big_answer_returned(struct big_answer *b)
 {
     bool r;
 
-    pthread_mutex_lock(&big_answer.mtx);
-    r = big_answer.returned;
-    pthread_mutex_unlock(&big_answer.mtx);
+    pthread_mutex_lock(&b->mtx);
+    r = b->returned;
+    pthread_mutex_unlock(&b->mtx);
     return r;
 }
 
 static void
 test_a_control_answer_does_not_wait_for_a_slow_reader(void **state)
 {
-    struct dlink_events ev = { .control = answer_big, .control_max = 1024 };
+    struct big_answer b    = { .mtx = PTHREAD_MUTEX_INITIALIZER, .bytes = (size_t)32 << 20 };
+    struct dlink_events ev = { .arg = &b, .control = answer_big, .control_max = 1024 };
     struct dlink_hdr h     = { .seq = 9 };
     struct dlink_server *srv;
     struct dlink_out *o;
@@ -949,11 +956,10 @@ test_a_control_answer_does_not_wait_for_a_slow_reader(void **state)
     dc_status st;
 
     (void)state;
-    big_answer.bytes = (size_t)32 << 20; /* far past what socket buffers hold */
-    big_answer.reply = malloc(big_answer.bytes);
-    assert_non_null(big_answer.reply);
-    for (size_t i = 0; i < big_answer.bytes; i++) {
-        big_answer.reply[i] = (uint8_t)(i * 7);
+    b.reply = malloc(b.bytes); /* 32 MiB: far past what socket buffers hold */
+    assert_non_null(b.reply);
+    for (size_t i = 0; i < b.bytes; i++) {
+        b.reply[i] = (uint8_t)(i * 7);
     }
     /* A handshake bound far past the wait below: an answerer that waited would still wait. */
     srv = start_with(&ev, 20000, url, sizeof(url));
@@ -962,18 +968,19 @@ test_a_control_answer_does_not_wait_for_a_slow_reader(void **state)
                      DC_OK);
     assert_int_equal(dlink_call_send(o, &h, "req", 3, 2000, &st), DC_OK);
     /* Nobody reads yet: the answerer is done all the same. */
-    for (int i = 0; i < 300 && !big_answer_returned(); i++) {
+    for (int i = 0; i < 300 && !big_answer_returned(&b); i++) {
         nng_msleep(10);
     }
-    assert_true(big_answer_returned());
+    assert_true(big_answer_returned(&b));
     /* The whole answer, in order, once read. */
-    assert_int_equal(dlink_call_recv_any(o, h.seq, big_answer.bytes, 10000, &answer, &st), DC_OK);
-    assert_int_equal(nng_msg_len(answer), big_answer.bytes);
-    assert_memory_equal(nng_msg_body(answer), big_answer.reply, big_answer.bytes);
+    assert_int_equal(dlink_call_recv_any(o, h.seq, b.bytes, 10000, &answer, &st), DC_OK);
+    assert_int_equal(nng_msg_len(answer), b.bytes);
+    assert_memory_equal(nng_msg_body(answer), b.reply, b.bytes);
     nng_msg_free(answer);
     dlink_out_close(o);
     dlink_server_free(srv);
-    free(big_answer.reply);
+    free(b.reply);
+    pthread_mutex_destroy(&b.mtx);
 }
 
 int
