@@ -40,6 +40,7 @@
 #include "groups.h"
 #include "log.h"
 #include "reduce.h"
+#include "ranges.h"
 #include "ring.h"
 #include "rpc.h"
 #include "staging.h"
@@ -82,10 +83,14 @@
 #define DIRECT_MAX_TOTAL   ((size_t)1 << 20)
 /* Calls parked on a known op that is still starting, per worker of the op. */
 #define PARKED_MAX_PER_WORKER (SEND_WINDOW + 2)
-#define RECENT_OPS            512
-#define OP_ID_MAX             64
-#define PLAN_MAX_WORKERS      4096
-#define PLAN_MAX_DEVICES      (1u << 20)
+/* The ranges one step's data may come in (ranges.h): a sender's chunks in order make one,
+ * SEND_WINDOW calls in flight at most that many more. */
+#define STEP_PIECES_MAX        1024
+#define STEP_PIECES_PER_WORKER (2 * SEND_WINDOW)
+#define RECENT_OPS             512
+#define OP_ID_MAX              64
+#define PLAN_MAX_WORKERS       4096
+#define PLAN_MAX_DEVICES       (1u << 20)
 
 /* An op's time when Execute names none. A prepared op's staging is held for
  * ExecuteRequest.hold_ms, never longer than twice the op's time plus HOLD_MAX_EXTRA_MS. An
@@ -150,8 +155,8 @@ struct range_queue {
 };
 
 /* One op in flight on this worker. The op's thread (cop_run) runs it; Exchange handlers
- * apply received chunks to `work` or `gathered` without op->mtx (chunks never overlap), and
- * count them under it. */
+ * apply received chunks to `work` or `gathered` without op->mtx (each first claims its bytes
+ * under it, cop_chunk_claim, so no two overlap), and count them under it. */
 /* Set by collectives_run_here on a thread that may run an op itself. */
 static _Thread_local bool run_here;
 
@@ -202,6 +207,9 @@ struct cop {
      * ranges that arrived at step s - 1 and go on at step s, and bytes sent at step s. */
     size_t n_steps;
     uint64_t *step_expected, *step_received;
+    /* Per step, the bytes claimed by chunks being applied or applied (ranges.h): a chunk
+     * that overlaps them is refused, so the count above means every byte came once. */
+    struct ranges *step_have;
     struct range_queue *step_forward;
     uint64_t *step_sent;
     /* The one step where several workers send to this one (reduce's fan-in to the root,
@@ -640,8 +648,37 @@ cop_chunk_target(struct cop *op, uint32_t from, uint32_t step, uint32_t rank, ui
     return DC_OK;
 }
 
-/* Counts a chunk that is in (cop_chunk_target's bytes, reduced or copied): the step's bytes,
- * the ring's forward of it, the op's counters. */
+/* Claims a chunk's bytes (cop_chunk_target's) before they are applied. INVALID_ARGUMENT:
+ * some of them came before (counted, a chunk sent twice would stand in for one never sent and
+ * leave stale bytes in the result); RESOURCE_EXHAUSTED: the step's data came in more pieces
+ * than honest senders make. */
+static dc_code
+cop_chunk_claim(struct cop *op, uint32_t from, uint32_t step, uint64_t offset, size_t len,
+                dc_status *st)
+{
+    enum ranges_claim claim;
+
+    pthread_mutex_lock(&op->mtx);
+    claim = ranges_claim(&op->step_have[step], offset, len);
+    pthread_mutex_unlock(&op->mtx);
+    switch (claim) {
+    case RANGES_CLAIMED:
+        return DC_OK;
+    case RANGES_OVERLAP:
+        return status_set(st, DC_INVALID_ARGUMENT,
+                          "worker %s sent bytes %llu..%llu of step %u of op %s a second time",
+                          op->req->plan->workers[from]->name, (unsigned long long)offset,
+                          (unsigned long long)(offset + len), step, op->id);
+    case RANGES_FULL:
+        break;
+    }
+    return status_set(st, DC_RESOURCE_EXHAUSTED,
+                      "the data of step %u of op %s came in more than %zu pieces", step, op->id,
+                      op->step_have[step].max);
+}
+
+/* Counts a chunk that is in (claimed and applied): the step's bytes, the ring's forward of
+ * it, the op's counters. */
 static void
 cop_chunk_landed(struct cop *op, uint32_t from, uint32_t step, uint64_t offset, size_t len,
                  bool link, bool placed)
@@ -654,12 +691,7 @@ cop_chunk_landed(struct cop *op, uint32_t from, uint32_t step, uint64_t offset, 
     if (step == op->fan_in_step) {
         op->fan_in_received[from] += len;
     }
-    if (op->step_received[step] > op->step_expected[step]) {
-        dc_status dup;
-        status_set(&dup, DC_INVALID_ARGUMENT, "op %s received more data than expected at step %u",
-                   op->id, step);
-        cop_fail_locked(op, &dup);
-    } else if (cop_is_ring(op) && ring_send(&op->ring, op->self, step + 1, &to, &seg)) {
+    if (cop_is_ring(op) && ring_send(&op->ring, op->self, step + 1, &to, &seg)) {
         if ((direct = cop_forward_direct_locked(op, to, step + 1, len))) {
             wake = cop_step_sent_all_locked(op, step + 1); /* the op's thread may be done */
         } else if (!cop_forward_push(op, step + 1, offset, len)) {
@@ -690,8 +722,9 @@ cop_chunk_landed(struct cop *op, uint32_t from, uint32_t step, uint64_t offset, 
 
 /* Applies one received data chunk (an Exchange call's or a data link frame's) to a ready op:
  * bytes [offset, offset + len) of step `step` from worker `from` about rank `rank`. Runs on
- * a server or data link thread, without op->mtx while the bytes move: chunks of one op never
- * overlap (see cop_step_target). INVALID_ARGUMENT: the chunk lies outside the op. */
+ * a server or data link thread, without op->mtx while the bytes move: a chunk claims its bytes
+ * first, so chunks of one op never overlap. INVALID_ARGUMENT: the chunk lies outside the op
+ * or some of its bytes came before. */
 static dc_code
 cop_apply_chunk(struct cop *op, uint32_t from, uint32_t step, uint32_t rank, uint64_t offset,
                 const uint8_t *data, size_t len, bool link, dc_status *st)
@@ -699,7 +732,8 @@ cop_apply_chunk(struct cop *op, uint32_t from, uint32_t step, uint32_t rank, uin
     enum apply_mode mode = APPLY_COPY;
     uint8_t *dst         = NULL;
 
-    if (cop_chunk_target(op, from, step, rank, offset, len, &dst, &mode, st) != DC_OK) {
+    if (cop_chunk_target(op, from, step, rank, offset, len, &dst, &mode, st) != DC_OK ||
+        cop_chunk_claim(op, from, step, offset, len, st) != DC_OK) {
         return st->code;
     }
     if (mode == APPLY_REDUCE) {
@@ -1472,7 +1506,8 @@ cop_link_place(void *arg, const char *peer, const struct dlink_hdr *h, void **pi
     if (ready &&
         cop_chunk_target(op, h->from, (uint32_t)h->seq, (uint32_t)h->generation, h->offset,
                          h->length, &dst, &mode, &st) == DC_OK &&
-        mode == APPLY_COPY) {
+        mode == APPLY_COPY &&
+        cop_chunk_claim(op, h->from, (uint32_t)h->seq, h->offset, h->length, &st) == DC_OK) {
         uint64_t now  = rpc_now_ms();
         uint64_t left = op->deadline_ms > now ? op->deadline_ms - now : 1;
 
@@ -2314,6 +2349,10 @@ cop_free(struct cop *op)
     free(op->peers);
     free(op->step_expected);
     free(op->step_received);
+    for (size_t i = 0; op->step_have != NULL && i < op->n_steps; i++) {
+        ranges_free(&op->step_have[i]);
+    }
+    free(op->step_have);
     free(op->fan_in_expected);
     free(op->fan_in_received);
     free(op->bytes_from);
@@ -2614,6 +2653,7 @@ cop_new(struct collectives *co, const Devcoord__V1__ExecuteRequest *in, struct c
     op->peers           = calloc(op->n_workers, sizeof(*op->peers));
     op->step_expected   = calloc(op->n_steps, sizeof(*op->step_expected));
     op->step_received   = calloc(op->n_steps, sizeof(*op->step_received));
+    op->step_have       = calloc(op->n_steps, sizeof(*op->step_have));
     op->fan_in_expected = calloc(op->n_workers, sizeof(*op->fan_in_expected));
     op->fan_in_received = calloc(op->n_workers, sizeof(*op->fan_in_received));
     op->bytes_from      = calloc(op->n_workers, sizeof(*op->bytes_from));
@@ -2630,12 +2670,17 @@ cop_new(struct collectives *co, const Devcoord__V1__ExecuteRequest *in, struct c
     op->local_tensors   = calloc(op->n_ranks, sizeof(*op->local_tensors));
     if (op->devices == NULL || op->worker_of == NULL || op->peers == NULL ||
         op->step_expected == NULL || op->bytes_from == NULL || op->step_received == NULL ||
-        op->fan_in_expected == NULL || op->fan_in_received == NULL || op->local_ranks == NULL ||
-        op->local_tensors == NULL || op->step_forward == NULL || op->step_sent == NULL ||
-        op->metas == NULL || op->send_ctx == NULL || op->link == NULL || op->link_pending == NULL ||
-        op->early == NULL || op->early_len == NULL || op->early_sent == NULL) {
+        op->step_have == NULL || op->fan_in_expected == NULL || op->fan_in_received == NULL ||
+        op->local_ranks == NULL || op->local_tensors == NULL || op->step_forward == NULL ||
+        op->step_sent == NULL || op->metas == NULL || op->send_ctx == NULL || op->link == NULL ||
+        op->link_pending == NULL || op->early == NULL || op->early_len == NULL ||
+        op->early_sent == NULL) {
         code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
         goto fail;
+    }
+    for (size_t i = 0; i < op->n_steps; i++) {
+        /* Chunks in order make one range per sender, Exchange calls in flight a few more. */
+        op->step_have[i].max = STEP_PIECES_MAX + STEP_PIECES_PER_WORKER * (size_t)op->n_workers;
     }
     for (uint32_t r = 0; r < op->n_ranks; r++) {
         if (device_ref_from_pb(plan->devices[r], &op->devices[r], st) != DC_OK) {

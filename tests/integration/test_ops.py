@@ -995,6 +995,69 @@ class DataLinkTest(OpsTestCase):
         self.assertGreater(self.metrics("node-a")[self.LINK_RECEIVED], 0)
 
 
+    def test_a_chunk_that_comes_twice_fails_the_op(self):
+        # A step is complete when all its bytes are in: counted alone, a chunk sent twice
+        # would stand in for one never sent and leave stale bytes in the committed result.
+        # node-a is worker 0 of 2 in a ring of 1000 f32: at step 0 it reduces node-b's
+        # segment 1 (bytes 2000..4000), at step 1 it copies segment 0 (bytes 0..2000).
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]}, http=True)
+        self.put("node-a/cuda:0", "t", "f32", [1.0] * 1000)
+        b = c.worker_specs["node-b"]["listen"]
+        F = harness.F
+        twos = struct.pack("<250f", *[2.0] * 250)
+
+        def exchange(op_id, step, offset, data):
+            body = (pb_bytes(F("ExchangeRequest", "op_id"), op_id)
+                    + pb_uint(F("ExchangeRequest", "from"), 1)
+                    + pb_uint(F("ExchangeRequest", "step"), step)
+                    + pb_uint(F("ExchangeRequest", "offset"), offset)
+                    + pb_uint(F("ExchangeRequest", "dtype"), 1)
+                    + pb_uint(F("ExchangeRequest", "elements"), 1000 if step < 4 else 0)
+                    + pb_uint(F("ExchangeRequest", "rank"), 1))
+            return opsutil.worker_call(c, "node-a", "Exchange", body, attachment=data)[:2]
+
+        def run(op_id, send):
+            t, answer = self.execute_for_node_a(c, op_id)
+            t.start()
+            try:
+                # node-b's descriptions (step 4): rank 1, f32, 1000 elements.
+                self.assertEqual(exchange(op_id, 4, 0, struct.pack("<IIQ", 1, 1, 1000))[0], "OK")
+                send(op_id)
+            finally:
+                t.join(60)
+            return answer["r"][:2]
+
+        # In Exchange calls: the first 1000 bytes of step 0, then the same again.
+        def twice_in_calls(op_id):
+            self.assertEqual(exchange(op_id, 0, 2000, twos)[0], "OK")
+            code, message = exchange(op_id, 0, 2000, twos)
+            self.assertEqual(code, "INVALID_ARGUMENT", message)
+        code, message = run("op-twice-call", twice_in_calls)
+        self.assertEqual(code, "INVALID_ARGUMENT", message)
+        self.assertIn("worker node-b sent bytes 2000..3000 of step 0 of op op-twice-call a "
+                      "second time", message)
+
+        # Over the data link, a frame read straight into the op's buffer (a copy step): step
+        # 0 whole, then the first 1000 bytes of step 1 twice (before, the second completed
+        # the step, bytes 1000..2000 never sent).
+        def twice_on_the_link(op_id):
+            self.assertEqual(exchange(op_id, 0, 2000, twos * 2)[0], "OK")
+            port, hello, _ = self.link_of_node_a(c)
+            frame = dlink_header(2, 1000, flags=0x8000, sender=1, group=dlink_group_hash(op_id),
+                                 generation=1, seq=1, offset=0, total=1000) + twos
+            self.assertTrue(dlink_closed_by_worker(port, hello(b) + frame + frame))
+        code, message = run("op-twice-link", twice_on_the_link)
+        self.assertEqual(code, "INVALID_ARGUMENT", message)
+        self.assertIn("worker node-b sent bytes 0..1000 of step 1 of op op-twice-link a second "
+                      "time", message)
+        self.assertEqual(self.get("node-a/cuda:0", "t").out["values"], [1.0] * 1000)
+        # It goes on serving ops.
+        self.put("node-b/cuda:0", "t", "f32", [2.0] * 1000)
+        devices = ["node-a/cuda:0", "node-b/cuda:0"]
+        self.assert_op_ok(self.submit("all-reduce", devices, reduce="sum"), devices)
+        self.assertEqual(self.get("node-a/cuda:0", "t").out["values"], [3.0] * 1000)
+
+
     def early_descriptions(self, c, op_id, sender, payload=struct.pack("<IIQ", 1, 2, 999),
                            features=1, node_b=(("cuda:0", 1),)):
         """Sends node-a, on a data connection from `sender`, node-b's descriptions of op_id
