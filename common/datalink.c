@@ -147,19 +147,49 @@ conn_answer_header(const struct dlink_conn *c, dc_code code, size_t bytes,
     dlink_hdr_encode(&h, raw);
 }
 
-/* Writes iov[0..n) within the handshake bound, plus a millisecond per kilobyte (a caller
- * reading at 1 MB/s or more has time for any answer): a caller that does not read its answer
- * within it is dropped. nng's error or 0. */
+/* The time `bytes` may take to go or come once begun: the handshake bound, plus a
+ * millisecond per kilobyte (a peer at 1 MB/s or more has time for any of them). */
+static nng_duration
+conn_bound(const struct dlink_conn *c, uint64_t bytes)
+{
+    uint64_t bound = c->srv->handshake_ms + bytes / 1000;
+
+    return (nng_duration)(bound < INT32_MAX ? bound : INT32_MAX);
+}
+
+/* Reads a frame's payload (iov[0..n), `bytes` in all) within conn_bound: a peer that stops
+ * mid-frame, or trickles it, is dropped rather than holding this thread and what the frame
+ * is read into. The wait for the next header has no bound (a link may idle). nng's error or
+ * 0; *why says which. */
+static int
+conn_read(struct dlink_conn *c, nng_iov *iov, unsigned n, uint64_t bytes, dc_status *why)
+{
+    nng_duration bound = conn_bound(c, bytes);
+    int rv             = dlsock_recv_all(c->sock, iov, n, bound);
+
+    if (rv == NNG_ETIMEDOUT) {
+        status_set(why, DC_DEADLINE_EXCEEDED,
+                   "a frame of %llu bytes did not come whole within %d ms of its header",
+                   (unsigned long long)bytes, bound);
+    } else if (rv != 0) {
+        status_set(why, DC_UNAVAILABLE, "its data connection dropped mid-frame (%s)",
+                   nng_strerror(rv));
+    }
+    return rv;
+}
+
+/* Writes iov[0..n) within conn_bound: a caller that does not read its answer within it is
+ * dropped. nng's error or 0. */
 static int
 conn_write(struct dlink_conn *c, nng_iov *iov, unsigned n)
 {
-    uint64_t bound = c->srv->handshake_ms;
+    uint64_t bytes = 0;
     int rv;
 
     for (unsigned i = 0; i < n; i++) {
-        bound += iov[i].iov_len / 1000;
+        bytes += iov[i].iov_len;
     }
-    rv = dlsock_send_all(c->sock, iov, n, (nng_duration)(bound < INT32_MAX ? bound : INT32_MAX));
+    rv = dlsock_send_all(c->sock, iov, n, conn_bound(c, bytes));
     if (rv != 0) {
         log_info("call link: answer to %s not sent: %s", c->peer, nng_strerror(rv));
     }
@@ -323,7 +353,8 @@ conn_calls(struct dlink_conn *c)
             c->in_cap = h.length;
         }
         iov[0] = (nng_iov){ c->in, h.length };
-        if (dlsock_recv_all(c->sock, iov, 1, NNG_DURATION_INFINITE) != 0) {
+        if (conn_read(c, iov, 1, h.length, &why) != 0) {
+            log_info("call link: %s: %s", c->peer, why.message);
             return;
         }
         pthread_mutex_lock(&c->amtx);
@@ -451,10 +482,7 @@ conn_main(void *arg)
                 break;
             }
             iov = (nng_iov){ chunk, h.length };
-            if (h.length > 0 &&
-                (rv = dlsock_recv_all(c->sock, &iov, 1, NNG_DURATION_INFINITE)) != 0) {
-                status_set(&why, DC_UNAVAILABLE, "its data connection dropped mid-frame (%s)",
-                           nng_strerror(rv));
+            if (h.length > 0 && conn_read(c, &iov, 1, h.length, &why) != 0) {
                 break;
             }
             if (h.kind == DLINK_PART) {
@@ -480,22 +508,21 @@ conn_main(void *arg)
         s->ev.frame_begin(s->ev.arg, c->peer, &h, &dst, &pin);
         if (dst != NULL) {
             iov = (nng_iov){ dst, h.length };
-            rv  = dlsock_recv_all(c->sock, &iov, 1, NNG_DURATION_INFINITE);
+            rv  = conn_read(c, &iov, 1, h.length, &why);
         } else if (h.length > 0 && chunk == NULL && (chunk = malloc(DLINK_CHUNK)) == NULL) {
             rv = NNG_ENOMEM;
+            status_set(&why, DC_RESOURCE_EXHAUSTED, "data link: out of memory");
         } else {
             /* Nobody wants it: read it through the chunk buffer. */
             for (size_t left = h.length; left > 0 && rv == 0;) {
                 size_t n = left < DLINK_CHUNK ? left : DLINK_CHUNK;
                 iov      = (nng_iov){ chunk, n };
-                rv       = dlsock_recv_all(c->sock, &iov, 1, NNG_DURATION_INFINITE);
+                rv       = conn_read(c, &iov, 1, n, &why);
                 left -= n;
             }
         }
         s->ev.frame_end(s->ev.arg, c->peer, &h, pin, rv == 0);
         if (rv != 0) {
-            status_set(&why, DC_UNAVAILABLE, "its data connection dropped mid-frame (%s)",
-                       nng_strerror(rv));
             break;
         }
     }

@@ -32,6 +32,7 @@ struct dlsock {
     nng_aio *idle; /* the nng kind's idle watch: a one-byte read, made on first use */
     bool idle_on;
     uint8_t idle_byte;
+    nng_duration rcvtimeo; /* the plain socket's SO_RCVTIMEO, ms (0: none) */
 };
 
 struct dlsock_listener {
@@ -166,12 +167,28 @@ time_left(nng_time start, nng_duration timeout)
     return gone < (nng_time)timeout ? (nng_duration)((nng_time)timeout - gone) : 0;
 }
 
+/* Sets the plain socket's SO_RCVTIMEO to ms (> 0), unless it is that already. */
+static int
+plain_rcvtimeo(struct dlsock *s, nng_duration ms)
+{
+    struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000 };
+
+    if (s->rcvtimeo == ms) {
+        return 0;
+    }
+    if (setsockopt(s->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0) {
+        return nng_code(errno);
+    }
+    s->rcvtimeo = ms;
+    return 0;
+}
+
 /* *done (when not NULL) counts the bytes that went, whatever the outcome. */
 static int
 plain_io(struct dlsock *s, bool recv, nng_iov *iov, unsigned n, nng_duration timeout, size_t *done)
 {
-    nng_time start = nng_clock();
-    nng_duration left;
+    nng_time start    = nng_clock();
+    nng_duration left = timeout;
 
     while (n > 0) {
         struct iovec v[IOV_MAX_PER_CALL];
@@ -182,9 +199,16 @@ plain_io(struct dlsock *s, bool recv, nng_iov *iov, unsigned n, nng_duration tim
         if (atomic_load(&s->closed)) {
             return NNG_ECLOSED;
         }
-        /* Unbounded, a call waits in the kernel (a read for all it asks): one wake-up per
-         * part, not per segment. Bounded, it takes what is there and then polls. */
-        if (recv) {
+        /* A read waits in the kernel for all it asks (one wake-up per part, not per
+         * segment); bounded, the kernel ends it at what is left of the bound (SO_RCVTIMEO,
+         * which an unbounded read after it outlasts by polling). A bounded write, and a read
+         * bounded 0, take what goes at once and then poll. */
+        if (recv && timeout > 0) {
+            if ((rv = plain_rcvtimeo(s, left)) != 0) {
+                return rv;
+            }
+            r = recvmsg(s->fd, &m, MSG_WAITALL);
+        } else if (recv) {
             r = recvmsg(s->fd, &m, timeout < 0 ? MSG_WAITALL : MSG_DONTWAIT);
         } else {
             r = sendmsg(s->fd, &m, MSG_NOSIGNAL | (timeout < 0 ? 0 : MSG_DONTWAIT));
@@ -194,12 +218,18 @@ plain_io(struct dlsock *s, bool recv, nng_iov *iov, unsigned n, nng_duration tim
             if (done != NULL) {
                 *done += (size_t)r;
             }
+            if (n > 0 && recv && timeout > 0 && (left = time_left(start, timeout)) == 0) {
+                return NNG_ETIMEDOUT;
+            }
             continue;
         }
         if (r == 0) {
             return NNG_ECLOSED; /* the peer closed, or dlsock_shutdown */
         }
         if (errno == EINTR) {
+            if (timeout > 0 && (left = time_left(start, timeout)) == 0) {
+                return NNG_ETIMEDOUT;
+            }
             continue;
         }
         if (errno != EAGAIN && errno != EWOULDBLOCK) {

@@ -837,6 +837,79 @@ test_a_hello_trickled_byte_by_byte_is_cut_off_at_the_handshake_bound(void **stat
     assert_int_equal(s.begins, 0);
 }
 
+/* Sends len bytes on a raw connection (made by raw_dial). */
+static void
+raw_send(nng_stream *conn, nng_aio *aio, const void *bytes, size_t len)
+{
+    nng_iov iov = { (void *)bytes, len };
+
+    nng_aio_set_iov(aio, 1, &iov);
+    nng_stream_send(conn, aio);
+    nng_aio_wait(aio);
+    assert_int_equal(nng_aio_result(aio), 0);
+}
+
+/* A peer that stops mid-frame is dropped once the frame has had the handshake bound plus a
+ * millisecond per kilobyte, letting go of what it was being read into (a group's region, a
+ * buffer); a peer quiet between frames keeps its link. */
+static void
+test_a_frame_stalled_mid_payload_is_cut_off(void **state)
+{
+    uint8_t region[4000], hello[DLINK_HDR_SIZE + DLINK_SECRET_SIZE], hdr[DLINK_HDR_SIZE];
+    uint8_t payload[2000] = { 0 };
+    struct sink s = { .mtx = PTHREAD_MUTEX_INITIALIZER, .dst = region, .bytes = sizeof(region) };
+    struct dlink_hdr h = { .kind = DLINK_HELLO, .length = DLINK_SECRET_SIZE };
+    struct dlink_server *srv;
+    nng_stream_dialer *d;
+    nng_stream *conn;
+    nng_aio *aio;
+    char url[64];
+
+    (void)state;
+    srv = start(&s, url, sizeof(url)); /* bound: 300 ms, + 1 ms per KB of a frame */
+    dlink_hdr_encode(&h, hello);
+    memcpy(hello + DLINK_HDR_SIZE, dlink_server_secret(srv), DLINK_SECRET_SIZE);
+    conn = raw_dial(url, &d, &aio);
+    raw_send(conn, aio, hello, sizeof(hello));
+    /* A whole frame into the region, then quiet for twice the bound: the link stays. */
+    h = data_hdr(0, 1000, sizeof(region));
+    dlink_hdr_encode(&h, hdr);
+    raw_send(conn, aio, hdr, sizeof(hdr));
+    raw_send(conn, aio, payload, 1000);
+    sink_wait(&s, &s.ends, 1);
+    nng_msleep(600);
+    assert_int_equal(sink_get(&s, &s.lost), 0);
+    assert_int_equal(dlink_server_refused(srv), 0);
+    /* The next frame's header and half its bytes, then nothing: dropped, the frame ended
+     * not ok (the region is let go), the peer lost. */
+    h = data_hdr(1000, 2000, sizeof(region));
+    dlink_hdr_encode(&h, hdr);
+    raw_send(conn, aio, hdr, sizeof(hdr));
+    raw_send(conn, aio, payload, 1000);
+    sink_wait(&s, &s.lost, 1);
+    assert_int_equal(sink_get(&s, &s.lost), 1);
+    assert_int_equal(sink_get(&s, &s.ends), 2);
+    pthread_mutex_lock(&s.mtx);
+    assert_int_equal(s.received, 1000); /* the first frame's */
+    pthread_mutex_unlock(&s.mtx);
+    raw_close(conn, d, aio);
+    /* The same for an op frame read into the link's own buffer (offset 8: not placed). */
+    conn = raw_dial(url, &d, &aio);
+    raw_send(conn, aio, hello, sizeof(hello));
+    h       = data_hdr(8, 100, 200);
+    h.flags = DLINK_FLAG_OP;
+    dlink_hdr_encode(&h, hdr);
+    raw_send(conn, aio, hdr, sizeof(hdr));
+    raw_send(conn, aio, payload, 50);
+    sink_wait(&s, &s.lost, 2);
+    assert_int_equal(sink_get(&s, &s.lost), 2);
+    assert_int_equal(sink_get(&s, &s.op_frames), 0);
+    raw_close(conn, d, aio);
+    wait_finished(srv, 2);
+    dlink_server_free(srv);
+    pthread_mutex_destroy(&s.mtx);
+}
+
 static void
 refuse_control(void *arg, struct dlink_conn *c, const uint8_t *frame, size_t len)
 {
@@ -998,6 +1071,7 @@ main(void)
         cmocka_unit_test(test_call_link_calls_and_answers),
         cmocka_unit_test(test_a_bounded_send_gives_up_on_a_peer_that_does_not_read),
         cmocka_unit_test(test_a_hello_trickled_byte_by_byte_is_cut_off_at_the_handshake_bound),
+        cmocka_unit_test(test_a_frame_stalled_mid_payload_is_cut_off),
         cmocka_unit_test(test_a_server_without_data_events_refuses_data_connections),
         cmocka_unit_test(test_an_answer_that_cannot_get_its_buffer_fails_the_call_alone),
         cmocka_unit_test(test_a_control_answer_does_not_wait_for_a_slow_reader),
