@@ -171,6 +171,8 @@ conn_read(struct dlink_conn *c, nng_iov *iov, unsigned n, uint64_t bytes, dc_sta
         status_set(why, DC_DEADLINE_EXCEEDED,
                    "a frame of %llu bytes did not come whole within %d ms of its header",
                    (unsigned long long)bytes, bound);
+        log_warn("data link: dropped the connection from %s: %s",
+                 c->peer[0] != '\0' ? c->peer : "a peer without an address", why->message);
     } else if (rv != 0) {
         status_set(why, DC_UNAVAILABLE, "its data connection dropped mid-frame (%s)",
                    nng_strerror(rv));

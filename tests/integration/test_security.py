@@ -955,6 +955,61 @@ class TlsHandshakeTest(TlsChecks, SecureTestCase):
         self.all_reduce_works()
 
 
+    def test_a_tls_data_link_peer_that_trickles_or_stalls_is_dropped(self):
+        """On a tls+tcp:// data link (an nng stream, not a plain socket) a HELLO gets the
+        handshake bound for all of it however its bytes are spread, and a frame's payload
+        the bound plus a millisecond per KB once its header came."""
+        c = self.cluster
+        self.group_all_reduce_works()  # opens node-a's data link
+        code, message, body = c.rpc("GroupLink", port=c.worker_port("node-a"),
+                                    token=c.tokens.by_role["worker"], service=WORKER_SERVICE)
+        self.assertEqual(code, "OK", message)
+        fields = pb_decode(body)
+        data_port, secret = int(fields[1][0].decode().rsplit(":", 1)[1]), fields[2][0]
+        hello = harness.dlink_header(1, 32) + secret
+
+        def closed_within(s, wait):
+            s.settimeout(wait)
+            try:
+                return s.recv(4096) == b""
+            except (ConnectionResetError, ssl.SSLError):
+                return True
+            except socket.timeout:
+                return False
+
+        # A HELLO one byte every 100 ms (8.8 s in all): closed while bytes are still to come
+        # (before the whole-call bound, each byte restarted it).
+        s = c.pki.ssl_context().wrap_socket(
+            socket.create_connection((harness.HOST, data_port), timeout=5))
+        try:
+            sent = 0
+            for b in hello:
+                try:
+                    s.sendall(bytes([b]))
+                except OSError:
+                    break
+                sent += 1
+                if closed_within(s, 0.1):
+                    break
+            self.assertLess(sent, len(hello), "a trickled HELLO was taken")
+        finally:
+            s.close()
+        # A whole HELLO, then a frame announcing 64 KiB that sends 1 KiB and stops: dropped
+        # (before, its reader waited for the rest for good).
+        s = c.pki.ssl_context().wrap_socket(
+            socket.create_connection((harness.HOST, data_port), timeout=5))
+        try:
+            s.sendall(hello + harness.dlink_header(2, 64 << 10, total=64 << 10) + b"\0" * 1024)
+            self.assertTrue(closed_within(s, self.LIMIT_MS / 1000.0 * 10 + SLACK_S),
+                            "a frame stalled mid-payload kept its TLS data link")
+        finally:
+            s.close()
+        harness.wait_until(lambda: "did not come whole within" in c.worker("node-a").log_text(),
+                           10, "the worker to log the stalled frame")
+        self.assert_still_serving("data link peers that trickle or stall")
+        self.group_all_reduce_works()
+
+
 class ClientCertTest(TlsChecks, SecureTestCase):
     """require_client_cert on both daemons: the daemons' own calls present their certificate,
     and a client must present one signed by the CA."""
