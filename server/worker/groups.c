@@ -116,6 +116,16 @@ struct gworker {
     size_t n_ranks;
 };
 
+/* A failure answer held back (wcall_fail_locals) until no frame is landing in the rank's
+ * region any more. */
+struct held_answer {
+    Devcoord__V1__GroupCallResponse_Closure closure;
+    void *cd;
+    struct dlink_conn *link;
+    dc_status st;
+    struct held_answer *next;
+};
+
 /* A rank's shared memory region (GroupMap), mapped until the generation ends. */
 struct region {
     uint64_t id;
@@ -127,6 +137,11 @@ struct region {
     /* pbuf_wrap's buffers on it, and REGION_RETIRED once unmapped by its rank or the
      * generation's end: the last of the two to go unmaps it (region_retire, region_unpin). */
     atomic_uint pins;
+    /* Frames of a ring running in the region being read into it by data link threads, and
+     * the failure answers waiting for them to end (mtx): a rank must not hear its call
+     * failed while a peer's bytes may still land in its memory. */
+    unsigned landing;
+    struct held_answer *held;
     struct region *next;
 };
 
@@ -549,15 +564,42 @@ lpart_answer(struct lpart *p, const Devcoord__V1__GroupCallResponse *out, const 
     p->link    = NULL;
 }
 
-/* Answers every local rank of c still waiting with st. mtx held. */
+/* Answers every local rank of c still waiting with st; a rank whose region a frame is being
+ * read into hears it once that frame has ended (region_landed), at most the data link's
+ * payload bound later. mtx held. */
 static void
 wcall_fail_locals(struct wgroup *g, struct wcall *c, const dc_status *st)
 {
     for (size_t i = 0; i < g->workers[g->self].n_ranks; i++) {
         struct lpart *p = &c->local[i];
-        if (lpart_waiting(p)) {
-            lpart_answer(p, NULL, st, NULL, 0);
+        struct held_answer *h;
+        if (!lpart_waiting(p)) {
+            continue;
         }
+        if (p->reg != NULL && p->reg->landing > 0 && (h = malloc(sizeof(*h))) != NULL) {
+            *h           = (struct held_answer){ p->closure, p->cd, p->link, *st, p->reg->held };
+            p->reg->held = h;
+            p->closure   = NULL;
+            p->link      = NULL;
+            continue;
+        }
+        lpart_answer(p, NULL, st, NULL, 0);
+    }
+}
+
+/* A frame read into region r has ended: once none is, the answers held for it go. mtx held. */
+static void
+region_landed(struct region *r)
+{
+    if (--r->landing > 0) {
+        return;
+    }
+    while (r->held != NULL) {
+        struct held_answer *h = r->held;
+        struct lpart p        = { .in = true, .closure = h->closure, .cd = h->cd, .link = h->link };
+        r->held               = h->next;
+        lpart_answer(&p, NULL, &h->st, NULL, 0);
+        free(h);
     }
 }
 
@@ -2974,6 +3016,9 @@ link_frame_begin(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t
         if ((c = wcall_get(wg, g, h->seq, 0, &st)) != NULL &&
             (*dst = ring_frame_dst(wg, g, c, h, &b, &st)) != NULL) {
             *pin = b;
+            if (b->reg != NULL) {
+                b->reg->landing++; /* into the rank's region: region_landed at its end */
+            }
         } else if (st.code != DC_OK) {
             dc_status end;
             status_set(&end, st.code, "worker %s of group %s sent call %llu's data: %s",
@@ -3003,10 +3048,14 @@ static void
 link_frame_end(void *arg, const char *peer, const struct dlink_hdr *h, void *pin, bool ok)
 {
     struct wgroups *wg = arg;
+    struct pbuf *into  = pin;
     struct wgroup *g;
     struct wcall *c;
 
     pthread_mutex_lock(&wg->mtx);
+    if (into != NULL && into->reg != NULL) {
+        region_landed(into->reg); /* the pin keeps the region until pbuf_drop below */
+    }
     if (pin != NULL && ok && h->flags != 0 && (g = frame_group(wg, peer, h)) != NULL &&
         (c = wcall_find(g, h->seq)) != NULL && c->ring != NULL &&
         (pin == c->ring->rs_in || pin == c->ring->acc)) {

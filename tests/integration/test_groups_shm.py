@@ -11,8 +11,10 @@ left mapped when the generation ends.
 
 import os
 import secrets
+import struct
 import subprocess
 import threading
+import time
 import unittest
 import urllib.request
 
@@ -423,6 +425,56 @@ class HostileMapTest(GroupsTestCase):
         self.assertIn("worker node-a", answers["b"][1])
         self.assertTrue(c.worker("node-a").running())
         self.assertTrue(c.worker("node-b").running())
+
+class RegionLandingTest(GroupsTestCase):
+    """A ring that runs in its rank's region reads peers' frames straight into the rank's
+    memory: a rank whose call fails hears so only once no frame is landing there, so nothing
+    writes its memory after it has been answered."""
+
+    call = test_groups.PeerInputTest.call
+    link = test_groups.DataLinkInputTest.link
+    two_workers_and_a_link_posing_as_node_a = \
+        test_groups.DataLinkInputTest.two_workers_and_a_link_posing_as_node_a
+    call_with_a_long_deadline = test_groups.DataLinkInputTest.call_with_a_long_deadline
+
+    def test_a_failed_call_is_answered_after_the_frame_landing_in_its_region(self):
+        gid = "00000000000000d1"
+        rpc, fake = self.two_workers_and_a_link_posing_as_node_a(gid)
+        size, half = 1 << 18, 1 << 17  # 65536 f32 in place: a ring call, in node-b's region
+        name = "/devcoord-" + secrets.token_hex(16)
+        path = "/dev/shm" + name
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        self.addCleanup(os.close, fd)
+        self.addCleanup(lambda: os.path.exists(path) and os.unlink(path))
+        os.ftruncate(fd, size)
+        code, message, reply = self.call(rpc["node-b"], "GroupMap", map_body(gid, name, size, 1))
+        self.assertEqual(code, "OK", message)
+        region = harness.pb_decode(reply)[F("GroupMapResponse", "region")][0]
+        body = (call_body(gid, 1, 1, size // 4, region, send=0, recv=0)
+                + harness.pb_uint(F("GroupCallRequest", "timeout_ms"), 2000))
+        answer = {}
+        t = threading.Thread(target=lambda: answer.update(
+            r=self.call_with_a_long_deadline(rpc["node-b"], body, b"")))
+        t.start()
+        self.addCleanup(t.join, 60)
+        time.sleep(1.0)  # node-b's rank has called: its ring takes all-gather frames
+        # node-b's all-gather step (segment 1: the region's second half) "from node-a": the
+        # header and half its bytes, read straight into the region; then nothing.
+        seg = b"\x07" * half
+        fake.sendall(harness.dlink_header(2, half, flags=2, sender=0,
+                                          group=harness.dlink_group_hash(gid), generation=1,
+                                          seq=1, offset=half, total=size) + seg[:half // 2])
+        t.join(4.0)  # the call's 2 s deadline passes meanwhile
+        self.assertIsNone(answer.get("r"), "the rank was answered while a frame was landing "
+                          "in its region")
+        fake.sendall(seg[half // 2:])
+        t.join(30)
+        code, message, _ = answer["r"]
+        self.assertEqual(code, "DEADLINE_EXCEEDED", message)
+        self.assertIn("group %s call 1: deadline passed waiting for" % gid, message)
+        # The frame had landed whole before the answer.
+        self.assertEqual(os.pread(fd, half, half), seg)
+
 
 if __name__ == "__main__":
     unittest.main()
