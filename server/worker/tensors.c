@@ -198,6 +198,9 @@ tensors_put(struct tensors *t, const Devcoord__V1__PutTensorRequest *in,
         u->touched_ms = now;
         snprintf(u->name, sizeof(u->name), "%s", in->name);
     } else if (u->tensor->size_bytes != bytes || u->tensor->dtype != (dc_dtype)in->dtype ||
+               u->tensor->ndim != in->n_shape ||
+               (in->n_shape > 0 &&
+                memcmp(u->tensor->shape, in->shape, in->n_shape * sizeof(*in->shape)) != 0) ||
                strcmp(u->name, in->name) != 0 ||
                device_ref_compare_concrete(&(dc_device_ref){ .device = u->device },
                                            &(dc_device_ref){ .device = dev }) != 0) {

@@ -745,6 +745,13 @@ class LimitsTest(CtlChecks, SecureTestCase):
                 self.assertEqual(code, want, message)
                 if says:
                     self.assertIn(says, message)
+        # A later chunk of an upload must say what its first said: the same bytes in
+        # another shape would publish the tensor with the first chunk's shape.
+        code, message, _ = self.put("node-a", "reshaped", [2, 3], b"\0" * 12, upload=77)
+        self.assertEqual(code, "OK", message)
+        code, message, _ = self.put("node-a", "reshaped", [6], b"\0" * 12, offset=12, upload=77)
+        self.assertEqual(code, "INVALID_ARGUMENT", message)
+        self.assertIn("chunk does not match upload 77", message)
         # Through the CLI as well: a file one element over the limit. The registry carries
         # node-a's message limit, so the CLI's chunks fit it from the first one.
         c = self.cluster
