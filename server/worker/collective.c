@@ -2881,6 +2881,13 @@ collectives_abort(struct collectives *co, const Devcoord__V1__AbortRequest *in,
     Devcoord__V1__AbortResponse out = DEVCOORD__V1__ABORT_RESPONSE__INIT;
     struct cop *op;
 
+    if (strlen(in->op_id) > OP_ID_MAX) {
+        /* No op has such an id; cut to fit, it would name (and abort) one that does. */
+        status_set(rpc_call_status(cd), DC_INVALID_ARGUMENT, "an op id of %zu bytes (at most %d)",
+                   strlen(in->op_id), OP_ID_MAX);
+        closure(NULL, cd);
+        return;
+    }
     pthread_mutex_lock(&co->mtx);
     if ((op = cop_find_locked(co, in->op_id)) != NULL) {
         dc_status st;
@@ -2889,7 +2896,7 @@ collectives_abort(struct collectives *co, const Devcoord__V1__AbortRequest *in,
         pthread_mutex_lock(&op->mtx);
         cop_fail_locked(op, &st);
         pthread_mutex_unlock(&op->mtx);
-    } else if (!recent_has(co, in->op_id) && strlen(in->op_id) <= OP_ID_MAX) {
+    } else if (!recent_has(co, in->op_id)) {
         recent_add(co, in->op_id); /* its Execute, if it comes late, is refused */
     }
     pthread_mutex_unlock(&co->mtx);

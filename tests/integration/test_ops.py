@@ -1689,6 +1689,19 @@ class AtomicOpsTest(OpsTestCase):
         summed = [[22, 44, 66], [22, 44, 66]]
         self.assertEqual(self.values(), summed)
 
+        # An Abort naming an id longer than any op's is refused: cut to fit, it named this
+        # 64-byte op, whose Execute then failed ABORTED.
+        long_id = "op-x-" + "y" * 59
+        code, message, _, _ = self.worker_call("Abort", long_id + "-and-more")
+        self.assertEqual(code, "INVALID_ARGUMENT", message)
+        self.assertIn("an op id of 73 bytes (at most 64)", message)
+        code, message, _, _ = self.execute(long_id)
+        self.assertEqual(code, "OK", message)
+        code, message, _, _ = self.worker_call("Commit", long_id)
+        self.assertEqual(code, "OK", message)
+        summed = [[44, 88, 132], [44, 88, 132]]
+        self.assertEqual(self.values(), summed)
+
         # Nobody commits or aborts: the hold runs out and the staging goes.
         code, message, _, _ = self.execute("op-x-4", hold_ms=300)
         self.assertEqual(code, "OK", message)
