@@ -235,7 +235,7 @@ ha_round(struct ha *h)
                 log_error("leader (term %" PRIu64 ") but not serving yet: %s", term, st.message);
             } else {
                 pthread_mutex_lock(&h->mu);
-                h->serving = true;
+                h->serving = !h->stop; /* ha_stop may have come meanwhile: it stays down */
                 pthread_mutex_unlock(&h->mu);
                 log_info("leading as %s (term %" PRIu64 ")", h->advertise, term);
             }
@@ -340,6 +340,9 @@ ha_stop(struct ha *h)
         pthread_join(h->thread, NULL);
         h->running = false;
     }
+    pthread_mutex_lock(&h->mu);
+    h->serving = false; /* whatever the last round did: nothing is led once the lease goes */
+    pthread_mutex_unlock(&h->mu);
     /* Revoking deletes the leader key with it: the next leader need not wait for the TTL. */
     if (h->lease != 0 && etcd_lease_revoke(h->etcd, h->lease, &st) != DC_OK) {
         log_warn("etcd lease not revoked (it expires by itself): %s", st.message);

@@ -142,7 +142,9 @@ ha_leads(void *arg)
 static void
 sweep_until_signal(struct coordinator *c, const struct daemon_reload *reload)
 {
-    int tick = (int)(c->cfg.heartbeat_interval_ms / 4);
+    int tick            = (int)(c->cfg.heartbeat_interval_ms / 4);
+    bool was_fresh      = true;
+    uint64_t judge_from = 0;
 
     if (tick < 10) {
         tick = 10;
@@ -159,9 +161,17 @@ sweep_until_signal(struct coordinator *c, const struct daemon_reload *reload)
             return;
         }
         /* Only a leader whose lease is fresh judges workers: one that was paused would
-         * find them all silent, and the silence is its own. */
-        if (c->ha == NULL || ha_term(c->ha) != 0) {
-            registry_sweep(c->registry, rpc_now_ms());
+         * find them all silent, and the silence is its own. So is the silence of a stale
+         * spell (etcd out of reach, heartbeats refused): once fresh again, the workers get
+         * a whole dead_after_ms to be heard before any is judged. */
+        bool fresh   = c->ha == NULL || ha_term(c->ha) != 0;
+        uint64_t now = rpc_now_ms();
+        if (fresh && !was_fresh) {
+            judge_from = now + c->cfg.dead_after_ms;
+        }
+        was_fresh = fresh;
+        if (fresh && now >= judge_from) {
+            registry_sweep(c->registry, now);
         }
     }
 }

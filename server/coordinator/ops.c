@@ -762,6 +762,15 @@ ops_on_executed(void *arg, void *tag, dc_code code, const dc_status *st,
                 status_clear(&end);
                 op_end_locked(o, op, &end, &pa);
                 answer = true;
+            } else if (o->leads != NULL && !o->leads(o->leads_arg)) {
+                /* Its lease went stale while the op ran (etcd out of reach): another
+                 * coordinator may lead by now, and this one's Commit could publish beside
+                 * that one's orders. Nothing is committed; op_end aborts the staging. */
+                leadership_lost_status(&end, op->term,
+                                       "the lease was not renewed in time; "
+                                       "nothing was committed");
+                op_end_locked(o, op, &end, &pa);
+                answer = true;
             } else {
                 op_commit_locked(o, op, &pa, &answer);
             }
@@ -834,7 +843,9 @@ op_start_locked(struct ops *o, struct op *op)
         goto out;
     }
     op->term = o->term != NULL ? atomic_load(o->term) : 0;
-    if (o->term != NULL && op->term == 0) {
+    /* Not while the lease is stale either: queued ops start as earlier ones end, with no
+     * RPC to refuse them. */
+    if (o->term != NULL && (op->term == 0 || (o->leads != NULL && !o->leads(o->leads_arg)))) {
         status_set(&st, DC_UNAVAILABLE, "op %s not started: this coordinator no longer leads",
                    op->id);
         op_fail_now_locked(o, op, &st);

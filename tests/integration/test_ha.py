@@ -360,6 +360,60 @@ class HATest(harness.ClusterTestCase):
         self.assertEqual(code, "FAILED_PRECONDITION", msg)
         self.assertIn("order from an older coordinator term %d <" % old_term, msg)
 
+    def test_a_leader_whose_lease_went_stale_starts_and_commits_nothing(self):
+        """etcd out of reach: the leader's lease goes stale by its own clock (another
+        coordinator may lead by now), and no RPC is admitted. An op it prepared meanwhile
+        is not committed, and one queued behind it does not start: both fail UNAVAILABLE
+        and every tensor stays as it was (before, both ran to OK)."""
+        import opsutil
+        devices = "w2/cpu:0,w3/cpu:0"
+        for d in ("w2/cpu:0", "w3/cpu:0"):
+            self.c.ctl_ok("tensor", "put", d, "t", "--dtype", "f32", "--values", "1,2")
+        self.c.workers["w3"].signal(signal.SIGSTOP)
+        try:
+            runs = []
+            for _ in range(2):  # the second waits for the first: same devices
+                runs.append(opsutil.ctl_popen(self.c, "submit", "--op", "all-reduce",
+                                              "--reduce", "sum", "--tensor", "t",
+                                              "--devices", devices, "--timeout-ms", "60000"))
+                wait_until(lambda: self.in_flight(self.leader), 10, "the op to be in flight")
+            time.sleep(0.5)  # the second is queued too
+            self.c.etcd.kill()
+            # Stale once two thirds of the TTL pass without a renewal; then w3 answers.
+            time.sleep(LEASE_TTL_MS / 1000.0)
+        finally:
+            self.c.workers["w3"].signal(signal.SIGCONT)
+        results = [opsutil.finish(p, timeout=60) for p in runs]
+        for r in results:
+            self.assertNotEqual(r.rc, 0, r)
+            self.assertIn("UNAVAILABLE", r.err + str(r.out), r)
+        self.assertIn("nothing was committed", str(results[0].out), results[0])
+        self.assertIn("no longer leads", str(results[1].out), results[1])
+        self.c.etcd.start()
+        leader = self.c.wait_leader(timeout=30)
+        self.c.wait_registered(leader, ["w1", "w2", "w3"], timeout=30)
+        for d in ("w2/cpu:0", "w3/cpu:0"):
+            self.assertEqual(self.c.ctl_ok("tensor", "get", d, "t")["values"], [1, 2], d)
+
+    def test_an_etcd_outage_the_lease_survives_declares_no_worker_dead(self):
+        """etcd down longer than heartbeat.dead_after_ms, then back with the lease (etcd
+        extends leases when it elects itself): the same leader serves again in the same
+        term, and the workers whose heartbeats it refused meanwhile are not judged on that
+        silence (before, the first sweep declared every one of them dead)."""
+        leader = self.leader
+        epochs = {n: w["epoch"] for n, w in self.c.leader_workers(leader).items()}
+        self.c.etcd.kill()
+        time.sleep(4 * HEARTBEAT_MS / 1000.0 + 1.0)
+        self.c.etcd.start()
+        self.assertEqual(self.c.wait_leader(timeout=30), leader)
+        time.sleep(2 * HEARTBEAT_MS / 1000.0)  # what a sweep would have done, it has done
+        ws = self.c.leader_workers(leader)
+        self.assertEqual({n: w["epoch"] for n, w in ws.items()}, epochs, ws)
+        self.assertEqual({n: w["state"] for n, w in ws.items()},
+                         {n: "alive" for n in epochs}, ws)
+        # (A dead worker that heartbeats again is alive again: the log says what happened.)
+        self.assertNotIn("is dead (no heartbeat)", self.c.coords[leader].log_text())
+
     def in_flight(self, i):
         code, _, body = rpc_call(self.c.coord_ports[i], "GetClusterStatus", timeout=1.0)
         return code == "OK" and harness._one(harness.pb_decode(body), F(

@@ -838,10 +838,37 @@ leading_in(uint64_t term)
     ops_set_term(the_ops, &the_term, fake_leads, NULL);
 }
 
+/* node-a's Execute, parked (EX_PARK): taken out, node-a prepares from then on. */
+static struct parked
+take_parked_execute(void)
+{
+    struct parked p;
+
+    pthread_mutex_lock(&fake_mtx);
+    p                           = fakes[0].parked_execute;
+    fakes[0].has_parked_execute = false;
+    fakes[0].execute            = EX_PREPARE;
+    pthread_mutex_unlock(&fake_mtx);
+    return p;
+}
+
+static bool
+execute_parked(void *arg)
+{
+    bool parked;
+
+    pthread_mutex_lock(&fake_mtx);
+    parked = ((struct fake *)arg)->has_parked_execute;
+    pthread_mutex_unlock(&fake_mtx);
+    return parked;
+}
+
 static void
 test_a_refusal_heard_after_the_lease_went_stale_is_the_leadership_lost(void **state)
 {
     struct fixture *f = *state;
+    struct async_result a;
+    struct parked p;
     struct result r;
 
     leading_in(7);
@@ -851,15 +878,47 @@ test_a_refusal_heard_after_the_lease_went_stale_is_the_leadership_lost(void **st
     assert_int_equal(r.code, DC_UNAVAILABLE);
     assert_non_null(strstr(r.st.message, "worker node-b: device lost"));
     assert_null(strstr(r.st.message, "leadership"));
-    /* The lease went stale (a paused coordinator) before the etcd round stepped down: the
-     * refusal is reported as the leadership lost, the worker's reason kept beside it. */
+    /* That op's Aborts are in before node-a parks the next op's Execute (the fakes do not
+     * tell ops apart). */
+    assert_true(eventually(aborted, &fakes[0]));
+    assert_true(eventually(aborted, &fakes[2]));
+    pthread_mutex_lock(&fake_mtx);
+    fakes[0].abort_seen = false;
+    pthread_mutex_unlock(&fake_mtx);
+    /* The lease goes stale (a paused coordinator) while node-a's Execute is out, before the
+     * etcd round stepped down: its refusal is reported as the leadership lost, the worker's
+     * reason kept beside it. */
+    set_modes(EX_PARK, EX_PREPARE, EX_PREPARE, CM_OK, CM_OK, CM_OK);
+    submit_async(f, "", &a);
+    assert_true(eventually(execute_parked, &fakes[0]));
     atomic_store(&still_leads, false);
+    p = take_parked_execute();
+    p.answer(&p, false);
+    assert_true(eventually(finished, &a));
+    assert_int_equal(a.res.code, DC_UNAVAILABLE);
+    assert_non_null(strstr(a.res.st.message, "coordinator lost its leadership (term 7)"));
+    assert_non_null(strstr(a.res.st.message, "(worker node-a: aborted by the coordinator)"));
+    pthread_mutex_destroy(&a.mtx);
+    /* Every worker prepared, the last after the lease went stale (another coordinator may
+     * lead by now): nothing is committed, the staging is aborted. */
+    atomic_store(&still_leads, true);
+    set_modes(EX_PARK, EX_PREPARE, EX_PREPARE, CM_OK, CM_OK, CM_OK);
+    submit_async(f, "", &a);
+    assert_true(eventually(execute_parked, &fakes[0]));
+    atomic_store(&still_leads, false);
+    p = take_parked_execute();
+    p.answer(&p, true);
+    assert_true(eventually(finished, &a));
+    assert_int_equal(a.res.code, DC_UNAVAILABLE);
+    assert_non_null(strstr(a.res.st.message, "coordinator lost its leadership (term 7)"));
+    assert_non_null(strstr(a.res.st.message, "nothing was committed"));
+    pthread_mutex_destroy(&a.mtx);
+    /* Nor does an op start while the lease is stale (one queued behind another would). */
     r = submit(f, DC_OP_ALL_REDUCE, "");
     assert_int_equal(r.code, DC_UNAVAILABLE);
-    assert_non_null(strstr(r.st.message, "coordinator lost its leadership (term 7)"));
-    assert_non_null(strstr(r.st.message, "(worker node-b: device lost)"));
-    assert_true(eventually(aborted, &fakes[0]));
+    assert_non_null(strstr(r.st.message, "not started: this coordinator no longer leads"));
     for (int i = 0; i < N_WORKERS; i++) {
+        assert_int_equal(count(&fakes[i].executes), 3);
         assert_int_equal(count(&fakes[i].commits), 0);
     }
 }
