@@ -157,20 +157,22 @@ conn_bound(const struct dlink_conn *c, uint64_t bytes)
     return (nng_duration)(bound < INT32_MAX ? bound : INT32_MAX);
 }
 
-/* Reads a frame's payload (iov[0..n), `bytes` in all) within conn_bound: a peer that stops
- * mid-frame, or trickles it, is dropped rather than holding this thread and what the frame
- * is read into. The wait for the next header has no bound (a link may idle). nng's error or
- * 0; *why says which. */
+/* Reads (part of) a frame's payload, iov[0..n), by `until` (nng_clock), the frame being
+ * `bytes` long: a peer that stops mid-frame, or trickles it, is dropped rather than holding
+ * this thread and what the frame is read into. The wait for the next header has no bound (a
+ * link may idle). nng's error or 0; *why says which. */
 static int
-conn_read(struct dlink_conn *c, nng_iov *iov, unsigned n, uint64_t bytes, dc_status *why)
+conn_read_by(struct dlink_conn *c, nng_iov *iov, unsigned n, uint64_t bytes, nng_time until,
+             dc_status *why)
 {
-    nng_duration bound = conn_bound(c, bytes);
-    int rv             = dlsock_recv_all(c->sock, iov, n, bound);
+    nng_time now = nng_clock();
+    int rv =
+        now < until ? dlsock_recv_all(c->sock, iov, n, (nng_duration)(until - now)) : NNG_ETIMEDOUT;
 
     if (rv == NNG_ETIMEDOUT) {
         status_set(why, DC_DEADLINE_EXCEEDED,
                    "a frame of %llu bytes did not come whole within %d ms of its header",
-                   (unsigned long long)bytes, bound);
+                   (unsigned long long)bytes, conn_bound(c, bytes));
         log_warn("data link: dropped the connection from %s: %s",
                  c->peer[0] != '\0' ? c->peer : "a peer without an address", why->message);
     } else if (rv != 0) {
@@ -178,6 +180,13 @@ conn_read(struct dlink_conn *c, nng_iov *iov, unsigned n, uint64_t bytes, dc_sta
                    nng_strerror(rv));
     }
     return rv;
+}
+
+/* A whole frame's payload (`bytes`) within conn_bound. */
+static int
+conn_read(struct dlink_conn *c, nng_iov *iov, unsigned n, uint64_t bytes, dc_status *why)
+{
+    return conn_read_by(c, iov, n, bytes, nng_clock() + (nng_time)conn_bound(c, bytes), why);
 }
 
 /* Writes iov[0..n) within conn_bound: a caller that does not read its answer within it is
@@ -507,19 +516,25 @@ conn_main(void *arg)
             }
             continue;
         }
-        s->ev.frame_begin(s->ev.arg, c->peer, &h, &dst, &pin);
+        s->ev.frame_begin(s->ev.arg, c->peer, &h, &dst, &pin, &wait_ms);
         if (dst != NULL) {
+            nng_time until = nng_clock() + (nng_time)conn_bound(c, h.length);
+            if (wait_ms > 0 && nng_clock() + wait_ms < until) {
+                until = nng_clock() + wait_ms; /* the owner's bound is shorter */
+            }
             iov = (nng_iov){ dst, h.length };
-            rv  = conn_read(c, &iov, 1, h.length, &why);
+            rv  = conn_read_by(c, &iov, 1, h.length, until, &why);
         } else if (h.length > 0 && chunk == NULL && (chunk = malloc(DLINK_CHUNK)) == NULL) {
             rv = NNG_ENOMEM;
             status_set(&why, DC_RESOURCE_EXHAUSTED, "data link: out of memory");
         } else {
-            /* Nobody wants it: read it through the chunk buffer. */
+            /* Nobody wants it: read it through the chunk buffer, all of it within the
+             * frame's bound (not a fresh one per piece). */
+            nng_time until = nng_clock() + (nng_time)conn_bound(c, h.length);
             for (size_t left = h.length; left > 0 && rv == 0;) {
                 size_t n = left < DLINK_CHUNK ? left : DLINK_CHUNK;
                 iov      = (nng_iov){ chunk, n };
-                rv       = conn_read(c, &iov, 1, n, &why);
+                rv       = conn_read_by(c, &iov, 1, h.length, until, &why);
                 left -= n;
             }
         }

@@ -39,11 +39,13 @@ struct dlink_events {
     void *arg;
     /* A data frame's header came from the worker whose RPC address is `peer`: where its
      * payload goes (room for h->length bytes). *dst NULL: the payload is read and dropped
-     * (a group or call no longer here). *pin is handed back to frame_end. NULL (frame_end
-     * and peer_lost unused then): only call and control links are taken, a connection
-     * showing the peers' secret without DLINK_HELLO_CONTROL is refused. */
+     * (a group or call no longer here). *pin is handed back to frame_end. *wait_ms (0 as
+     * given: the link's own bound, the handshake's plus a millisecond per kilobyte): at most
+     * that long for the payload, past which the connection drops. NULL (frame_end and
+     * peer_lost unused then): only call and control links are taken, a connection showing
+     * the peers' secret without DLINK_HELLO_CONTROL is refused. */
     void (*frame_begin)(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t **dst,
-                        void **pin);
+                        void **pin, uint32_t *wait_ms);
     /* The payload is in (ok) or the connection failed while reading it (!ok). */
     void (*frame_end)(void *arg, const char *peer, const struct dlink_hdr *h, void *pin, bool ok);
     /* An authenticated connection from `peer` dropped (not when the server closes). */

@@ -2999,8 +2999,14 @@ frame_group(struct wgroups *wg, const char *peer, const struct dlink_hdr *h)
     return NULL;
 }
 
+/* How long past its call's deadline a frame into a rank's region may still come: the rank's
+ * failure answer waits for it (region_landed), and its client waits 5 s past the deadline
+ * (client/group.c GROUP_MARGIN_MS). */
+#define REGION_FRAME_SLACK_MS 2000u
+
 static void
-link_frame_begin(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t **dst, void **pin)
+link_frame_begin(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t **dst, void **pin,
+                 uint32_t *wait_ms)
 {
     struct wgroups *wg = arg;
     struct wgroup *g   = NULL;
@@ -3017,7 +3023,11 @@ link_frame_begin(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t
             (*dst = ring_frame_dst(wg, g, c, h, &b, &st)) != NULL) {
             *pin = b;
             if (b->reg != NULL) {
+                uint64_t now = rpc_now_ms();
+                uint64_t wait =
+                    (c->deadline_ms > now ? c->deadline_ms - now : 0) + REGION_FRAME_SLACK_MS;
                 b->reg->landing++; /* into the rank's region: region_landed at its end */
+                *wait_ms = wait < UINT32_MAX ? (uint32_t)wait : UINT32_MAX;
             }
         } else if (st.code != DC_OK) {
             dc_status end;

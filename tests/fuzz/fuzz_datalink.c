@@ -165,11 +165,13 @@ op_taken(const struct dlink_hdr *h, dc_status *why)
 }
 
 static void
-ev_begin(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t **dst, void **pin)
+ev_begin(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t **dst, void **pin,
+         uint32_t *wait_ms)
 {
     struct event *e;
 
     (void)arg;
+    (void)wait_ms;
     pthread_mutex_lock(&mtx);
     e    = event_add(EV_BEGIN, peer);
     e->h = *h;

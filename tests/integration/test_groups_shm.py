@@ -450,21 +450,44 @@ class RegionLandingTest(GroupsTestCase):
         code, message, reply = self.call(rpc["node-b"], "GroupMap", map_body(gid, name, size, 1))
         self.assertEqual(code, "OK", message)
         region = harness.pb_decode(reply)[F("GroupMapResponse", "region")][0]
-        body = (call_body(gid, 1, 1, size // 4, region, send=0, recv=0)
-                + harness.pb_uint(F("GroupCallRequest", "timeout_ms"), 2000))
-        answer = {}
-        t = threading.Thread(target=lambda: answer.update(
-            r=self.call_with_a_long_deadline(rpc["node-b"], body, b"")))
-        t.start()
-        self.addCleanup(t.join, 60)
-        time.sleep(1.0)  # node-b's rank has called: its ring takes all-gather frames
-        # node-b's all-gather step (segment 1: the region's second half) "from node-a": the
-        # header and half its bytes, read straight into the region; then nothing.
+
+        def start_call(seq):
+            """node-b's rank calls with a 3 s deadline and waits for the answer 5 s more, as
+            the client library does; returns (thread, answer)."""
+            body = (call_body(gid, seq, 1, size // 4, region, send=0, recv=0)
+                    + harness.pb_uint(F("GroupCallRequest", "timeout_ms"), 3000))
+            answer = {}
+
+            def call():
+                rid = 77 + seq
+                header = (harness.pb_uint(F("RequestHeader", "request_id"), rid)
+                          + pb_bytes(F("RequestHeader", "method"),
+                                     test_groups.WORKER_SVC + "GroupCall")
+                          + harness.pb_uint(F("RequestHeader", "timeout_ms"), 8000))
+                try:
+                    with harness.RpcConnection(rpc["node-b"], timeout=8.0) as conn:
+                        answer["r"] = conn.call_raw(harness.frame(header, body, b""), rid)
+                except (OSError, harness.RpcError) as e:
+                    answer["r"] = ("NO ANSWER", str(e), b"")
+            t = threading.Thread(target=call)
+            t.start()
+            self.addCleanup(t.join, 60)
+            time.sleep(1.0)  # node-b's rank has called: its ring takes all-gather frames
+            return t, answer
+
+        def all_gather_frame(seq):
+            """node-b's all-gather step (segment 1: the region's second half) "from node-a",
+            read straight into the region."""
+            return harness.dlink_header(2, half, flags=2, sender=0,
+                                        group=harness.dlink_group_hash(gid), generation=1,
+                                        seq=seq, offset=half, total=size)
+
+        # The header and half the bytes, then nothing until after the call's deadline (but
+        # before the frame's own bound, deadline + 2 s): the rank is not answered meanwhile.
         seg = b"\x07" * half
-        fake.sendall(harness.dlink_header(2, half, flags=2, sender=0,
-                                          group=harness.dlink_group_hash(gid), generation=1,
-                                          seq=1, offset=half, total=size) + seg[:half // 2])
-        t.join(4.0)  # the call's 2 s deadline passes meanwhile
+        t, answer = start_call(1)
+        fake.sendall(all_gather_frame(1) + seg[:half // 2])
+        t.join(2.75)
         self.assertIsNone(answer.get("r"), "the rank was answered while a frame was landing "
                           "in its region")
         fake.sendall(seg[half // 2:])
@@ -472,8 +495,18 @@ class RegionLandingTest(GroupsTestCase):
         code, message, _ = answer["r"]
         self.assertEqual(code, "DEADLINE_EXCEEDED", message)
         self.assertIn("group %s call 1: deadline passed waiting for" % gid, message)
-        # The frame had landed whole before the answer.
-        self.assertEqual(os.pread(fd, half, half), seg)
+        self.assertEqual(os.pread(fd, half, half), seg)  # whole before the answer
+        # A frame that never ends is cut at its bound, and the held answer goes then: the
+        # rank hears within its client's margin (5 s past the deadline), not the link's
+        # 10 s bound later.
+        t, answer = start_call(2)
+        fake.sendall(all_gather_frame(2) + seg[:half // 2])
+        t.join(30)
+        code, message, _ = answer["r"]
+        self.assertEqual(code, "DEADLINE_EXCEEDED", message)
+        self.assertIn("group %s call 2: deadline passed waiting for" % gid, message)
+        harness.wait_until(lambda: "did not come whole" in self.cluster.worker("node-b")
+                           .log_text(), 10, "node-b to log the frame it cut")
 
 
 if __name__ == "__main__":

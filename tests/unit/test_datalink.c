@@ -136,6 +136,7 @@ struct sink {
     uint32_t place_wait_ms;
     int landed_ok, landed_failed, landed_wrong_pin;
     size_t landed_bytes;
+    uint32_t begin_wait_ms; /* what sink_begin asks a frame's payload to take at most */
 };
 
 static bool
@@ -193,11 +194,13 @@ sink_landed(void *arg, const char *peer, const struct dlink_hdr *h, void *pin, b
 }
 
 static void
-sink_begin(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t **dst, void **pin)
+sink_begin(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t **dst, void **pin,
+           uint32_t *wait_ms)
 {
     struct sink *s = arg;
 
     pthread_mutex_lock(&s->mtx);
+    *wait_ms = s->begin_wait_ms;
     s->begins++;
     snprintf(s->peer, sizeof(s->peer), "%s", peer);
     if (s->dst != NULL && h->total == s->bytes) {
@@ -906,6 +909,27 @@ test_a_frame_stalled_mid_payload_is_cut_off(void **state)
     assert_int_equal(sink_get(&s, &s.op_frames), 0);
     raw_close(conn, d, aio);
     wait_finished(srv, 2);
+    dlink_server_free(srv);
+    /* frame_begin may ask for less than the link's bound (a group's call deadline): 200 ms
+     * against a 60 s handshake bound. */
+    s.begin_wait_ms = 200;
+    {
+        struct dlink_events ev = { &s, sink_begin, sink_end, sink_lost, sink_op,    NULL,
+                                   0,  NULL,       NULL,     0,         sink_place, sink_landed };
+        srv                    = start_with(&ev, 60000, url, sizeof(url));
+    }
+    memcpy(hello + DLINK_HDR_SIZE, dlink_server_secret(srv), DLINK_SECRET_SIZE);
+    conn = raw_dial(url, &d, &aio);
+    raw_send(conn, aio, hello, sizeof(hello));
+    h = data_hdr(0, 2000, sizeof(region));
+    dlink_hdr_encode(&h, hdr);
+    raw_send(conn, aio, hdr, sizeof(hdr));
+    raw_send(conn, aio, payload, 1000);
+    sink_wait(&s, &s.lost, 3);
+    assert_int_equal(sink_get(&s, &s.lost), 3);
+    assert_int_equal(sink_get(&s, &s.ends), 3);
+    raw_close(conn, d, aio);
+    wait_finished(srv, 1);
     dlink_server_free(srv);
     pthread_mutex_destroy(&s.mtx);
 }

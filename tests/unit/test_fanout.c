@@ -74,12 +74,14 @@ port_control(void *arg, struct dlink_conn *conn, const uint8_t *frame, size_t le
 
 /* Data frames never come here: control links carry calls only. */
 static void
-port_begin(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t **dst, void **pin)
+port_begin(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t **dst, void **pin,
+           uint32_t *wait_ms)
 {
     (void)arg;
     (void)peer;
     (void)h;
     (void)pin;
+    (void)wait_ms;
     *dst = NULL;
 }
 
