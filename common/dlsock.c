@@ -167,15 +167,19 @@ time_left(nng_time start, nng_duration timeout)
     return gone < (nng_time)timeout ? (nng_duration)((nng_time)timeout - gone) : 0;
 }
 
-/* Sets the plain socket's SO_RCVTIMEO to ms (> 0), unless it is that already. */
+/* Sets the plain socket's SO_RCVTIMEO to ms (> 0) rounded up to 100 ms, unless it is that
+ * already: bounds that shrink by the millisecond (an op's deadline) cost no system call per
+ * read. A read then ends up to 100 ms past its bound; plain_io checks the bound after it. */
 static int
 plain_rcvtimeo(struct dlsock *s, nng_duration ms)
 {
-    struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000 };
+    struct timeval tv;
 
+    ms = ms < INT32_MAX - 99 ? (ms + 99) / 100 * 100 : ms;
     if (s->rcvtimeo == ms) {
         return 0;
     }
+    tv = (struct timeval){ .tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000 };
     if (setsockopt(s->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0) {
         return nng_code(errno);
     }

@@ -669,6 +669,8 @@ cop_chunk_claim(struct cop *op, uint32_t from, uint32_t step, uint64_t offset, s
                           "worker %s sent bytes %llu..%llu of step %u of op %s a second time",
                           op->req->plan->workers[from]->name, (unsigned long long)offset,
                           (unsigned long long)(offset + len), step, op->id);
+    case RANGES_NOMEM:
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory in op %s", op->id);
     case RANGES_FULL:
         break;
     }
@@ -2679,8 +2681,10 @@ cop_new(struct collectives *co, const Devcoord__V1__ExecuteRequest *in, struct c
         goto fail;
     }
     for (size_t i = 0; i < op->n_steps; i++) {
-        /* Chunks in order make one range per sender, Exchange calls in flight a few more. */
-        op->step_have[i].max = STEP_PIECES_MAX + STEP_PIECES_PER_WORKER * (size_t)op->n_workers;
+        /* Chunks in order make one range per sender, Exchange calls in flight a few more;
+         * in gathered, a sender's ranks may lie apart (rank order is the request's). */
+        op->step_have[i].max =
+            STEP_PIECES_MAX + STEP_PIECES_PER_WORKER * (size_t)op->n_workers + op->n_ranks;
     }
     for (uint32_t r = 0; r < op->n_ranks; r++) {
         if (device_ref_from_pb(plan->devices[r], &op->devices[r], st) != DC_OK) {

@@ -58,7 +58,7 @@ ranges_claim(struct ranges *s, uint64_t off, uint64_t len)
         size_t cap               = s->cap ? s->cap * 2 : 4;
         struct ranges_span *grow = realloc(s->v, cap * sizeof(*grow));
         if (grow == NULL) {
-            return RANGES_FULL;
+            return RANGES_NOMEM;
         }
         s->v   = grow;
         s->cap = cap;

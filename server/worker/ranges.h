@@ -28,7 +28,8 @@ struct ranges {
 enum ranges_claim {
     RANGES_CLAIMED, /* the bytes are now in the set */
     RANGES_OVERLAP, /* some of them were already: nothing changed */
-    RANGES_FULL,    /* they would make more than max ranges, or memory ran out: nothing changed */
+    RANGES_FULL,    /* they would make more than max ranges: nothing changed */
+    RANGES_NOMEM,   /* memory ran out: nothing changed */
 };
 
 /* Adds [off, off + len) unless any of its bytes is in the set. len 0 claims nothing.
