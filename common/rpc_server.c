@@ -34,6 +34,7 @@ struct rpc_call {
      * is answered. */
     uint32_t pipe;
     size_t admitted;
+    uint32_t reply_pipe; /* while its reply is being sent: the connection it goes to */
     struct rpc_request request;
     const ProtobufCMethodDescriptor *method;
     uint64_t request_id;
@@ -53,7 +54,20 @@ struct rpc_call {
 struct rpc_pipe_load {
     uint32_t pipe; /* 0: empty slot (nng pipe ids start at 1) */
     size_t bytes;
+    unsigned sending;     /* replies to it being sent */
+    uint64_t progress_ms; /* when one of them last went, or the first began to wait */
 };
+
+/* nng holds a reply's context until its connection takes the reply: a client that sends
+ * and never reads would hold every context. So a reply's send takes at most what is left of
+ * its call's deadline (at most RPC_REPLY_MAX_MS) and RPC_REPLY_SLACK_MS more, RPC_REPLY_MS
+ * without a deadline (or undecoded); and a connection with RPC_STUCK_SENDING replies waiting
+ * that took none for RPC_STUCK_MS gets no more: its requests are dropped unanswered. */
+#define RPC_STUCK_SENDING  16
+#define RPC_STUCK_MS       1000
+#define RPC_REPLY_SLACK_MS 1000
+#define RPC_REPLY_MAX_MS   10000
+#define RPC_REPLY_MS       5000
 
 struct rpc_server {
     nng_socket sock;
@@ -93,8 +107,9 @@ struct rpc_server {
     struct handshake_watch *handshake; /* tls+tcp:// listeners only */
     void (*on_disconnect)(void *arg, uint32_t pipe);
     void *on_disconnect_arg;
-    size_t inflight_peak; /* since in-flight bytes were last 0 */
-    bool trim_due;        /* a burst ended: a server thread gives memory back */
+    size_t inflight_peak;    /* since in-flight bytes were last 0 */
+    uint64_t dropped_unread; /* requests dropped: their connection took no replies */
+    bool trim_due;           /* a burst ended: a server thread gives memory back */
 };
 
 static void rpc_call_cb(void *arg);
@@ -226,7 +241,7 @@ rpc_server_release(struct rpc_server *s, struct rpc_call *call)
     }
     if (call->pipe != 0) {
         load = rpc_pipe_slot(s, call->pipe);
-        if ((load->bytes -= call->admitted) == 0) {
+        if ((load->bytes -= call->admitted) == 0 && load->sending == 0) {
             rpc_pipe_remove(s, load);
         }
     }
@@ -311,6 +326,7 @@ static void
 rpc_call_arm(struct rpc_call *call)
 {
     call->sending = false;
+    nng_aio_set_timeout(call->aio, NNG_DURATION_INFINITE); /* a reply's send had one */
     atomic_fetch_add(&call->server->receiving, 1);
     nng_ctx_recv(call->ctx, call->aio);
 }
@@ -342,6 +358,8 @@ rpc_call_answer(const ProtobufCMessage *body, void *data)
     Devcoord__V1__ReplyHeader hdr = DEVCOORD__V1__REPLY_HEADER__INIT;
     Devcoord__V1__Status status   = DEVCOORD__V1__STATUS__INIT;
     nng_msg *reply;
+    uint64_t deadline, now, wait;
+    uint32_t pipe;
     int rv;
 
     status.code    = (Devcoord__V1__Code)call->status.code;
@@ -380,6 +398,8 @@ rpc_call_answer(const ProtobufCMessage *body, void *data)
         s->observe(s->observe_arg, call->method, (dc_code)status.code,
                    rpc_now_us() - call->arrived_us);
     }
+    pipe     = call->pipe;
+    deadline = call->deadline_ms;
     rpc_call_reset(call);
     if (call->frame_answer != NULL) {
         /* Answered on its own transport, also while closing: that one is still open. */
@@ -418,8 +438,21 @@ rpc_call_answer(const ProtobufCMessage *body, void *data)
      * here: rpc_server_free waits for this thread to leave it too, or it would close the
      * socket under it. */
     s->answering++;
+    if (pipe != 0) {
+        struct rpc_pipe_load *load = rpc_pipe_slot(s, pipe);
+        load->pipe                 = pipe;
+        if (load->sending++ == 0) {
+            load->progress_ms = rpc_now_ms();
+        }
+        call->reply_pipe = pipe;
+    }
     pthread_mutex_unlock(&s->mtx);
     call->sending = true;
+    now           = rpc_now_ms();
+    wait          = deadline == 0 ? RPC_REPLY_MS : deadline > now ? deadline - now : 0;
+    nng_aio_set_timeout(call->aio,
+                        (nng_duration)(wait < RPC_REPLY_MAX_MS ? wait : RPC_REPLY_MAX_MS) +
+                            RPC_REPLY_SLACK_MS);
     nng_aio_set_msg(call->aio, reply);
     nng_ctx_send(call->ctx, call->aio);
     pthread_mutex_lock(&s->mtx);
@@ -652,6 +685,16 @@ rpc_call_cb(void *arg)
             nng_msg_free(nng_aio_get_msg(call->aio));
         }
         pthread_mutex_lock(&s->mtx);
+        if (call->reply_pipe != 0) {
+            struct rpc_pipe_load *load = rpc_pipe_slot(s, call->reply_pipe);
+            if (rv == 0) {
+                load->progress_ms = rpc_now_ms();
+            }
+            if (--load->sending == 0 && load->bytes == 0) {
+                rpc_pipe_remove(s, load);
+            }
+            call->reply_pipe = 0;
+        }
         /* Only rpc_server_free waits for calls to end, and only once closing. */
         if (--s->busy == 0 && s->closing) {
             pthread_cond_broadcast(&s->idle_cv);
@@ -690,10 +733,37 @@ rpc_call_take(struct rpc_call *call)
 {
     struct rpc_server *s = call->server;
     size_t method;
-    bool admitted;
+    bool admitted, unread = false;
 
+    if (call->frame_answer == NULL) {
+        rpc_server_grow(s); /* whatever becomes of this one, others are heard meanwhile */
+    }
     pthread_mutex_lock(&s->mtx);
-    admitted = rpc_server_admit(s, call, nng_msg_len(call->req));
+    if (call->pipe != 0) {
+        struct rpc_pipe_load *load = rpc_pipe_slot(s, call->pipe);
+        unread = load->pipe == call->pipe && load->sending >= RPC_STUCK_SENDING &&
+                 rpc_now_ms() - load->progress_ms >= RPC_STUCK_MS;
+    }
+    admitted = !unread && rpc_server_admit(s, call, nng_msg_len(call->req));
+    if (unread) {
+        /* Its connection does not take its replies: no more are made for it. */
+        s->dropped_unread++;
+        if ((s->dropped_unread & (s->dropped_unread - 1)) == 0) { /* 1, 2, 4, ... */
+            log_warn("a connection does not read its replies: %llu requests dropped unanswered",
+                     (unsigned long long)s->dropped_unread);
+        }
+        nng_msg_free(call->req);
+        call->req  = NULL;
+        call->pipe = 0;
+        if (--s->busy == 0 && s->closing) {
+            pthread_cond_broadcast(&s->idle_cv);
+        }
+        if (!s->closing) {
+            rpc_call_arm(call);
+        }
+        pthread_mutex_unlock(&s->mtx);
+        return;
+    }
     pthread_mutex_unlock(&s->mtx);
     if (!admitted) {
         /* Answered at once, undecoded: a refusal costs no memory beyond its reply. */
@@ -713,9 +783,6 @@ rpc_call_take(struct rpc_call *call)
      * the rest goes to the server threads. */
     if (s->inline_method[method] ||
         (s->inline_small[method] && nng_msg_len(call->req) <= s->inline_small_max)) {
-        if (call->frame_answer == NULL) {
-            rpc_server_grow(s);
-        }
         rpc_call_dispatch(call);
         return;
     }

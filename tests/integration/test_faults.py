@@ -324,6 +324,51 @@ class ExchangeFloodTest(OpsMixin, SecureTestCase):
         self.assertTrue(c.worker("node-a").running())
 
 
+class UnreadRepliesTest(OpsMixin, SecureTestCase):
+    """A client that sends requests and never reads the replies: once the sockets' buffers
+    are full, nng holds each further reply's context in a send that waits for it. Past 16
+    replies not taken, that connection's requests are dropped unanswered and every reply's
+    send has a bound, so the contexts stay free for other clients (before, 100,000 garbage
+    requests left the coordinator answering nobody until that client went)."""
+
+    FLOOD = 100000
+
+    def test_a_client_that_never_reads_its_replies_does_not_deafen_the_server(self):
+        import socket
+        import threading
+        c = self.cluster = start_three(self)
+        flood = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        flood.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # full at once
+        flood.settimeout(30)
+        flood.connect((harness.HOST, c.port))
+        self.addCleanup(flood.close)
+        flood.sendall(harness.sp_greeting(harness.SP_REQ0))
+        out = bytearray()
+        for i in range(self.FLOOD):  # undecodable: each is refused with a small reply
+            payload = struct.pack(">I", (i + 1) | 0x80000000) + b"\xff" * 12
+            out += struct.pack(">Q", len(payload)) + payload
+        sent = {}
+
+        def send():
+            try:
+                flood.sendall(bytes(out))
+                sent["all"] = True
+            except OSError as e:
+                sent["error"] = str(e)
+        t = threading.Thread(target=send)
+        t.start()
+        self.addCleanup(t.join, 60)
+        time.sleep(3)  # the replies it does not read fill both sockets' buffers
+        for _ in range(3):
+            r = c.ctl("status", "--timeout", "5s")
+            self.assertEqual(r.rc, 0, repr(r))
+        t.join(60)
+        self.assertEqual(sent, {"all": True}, "the coordinator stopped reading the client")
+        wait_until(lambda: "requests dropped unanswered" in c.coordinator.log_text(), 10,
+                   "the coordinator to say it dropped requests")
+        self.assertTrue(c.coordinator.running())
+
+
 class CoordinatorKillTest(OpsMixin, SecureTestCase):
     heartbeat_ms = 200
     dead_after_ms = 5000
