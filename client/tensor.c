@@ -426,6 +426,9 @@ dc_tensor_get_progress(dc_client *c, const char *device, const char *name, dc_te
             t->ndim       = info.ndim;
             t->size_bytes = info.size_bytes;
             memcpy(t->shape, info.shape, sizeof(t->shape));
+            /* The later chunks must come from this same tensor (0: a worker too old to
+             * say, where only a change of layout shows). */
+            req.version = resp->tensor->version;
         } else if (!tensor_same_layout(t, &info)) {
             code = status_set(st, DC_ABORTED, "tensor %s changed while it was read; read it again",
                               name);

@@ -128,6 +128,9 @@ no_tensor(const dc_device *dev, const char *name, dc_status *st)
     return status_set(st, DC_NOT_FOUND, "no tensor '%.255s' on %s", name, text);
 }
 
+/* The version of the next tensor made (tensor.version). */
+static atomic_ullong next_version = 1;
+
 dc_code
 executor_create(struct executor *ex, dc_dtype dtype, const uint64_t *shape, size_t ndim,
                 struct tensor **out, dc_status *st)
@@ -150,6 +153,7 @@ executor_create(struct executor *ex, dc_dtype dtype, const uint64_t *shape, size
     }
     t->elements   = elements;
     t->size_bytes = bytes;
+    t->version    = atomic_fetch_add(&next_version, 1);
     *out          = t;
     return DC_OK;
 }

@@ -42,6 +42,7 @@ struct tensor {
     uint64_t shape[DC_TENSOR_MAX_DIMS];
     size_t elements;
     size_t size_bytes;
+    uint64_t version; /* unique to this tensor (executor_create): GetTensor's TensorInfo.version */
 };
 
 enum tensor_access {

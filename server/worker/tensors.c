@@ -281,6 +281,7 @@ tensor_info(Devcoord__V1__TensorInfo *info, Devcoord__V1__Device *dev_pb, const 
     info->shape      = (uint64_t *)tn->shape;
     info->n_shape    = tn->ndim;
     info->size_bytes = tn->size_bytes;
+    info->version    = tn->version;
 }
 
 void
@@ -300,6 +301,13 @@ tensors_get(struct tensors *t, const Devcoord__V1__GetTensorRequest *in,
     if (device_from_pb(in->device, &dev, &st) != DC_OK ||
         tensor_name_check(in->name, &st) != DC_OK ||
         executor_lookup(t->ex, &dev, in->name, &tn, &st) != DC_OK) {
+        fail(cd, (ProtobufCClosure)closure, &st);
+        return;
+    }
+    if (in->version != 0 && in->version != tn->version) {
+        status_set(&st, DC_ABORTED,
+                   "tensor '%.255s' was replaced while it was being read; read it again", in->name);
+        tensor_release(tn);
         fail(cd, (ProtobufCClosure)closure, &st);
         return;
     }

@@ -770,6 +770,32 @@ class LimitsTest(CtlChecks, SecureTestCase):
             pass  # dropped: what nng does with an oversized message
         self.assert_serving()
 
+    def test_a_read_in_chunks_never_mixes_two_tensors(self):
+        # Each GetTensor chunk looks the name up again: a put between two chunks gave the first
+        # from the old tensor and the rest from the new, same layout, and the client took it
+        # whole. The first chunk says which tensor it came from (TensorInfo.version), and a
+        # later chunk that names it is refused once the name holds another.
+        code, message, _ = self.put("node-a", "v", [4], struct.pack("<4f", 1, 2, 3, 4), upload=501)
+        self.assertEqual(code, "OK", message)
+
+        def get(offset, version=0):
+            body = (pb_bytes(1, device_pb()) + pb_bytes(2, "v") + pb_uint(3, offset)
+                    + pb_uint(4, 8) + pb_uint(5, version))
+            return self.worker_call("node-a", "GetTensor", body)
+
+        code, message, body = get(0)
+        self.assertEqual(code, "OK", message)
+        first = pb_decode(pb_decode(body)[1][0])[6][0]
+        code, message, _ = self.put("node-a", "v", [4], struct.pack("<4f", 5, 6, 7, 8), upload=502)
+        self.assertEqual(code, "OK", message)
+        code, message, _ = get(8, first)
+        self.assertEqual(code, "ABORTED", message)
+        self.assertIn("tensor 'v' was replaced while it was being read; read it again", message)
+        code, message, body = get(8)  # without a version, as an older client asks
+        self.assertEqual(code, "OK", message)
+        self.assertNotEqual(pb_decode(pb_decode(body)[1][0])[6][0], first)
+        self.assert_serving()
+
     def test_allocation_failure_is_resource_exhausted(self):
         if "node-m" not in self.cluster.workers:
             self.skipTest("an ASan build cannot run under an address-space limit")
