@@ -21,6 +21,7 @@
 #include "text.h"
 #include "threadname.h"
 #include "wire.h"
+#include "clock.h"
 
 #define STR_(x) #x
 #define STR(x)  STR_(x)
@@ -519,7 +520,7 @@ dc_client_open(const char *address, const dc_client_options *opts, dc_client **o
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
     pthread_mutex_init(&c->mtx, NULL);
-    pthread_cond_init(&c->conn_cv, NULL);
+    clock_cond_init(&c->conn_cv);
     c->timeout_ms =
         (opts != NULL && opts->timeout_ms != 0) ? opts->timeout_ms : CLIENT_DEFAULT_TIMEOUT_MS;
     if ((code = client_token(opts, &c->token, st)) != DC_OK ||

@@ -16,6 +16,7 @@
 #include "dlframe.h"
 #include "status.h"
 #include "threadname.h"
+#include "clock.h"
 
 /* A call's RPC waits this much longer than the call's own deadline, so that the worker's
  * answer (naming the missing ranks) arrives before the client gives up. */
@@ -116,7 +117,7 @@ group_from_reply(dc_client *c, const Devcoord__V1__GroupJoinResponse *resp,
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
     pthread_mutex_init(&g->mtx, NULL);
-    pthread_cond_init(&g->order_cv, NULL);
+    clock_cond_init(&g->order_cv);
     pthread_mutex_init(&g->blocks_mtx, NULL);
     pthread_mutex_init(&g->link_mtx, NULL);
     if (getenv("DEVCOORD_GROUP_CALL_LINK") != NULL &&
@@ -866,7 +867,7 @@ group_call_async_split(dc_group *g, const struct call *k, size_t per, dc_status 
         return NULL;
     }
     pthread_mutex_init(&rq->mtx, NULL);
-    pthread_cond_init(&rq->cv, NULL);
+    clock_cond_init(&rq->cv);
     *j = (struct split_job){ .g = g, .k = *k, .per = per, .rq = rq };
     order_take(g, true);
     pthread_attr_init(&attr);
@@ -924,7 +925,7 @@ group_call_async(dc_group *g, const struct call *k, dc_status *st)
         return NULL;
     }
     pthread_mutex_init(&rq->mtx, NULL);
-    pthread_cond_init(&rq->cv, NULL);
+    clock_cond_init(&rq->cv);
     rq->recv       = k->recv;
     rq->recv_bytes = k->recv_bytes;
     if (group_call_run(g, k, rq, st) != DC_OK) {

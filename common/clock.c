@@ -11,14 +11,24 @@ clock_unix_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-/* CLOCK_REALTIME `ms` from now, as pthread_cond_timedwait takes a deadline. */
-static struct timespec
-deadline_in(unsigned ms)
+void
+clock_cond_init(pthread_cond_t *cv)
+{
+    pthread_condattr_t attr;
+
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &attr);
+    pthread_condattr_destroy(&attr);
+}
+
+struct timespec
+clock_deadline_ms(uint64_t ms)
 {
     struct timespec ts;
 
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += ms / 1000u;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += (time_t)(ms / 1000u);
     ts.tv_nsec += (long)(ms % 1000u) * 1000000L;
     if (ts.tv_nsec >= 1000000000L) {
         ts.tv_sec++;
@@ -30,7 +40,7 @@ deadline_in(unsigned ms)
 void
 clock_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mtx, unsigned ms)
 {
-    struct timespec ts = deadline_in(ms);
+    struct timespec ts = clock_deadline_ms(ms);
 
     pthread_cond_timedwait(cv, mtx, &ts);
 }
@@ -38,7 +48,7 @@ clock_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mtx, unsigned ms)
 bool
 clock_sleep_unless(pthread_cond_t *cv, pthread_mutex_t *mtx, unsigned ms, const bool *stop)
 {
-    struct timespec ts = deadline_in(ms);
+    struct timespec ts = clock_deadline_ms(ms);
 
     while (!*stop && pthread_cond_timedwait(cv, mtx, &ts) == 0) {
     }

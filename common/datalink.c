@@ -16,6 +16,7 @@
 #include "failinject.h"
 #include "log.h"
 #include "threadname.h"
+#include "clock.h"
 
 /* ---- the data port ----------------------------------------------------------------------- */
 
@@ -620,7 +621,7 @@ accept_main(void *arg)
         c->srv  = s;
         c->sock = sock;
         pthread_mutex_init(&c->amtx, NULL);
-        pthread_cond_init(&c->acv, NULL);
+        clock_cond_init(&c->acv);
         if (pthread_create(&c->thread, NULL, conn_main, c) != 0) {
             pthread_mutex_unlock(&s->mtx);
             dlsock_free(sock);

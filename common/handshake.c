@@ -271,7 +271,7 @@ handshake_watch_new(uint32_t limit_ms)
     }
     w->limit_ms = limit_ms;
     pthread_mutex_init(&w->mtx, NULL);
-    pthread_cond_init(&w->cv, NULL);
+    clock_cond_init(&w->cv);
     return w;
 }
 

@@ -11,6 +11,7 @@
 #include "devcoord/v1/devcoord.pb-c.h"
 #include "rpc.h"
 #include "wire.h"
+#include "clock.h"
 
 /* A reusable nng context and aio for one call at a time. Slots go back to a free list when
  * their call completes and are freed only with the client, never inside their callback. */
@@ -112,7 +113,7 @@ rpc_client_open(const struct rpc_client_opts *opts, struct rpc_client **out, dc_
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
     pthread_mutex_init(&c->mtx, NULL);
-    pthread_cond_init(&c->sync_cv, NULL);
+    clock_cond_init(&c->sync_cv);
     snprintf(c->url, sizeof(c->url), "%s", opts->url);
     c->max_message   = opts->max_message_bytes ? opts->max_message_bytes : RPC_DEFAULT_MAX_MESSAGE;
     c->on_connection = opts->on_connection;

@@ -836,8 +836,8 @@ rpc_server_start(const struct rpc_server_opts *opts, struct rpc_server **out, dc
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
     pthread_mutex_init(&s->mtx, NULL);
-    pthread_cond_init(&s->cv, NULL);
-    pthread_cond_init(&s->idle_cv, NULL);
+    clock_cond_init(&s->cv);
+    clock_cond_init(&s->idle_cv);
     s->service = opts->service;
     if (s->service->descriptor->n_methods > RPC_MAX_METHODS) {
         code = status_set(st, DC_INTERNAL, "service with more than %d methods", RPC_MAX_METHODS);
@@ -1013,7 +1013,7 @@ close_bounded(nng_socket sock)
     }
     c->sock = sock;
     pthread_mutex_init(&c->mtx, NULL);
-    pthread_cond_init(&c->cv, NULL);
+    clock_cond_init(&c->cv);
     if (pthread_create(&t, NULL, closer_run, c) != 0) {
         closer_run(c);
         done = true;

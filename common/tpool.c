@@ -8,6 +8,7 @@
 
 #include "failinject.h"
 #include "threadname.h"
+#include "clock.h"
 
 struct tpool_job {
     void (*fn)(void *);
@@ -39,13 +40,7 @@ tpool_thread(void *arg)
         while (p->head == NULL && !p->stopping) {
             struct timespec ts;
             int rv;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_sec += p->idle_ms / 1000;
-            ts.tv_nsec += (long)(p->idle_ms % 1000) * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
+            ts = clock_deadline_ms(p->idle_ms);
             p->idle++;
             rv = pthread_cond_timedwait(&p->work, &p->mtx, &ts);
             p->idle--;
@@ -82,8 +77,8 @@ tpool_new(const char *name, unsigned max_threads, unsigned idle_ms)
         return NULL;
     }
     pthread_mutex_init(&p->mtx, NULL);
-    pthread_cond_init(&p->work, NULL);
-    pthread_cond_init(&p->gone, NULL);
+    clock_cond_init(&p->work);
+    clock_cond_init(&p->gone);
     p->max     = max_threads ? max_threads : 1;
     p->idle_ms = idle_ms;
     snprintf(p->name, sizeof(p->name), "%s", name);

@@ -34,6 +34,7 @@
 #include "rpc.h"
 #include "strmap.h"
 #include "tpool.h"
+#include "clock.h"
 
 #define WORKER_SVC (&devcoord__v1__worker__descriptor)
 
@@ -199,7 +200,7 @@ fanout_new(const struct fanout_opts *opts)
         return NULL;
     }
     pthread_mutex_init(&f->mtx, NULL);
-    pthread_cond_init(&f->idle_cv, NULL);
+    clock_cond_init(&f->idle_cv);
     strmap_init(&f->current);
     return f;
 }

@@ -715,7 +715,7 @@ groupsvc_new(struct registry *registry, const struct config_coordinator *cfg,
         return NULL;
     }
     pthread_mutex_init(&g->mtx, NULL);
-    pthread_cond_init(&g->cv, NULL);
+    clock_cond_init(&g->cv);
     if (pthread_create(&g->timer, NULL, groupsvc_timer, g) != 0) {
         pthread_cond_destroy(&g->cv);
         pthread_mutex_destroy(&g->mtx);
@@ -893,7 +893,7 @@ groupsvc_ask_workers(struct groupsvc *g, Devcoord__V1__ListGroupsResponse *group
         return;
     }
     pthread_mutex_init(&all->mtx, NULL);
-    pthread_cond_init(&all->cv, NULL);
+    clock_cond_init(&all->cv);
     all->g    = g;
     all->refs = 1;
     for (size_t i = 0; i < groups->n_groups; i++) {

@@ -298,7 +298,7 @@ ha_new(const struct ha_opts *opts, struct ha **out, dc_status *st)
     snprintf(h->leader_key, sizeof(h->leader_key), "%s/leader", opts->state->prefix);
     snprintf(h->intent_key, sizeof(h->intent_key), "%s/intent", opts->state->prefix);
     pthread_mutex_init(&h->mu, NULL);
-    pthread_cond_init(&h->cv, NULL);
+    clock_cond_init(&h->cv);
     /* A request that takes longer than a quarter of the TTL is as good as failed. */
     if ((code = etcd_open(opts->state, h->ttl_ms / 4, &h->etcd, st)) != DC_OK) {
         goto fail;

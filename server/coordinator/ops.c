@@ -1481,7 +1481,7 @@ ops_new(struct registry *registry, const struct config_coordinator *cfg, const c
         return NULL;
     }
     pthread_mutex_init(&o->mtx, NULL);
-    pthread_cond_init(&o->cv, NULL);
+    clock_cond_init(&o->cv);
     strmap_init(&o->by_id);
     strmap_init(&o->by_key);
     opqueue_init(&o->queues);

@@ -918,12 +918,7 @@ collectives_reaper(void *arg)
             free(p);
         }
         pthread_mutex_lock(&co->mtx);
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        ts = clock_deadline_ms(100);
         pthread_cond_timedwait(&co->reaper_cv, &co->mtx, &ts);
     }
     pthread_mutex_unlock(&co->mtx);
@@ -1006,13 +1001,7 @@ cop_wait_locked(struct cop *op, const char *waiting_for, enum blame_kind blame, 
         return false;
     }
     left = op->deadline_ms - now;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += (time_t)(left / 1000);
-    ts.tv_nsec += (long)(left % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    ts   = clock_deadline_ms(left);
     pthread_cond_timedwait(&op->cv, &op->mtx, &ts);
     return true;
 }
@@ -2629,7 +2618,7 @@ cop_new(struct collectives *co, const Devcoord__V1__ExecuteRequest *in, struct c
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
     pthread_mutex_init(&op->mtx, NULL);
-    pthread_cond_init(&op->cv, NULL);
+    clock_cond_init(&op->cv);
     op->co           = co;
     op->req          = in;
     op->self         = in->self;
@@ -2951,8 +2940,8 @@ collectives_new(const struct config_worker *cfg, const char *token, struct execu
         return NULL;
     }
     pthread_mutex_init(&co->mtx, NULL);
-    pthread_cond_init(&co->cv, NULL);
-    pthread_cond_init(&co->reaper_cv, NULL);
+    clock_cond_init(&co->cv);
+    clock_cond_init(&co->reaper_cv);
     /* Threads for ops come and go with the load; an idle worker keeps none after 30 s. */
     if ((co->pool = tpool_new("dc-op", 1024, 30000)) == NULL) {
         pthread_cond_destroy(&co->cv);

@@ -753,7 +753,7 @@ peer_get_locked(struct wgroups *wg, const char *address, dc_status *st)
         return NULL;
     }
     p->wg = wg;
-    pthread_cond_init(&p->cv, NULL);
+    clock_cond_init(&p->cv);
     snprintf(p->address, sizeof(p->address), "%s", address);
     if (auth_client_open_watched(address, wg->token, &wg->cfg->tls, wg->cfg->max_message_bytes, 500,
                                  peer_on_connection, p, &p->client, st) != DC_OK) {
@@ -3596,8 +3596,8 @@ wgroups_new(const struct config_worker *cfg, const char *token)
         return NULL;
     }
     pthread_mutex_init(&wg->mtx, NULL);
-    pthread_cond_init(&wg->cv, NULL);
-    pthread_cond_init(&wg->op_sink_cv, NULL);
+    clock_cond_init(&wg->cv);
+    clock_cond_init(&wg->op_sink_cv);
     if (pthread_create(&wg->timer, NULL, wgroups_timer, wg) != 0) {
         pthread_cond_destroy(&wg->op_sink_cv);
         pthread_cond_destroy(&wg->cv);

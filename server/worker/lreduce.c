@@ -8,6 +8,7 @@
 
 #include "reduce.h"
 #include "threadname.h"
+#include "clock.h"
 
 /* A slice goes through in chunks this big per buffer: every input's and out[0]'s chunk stay
  * in cache between the reduction and the copies out. */
@@ -127,8 +128,8 @@ lreduce_new(unsigned helpers)
         return NULL;
     }
     pthread_mutex_init(&lr->mtx, NULL);
-    pthread_cond_init(&lr->work, NULL);
-    pthread_cond_init(&lr->done, NULL);
+    clock_cond_init(&lr->work);
+    clock_cond_init(&lr->done);
     helpers = helpers > LREDUCE_MAX_HELPERS ? LREDUCE_MAX_HELPERS : helpers;
     for (; lr->n_threads < helpers; lr->n_threads++) {
         if (pthread_create(&lr->threads[lr->n_threads], NULL, helper_main, lr) != 0) {

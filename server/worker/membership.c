@@ -240,7 +240,7 @@ membership_new(const struct config_worker *cfg, const char *token, void (*on_fen
     m->arg         = arg;
     m->interval_ms = 1000;
     pthread_mutex_init(&m->mtx, NULL);
-    pthread_cond_init(&m->cv, NULL);
+    clock_cond_init(&m->cv);
     m->token = token;
     /* Until the coordinator tells us the heartbeat interval, redial every second. */
     if (strchr(cfg->coordinator, ',') != NULL) {

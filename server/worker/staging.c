@@ -24,6 +24,7 @@
 #include "log.h"
 #include "rpc.h"
 #include "threadname.h"
+#include "clock.h"
 
 #define EXPIRE_TICK_MS 100
 
@@ -156,12 +157,7 @@ staging_expirer(void *arg)
             held_free(h);
         }
         pthread_mutex_lock(&s->mtx);
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += EXPIRE_TICK_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        ts = clock_deadline_ms(EXPIRE_TICK_MS);
         if (!s->stopping) {
             pthread_cond_timedwait(&s->cv, &s->mtx, &ts);
         }
@@ -187,7 +183,7 @@ staging_new(struct executor *ex)
         return NULL;
     }
     pthread_mutex_init(&s->mtx, NULL);
-    pthread_cond_init(&s->cv, NULL);
+    clock_cond_init(&s->cv);
     if (pthread_create(&s->expirer, NULL, staging_expirer, s) != 0) {
         pthread_cond_destroy(&s->cv);
         pthread_mutex_destroy(&s->mtx);
