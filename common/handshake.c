@@ -38,8 +38,10 @@ struct handshake_watch {
     pthread_mutex_t mtx;
     pthread_cond_t cv;
     bool stopping;
-    /* Remote ends of live pipes (a multiset: counts in use). Guarded by mtx. */
+    /* Remote ends of live pipes (a multiset: counts in use), and their pipe ids, by which
+     * they go. Guarded by mtx. */
     struct peer_key *pipes;
+    uint32_t *pipe_ids;
     size_t n_pipes, cap_pipes;
     /* Accepted sockets not yet pipes, as of the last scan. The watch thread's own. */
     struct pending *pending;
@@ -124,11 +126,11 @@ is_pipe_locked(const struct handshake_watch *w, const struct peer_key *k)
 }
 
 void
-handshake_watch_pipe(struct handshake_watch *w, const nng_sockaddr *remote, bool up)
+handshake_watch_pipe(struct handshake_watch *w, uint32_t id, const nng_sockaddr *remote, bool up)
 {
     struct peer_key k;
 
-    if (w == NULL || !peer_from_nng(remote, &k)) {
+    if (w == NULL || (up && (remote == NULL || !peer_from_nng(remote, &k)))) {
         return;
     }
     pthread_mutex_lock(&w->mtx);
@@ -136,20 +138,27 @@ handshake_watch_pipe(struct handshake_watch *w, const nng_sockaddr *remote, bool
         if (w->n_pipes == w->cap_pipes) {
             size_t cap             = w->cap_pipes ? w->cap_pipes * 2 : 64;
             struct peer_key *grown = realloc(w->pipes, cap * sizeof(*grown));
-            if (grown == NULL) {
+            uint32_t *ids = grown != NULL ? realloc(w->pipe_ids, cap * sizeof(*ids)) : NULL;
+            if (grown != NULL) {
+                w->pipes = grown; /* a larger block is as good */
+            }
+            if (ids == NULL) {
                 /* Unrecorded, the pipe's socket looks like a stalled handshake: log it. */
                 pthread_mutex_unlock(&w->mtx);
                 log_warn("handshake watch: out of memory recording a connection");
                 return;
             }
-            w->pipes     = grown;
+            w->pipe_ids  = ids;
             w->cap_pipes = cap;
         }
-        w->pipes[w->n_pipes++] = k;
+        w->pipe_ids[w->n_pipes] = id;
+        w->pipes[w->n_pipes++]  = k;
     } else {
         for (size_t i = 0; i < w->n_pipes; i++) {
-            if (peer_equal(&w->pipes[i], &k)) {
-                w->pipes[i] = w->pipes[--w->n_pipes];
+            if (w->pipe_ids[i] == id) {
+                w->n_pipes--;
+                w->pipes[i]    = w->pipes[w->n_pipes];
+                w->pipe_ids[i] = w->pipe_ids[w->n_pipes];
                 break;
             }
         }
@@ -283,6 +292,17 @@ handshake_watch_start(struct handshake_watch *w, uint16_t port)
     return w->started;
 }
 
+size_t
+handshake_watch_pipes(struct handshake_watch *w)
+{
+    size_t n;
+
+    pthread_mutex_lock(&w->mtx);
+    n = w->n_pipes;
+    pthread_mutex_unlock(&w->mtx);
+    return n;
+}
+
 uint64_t
 handshake_watch_reaped(struct handshake_watch *w)
 {
@@ -310,6 +330,7 @@ handshake_watch_stop(struct handshake_watch *w)
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mtx);
     free(w->pipes);
+    free(w->pipe_ids);
     free(w->pending);
     free(w);
 }

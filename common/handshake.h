@@ -28,9 +28,14 @@ struct handshake_watch *handshake_watch_new(uint32_t limit_ms);
 bool handshake_watch_start(struct handshake_watch *w, uint16_t port);
 /* Stops the thread, if started, and frees everything. */
 void handshake_watch_stop(struct handshake_watch *w);
-/* A pipe from remote came up (true) or went (false). Any thread, never blocks for long. */
-void handshake_watch_pipe(struct handshake_watch *w, const nng_sockaddr *remote, bool up);
+/* Pipe `id` from remote came up (up: remote its address), or pipe `id` went (remote unused:
+ * by then nng may no longer know the address of a connection its peer closed). Any thread,
+ * never blocks for long. */
+void handshake_watch_pipe(struct handshake_watch *w, uint32_t id, const nng_sockaddr *remote,
+                          bool up);
 /* Connections shut down so far. */
 uint64_t handshake_watch_reaped(struct handshake_watch *w);
+/* Pipes recorded as live now. */
+size_t handshake_watch_pipes(struct handshake_watch *w);
 
 #endif

@@ -123,8 +123,12 @@ rpc_server_pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
     struct rpc_server *s = arg;
     nng_sockaddr sa;
 
-    if (s->handshake != NULL && nng_pipe_get_addr(pipe, NNG_OPT_REMADDR, &sa) == 0) {
-        handshake_watch_pipe(s->handshake, &sa, ev == NNG_PIPE_EV_ADD_POST);
+    if (s->handshake != NULL && ev == NNG_PIPE_EV_ADD_POST &&
+        nng_pipe_get_addr(pipe, NNG_OPT_REMADDR, &sa) == 0) {
+        handshake_watch_pipe(s->handshake, (uint32_t)nng_pipe_id(pipe), &sa, true);
+    } else if (s->handshake != NULL && ev == NNG_PIPE_EV_REM_POST) {
+        /* By id: the address of a connection its peer closed is gone by now. */
+        handshake_watch_pipe(s->handshake, (uint32_t)nng_pipe_id(pipe), NULL, false);
     }
     if (ev == NNG_PIPE_EV_REM_POST && s->on_disconnect != NULL) {
         s->on_disconnect(s->on_disconnect_arg, (uint32_t)nng_pipe_id(pipe));
