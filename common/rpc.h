@@ -116,6 +116,10 @@ void rpc_server_free(struct rpc_server *s);
 /* Whether an rpc_server_free gave up waiting for nng_close (nng 1.5.2's hang on a connection
  * closed mid-read); then nng_fini would wait forever too and must not be called. */
 bool rpc_server_abandoned(void);
+/* nng_close(sock) on a thread of its own, waited for at most 3 s (nng 1.5.2's tcp close can
+ * wait forever for a read under way, rpc_server.c): true when it closed; false when it was
+ * abandoned, and then whatever nng may still touch of the socket's must stay as it is. */
+bool rpc_close_bounded(nng_socket sock);
 
 /* Where a frame's reply goes (rpc_server_serve_frame): the reply frame's bytes, valid during
  * the call, or NULL and 0 when not even an error reply could be built. Any thread. */

@@ -1004,8 +1004,8 @@ closer_run(void *arg)
     return NULL;
 }
 
-static bool
-close_bounded(nng_socket sock)
+bool
+rpc_close_bounded(nng_socket sock)
 {
     struct closer *c = calloc(1, sizeof(*c));
     pthread_t t;
@@ -1074,7 +1074,7 @@ rpc_server_free(struct rpc_server *s)
     for (unsigned i = 0; i < s->n_calls; i++) {
         nng_aio_stop(s->calls[i]->aio);
     }
-    if (!close_bounded(s->sock)) {
+    if (!rpc_close_bounded(s->sock)) {
         /* The server is left as it is: the stuck close may still reach any of it. */
         log_warn("rpc server: closing its socket did not finish within %d ms (nng 1.5.2 "
                  "waits for a read on a connection already closed, fixed in nng 1.6.0); left "
