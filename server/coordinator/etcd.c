@@ -621,7 +621,10 @@ json_i64(const cJSON *obj, const char *name)
         return (int64_t)strtoll(v->valuestring, NULL, 10);
     }
     if (cJSON_IsNumber(v)) {
-        return (int64_t)v->valuedouble;
+        /* Converting a double outside int64's range (or NaN) is undefined: such a field is
+         * garbage, read as 0 like a missing one. */
+        double d = v->valuedouble;
+        return d > -9.2e18 && d < 9.2e18 ? (int64_t)d : 0;
     }
     return 0;
 }
