@@ -335,6 +335,22 @@ rpc_call_arm(struct rpc_call *call)
     nng_ctx_recv(call->ctx, call->aio);
 }
 
+/* A call is over (answered, or dropped): it no longer counts busy, and its context listens
+ * again unless the server is closing (rpc_server_free waits for busy calls, once closing).
+ * mtx held. */
+static void
+rpc_call_done_locked(struct rpc_call *call)
+{
+    struct rpc_server *s = call->server;
+
+    if (--s->busy == 0 && s->closing) {
+        pthread_cond_broadcast(&s->idle_cv);
+    }
+    if (!s->closing) {
+        rpc_call_arm(call);
+    }
+}
+
 static void
 rpc_call_reset(struct rpc_call *call)
 {
@@ -429,12 +445,7 @@ rpc_call_answer(const ProtobufCMessage *body, void *data)
         if (rv == 0) {
             nng_msg_free(reply);
         }
-        if (--s->busy == 0 && s->closing) {
-            pthread_cond_broadcast(&s->idle_cv);
-        }
-        if (!s->closing) {
-            rpc_call_arm(call);
-        }
+        rpc_call_done_locked(call);
         pthread_mutex_unlock(&s->mtx);
         return;
     }
@@ -699,13 +710,7 @@ rpc_call_cb(void *arg)
             }
             call->reply_pipe = 0;
         }
-        /* Only rpc_server_free waits for calls to end, and only once closing. */
-        if (--s->busy == 0 && s->closing) {
-            pthread_cond_broadcast(&s->idle_cv);
-        }
-        if (!s->closing) {
-            rpc_call_arm(call);
-        }
+        rpc_call_done_locked(call);
         pthread_mutex_unlock(&s->mtx);
         return;
     }
@@ -759,12 +764,7 @@ rpc_call_take(struct rpc_call *call)
         nng_msg_free(call->req);
         call->req  = NULL;
         call->pipe = 0;
-        if (--s->busy == 0 && s->closing) {
-            pthread_cond_broadcast(&s->idle_cv);
-        }
-        if (!s->closing) {
-            rpc_call_arm(call);
-        }
+        rpc_call_done_locked(call);
         pthread_mutex_unlock(&s->mtx);
         return;
     }

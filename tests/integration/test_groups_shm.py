@@ -57,6 +57,18 @@ def call_body(gid, seq, rank, count, region=0, send=0, recv=None):
     return body
 
 
+def shm_object(test, size):
+    """A fresh shared memory object of size bytes, as a client would make one: (fd, name);
+    closed and unlinked when the test ends."""
+    name = "/devcoord-" + secrets.token_hex(16)
+    path = "/dev/shm" + name
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    test.addCleanup(os.close, fd)
+    test.addCleanup(lambda: os.path.exists(path) and os.unlink(path))
+    os.ftruncate(fd, size)
+    return fd, name
+
+
 class ShmCallsTest(GroupsTestCase):
     def worker_metrics(self, c, name):
         port = int(c.worker_specs[name]["http"].rsplit(":", 1)[1])
@@ -345,12 +357,7 @@ class HostileMapTest(GroupsTestCase):
     def shrunk_region(self, port, gid, size=64 * 1024):
         """Maps a fresh object of rank 0 through GroupMap, keeping a writable fd as a hostile
         client would, and truncates it: returns (fd, region id)."""
-        name = "/devcoord-" + secrets.token_hex(16)
-        path = "/dev/shm" + name
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        self.addCleanup(os.close, fd)
-        self.addCleanup(lambda: os.path.exists(path) and os.unlink(path))
-        os.ftruncate(fd, size)
+        fd, name = shm_object(self, size)
         code, message, reply = self.call(port, "GroupMap", map_body(gid, name, size))
         self.assertEqual(code, "OK", message)
         os.ftruncate(fd, 0)
@@ -441,12 +448,7 @@ class RegionLandingTest(GroupsTestCase):
         gid = "00000000000000d1"
         rpc, fake = self.two_workers_and_a_link_posing_as_node_a(gid)
         size, half = 1 << 18, 1 << 17  # 65536 f32 in place: a ring call, in node-b's region
-        name = "/devcoord-" + secrets.token_hex(16)
-        path = "/dev/shm" + name
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        self.addCleanup(os.close, fd)
-        self.addCleanup(lambda: os.path.exists(path) and os.unlink(path))
-        os.ftruncate(fd, size)
+        fd, name = shm_object(self, size)
         code, message, reply = self.call(rpc["node-b"], "GroupMap", map_body(gid, name, size, 1))
         self.assertEqual(code, "OK", message)
         region = harness.pb_decode(reply)[F("GroupMapResponse", "region")][0]
