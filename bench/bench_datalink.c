@@ -31,11 +31,13 @@ struct side {
 };
 
 static void
-side_begin(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t **dst, void **pin)
+side_begin(void *arg, const char *peer, const struct dlink_hdr *h, uint8_t **dst, void **pin,
+           uint32_t *wait_ms)
 {
     struct side *s = arg;
 
     (void)peer;
+    (void)wait_ms; /* the link's own bound */
     *dst = s->dst + h->offset;
     *pin = s;
 }
