@@ -258,6 +258,10 @@ dc_code rpc_call_async(struct rpc_client *c, const ProtobufCServiceDescriptor *s
 
 uint64_t rpc_now_ms(void);
 uint64_t rpc_now_us(void);
+/* Milliseconds from now until `until` (rpc_now_ms's clock), 0 once it has passed, capped at
+ * INT32_MAX (what nng's durations hold). The clock is read once: `until - rpc_now_ms()` after
+ * a separate check wraps to ~49 days if the moment passes between the two reads. */
+uint64_t rpc_ms_until(uint64_t until);
 
 /* "/devcoord.v1.Coordinator/SubmitOp" into buf. */
 void rpc_method_path(const ProtobufCServiceDescriptor *svc, unsigned method, char *buf, size_t cap);

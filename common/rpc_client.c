@@ -44,6 +44,9 @@ struct rpc_client {
     void *on_connection_arg;
     atomic_int pipes;
     atomic_ullong next_id;
+    /* rpc_client_close began: connection events reach the owner no more (a close nng
+     * abandons may report one after the owner is gone). */
+    atomic_bool closing;
 
     pthread_mutex_t mtx;
     pthread_cond_t sync_cv; /* sync_calls dropped to 0 */
@@ -75,6 +78,9 @@ rpc_client_pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
     int before;
 
     (void)pipe;
+    if (atomic_load(&c->closing)) {
+        return;
+    }
     if (ev == NNG_PIPE_EV_ADD_POST) {
         before = atomic_fetch_add(&c->pipes, 1);
         if (before == 0 && c->on_connection != NULL) {
@@ -169,6 +175,7 @@ rpc_client_close(struct rpc_client *c)
     if (c == NULL) {
         return;
     }
+    atomic_store(&c->closing, true);
     /* Stop every slot first: a completion callback may still be inside nng_ctx_recv on
      * another thread after its call was answered, and the socket must outlive it. Stopping
      * also fails calls still in flight (their callbacks run now, with NNG_ECANCELED). */

@@ -62,7 +62,8 @@ struct rpc_pipe_load {
  * and never reads would hold every context. So a reply's send takes at most what is left of
  * its call's deadline (at most RPC_REPLY_MAX_MS) and RPC_REPLY_SLACK_MS more, RPC_REPLY_MS
  * without a deadline (or undecoded); and a connection with RPC_STUCK_SENDING replies waiting
- * that took none for RPC_STUCK_MS gets no more: its requests are dropped unanswered. */
+ * that took none for RPC_STUCK_MS, or with an eighth of max_calls waiting, gets no more: its
+ * requests are dropped unanswered. */
 #define RPC_STUCK_SENDING  16
 #define RPC_STUCK_MS       1000
 #define RPC_REPLY_SLACK_MS 1000
@@ -265,6 +266,17 @@ uint64_t
 rpc_now_ms(void)
 {
     return rpc_now_us() / 1000u;
+}
+
+uint64_t
+rpc_ms_until(uint64_t until)
+{
+    uint64_t now = rpc_now_ms();
+
+    if (until <= now) {
+        return 0;
+    }
+    return until - now < INT32_MAX ? until - now : INT32_MAX;
 }
 
 size_t
@@ -750,8 +762,11 @@ rpc_call_take(struct rpc_call *call)
     pthread_mutex_lock(&s->mtx);
     if (call->pipe != 0) {
         struct rpc_pipe_load *load = rpc_pipe_slot(s, call->pipe);
-        unread = load->pipe == call->pipe && load->sending >= RPC_STUCK_SENDING &&
-                 rpc_now_ms() - load->progress_ms >= RPC_STUCK_MS;
+        /* Stuck, or holding an eighth of every context the server may have: before a second
+         * without progress passed, a flood could take them all. */
+        unread =
+            load->pipe == call->pipe && load->sending >= RPC_STUCK_SENDING &&
+            (rpc_now_ms() - load->progress_ms >= RPC_STUCK_MS || load->sending >= s->max_calls / 8);
     }
     admitted = !unread && rpc_server_admit(s, call, nng_msg_len(call->req));
     if (unread) {
@@ -1022,10 +1037,10 @@ rpc_close_bounded(nng_socket sock)
         closer_run(c);
         done = true;
     } else {
-        uint64_t until = rpc_now_ms() + RPC_CLOSE_BOUND_MS;
+        uint64_t until = rpc_now_ms() + RPC_CLOSE_BOUND_MS, left;
         pthread_mutex_lock(&c->mtx);
-        while (!c->done && rpc_now_ms() < until) {
-            clock_cond_wait_ms(&c->cv, &c->mtx, (unsigned)(until - rpc_now_ms()) + 1);
+        while (!c->done && (left = rpc_ms_until(until)) > 0) {
+            clock_cond_wait_ms(&c->cv, &c->mtx, (unsigned)left + 1);
         }
         done = c->done;
         pthread_mutex_unlock(&c->mtx);

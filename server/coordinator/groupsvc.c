@@ -879,7 +879,7 @@ groupsvc_ask_workers(struct groupsvc *g, Devcoord__V1__ListGroupsResponse *group
     Devcoord__V1__GroupStatusRequest req = DEVCOORD__V1__GROUP_STATUS_REQUEST__INIT;
     struct ask_all *all;
     size_t n = 0;
-    uint64_t until;
+    uint64_t until, left;
     dc_status st;
 
     for (size_t i = 0; i < groups->n_groups; i++) {
@@ -926,8 +926,8 @@ groupsvc_ask_workers(struct groupsvc *g, Devcoord__V1__ListGroupsResponse *group
     }
     until = rpc_now_ms() + timeout_ms;
     pthread_mutex_lock(&all->mtx);
-    while (all->out > 0 && rpc_now_ms() < until) {
-        clock_cond_wait_ms(&all->cv, &all->mtx, (unsigned)(until - rpc_now_ms()) + 1);
+    while (all->out > 0 && (left = rpc_ms_until(until)) > 0) {
+        clock_cond_wait_ms(&all->cv, &all->mtx, (unsigned)left + 1);
     }
     /* The answers in by now; later ones are dropped with the last reference. */
     for (size_t i = 0; i < all->n; i++) {

@@ -1063,7 +1063,7 @@ static void
 cop_wait_links(struct cop *op)
 {
     char waiting[200];
-    uint64_t until;
+    uint64_t until, left;
 
     pthread_mutex_lock(&op->mtx);
     /* No handler forwards a chunk from here, and none is left half queued. */
@@ -1087,8 +1087,8 @@ cop_wait_links(struct cop *op)
     wgroups_op_cancel(op->co->wg, op, false);
     pthread_mutex_lock(&op->mtx);
     until = rpc_now_ms() + LINK_GRACE_MS;
-    while (op->link_in_flight > 0 && rpc_now_ms() < until) {
-        clock_cond_wait_ms(&op->cv, &op->mtx, (unsigned)(until - rpc_now_ms()));
+    while (op->link_in_flight > 0 && (left = rpc_ms_until(until)) > 0) {
+        clock_cond_wait_ms(&op->cv, &op->mtx, (unsigned)left);
     }
     if (op->link_in_flight > 0) {
         pthread_mutex_unlock(&op->mtx);
@@ -1566,7 +1566,8 @@ cop_send(struct cop *op, uint32_t to, uint32_t step, const uint8_t *base, size_t
         op->bytes_sent += len;
         pthread_mutex_unlock(&op->mtx);
 
-        left       = op->deadline_ms > rpc_now_ms() ? op->deadline_ms - rpc_now_ms() : 1;
+        left       = rpc_ms_until(op->deadline_ms);
+        left       = left > 0 ? left : 1;
         req.offset = off;
         if (rpc_call_async(op->peers[to]->client, WORKER_SVC, M_WORKER_EXCHANGE, &req.base,
                            base + off, len, (uint32_t)left, cop_sent, &op->send_ctx[to],
@@ -1880,7 +1881,8 @@ cop_send_metas(struct cop *op)
         pthread_mutex_lock(&op->mtx);
         op->sends_in_flight++;
         pthread_mutex_unlock(&op->mtx);
-        left = op->deadline_ms > rpc_now_ms() ? op->deadline_ms - rpc_now_ms() : 1;
+        left = rpc_ms_until(op->deadline_ms);
+        left = left > 0 ? left : 1;
         if (rpc_call_async(op->peers[w]->client, WORKER_SVC, M_WORKER_EXCHANGE, &req.base, buf,
                            op->n_local * META_ENTRY, (uint32_t)left, cop_sent, &op->send_ctx[w],
                            &st) != DC_OK) {

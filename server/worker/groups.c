@@ -2249,8 +2249,8 @@ wcall_send(struct wgroups *wg, struct wgroup *g, struct wcall *c, bool partial)
     }
     for (size_t w = 0; w < g->n_workers && !g->ended; w++) {
         struct exch_ctx *x;
-        uint32_t left =
-            c->deadline_ms > rpc_now_ms() ? (uint32_t)(c->deadline_ms - rpc_now_ms()) : 1;
+        uint64_t until_ms = rpc_ms_until(c->deadline_ms);
+        uint32_t left     = until_ms > 0 ? (uint32_t)until_ms : 1;
         if (w == g->self) {
             continue;
         }
