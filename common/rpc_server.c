@@ -62,8 +62,7 @@ struct rpc_pipe_load {
  * and never reads would hold every context. So a reply's send takes at most what is left of
  * its call's deadline (at most RPC_REPLY_MAX_MS) and RPC_REPLY_SLACK_MS more, RPC_REPLY_MS
  * without a deadline (or undecoded); and a connection with RPC_STUCK_SENDING replies waiting
- * that took none for RPC_STUCK_MS, or with an eighth of max_calls waiting, gets no more: its
- * requests are dropped unanswered. */
+ * that took none for RPC_STUCK_MS gets no more: its requests are dropped unanswered. */
 #define RPC_STUCK_SENDING  16
 #define RPC_STUCK_MS       1000
 #define RPC_REPLY_SLACK_MS 1000
@@ -762,11 +761,8 @@ rpc_call_take(struct rpc_call *call)
     pthread_mutex_lock(&s->mtx);
     if (call->pipe != 0) {
         struct rpc_pipe_load *load = rpc_pipe_slot(s, call->pipe);
-        /* Stuck, or holding an eighth of every context the server may have: before a second
-         * without progress passed, a flood could take them all. */
-        unread =
-            load->pipe == call->pipe && load->sending >= RPC_STUCK_SENDING &&
-            (rpc_now_ms() - load->progress_ms >= RPC_STUCK_MS || load->sending >= s->max_calls / 8);
+        unread = load->pipe == call->pipe && load->sending >= RPC_STUCK_SENDING &&
+                 rpc_now_ms() - load->progress_ms >= RPC_STUCK_MS;
     }
     admitted = !unread && rpc_server_admit(s, call, nng_msg_len(call->req));
     if (unread) {
