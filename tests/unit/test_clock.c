@@ -15,15 +15,7 @@
 #include <cmocka.h>
 
 #include "clock.h"
-
-static uint64_t
-mono_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
+#include "rpc.h"
 
 static void
 test_a_pause_lasts_what_it_asks(void **state)
@@ -36,10 +28,10 @@ test_a_pause_lasts_what_it_asks(void **state)
     (void)state;
     clock_cond_init(&cv);
     pthread_mutex_lock(&mtx);
-    start = mono_ms();
+    start = rpc_now_ms();
     assert_false(clock_sleep_unless(&cv, &mtx, 200, &stop));
     /* A lower bound only: the pause may take longer on a busy machine, never less. */
-    assert_true(mono_ms() - start >= 199);
+    assert_true(rpc_now_ms() - start >= 199);
     stop = true;
     assert_true(clock_sleep_unless(&cv, &mtx, 60000, &stop)); /* set: back at once */
     pthread_mutex_unlock(&mtx);
