@@ -116,6 +116,11 @@ struct config_worker {
     bool collectives[DC_BACKEND_COUNT];
     uint64_t max_message_bytes; /* limits.max_message_bytes, default 4194304 */
     uint64_t max_tensor_bytes;  /* limits.max_tensor_bytes, default 4 GiB */
+    /* limits.max_stored_bytes: the bytes all of this worker's tensors may hold together
+     * (stored, staged for Commit, being uploaded); 0 (default): three quarters of the
+     * machine's memory, decided when the worker starts. A device's `memory`, when set, bounds
+     * the tensors of that device. */
+    uint64_t max_stored_bytes;
     /* limits.max_inflight_bytes and limits.max_inflight_bytes_per_connection, as the
      * coordinator's */
     uint64_t max_inflight_bytes;

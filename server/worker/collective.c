@@ -2055,7 +2055,8 @@ cop_output_add(struct cop *op, size_t i, const char *name, const uint64_t *shape
     struct staging_output *out = &op->outputs[op->n_outputs];
     dc_code code;
 
-    if ((code = executor_create(op->co->ex, op->dtype, shape, ndim, &out->tensor, st)) != DC_OK) {
+    if ((code = executor_create(op->co->ex, &op->devices[op->local_ranks[i]].device, op->dtype,
+                                shape, ndim, &out->tensor, st)) != DC_OK) {
         return code;
     }
     out->device = op->devices[op->local_ranks[i]].device;

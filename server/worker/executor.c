@@ -4,6 +4,7 @@
 
 #include "device.h"
 #include "executor_impl.h"
+#include "human.h"
 
 static const struct {
     const char *kind;
@@ -94,7 +95,12 @@ void
 tensor_release(struct tensor *t)
 {
     if (t != NULL && atomic_fetch_sub(&t->refs, 1) == 1) {
-        t->owner->ops->tensor_free(t->owner, t);
+        struct executor *ex = t->owner;
+        atomic_fetch_sub(&ex->held, t->size_bytes);
+        if (t->charged < ex->n_devices) {
+            atomic_fetch_sub(&ex->devices[t->charged].held, t->size_bytes);
+        }
+        ex->ops->tensor_free(ex, t);
     }
 }
 
@@ -128,23 +134,102 @@ no_tensor(const dc_device *dev, const char *name, dc_status *st)
     return status_set(st, DC_NOT_FOUND, "no tensor '%.255s' on %s", name, text);
 }
 
+void
+executor_set_limits(struct executor *ex, uint64_t max_bytes, const uint64_t *device_memory)
+{
+    ex->max_bytes = max_bytes;
+    for (size_t i = 0; i < ex->n_devices; i++) {
+        ex->devices[i].memory = device_memory != NULL ? device_memory[i] : 0;
+    }
+}
+
+uint64_t
+executor_bytes_held(struct executor *ex, uint64_t *limit)
+{
+    if (limit != NULL) {
+        *limit = ex->max_bytes;
+    }
+    return atomic_load(&ex->held);
+}
+
+/* Adds bytes to *held unless that passes limit (0: none); else false and *was what it held. */
+static bool
+charge(_Atomic uint64_t *held, uint64_t limit, uint64_t bytes, uint64_t *was)
+{
+    uint64_t cur = atomic_load(held);
+
+    do {
+        if (limit != 0 && (bytes > limit || cur > limit - bytes)) {
+            *was = cur;
+            return false;
+        }
+    } while (!atomic_compare_exchange_weak(held, &cur, cur + bytes));
+    return true;
+}
+
+/* Counts a new tensor of `bytes` against dev's memory and the executor's bound; dev NULL
+ * counts it in the total only. *charged: the device's index, or SIZE_MAX. */
+static dc_code
+executor_charge(struct executor *ex, const dc_device *dev, size_t bytes, size_t *charged,
+                dc_status *st)
+{
+    char size[32], used[32], limit[32], text[DC_DEVICE_TEXT_SIZE];
+    struct executor_device *d = dev != NULL ? executor_find(ex, dev) : NULL;
+    uint64_t was;
+
+    *charged = d != NULL ? (size_t)(d - ex->devices) : SIZE_MAX;
+    human_bytes(size, sizeof(size), bytes);
+    if (d != NULL && !charge(&d->held, d->memory, bytes, &was)) {
+        human_bytes(used, sizeof(used), was);
+        human_bytes(limit, sizeof(limit), d->memory);
+        dc_device_format(dev, text, sizeof(text));
+        *charged = SIZE_MAX;
+        return status_set(st, DC_RESOURCE_EXHAUSTED,
+                          "no room for a %s tensor on %s: its tensors hold %s of its memory "
+                          "(%s, devices[].memory in the worker's configuration)",
+                          size, text, used, limit);
+    }
+    if (!charge(&ex->held, ex->max_bytes, bytes, &was)) {
+        if (d != NULL) {
+            atomic_fetch_sub(&d->held, bytes);
+        }
+        human_bytes(used, sizeof(used), was);
+        human_bytes(limit, sizeof(limit), ex->max_bytes);
+        *charged = SIZE_MAX;
+        return status_set(st, DC_RESOURCE_EXHAUSTED,
+                          "no room for a %s tensor: this worker's tensors hold %s of its "
+                          "limits.max_stored_bytes (%s)",
+                          size, used, limit);
+    }
+    return DC_OK;
+}
+
 /* The version of the next tensor made (tensor.version). */
 static atomic_ullong next_version = 1;
 
 dc_code
-executor_create(struct executor *ex, dc_dtype dtype, const uint64_t *shape, size_t ndim,
-                struct tensor **out, dc_status *st)
+executor_create(struct executor *ex, const dc_device *dev, dc_dtype dtype, const uint64_t *shape,
+                size_t ndim, struct tensor **out, dc_status *st)
 {
     struct tensor *t;
-    size_t elements, bytes;
+    size_t elements, bytes, charged;
+    dc_code code;
 
     if (!tensor_size(dtype, shape, ndim, &elements, &bytes)) {
         return status_set(st, DC_INVALID_ARGUMENT, "invalid tensor shape or dtype");
     }
+    if ((code = executor_charge(ex, dev, bytes, &charged, st)) != DC_OK) {
+        return code;
+    }
     if ((t = ex->ops->tensor_alloc(ex, bytes)) == NULL) {
+        atomic_fetch_sub(&ex->held, bytes);
+        if (charged < ex->n_devices) {
+            atomic_fetch_sub(&ex->devices[charged].held, bytes);
+        }
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte tensor", bytes);
     }
-    t->owner = ex;
+    t->owner   = ex;
+    t->charged = charged;
     atomic_store(&t->refs, 1);
     t->dtype = dtype;
     t->ndim  = ndim;

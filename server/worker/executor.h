@@ -43,6 +43,7 @@ struct tensor {
     size_t elements;
     size_t size_bytes;
     uint64_t version; /* unique to this tensor (executor_create): GetTensor's TensorInfo.version */
+    size_t charged;   /* the executor device its bytes count against (SIZE_MAX: none) */
 };
 
 enum tensor_access {
@@ -67,10 +68,20 @@ struct tensor_map {
 struct executor *executor_new(const char *kind, const dc_device *devices, size_t n);
 void executor_free(struct executor *ex);
 
-/* A new tensor, not yet visible under any name; its contents are undefined. The caller owns
- * the one reference. */
-dc_code executor_create(struct executor *ex, dc_dtype dtype, const uint64_t *shape, size_t ndim,
-                        struct tensor **out, dc_status *st);
+/* Bounds on the bytes of the tensors that exist (stored, staged for an op's Commit, being
+ * uploaded, held by a running op): max_bytes for all of them (0: none), and device_memory[i]
+ * (0: none) for those made for device i of the list executor_new was given. A tensor counts
+ * from executor_create until its last reference goes. Call before any tensor is made. */
+void executor_set_limits(struct executor *ex, uint64_t max_bytes, const uint64_t *device_memory);
+/* Bytes of the tensors that exist, on all devices; *limit (unless NULL) their bound. */
+uint64_t executor_bytes_held(struct executor *ex, uint64_t *limit);
+
+/* A new tensor for device dev (NULL: for none, counted only in the executor's total), not yet
+ * visible under any name; its contents are undefined. The caller owns the one reference.
+ * RESOURCE_EXHAUSTED, naming the limit, when its bytes would pass dev's memory or the
+ * executor's max_bytes (executor_set_limits). */
+dc_code executor_create(struct executor *ex, const dc_device *dev, dc_dtype dtype,
+                        const uint64_t *shape, size_t ndim, struct tensor **out, dc_status *st);
 /* Publishes t as `name` on dev, replacing any older tensor; takes a reference. */
 dc_code executor_store(struct executor *ex, const dc_device *dev, const char *name,
                        struct tensor *t, dc_status *st);

@@ -35,6 +35,8 @@ struct executor_ops {
 struct executor_device {
     dc_device device;
     struct strmap tensors; /* name -> struct tensor, one reference each */
+    uint64_t memory;       /* the bound on `held` (0: none) */
+    _Atomic uint64_t held; /* bytes of the tensors made for this device that exist */
 };
 
 struct executor {
@@ -42,6 +44,8 @@ struct executor {
     pthread_mutex_t mtx; /* the name tables */
     struct executor_device *devices;
     size_t n_devices;
+    uint64_t max_bytes;    /* the bound on `held` (0: none) */
+    _Atomic uint64_t held; /* bytes of every tensor that exists */
 };
 
 /* Fills the shared part for devices; false when out of memory (nothing to undo). */

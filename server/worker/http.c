@@ -1,6 +1,7 @@
 /* The worker's HTTP endpoints (config `http`, off by default): /healthz says the process is
  * up, /readyz that it is registered with the coordinator, /metrics is Prometheus text. */
 #include "collective.h"
+#include "executor.h"
 #include "groups.h"
 #include "metrics.h"
 #include "worker.h"
@@ -31,6 +32,7 @@ metrics(void *arg, struct mbuf *body)
 {
     struct worker *w = arg;
     struct collectives_stats cs;
+    uint64_t limit, held = executor_bytes_held(w->executor, &limit);
 
     collectives_stats(w->collectives, &cs);
     mbuf_printf(body,
@@ -81,6 +83,15 @@ metrics(void *arg, struct mbuf *body)
                 (unsigned long long)cs.link_bytes_placed,
                 (unsigned long long)cs.link_bytes_forwarded, (unsigned long long)cs.ops_direct,
                 (unsigned long long)cs.ops_early, (unsigned long long)cs.ops_ring_in_place);
+    mbuf_printf(body,
+                "# HELP devcoord_worker_tensor_bytes Bytes of this worker's tensors: stored, "
+                "being uploaded, or an op's results waiting for Commit.\n"
+                "# TYPE devcoord_worker_tensor_bytes gauge\n"
+                "devcoord_worker_tensor_bytes %llu\n"
+                "# HELP devcoord_worker_tensor_bytes_limit limits.max_stored_bytes (0: none).\n"
+                "# TYPE devcoord_worker_tensor_bytes_limit gauge\n"
+                "devcoord_worker_tensor_bytes_limit %llu\n",
+                (unsigned long long)held, (unsigned long long)limit);
     rpc_metrics_render(body, &w->rpc_metrics);
     wgroups_metrics_render(w->groups, body);
     return 200;

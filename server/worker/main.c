@@ -18,6 +18,8 @@
 #include "daemon.h"
 #include "devcoord/v1/methods.h"
 #include "device.h"
+#include "executor.h"
+#include "human.h"
 #include "log.h"
 #include "rpc.h"
 #include "tensors.h"
@@ -175,20 +177,44 @@ worker_prepare(struct worker *w, nng_tls_config **tls, dc_status *st)
     return DC_OK;
 }
 
+/* limits.max_stored_bytes, or three quarters of the machine's memory when it is 0. */
+static uint64_t
+worker_max_stored_bytes(const struct config_worker *cfg)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+
+    if (cfg->max_stored_bytes != 0) {
+        return cfg->max_stored_bytes;
+    }
+    if (pages <= 0 || page <= 0) {
+        return 0; /* unknown: only the devices' memory bounds them */
+    }
+    return (uint64_t)pages / 4 * 3 * (uint64_t)page;
+}
+
 static struct executor *
 worker_executor_new(const struct config_worker *cfg)
 {
-    dc_device *devs = calloc(cfg->n_devices, sizeof(*devs));
-    struct executor *ex;
+    dc_device *devs     = calloc(cfg->n_devices, sizeof(*devs));
+    uint64_t *memory    = calloc(cfg->n_devices, sizeof(*memory));
+    struct executor *ex = NULL;
+    uint64_t stored     = worker_max_stored_bytes(cfg);
+    char total[32];
 
-    if (devs == NULL) {
-        return NULL;
+    if (devs != NULL && memory != NULL) {
+        for (size_t i = 0; i < cfg->n_devices; i++) {
+            devs[i]   = cfg->devices[i].device;
+            memory[i] = cfg->devices[i].memory_bytes;
+        }
+        if ((ex = executor_new(cfg->executor, devs, cfg->n_devices)) != NULL) {
+            executor_set_limits(ex, stored, memory);
+            human_bytes(total, sizeof(total), stored);
+            log_info("tensors may hold %s in all (limits.max_stored_bytes)%s", total,
+                     cfg->max_stored_bytes == 0 ? ", three quarters of this machine's memory" : "");
+        }
     }
-    for (size_t i = 0; i < cfg->n_devices; i++) {
-        devs[i] = cfg->devices[i].device;
-    }
-    ex = executor_new(cfg->executor, devs, cfg->n_devices);
     free(devs);
+    free(memory);
     return ex;
 }
 

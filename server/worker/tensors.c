@@ -183,8 +183,8 @@ tensors_put(struct tensors *t, const Devcoord__V1__PutTensorRequest *in,
             fail(cd, (ProtobufCClosure)closure, &st);
             return;
         }
-        if (executor_create(ex, (dc_dtype)in->dtype, in->shape, in->n_shape, &u->tensor, &st) !=
-            DC_OK) {
+        if (executor_create(ex, &dev, (dc_dtype)in->dtype, in->shape, in->n_shape, &u->tensor,
+                            &st) != DC_OK) {
             pthread_mutex_unlock(&t->mtx);
             fail(cd, (ProtobufCClosure)closure, &st);
             return;

@@ -867,7 +867,13 @@ class DataLinkTest(OpsTestCase):
         # node-a is alone in every op; node-b and node-c hold two ranks of RANKS5.
         want = {"node-a": 6, "node-b": 5, "node-c": 4}
         for w in GRID:
-            self.assertEqual(self.metrics(w)[key] - before[w], want[w], w)
+            m = self.metrics(w)
+            self.assertEqual(m[key] - before[w], want[w], w)
+            # The tensors the cases left count against limits.max_stored_bytes (by default
+            # three quarters of the machine's memory).
+            self.assertGreater(m["devcoord_worker_tensor_bytes"], 200003 * 4, w)
+            self.assertGreater(m["devcoord_worker_tensor_bytes_limit"],
+                               m["devcoord_worker_tensor_bytes"], w)
 
     def test_a_peer_without_a_data_link_gets_exchange_calls(self):
         # node-b cannot open its data port (the port it is told to use is taken), so its

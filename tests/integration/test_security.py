@@ -653,12 +653,15 @@ class LimitsTest(CtlChecks, SecureTestCase):
         c = self.cluster = self.make_secure_cluster(
             prefix=prefix, coordinator_config={"limits": {"max_group_devices": 4}})
         c.start_coordinator()
-        c.add_worker("node-a", [{"device": "cuda:%d" % i, "memory": "1GiB"} for i in range(5)],
+        # cuda:4's memory holds two tensors of MAX_TENSOR (test_device_memory_...).
+        c.add_worker("node-a", [{"device": "cuda:%d" % i,
+                                 "memory": "2MiB" if i == 4 else "1GiB"} for i in range(5)],
                      extra={"limits": {"max_tensor_bytes": self.MAX_TENSOR,
                                        "max_message_bytes": 65536}})
         names = ["node-a"]
         if not sanitized(harness.WORKER):
-            c.add_worker("node-m", [{"device": "cuda:0", "memory": "1GiB"}])
+            # Its memory (4 GiB) is above the 2 GiB tensor its allocator cannot give.
+            c.add_worker("node-m", [{"device": "cuda:0", "memory": "4GiB"}])
             names.append("node-m")
         c.wait_workers(names)
 
@@ -667,8 +670,8 @@ class LimitsTest(CtlChecks, SecureTestCase):
             header = pb_uint(1, 3) + pb_bytes(2, WORKER_SERVICE + method) + pb_uint(3, 10000)
             return conn.call_raw(frame(header, body, attachment), 3)
 
-    def put(self, worker, name, shape, attachment=b"", dtype=1, offset=0, upload=1):
-        body = pb_bytes(1, device_pb()) + pb_bytes(2, name) + pb_uint(3, dtype)
+    def put(self, worker, name, shape, attachment=b"", dtype=1, offset=0, upload=1, index=0):
+        body = pb_bytes(1, device_pb(index=index)) + pb_bytes(2, name) + pb_uint(3, dtype)
         body += b"".join(pb_uint(4, d) for d in shape) + pb_uint(5, upload) + pb_uint(6, offset)
         return self.worker_call(worker, "PutTensor", body, attachment)
 
@@ -794,6 +797,52 @@ class LimitsTest(CtlChecks, SecureTestCase):
         code, message, body = get(8)  # without a version, as an older client asks
         self.assertEqual(code, "OK", message)
         self.assertNotEqual(pb_decode(pb_decode(body)[1][0])[6][0], first)
+        self.assert_serving()
+
+    def put_whole(self, name, index, value, upload, start=0):
+        """A MAX_TENSOR f32 tensor of `value` on node-a/cuda:index, in 32 KiB chunks from
+        byte `start` on."""
+        chunk = struct.pack("<f", value) * 8192
+        for offset in range(start, self.MAX_TENSOR, len(chunk)):
+            code, message, _ = self.put("node-a", name, [self.MAX_TENSOR // 4], chunk,
+                                        offset=offset, upload=upload, index=index)
+            self.assertEqual(code, "OK", message)
+
+    def test_device_memory_bounds_its_tensors(self):
+        """A device's `memory` bounds the bytes of its tensors: stored ones, uploads in
+        progress and an op's results waiting for Commit. node-a/cuda:4 has 2 MiB: two 1 MiB
+        tensors. Past it, RESOURCE_EXHAUSTED naming the device and the key; an op refused
+        this way changes nothing; a deleted tensor gives its room back."""
+        c = self.cluster
+        elements = self.MAX_TENSOR // 4
+        self.put_whole("x", 3, 1.0, upload=301)
+        self.put_whole("x", 4, 2.0, upload=302)
+        # An upload in progress holds its whole tensor from its first chunk.
+        code, message, _ = self.put("node-a", "pending", [elements], b"\0" * 32768,
+                                    upload=303, index=4)
+        self.assertEqual(code, "OK", message)
+        code, message, _ = self.put("node-a", "third", [elements], b"\0" * 4096,
+                                    upload=304, index=4)
+        self.assertEqual(code, "RESOURCE_EXHAUSTED", message)
+        self.assertIn("cuda:4", message)
+        self.assertIn("devices[].memory", message)
+        # The all-reduce's result for cuda:4 has no room: the op fails everywhere.
+        r = c.ctl("submit", "--op", "all-reduce", "--reduce", "sum", "--tensor", "x",
+                  "--devices", "node-a/cuda:3,node-a/cuda:4")
+        self.assertEqual(r.rc, 1, repr(r))
+        code, message = self.error_of(r)
+        self.assertEqual(code, "RESOURCE_EXHAUSTED", repr(r))
+        self.assertIn("devices[].memory", message)
+        for index, want in ((3, 1.0), (4, 2.0)):
+            got = self.assert_ok(c.ctl("tensor", "get", "node-a/cuda:%d" % index, "x"))
+            self.assertEqual(got["shape"], [elements])
+            self.assertEqual(set(got["values"]), {want})
+        # The upload in progress completes; deleting x gives cuda:4 its room back.
+        self.put_whole("pending", 4, 0.0, upload=303, start=32768)
+        self.assert_ok(c.ctl("tensor", "delete", "node-a/cuda:4", "x"))
+        self.put_whole("third", 4, 3.0, upload=305)
+        self.assertEqual(set(self.assert_ok(c.ctl("tensor", "get", "node-a/cuda:4", "third"))
+                             ["values"]), {3.0})
         self.assert_serving()
 
     def test_allocation_failure_is_resource_exhausted(self):

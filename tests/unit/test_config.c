@@ -99,6 +99,7 @@ assert_worker_defaults(const struct config_worker *w)
     }
     assert_int_equal(w->max_message_bytes, 4194304);
     assert_true(w->max_tensor_bytes == (4ULL << 30));
+    assert_true(w->max_stored_bytes == 0); /* three quarters of the machine, at start */
     assert_int_equal(w->max_inflight_bytes, 1 << 30);
     assert_int_equal(w->max_inflight_bytes_per_connection, 128 << 20);
     assert_null(w->tls.cert);
@@ -272,6 +273,7 @@ static const char worker_full[] = "name: node-a\n"
                                   "  - {device: libtorch, memory: 1000000}\n"
                                   "collectives: [cuda, remote]\n"
                                   "limits: {max_message_bytes: 16MiB, max_tensor_bytes: 2GiB,\n"
+                                  "         max_stored_bytes: 20GiB,\n"
                                   "         max_inflight_bytes_per_connection: 32MiB}\n"
                                   "tls:\n"
                                   "  cert: /etc/devcoord/worker.pem\n"
@@ -328,6 +330,7 @@ test_worker_full(void **state)
     }
     assert_int_equal(w.max_message_bytes, 16777216);
     assert_true(w.max_tensor_bytes == (2ULL << 30));
+    assert_true(w.max_stored_bytes == (20ULL << 30));
     assert_int_equal(w.max_inflight_bytes, 1 << 30);
     assert_int_equal(w.max_inflight_bytes_per_connection, 32 << 20);
     assert_string_equal(w.tls.cert, "/etc/devcoord/worker.pem");
@@ -667,8 +670,8 @@ static const struct bad worker_bad[] = {
     { "limits: {max_message_bytes: 1KiB}\n", NAME ":1:29: key 'limits.max_message_bytes': ",
       "must be between 4096 and 1073741824, found 1024" },
     { "limits: {op_timeout_ms: 5}\n", NAME ":1:10: key 'limits.op_timeout_ms': ",
-      "unknown key (expected one of: max_message_bytes, max_tensor_bytes, max_inflight_bytes, "
-      "max_inflight_bytes_per_connection, handshake_timeout_ms)" },
+      "unknown key (expected one of: max_message_bytes, max_tensor_bytes, max_stored_bytes, "
+      "max_inflight_bytes, max_inflight_bytes_per_connection, handshake_timeout_ms)" },
     { "limits: {max_inflight_bytes_per_connection: 0}\n",
       NAME ":1:45: key 'limits.max_inflight_bytes_per_connection': ",
       "must be between 1 and 1099511627776, found 0" },

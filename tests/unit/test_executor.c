@@ -33,7 +33,7 @@ make_counting(struct executor *ex, const char *name)
     for (int32_t i = 0; i < 8; i++) {
         values[i] = i;
     }
-    assert_int_equal(executor_create(ex, DC_DTYPE_I32, shape, 2, &t, &st), DC_OK);
+    assert_int_equal(executor_create(ex, NULL, DC_DTYPE_I32, shape, 2, &t, &st), DC_OK);
     assert_int_equal(t->elements, 8);
     assert_int_equal(t->size_bytes, sizeof(values));
     assert_int_equal(tensor_write(t, 0, values, sizeof(values), &st), DC_OK);
@@ -220,7 +220,7 @@ test_empty_tensor(void **state)
         struct tensor_map m;
         dc_status st;
 
-        assert_int_equal(executor_create(ex, DC_DTYPE_F64, shape, 1, &t, &st), DC_OK);
+        assert_int_equal(executor_create(ex, NULL, DC_DTYPE_F64, shape, 1, &t, &st), DC_OK);
         assert_int_equal(t->size_bytes, 0);
         assert_int_equal(tensor_write(t, 0, NULL, 0, &st), DC_OK);
         assert_int_equal(tensor_map(t, 0, 0, TENSOR_READ_WRITE, &m, &st), DC_OK);
@@ -243,8 +243,8 @@ test_store_all_is_all_or_nothing(void **state)
         struct tensor *old     = make_counting(ex, "g"), *a, *b, *found;
         dc_status st;
 
-        assert_int_equal(executor_create(ex, DC_DTYPE_F32, shape, 1, &a, &st), DC_OK);
-        assert_int_equal(executor_create(ex, DC_DTYPE_F32, shape, 1, &b, &st), DC_OK);
+        assert_int_equal(executor_create(ex, NULL, DC_DTYPE_F32, shape, 1, &a, &st), DC_OK);
+        assert_int_equal(executor_create(ex, NULL, DC_DTYPE_F32, shape, 1, &b, &st), DC_OK);
         {
             const struct executor_publish bad[] = { { &devices[0], "g", a },
                                                     { &elsewhere, "g", b },
@@ -280,6 +280,64 @@ test_store_all_is_all_or_nothing(void **state)
     }
 }
 
+/* The limits of executor_set_limits: a device's memory bounds the tensors made for it, the
+ * executor's bound all of them; a tensor counts until its last reference goes, wherever it
+ * is stored; a refusal is RESOURCE_EXHAUSTED naming the limit and counts nothing. */
+static void
+test_limits(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < 2; k++) {
+        struct executor *ex     = executor_new(kinds[k], devices, 2);
+        const uint64_t memory[] = { 4096, 0 };
+        const uint64_t kib[]    = { 256 }; /* 1 KiB of f32 */
+        struct tensor *t[8];
+        dc_status st;
+
+        executor_set_limits(ex, 6144, memory);
+        for (int i = 0; i < 4; i++) {
+            assert_int_equal(executor_create(ex, &devices[0], DC_DTYPE_F32, kib, 1, &t[i], &st),
+                             DC_OK);
+        }
+        assert_int_equal(executor_bytes_held(ex, NULL), 4096);
+        /* devices[0] is full; its memory is named. */
+        assert_int_equal(executor_create(ex, &devices[0], DC_DTYPE_F32, kib, 1, &t[4], &st),
+                         DC_RESOURCE_EXHAUSTED);
+        assert_non_null(strstr(st.message, "devices[].memory"));
+        assert_non_null(strstr(st.message, "cpu:0"));
+        assert_int_equal(executor_bytes_held(ex, NULL), 4096);
+        /* devices[1] has no memory set: the executor's bound is what is left. */
+        assert_int_equal(executor_create(ex, &devices[1], DC_DTYPE_F32, kib, 1, &t[4], &st), DC_OK);
+        assert_int_equal(executor_create(ex, NULL, DC_DTYPE_F32, kib, 1, &t[5], &st), DC_OK);
+        assert_int_equal(executor_create(ex, &devices[1], DC_DTYPE_F32, kib, 1, &t[6], &st),
+                         DC_RESOURCE_EXHAUSTED);
+        assert_non_null(strstr(st.message, "limits.max_stored_bytes"));
+        /* Stored and looked up, a tensor still counts; it stops when the last reference goes,
+         * and the room is its device's again. */
+        assert_int_equal(executor_store(ex, &devices[1], "x", t[0], &st), DC_OK);
+        tensor_release(t[0]);
+        assert_int_equal(executor_bytes_held(ex, NULL), 6144);
+        assert_int_equal(executor_remove(ex, &devices[1], "x", &st), DC_OK);
+        assert_int_equal(executor_bytes_held(ex, NULL), 5120);
+        /* t[0] was made for devices[0], stored on devices[1]: the room is devices[0]'s. */
+        assert_int_equal(executor_create(ex, &devices[0], DC_DTYPE_F32, kib, 1, &t[0], &st), DC_OK);
+        assert_int_equal(executor_create(ex, &devices[1], DC_DTYPE_F32, kib, 1, &t[6], &st),
+                         DC_RESOURCE_EXHAUSTED);
+        /* One larger than a bound is refused, not wrapped around. */
+        {
+            const uint64_t huge[] = { UINT64_C(1) << 40 };
+            struct tensor *h;
+            assert_int_equal(executor_create(ex, NULL, DC_DTYPE_F32, huge, 1, &h, &st),
+                             DC_RESOURCE_EXHAUSTED);
+        }
+        for (int i = 0; i < 6; i++) {
+            tensor_release(t[i]);
+        }
+        assert_int_equal(executor_bytes_held(ex, NULL), 0);
+        executor_free(ex);
+    }
+}
+
 int
 main(void)
 {
@@ -292,6 +350,7 @@ main(void)
         cmocka_unit_test(test_map_read_only_stores_nothing),
         cmocka_unit_test(test_empty_tensor),
         cmocka_unit_test(test_store_all_is_all_or_nothing),
+        cmocka_unit_test(test_limits),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

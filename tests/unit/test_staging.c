@@ -59,7 +59,7 @@ scalar(struct executor *ex, int64_t v)
     struct tensor *t;
     dc_status st;
 
-    assert_int_equal(executor_create(ex, DC_DTYPE_I64, shape, 1, &t, &st), DC_OK);
+    assert_int_equal(executor_create(ex, NULL, DC_DTYPE_I64, shape, 1, &t, &st), DC_OK);
     assert_int_equal(tensor_write(t, 0, &v, sizeof(v), &st), DC_OK);
     return t;
 }
