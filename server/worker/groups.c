@@ -44,6 +44,10 @@
 #define OP_INLINE_TIMEOUT_MS 1000
 #define KINDS                (DC_OP_COUNT)
 #define ENDED_WINDOW         (2 * GROUPS_MAX_CALLS)
+/* How long a failure answer held for a send from the rank's region (region.sending) may wait
+ * for that write to end before the connection it is written on is cut (held_sends_cut): the
+ * rank's client waits 5 s past its deadline (client/group.c GROUP_MARGIN_MS). */
+#define HELD_SEND_MS 2000u
 
 struct desc {
     dc_op_kind kind;
@@ -83,7 +87,10 @@ struct sjob {
     const uint8_t *data;
     wgroups_sent_fn done;
     void *done_arg;
-    bool cancelled; /* wgroups_op_cancel aborted it while it was being written */
+    bool cancelled; /* aborted while it was being written (wgroups_op_cancel, held_sends_cut) */
+    /* A group's job whose bytes are in a rank's region (buf->reg), counted in reg->sending
+     * until it is freed (sjob_free_locked). */
+    struct region *reg;
     struct sjob *next;
 };
 
@@ -141,7 +148,12 @@ struct region {
      * the failure answers waiting for them to end (mtx): a rank must not hear its call
      * failed while a peer's bytes may still land in its memory. */
     unsigned landing;
+    /* Likewise the group jobs queued or being written whose bytes are in the region: a rank
+     * must not hear its call failed while a send may still read its memory, which the rank
+     * may then overwrite before the bytes leave. */
+    unsigned sending;
     struct held_answer *held;
+    uint64_t held_ms; /* when the first of `held` was held (held_sends_cut) */
     struct region *next;
 };
 
@@ -564,9 +576,37 @@ lpart_answer(struct lpart *p, const Devcoord__V1__GroupCallResponse *out, const 
     p->link    = NULL;
 }
 
+/* Once no frame lands in region r and no send reads it, the answers held for it go. mtx
+ * held. */
+static void
+region_settle(struct region *r)
+{
+    if (r->landing > 0 || r->sending > 0) {
+        return;
+    }
+    r->held_ms = 0;
+    while (r->held != NULL) {
+        struct held_answer *h = r->held;
+        struct lpart p        = { .in = true, .closure = h->closure, .cd = h->cd, .link = h->link };
+        r->held               = h->next;
+        lpart_answer(&p, NULL, &h->st, NULL, 0);
+        free(h);
+    }
+}
+
+/* A frame read into region r has ended. mtx held. */
+static void
+region_landed(struct region *r)
+{
+    r->landing--;
+    region_settle(r);
+}
+
 /* Answers every local rank of c still waiting with st; a rank whose region a frame is being
- * read into hears it once that frame has ended (region_landed), at most the data link's
- * payload bound later. mtx held. */
+ * read into, or a send reads or will read (a job queued from it still goes: a peer may need
+ * it to reach the same verdict), hears it once none does (region_settle): a frame at most
+ * the data link's payload bound later, the sends at most about HELD_SEND_MS (held_sends_cut).
+ * mtx held. */
 static void
 wcall_fail_locals(struct wgroup *g, struct wcall *c, const dc_status *st)
 {
@@ -576,30 +616,18 @@ wcall_fail_locals(struct wgroup *g, struct wcall *c, const dc_status *st)
         if (!lpart_waiting(p)) {
             continue;
         }
-        if (p->reg != NULL && p->reg->landing > 0 && (h = malloc(sizeof(*h))) != NULL) {
+        if (p->reg != NULL && (p->reg->landing > 0 || p->reg->sending > 0) &&
+            (h = malloc(sizeof(*h))) != NULL) {
             *h           = (struct held_answer){ p->closure, p->cd, p->link, *st, p->reg->held };
             p->reg->held = h;
-            p->closure   = NULL;
-            p->link      = NULL;
+            if (p->reg->held_ms == 0) {
+                p->reg->held_ms = rpc_now_ms();
+            }
+            p->closure = NULL;
+            p->link    = NULL;
             continue;
         }
         lpart_answer(p, NULL, st, NULL, 0);
-    }
-}
-
-/* A frame read into region r has ended: once none is, the answers held for it go. mtx held. */
-static void
-region_landed(struct region *r)
-{
-    if (--r->landing > 0) {
-        return;
-    }
-    while (r->held != NULL) {
-        struct held_answer *h = r->held;
-        struct lpart p        = { .in = true, .closure = h->closure, .cd = h->cd, .link = h->link };
-        r->held               = h->next;
-        lpart_answer(&p, NULL, &h->st, NULL, 0);
-        free(h);
     }
 }
 
@@ -1503,6 +1531,18 @@ sjob_free(struct sjob *j)
     free(j);
 }
 
+/* sjob_free for a group's job: a send from a rank's region has ended (region_settle). mtx
+ * held. */
+static void
+sjob_free_locked(struct sjob *j)
+{
+    if (j->reg != NULL) {
+        j->reg->sending--;
+        region_settle(j->reg);
+    }
+    sjob_free(j);
+}
+
 /* Ends an op's job: tells its owner how it went (outside mtx), frees it. */
 static void
 sjob_done(struct sjob *j, dc_code code, const dc_status *st)
@@ -1546,7 +1586,7 @@ peer_sender(void *arg)
         if (j->owner == NULL) {
             g = group_find(wg, j->group_id);
             if (g == NULL || g->generation != j->h.generation || g->ended) {
-                sjob_free(j);
+                sjob_free_locked(j);
                 continue;
             }
         }
@@ -1636,7 +1676,7 @@ peer_sender(void *arg)
         if (g != NULL && (g->generation != j->h.generation || g->ended)) {
             g = NULL;
         }
-        if (code != DC_OK && !wg->stopping && g != NULL) {
+        if (code != DC_OK && !wg->stopping && g != NULL && !j->cancelled) {
             dc_status end;
             status_set(&end, DC_UNAVAILABLE, "worker %s of group %s is unreachable: %s", j->worker,
                        g->id, st.message);
@@ -1645,18 +1685,22 @@ peer_sender(void *arg)
         } else if (g != NULL && j->buf != NULL && j->buf->reg != NULL) {
             /* Sent from a rank's region: its call may have waited for this send alone. */
             struct wcall *c = wcall_find(g, j->h.seq);
-            sjob_free(j);
+            sjob_free_locked(j);
             if (c != NULL) {
                 wcall_try_finish(wg, g, c);
             }
             continue;
         }
-        sjob_free(j);
+        sjob_free_locked(j);
     }
     while (p->jobs != NULL) {
         struct sjob *j = p->jobs;
         dc_status st;
         p->jobs = j->next;
+        if (j->owner == NULL) {
+            sjob_free_locked(j);
+            continue;
+        }
         status_set(&st, DC_UNAVAILABLE, "worker shutting down");
         pthread_mutex_unlock(&wg->mtx);
         sjob_done(j, DC_UNAVAILABLE, &st);
@@ -1711,14 +1755,18 @@ peer_queue_locked(struct wgroup *g, struct wcall *c, size_t w, struct pbuf *buf,
     }
     j->buf = pbuf_hold(buf);
     j->len = len;
-    j->h   = (struct dlink_hdr){ .kind       = DLINK_DATA,
-                                 .flags      = flags,
-                                 .from       = g->self,
-                                 .group      = g->hash,
-                                 .generation = g->generation,
-                                 .seq        = c->seq,
-                                 .offset     = off,
-                                 .total      = buf->bytes };
+    if (buf->reg != NULL) {
+        j->reg = buf->reg; /* pinned by the job's buf */
+        j->reg->sending++;
+    }
+    j->h = (struct dlink_hdr){ .kind       = DLINK_DATA,
+                               .flags      = flags,
+                               .from       = g->self,
+                               .group      = g->hash,
+                               .generation = g->generation,
+                               .seq        = c->seq,
+                               .offset     = off,
+                               .total      = buf->bytes };
     snprintf(j->group_id, sizeof(j->group_id), "%s", g->id);
     snprintf(j->worker, sizeof(j->worker), "%s", g->workers[w].name);
     peer_enqueue_locked(p, j);
@@ -3388,9 +3436,53 @@ missing_ranks(const struct wgroup *g, const struct wcall *c, char *buf, size_t c
     }
 }
 
+/* Whether a job from region r keeps an answer held too long (held_sends_cut). */
+static bool
+held_overdue(const struct region *r, uint64_t now)
+{
+    return r != NULL && r->held != NULL && now - r->held_ms >= HELD_SEND_MS;
+}
+
+/* A rank whose failure answer has waited HELD_SEND_MS for sends from its region (a peer that
+ * stopped reading, or one too slow for what is queued) stops waiting: the connection a
+ * sender writes such a job on is cut (the write fails at once, the next job dials again) and
+ * the jobs still queued from the region are dropped, so the rank is answered
+ * (region_settle) within its client's margin. A peer whose stream was cut fails its call.
+ * mtx held. */
+static void
+held_sends_cut(struct wgroups *wg, uint64_t now)
+{
+    for (size_t i = 0; i < wg->n_peers; i++) {
+        struct wpeer *p = wg->peers[i];
+        struct sjob *j  = p->sending;
+        p->jobs_tail    = NULL;
+        for (struct sjob **pp = &p->jobs; *pp != NULL;) {
+            struct sjob *q = *pp;
+            if (held_overdue(q->reg, now)) {
+                *pp = q->next;
+                sjob_free_locked(q);
+            } else {
+                p->jobs_tail = q;
+                pp           = &q->next;
+            }
+        }
+        if (j == NULL || j->cancelled || !held_overdue(j->reg, now)) {
+            continue;
+        }
+        j->cancelled = true;
+        log_warn("group %s: cut the data link to worker %s: a send from rank %u's memory had not "
+                 "ended %u ms after its call failed",
+                 j->group_id, j->worker, j->reg->rank, HELD_SEND_MS);
+        if (p->out != NULL) {
+            dlink_out_abort(p->out);
+        }
+    }
+}
+
 static void
 wgroups_tick_locked(struct wgroups *wg, uint64_t now)
 {
+    held_sends_cut(wg, now);
     for (struct wgroup *g = wg->groups; g != NULL; g = g->next) {
         for (struct wcall *c = g->calls, *next; c != NULL; c = next) {
             char names[DC_STATUS_MESSAGE_MAX - 128];

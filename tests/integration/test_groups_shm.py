@@ -510,6 +510,54 @@ class RegionLandingTest(GroupsTestCase):
         harness.wait_until(lambda: "did not come whole" in self.cluster.worker("node-b")
                            .log_text(), 10, "node-b to log the frame it cut")
 
+    def test_a_failed_call_is_answered_after_the_send_from_its_region(self):
+        """The other way: node-b's ring sends its segment from the rank's region to node-a,
+        which stopped reading. The call fails at its deadline, but the rank hears so only
+        once no send reads its memory any more: the write that cannot end is cut
+        (HELD_SEND_MS after the failure), and then the rank is answered. Before, it was
+        answered at the deadline while the write went on from memory the rank could already
+        be overwriting."""
+        gid = "00000000000000d2"
+        rpc, _ = self.two_workers_and_a_link_posing_as_node_a(gid)
+        # A first call, small, opens node-b's data link to node-a while node-a runs.
+        warm = {}
+        t = threading.Thread(target=lambda: warm.update(
+            a=self.call(rpc["node-a"], "GroupCall", call_body(gid, 1, 0, 4),
+                        struct.pack("<4f", 1, 2, 3, 4))))
+        t.start()
+        code, message, _ = self.call(rpc["node-b"], "GroupCall", call_body(gid, 1, 1, 4),
+                                     struct.pack("<4f", 1, 1, 1, 1))
+        t.join(30)
+        self.assertEqual(code, "OK", message)
+        self.assertEqual(warm["a"][0], "OK", warm["a"][1])
+        # 64 MiB in place: node-b's step 0 sends 32 MiB from the region, far past what the
+        # sockets buffer once node-a stops reading.
+        size = 64 << 20
+        fd, name = shm_object(self, size)
+        code, message, reply = self.call(rpc["node-b"], "GroupMap", map_body(gid, name, size, 1))
+        self.assertEqual(code, "OK", message)
+        region = harness.pb_decode(reply)[F("GroupMapResponse", "region")][0]
+        self.cluster.stop_worker("node-a")
+        self.addCleanup(self.cluster.cont_worker, "node-a")
+        body = (call_body(gid, 2, 1, size // 4, region, send=0, recv=0)
+                + harness.pb_uint(F("GroupCallRequest", "timeout_ms"), 3000))
+        # The client library's wait: the deadline, then 5 s (GROUP_MARGIN_MS).
+        with harness.RpcConnection(rpc["node-b"], timeout=8.0) as conn:
+            header = (harness.pb_uint(F("RequestHeader", "request_id"), 79)
+                      + pb_bytes(F("RequestHeader", "method"), test_groups.WORKER_SVC + "GroupCall")
+                      + harness.pb_uint(F("RequestHeader", "timeout_ms"), 8000))
+            code, message, _ = conn.call_raw(harness.frame(header, body, b""), 79)
+        # At the deadline: the call's own, or its GroupExchange to node-a's (which ends the
+        # generation), whichever node-b's threads see first.
+        if code == "DEADLINE_EXCEEDED":
+            self.assertIn("group %s call 2: deadline passed waiting for" % gid, message)
+        else:
+            self.assertEqual(code, "UNAVAILABLE", message)
+            self.assertIn("worker node-a of group %s" % gid, message)
+        # Answered only after the cut: the send no longer reads the region.
+        self.assertIn("cut the data link to worker node-a: a send from rank 1's memory",
+                      self.cluster.worker("node-b").log_text())
+
 
 if __name__ == "__main__":
     unittest.main()
