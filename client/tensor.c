@@ -174,18 +174,23 @@ sleep_ms(unsigned ms)
 }
 
 /*
- * Whether a failed chunk of `len` bytes says the worker's message limit is below ours: it
- * refused the size, or dropped a connection that was up (nng closes on an oversized
- * message) and takes us back at once.
+ * Whether a failed chunk of `len` bytes says the worker's message limit is below ours: the
+ * request's size was refused (over the message limit, or over what may be in flight: the
+ * RPC layer's texts), or a connection that was up dropped (nng closes on an oversized
+ * message) and takes us back at once. Any other RESOURCE_EXHAUSTED (the tensor over
+ * max_tensor_bytes, no room on the device, uploads in progress) is the answer: a smaller
+ * chunk would get it again, and every later put on this connection would be slower.
  */
 static bool
-chunk_too_large(struct worker_conn *w, dc_code code, bool was_connected, size_t len)
+chunk_too_large(struct worker_conn *w, dc_code code, const dc_status *st, bool was_connected,
+                size_t len)
 {
     if (len <= TENSOR_CHUNK_MIN) {
         return false;
     }
     if (code == DC_RESOURCE_EXHAUSTED) {
-        return true;
+        return strstr(st->message, "-byte message limit") != NULL ||
+               strncmp(st->message, "request of ", 11) == 0;
     }
     if (code != DC_UNAVAILABLE || !was_connected) {
         return false;
@@ -268,7 +273,7 @@ dc_tensor_put_progress(dc_client *c, const char *device, const char *name, dc_dt
         code       = rpc_call(t.conn->rpc, WORKER_SVC, M_WORKER_PUT_TENSOR, &req.base, part, len,
                               c->timeout_ms, &r, st);
         if (code != DC_OK) {
-            if (offset == 0 && chunk_too_large(t.conn, code, was_up, len)) {
+            if (offset == 0 && chunk_too_large(t.conn, code, st, was_up, len)) {
                 chunk_shrink(t.conn, len);
                 rpc_reply_free(&r);
                 status_clear(st);

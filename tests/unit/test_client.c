@@ -360,6 +360,7 @@ static struct {
     uint8_t *data;
     size_t size;
     size_t puts, max_chunk;
+    const char *refuse; /* PutTensor answers RESOURCE_EXHAUSTED with this (NULL: no) */
 } fw;
 
 static dc_code
@@ -664,6 +665,12 @@ w_put_tensor(WSVC *s, const Devcoord__V1__PutTensorRequest *in,
     pthread_mutex_lock(&fake_mtx);
     fw.puts++;
     fw.max_chunk = alen > fw.max_chunk ? alen : fw.max_chunk;
+    if (fw.refuse != NULL) {
+        pthread_mutex_unlock(&fake_mtx);
+        status_set(rpc_call_status(cd), DC_RESOURCE_EXHAUSTED, "%s", fw.refuse);
+        closure(NULL, cd);
+        return;
+    }
     for (size_t i = 0; i < in->n_shape; i++) {
         want *= in->shape[i];
     }
@@ -1181,6 +1188,42 @@ test_tensor_worker_says_its_limit(void **state)
     dc_client_close(c);
 }
 
+/* A put refused RESOURCE_EXHAUSTED for what it is (no room, the tensor too large) fails at
+ * once, its chunk size left alone; one refused for its request's size (too much in flight)
+ * is tried again in smaller chunks, as a dropped connection is. */
+static void
+test_tensor_refusals_that_are_not_about_size(void **state)
+{
+    struct fixture *f = *state;
+    dc_client *c      = open_client(f, NULL);
+    size_t bytes      = 3 * TENSOR_CHUNK_MAX;
+    uint64_t shape[1] = { bytes / 8 };
+    uint8_t *data     = calloc(1, bytes);
+    dc_status st;
+
+    assert_non_null(data);
+    fw.refuse = "no room for a 12Mi tensor on cpu:0: its tensors hold 1Gi of its memory";
+    assert_int_equal(
+        dc_tensor_put(c, "node-a/cpu:0", "full", DC_DTYPE_F64, shape, 1, data, bytes, &st),
+        DC_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(st.message, "no room"));
+    assert_int_equal(fw.puts, 1);
+    assert_int_equal(atomic_load(&c->workers[0]->chunk), TENSOR_CHUNK_MAX);
+
+    fw.puts   = 0;
+    fw.refuse = "request of 4194000 bytes refused: with the 1000 bytes of requests already in "
+                "flight on this connection it would pass "
+                "limits.max_inflight_bytes_per_connection (4194304)";
+    assert_int_equal(
+        dc_tensor_put(c, "node-a/cpu:0", "full", DC_DTYPE_F64, shape, 1, data, bytes, &st),
+        DC_RESOURCE_EXHAUSTED);
+    assert_true(fw.puts > 1);
+    assert_int_equal(atomic_load(&c->workers[0]->chunk), TENSOR_CHUNK_MIN);
+    fw.refuse = NULL;
+    free(data);
+    dc_client_close(c);
+}
+
 struct hammer {
     dc_client *c;
     int ok;
@@ -1283,6 +1326,8 @@ main(void)
         cmocka_unit_test_setup_teardown(test_submit_and_refusal, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tokens, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tensor_roundtrip, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tensor_refusals_that_are_not_about_size, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_tensor_worker_says_its_limit, setup_small_worker,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_tensor_small_worker_limit, setup_small_worker,
