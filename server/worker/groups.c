@@ -46,8 +46,9 @@
 #define ENDED_WINDOW         (2 * GROUPS_MAX_CALLS)
 /* How long a failure answer held for a send from the rank's region (region.sending) may wait
  * for that write to end before the connection it is written on is cut (held_sends_cut): the
- * rank's client waits 5 s past its deadline (client/group.c GROUP_MARGIN_MS). */
-#define HELD_SEND_MS 2000u
+ * rank's client waits 5 s past its deadline (client/group.c GROUP_MARGIN_MS), and a peer
+ * slow but reading gets what time that leaves. */
+#define HELD_SEND_MS 3000u
 
 struct desc {
     dc_op_kind kind;
@@ -3447,8 +3448,10 @@ held_overdue(const struct region *r, uint64_t now)
  * stopped reading, or one too slow for what is queued) stops waiting: the connection a
  * sender writes such a job on is cut (the write fails at once, the next job dials again) and
  * the jobs still queued from the region are dropped, so the rank is answered
- * (region_settle) within its client's margin. A peer whose stream was cut fails its call.
- * mtx held. */
+ * (region_settle) within its client's margin (unless the job is still dialing: then once
+ * the dial ends, the job not written). The peer takes the cut as a lost connection, as any
+ * dropped data link: it ends the generations of the groups it shares with this worker
+ * (peer_lost_locked); this worker does not end the call's group for it. mtx held. */
 static void
 held_sends_cut(struct wgroups *wg, uint64_t now)
 {
