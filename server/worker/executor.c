@@ -143,6 +143,13 @@ executor_set_limits(struct executor *ex, uint64_t max_bytes, const uint64_t *dev
     }
 }
 
+void
+executor_set_reclaim(struct executor *ex, void (*fn)(void *arg), void *arg)
+{
+    ex->reclaim     = fn;
+    ex->reclaim_arg = arg;
+}
+
 uint64_t
 executor_bytes_held(struct executor *ex, uint64_t *limit)
 {
@@ -219,7 +226,13 @@ executor_create(struct executor *ex, const dc_device *dev, dc_dtype dtype, const
         return status_set(st, DC_INVALID_ARGUMENT, "invalid tensor shape or dtype");
     }
     if ((code = executor_charge(ex, dev, bytes, &charged, st)) != DC_OK) {
-        return code;
+        if (ex->reclaim == NULL) {
+            return code;
+        }
+        ex->reclaim(ex->reclaim_arg);
+        if ((code = executor_charge(ex, dev, bytes, &charged, st)) != DC_OK) {
+            return code;
+        }
     }
     if ((t = ex->ops->tensor_alloc(ex, bytes)) == NULL) {
         atomic_fetch_sub(&ex->held, bytes);

@@ -73,6 +73,12 @@ void executor_free(struct executor *ex);
  * (0: none) for those made for device i of the list executor_new was given. A tensor counts
  * from executor_create until its last reference goes. Call before any tensor is made. */
 void executor_set_limits(struct executor *ex, uint64_t max_bytes, const uint64_t *device_memory);
+/* fn(arg) is called when a tensor does not fit its bounds, before it is refused: it drops
+ * what it can (uploads abandoned by their clients) and the tensor is tried once more. It may
+ * run on any thread that makes a tensor, perhaps inside one of fn's own callers: it must not
+ * wait for a lock such a caller may hold. NULL: none. Set it before any tensor is made, clear
+ * it once none can be. */
+void executor_set_reclaim(struct executor *ex, void (*fn)(void *arg), void *arg);
 /* Bytes of the tensors that exist, on all devices; *limit (unless NULL) their bound. */
 uint64_t executor_bytes_held(struct executor *ex, uint64_t *limit);
 

@@ -44,7 +44,9 @@ struct executor {
     pthread_mutex_t mtx; /* the name tables */
     struct executor_device *devices;
     size_t n_devices;
-    uint64_t max_bytes;    /* the bound on `held` (0: none) */
+    uint64_t max_bytes; /* the bound on `held` (0: none) */
+    void (*reclaim)(void *arg);
+    void *reclaim_arg;
     _Atomic uint64_t held; /* bytes of every tensor that exists */
 };
 

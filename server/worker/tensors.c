@@ -34,6 +34,8 @@ struct tensors {
     struct upload uploads[UPLOADS_MAX];
 };
 
+static void tensors_reclaim(void *arg);
+
 struct tensors *
 tensors_new(struct executor *ex, size_t max_message_bytes, uint64_t max_tensor_bytes)
 {
@@ -47,6 +49,7 @@ tensors_new(struct executor *ex, size_t max_message_bytes, uint64_t max_tensor_b
     t->chunk = max_message_bytes > 2 * RPC_FRAME_OVERHEAD ? max_message_bytes - RPC_FRAME_OVERHEAD
                                                           : RPC_FRAME_OVERHEAD;
     pthread_mutex_init(&t->mtx, NULL);
+    executor_set_reclaim(ex, tensors_reclaim, t);
     return t;
 }
 
@@ -56,6 +59,7 @@ tensors_free(struct tensors *t)
     if (t == NULL) {
         return;
     }
+    executor_set_reclaim(t->ex, NULL, NULL); /* no tensor is made any more (main.c) */
     for (size_t i = 0; i < UPLOADS_MAX; i++) {
         tensor_release(t->uploads[i].tensor);
     }
@@ -82,6 +86,37 @@ tensor_name_check(const char *name, dc_status *st)
     return DC_OK;
 }
 
+/* Drops upload u if its client has left it idle for UPLOAD_IDLE_MS. t->mtx held. */
+static void
+upload_drop_idle(struct tensors *t, struct upload *u, uint64_t now)
+{
+    if (u->tensor != NULL && u->copying == 0 && now > u->touched_ms &&
+        now - u->touched_ms > UPLOAD_IDLE_MS) {
+        t->pending -= u->tensor->size_bytes;
+        tensor_release(u->tensor);
+        u->tensor = NULL;
+    }
+}
+
+/* The executor's reclaim hook (executor_set_reclaim): a tensor does not fit, perhaps for
+ * an upload abandoned by its client, which only the next put would drop otherwise (an op's
+ * results would be refused until then). Not when t->mtx is taken: that is a put, which
+ * drops them itself (upload_slot), here or on another thread. */
+static void
+tensors_reclaim(void *arg)
+{
+    struct tensors *t = arg;
+    uint64_t now      = rpc_now_ms();
+
+    if (pthread_mutex_trylock(&t->mtx) != 0) {
+        return;
+    }
+    for (size_t i = 0; i < UPLOADS_MAX; i++) {
+        upload_drop_idle(t, &t->uploads[i], now);
+    }
+    pthread_mutex_unlock(&t->mtx);
+}
+
 /* Finds the upload `id` for (device, name), or makes room for it (dropping idle ones).
  * t->mtx held. */
 static struct upload *
@@ -94,12 +129,7 @@ upload_slot(struct tensors *t, uint64_t id, uint64_t now)
         if (u->tensor != NULL && u->id == id) {
             return u;
         }
-        if (u->tensor != NULL && u->copying == 0 && now > u->touched_ms &&
-            now - u->touched_ms > UPLOAD_IDLE_MS) {
-            t->pending -= u->tensor->size_bytes;
-            tensor_release(u->tensor);
-            u->tensor = NULL;
-        }
+        upload_drop_idle(t, u, now);
         if (u->tensor == NULL && free_slot == NULL) {
             free_slot = u;
         }

@@ -338,6 +338,52 @@ test_limits(void **state)
     }
 }
 
+struct reclaim {
+    struct tensor *drop; /* released by the hook */
+    int calls;
+};
+
+static void
+reclaim_one(void *arg)
+{
+    struct reclaim *r = arg;
+
+    r->calls++;
+    tensor_release(r->drop);
+    r->drop = NULL;
+}
+
+/* A tensor that does not fit calls the reclaim hook once and is tried again: it fits when
+ * the hook freed room, and is refused (one more call) when it did not. A tensor that fits
+ * never calls it. */
+static void
+test_reclaim_before_refusal(void **state)
+{
+    struct executor *ex     = executor_new("host", devices, 2);
+    const uint64_t memory[] = { 2048, 0 };
+    const uint64_t kib[]    = { 256 };
+    struct reclaim r        = { 0 };
+    struct tensor *a, *b, *c;
+    dc_status st;
+
+    (void)state;
+    executor_set_limits(ex, 0, memory);
+    executor_set_reclaim(ex, reclaim_one, &r);
+    assert_int_equal(executor_create(ex, &devices[0], DC_DTYPE_F32, kib, 1, &a, &st), DC_OK);
+    assert_int_equal(executor_create(ex, &devices[0], DC_DTYPE_F32, kib, 1, &r.drop, &st), DC_OK);
+    assert_int_equal(r.calls, 0);
+    assert_int_equal(executor_create(ex, &devices[0], DC_DTYPE_F32, kib, 1, &b, &st), DC_OK);
+    assert_int_equal(r.calls, 1);
+    assert_null(r.drop);
+    assert_int_equal(executor_create(ex, &devices[0], DC_DTYPE_F32, kib, 1, &c, &st),
+                     DC_RESOURCE_EXHAUSTED);
+    assert_int_equal(r.calls, 2);
+    executor_set_reclaim(ex, NULL, NULL);
+    tensor_release(a);
+    tensor_release(b);
+    executor_free(ex);
+}
+
 int
 main(void)
 {
@@ -351,6 +397,7 @@ main(void)
         cmocka_unit_test(test_empty_tensor),
         cmocka_unit_test(test_store_all_is_all_or_nothing),
         cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_reclaim_before_refusal),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
