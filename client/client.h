@@ -28,6 +28,8 @@
  * worker shows (by refusing or dropping a chunk) that its limit is smaller. */
 #define TENSOR_CHUNK_MAX ((size_t)RPC_DEFAULT_MAX_MESSAGE - RPC_FRAME_OVERHEAD)
 #define TENSOR_CHUNK_MIN ((size_t)64 * 1024)
+/* Tensors asked for per ListTensors page (dc_tensor_list_get). */
+#define TENSOR_LIST_PAGE 1000
 
 struct worker_conn {
     char address[CLIENT_ADDRESS_MAX + 1];

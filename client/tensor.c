@@ -521,9 +521,11 @@ dc_tensor_list_get(dc_client *c, const char *device, dc_tensor_list **out, dc_st
     Devcoord__V1__ListTensorsRequest req = DEVCOORD__V1__LIST_TENSORS_REQUEST__INIT;
     const Devcoord__V1__ListTensorsResponse *resp;
     Devcoord__V1__Device dev_pb;
-    struct tensor_target t = { 0 };
-    struct rpc_reply r     = { 0 };
-    dc_tensor_list *list   = NULL;
+    struct tensor_target t                     = { 0 };
+    struct rpc_reply r                         = { 0 };
+    dc_tensor_list *list                       = NULL;
+    char after[sizeof(((dc_tensor *)0)->name)] = "";
+    bool more;
     dc_code code;
 
     status_clear(st);
@@ -535,28 +537,51 @@ dc_tensor_list_get(dc_client *c, const char *device, dc_tensor_list **out, dc_st
         return code;
     }
     device_to_pb(&t.info.device, &dev_pb);
-    req.device = &dev_pb;
-    code       = rpc_call(t.conn->rpc, WORKER_SVC, M_WORKER_LIST_TENSORS, &req.base, NULL, 0,
-                          c->timeout_ms, &r, st);
-    if (code != DC_OK) {
-        status_set_worker(st, t.info.worker);
-        goto out;
+    req.device    = &dev_pb;
+    req.page_size = TENSOR_LIST_PAGE;
+    req.after     = after;
+    if ((list = calloc(1, sizeof(*list))) == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
-    resp = r.body != NULL ? (const Devcoord__V1__ListTensorsResponse *)r.body : &empty;
-    if ((list = calloc(1, sizeof(*list))) == NULL ||
-        (resp->n_tensors > 0 &&
-         (list->tensors = calloc(resp->n_tensors, sizeof(*list->tensors))) == NULL)) {
-        code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
-        goto out;
-    }
-    for (size_t i = 0; i < resp->n_tensors; i++) {
-        dc_tensor *e = &list->tensors[i];
-        if ((code = tensor_info_from_pb(resp->tensors[i], e, st)) != DC_OK) {
+    /* Page by page, in name order (a worker from before paging sends all at once, more
+     * unset). Each page starts after the last name listed, so a tensor put or deleted
+     * meanwhile is listed or not, never twice. */
+    do {
+        dc_tensor *grow;
+        code = rpc_call(t.conn->rpc, WORKER_SVC, M_WORKER_LIST_TENSORS, &req.base, NULL, 0,
+                        c->timeout_ms, &r, st);
+        if (code != DC_OK) {
+            status_set_worker(st, t.info.worker);
             goto out;
         }
-        snprintf(e->device, sizeof(e->device), "%s", t.info.name);
-        list->n = i + 1;
-    }
+        resp = r.body != NULL ? (const Devcoord__V1__ListTensorsResponse *)r.body : &empty;
+        if (resp->more && resp->n_tensors == 0) {
+            code = status_set(st, DC_INTERNAL, "worker %s listed no tensor but says more remain",
+                              t.info.worker);
+            goto out;
+        }
+        if (resp->n_tensors > SIZE_MAX / sizeof(*grow) - list->n ||
+            (grow = realloc(list->tensors, (list->n + resp->n_tensors + 1) * sizeof(*grow))) ==
+                NULL) {
+            code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+            goto out;
+        }
+        list->tensors = grow;
+        for (size_t i = 0; i < resp->n_tensors; i++) {
+            dc_tensor *e = &list->tensors[list->n];
+            memset(e, 0, sizeof(*e));
+            if ((code = tensor_info_from_pb(resp->tensors[i], e, st)) != DC_OK) {
+                goto out;
+            }
+            snprintf(e->device, sizeof(e->device), "%s", t.info.name);
+            list->n++;
+        }
+        if (resp->more) {
+            snprintf(after, sizeof(after), "%s", list->tensors[list->n - 1].name);
+        }
+        more = resp->more;
+        rpc_reply_free(&r);
+    } while (more);
     *out = list;
     list = NULL;
 out:

@@ -282,6 +282,9 @@ dc_code dc_tensor_get_progress(dc_client *c, const char *device, const char *nam
                                dc_progress_fn progress, void *arg, dc_status *st);
 void dc_tensor_free(dc_tensor *t);
 dc_code dc_tensor_delete(dc_client *c, const char *device, const char *name, dc_status *st);
+/* Every tensor on `device`, in byte order of their names (asked for a page at a time, so a
+ * device with any number of tensors lists whole; a tensor put or deleted meanwhile may be
+ * listed or not, never twice). */
 dc_code dc_tensor_list_get(dc_client *c, const char *device, dc_tensor_list **out, dc_status *st);
 void dc_tensor_list_free(dc_tensor_list *list);
 

@@ -394,6 +394,97 @@ executor_list(struct executor *ex, const dc_device *dev,
     return DC_OK;
 }
 
+struct named {
+    const char *name;
+    const struct tensor *t;
+};
+
+/* A max-heap of named entries by name: heap[0] is the greatest. */
+static void
+heap_sift_down(struct named *heap, size_t n, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, top = i;
+        if (l < n && strcmp(heap[l].name, heap[top].name) > 0) {
+            top = l;
+        }
+        if (r < n && strcmp(heap[r].name, heap[top].name) > 0) {
+            top = r;
+        }
+        if (top == i) {
+            return;
+        }
+        struct named tmp = heap[i];
+        heap[i]          = heap[top];
+        heap[top]        = tmp;
+        i                = top;
+    }
+}
+
+static void
+heap_sift_up(struct named *heap, size_t i)
+{
+    while (i > 0 && strcmp(heap[(i - 1) / 2].name, heap[i].name) < 0) {
+        struct named tmp  = heap[i];
+        heap[i]           = heap[(i - 1) / 2];
+        heap[(i - 1) / 2] = tmp;
+        i                 = (i - 1) / 2;
+    }
+}
+
+static int
+named_cmp(const void *a, const void *b)
+{
+    return strcmp(((const struct named *)a)->name, ((const struct named *)b)->name);
+}
+
+dc_code
+executor_list_page(struct executor *ex, const dc_device *dev, const char *after, size_t limit,
+                   bool (*fn)(void *arg, const char *name, const struct tensor *t), void *arg,
+                   bool *more, dc_status *st)
+{
+    struct named *heap = limit > 0 ? malloc((limit + 1) * sizeof(*heap)) : NULL;
+    struct executor_device *d;
+    size_t n = 0, taken = 0;
+    const char *k;
+    void *v;
+
+    *more = false;
+    if (heap == NULL) {
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory listing tensors");
+    }
+    pthread_mutex_lock(&ex->mtx);
+    if ((d = executor_find(ex, dev)) == NULL) {
+        pthread_mutex_unlock(&ex->mtx);
+        free(heap);
+        return no_device(dev, st);
+    }
+    /* The `limit` least names past `after`: a bounded max-heap, its top the one to drop. */
+    for (size_t i = 0; strmap_next(&d->tensors, &i, &k, &v);) {
+        if (strcmp(k, after) <= 0) {
+            continue;
+        }
+        if (n < limit) {
+            heap[n] = (struct named){ k, v };
+            heap_sift_up(heap, n++);
+        } else {
+            *more = true;
+            if (strcmp(k, heap[0].name) < 0) {
+                heap[0] = (struct named){ k, v };
+                heap_sift_down(heap, n, 0);
+            }
+        }
+    }
+    qsort(heap, n, sizeof(*heap), named_cmp);
+    while (taken < n && fn(arg, heap[taken].name, heap[taken].t)) {
+        taken++;
+    }
+    *more = *more || taken < n;
+    pthread_mutex_unlock(&ex->mtx);
+    free(heap);
+    return DC_OK;
+}
+
 bool
 executor_has_device(struct executor *ex, const dc_device *dev)
 {

@@ -111,6 +111,14 @@ dc_code executor_remove(struct executor *ex, const dc_device *dev, const char *n
 dc_code executor_list(struct executor *ex, const dc_device *dev,
                       void (*fn)(void *arg, const char *name, const struct tensor *t), void *arg,
                       dc_status *st);
+/* A page of that: fn for the (at most) `limit` tensors on dev whose names come first in byte
+ * order after `after` ("" for the first page), in that order, until fn returns false; *more
+ * says whether tensors named after the last one fn took remain. The lock is held for one
+ * pass over the device's names, O(n log limit). */
+dc_code executor_list_page(struct executor *ex, const dc_device *dev, const char *after,
+                           size_t limit,
+                           bool (*fn)(void *arg, const char *name, const struct tensor *t),
+                           void *arg, bool *more, dc_status *st);
 /* Whether dev is one of this executor's devices. */
 bool executor_has_device(struct executor *ex, const dc_device *dev);
 

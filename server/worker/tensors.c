@@ -388,32 +388,38 @@ tensors_delete(struct tensors *t, const Devcoord__V1__DeleteTensorRequest *in,
     closure(&out, cd);
 }
 
+/* The most tensors one page of ListTensors lists, whatever its page_size. */
+#define LIST_PAGE_MAX 4096
+
 struct list_ctx {
     struct arena *arena;
     const dc_device *dev;
     Devcoord__V1__ListTensorsResponse *out;
     size_t cap;
     bool oom;
+    size_t budget; /* paged: the reply's bytes left (0: not paged) */
 };
 
-static void
-list_one(void *arg, const char *name, const struct tensor *tn)
+/* Adds tn to the listing; false (paged) when it does not fit in the reply any more. */
+static bool
+list_add(void *arg, const char *name, const struct tensor *tn)
 {
     struct list_ctx *l = arg;
     Devcoord__V1__TensorInfo *info;
     Devcoord__V1__Device *dev_pb;
     char *name_copy;
     uint64_t *shape;
+    size_t bytes;
 
     if (l->oom) {
-        return;
+        return false;
     }
     if (l->out->n_tensors == l->cap) {
         size_t cap                      = l->cap ? l->cap * 2 : 16;
         Devcoord__V1__TensorInfo **grow = arena_alloc(l->arena, cap * sizeof(*grow));
         if (grow == NULL) {
             l->oom = true;
-            return;
+            return false;
         }
         if (l->out->n_tensors > 0) {
             memcpy(grow, l->out->tensors, l->out->n_tensors * sizeof(*grow));
@@ -427,13 +433,28 @@ list_one(void *arg, const char *name, const struct tensor *tn)
     shape     = arena_alloc(l->arena, (tn->ndim + 1) * sizeof(*shape));
     if (info == NULL || dev_pb == NULL || name_copy == NULL || shape == NULL) {
         l->oom = true;
-        return;
+        return false;
     }
     memcpy(name_copy, name, strlen(name) + 1);
     memcpy(shape, tn->shape, tn->ndim * sizeof(*shape));
     tensor_info(info, dev_pb, l->dev, name_copy, tn);
-    info->shape                          = shape;
+    info->shape = shape;
+    if (l->budget > 0) {
+        /* Its field in the reply: the message, a tag and a length of up to 5 bytes. */
+        bytes = protobuf_c_message_get_packed_size(&info->base) + 6;
+        if (bytes > l->budget && l->out->n_tensors > 0) {
+            return false;
+        }
+        l->budget = bytes < l->budget ? l->budget - bytes : 1;
+    }
     l->out->tensors[l->out->n_tensors++] = info;
+    return true;
+}
+
+static void
+list_one(void *arg, const char *name, const struct tensor *tn)
+{
+    (void)list_add(arg, name, tn);
 }
 
 void
@@ -456,7 +477,21 @@ tensors_list(struct tensors *t, const Devcoord__V1__ListTensorsRequest *in,
         return;
     }
     l.dev = &dev;
-    if (executor_list(t->ex, &dev, list_one, &l, &st) != DC_OK) {
+    if (in->page_size > 0) {
+        bool more = false;
+        l.budget  = t->chunk;
+        if (executor_list_page(t->ex, &dev, in->after != NULL ? in->after : "",
+                               in->page_size < LIST_PAGE_MAX ? in->page_size : LIST_PAGE_MAX,
+                               list_add, &l, &more, &st) != DC_OK) {
+            fail(cd, (ProtobufCClosure)closure, &st);
+        } else if (l.oom) {
+            status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory listing tensors");
+            fail(cd, (ProtobufCClosure)closure, &st);
+        } else {
+            out.more = more;
+            closure(&out, cd);
+        }
+    } else if (executor_list(t->ex, &dev, list_one, &l, &st) != DC_OK) {
         fail(cd, (ProtobufCClosure)closure, &st);
     } else if (l.oom) {
         status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory listing tensors");

@@ -845,6 +845,37 @@ class LimitsTest(CtlChecks, SecureTestCase):
                              ["values"]), {3.0})
         self.assert_serving()
 
+    def test_a_long_listing_comes_in_pages(self):
+        """1,500 tensors with 100-byte names on one device: more than one reply of node-a's
+        (64 KiB messages) can hold. ListTensors pages them in name order, each page within
+        the reply limit; devcoordctl lists them all, sorted, once each."""
+        c = self.cluster
+        names = ["t%04d-%s" % (i, "x" * 94) for i in range(1500)]
+        order = list(range(1500))
+        order = order[1::2] + order[::2]  # not put in name order
+        with c.connect(c.worker_port("node-a")) as conn:
+            for k, i in enumerate(order):
+                body = (pb_bytes(1, device_pb(index=2)) + pb_bytes(2, names[i]) + pb_uint(3, 1)
+                        + pb_uint(4, 1) + pb_uint(5, 5000 + k) + pb_uint(6, 0))
+                header = (pb_uint(1, 10 + k) + pb_bytes(2, WORKER_SERVICE + "PutTensor")
+                          + pb_uint(3, 10000))
+                code, message, _ = conn.call_raw(frame(header, body, b"\0" * 4), 10 + k)
+                self.assertEqual(code, "OK", message)
+            # One page by hand: at most page_size, in order, the reply within the limit.
+            body = pb_bytes(1, device_pb(index=2)) + pb_uint(2, 1000) + pb_bytes(3, names[9])
+            header = (pb_uint(1, 9) + pb_bytes(2, WORKER_SERVICE + "ListTensors")
+                      + pb_uint(3, 10000))
+            code, message, reply = conn.call_raw(frame(header, body, b""), 9)
+            self.assertEqual(code, "OK", message)
+            fields = pb_decode(reply)
+            listed = [pb_decode(t)[2][0].decode() for t in fields[1]]
+            self.assertLess(len(reply), 65536)
+            self.assertEqual(listed, names[10:10 + len(listed)])
+            self.assertGreater(len(listed), 100)
+            self.assertEqual(fields[2], [1])  # more
+        out = self.assert_ok(c.ctl("tensor", "list", "node-a/cuda:2"))
+        self.assertEqual([t["name"] for t in out["tensors"]], names)
+
     def test_allocation_failure_is_resource_exhausted(self):
         if "node-m" not in self.cluster.workers:
             self.skipTest("an ASan build cannot run under an address-space limit")

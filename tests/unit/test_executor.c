@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -338,6 +339,83 @@ test_limits(void **state)
     }
 }
 
+struct page {
+    char names[8][8];
+    size_t n, stop_after;
+};
+
+static bool
+page_take(void *arg, const char *name, const struct tensor *t)
+{
+    struct page *p = arg;
+
+    (void)t;
+    if (p->n == p->stop_after) {
+        return false;
+    }
+    snprintf(p->names[p->n++], sizeof(p->names[0]), "%s", name);
+    return true;
+}
+
+/* executor_list_page: the least names past `after`, in byte order, at most `limit`, `more`
+ * while any name past the last one taken remains (also when fn stops early). */
+static void
+test_list_pages(void **state)
+{
+    static const char *const names[] = { "g", "b", "e", "a", "f", "c", "d" };
+    struct executor *ex              = executor_new("host", devices, 2);
+    const uint64_t shape[]           = { 1 };
+    char after[8]                    = "";
+    char seen[8][8];
+    size_t n_seen = 0;
+    struct page p;
+    bool more = true;
+    dc_status st;
+
+    (void)state;
+    for (size_t i = 0; i < 7; i++) {
+        struct tensor *t;
+        assert_int_equal(executor_create(ex, NULL, DC_DTYPE_F32, shape, 1, &t, &st), DC_OK);
+        assert_int_equal(executor_store(ex, &devices[0], names[i], t, &st), DC_OK);
+        tensor_release(t);
+    }
+    while (more) {
+        memset(&p, 0, sizeof(p));
+        p.stop_after = SIZE_MAX;
+        assert_int_equal(executor_list_page(ex, &devices[0], after, 3, page_take, &p, &more, &st),
+                         DC_OK);
+        assert_true(p.n == 3 || (!more && p.n == 1));
+        for (size_t i = 0; i < p.n; i++) {
+            memcpy(seen[n_seen++], p.names[i], sizeof(seen[0]));
+        }
+        snprintf(after, sizeof(after), "%s", p.names[p.n - 1]);
+    }
+    assert_int_equal(n_seen, 7);
+    for (size_t i = 0; i < 7; i++) {
+        char want[2] = { (char)('a' + i), 0 };
+        assert_string_equal(seen[i], want);
+    }
+    /* fn taking two of a page of three: more, and the next page starts after the second. */
+    memset(&p, 0, sizeof(p));
+    p.stop_after = 2;
+    assert_int_equal(executor_list_page(ex, &devices[0], "c", 3, page_take, &p, &more, &st), DC_OK);
+    assert_int_equal(p.n, 2);
+    assert_string_equal(p.names[1], "e");
+    assert_true(more);
+    /* Past the last name, and on an empty device: nothing, no more. */
+    memset(&p, 0, sizeof(p));
+    p.stop_after = SIZE_MAX;
+    assert_int_equal(executor_list_page(ex, &devices[0], "g", 3, page_take, &p, &more, &st), DC_OK);
+    assert_int_equal(p.n, 0);
+    assert_false(more);
+    assert_int_equal(executor_list_page(ex, &devices[1], "", 3, page_take, &p, &more, &st), DC_OK);
+    assert_int_equal(p.n, 0);
+    assert_false(more);
+    assert_int_equal(executor_list_page(ex, &elsewhere, "", 3, page_take, &p, &more, &st),
+                     DC_NOT_FOUND);
+    executor_free(ex);
+}
+
 struct reclaim {
     struct tensor *drop; /* released by the hook */
     int calls;
@@ -397,6 +475,7 @@ main(void)
         cmocka_unit_test(test_empty_tensor),
         cmocka_unit_test(test_store_all_is_all_or_nothing),
         cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_list_pages),
         cmocka_unit_test(test_reclaim_before_refusal),
     };
 
