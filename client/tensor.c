@@ -173,6 +173,21 @@ sleep_ms(unsigned ms)
     nanosleep(&ts, NULL);
 }
 
+/* Whether w's connection is up, or comes up within ms. */
+static bool
+connected_within(struct worker_conn *w, unsigned ms)
+{
+    for (unsigned waited = 0;; waited += 10) {
+        if (rpc_client_connected(w->rpc)) {
+            return true;
+        }
+        if (waited >= ms) {
+            return false;
+        }
+        sleep_ms(10);
+    }
+}
+
 /*
  * Whether a failed chunk of `len` bytes says the worker's message limit is below ours: the
  * request's size was refused (over the message limit, or over what may be in flight: the
@@ -196,13 +211,7 @@ chunk_too_large(struct worker_conn *w, dc_code code, const dc_status *st, bool w
         return false;
     }
     sleep_ms(20);
-    for (unsigned waited = 20; waited < RECONNECT_WAIT_MS; waited += 10) {
-        if (rpc_client_connected(w->rpc)) {
-            return true;
-        }
-        sleep_ms(10);
-    }
-    return false;
+    return connected_within(w, RECONNECT_WAIT_MS - 20);
 }
 
 static void
@@ -264,9 +273,13 @@ dc_tensor_put_progress(dc_client *c, const char *device, const char *name, dc_dt
     /* One chunk even for an empty tensor: its arrival is what makes the tensor appear. */
     do {
         const Devcoord__V1__PutTensorResponse *resp;
-        size_t chunk     = atomic_load(&t.conn->chunk);
-        size_t len       = bytes - offset < chunk ? bytes - offset : chunk;
-        bool was_up      = rpc_client_connected(t.conn->rpc);
+        size_t chunk = atomic_load(&t.conn->chunk);
+        size_t len   = bytes - offset < chunk ? bytes - offset : chunk;
+        /* A first chunk on a connection still being dialed (the first call to this worker)
+         * waits for it: a drop of an oversized chunk then reads as one, not as the worker
+         * being gone (chunk_too_large). */
+        bool was_up      = offset == 0 ? connected_within(t.conn, RECONNECT_WAIT_MS)
+                                       : rpc_client_connected(t.conn->rpc);
         const void *part = len > 0 ? (const unsigned char *)data + offset : NULL;
 
         req.offset = offset;
