@@ -85,6 +85,17 @@ tensor_size(dc_dtype dtype, const uint64_t *shape, size_t ndim, size_t *elements
     return true;
 }
 
+/* Gives back what executor_charge counted: bytes in all, and on device index `charged`
+ * (SIZE_MAX: none). */
+static void
+executor_uncharge(struct executor *ex, size_t charged, size_t bytes)
+{
+    atomic_fetch_sub(&ex->held, bytes);
+    if (charged < ex->n_devices) {
+        atomic_fetch_sub(&ex->devices[charged].held, bytes);
+    }
+}
+
 void
 tensor_retain(struct tensor *t)
 {
@@ -95,12 +106,8 @@ void
 tensor_release(struct tensor *t)
 {
     if (t != NULL && atomic_fetch_sub(&t->refs, 1) == 1) {
-        struct executor *ex = t->owner;
-        atomic_fetch_sub(&ex->held, t->size_bytes);
-        if (t->charged < ex->n_devices) {
-            atomic_fetch_sub(&ex->devices[t->charged].held, t->size_bytes);
-        }
-        ex->ops->tensor_free(ex, t);
+        executor_uncharge(t->owner, t->charged, t->size_bytes);
+        t->owner->ops->tensor_free(t->owner, t);
     }
 }
 
@@ -175,7 +182,7 @@ charge(_Atomic uint64_t *held, uint64_t limit, uint64_t bytes, uint64_t *was)
 }
 
 /* Counts a new tensor of `bytes` against dev's memory and the executor's bound; dev NULL
- * counts it in the total only. *charged: the device's index, or SIZE_MAX. */
+ * counts it in the total only. *charged (on DC_OK): the device's index, or SIZE_MAX. */
 static dc_code
 executor_charge(struct executor *ex, const dc_device *dev, size_t bytes, size_t *charged,
                 dc_status *st)
@@ -184,13 +191,11 @@ executor_charge(struct executor *ex, const dc_device *dev, size_t bytes, size_t 
     struct executor_device *d = dev != NULL ? executor_find(ex, dev) : NULL;
     uint64_t was;
 
-    *charged = d != NULL ? (size_t)(d - ex->devices) : SIZE_MAX;
     human_bytes(size, sizeof(size), bytes);
     if (d != NULL && !charge(&d->held, d->memory, bytes, &was)) {
         human_bytes(used, sizeof(used), was);
         human_bytes(limit, sizeof(limit), d->memory);
         dc_device_format(dev, text, sizeof(text));
-        *charged = SIZE_MAX;
         return status_set(st, DC_RESOURCE_EXHAUSTED,
                           "no room for a %s tensor on %s: its tensors hold %s of its memory "
                           "(%s, devices[].memory in the worker's configuration)",
@@ -202,12 +207,12 @@ executor_charge(struct executor *ex, const dc_device *dev, size_t bytes, size_t 
         }
         human_bytes(used, sizeof(used), was);
         human_bytes(limit, sizeof(limit), ex->max_bytes);
-        *charged = SIZE_MAX;
         return status_set(st, DC_RESOURCE_EXHAUSTED,
                           "no room for a %s tensor: this worker's tensors hold %s of its "
                           "limits.max_stored_bytes (%s)",
                           size, used, limit);
     }
+    *charged = d != NULL ? (size_t)(d - ex->devices) : SIZE_MAX;
     return DC_OK;
 }
 
@@ -235,10 +240,7 @@ executor_create(struct executor *ex, const dc_device *dev, dc_dtype dtype, const
         }
     }
     if ((t = ex->ops->tensor_alloc(ex, bytes)) == NULL) {
-        atomic_fetch_sub(&ex->held, bytes);
-        if (charged < ex->n_devices) {
-            atomic_fetch_sub(&ex->devices[charged].held, bytes);
-        }
+        executor_uncharge(ex, charged, bytes);
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte tensor", bytes);
     }
     t->owner   = ex;
@@ -443,7 +445,7 @@ executor_list_page(struct executor *ex, const dc_device *dev, const char *after,
                    bool (*fn)(void *arg, const char *name, const struct tensor *t), void *arg,
                    bool *more, dc_status *st)
 {
-    struct named *heap = limit > 0 ? malloc((limit + 1) * sizeof(*heap)) : NULL;
+    struct named *heap = limit > 0 ? malloc(limit * sizeof(*heap)) : NULL;
     struct executor_device *d;
     size_t n = 0, taken = 0;
     const char *k;

@@ -397,7 +397,8 @@ struct list_ctx {
     Devcoord__V1__ListTensorsResponse *out;
     size_t cap;
     bool oom;
-    size_t budget; /* paged: the reply's bytes left (0: not paged) */
+    bool paged;    /* a page: stop where the reply is full */
+    size_t budget; /* paged: the reply's bytes left */
 };
 
 /* Adds tn to the listing; false (paged) when it does not fit in the reply any more. */
@@ -439,13 +440,14 @@ list_add(void *arg, const char *name, const struct tensor *tn)
     memcpy(shape, tn->shape, tn->ndim * sizeof(*shape));
     tensor_info(info, dev_pb, l->dev, name_copy, tn);
     info->shape = shape;
-    if (l->budget > 0) {
-        /* Its field in the reply: the message, a tag and a length of up to 5 bytes. */
+    if (l->paged) {
+        /* Its field in the reply: the message, a tag and a length of up to 5 bytes. The
+         * first always goes (one is far below any message limit). */
         bytes = protobuf_c_message_get_packed_size(&info->base) + 6;
         if (bytes > l->budget && l->out->n_tensors > 0) {
             return false;
         }
-        l->budget = bytes < l->budget ? l->budget - bytes : 1;
+        l->budget = bytes < l->budget ? l->budget - bytes : 0;
     }
     l->out->tensors[l->out->n_tensors++] = info;
     return true;
@@ -463,8 +465,10 @@ tensors_list(struct tensors *t, const Devcoord__V1__ListTensorsRequest *in,
 {
     Devcoord__V1__ListTensorsResponse out = DEVCOORD__V1__LIST_TENSORS_RESPONSE__INIT;
     struct list_ctx l                     = { .out = &out };
+    bool more                             = false;
     dc_device dev;
     dc_status st;
+    dc_code code;
 
     status_clear(&st);
     if (device_from_pb(in->device, &dev, &st) != DC_OK) {
@@ -478,25 +482,21 @@ tensors_list(struct tensors *t, const Devcoord__V1__ListTensorsRequest *in,
     }
     l.dev = &dev;
     if (in->page_size > 0) {
-        bool more = false;
-        l.budget  = t->chunk;
-        if (executor_list_page(t->ex, &dev, in->after != NULL ? in->after : "",
-                               in->page_size < LIST_PAGE_MAX ? in->page_size : LIST_PAGE_MAX,
-                               list_add, &l, &more, &st) != DC_OK) {
-            fail(cd, (ProtobufCClosure)closure, &st);
-        } else if (l.oom) {
-            status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory listing tensors");
-            fail(cd, (ProtobufCClosure)closure, &st);
-        } else {
-            out.more = more;
-            closure(&out, cd);
-        }
-    } else if (executor_list(t->ex, &dev, list_one, &l, &st) != DC_OK) {
+        l.paged  = true;
+        l.budget = t->chunk;
+        code     = executor_list_page(t->ex, &dev, in->after != NULL ? in->after : "",
+                                  in->page_size < LIST_PAGE_MAX ? in->page_size : LIST_PAGE_MAX,
+                                      list_add, &l, &more, &st);
+    } else {
+        code = executor_list(t->ex, &dev, list_one, &l, &st);
+    }
+    if (code != DC_OK) {
         fail(cd, (ProtobufCClosure)closure, &st);
     } else if (l.oom) {
         status_set(&st, DC_RESOURCE_EXHAUSTED, "out of memory listing tensors");
         fail(cd, (ProtobufCClosure)closure, &st);
     } else {
+        out.more = more;
         closure(&out, cd);
     }
     arena_free(l.arena);
