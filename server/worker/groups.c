@@ -89,9 +89,6 @@ struct sjob {
     wgroups_sent_fn done;
     void *done_arg;
     bool cancelled; /* aborted while it was being written (wgroups_op_cancel, held_sends_cut) */
-    /* A group's job whose bytes are in a rank's region (buf->reg), counted in reg->sending
-     * until it is freed (sjob_free_locked). */
-    struct region *reg;
     struct sjob *next;
 };
 
@@ -1532,16 +1529,50 @@ sjob_free(struct sjob *j)
     free(j);
 }
 
+/* The rank's region a group's job sends from (counted in its `sending` from peer_queue_locked
+ * to sjob_free_locked), or NULL. */
+static struct region *
+sjob_region(const struct sjob *j)
+{
+    return j->buf != NULL ? j->buf->reg : NULL;
+}
+
 /* sjob_free for a group's job: a send from a rank's region has ended (region_settle). mtx
  * held. */
 static void
 sjob_free_locked(struct sjob *j)
 {
-    if (j->reg != NULL) {
-        j->reg->sending--;
-        region_settle(j->reg);
+    struct region *r = sjob_region(j);
+
+    if (r != NULL) {
+        r->sending--;
+        region_settle(r);
     }
     sjob_free(j);
+}
+
+/* Takes the jobs queued to p that `match` picks out of its queue, in order, as a list. mtx
+ * held. */
+static struct sjob *
+peer_unqueue_locked(struct wpeer *p, bool (*match)(const struct sjob *j, const void *arg),
+                    const void *arg)
+{
+    struct sjob *taken = NULL, **tail = &taken;
+
+    p->jobs_tail = NULL;
+    for (struct sjob **pp = &p->jobs; *pp != NULL;) {
+        struct sjob *j = *pp;
+        if (match(j, arg)) {
+            *pp     = j->next;
+            j->next = NULL;
+            *tail   = j;
+            tail    = &j->next;
+        } else {
+            p->jobs_tail = j;
+            pp           = &j->next;
+        }
+    }
+    return taken;
 }
 
 /* Ends an op's job: tells its owner how it went (outside mtx), frees it. */
@@ -1683,7 +1714,7 @@ peer_sender(void *arg)
                        g->id, st.message);
             status_set_worker(&end, j->worker);
             group_end_locked(wg, g, &end);
-        } else if (g != NULL && j->buf != NULL && j->buf->reg != NULL) {
+        } else if (g != NULL && sjob_region(j) != NULL) {
             /* Sent from a rank's region: its call may have waited for this send alone. */
             struct wcall *c = wcall_find(g, j->h.seq);
             sjob_free_locked(j);
@@ -1757,8 +1788,7 @@ peer_queue_locked(struct wgroup *g, struct wcall *c, size_t w, struct pbuf *buf,
     j->buf = pbuf_hold(buf);
     j->len = len;
     if (buf->reg != NULL) {
-        j->reg = buf->reg; /* pinned by the job's buf */
-        j->reg->sending++;
+        buf->reg->sending++; /* until sjob_free_locked; the job's buf pins the region */
     }
     j->h = (struct dlink_hdr){ .kind       = DLINK_DATA,
                                .flags      = flags,
@@ -1991,6 +2021,12 @@ wgroups_op_send(struct wgroups *wg, const char *address, const struct dlink_hdr 
     return DC_OK;
 }
 
+static bool
+sjob_owned_by(const struct sjob *j, const void *owner)
+{
+    return j->owner == owner;
+}
+
 void
 wgroups_op_cancel(struct wgroups *wg, const void *owner, bool abort_current)
 {
@@ -1999,18 +2035,14 @@ wgroups_op_cancel(struct wgroups *wg, const void *owner, bool abort_current)
 
     pthread_mutex_lock(&wg->mtx);
     for (size_t i = 0; i < wg->n_peers; i++) {
-        struct wpeer *p = wg->peers[i];
-        p->jobs_tail    = NULL;
-        for (struct sjob **pp = &p->jobs; *pp != NULL;) {
-            struct sjob *j = *pp;
-            if (j->owner == owner) {
-                *pp     = j->next;
-                j->next = gone;
-                gone    = j;
-            } else {
-                p->jobs_tail = j;
-                pp           = &j->next;
+        struct wpeer *p    = wg->peers[i];
+        struct sjob *taken = peer_unqueue_locked(p, sjob_owned_by, owner), *last = taken;
+        if (taken != NULL) {
+            while (last->next != NULL) {
+                last = last->next;
             }
+            last->next = gone;
+            gone       = taken;
         }
         if (abort_current && p->sending != NULL && p->sending->owner == owner) {
             p->sending->cancelled = true;
@@ -3437,10 +3469,14 @@ missing_ranks(const struct wgroup *g, const struct wcall *c, char *buf, size_t c
     }
 }
 
-/* Whether a job from region r keeps an answer held too long (held_sends_cut). */
+/* Whether job j, from a rank's region, keeps that rank's answer held too long
+ * (held_sends_cut); arg: the time now. */
 static bool
-held_overdue(const struct region *r, uint64_t now)
+sjob_held_overdue(const struct sjob *j, const void *arg)
 {
+    const struct region *r = sjob_region(j);
+    uint64_t now           = *(const uint64_t *)arg;
+
     return r != NULL && r->held != NULL && now - r->held_ms >= HELD_SEND_MS;
 }
 
@@ -3458,24 +3494,18 @@ held_sends_cut(struct wgroups *wg, uint64_t now)
     for (size_t i = 0; i < wg->n_peers; i++) {
         struct wpeer *p = wg->peers[i];
         struct sjob *j  = p->sending;
-        p->jobs_tail    = NULL;
-        for (struct sjob **pp = &p->jobs; *pp != NULL;) {
-            struct sjob *q = *pp;
-            if (held_overdue(q->reg, now)) {
-                *pp = q->next;
-                sjob_free_locked(q);
-            } else {
-                p->jobs_tail = q;
-                pp           = &q->next;
-            }
+        for (struct sjob *q = peer_unqueue_locked(p, sjob_held_overdue, &now), *next; q != NULL;
+             q              = next) {
+            next = q->next;
+            sjob_free_locked(q);
         }
-        if (j == NULL || j->cancelled || !held_overdue(j->reg, now)) {
+        if (j == NULL || j->cancelled || !sjob_held_overdue(j, &now)) {
             continue;
         }
         j->cancelled = true;
         log_warn("group %s: cut the data link to worker %s: a send from rank %u's memory had not "
                  "ended %u ms after its call failed",
-                 j->group_id, j->worker, j->reg->rank, HELD_SEND_MS);
+                 j->group_id, j->worker, sjob_region(j)->rank, HELD_SEND_MS);
         if (p->out != NULL) {
             dlink_out_abort(p->out);
         }
