@@ -204,8 +204,7 @@ chunk_too_large(struct worker_conn *w, dc_code code, const dc_status *st, bool w
         return false;
     }
     if (code == DC_RESOURCE_EXHAUSTED) {
-        return strstr(st->message, "-byte message limit") != NULL ||
-               strncmp(st->message, "request of ", 11) == 0;
+        return rpc_refused_for_size(st);
     }
     if (code != DC_UNAVAILABLE || !was_connected) {
         return false;
@@ -568,11 +567,6 @@ dc_tensor_list_get(dc_client *c, const char *device, dc_tensor_list **out, dc_st
             goto out;
         }
         resp = r.body != NULL ? (const Devcoord__V1__ListTensorsResponse *)r.body : &empty;
-        if (resp->more && resp->n_tensors == 0) {
-            code = status_set(st, DC_INTERNAL, "worker %s listed no tensor but says more remain",
-                              t.info.worker);
-            goto out;
-        }
         if (resp->n_tensors > SIZE_MAX / sizeof(*grow) - list->n ||
             (grow = realloc(list->tensors, (list->n + resp->n_tensors + 1) * sizeof(*grow))) ==
                 NULL) {
@@ -588,6 +582,15 @@ dc_tensor_list_get(dc_client *c, const char *device, dc_tensor_list **out, dc_st
             }
             snprintf(e->device, sizeof(e->device), "%s", t.info.name);
             list->n++;
+        }
+        /* A page that does not move past `after` would be asked for again and again. */
+        if (resp->more &&
+            (resp->n_tensors == 0 || strcmp(list->tensors[list->n - 1].name, after) <= 0)) {
+            code = status_set(
+                st, DC_INTERNAL,
+                "worker %s says more tensors remain after '%.64s' but listed none after it",
+                t.info.worker, after);
+            goto out;
         }
         if (resp->more) {
             snprintf(after, sizeof(after), "%s", list->tensors[list->n - 1].name);

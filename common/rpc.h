@@ -258,6 +258,13 @@ dc_code rpc_call_async(struct rpc_client *c, const ProtobufCServiceDescriptor *s
 
 uint64_t rpc_now_ms(void);
 uint64_t rpc_now_us(void);
+/* Whether a RESOURCE_EXHAUSTED status is a request refused for its size (over the message
+ * limit, or over the bytes a server lets be in flight), which a smaller request may pass,
+ * rather than a handler's answer. */
+bool rpc_refused_for_size(const dc_status *st);
+/* How those refusals' messages start and end (rpc_server.c, rpc_client.c). */
+#define RPC_REFUSED_IN_FLIGHT  "request of "
+#define RPC_REFUSED_OVER_LIMIT "-byte message limit"
 /* Milliseconds from now until `until` (rpc_now_ms's clock), 0 once it has passed, capped at
  * INT32_MAX (what nng's durations hold). The clock is read once: `until - rpc_now_ms()` after
  * a separate check wraps to ~49 days if the moment passes between the two reads. */

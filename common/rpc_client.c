@@ -432,7 +432,7 @@ rpc_request_pack(const ProtobufCServiceDescriptor *svc, unsigned method,
                         max_message + RPC_FRAME_OVERHEAD)) != 0) {
         if (rv == NNG_EMSGSIZE) {
             return status_set(st, DC_RESOURCE_EXHAUSTED,
-                              "%s request over the %zu-byte message limit",
+                              "%s request over the %zu" RPC_REFUSED_OVER_LIMIT,
                               svc->methods[method].name, max_message);
         }
         return wire_nng_status(rv, "packing a request", st);

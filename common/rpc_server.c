@@ -182,7 +182,8 @@ rpc_server_admit(struct rpc_server *s, struct rpc_call *call, size_t len)
 
     if (load != NULL && load->bytes > 0 && load->bytes + len > s->max_inflight_per_pipe) {
         status_set(&call->status, DC_RESOURCE_EXHAUSTED,
-                   "request of %zu bytes refused: with the %zu bytes of requests already in "
+                   RPC_REFUSED_IN_FLIGHT
+                   "%zu bytes refused: with the %zu bytes of requests already in "
                    "flight on this connection it would pass "
                    "limits.max_inflight_bytes_per_connection (%zu); wait for answers before "
                    "sending more",
@@ -191,7 +192,8 @@ rpc_server_admit(struct rpc_server *s, struct rpc_call *call, size_t len)
     }
     if (s->inflight > 0 && s->inflight + len > s->max_inflight) {
         status_set(&call->status, DC_RESOURCE_EXHAUSTED,
-                   "request of %zu bytes refused: with the %zu bytes of requests already in "
+                   RPC_REFUSED_IN_FLIGHT
+                   "%zu bytes refused: with the %zu bytes of requests already in "
                    "flight on this server it would pass limits.max_inflight_bytes (%zu); "
                    "retry later",
                    len, s->inflight, s->max_inflight);
@@ -265,6 +267,14 @@ uint64_t
 rpc_now_ms(void)
 {
     return rpc_now_us() / 1000u;
+}
+
+bool
+rpc_refused_for_size(const dc_status *st)
+{
+    return st->code == DC_RESOURCE_EXHAUSTED &&
+           (strncmp(st->message, RPC_REFUSED_IN_FLIGHT, strlen(RPC_REFUSED_IN_FLIGHT)) == 0 ||
+            strstr(st->message, RPC_REFUSED_OVER_LIMIT) != NULL);
 }
 
 uint64_t

@@ -361,6 +361,7 @@ static struct {
     size_t size;
     size_t puts, max_chunk;
     const char *refuse; /* PutTensor answers RESOURCE_EXHAUSTED with this (NULL: no) */
+    bool list_stuck;    /* ListTensors says more remain, and lists the same tensor again */
 } fw;
 
 static dc_code
@@ -765,6 +766,7 @@ w_list_tensors(WSVC *s, const Devcoord__V1__ListTensorsRequest *in,
         resp.n_tensors  = 1;
         resp.tensors    = infos;
     }
+    resp.more = fw.list_stuck;
     closure(&resp, cd);
     pthread_mutex_unlock(&fake_mtx);
 }
@@ -1210,16 +1212,41 @@ test_tensor_refusals_that_are_not_about_size(void **state)
     assert_int_equal(fw.puts, 1);
     assert_int_equal(atomic_load(&c->workers[0]->chunk), TENSOR_CHUNK_MAX);
 
-    fw.puts   = 0;
-    fw.refuse = "request of 4194000 bytes refused: with the 1000 bytes of requests already in "
-                "flight on this connection it would pass "
-                "limits.max_inflight_bytes_per_connection (4194304)";
+    fw.puts = 0;
+    fw.refuse =
+        RPC_REFUSED_IN_FLIGHT "4194000 bytes refused: with the 1000 bytes of requests already in "
+                              "flight on this connection it would pass "
+                              "limits.max_inflight_bytes_per_connection (4194304)";
     assert_int_equal(
         dc_tensor_put(c, "node-a/cpu:0", "full", DC_DTYPE_F64, shape, 1, data, bytes, &st),
         DC_RESOURCE_EXHAUSTED);
     assert_true(fw.puts > 1);
     assert_int_equal(atomic_load(&c->workers[0]->chunk), TENSOR_CHUNK_MIN);
     fw.refuse = NULL;
+    free(data);
+    dc_client_close(c);
+}
+
+/* A worker whose pages do not move on (`more`, and nothing past the last name) is an error,
+ * not a listing asked for forever; a worker from before paging (no `more`) lists at once. */
+static void
+test_tensor_list_pages_must_move_on(void **state)
+{
+    struct fixture *f  = *state;
+    dc_client *c       = open_client(f, NULL);
+    dc_tensor_list *tl = NULL;
+    uint8_t *data      = put_pattern(c, "only", 64, 3);
+    dc_status st;
+
+    assert_int_equal(dc_tensor_list_get(c, "node-a/cpu:0", &tl, &st), DC_OK);
+    assert_int_equal(tl->n, 1);
+    dc_tensor_list_free(tl);
+    tl            = NULL;
+    fw.list_stuck = true;
+    assert_int_equal(dc_tensor_list_get(c, "node-a/cpu:0", &tl, &st), DC_INTERNAL);
+    assert_null(tl);
+    assert_non_null(strstr(st.message, "more tensors remain after 'only'"));
+    fw.list_stuck = false;
     free(data);
     dc_client_close(c);
 }
@@ -1328,6 +1355,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_tensor_roundtrip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tensor_refusals_that_are_not_about_size, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_tensor_list_pages_must_move_on, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tensor_worker_says_its_limit, setup_small_worker,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_tensor_small_worker_limit, setup_small_worker,

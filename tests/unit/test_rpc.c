@@ -600,6 +600,9 @@ test_frames_from_another_transport(void **state)
     assert_int_equal(rpc_request_pack(SVC, M_COORDINATOR_GET_DEVICE, &req.base, big, sizeof(big),
                                       NULL, 8, 5000, 16, &m, &st),
                      DC_RESOURCE_EXHAUSTED);
+    assert_true(rpc_refused_for_size(&st)); /* a smaller request may pass (client/tensor.c) */
+    status_set(&st, DC_RESOURCE_EXHAUSTED, "no room for a 16 byte tensor on cuda:0");
+    assert_false(rpc_refused_for_size(&st));
 }
 
 static void
@@ -1110,6 +1113,11 @@ test_inflight_limits(void **state)
     gate_wait_held(3);
     tally_wait(&ta, 0, 2);
     assert_non_null(strstr(ta.message, "limits.max_inflight_bytes_per_connection (65536)"));
+    {
+        dc_status refused;
+        status_set(&refused, DC_RESOURCE_EXHAUSTED, "%s", ta.message);
+        assert_true(rpc_refused_for_size(&refused));
+    }
 
     /* Another connection has room of its own, up to the server's cap. */
     list_ops_async(b.client, att, sizeof(att), &tb);
