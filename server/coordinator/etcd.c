@@ -146,32 +146,65 @@ etcd_open(const struct config_state *cfg, uint32_t timeout_ms, struct etcd **out
 
 /* ---- HTTP ------------------------------------------------------------------------------ */
 
-int
-etcd_dechunk(char *buf, size_t *len)
+/* A chunk-size line's hex digits from *in (moved past them) as *size: how many digits, or -1
+ * (not hex, or more than 8). */
+static int
+chunk_size(const char *buf, size_t n, size_t *in, size_t *size)
 {
-    size_t in = 0, outp = 0, n = *len;
+    size_t digits = 0;
 
+    *size = 0;
+    while (*in < n && buf[*in] != '\r' && buf[*in] != ';') {
+        char c = buf[*in];
+        unsigned v;
+
+        if (c >= '0' && c <= '9') {
+            v = (unsigned)(c - '0');
+        } else if (c >= 'a' && c <= 'f') {
+            v = (unsigned)(c - 'a' + 10);
+        } else if (c >= 'A' && c <= 'F') {
+            v = (unsigned)(c - 'A' + 10);
+        } else {
+            return -1;
+        }
+        if (++digits > 8) {
+            return -1;
+        }
+        *size = *size * 16 + v;
+        (*in)++;
+    }
+    return (int)digits;
+}
+
+int
+etcd_dechunk_more(char *buf, size_t n, struct etcd_dechunk *d)
+{
     for (;;) {
-        size_t size = 0, digits = 0;
+        size_t in = d->in, size = 0;
+        int digits;
 
-        while (in < n && buf[in] != '\r' && buf[in] != ';') {
-            char c = buf[in];
-            unsigned v;
+        if (d->trailers) {
+            /* Trailer lines (the gateway's error answers carry Grpc-Trailer-Content-Type),
+             * then the blank line that ends the body; d->in is the next line's start. */
+            size_t eol = in;
 
-            if (c >= '0' && c <= '9') {
-                v = (unsigned)(c - '0');
-            } else if (c >= 'a' && c <= 'f') {
-                v = (unsigned)(c - 'a' + 10);
-            } else if (c >= 'A' && c <= 'F') {
-                v = (unsigned)(c - 'A' + 10);
-            } else {
+            while (eol < n && buf[eol] != '\n') {
+                eol++;
+            }
+            if (eol == n) {
+                return 0;
+            }
+            if (eol == in || buf[eol - 1] != '\r') {
                 return -1;
             }
-            if (++digits > 8) {
-                return -1;
+            d->in = eol + 1;
+            if (eol == in + 1) {
+                return 1;
             }
-            size = size * 16 + v;
-            in++;
+            continue;
+        }
+        if ((digits = chunk_size(buf, n, &in, &size)) < 0) {
+            return -1;
         }
         while (in < n && buf[in] != '\r') { /* chunk extensions */
             in++;
@@ -184,39 +217,32 @@ etcd_dechunk(char *buf, size_t *len)
         }
         in += 2;
         if (size == 0) {
-            /* Trailer lines (the gateway's error answers carry Grpc-Trailer-Content-Type),
-             * then the blank line that ends the body. */
-            for (;;) {
-                size_t eol = in;
-
-                while (eol < n && buf[eol] != '\n') {
-                    eol++;
-                }
-                if (eol == n) {
-                    return 0;
-                }
-                if (eol == in || buf[eol - 1] != '\r') {
-                    return -1;
-                }
-                if (eol == in + 1) {
-                    *len = outp;
-                    return 1;
-                }
-                in = eol + 1;
-            }
+            d->in       = in;
+            d->trailers = true;
+            continue;
         }
         if (size > n - in || n - in - size < 2) {
-            return 0;
+            return 0; /* d unchanged: this chunk is parsed again once more has come */
         }
-        memmove(buf + outp, buf + in, size);
-        outp += size;
-        in += size;
-        if (buf[in] != '\r' || buf[in + 1] != '\n') {
+        if (buf[in + size] != '\r' || buf[in + size + 1] != '\n') {
             return -1;
         }
-        in += 2;
-        /* The decoded part is moved down; what follows stays where it is. */
+        memmove(buf + d->out, buf + in, size);
+        d->out += size;
+        d->in = in + size + 2;
     }
+}
+
+int
+etcd_dechunk(char *buf, size_t *len)
+{
+    struct etcd_dechunk d = { 0 };
+    int rv                = etcd_dechunk_more(buf, *len, &d);
+
+    if (rv == 1) {
+        *len = d.out;
+    }
+    return rv;
 }
 
 /* Waits for aio (whose timeout bounds it); 0 or an nng error. */
@@ -239,10 +265,11 @@ static dc_code
 read_body(nng_http_conn *conn, nng_http_res *res, nng_aio *aio, uint64_t deadline, char **out,
           size_t *out_len, dc_status *st)
 {
-    const char *cl = nng_http_res_get_header(res, "Content-Length");
-    const char *te = nng_http_res_get_header(res, "Transfer-Encoding");
-    char *buf      = NULL;
-    size_t len     = 0, cap;
+    const char *cl         = nng_http_res_get_header(res, "Content-Length");
+    const char *te         = nng_http_res_get_header(res, "Transfer-Encoding");
+    char *buf              = NULL;
+    size_t len             = 0, cap;
+    struct etcd_dechunk dc = { 0 };
     nng_iov iov;
     int rv;
 
@@ -283,8 +310,6 @@ read_body(nng_http_conn *conn, nng_http_res *res, nng_aio *aio, uint64_t deadlin
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
     for (;;) {
-        char *copy;
-        size_t dlen;
         int done;
 
         if (len == cap) {
@@ -312,27 +337,19 @@ read_body(nng_http_conn *conn, nng_http_res *res, nng_aio *aio, uint64_t deadlin
                               nng_strerror(rv));
         }
         len += nng_aio_count(aio);
-        /* Decode a copy: the chunks may not all be here yet. */
-        if ((copy = malloc(len + 1)) == NULL) {
-            free(buf);
-            return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
-        }
-        memcpy(copy, buf, len);
-        dlen = len;
-        done = etcd_dechunk(copy, &dlen);
+        /* Decoded in place as chunks complete: a read costs the header line of the chunk it
+         * ends in and the chunks it completes, not the whole body again. */
+        done = etcd_dechunk_more(buf, len, &dc);
         if (done < 0) {
-            free(copy);
             free(buf);
             return status_set(st, DC_UNAVAILABLE, "etcd: malformed chunked response");
         }
         if (done == 1) {
-            free(buf);
-            copy[dlen] = '\0';
-            *out       = copy;
-            *out_len   = dlen;
+            buf[dc.out] = '\0';
+            *out        = buf;
+            *out_len    = dc.out;
             return DC_OK;
         }
-        free(copy);
     }
 }
 

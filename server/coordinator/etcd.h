@@ -20,6 +20,7 @@
 #ifndef DEVCOORD_COORDINATOR_ETCD_H
 #define DEVCOORD_COORDINATOR_ETCD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -71,8 +72,19 @@ dc_code etcd_get(struct etcd *e, const char *key, struct etcd_kv *out, dc_status
 dc_code etcd_put_guarded(struct etcd *e, const char *key, const void *value, size_t len,
                          const char *guard, int64_t guard_rev, dc_status *st);
 
-/* Exposed for unit tests: decodes an HTTP/1.1 chunked body in place. 1: complete (*len
- * is the decoded length), 0: more bytes needed, -1: malformed. */
+/* An HTTP/1.1 chunked body decoded in place as it comes: buf[0, out) is decoded, raw bytes
+ * resume at buf[in]. Zero before the first call. */
+struct etcd_dechunk {
+    size_t in, out;
+    bool trailers; /* past the last chunk: in is a trailer line's start */
+};
+
+/* Decodes buf[0, n), of which an earlier call with the same d saw a prefix, as far as whole
+ * chunks go. 1: complete (d->out bytes), 0: more bytes needed, -1: malformed. */
+int etcd_dechunk_more(char *buf, size_t n, struct etcd_dechunk *d);
+
+/* Exposed for unit tests: decodes a whole chunked body in place. 1: complete (*len is the
+ * decoded length), 0: more bytes needed, -1: malformed. */
 int etcd_dechunk(char *buf, size_t *len);
 
 #endif

@@ -64,6 +64,64 @@ test_dechunk(void **state)
     assert_string_equal(buf, "{}\n");
 }
 
+/* Feeds `in` to one etcd_dechunk_more state `step` bytes at a time, as reads append to one
+ * buffer: the verdict after each read, the last one returned (and the body in out). */
+static int
+dechunk_in_reads(const char *in, size_t step, char *out, size_t cap)
+{
+    struct etcd_dechunk d = { 0 };
+    size_t len = strlen(in), have = 0;
+    int rv = 0;
+
+    assert_true(len < cap);
+    while (have < len && rv == 0) {
+        size_t n = len - have < step ? len - have : step;
+        memcpy(out + have, in + have, n); /* a read lands after what came before */
+        have += n;
+        rv = etcd_dechunk_more(out, have, &d);
+        assert_true(d.out <= d.in && d.in <= have); /* decoded never overtakes raw */
+    }
+    if (rv == 1) {
+        out[d.out] = '\0';
+    }
+    return rv;
+}
+
+/* The read loop decodes as bytes come (each parsed about once, not the whole body again per
+ * read): split anywhere, a body decodes to what it does whole. */
+static void
+test_dechunk_in_reads(void **state)
+{
+    static const struct {
+        const char *raw, *body; /* body NULL: malformed */
+    } cases[] = {
+        { "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n", "hello world" },
+        { "1a;ext=1\r\nabcdefghijklmnopqrstuvwxyz\r\n1\r\n!\r\n0\r\n\r\n",
+          "abcdefghijklmnopqrstuvwxyz!" },
+        { "3\r\n{}\n\r\n0\r\nGrpc-Trailer-Content-Type: application/grpc\r\nX: y\r\n\r\n", "{}\n" },
+        { "0\r\n\r\n", "" },
+        { "5\r\nhelloXX0\r\n\r\n", NULL },
+        { "2\r\nab\r\nz\r\n", NULL },
+        { "2\r\nab\r\n0\r\nX\n", NULL },
+    };
+    char buf[256];
+
+    (void)state;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        for (size_t step = 1; step <= strlen(cases[i].raw); step++) {
+            int rv = dechunk_in_reads(cases[i].raw, step, buf, sizeof(buf));
+            if (cases[i].body == NULL) {
+                assert_int_equal(rv, -1);
+            } else {
+                assert_int_equal(rv, 1);
+                assert_string_equal(buf, cases[i].body);
+            }
+        }
+    }
+    /* Not yet whole after any strict prefix. */
+    assert_int_equal(dechunk_in_reads("5\r\nhello\r\n0\r\n\r", 1, buf, sizeof(buf)), 0);
+}
+
 static void
 test_leader_hint(void **state)
 {
@@ -136,6 +194,7 @@ main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dechunk),
+        cmocka_unit_test(test_dechunk_in_reads),
         cmocka_unit_test(test_leader_hint),
         cmocka_unit_test(test_split_list),
         cmocka_unit_test(test_leader_new_refuses_a_long_address),
