@@ -122,6 +122,18 @@ class OpsTestCase(ClusterTestCase):
         return {line.rpartition(" ")[0]: float(line.rpartition(" ")[2])
                 for line in text.splitlines() if line and not line.startswith("#")}
 
+    def ctl_ok_list(self, device):
+        return self.cluster.ctl_ok("tensor", "list", device)["tensors"]
+
+    def tensor_gauge(self, worker, want, timeout=10.0):
+        """devcoord_worker_tensor_bytes once it reads `want`, or when timeout has passed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            got = self.metrics(worker)["devcoord_worker_tensor_bytes"]
+            if got == want or time.monotonic() > deadline:
+                return got
+            time.sleep(0.05)
+
     def put(self, device, name, dtype, values, shape=None):
         args = ["tensor", "put", device, name, "--dtype", dtype]
         if len(values) > 1000:  # far below the 128 KiB limit of one argv string
@@ -870,10 +882,18 @@ class DataLinkTest(OpsTestCase):
             m = self.metrics(w)
             self.assertEqual(m[key] - before[w], want[w], w)
             # The tensors the cases left count against limits.max_stored_bytes (by default
-            # three quarters of the machine's memory).
-            self.assertGreater(m["devcoord_worker_tensor_bytes"], 200003 * 4, w)
-            self.assertGreater(m["devcoord_worker_tensor_bytes_limit"],
-                               m["devcoord_worker_tensor_bytes"], w)
+            # three quarters of the machine's memory): byte for byte what the worker lists,
+            # once the ops' last references are gone, and a delete gives its bytes back.
+            listed = {d: self.ctl_ok_list(d) for d in GRID_DEVICES if d.startswith(w + "/")}
+            held = sum(t["size_bytes"] for ts in listed.values() for t in ts)
+            self.assertGreater(held, 200003 * 4, w)
+            self.assertEqual(self.tensor_gauge(w, held), held, w)
+            self.assertGreater(m["devcoord_worker_tensor_bytes_limit"], held, w)
+            dev, tensors = sorted(listed.items())[0]
+            gone = max(tensors, key=lambda t: t["size_bytes"])
+            self.cluster.ctl_ok("tensor", "delete", dev, gone["name"])
+            self.assertEqual(self.tensor_gauge(w, held - gone["size_bytes"]),
+                             held - gone["size_bytes"], w)
 
     def test_a_peer_without_a_data_link_gets_exchange_calls(self):
         # node-b cannot open its data port (the port it is told to use is taken), so its
