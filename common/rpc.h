@@ -61,7 +61,7 @@ struct rpc_server_opts {
     ProtobufCService *service; /* every handler set; must outlive the server */
     size_t max_message_bytes;  /* 0: RPC_DEFAULT_MAX_MESSAGE */
     unsigned contexts;         /* contexts armed at start (0: 16) */
-    unsigned max_contexts;     /* cap when growing under load (0: 4096) */
+    unsigned max_contexts;     /* cap when growing under load (0: 16384) */
     unsigned threads;          /* handler threads (0: 2) */
     rpc_authorize_fn authorize;
     void *authorize_arg;

@@ -61,13 +61,20 @@ struct rpc_pipe_load {
 /* nng holds a reply's context until its connection takes the reply: a client that sends
  * and never reads would hold every context. So a reply's send takes at most what is left of
  * its call's deadline (at most RPC_REPLY_MAX_MS) and RPC_REPLY_SLACK_MS more, RPC_REPLY_MS
- * without a deadline (or undecoded); and a connection with RPC_STUCK_SENDING replies waiting
- * that took none for RPC_STUCK_MS gets no more: its requests are dropped unanswered. */
-#define RPC_STUCK_SENDING  16
-#define RPC_STUCK_MS       1000
-#define RPC_REPLY_SLACK_MS 1000
-#define RPC_REPLY_MAX_MS   10000
-#define RPC_REPLY_MS       5000
+ * without a deadline (or undecoded); a connection with RPC_STUCK_SENDING replies waiting
+ * that took none for RPC_STUCK_MS gets no more: its requests are dropped unanswered; and
+ * one never has more than a quarter of the contexts in replies waiting: past that its
+ * requests are dropped too. That bound holds from the first reply on: without it a flood of
+ * small requests took every context within RPC_STUCK_MS, the server heard nobody until their
+ * sends timed out, and then again, as the count fell under RPC_STUCK_SENDING with them. A
+ * client that sends thousands before it reads is still answered (the default of 16384
+ * contexts leaves it 4096 replies waiting). */
+#define RPC_STUCK_SENDING    16
+#define RPC_STUCK_MS         1000
+#define RPC_DEFAULT_CONTEXTS 16384
+#define RPC_REPLY_SLACK_MS   1000
+#define RPC_REPLY_MAX_MS     10000
+#define RPC_REPLY_MS         5000
 
 struct rpc_server {
     nng_socket sock;
@@ -92,7 +99,8 @@ struct rpc_server {
     unsigned answering; /* threads inside nng_ctx_send of an answer (see rpc_call_answer) */
     struct rpc_call **calls;
     unsigned n_calls, max_calls;
-    atomic_uint receiving; /* contexts waiting for a request */
+    unsigned max_sending_per_pipe; /* replies waiting to go to one connection */
+    atomic_uint receiving;         /* contexts waiting for a request */
 
     /* Admission: request bytes received and not yet answered, in all and per connection
      * (pipe loads: an open-addressing table keyed by pipe id, an entry while its connection
@@ -771,8 +779,9 @@ rpc_call_take(struct rpc_call *call)
     pthread_mutex_lock(&s->mtx);
     if (call->pipe != 0) {
         struct rpc_pipe_load *load = rpc_pipe_slot(s, call->pipe);
-        unread = load->pipe == call->pipe && load->sending >= RPC_STUCK_SENDING &&
-                 rpc_now_ms() - load->progress_ms >= RPC_STUCK_MS;
+        unread = load->pipe == call->pipe && (load->sending >= s->max_sending_per_pipe ||
+                                              (load->sending >= RPC_STUCK_SENDING &&
+                                               rpc_now_ms() - load->progress_ms >= RPC_STUCK_MS));
     }
     admitted = !unread && rpc_server_admit(s, call, nng_msg_len(call->req));
     if (unread) {
@@ -878,9 +887,11 @@ rpc_server_start(const struct rpc_server_opts *opts, struct rpc_server **out, dc
     s->authorize_arg = opts->authorize_arg;
     s->observe       = opts->observe;
     s->observe_arg   = opts->observe_arg;
-    s->max_calls     = opts->max_contexts ? opts->max_contexts : 4096;
-    s->n_threads     = opts->threads ? opts->threads : 2;
-    initial          = opts->contexts ? opts->contexts : 16;
+    s->max_calls     = opts->max_contexts ? opts->max_contexts : RPC_DEFAULT_CONTEXTS;
+    s->max_sending_per_pipe =
+        s->max_calls / 4 > RPC_STUCK_SENDING ? s->max_calls / 4 : RPC_STUCK_SENDING;
+    s->n_threads = opts->threads ? opts->threads : 2;
+    initial      = opts->contexts ? opts->contexts : 16;
     if (initial > s->max_calls) {
         initial = s->max_calls;
     }

@@ -714,6 +714,76 @@ test_slow_calls_hold_contexts(void **state)
     assert_int_equal(done, 64);
 }
 
+/* A raw req connection that sends undecodable requests and never reads a reply. */
+struct flood {
+    int fd;
+    unsigned requests;
+    bool all_sent;
+};
+
+static void *
+flood_thread(void *arg)
+{
+    struct flood *fl          = arg;
+    static const uint8_t hi[] = { 0x00, 'S', 'P', 0x00, 0x00, 0x30, 0x00, 0x00 }; /* req0 */
+    uint8_t one[8 + 4 + 12];
+    bool ok = send(fl->fd, hi, sizeof(hi), MSG_NOSIGNAL) == (ssize_t)sizeof(hi);
+
+    memset(one, 0xff, sizeof(one));
+    memset(one, 0, 8);
+    one[7] = 4 + 12; /* length: request id, 12 bytes of garbage */
+    for (unsigned i = 0; ok && i < fl->requests; i++) {
+        uint32_t id = htonl((i + 1) | 0x80000000u);
+        memcpy(one + 8, &id, 4);
+        ok = send(fl->fd, one, sizeof(one), MSG_NOSIGNAL) == (ssize_t)sizeof(one);
+    }
+    fl->all_sent = ok;
+    return NULL;
+}
+
+/* A client that sends and never reads its replies holds a bounded share of the contexts
+ * (here 16 of 64) from its first reply on, not every context until its replies' sends time
+ * out (5 s and more): another client is answered meanwhile, and the flood is read to its
+ * end (its requests past the bound are dropped). */
+static void
+test_a_connection_that_never_reads_holds_few_contexts(void **state)
+{
+    struct rpc_server_opts so = { .url          = "tcp://127.0.0.1:0",
+                                  .service      = &test_service.base,
+                                  .max_contexts = 64 };
+    struct fixture f          = { 0 };
+    struct flood fl           = { .requests = 50000 };
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    int small            = 4096;
+    struct rpc_reply r;
+    pthread_t t;
+    dc_status st;
+
+    (void)state;
+    assert_int_equal(rpc_server_start(&so, &f.server, &st), DC_OK);
+    snprintf(f.url, sizeof(f.url), "tcp://127.0.0.1:%d", rpc_server_port(f.server));
+    open_client(&f, true);
+    a.sin_port = htons((uint16_t)rpc_server_port(f.server));
+    assert_true((fl.fd = socket(AF_INET, SOCK_STREAM, 0)) >= 0);
+    assert_int_equal(setsockopt(fl.fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small)), 0);
+    assert_int_equal(connect(fl.fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(pthread_create(&t, NULL, flood_thread, &fl), 0);
+    sleep_ms(1500); /* its replies fill both sockets' buffers; the rest wait in sends */
+    for (int i = 0; i < 5; i++) {
+        /* Well inside the 5 s a held reply's send may take. */
+        assert_int_equal(get_device(f.client, "still-here", NULL, 0, 2000, &r, &st), DC_OK);
+        rpc_reply_free(&r);
+    }
+    pthread_join(t, NULL);
+    assert_true(fl.all_sent);
+    close(fl.fd);
+    assert_int_equal(get_device(f.client, "still-here", NULL, 0, 2000, &r, &st), DC_OK);
+    rpc_reply_free(&r);
+    rpc_client_close(f.client);
+    rpc_server_close(f.server);
+    rpc_server_free(f.server);
+}
+
 static void
 submit_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, bool *keep)
 {
@@ -1259,6 +1329,7 @@ main(void)
         cmocka_unit_test(test_client_before_server),
         cmocka_unit_test(test_connection_lost_code),
         cmocka_unit_test(test_small_requests_of_an_inline_small_method_skip_the_threads),
+        cmocka_unit_test(test_a_connection_that_never_reads_holds_few_contexts),
     };
     int rv = cmocka_run_group_tests(tests, NULL, NULL);
     if (!rpc_server_abandoned()) {
