@@ -728,6 +728,39 @@ pbwire_seeds(void)
     arena_free(a);
 }
 
+/* fuzz_chunked: four bytes that pick the read sizes, then a chunked body as etcd's gateway
+ * streams it (a keepalive answer, an error with its trailer) or one cut short or malformed. */
+static void
+chunked_seeds(void)
+{
+#define CHUNKED(name, text)          \
+    {                                \
+        name, text, sizeof(text) - 1 \
+    }
+    static const struct {
+        const char *name, *text;
+        size_t len; /* the read-size bytes may hold a NUL */
+    } bodies[] = {
+        CHUNKED("keepalive", "\x11\x22\x33\x44"
+                             "30\r\n{\"result\":{\"ID\":\"7587\",\"TTL\":\"10\",\"header\":{}}}\n"
+                             "\r\n0\r\n\r\n"),
+        CHUNKED("error-with-trailer", "\xff\x00\x0f\xf0"
+                                      "20\r\n{\"error\":\"x\",\"code\":5,\"msg\":\"x\"}\r\n"
+                                      "0\r\nGrpc-Trailer-Content-Type: application/grpc\r\n\r\n"),
+        CHUNKED("extensions", "\x01\x01\x01\x01"
+                              "5;a=b\r\nhello\r\n1\r\n!\r\n0\r\n\r\n"),
+        CHUNKED("cut-short", "\x00\x00\x00\x00"
+                             "a\r\n0123"),
+        CHUNKED("bad-size", "\x77\x77\x77\x77"
+                            "1g\r\nx\r\n0\r\n\r\n"),
+    };
+#undef CHUNKED
+
+    for (size_t i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++) {
+        write_seed("chunked", bodies[i].name, bodies[i].text, bodies[i].len);
+    }
+}
+
 int
 main(int argc, char **argv)
 {
@@ -743,5 +776,6 @@ main(int argc, char **argv)
     config_seeds();
     datalink_seeds();
     pbwire_seeds();
+    chunked_seeds();
     return failures == 0 ? 0 : 1;
 }

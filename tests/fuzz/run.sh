@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 seconds=${1:-60}
 build=${BUILD_DIR:-build-fuzz}
-targets=${TARGETS:-fuzz_request fuzz_device fuzz_config fuzz_pbwire fuzz_dataplane fuzz_datalink}
+targets=${TARGETS:-fuzz_request fuzz_device fuzz_config fuzz_pbwire fuzz_dataplane fuzz_datalink fuzz_chunked}
 
 bash .ci/setup-debian.sh build dev
 CC=clang cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEVCOORD_FUZZ=ON \
