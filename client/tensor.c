@@ -567,7 +567,7 @@ dc_tensor_list_get(dc_client *c, const char *device, dc_tensor_list **out, dc_st
             goto out;
         }
         resp = r.body != NULL ? (const Devcoord__V1__ListTensorsResponse *)r.body : &empty;
-        if (resp->n_tensors > SIZE_MAX / sizeof(*grow) - list->n ||
+        if (resp->n_tensors >= SIZE_MAX / sizeof(*grow) - list->n || /* the + 1 below too */
             (grow = realloc(list->tensors, (list->n + resp->n_tensors + 1) * sizeof(*grow))) ==
                 NULL) {
             code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");

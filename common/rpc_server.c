@@ -99,8 +99,7 @@ struct rpc_server {
     unsigned answering; /* threads inside nng_ctx_send of an answer (see rpc_call_answer) */
     struct rpc_call **calls;
     unsigned n_calls, max_calls;
-    unsigned max_sending_per_pipe; /* replies waiting to go to one connection */
-    atomic_uint receiving;         /* contexts waiting for a request */
+    atomic_uint receiving; /* contexts waiting for a request */
 
     /* Admission: request bytes received and not yet answered, in all and per connection
      * (pipe loads: an open-addressing table keyed by pipe id, an entry while its connection
@@ -231,6 +230,13 @@ rpc_server_admission_init(struct rpc_server *s, const struct rpc_server_opts *op
     }
     s->pipes = calloc(s->pipes_cap, sizeof(*s->pipes));
     return s->pipes != NULL ? 0 : NNG_ENOMEM;
+}
+
+/* The most replies one connection may have waiting: a quarter of the contexts. */
+static unsigned
+rpc_pipe_max_sending(const struct rpc_server *s)
+{
+    return s->max_calls / 4 > RPC_STUCK_SENDING ? s->max_calls / 4 : RPC_STUCK_SENDING;
 }
 
 /* The call is answered: its bytes are no longer in flight. */
@@ -779,7 +785,7 @@ rpc_call_take(struct rpc_call *call)
     pthread_mutex_lock(&s->mtx);
     if (call->pipe != 0) {
         struct rpc_pipe_load *load = rpc_pipe_slot(s, call->pipe);
-        unread = load->pipe == call->pipe && (load->sending >= s->max_sending_per_pipe ||
+        unread = load->pipe == call->pipe && (load->sending >= rpc_pipe_max_sending(s) ||
                                               (load->sending >= RPC_STUCK_SENDING &&
                                                rpc_now_ms() - load->progress_ms >= RPC_STUCK_MS));
     }
@@ -888,10 +894,8 @@ rpc_server_start(const struct rpc_server_opts *opts, struct rpc_server **out, dc
     s->observe       = opts->observe;
     s->observe_arg   = opts->observe_arg;
     s->max_calls     = opts->max_contexts ? opts->max_contexts : RPC_DEFAULT_CONTEXTS;
-    s->max_sending_per_pipe =
-        s->max_calls / 4 > RPC_STUCK_SENDING ? s->max_calls / 4 : RPC_STUCK_SENDING;
-    s->n_threads = opts->threads ? opts->threads : 2;
-    initial      = opts->contexts ? opts->contexts : 16;
+    s->n_threads     = opts->threads ? opts->threads : 2;
+    initial          = opts->contexts ? opts->contexts : 16;
     if (initial > s->max_calls) {
         initial = s->max_calls;
     }

@@ -1551,28 +1551,23 @@ sjob_free_locked(struct sjob *j)
     sjob_free(j);
 }
 
-/* Takes the jobs queued to p that `match` picks out of its queue, in order, as a list. mtx
- * held. */
-static struct sjob *
+/* Moves the jobs queued to p that `match` picks onto the front of the list *into. mtx held. */
+static void
 peer_unqueue_locked(struct wpeer *p, bool (*match)(const struct sjob *j, const void *arg),
-                    const void *arg)
+                    const void *arg, struct sjob **into)
 {
-    struct sjob *taken = NULL, **tail = &taken;
-
     p->jobs_tail = NULL;
     for (struct sjob **pp = &p->jobs; *pp != NULL;) {
         struct sjob *j = *pp;
         if (match(j, arg)) {
             *pp     = j->next;
-            j->next = NULL;
-            *tail   = j;
-            tail    = &j->next;
+            j->next = *into;
+            *into   = j;
         } else {
             p->jobs_tail = j;
             pp           = &j->next;
         }
     }
-    return taken;
 }
 
 /* Ends an op's job: tells its owner how it went (outside mtx), frees it. */
@@ -2035,15 +2030,8 @@ wgroups_op_cancel(struct wgroups *wg, const void *owner, bool abort_current)
 
     pthread_mutex_lock(&wg->mtx);
     for (size_t i = 0; i < wg->n_peers; i++) {
-        struct wpeer *p    = wg->peers[i];
-        struct sjob *taken = peer_unqueue_locked(p, sjob_owned_by, owner), *last = taken;
-        if (taken != NULL) {
-            while (last->next != NULL) {
-                last = last->next;
-            }
-            last->next = gone;
-            gone       = taken;
-        }
+        struct wpeer *p = wg->peers[i];
+        peer_unqueue_locked(p, sjob_owned_by, owner, &gone);
         if (abort_current && p->sending != NULL && p->sending->owner == owner) {
             p->sending->cancelled = true;
             if (p->out != NULL) {
@@ -3493,10 +3481,11 @@ held_sends_cut(struct wgroups *wg, uint64_t now)
 {
     for (size_t i = 0; i < wg->n_peers; i++) {
         struct wpeer *p = wg->peers[i];
-        struct sjob *j  = p->sending;
-        for (struct sjob *q = peer_unqueue_locked(p, sjob_held_overdue, &now), *next; q != NULL;
-             q              = next) {
-            next = q->next;
+        struct sjob *j = p->sending, *drop = NULL;
+        peer_unqueue_locked(p, sjob_held_overdue, &now, &drop);
+        while (drop != NULL) {
+            struct sjob *q = drop;
+            drop           = q->next;
             sjob_free_locked(q);
         }
         if (j == NULL || j->cancelled || !sjob_held_overdue(j, &now)) {
