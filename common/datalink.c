@@ -41,12 +41,16 @@ struct dlink_conn {
     pthread_cond_t acv;
     bool answered;
     bool answer_failed;
-    /* A rank's answer, copied for this connection's thread to write: its answerer may hold
-     * the groups lock, and a rank slow to read must not hold that up. */
+    /* A rank's answer, copied (or, dlink_call_answer_ref, referenced) for this connection's
+     * thread to write: its answerer may hold the groups lock, and a rank slow to read must
+     * not hold that up. */
     dc_code acode;
     uint8_t *out;
     size_t out_cap, out_len;
-    const uint8_t *out_src; /* what goes: out, or a constant when out could not grow */
+    const uint8_t *out_src;  /* what goes: out, a constant when out could not grow, or the
+                              * answerer's own bytes (dlink_call_answer_ref) */
+    void (*release)(void *); /* dlink_call_answer_ref's, once its bytes are written */
+    void *release_arg;
 };
 
 /* For tests: the n-th growth of an answer's buffer from now on fails (failinject.h). */
@@ -318,6 +322,26 @@ dlink_call_answer(struct dlink_conn *c, const dc_status *st, const void *data, s
 }
 
 void
+dlink_call_answer_ref(struct dlink_conn *c, const void *data, size_t bytes, void (*release)(void *),
+                      void *rel)
+{
+    if (c->control) {
+        dlink_call_answer(c, NULL, data, bytes);
+        release(rel);
+        return;
+    }
+    pthread_mutex_lock(&c->amtx);
+    c->out_src     = data;
+    c->out_len     = bytes;
+    c->release     = release;
+    c->release_arg = rel;
+    c->acode       = DC_OK;
+    c->answered    = true;
+    pthread_cond_signal(&c->acv);
+    pthread_mutex_unlock(&c->amtx);
+}
+
+void
 dlink_call_answer_frame(void *arg, const void *reply, size_t len)
 {
     dc_status st;
@@ -338,12 +362,15 @@ conn_calls(struct dlink_conn *c)
 {
     struct dlink_server *s = c->srv;
     uint64_t max           = c->control ? s->ev.control_max : s->ev.call_max;
+    void *pin              = NULL; /* call_place's, until ev.call takes it */
 
     for (;;) {
         uint8_t raw[DLINK_HDR_SIZE];
-        nng_iov iov[1] = { { raw, sizeof(raw) } };
+        nng_iov iov[2] = { { raw, sizeof(raw) } };
         struct dlink_hdr h;
         dc_status why;
+        uint8_t *data = NULL; /* call_place's, for the call's bytes */
+        size_t in_len;
         bool failed;
 
         status_clear(&why);
@@ -355,29 +382,41 @@ conn_calls(struct dlink_conn *c)
             conn_refuse(c, why.code != DC_OK ? why.message : "call link: not a call frame");
             return;
         }
-        if (h.length > c->in_cap) {
-            uint8_t *grow = realloc(c->in, h.length);
-            if (grow == NULL) {
-                conn_refuse(c, "call link: out of memory");
+        /* The request into in; a call's bytes into the owner's buffer when it gives one. */
+        in_len = h.length;
+        if (!c->control && s->ev.call_place != NULL && h.length > h.offset) {
+            in_len = (size_t)h.offset;
+            if ((data = s->ev.call_place(s->ev.arg, h.length - in_len, &pin)) == NULL) {
+                conn_refuse(c, "call link: out of memory for the call's bytes");
                 return;
             }
-            c->in     = grow;
-            c->in_cap = h.length;
         }
-        iov[0] = (nng_iov){ c->in, h.length };
-        if (conn_read(c, iov, 1, h.length, &why) != 0) {
+        if (in_len > c->in_cap) {
+            uint8_t *grow = realloc(c->in, in_len);
+            if (grow == NULL) {
+                conn_refuse(c, "call link: out of memory");
+                goto unpin;
+            }
+            c->in     = grow;
+            c->in_cap = in_len;
+        }
+        iov[0] = (nng_iov){ c->in, in_len };
+        iov[1] = (nng_iov){ data, h.length - in_len };
+        if (conn_read(c, iov, data != NULL ? 2 : 1, h.length, &why) != 0) {
             log_info("call link: %s: %s", c->peer, why.message);
-            return;
+            goto unpin;
         }
         pthread_mutex_lock(&c->amtx);
         c->answered = false;
+        c->release  = NULL;
         pthread_mutex_unlock(&c->amtx);
         c->ch = h;
         if (c->control) {
             s->ev.control(s->ev.arg, c, c->in, h.length);
         } else {
-            s->ev.call(s->ev.arg, c, c->in, (size_t)h.offset, c->in + h.offset,
-                       h.length - (size_t)h.offset);
+            s->ev.call(s->ev.arg, c, c->in, (size_t)h.offset,
+                       data != NULL ? data : c->in + h.offset, h.length - (size_t)h.offset, pin);
+            pin = NULL;
         }
         pthread_mutex_lock(&c->amtx);
         while (!c->answered) {
@@ -390,6 +429,10 @@ conn_calls(struct dlink_conn *c)
         } else if (c->control && !failed && c->out_len > 0) {
             nng_iov rest = { (void *)c->out_src, c->out_len }; /* the answer's unsent end */
             failed       = conn_write(c, &rest, 1) != 0;
+        }
+        if (c->release != NULL) {
+            c->release(c->release_arg);
+            c->release = NULL;
         }
         if (failed) {
             return;
@@ -405,6 +448,10 @@ conn_calls(struct dlink_conn *c)
             c->out     = NULL;
             c->out_cap = 0;
         }
+    }
+unpin:
+    if (pin != NULL) {
+        s->ev.call_unpin(s->ev.arg, pin);
     }
 }
 

@@ -57,11 +57,13 @@ struct dlink_events {
     bool (*op_frame)(void *arg, const char *peer, const struct dlink_hdr *h, const uint8_t *payload,
                      dc_status *why);
     /* A call link's DLINK_CALL (a rank's group call): pb is its packed GroupCallRequest, data
-     * its bytes, both valid until it is answered. It must be answered exactly once, with
-     * dlink_call_answer, from any thread (maybe before this returns); the connection reads
-     * nothing more until then. NULL: call links are refused. */
+     * its bytes, both valid until it is answered (data longer when call_place gave it: pin is
+     * then call_place's, the handler's to give back, else NULL). It must be answered exactly
+     * once, with dlink_call_answer or dlink_call_answer_ref,
+     * from any thread (maybe before this returns); the connection reads nothing more until
+     * then. NULL: call links are refused. */
     void (*call)(void *arg, struct dlink_conn *c, const uint8_t *pb, size_t pb_len,
-                 const uint8_t *data, size_t bytes);
+                 const uint8_t *data, size_t bytes, void *pin);
     /* The most bytes a DLINK_CALL frame may carry (limits.max_message_bytes). */
     uint64_t call_max;
     /* A DLINK_PART frame's payload (h->length bytes, at most DLINK_CHUNK) is in `payload`,
@@ -85,6 +87,13 @@ struct dlink_events {
                          uint32_t *wait_ms);
     bool (*op_landed)(void *arg, const char *peer, const struct dlink_hdr *h, void *pin, bool ok,
                       dc_status *why);
+    /* Optional: where a call link's DLINK_CALL data (bytes, more than 0) is read straight to,
+     * a buffer of the owner's that ev.call then gets with *pin (so the handler may keep the
+     * bytes past its answer, with no copy), or NULL (out of memory: the connection drops).
+     * call_unpin(arg, pin) gives it back when the read fails. NULL: the data is read into the
+     * connection's own buffer, valid until answered. */
+    uint8_t *(*call_place)(void *arg, size_t bytes, void **pin);
+    void (*call_unpin)(void *arg, void *pin);
 };
 
 /* Answers the call a DLINK_CALL handed to ev.call or ev.control: st's error, or (st NULL or
@@ -92,6 +101,12 @@ struct dlink_events {
  * thread (its answerer may hold locks); a control link's is written by the caller, at once
  * (bounded by the handshake timeout), so it must hold no lock others wait on. */
 void dlink_call_answer(struct dlink_conn *c, const dc_status *st, const void *data, size_t bytes);
+/* A call link's answer of the result's bytes, written from where they are (no copy) by the
+ * connection's thread, which then calls release(rel), with no lock held, whether or not they
+ * could be written; data stays as it is until then. On a control link, the same as
+ * dlink_call_answer, release called before this returns. */
+void dlink_call_answer_ref(struct dlink_conn *c, const void *data, size_t bytes,
+                           void (*release)(void *), void *rel);
 /* A control link's answer from the RPC server (rpc.h's rpc_frame_answer_fn, arg the
  * connection): the reply frame, or INTERNAL when no reply could be made (reply NULL). */
 void dlink_call_answer_frame(void *arg, const void *reply, size_t len);

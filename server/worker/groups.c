@@ -2660,12 +2660,13 @@ wgroups_call(struct wgroups *wg, const Devcoord__V1__GroupCallRequest *in,
 /* A call on the call link (the data port's thread of that connection). */
 static void
 link_call(void *arg, struct dlink_conn *conn, const uint8_t *pb, size_t pb_len, const uint8_t *data,
-          size_t bytes)
+          size_t bytes, void *pin)
 {
     struct wgroups *wg = arg;
     Devcoord__V1__GroupCallRequest *in;
     dc_status st;
 
+    (void)pin; /* no call_place: the bytes are the connection's */
     /* A request of at most DLINK_CALL_PB_MAX bytes, with no recursion: bounded as it is. */
     in = devcoord__v1__group_call_request__unpack(NULL, pb_len, pb);
     if (in == NULL) {
@@ -3329,7 +3330,9 @@ link_start_locked(struct wgroups *wg, dc_status *st)
                                                      link_control,
                                                      0,
                                                      link_op_place,
-                                                     link_op_landed };
+                                                     link_op_landed,
+                                                     NULL,
+                                                     NULL };
     struct dlink_events ev                       = ev_template;
     const char *listen = wg->cfg->listen, *adv = wg->cfg->advertise;
     bool tls = strncmp(listen, "tls+", 4) == 0;

@@ -272,8 +272,8 @@ start_with(const struct dlink_events *ev, uint32_t handshake_ms, char *url, size
 static struct dlink_server *
 start(struct sink *s, char *url, size_t cap)
 {
-    struct dlink_events ev = { s, sink_begin, sink_end, sink_lost, sink_op,    NULL,
-                               0, NULL,       NULL,     0,         sink_place, sink_landed };
+    struct dlink_events ev = { s,    sink_begin, sink_end, sink_lost,  sink_op,     NULL, 0,
+                               NULL, NULL,       0,        sink_place, sink_landed, NULL, NULL };
 
     return start_with(&ev, 300, url, cap);
 }
@@ -615,8 +615,8 @@ test_part_frames_come_whole(void **state)
 {
     struct sink s = { .mtx = PTHREAD_MUTEX_INITIALIZER };
     /* Parts go to the same kind of handler as op frames: sink_op counts them. */
-    struct dlink_events ev = { &s, sink_begin, sink_end, sink_lost, NULL, NULL,
-                               0,  sink_op,    NULL,     0,         NULL, NULL };
+    struct dlink_events ev = { &s,      sink_begin, sink_end, sink_lost, NULL, NULL, 0,
+                               sink_op, NULL,       0,        NULL,      NULL, NULL, NULL };
     struct dlink_hdr h     = { .kind = DLINK_PART, .seq = 9, .offset = 3 };
     uint8_t payload[10]    = { 7, 1, 2, 3, 4, 5, 6, 7, 8, 9 };
     uint8_t *big           = calloc(1, DLINK_CHUNK + 1);
@@ -684,11 +684,12 @@ answer_later(void *arg)
  * one byte fewer than was sent, "later" answers from another thread. */
 static void
 echo_call(void *arg, struct dlink_conn *c, const uint8_t *pb, size_t pb_len, const uint8_t *data,
-          size_t bytes)
+          size_t bytes, void *pin)
 {
     dc_status st;
 
     (void)arg;
+    (void)pin;
     if (pb_len == 3 && memcmp(pb, "err", 3) == 0) {
         status_set(&st, DC_NOT_FOUND, "no group like %zu bytes", bytes);
         status_set_worker(&st, "node-x");
@@ -712,8 +713,8 @@ static void
 test_call_link_calls_and_answers(void **state)
 {
     struct sink s          = { .mtx = PTHREAD_MUTEX_INITIALIZER };
-    struct dlink_events ev = { &s,   sink_begin, sink_end, sink_lost, sink_op, echo_call,
-                               1024, NULL,       NULL,     0,         NULL,    NULL };
+    struct dlink_events ev = { &s,   sink_begin, sink_end, sink_lost, sink_op, echo_call, 1024,
+                               NULL, NULL,       0,        NULL,      NULL,    NULL,      NULL };
     struct dlink_hdr h     = { .seq = 5 };
     uint8_t in[8] = { 1, 2, 3, 4, 5, 6, 7, 8 }, out[8], big[2048] = { 0 };
     struct dlink_server *srv;
@@ -768,6 +769,172 @@ test_call_link_calls_and_answers(void **state)
     dlink_server_free(srv);
     assert_int_equal(s.begins, 0);
     pthread_mutex_destroy(&s.mtx);
+}
+
+static void raw_send(nng_stream *conn, nng_aio *aio, const void *bytes, size_t len);
+
+/* Buffers a call link reads calls into (call_place), and answers written from them. */
+struct placed {
+    pthread_mutex_t mtx;
+    int placed, unpinned, released;
+    uint8_t *last; /* the last buffer placed */
+};
+
+static uint8_t *
+placed_take(void *arg, size_t bytes, void **pin)
+{
+    struct placed *p = arg;
+    uint8_t *b       = malloc(bytes);
+
+    pthread_mutex_lock(&p->mtx);
+    p->placed++;
+    p->last = b;
+    pthread_mutex_unlock(&p->mtx);
+    *pin = b;
+    return b;
+}
+
+static void
+placed_unpin(void *arg, void *pin)
+{
+    struct placed *p = arg;
+
+    pthread_mutex_lock(&p->mtx);
+    p->unpinned++;
+    pthread_mutex_unlock(&p->mtx);
+    free(pin);
+}
+
+static struct placed *placed_now; /* for placed_release, which gets only the buffer */
+
+static void
+placed_release(void *b)
+{
+    pthread_mutex_lock(&placed_now->mtx);
+    placed_now->released++;
+    pthread_mutex_unlock(&placed_now->mtx);
+    free(b);
+}
+
+static int
+placed_get(struct placed *p, const int *field)
+{
+    int v;
+
+    pthread_mutex_lock(&p->mtx);
+    v = *field;
+    pthread_mutex_unlock(&p->mtx);
+    return v;
+}
+
+/* "ref": answers from the placed buffer itself, its bytes reversed there; "copy": answers
+ * with a copy and gives the buffer back at once. */
+static void
+placed_call(void *arg, struct dlink_conn *c, const uint8_t *pb, size_t pb_len, const uint8_t *data,
+            size_t bytes, void *pin)
+{
+    struct placed *p = arg;
+    uint8_t *b       = pin;
+
+    assert_non_null(pin);
+    assert_ptr_equal(data, pin);
+    pthread_mutex_lock(&p->mtx);
+    assert_ptr_equal(p->last, pin);
+    pthread_mutex_unlock(&p->mtx);
+    if (pb_len == 3 && memcmp(pb, "ref", 3) == 0) {
+        for (size_t i = 0; i < bytes / 2; i++) {
+            uint8_t t        = b[i];
+            b[i]             = b[bytes - 1 - i];
+            b[bytes - 1 - i] = t;
+        }
+        dlink_call_answer_ref(c, b, bytes, placed_release, b);
+    } else {
+        dlink_call_answer(c, NULL, data, bytes);
+        placed_unpin(arg, pin);
+    }
+}
+
+/* With call_place, a call's bytes are read straight into the owner's buffer, which the handler
+ * keeps: it may answer from it with no copy (released once written), and a call cut off
+ * mid-frame gives the buffer back. */
+static void
+test_call_link_reads_into_owner_buffers_and_answers_from_them(void **state)
+{
+    struct placed p        = { .mtx = PTHREAD_MUTEX_INITIALIZER };
+    struct dlink_events ev = { .arg        = &p,
+                               .call       = placed_call,
+                               .call_max   = (uint64_t)4 << 20,
+                               .call_place = placed_take,
+                               .call_unpin = placed_unpin };
+    size_t big             = (size_t)3 << 20; /* more than the socket takes at once */
+    uint8_t *in = malloc(big), *out = malloc(big);
+    uint8_t hello[DLINK_HDR_SIZE + DLINK_SECRET_SIZE], hdr[DLINK_HDR_SIZE];
+    struct dlink_hdr h = { .seq = 1 };
+    struct dlink_server *srv;
+    struct dlink_out *o;
+    nng_stream_dialer *d;
+    nng_stream *conn;
+    nng_aio *aio;
+    char url[64];
+    dc_status st;
+
+    (void)state;
+    assert_non_null(in);
+    assert_non_null(out);
+    placed_now = &p;
+    for (size_t i = 0; i < big; i++) {
+        in[i] = (uint8_t)(i * 7 + i / 251);
+    }
+    srv = start_with(&ev, 300, url, sizeof(url));
+    assert_int_equal(dlink_dial(url, NULL, dlink_server_call_secret(srv), "rank", 2000, &o, &st),
+                     DC_OK);
+    for (int round = 1; round <= 3; round++) {
+        assert_int_equal(dlink_call(o, &h, "ref", 3, in, big, out, big, 5000, &st), DC_OK);
+        for (size_t i = 0; i < big; i++) {
+            if (out[i] != in[big - 1 - i]) {
+                fail_msg("round %d: byte %zu of the answer is %u, not %u", round, i, out[i],
+                         in[big - 1 - i]);
+            }
+        }
+        h.seq++;
+        /* Released once written: by the time the next call is read at the latest. */
+        assert_int_equal(placed_get(&p, &p.placed), round);
+    }
+    for (int i = 0; i < 300 && placed_get(&p, &p.released) < 3; i++) {
+        nng_msleep(10);
+    }
+    assert_int_equal(placed_get(&p, &p.released), 3);
+    /* The copying answer still works beside it; a call with no bytes places nothing. */
+    assert_int_equal(dlink_call(o, &h, "copy", 4, in, 4096, out, 4096, 2000, &st), DC_OK);
+    assert_memory_equal(out, in, 4096);
+    assert_int_equal(placed_get(&p, &p.placed), 4);
+    dlink_out_close(o);
+    /* A call's header and part of its bytes, then the caller goes: the buffer placed for it
+     * is given back, no call made. */
+    h = (struct dlink_hdr){ .kind = DLINK_HELLO, .length = DLINK_SECRET_SIZE };
+    dlink_hdr_encode(&h, hello);
+    memcpy(hello + DLINK_HDR_SIZE, dlink_server_call_secret(srv), DLINK_SECRET_SIZE);
+    conn = raw_dial(url, &d, &aio);
+    raw_send(conn, aio, hello, sizeof(hello));
+    h = (struct dlink_hdr){
+        .kind = DLINK_CALL, .seq = 9, .length = 3 + 1000, .offset = 3, .total = 3 + 1000
+    };
+    dlink_hdr_encode(&h, hdr);
+    raw_send(conn, aio, hdr, sizeof(hdr));
+    raw_send(conn, aio, "ref", 3);
+    raw_send(conn, aio, in, 400);
+    for (int i = 0; i < 300 && placed_get(&p, &p.placed) < 5; i++) {
+        nng_msleep(10);
+    }
+    raw_close(conn, d, aio);
+    wait_finished(srv, 2);
+    assert_int_equal(placed_get(&p, &p.placed), 5);
+    assert_int_equal(placed_get(&p, &p.unpinned), 2); /* "copy"'s, and the cut call's */
+    assert_int_equal(placed_get(&p, &p.released), 3);
+    dlink_server_free(srv);
+    pthread_mutex_destroy(&p.mtx);
+    free(in);
+    free(out);
 }
 
 /* A peer that takes the connection and never reads: a bounded send gives up (the connection
@@ -914,9 +1081,11 @@ test_a_frame_stalled_mid_payload_is_cut_off(void **state)
      * against a 60 s handshake bound. */
     s.begin_wait_ms = 200;
     {
-        struct dlink_events ev = { &s, sink_begin, sink_end, sink_lost, sink_op,    NULL,
-                                   0,  NULL,       NULL,     0,         sink_place, sink_landed };
-        srv                    = start_with(&ev, 60000, url, sizeof(url));
+        struct dlink_events ev = {
+            &s,   sink_begin, sink_end, sink_lost,  sink_op,     NULL, 0,
+            NULL, NULL,       0,        sink_place, sink_landed, NULL, NULL
+        };
+        srv = start_with(&ev, 60000, url, sizeof(url));
     }
     memcpy(hello + DLINK_HDR_SIZE, dlink_server_secret(srv), DLINK_SECRET_SIZE);
     conn = raw_dial(url, &d, &aio);
@@ -1093,6 +1262,7 @@ main(void)
         cmocka_unit_test(test_placed_op_frames_land_in_place),
         cmocka_unit_test(test_part_frames_come_whole),
         cmocka_unit_test(test_call_link_calls_and_answers),
+        cmocka_unit_test(test_call_link_reads_into_owner_buffers_and_answers_from_them),
         cmocka_unit_test(test_a_bounded_send_gives_up_on_a_peer_that_does_not_read),
         cmocka_unit_test(test_a_hello_trickled_byte_by_byte_is_cut_off_at_the_handshake_bound),
         cmocka_unit_test(test_a_frame_stalled_mid_payload_is_cut_off),
