@@ -168,6 +168,7 @@ struct lpart {
     struct region *reg; /* a call on shared memory: the result goes to out, not the reply */
     uint8_t *out;
     struct dlink_conn *link; /* made on the call link: answered there, not by closure */
+    struct pbuf *buf;        /* data's, when the call link read it into one (held) */
 };
 
 /* What another worker sent for a call. */
@@ -504,6 +505,9 @@ wcall_free(struct wgroups *wg, struct wgroup *g, struct wcall *c)
         }
     }
     free(c->peer);
+    for (size_t i = 0; c->local != NULL && i < g->workers[g->self].n_ranks; i++) {
+        pbuf_drop(c->local[i].buf);
+    }
     free(c->local);
     pbuf_drop(c->mine_buf);
     if (c->ring != NULL) {
@@ -553,13 +557,23 @@ lpart_waiting(const struct lpart *p)
     return p->in && (p->closure != NULL || p->link != NULL);
 }
 
+static void
+pbuf_release(void *b)
+{
+    pbuf_drop(b);
+}
+
 /* Answers p's rank: out and the result's bytes (none on shared memory), or st's error (st not
- * NULL). Once. */
+ * NULL). Once. ref (NULL or a hold of the buffer data is in) is the answer's to drop: a call
+ * link's answer is written straight from it and lets go of it once written, no copy. */
 static void
 lpart_answer(struct lpart *p, const Devcoord__V1__GroupCallResponse *out, const dc_status *st,
-             const void *data, size_t bytes)
+             const void *data, size_t bytes, struct pbuf *ref)
 {
-    if (p->link != NULL) {
+    if (p->link != NULL && st == NULL && bytes > 0 && ref != NULL && ref->reg == NULL) {
+        dlink_call_answer_ref(p->link, data, bytes, pbuf_release, ref);
+        ref = NULL;
+    } else if (p->link != NULL) {
         dlink_call_answer(p->link, st, data, bytes);
     } else if (st != NULL) {
         *rpc_call_status(p->cd) = *st;
@@ -572,6 +586,7 @@ lpart_answer(struct lpart *p, const Devcoord__V1__GroupCallResponse *out, const 
     }
     p->closure = NULL;
     p->link    = NULL;
+    pbuf_drop(ref);
 }
 
 /* Once no frame lands in region r and no send reads it, the answers held for it go. mtx
@@ -587,7 +602,7 @@ region_settle(struct region *r)
         struct held_answer *h = r->held;
         struct lpart p        = { .in = true, .closure = h->closure, .cd = h->cd, .link = h->link };
         r->held               = h->next;
-        lpart_answer(&p, NULL, &h->st, NULL, 0);
+        lpart_answer(&p, NULL, &h->st, NULL, 0, NULL);
         free(h);
     }
 }
@@ -625,7 +640,7 @@ wcall_fail_locals(struct wgroup *g, struct wcall *c, const dc_status *st)
             p->link    = NULL;
             continue;
         }
-        lpart_answer(p, NULL, st, NULL, 0);
+        lpart_answer(p, NULL, st, NULL, 0, NULL);
     }
 }
 
@@ -1050,7 +1065,7 @@ wcall_finish_in_place(struct wgroups *wg, struct wgroup *g, struct wcall *c)
     out.elapsed_us = rpc_now_us() - c->first_us;
     for (size_t i = 0; i < me->n_ranks; i++) {
         wg->shm_calls_total++;
-        lpart_answer(&c->local[i], &out, NULL, NULL, 0);
+        lpart_answer(&c->local[i], &out, NULL, NULL, 0, NULL);
     }
     g->calls_done++;
     wg->in_place_total++;
@@ -1113,11 +1128,17 @@ wcall_make_mine(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status
         /* fall through */
     case DC_OP_REDUCE:
     case DC_OP_REDUCE_SCATTER:
-        if ((c->mine_buf = pbuf_new(wg, bytes)) == NULL) {
+        if (d->kind == DC_OP_ALL_REDUCE && c->local[0].buf != NULL) {
+            /* The first rank's bytes, read by its call link into a buffer of their own: the
+             * part is reduced in them, no copy (only an all-reduce: a reduce answers a rank
+             * that is not its root with its own bytes unchanged). */
+            c->mine_buf = pbuf_hold(c->local[0].buf);
+        } else if ((c->mine_buf = pbuf_new(wg, bytes)) == NULL) {
             return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        } else {
+            memcpy(c->mine_buf->data, c->local[0].data, bytes);
         }
         c->mine = c->mine_buf->data;
-        memcpy(c->mine, c->local[0].data, bytes);
         for (size_t i = 1; i < me->n_ranks; i++) {
             reduce_into(d->dtype, d->reduce, c->mine, c->local[i].data, input_elements(d, g->n));
         }
@@ -1340,6 +1361,44 @@ wcall_agrees(const struct wgroup *g, const struct wcall *c)
     return same;
 }
 
+/* How many of c's local ranks hold the buffer its part is in (read into it by their call
+ * link, wcall_make_mine). mtx held. */
+static size_t
+wcall_aliases(const struct wgroup *g, const struct wcall *c)
+{
+    size_t n = 0;
+
+    for (size_t i = 0; i < g->workers[g->self].n_ranks; i++) {
+        n += c->local[i].buf != NULL && c->local[i].buf == c->mine_buf;
+    }
+    return n;
+}
+
+/* Once c's result is made (and holds the ring's buffer if it is the result): c lets go of the
+ * buffer its part is in, so the answers hold the last references. mtx held. */
+static void
+wcall_let_go_of_part(struct wcall *c)
+{
+    struct pbuf *mine = c->mine_buf;
+
+    if (mine == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < c->n_local_in; i++) {
+        if (c->local[i].buf == mine) {
+            c->local[i].buf = NULL;
+            pbuf_drop(mine);
+        }
+    }
+    if (c->ring != NULL && c->ring->acc == mine) {
+        c->ring->acc = NULL;
+        pbuf_drop(mine);
+    }
+    c->mine_buf = NULL;
+    c->mine     = NULL;
+    pbuf_drop(mine);
+}
+
 /* Answers c's local ranks when every part is in, and frees it. mtx held. */
 static void
 wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
@@ -1363,11 +1422,12 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
         c->shrunk.code == DC_OK && wcall_agrees(g, c)) {
         return; /* still going round the ring */
     }
-    if (c->mine_buf != NULL && c->mine_buf->reg != NULL && c->shrunk.code == DC_OK &&
-        atomic_load(&c->mine_buf->refs) >
-            1 + (size_t)(c->ring != NULL && c->ring->acc == c->mine_buf)) {
-        /* The rank's region is the ring's (wcall_ring_in_region): a send from it or a frame
-         * into it is still going; the last one to end calls this again. */
+    if (c->mine_buf != NULL && c->ring != NULL && c->ring->acc == c->mine_buf &&
+        c->shrunk.code == DC_OK && atomic_load(&c->mine_buf->refs) > 2 + wcall_aliases(g, c)) {
+        /* A send from the ring's bytes or a frame into them is still going; the last one to
+         * end calls this again. In a rank's region (wcall_ring_in_region), its answer must not
+         * come before; in a buffer, the rank's next call would take another while this one
+         * lives (a buffer more per worker, issue 17's flat RSS). */
         return;
     }
     wcall_unlink(g, c);
@@ -1383,19 +1443,30 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
     } else {
         const uint8_t *result = res != NULL ? res->data : NULL;
         out.elapsed_us        = rpc_now_us() - c->first_us;
+        wcall_let_go_of_part(c);
         for (size_t i = 0; i < me->n_ranks; i++) {
             struct lpart *p = &c->local[i];
             const uint8_t *give;
             size_t give_bytes;
-            if (kind == DC_OP_REDUCE && me->ranks[i] != p->d.root) {
+            struct pbuf *ref = NULL; /* for the answer, which takes it over */
+            bool unchanged   = kind == DC_OP_REDUCE && me->ranks[i] != p->d.root;
+            if (unchanged) {
                 give       = p->data; /* unchanged */
                 give_bytes = p->bytes;
+                ref        = p->buf;
+                p->buf     = NULL;
             } else if (kind == DC_OP_REDUCE_SCATTER) {
                 give_bytes = res_bytes / g->n; /* this rank's block of the result */
                 give       = result + (size_t)me->ranks[i] * give_bytes;
             } else {
                 give       = result;
                 give_bytes = res_bytes;
+            }
+            if (!unchanged) {
+                /* The last rank takes the call's own hold of the result: once its answer is
+                 * written, nothing here holds the buffer for the rank's next call to wait on. */
+                ref = i + 1 == me->n_ranks ? res : res != NULL ? pbuf_hold(res) : NULL;
+                res = i + 1 == me->n_ranks ? NULL : res;
             }
             if (p->out != NULL) {
                 /* Shared memory: the result in place, checked against the region at the call. */
@@ -1404,13 +1475,13 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
                 }
                 wg->shm_calls_total++;
                 if (region_shrank(g, p->reg, &st)) {
-                    lpart_answer(p, NULL, &st, NULL, 0);
+                    lpart_answer(p, NULL, &st, NULL, 0, ref);
                     continue;
                 }
                 give_bytes = 0;
             }
             wg->call_bytes_out += give_bytes;
-            lpart_answer(p, &out, NULL, give, give_bytes);
+            lpart_answer(p, &out, NULL, give, give_bytes, ref);
         }
         g->calls_done++;
         if ((unsigned)kind < KINDS) {
@@ -1709,8 +1780,9 @@ peer_sender(void *arg)
                        g->id, st.message);
             status_set_worker(&end, j->worker);
             group_end_locked(wg, g, &end);
-        } else if (g != NULL && sjob_region(j) != NULL) {
-            /* Sent from a rank's region: its call may have waited for this send alone. */
+        } else if (g != NULL && j->buf != NULL) {
+            /* Sent from a call's bytes (a rank's region, the ring's buffer): its call may
+             * have waited for this send alone. */
             struct wcall *c = wcall_find(g, j->h.seq);
             sjob_free_locked(j);
             if (c != NULL) {
@@ -2169,6 +2241,13 @@ ring_advance(struct wgroups *wg, struct wgroup *g, struct wcall *c)
             r->done++;
             r->part = 0;
         }
+        if (r->done == r->n - 1 && r->rs_in != NULL) {
+            /* Reduce-scatter over: its segments are all reduced in. Given back now, not with
+             * the call: a peer's next call may need one before this call ends here. */
+            wg->held -= r->bytes;
+            pbuf_drop(r->rs_in);
+            r->rs_in = NULL;
+        }
         if (s + 1 < ring_steps(r) && len > 0 &&
             peer_queue_locked(g, c, r->next, r->acc, off, len, (uint16_t)(s + 2), &st) != DC_OK) {
             group_end_locked(wg, g, &st);
@@ -2242,6 +2321,11 @@ ring_frame_dst(struct wgroups *wg, const struct wgroup *g, struct wcall *c,
         return NULL;
     }
     if (s < r->n - 1) {
+        if (r->rs_in == NULL && r->done >= r->n - 1) {
+            status_set(st, DC_INVALID_ARGUMENT, "a ring frame for a step already done (step %u)",
+                       s);
+            return NULL;
+        }
         if (r->rs_in == NULL) {
             if (r->bytes > wg->max_held - wg->held || (r->rs_in = pbuf_new(wg, r->bytes)) == NULL) {
                 status_set(st, DC_RESOURCE_EXHAUSTED,
@@ -2571,10 +2655,11 @@ shm_call_place(const struct wgroups *wg, struct wgroup *g, uint32_t rank,
     return DC_OK;
 }
 
-/* A rank's call, with its bytes (data), answered by closure and cd or on the call link. */
+/* A rank's call, with its bytes (data, in buf when not NULL: given to the call, which drops it
+ * when it does not keep it), answered by closure and cd or on the call link. */
 static void
 call_take(struct wgroups *wg, const Devcoord__V1__GroupCallRequest *in, const void *data,
-          size_t bytes, Devcoord__V1__GroupCallResponse_Closure closure, void *cd,
+          size_t bytes, struct pbuf *buf, Devcoord__V1__GroupCallResponse_Closure closure, void *cd,
           struct dlink_conn *link)
 {
     struct lpart shm = { 0 };
@@ -2614,10 +2699,25 @@ call_take(struct wgroups *wg, const Devcoord__V1__GroupCallRequest *in, const vo
                           (unsigned long long)in->seq);
     } else {
         if (in->region != 0) {
-            *p =
-                (struct lpart){ true, d, shm.data, shm.bytes, closure, cd, shm.reg, shm.out, link };
+            *p = (struct lpart){ .in      = true,
+                                 .d       = d,
+                                 .data    = shm.data,
+                                 .bytes   = shm.bytes,
+                                 .closure = closure,
+                                 .cd      = cd,
+                                 .reg     = shm.reg,
+                                 .out     = shm.out,
+                                 .link    = link };
         } else {
-            *p = (struct lpart){ true, d, data, bytes, closure, cd, NULL, NULL, link };
+            *p  = (struct lpart){ .in      = true,
+                                  .d       = d,
+                                  .data    = data,
+                                  .bytes   = bytes,
+                                  .closure = closure,
+                                  .cd      = cd,
+                                  .link    = link,
+                                  .buf     = buf };
+            buf = NULL; /* the call's now */
             wg->call_bytes_in += bytes;
         }
         wg->link_calls_total += link != NULL;
@@ -2640,10 +2740,11 @@ call_take(struct wgroups *wg, const Devcoord__V1__GroupCallRequest *in, const vo
         }
     }
     pthread_mutex_unlock(&wg->mtx);
+    pbuf_drop(buf);
     if (code != DC_OK) {
         struct lpart refused = { .in = true, .closure = closure, .cd = cd, .link = link };
         st.code              = code;
-        lpart_answer(&refused, NULL, &st, NULL, 0);
+        lpart_answer(&refused, NULL, &st, NULL, 0, NULL);
     }
 }
 
@@ -2654,7 +2755,25 @@ wgroups_call(struct wgroups *wg, const Devcoord__V1__GroupCallRequest *in,
     size_t bytes     = 0;
     const void *data = rpc_call_attachment(cd, &bytes);
 
-    call_take(wg, in, data, bytes, closure, cd, NULL);
+    call_take(wg, in, data, bytes, NULL, closure, cd, NULL);
+}
+
+/* Where a call link reads a call's bytes: a buffer the call can keep (the ring reduces in it
+ * and the answer is written from it, no copy). */
+static uint8_t *
+link_call_place(void *arg, size_t bytes, void **pin)
+{
+    struct pbuf *b = pbuf_new(arg, bytes);
+
+    *pin = b;
+    return b != NULL ? b->data : NULL;
+}
+
+static void
+link_call_unpin(void *arg, void *pin)
+{
+    (void)arg;
+    pbuf_drop(pin);
 }
 
 /* A call on the call link (the data port's thread of that connection). */
@@ -2666,15 +2785,15 @@ link_call(void *arg, struct dlink_conn *conn, const uint8_t *pb, size_t pb_len, 
     Devcoord__V1__GroupCallRequest *in;
     dc_status st;
 
-    (void)pin; /* no call_place: the bytes are the connection's */
     /* A request of at most DLINK_CALL_PB_MAX bytes, with no recursion: bounded as it is. */
     in = devcoord__v1__group_call_request__unpack(NULL, pb_len, pb);
     if (in == NULL) {
         status_set(&st, DC_INVALID_ARGUMENT, "call link: the call's request does not decode");
         dlink_call_answer(conn, &st, NULL, 0);
+        pbuf_drop(pin);
         return;
     }
-    call_take(wg, in, data, bytes, NULL, NULL, conn);
+    call_take(wg, in, data, bytes, pin, NULL, NULL, conn);
     devcoord__v1__group_call_request__free_unpacked(in, NULL);
 }
 
@@ -3331,8 +3450,8 @@ link_start_locked(struct wgroups *wg, dc_status *st)
                                                      0,
                                                      link_op_place,
                                                      link_op_landed,
-                                                     NULL,
-                                                     NULL };
+                                                     link_call_place,
+                                                     link_call_unpin };
     struct dlink_events ev                       = ev_template;
     const char *listen = wg->cfg->listen, *adv = wg->cfg->advertise;
     bool tls = strncmp(listen, "tls+", 4) == 0;
