@@ -68,7 +68,9 @@ struct rpc_pipe_load {
  * small requests took every context within RPC_STUCK_MS, the server heard nobody until their
  * sends timed out, and then again, as the count fell under RPC_STUCK_SENDING with them. A
  * client that sends thousands before it reads is still answered (the default of 16384
- * contexts leaves it 4096 replies waiting). */
+ * contexts leaves it 4096 replies waiting). Over connections: once three quarters of the
+ * contexts are in replies waiting, a connection with RPC_STUCK_SENDING of them gets no more,
+ * so four such clients (or a hundred) cannot take every context between them either. */
 #define RPC_STUCK_SENDING    16
 #define RPC_STUCK_MS         1000
 #define RPC_DEFAULT_CONTEXTS 16384
@@ -96,6 +98,7 @@ struct rpc_server {
     bool closing;
     bool threads_exit;
     unsigned busy;      /* calls taken and not yet answered */
+    unsigned sending;   /* replies waiting on every connection (their loads' sending) */
     unsigned answering; /* threads inside nng_ctx_send of an answer (see rpc_call_answer) */
     struct rpc_call **calls;
     unsigned n_calls, max_calls;
@@ -237,6 +240,17 @@ static unsigned
 rpc_pipe_max_sending(const struct rpc_server *s)
 {
     return s->max_calls / 4 > RPC_STUCK_SENDING ? s->max_calls / 4 : RPC_STUCK_SENDING;
+}
+
+/* Whether a request from a connection of this load gets no reply: the connection does not
+ * take the replies it has (see RPC_STUCK_SENDING). mtx held. */
+static bool
+rpc_pipe_unread(const struct rpc_server *s, const struct rpc_pipe_load *load)
+{
+    return load->sending >= rpc_pipe_max_sending(s) ||
+           (load->sending >= RPC_STUCK_SENDING &&
+            (s->sending >= s->max_calls / 4 * 3 ||
+             rpc_now_ms() - load->progress_ms >= RPC_STUCK_MS));
 }
 
 /* The call is answered: its bytes are no longer in flight. */
@@ -494,6 +508,7 @@ rpc_call_answer(const ProtobufCMessage *body, void *data)
         if (load->sending++ == 0) {
             load->progress_ms = rpc_now_ms();
         }
+        s->sending++;
         call->reply_pipe = pipe;
     }
     pthread_mutex_unlock(&s->mtx);
@@ -740,6 +755,7 @@ rpc_call_cb(void *arg)
             if (rv == 0) {
                 load->progress_ms = rpc_now_ms();
             }
+            s->sending--;
             if (--load->sending == 0 && load->bytes == 0) {
                 rpc_pipe_remove(s, load);
             }
@@ -785,9 +801,7 @@ rpc_call_take(struct rpc_call *call)
     pthread_mutex_lock(&s->mtx);
     if (call->pipe != 0) {
         struct rpc_pipe_load *load = rpc_pipe_slot(s, call->pipe);
-        unread = load->pipe == call->pipe && (load->sending >= rpc_pipe_max_sending(s) ||
-                                              (load->sending >= RPC_STUCK_SENDING &&
-                                               rpc_now_ms() - load->progress_ms >= RPC_STUCK_MS));
+        unread                     = load->pipe == call->pipe && rpc_pipe_unread(s, load);
     }
     admitted = !unread && rpc_server_admit(s, call, nng_msg_len(call->req));
     if (unread) {

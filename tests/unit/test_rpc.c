@@ -784,6 +784,53 @@ test_a_connection_that_never_reads_holds_few_contexts(void **state)
     rpc_server_free(f.server);
 }
 
+/* Several such clients together: once three quarters of the contexts are in replies waiting,
+ * a connection with 16 of them gets no more, so six floods hold at most 192 + 3 x 16 of 256
+ * contexts (a quarter each, as one alone may have, would take all of them with four). */
+static void
+test_connections_that_never_read_hold_few_contexts_together(void **state)
+{
+    enum { FLOODS = 6 };
+    struct rpc_server_opts so = { .url          = "tcp://127.0.0.1:0",
+                                  .service      = &test_service.base,
+                                  .max_contexts = 256 };
+    struct fixture f          = { 0 };
+    struct flood fl[FLOODS];
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    int small            = 4096;
+    struct rpc_reply r;
+    pthread_t t[FLOODS];
+    dc_status st;
+
+    (void)state;
+    assert_int_equal(rpc_server_start(&so, &f.server, &st), DC_OK);
+    snprintf(f.url, sizeof(f.url), "tcp://127.0.0.1:%d", rpc_server_port(f.server));
+    open_client(&f, true);
+    a.sin_port = htons((uint16_t)rpc_server_port(f.server));
+    for (int i = 0; i < FLOODS; i++) {
+        fl[i] = (struct flood){ .requests = 50000 };
+        assert_true((fl[i].fd = socket(AF_INET, SOCK_STREAM, 0)) >= 0);
+        assert_int_equal(setsockopt(fl[i].fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small)), 0);
+        assert_int_equal(connect(fl[i].fd, (struct sockaddr *)&a, sizeof(a)), 0);
+        assert_int_equal(pthread_create(&t[i], NULL, flood_thread, &fl[i]), 0);
+    }
+    sleep_ms(1500);
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(get_device(f.client, "still-here", NULL, 0, 2000, &r, &st), DC_OK);
+        rpc_reply_free(&r);
+    }
+    for (int i = 0; i < FLOODS; i++) {
+        pthread_join(t[i], NULL);
+        assert_true(fl[i].all_sent);
+        close(fl[i].fd);
+    }
+    assert_int_equal(get_device(f.client, "still-here", NULL, 0, 2000, &r, &st), DC_OK);
+    rpc_reply_free(&r);
+    rpc_client_close(f.client);
+    rpc_server_close(f.server);
+    rpc_server_free(f.server);
+}
+
 static void
 submit_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, bool *keep)
 {
@@ -1330,6 +1377,7 @@ main(void)
         cmocka_unit_test(test_connection_lost_code),
         cmocka_unit_test(test_small_requests_of_an_inline_small_method_skip_the_threads),
         cmocka_unit_test(test_a_connection_that_never_reads_holds_few_contexts),
+        cmocka_unit_test(test_connections_that_never_read_hold_few_contexts_together),
     };
     int rv = cmocka_run_group_tests(tests, NULL, NULL);
     if (!rpc_server_abandoned()) {
