@@ -738,11 +738,12 @@ cop_apply_chunk(struct cop *op, uint32_t from, uint32_t step, uint32_t rank, uin
         cop_chunk_claim(op, from, step, offset, len, st) != DC_OK) {
         return st->code;
     }
-    if (mode == APPLY_REDUCE) {
-        if (op->in != NULL) { /* base is work: the ring all-reduce reading in place */
-            /* The first and only time this worker reduces these bytes: ours, then theirs. */
-            memcpy(dst, op->in + offset, len);
-        }
+    if (mode == APPLY_REDUCE && op->in != NULL) {
+        /* base is work, the ring all-reduce reading in place: the first and only time this
+         * worker reduces these bytes, ours then theirs, in one pass. */
+        reduce_pair(op->dtype, (dc_reduce_op)op->req->reduce, dst, op->in + offset, data,
+                    len / op->elem_size);
+    } else if (mode == APPLY_REDUCE) {
         reduce_into(op->dtype, (dc_reduce_op)op->req->reduce, dst, data, len / op->elem_size);
     } else {
         memcpy(dst, data, len);

@@ -13,6 +13,10 @@
 #include "devcoord/types.h"
 
 void reduce_into(dc_dtype dtype, dc_reduce_op op, void *dst, const void *src, size_t count);
+/* dst = x op y element by element: the bytes of x copied to dst, then reduce_into with y, in
+ * one pass. Neither source may overlap dst. */
+void reduce_pair(dc_dtype dtype, dc_reduce_op op, void *dst, const void *x, const void *y,
+                 size_t count);
 /* dst op src[0] op src[1] ... op src[n_src-1], element by element in that order, each source
  * read from byte src_offset on: the same bytes as reduce_into once per source, in fewer
  * passes over dst. */

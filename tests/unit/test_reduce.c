@@ -180,6 +180,47 @@ test_many_sources_equal_one_at_a_time(void **state)
     }
 }
 
+/* reduce_pair gives the bytes of a copy then reduce_into, for every dtype and op, with the
+ * sources aligned or not. */
+static void
+test_pair_equals_copy_then_reduce(void **state)
+{
+    enum { N = 41 };
+    static const dc_reduce_op ops[] = { DC_REDUCE_SUM, DC_REDUCE_MEAN, DC_REDUCE_MIN, DC_REDUCE_MAX,
+                                        DC_REDUCE_PROD };
+    uint64_t x[N + 1], y[N + 1], pair[N], two[N];
+    uint32_t seed = 777;
+
+    (void)state;
+    for (size_t k = 0; k < sizeof(x); k++) {
+        seed              = seed * 1103515245u + 12345u;
+        ((uint8_t *)x)[k] = (uint8_t)(seed >> 16) & 0x3f;
+        ((uint8_t *)y)[k] = (uint8_t)(seed >> 8) & 0x3f;
+    }
+    for (int dt = DC_DTYPE_F32; dt < DC_DTYPE_COUNT; dt++) {
+        size_t esize = dc_dtype_size((dc_dtype)dt);
+        for (size_t o = 0; o < sizeof(ops) / sizeof(ops[0]); o++) {
+            for (size_t shift = 0; shift < 3; shift++) { /* 1: y unaligned; 2: x unaligned */
+                const uint8_t *a = (const uint8_t *)x + (shift == 2);
+                const uint8_t *b = (const uint8_t *)y + (shift == 1);
+                memset(pair, 0xa5, sizeof(pair));
+                reduce_pair((dc_dtype)dt, ops[o], pair, a, b, N);
+                memcpy(two, a, N * esize);
+                reduce_into((dc_dtype)dt, ops[o], two, b, N);
+                assert_memory_equal(pair, two, N * esize);
+            }
+        }
+    }
+    /* Not a copy of either: 1.5 + 2.25 */
+    {
+        float a[2] = { 1.5f, -1.0f }, b[2] = { 2.25f, 4.0f }, d[2] = { 0 };
+        reduce_pair(DC_DTYPE_F32, DC_REDUCE_SUM, d, a, b, 2);
+        assert_true(d[0] == 3.75f && d[1] == 3.0f);
+        reduce_pair(DC_DTYPE_F32, DC_REDUCE_MIN, d, a, b, 2);
+        assert_true(d[0] == 1.5f && d[1] == -1.0f);
+    }
+}
+
 /* Three f16 sources in one pass still round after each combination: 2048 + 1 is 2048 in
  * f16 (ties to even), so 2048 + 1 + 1 + 0 stays 2048 (2050 if summed in float first). */
 static void
@@ -223,6 +264,7 @@ main(void)
         cmocka_unit_test(test_many_sources_equal_one_at_a_time),
         cmocka_unit_test(test_many_sources_round_each_combination),
         cmocka_unit_test(test_many_sources_keep_their_order),
+        cmocka_unit_test(test_pair_equals_copy_then_reduce),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
