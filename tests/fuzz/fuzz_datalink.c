@@ -417,8 +417,8 @@ model_run(struct model *m, const uint8_t *b, size_t len)
 static void
 start_once(void)
 {
-    struct dlink_events ev = { NULL, ev_begin, ev_end, ev_lost, ev_op,    NULL,
-                               0,    ev_op,    NULL,   0,       ev_place, ev_landed };
+    struct dlink_events ev = { NULL,  ev_begin, ev_end, ev_lost,  ev_op,     NULL, 0,
+                               ev_op, NULL,     0,      ev_place, ev_landed, NULL, NULL };
     char url[64];
     dc_status st;
     int rv;

@@ -741,85 +741,44 @@ flood_thread(void *arg)
     return NULL;
 }
 
-/* A client that sends and never reads its replies holds a bounded share of the contexts
- * (here 16 of 64) from its first reply on, not every context until its replies' sends time
- * out (5 s and more): another client is answered meanwhile, and the flood is read to its
- * end (its requests past the bound are dropped). */
+/* n_floods raw clients that send 50,000 requests each and never read their replies (4 KiB
+ * receive buffers) against a server of max_contexts contexts: another client is answered
+ * within 2 s while they go on, and the floods are read to their end (their requests past the
+ * bounds are dropped). */
 static void
-test_a_connection_that_never_reads_holds_few_contexts(void **state)
+floods_leave_others_answered(unsigned max_contexts, unsigned n_floods)
 {
+    enum { MAX_FLOODS = 8 };
     struct rpc_server_opts so = { .url          = "tcp://127.0.0.1:0",
                                   .service      = &test_service.base,
-                                  .max_contexts = 64 };
+                                  .max_contexts = max_contexts };
     struct fixture f          = { 0 };
-    struct flood fl           = { .requests = 50000 };
+    struct flood fl[MAX_FLOODS];
     struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
     int small            = 4096;
     struct rpc_reply r;
-    pthread_t t;
+    pthread_t t[MAX_FLOODS];
     dc_status st;
 
-    (void)state;
+    assert_true(n_floods <= MAX_FLOODS);
     assert_int_equal(rpc_server_start(&so, &f.server, &st), DC_OK);
     snprintf(f.url, sizeof(f.url), "tcp://127.0.0.1:%d", rpc_server_port(f.server));
     open_client(&f, true);
     a.sin_port = htons((uint16_t)rpc_server_port(f.server));
-    assert_true((fl.fd = socket(AF_INET, SOCK_STREAM, 0)) >= 0);
-    assert_int_equal(setsockopt(fl.fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small)), 0);
-    assert_int_equal(connect(fl.fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    assert_int_equal(pthread_create(&t, NULL, flood_thread, &fl), 0);
-    sleep_ms(1500); /* its replies fill both sockets' buffers; the rest wait in sends */
-    for (int i = 0; i < 5; i++) {
-        /* Well inside the 5 s a held reply's send may take. */
-        assert_int_equal(get_device(f.client, "still-here", NULL, 0, 2000, &r, &st), DC_OK);
-        rpc_reply_free(&r);
-    }
-    pthread_join(t, NULL);
-    assert_true(fl.all_sent);
-    close(fl.fd);
-    assert_int_equal(get_device(f.client, "still-here", NULL, 0, 2000, &r, &st), DC_OK);
-    rpc_reply_free(&r);
-    rpc_client_close(f.client);
-    rpc_server_close(f.server);
-    rpc_server_free(f.server);
-}
-
-/* Several such clients together: once three quarters of the contexts are in replies waiting,
- * a connection with 16 of them gets no more, so six floods hold at most 192 + 3 x 16 of 256
- * contexts (a quarter each, as one alone may have, would take all of them with four). */
-static void
-test_connections_that_never_read_hold_few_contexts_together(void **state)
-{
-    enum { FLOODS = 6 };
-    struct rpc_server_opts so = { .url          = "tcp://127.0.0.1:0",
-                                  .service      = &test_service.base,
-                                  .max_contexts = 256 };
-    struct fixture f          = { 0 };
-    struct flood fl[FLOODS];
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    int small            = 4096;
-    struct rpc_reply r;
-    pthread_t t[FLOODS];
-    dc_status st;
-
-    (void)state;
-    assert_int_equal(rpc_server_start(&so, &f.server, &st), DC_OK);
-    snprintf(f.url, sizeof(f.url), "tcp://127.0.0.1:%d", rpc_server_port(f.server));
-    open_client(&f, true);
-    a.sin_port = htons((uint16_t)rpc_server_port(f.server));
-    for (int i = 0; i < FLOODS; i++) {
+    for (unsigned i = 0; i < n_floods; i++) {
         fl[i] = (struct flood){ .requests = 50000 };
         assert_true((fl[i].fd = socket(AF_INET, SOCK_STREAM, 0)) >= 0);
         assert_int_equal(setsockopt(fl[i].fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small)), 0);
         assert_int_equal(connect(fl[i].fd, (struct sockaddr *)&a, sizeof(a)), 0);
         assert_int_equal(pthread_create(&t[i], NULL, flood_thread, &fl[i]), 0);
     }
-    sleep_ms(1500);
+    sleep_ms(1500); /* their replies fill the sockets' buffers; the rest wait in sends */
     for (int i = 0; i < 5; i++) {
+        /* Well inside the 5 s a held reply's send may take. */
         assert_int_equal(get_device(f.client, "still-here", NULL, 0, 2000, &r, &st), DC_OK);
         rpc_reply_free(&r);
     }
-    for (int i = 0; i < FLOODS; i++) {
+    for (unsigned i = 0; i < n_floods; i++) {
         pthread_join(t[i], NULL);
         assert_true(fl[i].all_sent);
         close(fl[i].fd);
@@ -829,6 +788,26 @@ test_connections_that_never_read_hold_few_contexts_together(void **state)
     rpc_client_close(f.client);
     rpc_server_close(f.server);
     rpc_server_free(f.server);
+}
+
+/* A client that sends and never reads its replies holds a bounded share of the contexts
+ * (here 16 of 64) from its first reply on, not every context until its replies' sends time
+ * out (5 s and more). */
+static void
+test_a_connection_that_never_reads_holds_few_contexts(void **state)
+{
+    (void)state;
+    floods_leave_others_answered(64, 1);
+}
+
+/* Several such clients together: once three quarters of the contexts are in replies waiting,
+ * a connection with 16 of them gets no more, so six floods hold at most 192 + 3 x 16 of 256
+ * contexts (a quarter each, as one alone may have, would take all of them with four). */
+static void
+test_connections_that_never_read_hold_few_contexts_together(void **state)
+{
+    (void)state;
+    floods_leave_others_answered(256, 6);
 }
 
 static void
