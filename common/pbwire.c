@@ -58,7 +58,7 @@ enum_wire(int32_t v)
 size_t
 pbwire_device_info(uint8_t *out, const Devcoord__V1__DeviceInfo *pb)
 {
-    uint8_t dev[20];
+    uint8_t dev[PBWIRE_DEVICE_MAX];
     size_t n = 0, dn = 0;
 
     n += put_bytes_field(out + n, 1, pb->name, strnlen(pb->name, DC_DEVICE_TEXT_MAX));

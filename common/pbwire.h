@@ -20,8 +20,16 @@
 #include "devcoord/types.h"
 #include "devcoord/v1/devcoord.pb-c.h"
 
-/* The most bytes pbwire_device_info writes: tags, lengths and the strings at their limits. */
-#define PBWIRE_DEVICE_INFO_MAX ((3 + DC_DEVICE_TEXT_MAX) + (2 + DC_WORKER_NAME_MAX) + 20 + 6 + 11)
+/* The most bytes a Device takes: backend and kind as negative enums (an enum is written as an
+ * int32: ten bytes when negative), each with its tag, then the index (uint32) with its tag. */
+#define PBWIRE_DEVICE_MAX ((1 + 10) + (1 + 10) + (1 + 5))
+/* The most bytes pbwire_device_info writes: tags, lengths and the strings at their limits
+ * (name: a tag and a two-byte length; worker: a tag and a one-byte length), the device with
+ * its tag and one-byte length, state (an enum, negative at most) and memory_bytes (uint64),
+ * each with its tag. */
+#define PBWIRE_DEVICE_INFO_MAX                                                                  \
+    ((3 + DC_DEVICE_TEXT_MAX) + (2 + DC_WORKER_NAME_MAX) + (2 + PBWIRE_DEVICE_MAX) + (1 + 10) + \
+     (1 + 10))
 
 /* pb's bytes (its fields, without a tag or length of its own) into out, which holds
  * PBWIRE_DEVICE_INFO_MAX bytes; returns how many. name and worker are cut at their limits

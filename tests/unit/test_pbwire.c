@@ -53,13 +53,13 @@ random_info(struct sample *x)
     x->worker[wlen] = '\0';
     devcoord__v1__device_info__init(&x->pb);
     devcoord__v1__device__init(&x->dev);
-    x->dev.backend     = (Devcoord__V1__Backend)(rnd() % 5);
+    x->dev.backend     = (Devcoord__V1__Backend)(rnd() % 8 == 0 ? -1 : (int)(rnd() % 5));
     x->dev.kind        = (Devcoord__V1__Kind)(rnd() % 8 == 0 ? -1 : (int)(rnd() % 4));
     x->dev.index       = rnd() % 3 == 0 ? 0 : (uint32_t)rnd();
     x->pb.name         = x->name;
     x->pb.worker       = x->worker;
     x->pb.device       = rnd() % 8 == 0 ? NULL : &x->dev;
-    x->pb.state        = (Devcoord__V1__DeviceState)(rnd() % 4);
+    x->pb.state        = (Devcoord__V1__DeviceState)(rnd() % 8 == 0 ? -1 : (int)(rnd() % 4));
     x->pb.memory_bytes = mems[rnd() % (sizeof(mems) / sizeof(mems[0]))];
 }
 
@@ -67,6 +67,28 @@ static void
 test_writes_protobuf_c_bytes(void **state)
 {
     (void)state;
+    /* Every field at its longest: the bound is met exactly, protobuf-c writes the same. */
+    {
+        uint8_t ours[PBWIRE_DEVICE_INFO_MAX], theirs[2 * PBWIRE_DEVICE_INFO_MAX];
+        struct sample x;
+        memset(x.name, 'n', DC_DEVICE_TEXT_MAX);
+        x.name[DC_DEVICE_TEXT_MAX] = '\0';
+        memset(x.worker, 'w', DC_WORKER_NAME_MAX);
+        x.worker[DC_WORKER_NAME_MAX] = '\0';
+        devcoord__v1__device_info__init(&x.pb);
+        devcoord__v1__device__init(&x.dev);
+        x.dev.backend     = (Devcoord__V1__Backend)INT32_MIN;
+        x.dev.kind        = (Devcoord__V1__Kind)-1;
+        x.dev.index       = UINT32_MAX;
+        x.pb.name         = x.name;
+        x.pb.worker       = x.worker;
+        x.pb.device       = &x.dev;
+        x.pb.state        = (Devcoord__V1__DeviceState)-2;
+        x.pb.memory_bytes = UINT64_MAX;
+        assert_int_equal(pbwire_device_info(ours, &x.pb), PBWIRE_DEVICE_INFO_MAX);
+        assert_int_equal(protobuf_c_message_pack(&x.pb.base, theirs), PBWIRE_DEVICE_INFO_MAX);
+        assert_memory_equal(ours, theirs, PBWIRE_DEVICE_INFO_MAX);
+    }
     for (int i = 0; i < 5000; i++) {
         uint8_t ours[PBWIRE_DEVICE_INFO_MAX], theirs[2 * PBWIRE_DEVICE_INFO_MAX];
         struct sample x;
