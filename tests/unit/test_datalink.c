@@ -236,14 +236,21 @@ sink_lost(void *arg, const char *peer, const dc_status *why)
     pthread_mutex_unlock(&s->mtx);
 }
 
+/* *field, read under mtx (a counter another thread bumps under it). */
+static int
+locked_get(pthread_mutex_t *mtx, const int *field)
+{
+    int v;
+    pthread_mutex_lock(mtx);
+    v = *field;
+    pthread_mutex_unlock(mtx);
+    return v;
+}
+
 static int
 sink_get(struct sink *s, const int *field)
 {
-    int v;
-    pthread_mutex_lock(&s->mtx);
-    v = *field;
-    pthread_mutex_unlock(&s->mtx);
-    return v;
+    return locked_get(&s->mtx, field);
 }
 
 /* Waits (bounded: 3 s) until *field of s reaches want; the caller asserts what it then is. */
@@ -805,26 +812,22 @@ placed_unpin(void *arg, void *pin)
     free(pin);
 }
 
-static struct placed *placed_now; /* for placed_release, which gets only the buffer */
+/* What placed_release gets: the buffer and whom to count its release to. */
+struct placed_answer {
+    struct placed *p;
+    uint8_t *b;
+};
 
 static void
-placed_release(void *b)
+placed_release(void *arg)
 {
-    pthread_mutex_lock(&placed_now->mtx);
-    placed_now->released++;
-    pthread_mutex_unlock(&placed_now->mtx);
-    free(b);
-}
+    struct placed_answer *a = arg;
 
-static int
-placed_get(struct placed *p, const int *field)
-{
-    int v;
-
-    pthread_mutex_lock(&p->mtx);
-    v = *field;
-    pthread_mutex_unlock(&p->mtx);
-    return v;
+    pthread_mutex_lock(&a->p->mtx);
+    a->p->released++;
+    pthread_mutex_unlock(&a->p->mtx);
+    free(a->b);
+    free(a);
 }
 
 /* "ref": answers from the placed buffer itself, its bytes reversed there; "copy": answers
@@ -847,7 +850,10 @@ placed_call(void *arg, struct dlink_conn *c, const uint8_t *pb, size_t pb_len, c
             b[i]             = b[bytes - 1 - i];
             b[bytes - 1 - i] = t;
         }
-        dlink_call_answer_ref(c, b, bytes, placed_release, b);
+        struct placed_answer *a = malloc(sizeof(*a));
+        assert_non_null(a);
+        *a = (struct placed_answer){ .p = p, .b = b };
+        dlink_call_answer_ref(c, b, bytes, placed_release, a);
     } else {
         dlink_call_answer(c, NULL, data, bytes);
         placed_unpin(arg, pin);
@@ -881,7 +887,6 @@ test_call_link_reads_into_owner_buffers_and_answers_from_them(void **state)
     (void)state;
     assert_non_null(in);
     assert_non_null(out);
-    placed_now = &p;
     for (size_t i = 0; i < big; i++) {
         in[i] = (uint8_t)(i * 7 + i / 251);
     }
@@ -898,16 +903,16 @@ test_call_link_reads_into_owner_buffers_and_answers_from_them(void **state)
         }
         h.seq++;
         /* Released once written: by the time the next call is read at the latest. */
-        assert_int_equal(placed_get(&p, &p.placed), round);
+        assert_int_equal(locked_get(&p.mtx, &p.placed), round);
     }
-    for (int i = 0; i < 300 && placed_get(&p, &p.released) < 3; i++) {
+    for (int i = 0; i < 300 && locked_get(&p.mtx, &p.released) < 3; i++) {
         nng_msleep(10);
     }
-    assert_int_equal(placed_get(&p, &p.released), 3);
+    assert_int_equal(locked_get(&p.mtx, &p.released), 3);
     /* The copying answer still works beside it; a call with no bytes places nothing. */
     assert_int_equal(dlink_call(o, &h, "copy", 4, in, 4096, out, 4096, 2000, &st), DC_OK);
     assert_memory_equal(out, in, 4096);
-    assert_int_equal(placed_get(&p, &p.placed), 4);
+    assert_int_equal(locked_get(&p.mtx, &p.placed), 4);
     dlink_out_close(o);
     /* A call's header and part of its bytes, then the caller goes: the buffer placed for it
      * is given back, no call made. */
@@ -923,14 +928,14 @@ test_call_link_reads_into_owner_buffers_and_answers_from_them(void **state)
     raw_send(conn, aio, hdr, sizeof(hdr));
     raw_send(conn, aio, "ref", 3);
     raw_send(conn, aio, in, 400);
-    for (int i = 0; i < 300 && placed_get(&p, &p.placed) < 5; i++) {
+    for (int i = 0; i < 300 && locked_get(&p.mtx, &p.placed) < 5; i++) {
         nng_msleep(10);
     }
     raw_close(conn, d, aio);
     wait_finished(srv, 2);
-    assert_int_equal(placed_get(&p, &p.placed), 5);
-    assert_int_equal(placed_get(&p, &p.unpinned), 2); /* "copy"'s, and the cut call's */
-    assert_int_equal(placed_get(&p, &p.released), 3);
+    assert_int_equal(locked_get(&p.mtx, &p.placed), 5);
+    assert_int_equal(locked_get(&p.mtx, &p.unpinned), 2); /* "copy"'s, and the cut call's */
+    assert_int_equal(locked_get(&p.mtx, &p.released), 3);
     dlink_server_free(srv);
     pthread_mutex_destroy(&p.mtx);
     free(in);
