@@ -110,6 +110,10 @@ int rpc_server_port(const struct rpc_server *s);
  * is left to carry them. */
 void rpc_server_close(struct rpc_server *s);
 
+/* Request messages taken from nng so far, and those let go of (freed, or reused as their
+ * reply): equal whenever no call is under way. rpc_server_free logs both. */
+void rpc_server_requests(const struct rpc_server *s, uint64_t *taken, uint64_t *let_go);
+
 /* Waits until every taken call has been answered, then frees everything. The owner must
  * make its handlers answer (fail in-flight work) before calling this. */
 void rpc_server_free(struct rpc_server *s);

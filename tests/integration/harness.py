@@ -929,13 +929,35 @@ def known_nng_leak(log):
     and nobody frees the message. Stopping daemons while requests and replies are in flight
     makes that race (a worker's DeregisterWorker as the coordinator closes; a worker's
     GroupLink call to a peer that just died); under ASan it turns a clean exit into a leak
-    report. stop_groups and test_shutdown forgive it; the unit tests, which run the RPC
+    report. Also forgiven: a message nng allocated on its own threads (read off a connection)
+    when the daemon's RPC servers let go of every request they took (requests_all_let_go):
+    nng 1.5.2 can lose one read as the connection closes. stop_groups and test_shutdown forgive it; the unit tests, which run the RPC
     client's own message handling under ASan without this, are what catch a leak of ours."""
     if "ERROR: LeakSanitizer" not in log:
         return False
     report = log.split("ERROR: LeakSanitizer", 1)[1].split("SUMMARY:", 1)[0]
     blocks = [b for b in report.split("\n\n") if "leak of" in b]
-    return bool(blocks) and all("in wire_pack" in b and "libnng" in b for b in blocks)
+    return bool(blocks) and all(("in wire_pack" in b and "libnng" in b) or
+                                (nng_made(b) and requests_all_let_go(log)) for b in blocks)
+
+
+def nng_made(block):
+    """Whether a LeakSanitizer block was allocated by nng on its own threads (a message nng
+    read off a connection): the allocator's caller is in libnng and no frame is ours (our
+    binaries and libraries are named devcoord*, our sources live under common/, server/ and
+    client/)."""
+    frames = [l for l in block.splitlines() if re.match(r"\s+#\d+ ", l)]
+    return (len(frames) > 1 and "libnng.so" in frames[1] and
+            not any(re.search(r"devcoord|/common/|/server/|/client/", l) for l in frames))
+
+
+def requests_all_let_go(log):
+    """Whether every RPC server of the daemon closed having let go of every request message
+    nng handed it (rpc_server_free's count). Then a message nng read and lost is nng's leak
+    (1.5.2, a connection closed as a request came in), not a request our code dropped: that
+    would leave the two counts apart ("only N let go")."""
+    closed = re.findall(r"rpc server closed: (\d+) requests taken, (only )?(\d+) let go", log)
+    return bool(closed) and all(not only and taken == let_go for taken, only, let_go in closed)
 
 
 

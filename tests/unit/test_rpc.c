@@ -663,10 +663,16 @@ test_many_threads_one_client(void **state)
         h[i] = (struct hammer){ .client = f->client, .id = i };
         assert_int_equal(pthread_create(&t[i], NULL, hammer_thread, &h[i]), 0);
     }
+    uint64_t taken, let_go;
+
     for (int i = 0; i < 16; i++) {
         pthread_join(t[i], NULL);
         assert_int_equal(h[i].ok, 200);
     }
+    /* Every request message nng handed over was let go of (reused as its reply). */
+    rpc_server_requests(f->server, &taken, &let_go);
+    assert_int_equal(taken, 16 * 200);
+    assert_int_equal(let_go, 16 * 200);
 }
 
 static int slow_done;
@@ -758,6 +764,7 @@ floods_leave_others_answered(unsigned max_contexts, unsigned n_floods)
     int small            = 4096;
     struct rpc_reply r;
     pthread_t t[MAX_FLOODS];
+    uint64_t taken = 0, let_go = 0;
     dc_status st;
 
     assert_true(n_floods <= MAX_FLOODS);
@@ -786,6 +793,16 @@ floods_leave_others_answered(unsigned max_contexts, unsigned n_floods)
     assert_int_equal(get_device(f.client, "still-here", NULL, 0, 2000, &r, &st), DC_OK);
     rpc_reply_free(&r);
     rpc_client_close(f.client);
+    /* Requests dropped unanswered were let go of too, once the last is taken. */
+    for (int i = 0; i < 300; i++) {
+        rpc_server_requests(f.server, &taken, &let_go);
+        if (taken == let_go) {
+            break;
+        }
+        sleep_ms(10);
+    }
+    assert_int_equal(let_go, taken);
+    assert_true(taken > 6);
     rpc_server_close(f.server);
     rpc_server_free(f.server);
 }
