@@ -35,6 +35,7 @@
 #include "gloo.h"
 #include "iperf.h"
 #include "shm_probe.h"
+#include "tcp_ring.h"
 
 #define MAX_SIZES 4
 #define MAX_RANKS 4
@@ -486,7 +487,8 @@ json_points(FILE *f, unsigned ranks, const struct bench_timing *t, size_t n)
 
 static void
 write_results(const struct bench_args *a, const struct plan *p, const struct layout *ls, size_t nl,
-              struct bench_timing gloo[][MAX_SIZES], double probe_s, double bidir)
+              struct bench_timing gloo[][MAX_SIZES], double probe_s, double bidir,
+              const double *ring_s)
 {
     struct bench_summary sum;
     FILE *f;
@@ -500,6 +502,14 @@ write_results(const struct bench_args *a, const struct plan *p, const struct lay
             fprintf(f,
                     " \"shm_probe\": {\"bytes\": %u, \"median_s\": %.9f, \"busbw_gbs\": %.4f},\n",
                     PROBE_BYTES, probe_s, busbw(2, PROBE_BYTES, probe_s) / GB);
+        }
+        for (unsigned w = 2; w <= 4; w += 2) {
+            if (ring_s[w] > 0) {
+                fprintf(f,
+                        " \"tcp_ring_probe_%u\": {\"bytes\": %u, \"median_s\": %.9f, "
+                        "\"busbw_gbs\": %.4f},\n",
+                        w, PROBE_BYTES, ring_s[w], busbw(w, PROBE_BYTES, ring_s[w]) / GB);
+            }
         }
         fprintf(f, " \"runs\": [");
         for (size_t k = 0; k < nl; k++) {
@@ -597,6 +607,17 @@ write_results(const struct bench_args *a, const struct plan *p, const struct lay
                     isnan(bidir) ? "-" : bench_fmt("iperf3 --bidir %.2f GB/s", bidir / GB), r,
                     ">= 0.9x --bidir per direction (issue 17)", isnan(r) ? -1 : r >= 0.9);
             }
+            if (ls[k].workers > 1 && p->sizes[i] == PROBE_BYTES) {
+                /* The ring's bytes alone, over a bare loopback TCP ring (tcp_ring.c). */
+                double pr = ring_s[ls[k].workers];
+                double r  = d->ok && pr > 0 ? d->median_s / pr : NAN;
+                bench_summary_row(&sum,
+                                  bench_fmt("group all-reduce %s, %s: time over a bare TCP ring",
+                                            bench_size_text(p->sizes[i]), layout_text(&ls[k])),
+                                  d->ok ? bench_fmt("%.1f us", d->median_s * 1e6) : "-",
+                                  pr > 0 ? bench_fmt("TCP ring probe %.1f us", pr * 1e6) : "-", r,
+                                  "- (the same bytes, no reduce: a reference)", -1);
+            }
             if (ls[k].paired) {
                 /* Issue 17: SubmitOp all-reduce of 16 MiB within 10 % of the group path. */
                 const struct bench_timing *pg = &ls[k].pair_group[i], *ps = &ls[k].pair_submit[i];
@@ -642,7 +663,7 @@ main(int argc, char **argv)
                            { .ranks = 1, .workers = 1 } };
     struct bench_timing gloo[2][MAX_SIZES] = { { { 0 } } };
     size_t nl                              = sizeof(ls) / sizeof(ls[0]);
-    double probe_s, bidir = NAN;
+    double probe_s, bidir = NAN, ring_s[5] = { -1, -1, -1, -1, -1 };
     struct options o = { false, false, 0, 0 };
     int rv;
 
@@ -669,6 +690,11 @@ main(int argc, char **argv)
     if (!o.one_worker && o.ranks == 0) {
         bidir = bench_iperf(a.quick ? 1 : 3, 1);
         printf("loopback TCP (iperf3 --bidir): %.3f GB/s per direction\n", bidir / GB);
+        for (unsigned w = 2; w <= 4; w += 2) {
+            ring_s[w] = bench_tcp_ring(w, PROBE_BYTES, a.quick ? 5 : 20);
+            printf("loopback TCP ring of %u processes, a 16 MiB all-reduce's bytes: %.1f us\n", w,
+                   ring_s[w] * 1e6);
+        }
     }
     for (unsigned r = 2; r <= 4 && !o.one_worker && o.ranks == 0; r += 2) {
         printf("running gloo all-reduce with %u processes ...\n", r);
@@ -693,6 +719,6 @@ main(int argc, char **argv)
             print_paired(&p, &ls[k]);
         }
     }
-    write_results(&a, &p, ls, nl, gloo, probe_s, bidir);
+    write_results(&a, &p, ls, nl, gloo, probe_s, bidir, ring_s);
     return 0;
 }
