@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -140,6 +141,36 @@ daemon_block_signals(void)
 
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
+}
+
+unsigned long long
+daemon_raise_open_files(unsigned long long want)
+{
+    struct rlimit rl;
+    rlim_t was;
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        log_warn("cannot read the open files limit: %s", strerror(errno));
+        return 0;
+    }
+    was = rl.rlim_cur;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+            log_warn("cannot raise the open files limit from %llu to %llu: %s",
+                     (unsigned long long)was, (unsigned long long)rl.rlim_max, strerror(errno));
+            rl.rlim_cur = was;
+        } else {
+            log_info("open files limit raised from %llu to %llu", (unsigned long long)was,
+                     (unsigned long long)rl.rlim_cur);
+        }
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+        log_warn("open files limited to %llu, under the %llu this daemon's limits may need: "
+                 "raise the hard limit (LimitNOFILE= in a systemd unit, ulimit -Hn in a shell)",
+                 (unsigned long long)rl.rlim_cur, want);
+    }
+    return rl.rlim_cur == RLIM_INFINITY ? ~0ULL : (unsigned long long)rl.rlim_cur;
 }
 
 int

@@ -50,6 +50,12 @@ int daemon_check_config_result(const char *prog, const char *file, dc_code code,
  * it) and ignores SIGPIPE. Call first in main. */
 void daemon_block_signals(void);
 
+/* Raises the soft limit on open files to the hard one (a shell's soft limit is often 1024,
+ * which a coordinator of a thousand workers passes: one connection from each, and one to
+ * each). Logs the change at info level, and warns when the limit is below `want`, what the
+ * daemon's own limits may need. Returns the soft limit now in force (0 when unknown). */
+unsigned long long daemon_raise_open_files(unsigned long long want);
+
 /* Waits up to timeout_ms (-1: forever) for SIGINT, SIGTERM or SIGHUP; returns the signal,
  * or 0 when none came in time. */
 int daemon_wait_signal(int timeout_ms);

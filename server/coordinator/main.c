@@ -257,6 +257,8 @@ main(int argc, char **argv)
         goto out;
     }
     log_configure(c->cfg.log.level, c->cfg.log.format, "coordinator");
+    /* A connection from every worker and one to each (fan-out), and room for clients. */
+    daemon_raise_open_files(2ULL * c->cfg.max_workers + 1024);
     /* Large listings build and free megabytes per request: keep that memory in the heap
      * rather than handing it back and faulting it in again each time. */
     mallopt(M_TRIM_THRESHOLD, 64 * 1024 * 1024);

@@ -18,6 +18,7 @@
 #include "daemon.h"
 #include "devcoord/v1/methods.h"
 #include "device.h"
+#include "dlframe.h"
 #include "executor.h"
 #include "human.h"
 #include "log.h"
@@ -248,6 +249,8 @@ main(int argc, char **argv)
         goto out;
     }
     log_configure(w->cfg.log.level, w->cfg.log.format, w->cfg.name);
+    /* Its data port's connections in and its own out, and room for clients and regions. */
+    daemon_raise_open_files(2ULL * DLINK_MAX_CONNS + 1024);
 
     /* Chunk-sized buffers come and go on the data plane: keep them off mmap, which would map
      * and zero-fill pages on every allocation. One arena: glibc's per-thread arenas are heaps

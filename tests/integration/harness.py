@@ -22,10 +22,12 @@ liveness bounds; $DEVCOORD_TEST_KEEP=1 keeps the temporary directories.
 
 import atexit
 import ctypes
+import functools
 import json
 import os
 import random
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -129,10 +131,12 @@ except OSError:
     _libc = None
 
 
-def _child_setup():
+def _child_setup(nofile=None):
     # The daemon dies with the test runner even when the runner is SIGKILLed (CTest timeout).
     if _libc is not None:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if nofile is not None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
 
 
 class Daemon:
@@ -146,6 +150,7 @@ class Daemon:
         self.proc = None
         self.expected_exit = False  # set when the test stops or kills it on purpose
         self.starts = 0
+        self.nofile = None  # (soft, hard) open-files limit to start it with; None: the runner's
 
     def start(self):
         assert not self.running(), "%s is already running" % self.name
@@ -154,7 +159,8 @@ class Daemon:
             log.flush()
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True,
-                                         preexec_fn=_child_setup,
+                                         preexec_fn=functools.partial(_child_setup,
+                                                                      self.nofile),
                                          env=dict(os.environ, **self.env) if self.env else None)
         self.starts += 1
         self.expected_exit = False

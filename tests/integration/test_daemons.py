@@ -8,10 +8,13 @@
   keeps working, a tokens file that does not load keeps the old tokens (logged as an error).
 - $NOTIFY_SOCKET: READY=1 once serving, RELOADING=1 then READY=1 around a reload,
   STOPPING=1 on SIGTERM, as single datagrams (a path, or an abstract name with '@').
+- A daemon started with a soft open-files limit of 256 raises it to the hard limit (and takes
+  512 connections), and warns when the hard limit is under what its limits may need.
 """
 
 import os
 import re
+import resource
 import secrets
 import signal
 import socket
@@ -336,6 +339,69 @@ class Notify(secutil.SecureTestCase):
         self.expect(s, "RELOADING=1", "READY=1")
         self.assertEqual(w.terminate(), 0)
         self.expect(s, "STOPPING=1")
+
+
+def nofile_limits(pid):
+    """(soft, hard) open-files limit of a running process, from /proc."""
+    with open("/proc/%d/limits" % pid) as f:
+        for line in f:
+            if line.startswith("Max open files"):
+                soft, hard = line.split()[3:5]
+                return int(soft), int(hard)
+    raise AssertionError("no open files line in /proc/%d/limits" % pid)
+
+
+class OpenFiles(harness.ClusterTestCase):
+    """A daemon started with a low soft limit on open files (a shell's is often 1024) raises it
+    to the hard limit, so connections past the soft one are still accepted, and warns when the
+    hard limit is under what its own limits may need."""
+
+    SOFT = 256
+
+    def setUp(self):
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or hard < 4 * self.SOFT:
+            self.skipTest("the runner's hard open-files limit (%d) does not suit this test" % hard)
+        self.hard = hard
+
+    def test_coordinator_takes_more_connections_than_its_soft_limit(self):
+        hard = self.hard
+        c = self.make_cluster()
+        c.port = harness.free_port()
+        config = c.write_yaml("coordinator.yaml", c.coordinator_yaml())
+        c.coordinator = Daemon("coordinator", [harness.SERVER, "--config", config],
+                               c.path("coordinator.log"))
+        c.coordinator.nofile = (self.SOFT, hard)
+        c.coordinator.start()
+        c.wait_coordinator_ready()
+        self.assertEqual(nofile_limits(c.coordinator.pid), (hard, hard))
+        self.assertIn("open files limit raised from %d to %d" % (self.SOFT, hard),
+                      c.coordinator.log_text())
+        # More connections than the soft limit it started with: all accepted, and a call
+        # made after them is answered.
+        held = []
+        self.addCleanup(lambda: [s.close() for s in held])
+        for _ in range(2 * self.SOFT):
+            held.append(socket.create_connection(("127.0.0.1", c.port), timeout=5))
+        self.assertEqual(harness.rpc_call(c.port, "GetClusterStatus", timeout=5.0)[0], "OK")
+
+    def test_worker_raises_it_and_a_low_hard_limit_is_warned_about(self):
+        hard = self.hard
+        c = self.make_cluster()
+        c.start_coordinator()
+        w = c.add_worker("w1", [{"device": "cpu:0"}], start=False)
+        w.nofile = (self.SOFT, hard)
+        w.start()
+        c.wait_workers(["w1"])
+        self.assertEqual(nofile_limits(w.pid)[0], hard)
+        self.assertEqual(c.terminate_worker("w1"), 0)
+        # A hard limit of 600 is under the 2 x 256 data connections and room a worker keeps.
+        w.nofile = (self.SOFT, 600)
+        w.start()
+        c.wait_workers(["w1"])
+        self.assertEqual(nofile_limits(w.pid), (600, 600))
+        wait_until(lambda: "open files limited to 600, under the 1536" in w.log_text(), 10,
+                   "the worker's warning about its open-files limit")
 
 
 if __name__ == "__main__":
