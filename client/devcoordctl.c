@@ -2216,7 +2216,14 @@ collective_prepare(const struct cli *cli, struct collective_args *a)
     }
     if (cli->seen[O_VALUES]) {
         a->with_values = true;
-        return parse_values(cli->val[O_VALUES], &a->in, &a->count);
+        if ((rc = parse_values(cli->val[O_VALUES], &a->in, &a->count)) != 0 || a->count > 0) {
+            return rc;
+        }
+        /* No values: as --count 0, which the group call refuses with its own message. */
+        if ((a->in.data = calloc(1, 1)) == NULL) {
+            return cli_usage_error("out of memory");
+        }
+        return 0;
     }
     if (!parse_u64(cli->val[O_ELEMENTS], (uint64_t)(SIZE_MAX / 8), &v)) {
         return cli_usage_error("--count wants a number, not '%s'", cli->val[O_ELEMENTS]);

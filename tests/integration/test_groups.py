@@ -283,6 +283,12 @@ class CallsTest(GroupsTestCase):
         self.assertEqual(r.out["status"], "INVALID_ARGUMENT", r)
         self.assertIn("count 0", r.out["message"])
         self.assertIn("at least one element", r.out["message"])
+        # No values at all is count 0 too.
+        r = c.ctl("collective", "all-reduce", "--devices", "node-a/cuda:0", "--self",
+                  "node-a/cuda:0", "--dtype", "f32", "--values", "", "--reduce", "sum")
+        self.assertEqual(r.rc, 1, r)
+        self.assertEqual(r.out["status"], "INVALID_ARGUMENT", r)
+        self.assertIn("count 0", r.out["message"])
         # Every rank with 0: each hears that; one rank with 0: every rank hears who differs.
         devs = "node-a/cuda:0,node-b/cuda:0"
         for counts, text in ((("0", "0"), "count 0: a group all-reduce needs at least one element"),
