@@ -46,6 +46,7 @@
 #define MAX_MAX_TENSOR_BYTES       (1ULL << 40)
 #define DEFAULT_MAX_TENSOR_BYTES   (4ULL << 30)
 #define MAX_INFLIGHT_BYTES         (1ULL << 40)
+#define MAX_MAX_CONNECTIONS        (1u << 24)
 /* The registry's bounds (issue 12): a few thousand nodes of up to a few hundred devices
  * each; the total leaves room for the 100k-device registry benchmark. Registrations past
  * them are refused, so memory stays bounded whatever peers send. */
@@ -1382,6 +1383,11 @@ static const struct field coordinator_limits_fields[] = {
       .min    = 100,
       .max    = 3600000,
       .offset = offsetof(struct config_coordinator, handshake_timeout_ms) },
+    { .name   = "max_connections",
+      .parse  = field_u32,
+      .min    = 0,
+      .max    = MAX_MAX_CONNECTIONS,
+      .offset = offsetof(struct config_coordinator, max_connections) },
     { .name = NULL },
 };
 
@@ -1537,6 +1543,11 @@ static const struct field worker_limits_fields[] = {
       .min    = 100,
       .max    = 3600000,
       .offset = offsetof(struct config_worker, handshake_timeout_ms) },
+    { .name   = "max_connections",
+      .parse  = field_u32,
+      .min    = 0,
+      .max    = MAX_MAX_CONNECTIONS,
+      .offset = offsetof(struct config_worker, max_connections) },
     { .name = NULL },
 };
 

@@ -74,6 +74,9 @@ struct config_coordinator {
     /* limits.handshake_timeout_ms: a tls+tcp:// connection that has not finished its TLS
      * handshake this long after it was accepted is closed (default 10000). */
     uint32_t handshake_timeout_ms;
+    /* limits.max_connections: RPC connections open at once; 0 (the default): the open-files
+     * limit less a reserve (daemon_auto_connections). */
+    uint32_t max_connections;
     struct config_tls tls;
     struct config_log log;
     /* call_link.enabled (default true) and call_link.port (default 0: the kernel picks): the
@@ -128,6 +131,9 @@ struct config_worker {
     /* limits.handshake_timeout_ms: a tls+tcp:// connection that has not finished its TLS
      * handshake this long after it was accepted is closed (default 10000). */
     uint32_t handshake_timeout_ms;
+    /* limits.max_connections: RPC connections open at once; 0 (the default): the open-files
+     * limit less a reserve (daemon_auto_connections). */
+    uint32_t max_connections;
     /* groups.stall_warn_ms: a rank missing from a group call other ranks have made for this
      * long is logged and reported stalled (default 5000). */
     uint32_t group_stall_warn_ms;

@@ -173,6 +173,14 @@ daemon_raise_open_files(unsigned long long want)
     return rl.rlim_cur == RLIM_INFINITY ? ~0ULL : (unsigned long long)rl.rlim_cur;
 }
 
+unsigned
+daemon_auto_connections(unsigned long long open_files)
+{
+    unsigned long long n = open_files >= 2048 ? open_files - 1024 : open_files / 2;
+
+    return n > (1u << 20) ? 1u << 20 : (unsigned)n;
+}
+
 int
 daemon_wait_signal(int timeout_ms)
 {

@@ -56,6 +56,11 @@ void daemon_block_signals(void);
  * daemon's own limits may need. Returns the soft limit now in force (0 when unknown). */
 unsigned long long daemon_raise_open_files(unsigned long long want);
 
+/* The RPC connections a daemon takes at once by default: its open-files limit
+ * (daemon_raise_open_files) less 1024 kept for its own work (dials to peers, files), half of
+ * it under 2048, at most 1,048,576; 0 (no bound) when the limit is not known. */
+unsigned daemon_auto_connections(unsigned long long open_files);
+
 /* Waits up to timeout_ms (-1: forever) for SIGINT, SIGTERM or SIGHUP; returns the signal,
  * or 0 when none came in time. */
 int daemon_wait_signal(int timeout_ms);

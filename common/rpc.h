@@ -81,6 +81,9 @@ struct rpc_server_opts {
      * request is always taken when nothing else is in flight there. 0: the defaults. */
     size_t max_inflight_bytes;
     size_t max_inflight_bytes_per_connection;
+    /* Connections open at once; one more is closed as nng adds it, before it carries a
+     * request (its client sees the connection lost), and logged. 0: no bound. */
+    unsigned max_connections;
     /* tls+tcp:// only: a connection that has not finished its TLS handshake this long after
      * it was accepted is shut down (common/handshake.h says why nng does not). 0: the
      * default. */

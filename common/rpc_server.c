@@ -125,6 +125,13 @@ struct rpc_server {
      * a message nng allocated is nng's own when the two are equal (rpc_server_free logs
      * them). */
     atomic_ullong reqs_taken, reqs_let_go;
+    /* Connections at once (opts->max_connections, 0: no bound): the pipe ids of those open,
+     * recorded as nng adds them; one past the bound is closed there, before it carries a
+     * request, so that clients cannot take every file the daemon needs for its own work. */
+    pthread_mutex_t conn_mtx;
+    uint32_t *conns;
+    unsigned n_conns, max_conns;
+    uint64_t conns_refused;
 };
 
 static void rpc_call_cb(void *arg);
@@ -132,11 +139,60 @@ static void rpc_call_take(struct rpc_call *call);
 
 /* Tells the handshake watch which connections are pipes, and the owner which closed (nng
  * thread: both only record). */
+/* A connection as nng adds it: recorded, or closed when max_conns are open already. */
+static void
+rpc_server_conn_add(struct rpc_server *s, nng_pipe pipe)
+{
+    uint64_t refused = 0;
+    unsigned open;
+
+    pthread_mutex_lock(&s->conn_mtx);
+    open = s->n_conns;
+    if (s->n_conns < s->max_conns) {
+        s->conns[s->n_conns++] = (uint32_t)nng_pipe_id(pipe);
+    } else {
+        refused = ++s->conns_refused;
+    }
+    pthread_mutex_unlock(&s->conn_mtx);
+    if (refused == 0) {
+        return;
+    }
+    nng_pipe_close(pipe);
+    if ((refused & (refused - 1)) == 0) { /* 1, 2, 4, ... */
+        log_warn("connection refused: %u open, the most limits.max_connections allows (%llu "
+                 "refused so far)",
+                 open, (unsigned long long)refused);
+    }
+}
+
+static void
+rpc_server_conn_remove(struct rpc_server *s, nng_pipe pipe)
+{
+    uint32_t id = (uint32_t)nng_pipe_id(pipe);
+
+    pthread_mutex_lock(&s->conn_mtx);
+    for (unsigned i = 0; i < s->n_conns; i++) {
+        if (s->conns[i] == id) {
+            s->conns[i] = s->conns[--s->n_conns];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&s->conn_mtx);
+}
+
 static void
 rpc_server_pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
 {
     struct rpc_server *s = arg;
     nng_sockaddr sa;
+
+    if (s->conns != NULL && ev == NNG_PIPE_EV_ADD_PRE) {
+        rpc_server_conn_add(s, pipe);
+        return;
+    }
+    if (s->conns != NULL && ev == NNG_PIPE_EV_REM_POST) {
+        rpc_server_conn_remove(s, pipe);
+    }
 
     if (s->handshake != NULL && ev == NNG_PIPE_EV_ADD_POST &&
         nng_pipe_get_addr(pipe, NNG_OPT_REMADDR, &sa) == 0) {
@@ -900,6 +956,7 @@ rpc_server_start(const struct rpc_server_opts *opts, struct rpc_server **out, dc
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
     pthread_mutex_init(&s->mtx, NULL);
+    pthread_mutex_init(&s->conn_mtx, NULL);
     clock_cond_init(&s->cv);
     clock_cond_init(&s->idle_cv);
     s->service = opts->service;
@@ -924,9 +981,14 @@ rpc_server_start(const struct rpc_server_opts *opts, struct rpc_server **out, dc
         initial = s->max_calls;
     }
 
-    s->calls   = calloc(s->max_calls, sizeof(*s->calls));
-    s->threads = calloc(s->n_threads, sizeof(*s->threads));
-    if (s->calls == NULL || s->threads == NULL || rpc_server_admission_init(s, opts) != 0) {
+    s->calls     = calloc(s->max_calls, sizeof(*s->calls));
+    s->threads   = calloc(s->n_threads, sizeof(*s->threads));
+    s->max_conns = opts->max_connections;
+    if (s->max_conns > 0) {
+        s->conns = calloc(s->max_conns, sizeof(*s->conns));
+    }
+    if (s->calls == NULL || s->threads == NULL || (s->max_conns > 0 && s->conns == NULL) ||
+        rpc_server_admission_init(s, opts) != 0) {
         code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
         goto fail;
     }
@@ -948,8 +1010,13 @@ rpc_server_start(const struct rpc_server_opts *opts, struct rpc_server **out, dc
                                         : wire_nng_status(rv, "pipe notify", st);
             goto fail_sock;
         }
-    } else if (s->on_disconnect != NULL &&
+    } else if ((s->on_disconnect != NULL || s->conns != NULL) &&
                (rv = nng_pipe_notify(s->sock, NNG_PIPE_EV_REM_POST, rpc_server_pipe_cb, s)) != 0) {
+        code = wire_nng_status(rv, "pipe notify", st);
+        goto fail_sock;
+    }
+    if (s->conns != NULL &&
+        (rv = nng_pipe_notify(s->sock, NNG_PIPE_EV_ADD_PRE, rpc_server_pipe_cb, s)) != 0) {
         code = wire_nng_status(rv, "pipe notify", st);
         goto fail_sock;
     }
@@ -998,8 +1065,10 @@ fail:
     free(s->calls);
     free(s->threads);
     free(s->pipes);
+    free(s->conns);
     pthread_cond_destroy(&s->idle_cv);
     pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->conn_mtx);
     pthread_mutex_destroy(&s->mtx);
     free(s);
     return code;
@@ -1168,8 +1237,10 @@ rpc_server_free(struct rpc_server *s)
     free(s->calls);
     free(s->threads);
     free(s->pipes);
+    free(s->conns);
     pthread_cond_destroy(&s->idle_cv);
     pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->conn_mtx);
     pthread_mutex_destroy(&s->mtx);
     free(s);
 }

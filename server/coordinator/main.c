@@ -225,11 +225,12 @@ main(int argc, char **argv)
 {
     struct coordinator *c;
     struct daemon_args args;
-    struct rpc_server_opts so   = { 0 };
-    struct registry_opts ro     = { 0 };
-    struct daemon_reload reload = { 0 };
-    nng_tls_config *tls         = NULL;
-    char *worker_token          = NULL;
+    struct rpc_server_opts so     = { 0 };
+    struct registry_opts ro       = { 0 };
+    struct daemon_reload reload   = { 0 };
+    nng_tls_config *tls           = NULL;
+    char *worker_token            = NULL;
+    unsigned long long open_files = 0;
     dc_status st;
     dc_code code;
     int rv;
@@ -258,7 +259,7 @@ main(int argc, char **argv)
     }
     log_configure(c->cfg.log.level, c->cfg.log.format, "coordinator");
     /* A connection from every worker and one to each (fan-out), and room for clients. */
-    daemon_raise_open_files(2ULL * c->cfg.max_workers + 1024);
+    open_files = daemon_raise_open_files(2ULL * c->cfg.max_workers + 1024);
     /* Large listings build and free megabytes per request: keep that memory in the heap
      * rather than handing it back and faulting it in again each time. */
     mallopt(M_TRIM_THRESHOLD, 64 * 1024 * 1024);
@@ -347,6 +348,8 @@ main(int argc, char **argv)
     so.max_inflight_bytes                = c->cfg.max_inflight_bytes;
     so.max_inflight_bytes_per_connection = c->cfg.max_inflight_bytes_per_connection;
     so.handshake_timeout_ms              = c->cfg.handshake_timeout_ms;
+    so.max_connections =
+        c->cfg.max_connections != 0 ? c->cfg.max_connections : daemon_auto_connections(open_files);
     if (c->auth != NULL || c->ha != NULL) {
         so.authorize     = coordinator_authorize;
         so.authorize_arg = c;

@@ -224,9 +224,10 @@ main(int argc, char **argv)
 {
     struct worker *w;
     struct daemon_args args;
-    struct rpc_server_opts so   = { 0 };
-    struct daemon_reload reload = { 0 };
-    nng_tls_config *tls         = NULL;
+    struct rpc_server_opts so     = { 0 };
+    struct daemon_reload reload   = { 0 };
+    nng_tls_config *tls           = NULL;
+    unsigned long long open_files = 0;
     dc_status st;
     dc_code code;
     int rv, sig;
@@ -250,7 +251,7 @@ main(int argc, char **argv)
     }
     log_configure(w->cfg.log.level, w->cfg.log.format, w->cfg.name);
     /* Its data port's connections in and its own out, and room for clients and regions. */
-    daemon_raise_open_files(2ULL * DLINK_MAX_CONNS + 1024);
+    open_files = daemon_raise_open_files(2ULL * DLINK_MAX_CONNS + 1024);
 
     /* Chunk-sized buffers come and go on the data plane: keep them off mmap, which would map
      * and zero-fill pages on every allocation. One arena: glibc's per-thread arenas are heaps
@@ -302,6 +303,8 @@ main(int argc, char **argv)
     so.max_inflight_bytes                = w->cfg.max_inflight_bytes;
     so.max_inflight_bytes_per_connection = w->cfg.max_inflight_bytes_per_connection;
     so.handshake_timeout_ms              = w->cfg.handshake_timeout_ms;
+    so.max_connections =
+        w->cfg.max_connections != 0 ? w->cfg.max_connections : daemon_auto_connections(open_files);
     if (w->auth != NULL) {
         so.authorize     = worker_authorize;
         so.authorize_arg = w;

@@ -9,7 +9,8 @@
 - $NOTIFY_SOCKET: READY=1 once serving, RELOADING=1 then READY=1 around a reload,
   STOPPING=1 on SIGTERM, as single datagrams (a path, or an abstract name with '@').
 - A daemon started with a soft open-files limit of 256 raises it to the hard limit (and takes
-  512 connections), and warns when the hard limit is under what its limits may need.
+  512 connections), and warns when the hard limit is under what its limits may need; past
+  limits.max_connections a new connection is closed as it comes, and logged.
 """
 
 import os
@@ -402,6 +403,30 @@ class OpenFiles(harness.ClusterTestCase):
         self.assertEqual(nofile_limits(w.pid), (600, 600))
         wait_until(lambda: "open files limited to 600, under the 1536" in w.log_text(), 10,
                    "the worker's warning about its open-files limit")
+
+    def test_connections_past_max_connections_are_closed(self):
+        c = self.make_cluster(coordinator_config={"limits": {"max_connections": 3}})
+        c.start_coordinator()
+        held = [harness.RpcConnection(c.port) for _ in range(3)]
+        self.addCleanup(lambda: [h.close() for h in held])
+        for h in held:
+            self.assertEqual(h.call(harness.COORDINATOR + "GetClusterStatus")[0], "OK")
+        # A fourth is closed before it carries a request (its greeting may or may not come
+        # back first), and the coordinator says why.
+        with self.assertRaises((harness.RpcError, OSError)):
+            with harness.RpcConnection(c.port) as extra:
+                extra.call(harness.COORDINATOR + "GetClusterStatus")
+        self.assertIn("connection refused: 3 open, the most limits.max_connections allows",
+                      c.coordinator.log_text())
+        # One leaves: another is taken.
+        held.pop().close()
+
+        def answered():
+            try:
+                return harness.rpc_call(c.port, "GetClusterStatus", timeout=1.0)[0] == "OK"
+            except (harness.RpcError, OSError):
+                return False
+        wait_until(answered, 10, "a connection to be taken once one closed")
 
 
 if __name__ == "__main__":

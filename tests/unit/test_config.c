@@ -63,6 +63,7 @@ assert_coordinator_defaults(const struct config_coordinator *c)
     assert_int_equal(c->max_devices, 131072);
     assert_int_equal(c->max_inflight_bytes, 64 << 20);
     assert_int_equal(c->max_inflight_bytes_per_connection, 16 << 20);
+    assert_int_equal(c->max_connections, 0); /* the open-files limit less a reserve */
     assert_null(c->tokens_file);
     assert_null(c->state_dir);
     assert_null(c->tls.cert);
@@ -102,6 +103,7 @@ assert_worker_defaults(const struct config_worker *w)
     assert_true(w->max_stored_bytes == 0); /* three quarters of the machine, at start */
     assert_int_equal(w->max_inflight_bytes, 1 << 30);
     assert_int_equal(w->max_inflight_bytes_per_connection, 128 << 20);
+    assert_int_equal(w->max_connections, 0);
     assert_null(w->tls.cert);
     assert_null(w->tls.key);
     assert_null(w->tls.ca);
@@ -184,6 +186,7 @@ static const char coordinator_full[] = "# coordinator.yaml\n"
                                        "  max_devices: 100\n"
                                        "  max_inflight_bytes: 1GiB\n"
                                        "  max_inflight_bytes_per_connection: 100000\n"
+                                       "  max_connections: 5000\n"
                                        "auth: {tokens_file: /etc/devcoord/tokens.yaml}\n"
                                        "tls:\n"
                                        "  cert: /etc/devcoord/server.pem\n"
@@ -211,6 +214,7 @@ assert_coordinator_full(const struct config_coordinator *c)
     assert_int_equal(c->max_devices, 100);
     assert_int_equal(c->max_inflight_bytes, 1 << 30);
     assert_int_equal(c->max_inflight_bytes_per_connection, 100000);
+    assert_int_equal(c->max_connections, 5000);
     assert_string_equal(c->tokens_file, "/etc/devcoord/tokens.yaml");
     assert_string_equal(c->tls.cert, "/etc/devcoord/server.pem");
     assert_string_equal(c->tls.key, "/etc/devcoord/server.key");
@@ -274,7 +278,8 @@ static const char worker_full[] = "name: node-a\n"
                                   "collectives: [cuda, remote]\n"
                                   "limits: {max_message_bytes: 16MiB, max_tensor_bytes: 2GiB,\n"
                                   "         max_stored_bytes: 20GiB,\n"
-                                  "         max_inflight_bytes_per_connection: 32MiB}\n"
+                                  "         max_inflight_bytes_per_connection: 32MiB,\n"
+                                  "         max_connections: 300}\n"
                                   "tls:\n"
                                   "  cert: /etc/devcoord/worker.pem\n"
                                   "  key: /etc/devcoord/worker.key\n"
@@ -333,6 +338,7 @@ test_worker_full(void **state)
     assert_true(w.max_stored_bytes == (20ULL << 30));
     assert_int_equal(w.max_inflight_bytes, 1 << 30);
     assert_int_equal(w.max_inflight_bytes_per_connection, 32 << 20);
+    assert_int_equal(w.max_connections, 300);
     assert_string_equal(w.tls.cert, "/etc/devcoord/worker.pem");
     assert_string_equal(w.tls.key, "/etc/devcoord/worker.key");
     assert_string_equal(w.tls.ca, "/etc/devcoord/ca.pem");
@@ -671,7 +677,8 @@ static const struct bad worker_bad[] = {
       "must be between 4096 and 1073741824, found 1024" },
     { "limits: {op_timeout_ms: 5}\n", NAME ":1:10: key 'limits.op_timeout_ms': ",
       "unknown key (expected one of: max_message_bytes, max_tensor_bytes, max_stored_bytes, "
-      "max_inflight_bytes, max_inflight_bytes_per_connection, handshake_timeout_ms)" },
+      "max_inflight_bytes, max_inflight_bytes_per_connection, handshake_timeout_ms, "
+      "max_connections)" },
     { "limits: {max_inflight_bytes_per_connection: 0}\n",
       NAME ":1:45: key 'limits.max_inflight_bytes_per_connection': ",
       "must be between 1 and 1099511627776, found 0" },

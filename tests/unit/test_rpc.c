@@ -827,6 +827,55 @@ test_connections_that_never_read_hold_few_contexts_together(void **state)
     floods_leave_others_answered(256, 6);
 }
 
+/* A server bounded to 3 connections: three clients are answered; a fourth connection is
+ * closed as nng adds it, so its call fails and no request of it reaches the server; once
+ * one of the three has closed, another client is answered. */
+static void
+test_connections_past_the_bound_are_closed(void **state)
+{
+    struct rpc_server_opts so = { .url             = "tcp://127.0.0.1:0",
+                                  .service         = &test_service.base,
+                                  .max_connections = 3 };
+    struct rpc_client *c[5]   = { NULL };
+    struct fixture f          = { 0 };
+    uint64_t taken, let_go;
+    struct rpc_reply r;
+    dc_code code = DC_UNAVAILABLE;
+    dc_status st;
+
+    (void)state;
+    assert_int_equal(rpc_server_start(&so, &f.server, &st), DC_OK);
+    snprintf(f.url, sizeof(f.url), "tcp://127.0.0.1:%d", rpc_server_port(f.server));
+    for (int i = 0; i < 4; i++) {
+        open_client(&f, i < 3);
+        c[i] = f.client;
+    }
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(get_device(c[i], "one-of-three", NULL, 0, 2000, &r, &st), DC_OK);
+        rpc_reply_free(&r);
+    }
+    assert_int_not_equal(get_device(c[3], "the-fourth", NULL, 0, 1000, &r, &st), DC_OK);
+    rpc_server_requests(f.server, &taken, &let_go);
+    assert_int_equal(taken, 3);
+    rpc_client_close(c[3]);
+    rpc_client_close(c[0]);
+    open_client(&f, false);
+    c[4] = f.client;
+    for (int i = 0; i < 30 && code != DC_OK; i++) { /* the first one's close reaches nng */
+        if ((code = get_device(c[4], "after-one-left", NULL, 0, 100, &r, &st)) == DC_OK) {
+            rpc_reply_free(&r);
+        }
+    }
+    assert_int_equal(code, DC_OK);
+    for (int i = 1; i < 5; i++) {
+        if (i != 3) {
+            rpc_client_close(c[i]);
+        }
+    }
+    rpc_server_close(f.server);
+    rpc_server_free(f.server);
+}
+
 static void
 submit_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, bool *keep)
 {
@@ -1360,6 +1409,7 @@ main(void)
         cmocka_unit_test_setup_teardown(test_error_status_and_detail, setup, teardown),
         cmocka_unit_test_setup_teardown(test_deadline, setup, teardown),
         cmocka_unit_test_setup_teardown(test_many_threads_one_client, setup, teardown),
+        cmocka_unit_test(test_connections_past_the_bound_are_closed),
         cmocka_unit_test_setup_teardown(test_slow_calls_hold_contexts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unknown_method_and_garbage, setup, teardown),
         cmocka_unit_test_setup_teardown(test_decode_budget, setup, teardown),
