@@ -8,6 +8,8 @@
 #include <nng/nng.h>
 #include <nng/supplemental/http/http.h>
 
+#include "rpc.h"
+
 void
 mbuf_printf(struct mbuf *b, const char *fmt, ...)
 {
@@ -271,4 +273,21 @@ http_stop(struct http_server *s)
     nng_http_server_release(s->srv);
     free(s->handlers);
     free(s);
+}
+
+void
+rpc_connections_render(struct mbuf *b, const struct rpc_connections *c)
+{
+    mbuf_printf(b,
+                "# HELP devcoord_rpc_connections RPC connections open.\n"
+                "# TYPE devcoord_rpc_connections gauge\n"
+                "devcoord_rpc_connections %u\n"
+                "# HELP devcoord_rpc_connections_limit limits.max_connections in force (0: none).\n"
+                "# TYPE devcoord_rpc_connections_limit gauge\n"
+                "devcoord_rpc_connections_limit %u\n"
+                "# HELP devcoord_rpc_connections_refused_total Connections closed as they came, "
+                "past limits.max_connections.\n"
+                "# TYPE devcoord_rpc_connections_refused_total counter\n"
+                "devcoord_rpc_connections_refused_total %llu\n",
+                c->open, c->max, (unsigned long long)c->refused);
 }

@@ -113,6 +113,13 @@ int rpc_server_port(const struct rpc_server *s);
  * is left to carry them. */
 void rpc_server_close(struct rpc_server *s);
 
+/* RPC connections open now, the bound (0: none) and those refused so far past it. */
+struct rpc_connections {
+    unsigned open, max;
+    uint64_t refused;
+};
+void rpc_server_connections(struct rpc_server *s, struct rpc_connections *out);
+
 /* Request messages taken from nng so far, and those let go of (freed, or reused as their
  * reply): equal whenever no call is under way. rpc_server_free logs both. */
 void rpc_server_requests(const struct rpc_server *s, uint64_t *taken, uint64_t *let_go);

@@ -127,7 +127,9 @@ struct rpc_server {
     atomic_ullong reqs_taken, reqs_let_go;
     /* Connections at once (opts->max_connections, 0: no bound): the pipe ids of those open,
      * recorded as nng adds them; one past the bound is closed there, before it carries a
-     * request, so that clients cannot take every file the daemon needs for its own work. */
+     * request, so that clients cannot take every file the daemon needs for its own work.
+     * Without a bound they are only counted (nng reports the removal of every connection
+     * it reported added, refused ones too: those are not in conns). */
     pthread_mutex_t conn_mtx;
     uint32_t *conns;
     unsigned n_conns, max_conns;
@@ -148,7 +150,9 @@ rpc_server_conn_add(struct rpc_server *s, nng_pipe pipe)
 
     pthread_mutex_lock(&s->conn_mtx);
     open = s->n_conns;
-    if (s->n_conns < s->max_conns) {
+    if (s->conns == NULL) {
+        s->n_conns++;
+    } else if (s->n_conns < s->max_conns) {
         s->conns[s->n_conns++] = (uint32_t)nng_pipe_id(pipe);
     } else {
         refused = ++s->conns_refused;
@@ -171,7 +175,10 @@ rpc_server_conn_remove(struct rpc_server *s, nng_pipe pipe)
     uint32_t id = (uint32_t)nng_pipe_id(pipe);
 
     pthread_mutex_lock(&s->conn_mtx);
-    for (unsigned i = 0; i < s->n_conns; i++) {
+    if (s->conns == NULL && s->n_conns > 0) {
+        s->n_conns--;
+    }
+    for (unsigned i = 0; s->conns != NULL && i < s->n_conns; i++) {
         if (s->conns[i] == id) {
             s->conns[i] = s->conns[--s->n_conns];
             break;
@@ -186,11 +193,11 @@ rpc_server_pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
     struct rpc_server *s = arg;
     nng_sockaddr sa;
 
-    if (s->conns != NULL && ev == NNG_PIPE_EV_ADD_PRE) {
+    if (ev == NNG_PIPE_EV_ADD_PRE) {
         rpc_server_conn_add(s, pipe);
         return;
     }
-    if (s->conns != NULL && ev == NNG_PIPE_EV_REM_POST) {
+    if (ev == NNG_PIPE_EV_REM_POST) {
         rpc_server_conn_remove(s, pipe);
     }
 
@@ -1010,13 +1017,11 @@ rpc_server_start(const struct rpc_server_opts *opts, struct rpc_server **out, dc
                                         : wire_nng_status(rv, "pipe notify", st);
             goto fail_sock;
         }
-    } else if ((s->on_disconnect != NULL || s->conns != NULL) &&
-               (rv = nng_pipe_notify(s->sock, NNG_PIPE_EV_REM_POST, rpc_server_pipe_cb, s)) != 0) {
+    } else if ((rv = nng_pipe_notify(s->sock, NNG_PIPE_EV_REM_POST, rpc_server_pipe_cb, s)) != 0) {
         code = wire_nng_status(rv, "pipe notify", st);
         goto fail_sock;
     }
-    if (s->conns != NULL &&
-        (rv = nng_pipe_notify(s->sock, NNG_PIPE_EV_ADD_PRE, rpc_server_pipe_cb, s)) != 0) {
+    if ((rv = nng_pipe_notify(s->sock, NNG_PIPE_EV_ADD_PRE, rpc_server_pipe_cb, s)) != 0) {
         code = wire_nng_status(rv, "pipe notify", st);
         goto fail_sock;
     }
@@ -1175,6 +1180,16 @@ bool
 rpc_server_abandoned(void)
 {
     return atomic_load(&close_abandoned);
+}
+
+void
+rpc_server_connections(struct rpc_server *s, struct rpc_connections *out)
+{
+    pthread_mutex_lock(&s->conn_mtx);
+    out->open    = s->n_conns;
+    out->max     = s->max_conns;
+    out->refused = s->conns_refused;
+    pthread_mutex_unlock(&s->conn_mtx);
 }
 
 void

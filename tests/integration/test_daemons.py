@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import threading
+import urllib.request
 
 import harness
 import secutil
@@ -404,8 +405,16 @@ class OpenFiles(harness.ClusterTestCase):
         wait_until(lambda: "open files limited to 600, under the 1536" in w.log_text(), 10,
                    "the worker's warning about its open-files limit")
 
+    def metrics(self, port):
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as f:
+            lines = f.read().decode().splitlines()
+        return {name: float(value) for name, _, value in
+                (l.rpartition(" ") for l in lines if l and not l.startswith("#"))}
+
     def test_connections_past_max_connections_are_closed(self):
-        c = self.make_cluster(coordinator_config={"limits": {"max_connections": 3}})
+        http = harness.free_port()
+        c = self.make_cluster(coordinator_config={"limits": {"max_connections": 3},
+                                                  "http": "127.0.0.1:%d" % http})
         c.start_coordinator()
         held = [harness.RpcConnection(c.port) for _ in range(3)]
         self.addCleanup(lambda: [h.close() for h in held])
@@ -418,6 +427,10 @@ class OpenFiles(harness.ClusterTestCase):
                 extra.call(harness.COORDINATOR + "GetClusterStatus")
         self.assertIn("connection refused: 3 open, the most limits.max_connections allows",
                       c.coordinator.log_text())
+        m = self.metrics(http)
+        self.assertEqual(m["devcoord_rpc_connections"], 3)
+        self.assertEqual(m["devcoord_rpc_connections_limit"], 3)
+        self.assertGreaterEqual(m["devcoord_rpc_connections_refused_total"], 1)
         # One leaves: another is taken.
         held.pop().close()
 
@@ -427,6 +440,11 @@ class OpenFiles(harness.ClusterTestCase):
             except (harness.RpcError, OSError):
                 return False
         wait_until(answered, 10, "a connection to be taken once one closed")
+        # Counted out as they close.
+        for h in held:
+            h.close()
+        wait_until(lambda: self.metrics(http)["devcoord_rpc_connections"] == 0, 10,
+                   "the connections to be counted out")
 
 
 if __name__ == "__main__":

@@ -663,6 +663,7 @@ test_many_threads_one_client(void **state)
         h[i] = (struct hammer){ .client = f->client, .id = i };
         assert_int_equal(pthread_create(&t[i], NULL, hammer_thread, &h[i]), 0);
     }
+    struct rpc_connections conns;
     uint64_t taken, let_go;
 
     for (int i = 0; i < 16; i++) {
@@ -673,6 +674,11 @@ test_many_threads_one_client(void **state)
     rpc_server_requests(f->server, &taken, &let_go);
     assert_int_equal(taken, 16 * 200);
     assert_int_equal(let_go, 16 * 200);
+    /* Counted without a bound too: the one client's connection. */
+    rpc_server_connections(f->server, &conns);
+    assert_int_equal(conns.open, 1);
+    assert_int_equal(conns.max, 0);
+    assert_int_equal(conns.refused, 0);
 }
 
 static int slow_done;
@@ -838,6 +844,7 @@ test_connections_past_the_bound_are_closed(void **state)
                                   .max_connections = 3 };
     struct rpc_client *c[5]   = { NULL };
     struct fixture f          = { 0 };
+    struct rpc_connections conns;
     uint64_t taken, let_go;
     struct rpc_reply r;
     dc_code code = DC_UNAVAILABLE;
@@ -857,6 +864,10 @@ test_connections_past_the_bound_are_closed(void **state)
     assert_int_not_equal(get_device(c[3], "the-fourth", NULL, 0, 1000, &r, &st), DC_OK);
     rpc_server_requests(f.server, &taken, &let_go);
     assert_int_equal(taken, 3);
+    rpc_server_connections(f.server, &conns);
+    assert_int_equal(conns.open, 3);
+    assert_int_equal(conns.max, 3);
+    assert_true(conns.refused >= 1);
     rpc_client_close(c[3]);
     rpc_client_close(c[0]);
     open_client(&f, false);
