@@ -161,12 +161,12 @@ rpc_server_conn_add(struct rpc_server *s, nng_pipe pipe)
     if (refused == 0) {
         return;
     }
-    nng_pipe_close(pipe);
     if ((refused & (refused - 1)) == 0) { /* 1, 2, 4, ... */
         log_warn("connection refused: %u open, the most limits.max_connections allows (%llu "
                  "refused so far)",
                  open, (unsigned long long)refused);
     }
+    nng_pipe_close(pipe); /* after the log line: its client may look for it once closed */
 }
 
 static void

@@ -416,6 +416,9 @@ class OpenFiles(harness.ClusterTestCase):
         c = self.make_cluster(coordinator_config={"limits": {"max_connections": 3},
                                                   "http": "127.0.0.1:%d" % http})
         c.start_coordinator()
+        # The readiness check's connection is counted out (asynchronously) first.
+        wait_until(lambda: self.metrics(http)["devcoord_rpc_connections"] == 0, 10,
+                   "the readiness check's connection to be counted out")
         held = [harness.RpcConnection(c.port) for _ in range(3)]
         self.addCleanup(lambda: [h.close() for h in held])
         for h in held:
@@ -425,8 +428,8 @@ class OpenFiles(harness.ClusterTestCase):
         with self.assertRaises((harness.RpcError, OSError)):
             with harness.RpcConnection(c.port) as extra:
                 extra.call(harness.COORDINATOR + "GetClusterStatus")
-        self.assertIn("connection refused: 3 open, the most limits.max_connections allows",
-                      c.coordinator.log_text())
+        wait_until(lambda: "connection refused: 3 open, the most limits.max_connections allows"
+                   in c.coordinator.log_text(), 5, "the coordinator's refusal in its log")
         m = self.metrics(http)
         self.assertEqual(m["devcoord_rpc_connections"], 3)
         self.assertEqual(m["devcoord_rpc_connections_limit"], 3)
