@@ -139,8 +139,6 @@ struct rpc_server {
 static void rpc_call_cb(void *arg);
 static void rpc_call_take(struct rpc_call *call);
 
-/* Tells the handshake watch which connections are pipes, and the owner which closed (nng
- * thread: both only record). */
 /* A connection as nng adds it: recorded, or closed when max_conns are open already. */
 static void
 rpc_server_conn_add(struct rpc_server *s, nng_pipe pipe)
@@ -187,6 +185,8 @@ rpc_server_conn_remove(struct rpc_server *s, nng_pipe pipe)
     pthread_mutex_unlock(&s->conn_mtx);
 }
 
+/* Counts connections in and out (closing one past the bound), tells the handshake watch which
+ * connections are pipes, and the owner which closed (nng thread: nothing here waits). */
 static void
 rpc_server_pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
 {
