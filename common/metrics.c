@@ -276,8 +276,14 @@ http_stop(struct http_server *s)
 }
 
 void
-rpc_connections_render(struct mbuf *b, const struct rpc_connections *c)
+rpc_connections_render(struct mbuf *b, struct rpc_server *s)
 {
+    struct rpc_connections c;
+
+    if (s == NULL) {
+        return;
+    }
+    rpc_server_connections(s, &c);
     mbuf_printf(b,
                 "# HELP devcoord_rpc_connections RPC connections open.\n"
                 "# TYPE devcoord_rpc_connections gauge\n"
@@ -289,5 +295,5 @@ rpc_connections_render(struct mbuf *b, const struct rpc_connections *c)
                 "past limits.max_connections.\n"
                 "# TYPE devcoord_rpc_connections_refused_total counter\n"
                 "devcoord_rpc_connections_refused_total %llu\n",
-                c->open, c->max, (unsigned long long)c->refused);
+                c.open, c.max, (unsigned long long)c.refused);
 }

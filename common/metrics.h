@@ -59,10 +59,11 @@ void rpc_metrics_observe(void *arg, const ProtobufCMethodDescriptor *method, dc_
                          uint64_t elapsed_us);
 void rpc_metrics_render(struct mbuf *b, const struct rpc_metrics *m);
 
-struct rpc_connections;
-/* devcoord_rpc_connections (open), devcoord_rpc_connections_limit (limits.max_connections,
- * 0: none) and devcoord_rpc_connections_refused_total. */
-void rpc_connections_render(struct mbuf *b, const struct rpc_connections *c);
+struct rpc_server;
+/* The RPC server's devcoord_rpc_connections (open), devcoord_rpc_connections_limit
+ * (limits.max_connections, 0: none) and devcoord_rpc_connections_refused_total; nothing when
+ * s is NULL. */
+void rpc_connections_render(struct mbuf *b, struct rpc_server *s);
 
 /* A tiny HTTP server (nng's) answering GET on a few paths. A route's render runs on an nng
  * thread: it must not block. It fills body (text) and returns the HTTP status. */

@@ -173,13 +173,16 @@ rpc_server_conn_remove(struct rpc_server *s, nng_pipe pipe)
     uint32_t id = (uint32_t)nng_pipe_id(pipe);
 
     pthread_mutex_lock(&s->conn_mtx);
-    if (s->conns == NULL && s->n_conns > 0) {
-        s->n_conns--;
-    }
-    for (unsigned i = 0; s->conns != NULL && i < s->n_conns; i++) {
-        if (s->conns[i] == id) {
-            s->conns[i] = s->conns[--s->n_conns];
-            break;
+    if (s->conns == NULL) {
+        if (s->n_conns > 0) {
+            s->n_conns--;
+        }
+    } else {
+        for (unsigned i = 0; i < s->n_conns; i++) {
+            if (s->conns[i] == id) { /* not there: one refused */
+                s->conns[i] = s->conns[--s->n_conns];
+                break;
+            }
         }
     }
     pthread_mutex_unlock(&s->conn_mtx);

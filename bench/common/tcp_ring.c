@@ -34,28 +34,13 @@ struct ring_half {
     bool ok;
 };
 
+/* Sends (out) or receives all n bytes of b, RING_CHUNK a call; false when the peer went. */
 static bool
-write_all(int fd, const uint8_t *b, size_t n)
+move_all(int fd, uint8_t *b, size_t n, bool out)
 {
     while (n > 0) {
-        ssize_t w = send(fd, b, n < RING_CHUNK ? n : RING_CHUNK, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) {
-            continue;
-        }
-        if (w <= 0) {
-            return false;
-        }
-        b += w;
-        n -= (size_t)w;
-    }
-    return true;
-}
-
-static bool
-read_all(int fd, uint8_t *b, size_t n)
-{
-    while (n > 0) {
-        ssize_t r = recv(fd, b, n < RING_CHUNK ? n : RING_CHUNK, 0);
+        size_t len = n < RING_CHUNK ? n : RING_CHUNK;
+        ssize_t r  = out ? send(fd, b, len, MSG_NOSIGNAL) : recv(fd, b, len, 0);
         if (r < 0 && errno == EINTR) {
             continue;
         }
@@ -72,7 +57,7 @@ static void *
 ring_send(void *arg)
 {
     struct ring_half *h = arg;
-    h->ok               = write_all(h->fd, h->buf, h->bytes);
+    h->ok               = move_all(h->fd, h->buf, h->bytes, true);
     return NULL;
 }
 
@@ -104,15 +89,15 @@ ring_rank(unsigned me, unsigned procs, const int *listeners, const uint16_t *por
         double s;
 
         /* Rank 0's token goes round once: every rank is past its last repetition. */
-        if ((me == 0 && !write_all(next, &token, 1)) || !read_all(prev, &token, 1) ||
-            (me != 0 && !write_all(next, &token, 1))) {
+        if ((me == 0 && !move_all(next, &token, 1, true)) || !move_all(prev, &token, 1, false) ||
+            (me != 0 && !move_all(next, &token, 1, true))) {
             return 1;
         }
         t0 = bench_now_ns();
         if (pthread_create(&t, NULL, ring_send, &h) != 0) {
             return 1;
         }
-        bool got = read_all(prev, in, moved);
+        bool got = move_all(prev, in, moved, false);
         pthread_join(t, NULL);
         s = (double)(bench_now_ns() - t0) / 1e9;
         if (!got || !h.ok || in[0] != (uint8_t)((me + procs - 1) % procs + 1) ||

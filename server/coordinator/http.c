@@ -65,11 +65,7 @@ metrics(void *arg, struct mbuf *body)
                 "devcoord_call_link_calls_total %llu\n",
                 (unsigned long long)call_link_calls(c->link));
     rpc_metrics_render(body, &c->rpc_metrics);
-    if (c->rpc != NULL) {
-        struct rpc_connections conns;
-        rpc_server_connections(c->rpc, &conns);
-        rpc_connections_render(body, &conns);
-    }
+    rpc_connections_render(body, c->rpc);
     return 200;
 }
 

@@ -93,11 +93,7 @@ metrics(void *arg, struct mbuf *body)
                 "devcoord_worker_tensor_bytes_limit %llu\n",
                 (unsigned long long)held, (unsigned long long)limit);
     rpc_metrics_render(body, &w->rpc_metrics);
-    if (w->rpc != NULL) {
-        struct rpc_connections conns;
-        rpc_server_connections(w->rpc, &conns);
-        rpc_connections_render(body, &conns);
-    }
+    rpc_connections_render(body, w->rpc);
     wgroups_metrics_render(w->groups, body);
     return 200;
 }
