@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -579,6 +580,19 @@ def rpc_call(port, method, body=b"", timeout=5.0):
     with RpcConnection(port, timeout) as c:
         return c.call(COORDINATOR + method if not method.startswith("/") else method, body,
                       int(timeout * 1000))
+
+
+def metrics(port):
+    """{series: value} of the Prometheus text a daemon serves at http://127.0.0.1:port/metrics
+    (series with their labels, as written)."""
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as f:
+        text = f.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, _, value = line.rpartition(" ")
+            out[series] = float(value)
+    return out
 
 
 def decode_workers(body):

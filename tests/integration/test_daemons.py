@@ -21,7 +21,6 @@ import signal
 import socket
 import subprocess
 import threading
-import urllib.request
 
 import harness
 import secutil
@@ -405,11 +404,11 @@ class OpenFiles(harness.ClusterTestCase):
         wait_until(lambda: "open files limited to 600, under the 1536" in w.log_text(), 10,
                    "the worker's warning about its open-files limit")
 
-    def metrics(self, port):
-        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as f:
-            lines = f.read().decode().splitlines()
-        return {name: float(value) for name, _, value in
-                (l.rpartition(" ") for l in lines if l and not l.startswith("#"))}
+
+
+class Connections(harness.ClusterTestCase):
+    """Past limits.max_connections a new connection is closed as it comes, and logged and
+    counted in /metrics."""
 
     def test_connections_past_max_connections_are_closed(self):
         http = harness.free_port()
@@ -417,7 +416,7 @@ class OpenFiles(harness.ClusterTestCase):
                                                   "http": "127.0.0.1:%d" % http})
         c.start_coordinator()
         # The readiness check's connection is counted out (asynchronously) first.
-        wait_until(lambda: self.metrics(http)["devcoord_rpc_connections"] == 0, 10,
+        wait_until(lambda: harness.metrics(http)["devcoord_rpc_connections"] == 0, 10,
                    "the readiness check's connection to be counted out")
         held = [harness.RpcConnection(c.port) for _ in range(3)]
         self.addCleanup(lambda: [h.close() for h in held])
@@ -430,7 +429,7 @@ class OpenFiles(harness.ClusterTestCase):
                 extra.call(harness.COORDINATOR + "GetClusterStatus")
         wait_until(lambda: "connection refused: 3 open, the most limits.max_connections allows"
                    in c.coordinator.log_text(), 5, "the coordinator's refusal in its log")
-        m = self.metrics(http)
+        m = harness.metrics(http)
         self.assertEqual(m["devcoord_rpc_connections"], 3)
         self.assertEqual(m["devcoord_rpc_connections_limit"], 3)
         self.assertGreaterEqual(m["devcoord_rpc_connections_refused_total"], 1)
@@ -446,7 +445,7 @@ class OpenFiles(harness.ClusterTestCase):
         # Counted out as they close.
         for h in held:
             h.close()
-        wait_until(lambda: self.metrics(http)["devcoord_rpc_connections"] == 0, 10,
+        wait_until(lambda: harness.metrics(http)["devcoord_rpc_connections"] == 0, 10,
                    "the connections to be counted out")
 
 

@@ -469,14 +469,7 @@ class FailuresTest(GroupsTestCase):
 
 class DataPathTest(GroupsTestCase):
     def metrics(self, port):
-        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as f:
-            text = f.read().decode()
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                out[name] = float(value)
-        return out
+        return harness.metrics(port)
 
     def test_many_calls_reach_no_coordinator(self):
         http = harness.free_port()

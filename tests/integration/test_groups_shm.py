@@ -16,7 +16,6 @@ import subprocess
 import threading
 import time
 import unittest
-import urllib.request
 
 import harness
 from harness import F, pb_bytes
@@ -71,15 +70,7 @@ def shm_object(test, size):
 
 class ShmCallsTest(GroupsTestCase):
     def worker_metrics(self, c, name):
-        port = int(c.worker_specs[name]["http"].rsplit(":", 1)[1])
-        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as f:
-            text = f.read().decode()
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                key, _, value = line.rpartition(" ")
-                out[key] = float(value)
-        return out
+        return harness.metrics(int(c.worker_specs[name]["http"].rsplit(":", 1)[1]))
 
     def run_ranks(self, spec, devices, shared=True, worker_extra=None):
         c = self.start(spec, http=True, worker_extra=worker_extra)

@@ -116,11 +116,7 @@ class OpsTestCase(ClusterTestCase):
 
     def metrics(self, worker):
         """{series: value} of a worker's /metrics (started with http=True)."""
-        port = int(self.cluster.worker_specs[worker]["http"].rsplit(":", 1)[1])
-        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as f:
-            text = f.read().decode()
-        return {line.rpartition(" ")[0]: float(line.rpartition(" ")[2])
-                for line in text.splitlines() if line and not line.startswith("#")}
+        return harness.metrics(int(self.cluster.worker_specs[worker]["http"].rsplit(":", 1)[1]))
 
     def ctl_ok_list(self, device):
         return self.cluster.ctl_ok("tensor", "list", device)["tensors"]
