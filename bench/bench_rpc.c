@@ -95,6 +95,7 @@ run_system(const struct bench_args *a, int sys, double seconds, double warmup)
                 free(text);
             }
             if (!cell->ok) {
+                bench_keep_tmpdir();
                 fprintf(stderr, "bench_rpc: %s client (%s payload, %u in flight) failed; log %s\n",
                         sys_names[sys], bench_size_text(payloads[p]), inflights[i], clog);
             }

@@ -197,6 +197,7 @@ bench_source(const char *relative, char *buf, size_t cap)
 
 static pid_t children[MAX_CHILDREN];
 static char tmpdir[512];
+static bool tmpdir_kept; /* bench_keep_tmpdir: a failure's logs stay */
 
 static void
 child_forget(pid_t pid)
@@ -340,7 +341,7 @@ tmpdir_remove(void)
     struct dirent *e;
     DIR *d;
 
-    if (tmpdir[0] == '\0' || (keep != NULL && strcmp(keep, "1") == 0)) {
+    if (tmpdir[0] == '\0' || tmpdir_kept || (keep != NULL && strcmp(keep, "1") == 0)) {
         return;
     }
     if ((d = opendir(tmpdir)) != NULL) {
@@ -416,25 +417,43 @@ bench_rss_bytes(pid_t pid)
 
 /* ---- ports, files, directories ------------------------------------------------------------ */
 
+/* The kernel may offer a port again at once, before the daemon given it the first time has
+ * bound it: one of bench_fanout's 32 workers was once given another's port, failed to listen
+ * and never registered. So no port is handed out twice by this process. */
 int
 bench_free_port(void)
 {
-    struct sockaddr_in sa;
-    socklen_t len = sizeof(sa);
-    int fd, port = 0;
+    static uint8_t handed_out[65536 / 8];
 
-    if ((fd = socket(AF_INET, SOCK_STREAM, 0)) < 0) {
-        return 0;
+    for (int tries = 0; tries < 1000; tries++) {
+        struct sockaddr_in sa = { .sin_family = AF_INET };
+        socklen_t len         = sizeof(sa);
+        int fd, port = 0;
+
+        if ((fd = socket(AF_INET, SOCK_STREAM, 0)) < 0) {
+            return 0;
+        }
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+            getsockname(fd, (struct sockaddr *)&sa, &len) == 0) {
+            port = ntohs(sa.sin_port);
+        }
+        close(fd);
+        if (port == 0) {
+            return 0;
+        }
+        if ((handed_out[port / 8] & (1u << (port % 8))) == 0) {
+            handed_out[port / 8] |= (uint8_t)(1u << (port % 8));
+            return port;
+        }
     }
-    memset(&sa, 0, sizeof(sa));
-    sa.sin_family      = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-        getsockname(fd, (struct sockaddr *)&sa, &len) == 0) {
-        port = ntohs(sa.sin_port);
-    }
-    close(fd);
-    return port;
+    return 0;
+}
+
+void
+bench_keep_tmpdir(void)
+{
+    tmpdir_kept = true;
 }
 
 const char *

@@ -82,10 +82,13 @@ uint64_t bench_rss_bytes(pid_t pid);
 
 /* ---- ports, files, directories ------------------------------------------------------------ */
 
-/* A TCP port on 127.0.0.1 nothing listened on a moment ago, or 0. */
+/* A TCP port on 127.0.0.1 nothing listened on a moment ago and not handed out before by this
+ * process, or 0. */
 int bench_free_port(void);
 /* A fresh temporary directory (removed with its files at exit unless $BENCH_KEEP=1). */
 const char *bench_tmpdir(void);
+/* Keeps the temporary directory at exit: call it where a failure points at the logs there. */
+void bench_keep_tmpdir(void);
 /* Writes text to path; 0 or -1. */
 int bench_write_file(const char *path, const char *text);
 /* Reads a whole file (NUL-terminated); caller frees. NULL on error. */

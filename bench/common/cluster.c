@@ -66,6 +66,7 @@ cluster_start(struct cluster *c, const struct bench_args *args, const char *tag,
     end = bench_now_ns() + (uint64_t)START_TIMEOUT_MS * 1000000u;
     while (dc_health(c->client, &st) != DC_OK) {
         if (bench_now_ns() > end || bench_wait(c->coordinator, 0) >= 0) {
+            bench_keep_tmpdir();
             fprintf(stderr, "bench: coordinator did not come up (%s); log: %s\n", st.message, log);
             c->coordinator = 0;
             cluster_stop(c);
@@ -76,23 +77,32 @@ cluster_start(struct cluster *c, const struct bench_args *args, const char *tag,
     return 0;
 }
 
-/* Number of the named workers that the registry lists alive. */
+/* Number of the named workers that the registry lists alive; with `tell`, those it does not
+ * are named on stderr. */
 static size_t
-alive_count(struct cluster *c, size_t first, size_t n)
+alive_count(struct cluster *c, size_t first, size_t n, bool tell)
 {
     dc_worker_list *list = NULL;
     size_t alive         = 0;
     dc_status st;
 
     if (dc_list_workers(c->client, &list, &st) != DC_OK) {
+        if (tell) {
+            fprintf(stderr, "bench: cannot list the workers: %s\n", st.message);
+        }
         return 0;
     }
-    for (size_t i = 0; i < list->n; i++) {
-        for (size_t k = first; k < first + n; k++) {
-            if (strcmp(list->workers[i].name, c->worker_names[k]) == 0 &&
-                list->workers[i].state == DC_WORKER_ALIVE) {
-                alive++;
-            }
+    for (size_t k = first; k < first + n; k++) {
+        bool up = false;
+        for (size_t i = 0; i < list->n && !up; i++) {
+            up = strcmp(list->workers[i].name, c->worker_names[k]) == 0 &&
+                 list->workers[i].state == DC_WORKER_ALIVE;
+        }
+        alive += up;
+        if (!up && tell) {
+            char log[1024];
+            log_path(c, c->worker_names[k], log, sizeof(log));
+            fprintf(stderr, "bench: worker %s is not alive; log: %s\n", c->worker_names[k], log);
         }
     }
     dc_worker_list_free(list);
@@ -203,9 +213,24 @@ wait_alive(struct cluster *c, size_t first)
     size_t n     = c->n_workers - first;
     uint64_t end = bench_now_ns() + (uint64_t)START_TIMEOUT_MS * 1000000u;
 
-    while (alive_count(c, first, n) < n) {
+    while (alive_count(c, first, n, false) < n) {
+        for (size_t k = first; k < c->n_workers; k++) {
+            int rc = c->workers[k] > 0 ? bench_wait(c->workers[k], 0) : -1;
+            if (rc >= 0) { /* it will not register: no need to wait the timeout out */
+                char log[1024];
+                log_path(c, c->worker_names[k], log, sizeof(log));
+                fprintf(stderr,
+                        "bench: worker %s exited (status %d) before it registered; log: %s\n",
+                        c->worker_names[k], rc, log);
+                c->workers[k] = 0;
+                bench_keep_tmpdir();
+                return -1;
+            }
+        }
         if (bench_now_ns() > end) {
             fprintf(stderr, "bench: workers did not register; logs in %s\n", bench_tmpdir());
+            alive_count(c, first, n, true);
+            bench_keep_tmpdir();
             return -1;
         }
         bench_sleep_ms(20);

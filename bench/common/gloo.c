@@ -50,6 +50,7 @@ bench_gloo_run(const char *who, unsigned world, const uint64_t *sizes, size_t n,
     }
     if ((rc = bench_wait(pid, 900000)) != 0) {
         bench_kill(pid);
+        bench_keep_tmpdir();
         fprintf(stderr, "%s: gloo peer failed (%d); log: %s\n", who, rc, log);
         return -1;
     }
