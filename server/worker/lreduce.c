@@ -10,8 +10,8 @@
 #include "threadname.h"
 #include "clock.h"
 
-/* A slice goes through in chunks this big per buffer: every input's and out[0]'s chunk stay
- * in cache between the reduction and the copies out. */
+/* Without reduce_fan, a slice goes through in chunks this big per buffer: every input's and
+ * out[0]'s chunk stay in cache between the reduction and the copies out. */
 #define CHUNK_BYTES ((size_t)32 * 1024)
 
 /* One job under way: the slices not yet taken and those done. */
@@ -57,13 +57,18 @@ lreduce_slices(size_t count, size_t elem, size_t max_slices, size_t min_slice_by
     return k;
 }
 
-/* Elements [lo, hi) of j: reduced into out[0] in rank order, then copied to the others. */
+/* Elements [lo, hi) of j: in one pass that writes every out (reduce_fan), or reduced into
+ * out[0] in rank order, then copied to the others (MEAN, or buffers not aligned). */
 static void
 slice_run(const struct lreduce_job *j, size_t lo, size_t hi)
 {
     size_t elem  = dc_dtype_size(j->dtype);
     size_t chunk = CHUNK_BYTES / elem;
 
+    if (reduce_fan(j->dtype, j->op, (void *const *)j->out, (const void *const *)j->in, j->n, lo,
+                   hi - lo)) {
+        return;
+    }
     for (size_t a = lo; a < hi; a += chunk) {
         size_t m = hi - a < chunk ? hi - a : chunk, off = a * elem;
         uint8_t *home = j->out[0] + off;

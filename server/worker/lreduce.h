@@ -3,9 +3,10 @@
  * ranks' shared memory regions are read and written in place, with no intermediate result
  * buffer, no zero-fill and one pass over the memory. The elements are split into slices,
  * one per thread (the caller and up to `helpers` threads of this pool, each slice at least
- * min_slice_bytes), as the shared-memory probe of bench/ does: each thread reduces its
- * slice of every input into out[0] and copies it from there to every other out while it is
- * still in cache, so no thread waits for another until the end.
+ * min_slice_bytes), as the shared-memory probe of bench/ does: each thread combines its
+ * slice of every input 64 bytes at a time and stores the result to every out at once
+ * (reduce_fan; MEAN and misaligned buffers: reduced into out[0] and copied from there while
+ * still in cache), so no thread waits for another until the end.
  *
  * Every out gets the same bytes: in[0] op in[1] op ... op in[n-1], in that order, element
  * by element (reduce.c's kernels: f16 and bf16 combine in float, rounding once per

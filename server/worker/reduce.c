@@ -3,6 +3,17 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "halfprec.h"
+
+/* FAN (reduce_fan): every buffer's elements of a block of this many bytes are combined in
+ * rank order in registers (rounded to T after each combination, as ONE does), then the
+ * result is stored to every out; the block's
+ * reads all come before its writes, so an out that is its own in is read before it is
+ * overwritten, with no restrict (and no aliasing check) needed. A 4-rank 16 MiB f32 sum
+ * in place on 2 threads took 0.74 ms this way against 0.90 ms reduced into out[0] and
+ * copied from there (larger blocks spill the accumulator: 1.3 ms at 128 bytes). */
+#define FAN_BLOCK_BYTES 64
+
 /* The loops of one dtype and op, over elements of type T computed as W: LOAD turns an
  * element into W, STORE a W back into an element. ONE: `dst[i] = EXPR(dst[i], s[i])`; TWO:
  * `dst[i] = EXPR(x[i], y[i])`, the same bytes as x copied to dst then ONE with y; THREE
@@ -10,37 +21,68 @@
  * stored and loaded again after each source so that every combination rounds as ONE's does
  * (one pass reads every stream at once: a 4-rank 16 MiB f32 sum took 0.9 ms instead of 1.5 ms
  * here as three). Sources are aligned for T. */
-#define KERNELS(T, W, LOAD, STORE, NAME, EXPR)                                              \
-    static void NAME##_1(void *d, const void *s, size_t n)                                  \
-    {                                                                                       \
-        T *restrict dst       = d;                                                          \
-        const T *restrict src = s;                                                          \
-        for (size_t i = 0; i < n; i++) {                                                    \
-            W a = LOAD(dst[i]), b = LOAD(src[i]);                                           \
-            dst[i] = STORE(EXPR);                                                           \
-        }                                                                                   \
-    }                                                                                       \
-    static void NAME##_2(void *d, const void *s0, const void *s1, size_t n)                 \
-    {                                                                                       \
-        T *restrict dst     = d;                                                            \
-        const T *restrict x = s0, *restrict y = s1;                                         \
-        for (size_t i = 0; i < n; i++) {                                                    \
-            W a = LOAD(x[i]), b = LOAD(y[i]);                                               \
-            dst[i] = STORE(EXPR);                                                           \
-        }                                                                                   \
-    }                                                                                       \
-    static void NAME##_3(void *d, const void *s0, const void *s1, const void *s2, size_t n) \
-    {                                                                                       \
-        T *restrict dst     = d;                                                            \
-        const T *restrict x = s0, *restrict y = s1, *restrict z = s2;                       \
-        for (size_t i = 0; i < n; i++) {                                                    \
-            W a = LOAD(dst[i]), b = LOAD(x[i]);                                             \
-            a      = LOAD(STORE(EXPR));                                                     \
-            b      = LOAD(y[i]);                                                            \
-            a      = LOAD(STORE(EXPR));                                                     \
-            b      = LOAD(z[i]);                                                            \
-            dst[i] = STORE(EXPR);                                                           \
-        }                                                                                   \
+#define KERNELS(T, W, LOAD, STORE, NAME, EXPR)                                                   \
+    static void NAME##_1(void *d, const void *s, size_t n)                                       \
+    {                                                                                            \
+        T *restrict dst       = d;                                                               \
+        const T *restrict src = s;                                                               \
+        for (size_t i = 0; i < n; i++) {                                                         \
+            W a = LOAD(dst[i]), b = LOAD(src[i]);                                                \
+            dst[i] = STORE(EXPR);                                                                \
+        }                                                                                        \
+    }                                                                                            \
+    static void NAME##_2(void *d, const void *s0, const void *s1, size_t n)                      \
+    {                                                                                            \
+        T *restrict dst     = d;                                                                 \
+        const T *restrict x = s0, *restrict y = s1;                                              \
+        for (size_t i = 0; i < n; i++) {                                                         \
+            W a = LOAD(x[i]), b = LOAD(y[i]);                                                    \
+            dst[i] = STORE(EXPR);                                                                \
+        }                                                                                        \
+    }                                                                                            \
+    static void NAME##_3(void *d, const void *s0, const void *s1, const void *s2, size_t n)      \
+    {                                                                                            \
+        T *restrict dst     = d;                                                                 \
+        const T *restrict x = s0, *restrict y = s1, *restrict z = s2;                            \
+        for (size_t i = 0; i < n; i++) {                                                         \
+            W a = LOAD(dst[i]), b = LOAD(x[i]);                                                  \
+            a      = LOAD(STORE(EXPR));                                                          \
+            b      = LOAD(y[i]);                                                                 \
+            a      = LOAD(STORE(EXPR));                                                          \
+            b      = LOAD(z[i]);                                                                 \
+            dst[i] = STORE(EXPR);                                                                \
+        }                                                                                        \
+    }                                                                                            \
+    static inline __attribute__((always_inline)) void NAME##_fan_block(                          \
+        void *const *out, const void *const *in, size_t n_bufs, size_t at, size_t m)             \
+    {                                                                                            \
+        T acc[FAN_BLOCK_BYTES / sizeof(T)];                                                      \
+        const T *x = (const T *)in[0] + at;                                                      \
+        for (size_t k = 0; k < m; k++) {                                                         \
+            acc[k] = x[k];                                                                       \
+        }                                                                                        \
+        for (size_t r = 1; r < n_bufs; r++) {                                                    \
+            const T *y = (const T *)in[r] + at;                                                  \
+            for (size_t k = 0; k < m; k++) {                                                     \
+                W a = LOAD(acc[k]), b = LOAD(y[k]);                                              \
+                acc[k] = STORE(EXPR);                                                            \
+            }                                                                                    \
+        }                                                                                        \
+        for (size_t r = 0; r < n_bufs; r++) {                                                    \
+            T *o = (T *)out[r] + at;                                                             \
+            for (size_t k = 0; k < m; k++) {                                                     \
+                o[k] = acc[k];                                                                   \
+            }                                                                                    \
+        }                                                                                        \
+    }                                                                                            \
+    static void NAME##_fan(void *const *out, const void *const *in, size_t n_bufs, size_t first, \
+                           size_t n)                                                             \
+    {                                                                                            \
+        size_t block = FAN_BLOCK_BYTES / sizeof(T), i = first, end = first + n;                  \
+        for (; end - i >= block; i += block) {                                                   \
+            NAME##_fan_block(out, in, n_bufs, i, block);                                         \
+        }                                                                                        \
+        NAME##_fan_block(out, in, n_bufs, i, end - i);                                           \
     }
 #define SAME(v) (v)
 
@@ -61,29 +103,35 @@
 
 FLOAT_KERNELS(float, float, SAME, SAME, f32)
 FLOAT_KERNELS(double, double, SAME, SAME, f64)
-FLOAT_KERNELS(uint16_t, float, dc_f16_to_float, dc_float_to_f16, f16)
-FLOAT_KERNELS(uint16_t, float, dc_bf16_to_float, dc_float_to_bf16, bf16)
+FLOAT_KERNELS(uint16_t, float, half_f16_to_float, half_float_to_f16, f16)
+FLOAT_KERNELS(uint16_t, float, half_bf16_to_float, half_float_to_bf16, bf16)
 INT_KERNELS(int32_t, uint32_t, i32)
 INT_KERNELS(int64_t, uint64_t, i64)
 
 typedef void (*kernel1_fn)(void *dst, const void *src, size_t n);
 typedef void (*kernel2_fn)(void *dst, const void *x, const void *y, size_t n);
 typedef void (*kernel3_fn)(void *dst, const void *s0, const void *s1, const void *s2, size_t n);
+typedef void (*kernel_fan_fn)(void *const *out, const void *const *in, size_t n_bufs, size_t first,
+                              size_t n);
 
 struct kernels {
     kernel1_fn one;
     kernel2_fn two;
     kernel3_fn three;
+    kernel_fan_fn fan; /* NULL for MEAN: its division is not folded in */
 };
 
-#define OPS(SUFFIX)                                                                        \
-    {                                                                                      \
-        [DC_REDUCE_SUM]     = { sum_##SUFFIX##_1, sum_##SUFFIX##_2, sum_##SUFFIX##_3 },    \
-        [DC_REDUCE_MEAN]    = { sum_##SUFFIX##_1, sum_##SUFFIX##_2,                        \
-                                sum_##SUFFIX##_3 }, /* divided at the end */               \
-            [DC_REDUCE_MIN] = { min_##SUFFIX##_1, min_##SUFFIX##_2, min_##SUFFIX##_3 },    \
-        [DC_REDUCE_MAX]     = { max_##SUFFIX##_1, max_##SUFFIX##_2, max_##SUFFIX##_3 },    \
-        [DC_REDUCE_PROD]    = { prod_##SUFFIX##_1, prod_##SUFFIX##_2, prod_##SUFFIX##_3 }, \
+#define KERNELS_OF(OP, SUFFIX)                                                       \
+    {                                                                                \
+        OP##_##SUFFIX##_1, OP##_##SUFFIX##_2, OP##_##SUFFIX##_3, OP##_##SUFFIX##_fan \
+    }
+#define OPS(SUFFIX)                                                                               \
+    {                                                                                             \
+        [DC_REDUCE_SUM]     = KERNELS_OF(sum, SUFFIX),                                            \
+        [DC_REDUCE_MEAN]    = { sum_##SUFFIX##_1, sum_##SUFFIX##_2, sum_##SUFFIX##_3,             \
+                                NULL }, /* divided at the end */                                  \
+            [DC_REDUCE_MIN] = KERNELS_OF(min, SUFFIX), [DC_REDUCE_MAX] = KERNELS_OF(max, SUFFIX), \
+        [DC_REDUCE_PROD] = KERNELS_OF(prod, SUFFIX),                                              \
     }
 
 static const struct kernels KERNEL_TABLE[DC_DTYPE_COUNT][DC_REDUCE_COUNT] = {
@@ -95,7 +143,7 @@ static const struct kernels KERNEL_TABLE[DC_DTYPE_COUNT][DC_REDUCE_COUNT] = {
 static const struct kernels *
 kernels_of(dc_dtype dtype, dc_reduce_op op)
 {
-    static const struct kernels none = { NULL, NULL, NULL };
+    static const struct kernels none = { NULL, NULL, NULL, NULL };
 
     if ((unsigned)dtype >= DC_DTYPE_COUNT || (unsigned)op >= DC_REDUCE_COUNT) {
         return &none;
@@ -168,6 +216,25 @@ reduce_into_many(dc_dtype dtype, dc_reduce_op op, void *dst, const void *const *
     }
 }
 
+bool
+reduce_fan(dc_dtype dtype, dc_reduce_op op, void *const *out, const void *const *in, size_t n_bufs,
+           size_t first, size_t count)
+{
+    const struct kernels *k = kernels_of(dtype, op);
+    size_t esize            = dc_dtype_size(dtype);
+
+    if (esize == 0 || k->fan == NULL || n_bufs == 0) {
+        return false;
+    }
+    for (size_t r = 0; r < n_bufs; r++) {
+        if ((uintptr_t)in[r] % esize != 0 || (uintptr_t)out[r] % esize != 0) {
+            return false;
+        }
+    }
+    k->fan(out, in, n_bufs, first, count);
+    return true;
+}
+
 void
 reduce_finish_mean(dc_dtype dtype, void *buf, size_t count, size_t contributions)
 {
@@ -197,8 +264,8 @@ reduce_finish_mean(dc_dtype dtype, void *buf, size_t count, size_t contributions
         float k     = (float)contributions;
         bool f16    = dtype == DC_DTYPE_F16;
         for (size_t i = 0; i < count; i++) {
-            p[i] = f16 ? dc_float_to_f16(dc_f16_to_float(p[i]) / k)
-                       : dc_float_to_bf16(dc_bf16_to_float(p[i]) / k);
+            p[i] = f16 ? half_float_to_f16(half_f16_to_float(p[i]) / k)
+                       : half_float_to_bf16(half_bf16_to_float(p[i]) / k);
         }
         break;
     }

@@ -8,6 +8,7 @@
 #ifndef DEVCOORD_WORKER_REDUCE_H
 #define DEVCOORD_WORKER_REDUCE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "devcoord/types.h"
@@ -22,6 +23,13 @@ void reduce_pair(dc_dtype dtype, dc_reduce_op op, void *dst, const void *x, cons
  * passes over dst. */
 void reduce_into_many(dc_dtype dtype, dc_reduce_op op, void *dst, const void *const *src,
                       size_t n_src, size_t src_offset, size_t count);
+/* Every out[r] = in[0] op in[1] op ... op in[n_bufs-1], element by element in that order
+ * (the bytes reduce_into_many gives), for elements [first, first + count) of each buffer, in
+ * one pass that reads every buffer once and writes every out once. out[r] may be in[r]; it
+ * overlaps no other buffer. Returns false, touching nothing, when it cannot: MEAN, an unknown
+ * dtype or op, no buffer, or a buffer not aligned for its dtype. */
+bool reduce_fan(dc_dtype dtype, dc_reduce_op op, void *const *out, const void *const *in,
+                size_t n_bufs, size_t first, size_t count);
 void reduce_finish_mean(dc_dtype dtype, void *buf, size_t count, size_t contributions);
 
 #endif

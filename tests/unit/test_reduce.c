@@ -253,6 +253,85 @@ test_many_sources_keep_their_order(void **state)
     assert_true(d == 0x1p-60);
 }
 
+/* reduce_fan: every out holds in[0] op in[1] op ... in that order (reduce_into_many's bytes),
+ * for every dtype and non-MEAN op and 1 to 7 buffers, in place and apart, only over
+ * [first, first + count) (counts that are no multiple of a block); MEAN, a misaligned buffer
+ * or no buffer is refused with nothing touched. */
+static void
+test_fan_equals_reduce_then_copy(void **state)
+{
+    enum { N = 83, FIRST = 3, COUNT = 71, MAX_BUFS = 7 };
+    static const dc_reduce_op ops[] = { DC_REDUCE_SUM, DC_REDUCE_MIN, DC_REDUCE_MAX,
+                                        DC_REDUCE_PROD };
+    uint64_t raw[MAX_BUFS][N + 1], outs[MAX_BUFS][N], ins[MAX_BUFS][N], want[N];
+    uint32_t seed = 4242;
+
+    (void)state;
+    for (size_t k = 0; k < sizeof(raw); k++) {
+        seed                = seed * 1103515245u + 12345u;
+        ((uint8_t *)raw)[k] = (uint8_t)(seed >> 16) & 0x3f;
+    }
+    for (int dt = DC_DTYPE_F32; dt < DC_DTYPE_COUNT; dt++) {
+        size_t esize = dc_dtype_size((dc_dtype)dt), lo = FIRST * esize, len = COUNT * esize;
+        for (size_t o = 0; o < sizeof(ops) / sizeof(ops[0]); o++) {
+            for (size_t n = 1; n <= MAX_BUFS; n++) {
+                for (int in_place = 0; in_place < 2; in_place++) {
+                    const void *in[MAX_BUFS], *rest[MAX_BUFS];
+                    void *out[MAX_BUFS];
+                    memcpy(want, raw[0], sizeof(want));
+                    for (size_t r = 0; r < n; r++) {
+                        memcpy(ins[r], raw[r], sizeof(ins[r]));
+                        memset(outs[r], 0xa5, sizeof(outs[r]));
+                        in[r]   = ins[r];
+                        out[r]  = in_place ? (void *)ins[r] : (void *)outs[r];
+                        rest[r] = (const uint8_t *)raw[r] + lo;
+                    }
+                    reduce_into_many((dc_dtype)dt, ops[o], (uint8_t *)want + lo, rest + 1, n - 1, 0,
+                                     COUNT);
+                    assert_true(reduce_fan((dc_dtype)dt, ops[o], out, in, n, FIRST, COUNT));
+                    for (size_t r = 0; r < n; r++) {
+                        const uint8_t *got = out[r], *before = in_place ? (const uint8_t *)raw[r]
+                                                                        : (const uint8_t *)NULL;
+                        assert_memory_equal(got + lo, (uint8_t *)want + lo, len);
+                        if (before != NULL) { /* outside the range: as it was */
+                            assert_memory_equal(got, before, lo);
+                            assert_memory_equal(got + lo + len, before + lo + len,
+                                                N * esize - lo - len);
+                        } else {
+                            assert_int_equal(got[lo - 1], 0xa5);
+                            assert_int_equal(got[lo + len], 0xa5);
+                            assert_memory_equal(ins[r], raw[r], sizeof(ins[r])); /* ins kept */
+                        }
+                    }
+                }
+            }
+        }
+    }
+    /* Refused, nothing written: MEAN, a misaligned buffer, no buffer. */
+    {
+        float a[4] = { 1, 2, 3, 4 }, b[4] = { 5, 6, 7, 8 };
+        uint8_t odd[sizeof(float) * 5];
+        const void *in[2] = { a, b }, *bad[2] = { a, odd + 1 };
+        void *out[2] = { a, b };
+        assert_false(reduce_fan(DC_DTYPE_F32, DC_REDUCE_MEAN, out, in, 2, 0, 4));
+        assert_false(reduce_fan(DC_DTYPE_F32, DC_REDUCE_SUM, out, bad, 2, 0, 4));
+        assert_false(reduce_fan(DC_DTYPE_F32, DC_REDUCE_SUM, out, in, 0, 0, 4));
+        assert_true(a[0] == 1.0f && b[3] == 8.0f);
+    }
+    /* The order and the rounding after each combination: 1 + -1 + 2^-30 is 2^-30 (1 + 2^-30
+     * + -1 would be 0); in f16, 2048 + 1 + 1 stays 2048 (2050 if summed in float first). */
+    {
+        float f[3]    = { 1.0f, -1.0f, 0x1p-30f };
+        uint16_t h[3] = { dc_float_to_f16(2048.0f), dc_float_to_f16(1.0f), dc_float_to_f16(1.0f) };
+        const void *fin[3] = { &f[0], &f[1], &f[2] }, *hin[3] = { &h[0], &h[1], &h[2] };
+        void *fout[3] = { &f[0], &f[1], &f[2] }, *hout[3] = { &h[0], &h[1], &h[2] };
+        assert_true(reduce_fan(DC_DTYPE_F32, DC_REDUCE_SUM, fout, fin, 3, 0, 1));
+        assert_true(f[0] == 0x1p-30f && f[1] == 0x1p-30f && f[2] == 0x1p-30f);
+        assert_true(reduce_fan(DC_DTYPE_F16, DC_REDUCE_SUM, hout, hin, 3, 0, 1));
+        assert_true(dc_f16_to_float(h[0]) == 2048.0f && h[1] == h[0] && h[2] == h[0]);
+    }
+}
+
 int
 main(void)
 {
@@ -265,6 +344,7 @@ main(void)
         cmocka_unit_test(test_many_sources_round_each_combination),
         cmocka_unit_test(test_many_sources_keep_their_order),
         cmocka_unit_test(test_pair_equals_copy_then_reduce),
+        cmocka_unit_test(test_fan_equals_reduce_then_copy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
