@@ -6,13 +6,17 @@
 #include "halfprec.h"
 
 /* FAN (reduce_fan): every buffer's elements of a block of this many bytes are combined in
- * rank order in registers (rounded to T after each combination, as ONE does), then the
- * result is stored to every out; the block's
- * reads all come before its writes, so an out that is its own in is read before it is
- * overwritten, with no restrict (and no aliasing check) needed. A 4-rank 16 MiB f32 sum
- * in place on 2 threads took 0.74 ms this way against 0.90 ms reduced into out[0] and
- * copied from there (larger blocks spill the accumulator: 1.3 ms at 128 bytes). */
+ * rank order (rounded to T after each combination, as ONE does), then the result is stored
+ * to every out. The block's reads all come before its writes, so an out that is its own in
+ * is read before it is overwritten, with no restrict (and no aliasing check) needed. A 4-rank
+ * 16 MiB f32 sum in place on 2 threads took 0.74 ms this way against 0.90 ms reduced into
+ * out[0] and copied from there (larger blocks spill the accumulator: 1.3 ms at 128 bytes). */
 #define FAN_BLOCK_BYTES 64
+/* How a block's combination of one more buffer is compiled: inline where an element is a
+ * register's lane as it is; called for f16 and bf16, whose loop GCC 12 compiled inline into
+ * code twice as slow from 4 buffers on (4 ranks: 418 us instead of 221 us over 256 KiB). */
+#define FAN_INLINE static inline __attribute__((always_inline))
+#define FAN_CALLED __attribute__((noinline)) static
 
 /* The loops of one dtype and op, over elements of type T computed as W: LOAD turns an
  * element into W, STORE a W back into an element. ONE: `dst[i] = EXPR(dst[i], s[i])`; TWO:
@@ -21,7 +25,7 @@
  * stored and loaded again after each source so that every combination rounds as ONE's does
  * (one pass reads every stream at once: a 4-rank 16 MiB f32 sum took 0.9 ms instead of 1.5 ms
  * here as three). Sources are aligned for T. */
-#define KERNELS(T, W, LOAD, STORE, NAME, EXPR)                                                   \
+#define KERNELS(T, W, LOAD, STORE, NAME, EXPR, COMB)                                             \
     static void NAME##_1(void *d, const void *s, size_t n)                                       \
     {                                                                                            \
         T *restrict dst       = d;                                                               \
@@ -53,8 +57,15 @@
             dst[i] = STORE(EXPR);                                                                \
         }                                                                                        \
     }                                                                                            \
-    static inline __attribute__((always_inline)) void NAME##_fan_block(                          \
-        void *const *out, const void *const *in, size_t n_bufs, size_t at, size_t m)             \
+    COMB void NAME##_fan_comb(T *restrict acc, const T *restrict y, size_t m)                    \
+    {                                                                                            \
+        for (size_t k = 0; k < m; k++) {                                                         \
+            W a = LOAD(acc[k]), b = LOAD(y[k]);                                                  \
+            acc[k] = STORE(EXPR);                                                                \
+        }                                                                                        \
+    }                                                                                            \
+    static inline void NAME##_fan_block(void *const *out, const void *const *in, size_t n_bufs,  \
+                                        size_t at, size_t m)                                     \
     {                                                                                            \
         T acc[FAN_BLOCK_BYTES / sizeof(T)];                                                      \
         const T *x = (const T *)in[0] + at;                                                      \
@@ -62,11 +73,7 @@
             acc[k] = x[k];                                                                       \
         }                                                                                        \
         for (size_t r = 1; r < n_bufs; r++) {                                                    \
-            const T *y = (const T *)in[r] + at;                                                  \
-            for (size_t k = 0; k < m; k++) {                                                     \
-                W a = LOAD(acc[k]), b = LOAD(y[k]);                                              \
-                acc[k] = STORE(EXPR);                                                            \
-            }                                                                                    \
+            NAME##_fan_comb(acc, (const T *)in[r] + at, m);                                      \
         }                                                                                        \
         for (size_t r = 0; r < n_bufs; r++) {                                                    \
             T *o = (T *)out[r] + at;                                                             \
@@ -88,23 +95,23 @@
 
 /* Integer sums and products wrap as two's complement, as in torch; computed unsigned so
  * overflow is defined. */
-#define INT_KERNELS(T, U, SUFFIX)                              \
-    KERNELS(T, T, SAME, SAME, sum_##SUFFIX, (T)((U)a + (U)b))  \
-    KERNELS(T, T, SAME, SAME, prod_##SUFFIX, (T)((U)a * (U)b)) \
-    KERNELS(T, T, SAME, SAME, min_##SUFFIX, b < a ? b : a)     \
-    KERNELS(T, T, SAME, SAME, max_##SUFFIX, b > a ? b : a)
+#define INT_KERNELS(T, U, SUFFIX)                                          \
+    KERNELS(T, T, SAME, SAME, sum_##SUFFIX, (T)((U)a + (U)b), FAN_INLINE)  \
+    KERNELS(T, T, SAME, SAME, prod_##SUFFIX, (T)((U)a * (U)b), FAN_INLINE) \
+    KERNELS(T, T, SAME, SAME, min_##SUFFIX, b < a ? b : a, FAN_INLINE)     \
+    KERNELS(T, T, SAME, SAME, max_##SUFFIX, b > a ? b : a, FAN_INLINE)
 /* Floats computed as W: f32 and f64 as they are, f16 and bf16 (T uint16_t) in float,
  * rounded once to the dtype per combination. */
-#define FLOAT_KERNELS(T, W, LOAD, STORE, SUFFIX)            \
-    KERNELS(T, W, LOAD, STORE, sum_##SUFFIX, a + b)         \
-    KERNELS(T, W, LOAD, STORE, prod_##SUFFIX, a *b)         \
-    KERNELS(T, W, LOAD, STORE, min_##SUFFIX, b < a ? b : a) \
-    KERNELS(T, W, LOAD, STORE, max_##SUFFIX, b > a ? b : a)
+#define FLOAT_KERNELS(T, W, LOAD, STORE, SUFFIX, COMB)            \
+    KERNELS(T, W, LOAD, STORE, sum_##SUFFIX, a + b, COMB)         \
+    KERNELS(T, W, LOAD, STORE, prod_##SUFFIX, a *b, COMB)         \
+    KERNELS(T, W, LOAD, STORE, min_##SUFFIX, b < a ? b : a, COMB) \
+    KERNELS(T, W, LOAD, STORE, max_##SUFFIX, b > a ? b : a, COMB)
 
-FLOAT_KERNELS(float, float, SAME, SAME, f32)
-FLOAT_KERNELS(double, double, SAME, SAME, f64)
-FLOAT_KERNELS(uint16_t, float, half_f16_to_float, half_float_to_f16, f16)
-FLOAT_KERNELS(uint16_t, float, half_bf16_to_float, half_float_to_bf16, bf16)
+FLOAT_KERNELS(float, float, SAME, SAME, f32, FAN_INLINE)
+FLOAT_KERNELS(double, double, SAME, SAME, f64, FAN_INLINE)
+FLOAT_KERNELS(uint16_t, float, half_f16_to_float, half_float_to_f16, f16, FAN_CALLED)
+FLOAT_KERNELS(uint16_t, float, half_bf16_to_float, half_float_to_bf16, bf16, FAN_CALLED)
 INT_KERNELS(int32_t, uint32_t, i32)
 INT_KERNELS(int64_t, uint64_t, i64)
 
