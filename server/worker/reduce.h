@@ -31,5 +31,9 @@ void reduce_into_many(dc_dtype dtype, dc_reduce_op op, void *dst, const void *co
 bool reduce_fan(dc_dtype dtype, dc_reduce_op op, void *const *out, const void *const *in,
                 size_t n_bufs, size_t first, size_t count);
 void reduce_finish_mean(dc_dtype dtype, void *buf, size_t count, size_t contributions);
+/* Whether the f16 kernels use the processor's F16C conversions (the same results;
+ * reduce.c): on where the processor has them unless want is 0. Returns whether they are on.
+ * Decided at the first f16 reduction without it; for tests, which compare both ways. */
+bool reduce_f16c(int want);
 
 #endif
