@@ -117,96 +117,149 @@ FLOAT_KERNELS(uint16_t, float, half_bf16_to_float, half_float_to_bf16, bf16, FAN
 INT_KERNELS(int32_t, uint32_t, i32)
 INT_KERNELS(int64_t, uint64_t, i64)
 
-/* f16 kernels for x86-64 processors with F16C, chosen at run time (reduce_f16c): the
- * conversions in hardware, 8 elements at a time, where the portable ones above take a dozen
- * integer operations each and, with SSE2 alone, vectorise poorly (f16 ran at about a third
- * of bf16's speed). Rounding is the same, to nearest even after every combination, and both
- * ways a NaN comes out quiet with its payload's top bits (half_float_to_f16), so every result
- * is the same bits; only where two NaNs meet in a SUM or PROD may the two keep a different
- * one of them (C leaves the operands' order of a + b to the compiler). */
+/* 16-bit float kernels for x86-64 processors with vector conversions, chosen at run time
+ * (reduce_simd). f16 with F16C: the conversions in hardware, 8 elements at a time, where the
+ * portable ones above take a dozen integer operations each and, with SSE2 alone, vectorise poorly
+ * (f16 ran at about a third of bf16's speed). Rounding is the same, to nearest even after every
+ * combination, and both ways a NaN comes out quiet with its payload's top bits (half_float_to_f16),
+ * so every result is the same bits; only where two NaNs meet in a SUM or PROD may the two keep a
+ * different one of them (C leaves the operands' order of a + b to the compiler). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/* (Not under clang, the fuzz build's: clang 14's __builtin_cpu_supports knows no "f16c".) */
 #include <immintrin.h>
 #define HAVE_F16C_KERNELS 1
-#define F16C_FN           __attribute__((target("avx,f16c"))) static
+#define f16c_FN           __attribute__((target("avx,f16c"))) static
 
-F16C_FN inline __m256
+f16c_FN inline __m256
 f16c_load8(const uint16_t *p)
 {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
-F16C_FN inline __m128i
+f16c_FN inline __m128i
 f16c_half8(__m256 v)
 {
     return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT); /* to nearest even, not MXCSR's */
 }
 
 /* Rounded to f16 and back: one combination's result, as the next one reads it. */
-F16C_FN inline __m256
+f16c_FN inline __m256
 f16c_round8(__m256 v)
 {
     return _mm256_cvtph_ps(f16c_half8(v));
 }
 
-F16C_FN inline float
+f16c_FN inline float
 f16c_load1(uint16_t h)
 {
     return _cvtsh_ss(h);
 }
 
-F16C_FN inline uint16_t
+f16c_FN inline uint16_t
 f16c_half1(float f)
 {
     return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
 }
 
-#define F16C_KERNELS(NAME, VOP, SOP)                                                               \
-    F16C_FN void NAME##_1(void *d, const void *s, size_t n)                                        \
+/* bf16 with AVX2, chosen at run time as F16C is: the portable conversions' arithmetic on 8
+ * lanes (widened, shifted; rounded to nearest even, a NaN kept quiet with its payload's top
+ * bits, as half_float_to_bf16), where SSE2's want of 16 <-> 32-bit widening and of unsigned
+ * packing made GCC's vectorised portable loop slow. */
+#define bf16v_FN __attribute__((target("avx2"))) static
+
+bf16v_FN inline __m256
+bf16v_unhalf8(__m128i h)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+bf16v_FN inline __m256
+bf16v_load8(const uint16_t *p)
+{
+    return bf16v_unhalf8(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* Each lane's top half, sign-extended (arithmetic shifts) so that the signed pack keeps its
+ * 16 bits as they are. */
+bf16v_FN inline __m128i
+bf16v_half8(__m256 v)
+{
+    __m256i u     = _mm256_castps_si256(v);
+    __m256i nan   = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                       _mm256_set1_epi32(0x7f800000));
+    __m256i odd   = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i rne   = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
+    __m256i quiet = _mm256_or_si256(_mm256_srai_epi32(u, 16), _mm256_set1_epi32(0x40));
+    __m256i r     = _mm256_blendv_epi8(_mm256_srai_epi32(rne, 16), quiet, nan);
+
+    return _mm_packs_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+bf16v_FN inline __m256
+bf16v_round8(__m256 v)
+{
+    return bf16v_unhalf8(bf16v_half8(v));
+}
+
+bf16v_FN inline float
+bf16v_load1(uint16_t h)
+{
+    return half_bf16_to_float(h);
+}
+
+bf16v_FN inline uint16_t
+bf16v_half1(float f)
+{
+    return half_float_to_bf16(f);
+}
+
+#define HALF_KERNELS(P, NAME, VOP, SOP)                                                            \
+    P##_FN void NAME##_1(void *d, const void *s, size_t n)                                         \
     {                                                                                              \
         uint16_t *dst       = d;                                                                   \
         const uint16_t *src = s;                                                                   \
         size_t i            = 0;                                                                   \
         for (; n - i >= 8; i += 8) {                                                               \
             _mm_storeu_si128((__m128i *)(dst + i),                                                 \
-                             f16c_half8(VOP(f16c_load8(dst + i), f16c_load8(src + i))));           \
+                             P##_half8(VOP(P##_load8(dst + i), P##_load8(src + i))));              \
         }                                                                                          \
         for (; i < n; i++) {                                                                       \
-            dst[i] = f16c_half1(SOP(f16c_load1(dst[i]), f16c_load1(src[i])));                      \
+            dst[i] = P##_half1(SOP(P##_load1(dst[i]), P##_load1(src[i])));                         \
         }                                                                                          \
     }                                                                                              \
-    F16C_FN void NAME##_2(void *d, const void *s0, const void *s1, size_t n)                       \
+    P##_FN void NAME##_2(void *d, const void *s0, const void *s1, size_t n)                        \
     {                                                                                              \
         uint16_t *dst     = d;                                                                     \
         const uint16_t *x = s0, *y = s1;                                                           \
         size_t i = 0;                                                                              \
         for (; n - i >= 8; i += 8) {                                                               \
             _mm_storeu_si128((__m128i *)(dst + i),                                                 \
-                             f16c_half8(VOP(f16c_load8(x + i), f16c_load8(y + i))));               \
+                             P##_half8(VOP(P##_load8(x + i), P##_load8(y + i))));                  \
         }                                                                                          \
         for (; i < n; i++) {                                                                       \
-            dst[i] = f16c_half1(SOP(f16c_load1(x[i]), f16c_load1(y[i])));                          \
+            dst[i] = P##_half1(SOP(P##_load1(x[i]), P##_load1(y[i])));                             \
         }                                                                                          \
     }                                                                                              \
-    F16C_FN void NAME##_3(void *d, const void *s0, const void *s1, const void *s2, size_t n)       \
+    P##_FN void NAME##_3(void *d, const void *s0, const void *s1, const void *s2, size_t n)        \
     {                                                                                              \
         uint16_t *dst     = d;                                                                     \
         const uint16_t *x = s0, *y = s1, *z = s2;                                                  \
         size_t i = 0;                                                                              \
         for (; n - i >= 8; i += 8) {                                                               \
-            __m256 a = f16c_round8(VOP(f16c_load8(dst + i), f16c_load8(x + i)));                   \
-            a        = f16c_round8(VOP(a, f16c_load8(y + i)));                                     \
-            _mm_storeu_si128((__m128i *)(dst + i), f16c_half8(VOP(a, f16c_load8(z + i))));         \
+            __m256 a = P##_round8(VOP(P##_load8(dst + i), P##_load8(x + i)));                      \
+            a        = P##_round8(VOP(a, P##_load8(y + i)));                                       \
+            _mm_storeu_si128((__m128i *)(dst + i), P##_half8(VOP(a, P##_load8(z + i))));           \
         }                                                                                          \
         for (; i < n; i++) {                                                                       \
-            float a = f16c_load1(f16c_half1(SOP(f16c_load1(dst[i]), f16c_load1(x[i]))));           \
-            a       = f16c_load1(f16c_half1(SOP(a, f16c_load1(y[i]))));                            \
-            dst[i]  = f16c_half1(SOP(a, f16c_load1(z[i])));                                        \
+            float a = P##_load1(P##_half1(SOP(P##_load1(dst[i]), P##_load1(x[i]))));               \
+            a       = P##_load1(P##_half1(SOP(a, P##_load1(y[i]))));                               \
+            dst[i]  = P##_half1(SOP(a, P##_load1(z[i])));                                          \
         }                                                                                          \
     }                                                                                              \
     /* FAN_BLOCK_BYTES at a time: every buffer's elements of the block read, then the result       \
      * written to every out (which may be its own in). */                                          \
-    F16C_FN void NAME##_fan(void *const *out, const void *const *in, size_t n_bufs, size_t first,  \
-                            size_t n)                                                              \
+    P##_FN void NAME##_fan(void *const *out, const void *const *in, size_t n_bufs, size_t first,   \
+                           size_t n)                                                               \
     {                                                                                              \
         enum { V = FAN_BLOCK_BYTES / 16 }; /* vectors of 8 per block */                            \
         size_t i = first, end = first + n;                                                         \
@@ -214,19 +267,19 @@ f16c_half1(float f)
             __m256 acc[V];                                                                         \
             __m128i h[V];                                                                          \
             for (size_t v = 0; v < V; v++) {                                                       \
-                acc[v] = f16c_load8((const uint16_t *)in[0] + i + 8 * v);                          \
+                acc[v] = P##_load8((const uint16_t *)in[0] + i + 8 * v);                           \
             }                                                                                      \
             for (size_t r = 1; r < n_bufs; r++) {                                                  \
                 const uint16_t *y = (const uint16_t *)in[r] + i;                                   \
                 for (size_t v = 0; v < V; v++) {                                                   \
-                    acc[v] = VOP(acc[v], f16c_load8(y + 8 * v));                                   \
-                    acc[v] = r + 1 < n_bufs ? f16c_round8(acc[v]) : acc[v];                        \
+                    acc[v] = VOP(acc[v], P##_load8(y + 8 * v));                                    \
+                    acc[v] = r + 1 < n_bufs ? P##_round8(acc[v]) : acc[v];                         \
                 }                                                                                  \
             }                                                                                      \
             for (size_t v = 0; v < V; v++) {                                                       \
                 h[v] =                                                                             \
                     n_bufs > 1                                                                     \
-                        ? f16c_half8(acc[v])                                                       \
+                        ? P##_half8(acc[v])                                                        \
                         : _mm_loadu_si128((const __m128i *)((const uint16_t *)in[0] + i + 8 * v)); \
             }                                                                                      \
             for (size_t r = 0; r < n_bufs; r++) {                                                  \
@@ -238,7 +291,7 @@ f16c_half1(float f)
         for (; i < end; i++) {                                                                     \
             uint16_t acc = ((const uint16_t *)in[0])[i];                                           \
             for (size_t r = 1; r < n_bufs; r++) {                                                  \
-                acc = f16c_half1(SOP(f16c_load1(acc), f16c_load1(((const uint16_t *)in[r])[i])));  \
+                acc = P##_half1(SOP(P##_load1(acc), P##_load1(((const uint16_t *)in[r])[i])));     \
             }                                                                                      \
             for (size_t r = 0; r < n_bufs; r++) {                                                  \
                 ((uint16_t *)out[r])[i] = acc;                                                     \
@@ -252,10 +305,13 @@ f16c_half1(float f)
 /* minps(x, y) is x < y ? x : y, NaNs and signed zeros included: MIN's b < a ? b : a. */
 #define F16C_VMIN(a, b) _mm256_min_ps(b, a)
 #define F16C_VMAX(a, b) _mm256_max_ps(b, a)
-F16C_KERNELS(f16c_sum, _mm256_add_ps, F16C_ADD)
-F16C_KERNELS(f16c_prod, _mm256_mul_ps, F16C_MUL)
-F16C_KERNELS(f16c_min, F16C_VMIN, F16C_MIN)
-F16C_KERNELS(f16c_max, F16C_VMAX, F16C_MAX)
+#define HALF_OPS(P)                                    \
+    HALF_KERNELS(P, P##_sum, _mm256_add_ps, F16C_ADD)  \
+    HALF_KERNELS(P, P##_prod, _mm256_mul_ps, F16C_MUL) \
+    HALF_KERNELS(P, P##_min, F16C_VMIN, F16C_MIN)      \
+    HALF_KERNELS(P, P##_max, F16C_VMAX, F16C_MAX)
+HALF_OPS(f16c)
+HALF_OPS(bf16v)
 #endif
 
 typedef void (*kernel1_fn)(void *dst, const void *src, size_t n);
@@ -290,28 +346,37 @@ static const struct kernels KERNEL_TABLE[DC_DTYPE_COUNT][DC_REDUCE_COUNT] = {
 };
 
 #ifdef HAVE_F16C_KERNELS
-static const struct kernels F16C_TABLE[DC_REDUCE_COUNT] = {
-    [DC_REDUCE_SUM]  = { f16c_sum_1, f16c_sum_2, f16c_sum_3, f16c_sum_fan },
-    [DC_REDUCE_MEAN] = { f16c_sum_1, f16c_sum_2, f16c_sum_3, NULL },
-    [DC_REDUCE_PROD] = { f16c_prod_1, f16c_prod_2, f16c_prod_3, f16c_prod_fan },
-    [DC_REDUCE_MIN]  = { f16c_min_1, f16c_min_2, f16c_min_3, f16c_min_fan },
-    [DC_REDUCE_MAX]  = { f16c_max_1, f16c_max_2, f16c_max_3, f16c_max_fan },
-};
+#define HALF_TABLE(P)                                                            \
+    {                                                                            \
+        [DC_REDUCE_SUM]  = { P##_sum_1, P##_sum_2, P##_sum_3, P##_sum_fan },     \
+        [DC_REDUCE_MEAN] = { P##_sum_1, P##_sum_2, P##_sum_3, NULL },            \
+        [DC_REDUCE_PROD] = { P##_prod_1, P##_prod_2, P##_prod_3, P##_prod_fan }, \
+        [DC_REDUCE_MIN]  = { P##_min_1, P##_min_2, P##_min_3, P##_min_fan },     \
+        [DC_REDUCE_MAX]  = { P##_max_1, P##_max_2, P##_max_3, P##_max_fan },     \
+    }
+static const struct kernels F16C_TABLE[DC_REDUCE_COUNT]  = HALF_TABLE(f16c);
+static const struct kernels BF16V_TABLE[DC_REDUCE_COUNT] = HALF_TABLE(bf16v);
 #endif
 
-/* Whether f16 uses F16C_TABLE: -1 not decided yet, then 0 or 1 (reduce_f16c). */
-static _Atomic int use_f16c = -1;
+/* Which 16-bit dtypes use the tables above: -1 not decided yet, else SIMD_F16 | SIMD_BF16
+ * bits (reduce_simd). */
+#define SIMD_F16  1
+#define SIMD_BF16 2
+static _Atomic int use_simd = -1;
 
 bool
-reduce_f16c(int want)
+reduce_simd(int want)
 {
     int on = 0;
 
 #ifdef HAVE_F16C_KERNELS
-    on = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c") && want != 0;
+    if (want != 0) {
+        on |= __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c") ? SIMD_F16 : 0;
+        on |= __builtin_cpu_supports("avx2") ? SIMD_BF16 : 0;
+    }
 #endif
     (void)want;
-    atomic_store_explicit(&use_f16c, on, memory_order_relaxed);
+    atomic_store_explicit(&use_simd, on, memory_order_relaxed);
     return on != 0;
 }
 
@@ -325,13 +390,17 @@ kernels_of(dc_dtype dtype, dc_reduce_op op)
         return &none;
     }
 #ifdef HAVE_F16C_KERNELS
-    if (dtype == DC_DTYPE_F16 && F16C_TABLE[op].one != NULL) {
-        int on = atomic_load_explicit(&use_f16c, memory_order_relaxed);
+    if (dtype == DC_DTYPE_F16 || dtype == DC_DTYPE_BF16) {
+        int on = atomic_load_explicit(&use_simd, memory_order_relaxed);
         if (on < 0) {
-            on = reduce_f16c(1);
+            reduce_simd(1);
+            on = atomic_load_explicit(&use_simd, memory_order_relaxed);
         }
-        if (on) {
+        if (dtype == DC_DTYPE_F16 && (on & SIMD_F16) != 0) {
             return &F16C_TABLE[op];
+        }
+        if (dtype == DC_DTYPE_BF16 && (on & SIMD_BF16) != 0) {
+            return &BF16V_TABLE[op];
         }
     }
 #endif

@@ -31,9 +31,10 @@ void reduce_into_many(dc_dtype dtype, dc_reduce_op op, void *dst, const void *co
 bool reduce_fan(dc_dtype dtype, dc_reduce_op op, void *const *out, const void *const *in,
                 size_t n_bufs, size_t first, size_t count);
 void reduce_finish_mean(dc_dtype dtype, void *buf, size_t count, size_t contributions);
-/* Whether the f16 kernels use the processor's F16C conversions (the same results;
- * reduce.c): on where the processor has them unless want is 0. Returns whether they are on.
- * Decided at the first f16 reduction without it; for tests, which compare both ways. */
-bool reduce_f16c(int want);
+/* Whether the 16-bit float kernels use the processor's vector conversions (F16C for f16,
+ * AVX2 for bf16; the same results, reduce.c): on where the processor has them unless want
+ * is 0. Returns whether either is on. Decided at the first 16-bit reduction without it; for
+ * tests, which compare both ways. */
+bool reduce_simd(int want);
 
 #endif

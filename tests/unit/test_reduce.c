@@ -334,17 +334,19 @@ test_fan_equals_reduce_then_copy(void **state)
 }
 
 static bool
-f16_nan(uint16_t h)
+half_nan(dc_dtype dtype, uint16_t h)
 {
-    return (h & 0x7c00) == 0x7c00 && (h & 0x03ff) != 0;
+    uint16_t exp = dtype == DC_DTYPE_F16 ? 0x7c00 : 0x7f80;
+
+    return (h & exp) == exp && (h & (uint16_t) ~(exp | 0x8000)) != 0;
 }
 
-/* got (F16C) and want (portable) are the same bits, but in a SUM or PROD (nan_pairs) where
- * two or more of the n inputs at an element are NaNs: then both are NaNs (which payload is
- * kept is the compiler's choice). */
+/* got (vector conversions) and want (portable) are the same bits, but in a SUM or PROD
+ * (nan_pairs) where two or more of the n inputs at an element are NaNs: then both are NaNs
+ * (which payload is kept is the compiler's choice). */
 static void
-assert_f16_same(const uint16_t *got, const uint16_t *want, const uint16_t *const *in, size_t n,
-                size_t first, size_t count, bool nan_pairs)
+assert_half_same(dc_dtype dtype, const uint16_t *got, const uint16_t *want,
+                 const uint16_t *const *in, size_t n, size_t first, size_t count, bool nan_pairs)
 {
     for (size_t i = first; i < first + count; i++) {
         size_t nans = 0;
@@ -352,101 +354,111 @@ assert_f16_same(const uint16_t *got, const uint16_t *want, const uint16_t *const
             continue;
         }
         for (size_t r = 0; r < n; r++) {
-            nans += f16_nan(in[r][i]) ? 1 : 0;
+            nans += half_nan(dtype, in[r][i]) ? 1 : 0;
         }
-        if (!nan_pairs || nans < 2 || !f16_nan(got[i]) || !f16_nan(want[i])) {
-            fail_msg("element %zu: F16C 0x%04x, portable 0x%04x (inputs with %zu NaNs)", i, got[i],
-                     want[i], nans);
+        if (!nan_pairs || nans < 2 || !half_nan(dtype, got[i]) || !half_nan(dtype, want[i])) {
+            fail_msg("%s element %zu: vector 0x%04x, portable 0x%04x (inputs with %zu NaNs)",
+                     dtype == DC_DTYPE_F16 ? "f16" : "bf16", i, got[i], want[i], nans);
         }
     }
 }
 
-/* f16 with the processor's F16C conversions (reduce_f16c) gives the portable kernels' bits
- * for every reduce op, over every kind of half (random bits: subnormals, infinities, NaNs
- * quiet and signalling) in every kernel: one source, a pair, many, the fan of 1 to 5 buffers,
- * with counts that leave a tail past the last full vector. */
+/* f16 and bf16 with the processor's vector conversions (reduce_simd: F16C, AVX2) give the
+ * portable kernels' bits for every reduce op, over every kind of value (random bits:
+ * subnormals, infinities, NaNs quiet and signalling) in every kernel: one source, a pair,
+ * many, the fan of 1 to 5 buffers, with counts that leave a tail past the last vector. */
 static void
-test_f16c_gives_the_portable_bits(void **state)
+test_simd_gives_the_portable_bits(void **state)
 {
-    enum { N = 1003, BUFS = 5, FIRST = 5 };
+    enum { N = 1003, BUFS = 5, FIRST = 5, SPECIALS = 14 };
     static const dc_reduce_op ops[] = { DC_REDUCE_SUM, DC_REDUCE_PROD, DC_REDUCE_MEAN,
                                         DC_REDUCE_MIN, DC_REDUCE_MAX };
-    static const uint16_t special[] = { 0x7c01, 0x7e55, 0xfd00, 0x7c00, 0xfc00, 0x7bff, 0xfbff,
-                                        0x0001, 0x8001, 0x03ff, 0x0400, 0x0000, 0x8000, 0x3c00 };
+    static const dc_dtype dtypes[]  = { DC_DTYPE_F16, DC_DTYPE_BF16 };
+    /* Signalling and quiet NaNs, infinities, the largest, the least subnormal, the largest
+     * subnormal, the least normal, zeros, one. */
+    static const uint16_t special[2][SPECIALS] = {
+        { 0x7c01, 0x7e55, 0xfd00, 0x7c00, 0xfc00, 0x7bff, 0xfbff, 0x0001, 0x8001, 0x03ff, 0x0400,
+          0x0000, 0x8000, 0x3c00 },
+        { 0x7f81, 0x7fc5, 0xffa0, 0x7f80, 0xff80, 0x7f7f, 0xff7f, 0x0001, 0x8001, 0x007f, 0x0080,
+          0x0000, 0x8000, 0x3f80 },
+    };
     uint16_t raw[BUFS][N], got[BUFS][N], want[BUFS][N];
     const uint16_t *in[BUFS];
     uint32_t seed = 77;
 
     (void)state;
-    if (!reduce_f16c(1)) {
-        reduce_f16c(0);
-        skip(); /* no F16C here: only the portable kernels run */
+    if (!reduce_simd(1)) {
+        reduce_simd(0);
+        skip(); /* neither F16C nor AVX2 here: only the portable kernels run */
     }
-    for (size_t r = 0; r < BUFS; r++) {
-        for (size_t i = 0; i < N; i++) {
-            seed      = seed * 1103515245u + 12345u;
-            raw[r][i] = (uint16_t)(seed >> 12);
+    for (size_t t = 0; t < 2; t++) {
+        dc_dtype dt = dtypes[t];
+        for (size_t r = 0; r < BUFS; r++) {
+            for (size_t i = 0; i < N; i++) {
+                seed      = seed * 1103515245u + 12345u;
+                raw[r][i] = (uint16_t)(seed >> 12);
+            }
+            /* Every special value against every other one, in every buffer's turn. */
+            for (size_t i = 0; i < SPECIALS; i++) {
+                raw[r][100 + r * 20 + i]              = special[t][i];
+                raw[(r + 1) % BUFS][100 + r * 20 + i] = special[t][(i + r) % SPECIALS];
+            }
+            in[r] = raw[r];
         }
-        /* Every special value against every other one, in every buffer's turn. */
-        for (size_t i = 0; i < sizeof(special) / sizeof(special[0]); i++) {
-            raw[r][100 + r * 20 + i]              = special[i];
-            raw[(r + 1) % BUFS][100 + r * 20 + i] = special[(i + r) % 14];
-        }
-        in[r] = raw[r];
-    }
-    for (size_t o = 0; o < sizeof(ops) / sizeof(ops[0]); o++) {
-        const void *rest[BUFS - 1] = { raw[1], raw[2], raw[3], raw[4] };
-        for (int hw = 0; hw < 2; hw++) {
-            uint16_t(*dst)[N] = hw ? got : want;
-            assert_int_equal(reduce_f16c(hw), hw);
-            memcpy(dst[0], raw[0], sizeof(raw[0]));
-            reduce_into(DC_DTYPE_F16, ops[o], dst[0], raw[1], N);
-            reduce_pair(DC_DTYPE_F16, ops[o], dst[1], raw[0], raw[1], N);
-            memcpy(dst[2], raw[0], sizeof(raw[0]));
-            reduce_into_many(DC_DTYPE_F16, ops[o], dst[2], rest, BUFS - 1, 0, N);
-        }
-        bool pairs = ops[o] != DC_REDUCE_MIN && ops[o] != DC_REDUCE_MAX;
-        assert_f16_same(got[0], want[0], in, 2, 0, N, pairs);
-        assert_f16_same(got[1], want[1], in, 2, 0, N, pairs);
-        assert_f16_same(got[2], want[2], in, BUFS, 0, N, pairs);
-        if (ops[o] == DC_REDUCE_MEAN) {
-            continue; /* no fan: its division is not folded in */
-        }
-        for (size_t n = 1; n <= BUFS; n++) {
-            const void *fin[BUFS];
-            void *fout[BUFS];
+        for (size_t o = 0; o < sizeof(ops) / sizeof(ops[0]); o++) {
+            const void *rest[BUFS - 1] = { raw[1], raw[2], raw[3], raw[4] };
+            bool pairs                 = ops[o] != DC_REDUCE_MIN && ops[o] != DC_REDUCE_MAX;
             for (int hw = 0; hw < 2; hw++) {
                 uint16_t(*dst)[N] = hw ? got : want;
-                assert_int_equal(reduce_f16c(hw), hw);
-                for (size_t r = 0; r < n; r++) {
-                    fin[r]  = raw[r];
-                    fout[r] = dst[r];
-                }
-                assert_true(reduce_fan(DC_DTYPE_F16, ops[o], fout, fin, n, FIRST, N - FIRST - 2));
+                assert_int_equal(reduce_simd(hw), hw);
+                memcpy(dst[0], raw[0], sizeof(raw[0]));
+                reduce_into(dt, ops[o], dst[0], raw[1], N);
+                reduce_pair(dt, ops[o], dst[1], raw[0], raw[1], N);
+                memcpy(dst[2], raw[0], sizeof(raw[0]));
+                reduce_into_many(dt, ops[o], dst[2], rest, BUFS - 1, 0, N);
             }
-            for (size_t r = 0; r < n; r++) {
-                assert_f16_same(got[r], want[r], in, n, FIRST, N - FIRST - 2, pairs);
+            assert_half_same(dt, got[0], want[0], in, 2, 0, N, pairs);
+            assert_half_same(dt, got[1], want[1], in, 2, 0, N, pairs);
+            assert_half_same(dt, got[2], want[2], in, BUFS, 0, N, pairs);
+            if (ops[o] == DC_REDUCE_MEAN) {
+                continue; /* no fan: its division is not folded in */
+            }
+            for (size_t n = 1; n <= BUFS; n++) {
+                const void *fin[BUFS];
+                void *fout[BUFS];
+                for (int hw = 0; hw < 2; hw++) {
+                    uint16_t(*dst)[N] = hw ? got : want;
+                    assert_int_equal(reduce_simd(hw), hw);
+                    for (size_t r = 0; r < n; r++) {
+                        fin[r]  = raw[r];
+                        fout[r] = dst[r];
+                    }
+                    assert_true(reduce_fan(dt, ops[o], fout, fin, n, FIRST, N - FIRST - 2));
+                }
+                for (size_t r = 0; r < n; r++) {
+                    assert_half_same(dt, got[r], want[r], in, n, FIRST, N - FIRST - 2, pairs);
+                }
             }
         }
     }
-    reduce_f16c(1);
+    reduce_simd(1);
 }
 
-/* Every test but the comparison runs twice: f16 with F16C where this processor has it, then
- * with the portable kernels. */
+/* Every test but the comparison runs twice: f16 and bf16 with vector conversions where this
+ * processor has them, then with the portable kernels. */
 static int
-f16c_on(void **state)
+simd_on(void **state)
 {
     (void)state;
-    reduce_f16c(1);
+    reduce_simd(1);
     return 0;
 }
 
 static int
-f16c_off(void **state)
+simd_off(void **state)
 {
     (void)state;
-    reduce_f16c(0);
+    reduce_simd(0);
     return 0;
 }
 
@@ -465,10 +477,11 @@ main(void)
         cmocka_unit_test(test_fan_equals_reduce_then_copy),
     };
     const struct CMUnitTest both[] = {
-        cmocka_unit_test(test_f16c_gives_the_portable_bits),
+        cmocka_unit_test(test_simd_gives_the_portable_bits),
     };
-    int failed = cmocka_run_group_tests_name("f16 with F16C where present", tests, f16c_on, NULL);
+    int failed = cmocka_run_group_tests_name("16-bit floats with vector conversions where present",
+                                             tests, simd_on, NULL);
 
-    failed += cmocka_run_group_tests_name("f16 portable", tests, f16c_off, NULL);
-    return failed + cmocka_run_group_tests_name("F16C against portable", both, NULL, NULL);
+    failed += cmocka_run_group_tests_name("16-bit floats portable", tests, simd_off, NULL);
+    return failed + cmocka_run_group_tests_name("vector against portable", both, NULL, NULL);
 }
