@@ -312,6 +312,23 @@ bf16v_half1(float f)
     HALF_KERNELS(P, P##_max, F16C_VMAX, F16C_MAX)
 HALF_OPS(f16c)
 HALF_OPS(bf16v)
+
+/* MEAN's division: p[i] = p[i] / k rounded to the dtype, as reduce_finish_mean's portable
+ * loop (IEEE division rounds alike in both). */
+#define HALF_MEAN(P)                                                                              \
+    P##_FN void P##_mean(uint16_t *p, size_t count, float k)                                      \
+    {                                                                                             \
+        __m256 vk = _mm256_set1_ps(k);                                                            \
+        size_t i  = 0;                                                                            \
+        for (; count - i >= 8; i += 8) {                                                          \
+            _mm_storeu_si128((__m128i *)(p + i), P##_half8(_mm256_div_ps(P##_load8(p + i), vk))); \
+        }                                                                                         \
+        for (; i < count; i++) {                                                                  \
+            p[i] = P##_half1(P##_load1(p[i]) / k);                                                \
+        }                                                                                         \
+    }
+HALF_MEAN(f16c)
+HALF_MEAN(bf16v)
 #endif
 
 typedef void (*kernel1_fn)(void *dst, const void *src, size_t n);
@@ -380,6 +397,21 @@ reduce_simd(int want)
     return on != 0;
 }
 
+#ifdef HAVE_F16C_KERNELS
+/* Whether dtype (f16 or bf16) has its vector kernels on (reduce_simd, decided on first use). */
+static bool
+simd_for(dc_dtype dtype)
+{
+    int on = atomic_load_explicit(&use_simd, memory_order_relaxed);
+
+    if (on < 0) {
+        reduce_simd(1);
+        on = atomic_load_explicit(&use_simd, memory_order_relaxed);
+    }
+    return (on & (dtype == DC_DTYPE_F16 ? SIMD_F16 : dtype == DC_DTYPE_BF16 ? SIMD_BF16 : 0)) != 0;
+}
+#endif
+
 /* The kernels of dtype and op; NULL members for an unknown one. */
 static const struct kernels *
 kernels_of(dc_dtype dtype, dc_reduce_op op)
@@ -390,18 +422,8 @@ kernels_of(dc_dtype dtype, dc_reduce_op op)
         return &none;
     }
 #ifdef HAVE_F16C_KERNELS
-    if (dtype == DC_DTYPE_F16 || dtype == DC_DTYPE_BF16) {
-        int on = atomic_load_explicit(&use_simd, memory_order_relaxed);
-        if (on < 0) {
-            reduce_simd(1);
-            on = atomic_load_explicit(&use_simd, memory_order_relaxed);
-        }
-        if (dtype == DC_DTYPE_F16 && (on & SIMD_F16) != 0) {
-            return &F16C_TABLE[op];
-        }
-        if (dtype == DC_DTYPE_BF16 && (on & SIMD_BF16) != 0) {
-            return &BF16V_TABLE[op];
-        }
+    if ((dtype == DC_DTYPE_F16 || dtype == DC_DTYPE_BF16) && simd_for(dtype)) {
+        return dtype == DC_DTYPE_F16 ? &F16C_TABLE[op] : &BF16V_TABLE[op];
     }
 #endif
     return &KERNEL_TABLE[dtype][op];
@@ -516,12 +538,24 @@ reduce_finish_mean(dc_dtype dtype, void *buf, size_t count, size_t contributions
     }
     case DC_DTYPE_F16:
     case DC_DTYPE_BF16: {
+        /* One loop per dtype: a choice inside the loop kept it from vectorising (a 16 MiB f16
+         * mean took 54 ms to divide, against 0.7 ms for f32). */
         uint16_t *p = buf;
         float k     = (float)contributions;
-        bool f16    = dtype == DC_DTYPE_F16;
-        for (size_t i = 0; i < count; i++) {
-            p[i] = f16 ? half_float_to_f16(half_f16_to_float(p[i]) / k)
-                       : half_float_to_bf16(half_bf16_to_float(p[i]) / k);
+#ifdef HAVE_F16C_KERNELS
+        if (simd_for(dtype)) {
+            (dtype == DC_DTYPE_F16 ? f16c_mean : bf16v_mean)(p, count, k);
+            break;
+        }
+#endif
+        if (dtype == DC_DTYPE_F16) {
+            for (size_t i = 0; i < count; i++) {
+                p[i] = half_float_to_f16(half_f16_to_float(p[i]) / k);
+            }
+        } else {
+            for (size_t i = 0; i < count; i++) {
+                p[i] = half_float_to_bf16(half_bf16_to_float(p[i]) / k);
+            }
         }
         break;
     }

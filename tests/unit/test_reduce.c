@@ -366,7 +366,8 @@ assert_half_same(dc_dtype dtype, const uint16_t *got, const uint16_t *want,
 /* f16 and bf16 with the processor's vector conversions (reduce_simd: F16C, AVX2) give the
  * portable kernels' bits for every reduce op, over every kind of value (random bits:
  * subnormals, infinities, NaNs quiet and signalling) in every kernel: one source, a pair,
- * many, the fan of 1 to 5 buffers, with counts that leave a tail past the last vector. */
+ * many, the fan of 1 to 5 buffers, MEAN's division, with counts that leave a tail past the
+ * last vector. */
 static void
 test_simd_gives_the_portable_bits(void **state)
 {
@@ -421,6 +422,16 @@ test_simd_gives_the_portable_bits(void **state)
             assert_half_same(dt, got[1], want[1], in, 2, 0, N, pairs);
             assert_half_same(dt, got[2], want[2], in, BUFS, 0, N, pairs);
             if (ops[o] == DC_REDUCE_MEAN) {
+                /* Its division at the end, by 3 (which rounds) and by 4. */
+                for (size_t k = 3; k <= 4; k++) {
+                    for (int hw = 0; hw < 2; hw++) {
+                        uint16_t(*dst)[N] = hw ? got : want;
+                        assert_int_equal(reduce_simd(hw), hw);
+                        memcpy(dst[3], raw[0], sizeof(raw[0]));
+                        reduce_finish_mean(dt, dst[3], N, k);
+                    }
+                    assert_half_same(dt, got[3], want[3], in, 1, 0, N, false);
+                }
                 continue; /* no fan: its division is not folded in */
             }
             for (size_t n = 1; n <= BUFS; n++) {
