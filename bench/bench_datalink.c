@@ -16,6 +16,7 @@
 #include "auth.h"
 #include "bench.h"
 #include "datalink.h"
+#include "dltls.h"
 #include "iperf.h"
 
 #define MAX_REPS 40
@@ -169,7 +170,7 @@ run_scheme(bool tls, const uint64_t *sizes, size_t n_sizes, unsigned reps, doubl
     };
     struct dlink_server *sa = NULL, *sb = NULL;
     struct dlink_out *ab = NULL, *ba = NULL;
-    nng_tls_config *server = NULL, *client = NULL;
+    struct dltls *server = NULL, *client = NULL;
     size_t max   = sizes[n_sizes - 1];
     uint8_t *src = malloc(max);
     char ca[512], cert[512], key[512], url[64];
@@ -197,8 +198,8 @@ run_scheme(bool tls, const uint64_t *sizes, size_t n_sizes, unsigned reps, doubl
         }
         t.cert = cert;
         t.key  = key;
-        if (auth_tls_server(&t, &server, &st) != DC_OK ||
-            auth_tls_client(ca, NULL, NULL, "127.0.0.1", &client, &st) != DC_OK) {
+        if (auth_dltls_server(&t, &server, &st) != DC_OK ||
+            auth_dltls_client(ca, NULL, NULL, "127.0.0.1", &client, &st) != DC_OK) {
             fprintf(stderr, "bench_datalink: TLS: %s\n", st.message);
             goto out;
         }
@@ -236,12 +237,8 @@ out:
     dlink_out_close(ba);
     dlink_server_free(sa);
     dlink_server_free(sb);
-    if (server != NULL) {
-        nng_tls_config_free(server);
-    }
-    if (client != NULL) {
-        nng_tls_config_free(client);
-    }
+    dltls_free(server);
+    dltls_free(client);
     free(src);
     free(a.dst);
     free(b.dst);

@@ -14,6 +14,7 @@
 #include "client.h"
 #include "device.h"
 #include "dlframe.h"
+#include "dltls.h"
 #include "status.h"
 #include "threadname.h"
 #include "clock.h"
@@ -64,7 +65,7 @@ struct dc_group {
      * thread at a time (link_mtx; another thread's call meanwhile goes as an RPC). */
     pthread_mutex_t link_mtx;
     struct dlink_out *link;
-    nng_tls_config *link_tls;
+    struct dltls *link_tls;
     bool link_off; /* calls go as RPCs: turned off, or the link could not be opened */
 };
 
@@ -87,9 +88,7 @@ group_free(dc_group *g)
             block_release(b);
         }
         dlink_out_close(g->link);
-        if (g->link_tls != NULL) {
-            nng_tls_config_free(g->link_tls);
-        }
+        dltls_free(g->link_tls);
         pthread_mutex_destroy(&g->link_mtx);
         pthread_mutex_destroy(&g->blocks_mtx);
         pthread_cond_destroy(&g->order_cv);
@@ -393,9 +392,9 @@ link_open(dc_group *g, struct worker_conn *w)
     tls = strncmp(resp->address, "tls+", 4) == 0;
     if (tls && g->link_tls == NULL) {
         auth_url_host(resp->address, host, sizeof(host));
-        if (auth_tls_client(c->tls_ca, c->tls_cert, c->tls_key,
-                            c->tls_server_name != NULL ? c->tls_server_name : host, &g->link_tls,
-                            &st) != DC_OK) {
+        if (auth_dltls_client(c->tls_ca, c->tls_cert, c->tls_key,
+                              c->tls_server_name != NULL ? c->tls_server_name : host, &g->link_tls,
+                              &st) != DC_OK) {
             rpc_reply_free(&r);
             return false;
         }

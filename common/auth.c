@@ -13,6 +13,7 @@
 #include <yaml.h>
 
 #include "device.h"
+#include "dltls.h"
 #include "rpc.h"
 
 /* Room for tens of thousands of 64-character tokens with their worker names. */
@@ -864,18 +865,45 @@ auth_url_host(const char *url, char *host, size_t cap)
     snprintf(host, cap, "%.*s", (int)n, p);
 }
 
+/* Frees what tls_read_pems read, the key's bytes wiped first. */
+static void
+tls_pems_free(char *ca_pem, char *cert_pem, char *key_pem)
+{
+    if (key_pem != NULL) {
+        memset(key_pem, 0, strlen(key_pem));
+    }
+    free(ca_pem);
+    free(cert_pem);
+    free(key_pem);
+}
+
+/* The files' PEM text (a NULL path: NULL). On failure nothing is left to free. */
+static dc_code
+tls_read_pems(const char *ca, const char *cert, const char *key, char **ca_pem, char **cert_pem,
+              char **key_pem, dc_status *st)
+{
+    size_t len;
+    dc_code code = DC_OK;
+
+    *ca_pem = *cert_pem = *key_pem = NULL;
+    if ((ca != NULL && (code = read_file(ca, PEM_FILE_MAX, ca_pem, &len, st)) != DC_OK) ||
+        (cert != NULL && (code = read_file(cert, PEM_FILE_MAX, cert_pem, &len, st)) != DC_OK) ||
+        (key != NULL && (code = read_file(key, PEM_FILE_MAX, key_pem, &len, st)) != DC_OK)) {
+        tls_pems_free(*ca_pem, *cert_pem, *key_pem);
+        *ca_pem = *cert_pem = *key_pem = NULL;
+    }
+    return code;
+}
+
 static dc_code
 tls_load(nng_tls_config *cfg, const char *ca, const char *cert, const char *key, dc_status *st)
 {
-    char *ca_pem = NULL, *cert_pem = NULL, *key_pem = NULL;
-    size_t len;
-    dc_code code = DC_OK;
+    char *ca_pem, *cert_pem, *key_pem;
+    dc_code code;
     int rv;
 
-    if ((ca != NULL && (code = read_file(ca, PEM_FILE_MAX, &ca_pem, &len, st)) != DC_OK) ||
-        (cert != NULL && (code = read_file(cert, PEM_FILE_MAX, &cert_pem, &len, st)) != DC_OK) ||
-        (key != NULL && (code = read_file(key, PEM_FILE_MAX, &key_pem, &len, st)) != DC_OK)) {
-        goto out;
+    if ((code = tls_read_pems(ca, cert, key, &ca_pem, &cert_pem, &key_pem, st)) != DC_OK) {
+        return code;
     }
     if (ca_pem != NULL && (rv = nng_tls_config_ca_chain(cfg, ca_pem, NULL)) != 0) {
         code = status_set(st, DC_INVALID_ARGUMENT, "%s: not a usable CA certificate: %s", ca,
@@ -888,12 +916,7 @@ tls_load(nng_tls_config *cfg, const char *ca, const char *cert, const char *key,
                           cert, key, nng_strerror(rv));
     }
 out:
-    if (key_pem != NULL) {
-        memset(key_pem, 0, strlen(key_pem));
-    }
-    free(ca_pem);
-    free(cert_pem);
-    free(key_pem);
+    tls_pems_free(ca_pem, cert_pem, key_pem);
     return code;
 }
 
@@ -957,6 +980,47 @@ auth_tls_client(const char *ca, const char *cert, const char *key, const char *s
     }
     *out = cfg;
     return DC_OK;
+}
+
+dc_code
+auth_dltls_server(const struct config_tls *tls, struct dltls **out, dc_status *st)
+{
+    const char *ca = tls->require_client_cert ? tls->ca : NULL;
+    char *ca_pem, *cert_pem, *key_pem;
+    nng_tls_config *nng;
+    dc_code code;
+
+    if ((code = auth_tls_server(tls, &nng, st)) != DC_OK) {
+        return code;
+    }
+    if ((code = tls_read_pems(ca, tls->cert, tls->key, &ca_pem, &cert_pem, &key_pem, st)) !=
+        DC_OK) {
+        nng_tls_config_free(nng);
+        return code;
+    }
+    code = dltls_new(true, ca_pem, cert_pem, key_pem, tls->require_client_cert, NULL, nng, out, st);
+    tls_pems_free(ca_pem, cert_pem, key_pem);
+    return code;
+}
+
+dc_code
+auth_dltls_client(const char *ca, const char *cert, const char *key, const char *server_name,
+                  struct dltls **out, dc_status *st)
+{
+    char *ca_pem, *cert_pem, *key_pem;
+    nng_tls_config *nng;
+    dc_code code;
+
+    if ((code = auth_tls_client(ca, cert, key, server_name, &nng, st)) != DC_OK) {
+        return code;
+    }
+    if ((code = tls_read_pems(ca, cert, key, &ca_pem, &cert_pem, &key_pem, st)) != DC_OK) {
+        nng_tls_config_free(nng);
+        return code;
+    }
+    code = dltls_new(false, ca_pem, cert_pem, key_pem, true, server_name, nng, out, st);
+    tls_pems_free(ca_pem, cert_pem, key_pem);
+    return code;
 }
 
 dc_code

@@ -107,6 +107,13 @@ dc_code auth_read_token_file(const char *path, char **out, dc_status *st);
 dc_code auth_tls_server(const struct config_tls *tls, nng_tls_config **out, dc_status *st);
 dc_code auth_tls_client(const char *ca, const char *cert, const char *key, const char *server_name,
                         nng_tls_config **out, dc_status *st);
+/* The same for a raw link (dlsock.h, dltls.h): the mbedTLS configuration its plain sockets
+ * use, holding the nng one (for a host given by name) made by the calls above from the same
+ * files. Caller frees with dltls_free. */
+struct dltls;
+dc_code auth_dltls_server(const struct config_tls *tls, struct dltls **out, dc_status *st);
+dc_code auth_dltls_client(const char *ca, const char *cert, const char *key,
+                          const char *server_name, struct dltls **out, dc_status *st);
 
 struct rpc_client;
 

@@ -687,7 +687,7 @@ accept_main(void *arg)
 }
 
 dc_code
-dlink_server_start(const char *url, nng_tls_config *tls, uint64_t max_frame, uint32_t handshake_ms,
+dlink_server_start(const char *url, struct dltls *tls, uint64_t max_frame, uint32_t handshake_ms,
                    const struct dlink_events *ev, struct dlink_server **out, dc_status *st)
 {
     struct dlink_server *s = calloc(1, sizeof(*s));

@@ -118,7 +118,7 @@ struct dlink_server;
  * passes the larger of limits.max_message_bytes and groups.shm_max_bytes: a call on shared
  * memory is not bounded by one message);
  * handshake_ms bounds the wait for the whole HELLO. Caller frees with dlink_server_free. */
-dc_code dlink_server_start(const char *url, nng_tls_config *tls, uint64_t max_frame,
+dc_code dlink_server_start(const char *url, struct dltls *tls, uint64_t max_frame,
                            uint32_t handshake_ms, const struct dlink_events *ev,
                            struct dlink_server **out, dc_status *st);
 /* The port the kernel gave, and the secret a peer must show. */

@@ -148,14 +148,14 @@ struct dlink_out {
 };
 
 dc_code
-dlink_dial(const char *url, nng_tls_config *tls, const uint8_t *secret, const char *self,
+dlink_dial(const char *url, struct dltls *tls, const uint8_t *secret, const char *self,
            uint32_t timeout_ms, struct dlink_out **out, dc_status *st)
 {
     return dlink_dial_as(url, tls, secret, self, 0, timeout_ms, out, st);
 }
 
 dc_code
-dlink_dial_as(const char *url, nng_tls_config *tls, const uint8_t *secret, const char *self,
+dlink_dial_as(const char *url, struct dltls *tls, const uint8_t *secret, const char *self,
               uint16_t hello_flags, uint32_t timeout_ms, struct dlink_out **out, dc_status *st)
 {
     struct dlink_out *o = calloc(1, sizeof(*o));

@@ -88,13 +88,14 @@ dc_code dlink_hdr_decode(const uint8_t in[DLINK_HDR_SIZE], uint64_t max_frame, s
 uint64_t dlink_group_hash(const char *id);
 
 struct dlink_out;
+struct dltls; /* dltls.h */
 
 /* Dials url (tls: the client config for tls+tcp://, else NULL), sends HELLO with secret and
  * self (this worker's RPC address), within timeout_ms. Caller closes with dlink_out_close. */
-dc_code dlink_dial(const char *url, nng_tls_config *tls, const uint8_t *secret, const char *self,
+dc_code dlink_dial(const char *url, struct dltls *tls, const uint8_t *secret, const char *self,
                    uint32_t timeout_ms, struct dlink_out **out, dc_status *st);
 /* dlink_dial with flags in the HELLO frame (DLINK_HELLO_CONTROL). */
-dc_code dlink_dial_as(const char *url, nng_tls_config *tls, const uint8_t *secret, const char *self,
+dc_code dlink_dial_as(const char *url, struct dltls *tls, const uint8_t *secret, const char *self,
                       uint16_t hello_flags, uint32_t timeout_ms, struct dlink_out **out,
                       dc_status *st);
 /* Sends h's part [h->offset, h->offset + len) from data as frames of DLINK_CHUNK (h->length

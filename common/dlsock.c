@@ -20,6 +20,7 @@
 
 #include "address.h"
 #include "auth.h"
+#include "dltls.h"
 
 /* Scatter/gather entries handed to one system call (callers pass at most three). */
 #define IOV_MAX_PER_CALL 8
@@ -32,7 +33,8 @@ struct dlsock {
     nng_aio *idle; /* the nng kind's idle watch: a one-byte read, made on first use */
     bool idle_on;
     uint8_t idle_byte;
-    nng_duration rcvtimeo; /* the plain socket's SO_RCVTIMEO, ms (0: none) */
+    nng_duration rcvtimeo;  /* the plain socket's SO_RCVTIMEO, ms (0: none) */
+    struct dltls_conn *tls; /* a plain socket's TLS (tls+tcp:// to a numeric address) */
 };
 
 struct dlsock_listener {
@@ -40,15 +42,16 @@ struct dlsock_listener {
     atomic_bool closed;
     nng_stream_listener *listener; /* else */
     nng_aio *aio;
+    struct dltls *tls; /* for the plain listener's connections (a hold), or NULL */
 };
 
 /* ---- addresses --------------------------------------------------------------------------- */
 
-/* The numeric address of a plain "tcp://host:port" url (host: an IPv4 or bracketed IPv6
- * address, or "localhost"; empty or "*" for any when passive): 0, or -1 when url is anything
- * else (tls+tcp://, a name) and goes to nng. */
+/* The numeric address of a plain "tcp://host:port" url, "tls+tcp://host:port" when tls
+ * (host: an IPv4 or bracketed IPv6 address, or "localhost"; empty or "*" for any when
+ * passive): 0, or -1 when url is anything else (another scheme, a name) and goes to nng. */
 static int
-plain_addr(const char *url, bool passive, struct sockaddr_storage *ss, socklen_t *len)
+plain_addr(const char *url, bool tls, bool passive, struct sockaddr_storage *ss, socklen_t *len)
 {
     struct addrinfo hints = { .ai_socktype = SOCK_STREAM,
                               .ai_flags    = AI_NUMERICHOST | AI_NUMERICSERV };
@@ -56,6 +59,11 @@ plain_addr(const char *url, bool passive, struct sockaddr_storage *ss, socklen_t
     const char *port      = strrchr(url, ':');
     char h[ADDRESS_MAX + 1];
 
+    if (tls && strncmp(url, "tls+", 4) == 0) {
+        url += 4;
+    } else if (tls) {
+        return -1;
+    }
     if (strncmp(url, "tcp://", 6) != 0 || port == NULL || !address_port_valid(port + 1)) {
         return -1;
     }
@@ -283,6 +291,33 @@ stream_io(struct dlsock *s, bool recv, nng_iov *iov, unsigned n, nng_duration ti
     return 0;
 }
 
+/* Through the socket's TLS: a record at a time, each part's bytes read straight into it. */
+static int
+tls_io(struct dlsock *s, bool recv, nng_iov *iov, unsigned n, nng_duration timeout)
+{
+    nng_time start = nng_clock();
+
+    while (n > 0) {
+        size_t done;
+        int rv;
+
+        if (iov[0].iov_len == 0) {
+            iov++;
+            n--;
+            continue;
+        }
+        rv = recv ? dltls_recv(s->tls, iov[0].iov_buf, iov[0].iov_len, &done, start, timeout,
+                               &s->closed)
+                  : dltls_send(s->tls, iov[0].iov_buf, iov[0].iov_len, &done, start, timeout,
+                               &s->closed);
+        if (rv != 0) {
+            return rv;
+        }
+        iov = iov_advance(iov, &n, done);
+    }
+    return 0;
+}
+
 static int
 sock_io(struct dlsock *s, bool recv, nng_iov *iov, unsigned n, nng_duration timeout)
 {
@@ -292,8 +327,9 @@ sock_io(struct dlsock *s, bool recv, nng_iov *iov, unsigned n, nng_duration time
         iov++;
         n--;
     }
-    return s->fd >= 0 ? plain_io(s, recv, iov, n, timeout, NULL)
-                      : stream_io(s, recv, iov, n, timeout);
+    return s->tls != NULL ? tls_io(s, recv, iov, n, timeout)
+           : s->fd >= 0   ? plain_io(s, recv, iov, n, timeout, NULL)
+                          : stream_io(s, recv, iov, n, timeout);
 }
 
 int
@@ -315,7 +351,7 @@ dlsock_send_now(struct dlsock *s, const nng_iov *iov, unsigned n, size_t *sent)
     int rv;
 
     *sent = 0;
-    if (s->fd < 0 || n > IOV_MAX_PER_CALL) {
+    if (s->fd < 0 || s->tls != NULL || n > IOV_MAX_PER_CALL) {
         return NNG_ENOTSUP;
     }
     memcpy(left, iov, n * sizeof(*iov));
@@ -422,22 +458,46 @@ plain_dial(const struct sockaddr_storage *ss, socklen_t len, uint32_t timeout_ms
     return 0;
 }
 
+/* s's TLS, as a dialer (handshake within what is left of the dial's bound) or an acceptor
+ * (handshake at the first read); s freed on failure. */
+static int
+sock_tls(struct dlsock **s, struct dltls *tls, bool dialer, nng_time start, uint32_t timeout_ms)
+{
+    int rv = 0;
+
+    if (((*s)->tls = dltls_conn_new(tls, (*s)->fd)) == NULL) {
+        rv = NNG_ENOMEM;
+    } else if (dialer) {
+        rv = dltls_handshake((*s)->tls, start, (nng_duration)timeout_ms, &(*s)->closed);
+    }
+    if (rv != 0) {
+        dlsock_free(*s);
+        *s = NULL;
+    }
+    return rv;
+}
+
 int
-dlsock_dial(const char *url, nng_tls_config *tls, uint32_t timeout_ms, struct dlsock **out)
+dlsock_dial(const char *url, struct dltls *tls, uint32_t timeout_ms, struct dlsock **out)
 {
     struct sockaddr_storage ss;
     nng_stream_dialer *d = NULL;
     nng_aio *aio         = NULL;
+    nng_time start       = nng_clock();
     socklen_t len;
     int fd = -1, rv;
 
     *out = NULL;
-    if (tls == NULL && plain_addr(url, false, &ss, &len) == 0) {
-        return (rv = plain_dial(&ss, len, timeout_ms, &fd)) != 0 ? rv : sock_of_fd(fd, out);
+    if (plain_addr(url, tls != NULL, false, &ss, &len) == 0) {
+        if ((rv = plain_dial(&ss, len, timeout_ms, &fd)) != 0 || (rv = sock_of_fd(fd, out)) != 0) {
+            return rv;
+        }
+        return tls != NULL ? sock_tls(out, tls, true, start, timeout_ms) : 0;
     }
     if ((rv = nng_aio_alloc(&aio, NULL, NULL)) != 0 ||
         (rv = nng_stream_dialer_alloc(&d, url)) != 0 ||
-        (tls != NULL && (rv = nng_stream_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, tls)) != 0)) {
+        (tls != NULL &&
+         (rv = nng_stream_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, dltls_nng(tls))) != 0)) {
         goto out;
     }
     (void)nng_stream_dialer_set_bool(d, NNG_OPT_TCP_NODELAY, true);
@@ -494,7 +554,7 @@ dlsock_idle_end(struct dlsock *s)
 bool
 dlsock_is_plain(const struct dlsock *s)
 {
-    return s->fd >= 0;
+    return s->fd >= 0 && s->tls == NULL;
 }
 
 void
@@ -519,6 +579,7 @@ dlsock_free(struct dlsock *s)
     if (s == NULL) {
         return;
     }
+    dltls_conn_free(s->tls);
     if (s->fd >= 0) {
         close(s->fd);
     }
@@ -537,7 +598,7 @@ dlsock_free(struct dlsock *s)
 /* ---- listening --------------------------------------------------------------------------- */
 
 int
-dlsock_listen(const char *url, nng_tls_config *tls, struct dlsock_listener **out, int *port)
+dlsock_listen(const char *url, struct dltls *tls, struct dlsock_listener **out, int *port)
 {
     struct dlsock_listener *l = calloc(1, sizeof(*l));
     struct sockaddr_storage ss;
@@ -550,7 +611,8 @@ dlsock_listen(const char *url, nng_tls_config *tls, struct dlsock_listener **out
     }
     l->fd = -1;
     atomic_init(&l->closed, false);
-    if (tls == NULL && plain_addr(url, true, &ss, &len) == 0) {
+    if (plain_addr(url, tls != NULL, true, &ss, &len) == 0) {
+        l->tls = tls != NULL ? dltls_hold(tls) : NULL;
         if ((l->fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
             setsockopt(l->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
             bind(l->fd, (struct sockaddr *)&ss, len) != 0 || listen(l->fd, 128) != 0 ||
@@ -568,8 +630,8 @@ dlsock_listen(const char *url, nng_tls_config *tls, struct dlsock_listener **out
     }
     /* Keepalive as for plain sockets (nodelay), on the system's timing: best effort. */
     (void)nng_stream_listener_set_bool(l->listener, NNG_OPT_TCP_KEEPALIVE, true);
-    if ((tls != NULL &&
-         (rv = nng_stream_listener_set_ptr(l->listener, NNG_OPT_TLS_CONFIG, tls)) != 0) ||
+    if ((tls != NULL && (rv = nng_stream_listener_set_ptr(l->listener, NNG_OPT_TLS_CONFIG,
+                                                          dltls_nng(tls))) != 0) ||
         (rv = nng_stream_listener_listen(l->listener)) != 0 ||
         (rv = nng_stream_listener_get_int(l->listener, NNG_OPT_TCP_BOUND_PORT, port)) != 0 ||
         (rv = nng_aio_alloc(&l->aio, NULL, NULL)) != 0) {
@@ -593,7 +655,9 @@ dlsock_accept(struct dlsock_listener *l, struct dlsock **out)
             int fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC);
             if (fd >= 0) {
                 nodelay(fd);
-                return sock_of_fd(fd, out);
+                return (rv = sock_of_fd(fd, out)) != 0 || l->tls == NULL
+                           ? rv
+                           : sock_tls(out, l->tls, false, 0, 0);
             }
             if (atomic_load(&l->closed)) {
                 return NNG_ECLOSED;
@@ -640,6 +704,7 @@ dlsock_listener_free(struct dlsock_listener *l)
     if (l->fd >= 0) {
         close(l->fd);
     }
+    dltls_free(l->tls);
     nng_aio_free(l->aio);
     nng_stream_listener_free(l->listener);
     free(l);

@@ -2,12 +2,13 @@
  * A raw link's connection (the data link, call links, control links): the bytes of one TCP
  * connection, read and written by blocking calls on the caller's thread.
  *
- * Two kinds behind one interface. A plain `tcp://` connection to or from a numeric address
- * is a socket read and written with system calls on the caller's thread: a frame that
- * arrives wakes that thread itself. Anything else (`tls+tcp://`, or a host given by name,
- * which only nng resolves within a dial's timeout) is an nng stream, whose every completion
- * first wakes nng's poller thread, which then wakes the caller: one thread hop more per read,
- * 58 µs against 30 µs for a 64-byte round trip on 127.0.0.1 here.
+ * Two kinds behind one interface. A `tcp://` or `tls+tcp://` connection to or from a numeric
+ * address is a socket read and written with system calls on the caller's thread: a frame
+ * that arrives wakes that thread itself (tls+tcp:// through mbedTLS on that thread,
+ * dltls.h). A host given by name, which only nng resolves within a dial's timeout, is an
+ * nng stream (TLS nng's), whose every completion first wakes nng's poller thread, which then
+ * wakes the caller: one thread hop more per read, 58 µs against 30 µs for a 64-byte round
+ * trip on 127.0.0.1 here.
  *
  * Errors are nng's codes (NNG_ETIMEDOUT, NNG_ECLOSED, ...), whatever the kind. One reader
  * and one writer at a time; dlsock_shutdown may come from any thread.
@@ -19,14 +20,15 @@
 #include <stdint.h>
 
 #include <nng/nng.h>
-#include <nng/supplemental/tls/tls.h>
 
 struct dlsock;
 struct dlsock_listener;
+struct dltls;
 
 /* Connects to url (tls: the client config for tls+tcp://, else NULL) within timeout_ms, with
- * Nagle off. 0 and *out, or nng's error. */
-int dlsock_dial(const char *url, nng_tls_config *tls, uint32_t timeout_ms, struct dlsock **out);
+ * Nagle off, its TLS handshake made within that bound too. 0 and *out, or nng's error
+ * (NNG_EPEERAUTH: the server's certificate was refused; NNG_ECRYPTO: another TLS failure). */
+int dlsock_dial(const char *url, struct dltls *tls, uint32_t timeout_ms, struct dlsock **out);
 
 /* Receives (or sends) exactly the bytes of iov[0..n) (advanced in place), the whole of it
  * within timeout ms (NNG_DURATION_INFINITE: no bound; 0: only what goes at once). 0, or
@@ -44,7 +46,7 @@ int dlsock_send_now(struct dlsock *s, const nng_iov *iov, unsigned n, size_t *se
 void dlsock_idle_begin(struct dlsock *s);
 bool dlsock_idle_end(struct dlsock *s);
 
-/* Whether s is a plain socket (else an nng stream). */
+/* Whether s is a plain socket without TLS (else TLS on one, or an nng stream). */
 bool dlsock_is_plain(const struct dlsock *s);
 
 /* Ends every wait on s, now and later (they fail NNG_ECLOSED). Any thread; s stays valid. */
@@ -52,9 +54,11 @@ void dlsock_shutdown(struct dlsock *s);
 /* Closes and frees s (NULL: nothing). No other thread may be using it. */
 void dlsock_free(struct dlsock *s);
 
-/* Listens on url (tls: the server config for tls+tcp://, else NULL); *port is the port bound
- * (url's, or the kernel's choice for port 0). 0 or nng's error. */
-int dlsock_listen(const char *url, nng_tls_config *tls, struct dlsock_listener **out, int *port);
+/* Listens on url (tls: the server config for tls+tcp://, else NULL; the listener holds it);
+ * *port is the port bound (url's, or the kernel's choice for port 0). 0 or nng's error. A
+ * connection it accepts makes its TLS handshake at its first read, within that read's
+ * bound. */
+int dlsock_listen(const char *url, struct dltls *tls, struct dlsock_listener **out, int *port);
 /* Waits for the next connection: 0 and *out, or nng's error (NNG_ECLOSED once closed). */
 int dlsock_accept(struct dlsock_listener *l, struct dlsock **out);
 /* Makes dlsock_accept fail NNG_ECLOSED, now and later. Any thread. */

@@ -20,6 +20,7 @@
 #include "datalink.h"
 #include "device.h"
 #include "devcoord/v1/methods.h"
+#include "dltls.h"
 #include "log.h"
 #include "lreduce.h"
 #include "metrics.h"
@@ -105,7 +106,7 @@ struct wpeer {
     pthread_cond_t cv;
     struct sjob *jobs, *jobs_tail;
     struct dlink_out *out;   /* set and cleared under mtx; written by its `sending` job only */
-    nng_tls_config *tls;     /* the dialer's, for a tls+tcp:// data link */
+    struct dltls *tls;       /* the dialer's, for a tls+tcp:// data link */
     bool stale;              /* the RPC connection dropped since out was dialed */
     struct sjob *sending;    /* the job the sender (or an op's thread) writes now (outside mtx) */
     bool inline_busy;        /* an op's thread writes `sending` itself: the sender waits */
@@ -273,7 +274,7 @@ struct wgroups {
     const uint8_t **lr_in;
     uint8_t **lr_out;
     struct dlink_server *dl;
-    nng_tls_config *dl_tls;
+    struct dltls *dl_tls;
     char dl_address[300]; /* what GroupLink tells peers */
     uint64_t link_bytes_out, link_bytes_in;
     uint64_t ring_calls_total;
@@ -1580,8 +1581,8 @@ peer_link(struct wgroups *wg, struct wpeer *p, struct dlink_out **out, uint32_t 
     }
     if (strncmp(resp->address, "tls+", 4) == 0 && p->tls == NULL) {
         auth_url_host(resp->address, host, sizeof(host));
-        if ((code = auth_tls_client(wg->cfg->tls.ca, wg->cfg->tls.cert, wg->cfg->tls.key, host,
-                                    &p->tls, st)) != DC_OK) {
+        if ((code = auth_dltls_client(wg->cfg->tls.ca, wg->cfg->tls.cert, wg->cfg->tls.key, host,
+                                      &p->tls, st)) != DC_OK) {
             rpc_reply_free(&reply);
             return code;
         }
@@ -3472,7 +3473,7 @@ link_start_locked(struct wgroups *wg, dc_status *st)
     address_url(url, sizeof(url), tls ? "tls+tcp" : "tcp", host[0] ? host : "0.0.0.0",
                 wg->cfg->group_data_port);
     if (tls && wg->dl_tls == NULL &&
-        (code = auth_tls_server(&wg->cfg->tls, &wg->dl_tls, st)) != DC_OK) {
+        (code = auth_dltls_server(&wg->cfg->tls, &wg->dl_tls, st)) != DC_OK) {
         return code;
     }
     if ((code = dlink_server_start(url, wg->dl_tls, group_part_max(wg),
@@ -3919,15 +3920,11 @@ wgroups_free(struct wgroups *wg)
     }
     wgroups_shutdown(wg);
     for (size_t i = 0; i < wg->n_peers; i++) {
-        if (wg->peers[i]->tls != NULL) {
-            nng_tls_config_free(wg->peers[i]->tls);
-        }
+        dltls_free(wg->peers[i]->tls);
         pthread_cond_destroy(&wg->peers[i]->cv);
         free(wg->peers[i]);
     }
-    if (wg->dl_tls != NULL) {
-        nng_tls_config_free(wg->dl_tls);
-    }
+    dltls_free(wg->dl_tls);
     free(wg->peers);
     while (wg->groups != NULL) {
         struct wgroup *g = wg->groups;
