@@ -8,12 +8,14 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <nng/supplemental/util/platform.h>
@@ -21,6 +23,9 @@
 #include "address.h"
 #include "auth.h"
 #include "dltls.h"
+
+/* The bound on resolving a listener's host name (a dial's is its own bound). */
+#define LISTEN_RESOLVE_MS 10000
 
 /* Scatter/gather entries handed to one system call (callers pass at most three). */
 #define IOV_MAX_PER_CALL 8
@@ -47,17 +52,130 @@ struct dlsock_listener {
 
 /* ---- addresses --------------------------------------------------------------------------- */
 
-/* The numeric address of a plain "tcp://host:port" url, "tls+tcp://host:port" when tls
- * (host: an IPv4 or bracketed IPv6 address, or "localhost"; empty or "*" for any when
- * passive): 0, or -1 when url is anything else (another scheme, a name) and goes to nng. */
+/* A name's resolution on a thread of its own, so that the caller can stop waiting for it:
+ * getaddrinfo has no bound of its own (a DNS server that does not answer holds it for
+ * seconds per try). The last of the caller and the thread to let go frees it. */
+struct resolve {
+    pthread_mutex_t mtx;
+    pthread_cond_t cv;
+    unsigned holds; /* 2, then 1 once the caller or the thread lets go */
+    bool done;
+    int rv; /* getaddrinfo's */
+    char host[ADDRESS_MAX + 1], port[8];
+    struct sockaddr_storage ss;
+    socklen_t len;
+};
+
+static void
+resolve_let_go(struct resolve *r)
+{
+    bool last;
+
+    pthread_mutex_lock(&r->mtx);
+    last = --r->holds == 0;
+    pthread_mutex_unlock(&r->mtx);
+    if (last) {
+        pthread_cond_destroy(&r->cv);
+        pthread_mutex_destroy(&r->mtx);
+        free(r);
+    }
+}
+
+static void *
+resolve_main(void *arg)
+{
+    struct resolve *r     = arg;
+    struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV };
+    struct addrinfo *res  = NULL;
+    int rv                = getaddrinfo(r->host, r->port, &hints, &res);
+
+    pthread_mutex_lock(&r->mtx);
+    if ((r->rv = rv) == 0) {
+        /* The first address, as nng's resolver takes. */
+        memcpy(&r->ss, res->ai_addr, res->ai_addrlen);
+        r->len = res->ai_addrlen;
+    }
+    r->done = true;
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mtx);
+    if (res != NULL) {
+        freeaddrinfo(res);
+    }
+    resolve_let_go(r);
+    return NULL;
+}
+
+/* host's first address for port, resolved within timeout ms (< 0: no bound): 0, or -1 (not
+ * resolved in time, or not at all). */
 static int
-plain_addr(const char *url, bool tls, bool passive, struct sockaddr_storage *ss, socklen_t *len)
+resolve_bounded(const char *host, const char *port, nng_duration timeout,
+                struct sockaddr_storage *ss, socklen_t *len)
+{
+    struct resolve *r = calloc(1, sizeof(*r));
+    struct timespec until;
+    pthread_attr_t attr;
+    pthread_t t;
+    int rv = -1;
+
+    if (r == NULL || strlen(host) >= sizeof(r->host) || strlen(port) >= sizeof(r->port)) {
+        free(r);
+        return -1;
+    }
+    pthread_mutex_init(&r->mtx, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    r->holds = 2;
+    snprintf(r->host, sizeof(r->host), "%s", host);
+    snprintf(r->port, sizeof(r->port), "%s", port);
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, resolve_main, r) != 0) {
+        pthread_attr_destroy(&attr);
+        r->holds = 1;
+        resolve_let_go(r);
+        return -1;
+    }
+    pthread_attr_destroy(&attr);
+    clock_gettime(CLOCK_REALTIME, &until);
+    if (timeout >= 0) {
+        until.tv_sec += timeout / 1000;
+        until.tv_nsec += (long)(timeout % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+    }
+    pthread_mutex_lock(&r->mtx);
+    while (!r->done) {
+        if (timeout < 0) {
+            pthread_cond_wait(&r->cv, &r->mtx);
+        } else if (pthread_cond_timedwait(&r->cv, &r->mtx, &until) == ETIMEDOUT) {
+            break;
+        }
+    }
+    if (r->done && r->rv == 0) {
+        memcpy(ss, &r->ss, r->len);
+        *len = r->len;
+        rv   = 0;
+    }
+    pthread_mutex_unlock(&r->mtx);
+    resolve_let_go(r);
+    return rv;
+}
+
+/* The address of a "tcp://host:port" url, "tls+tcp://host:port" when tls (host: an IPv4 or
+ * bracketed IPv6 address, "localhost", or a name resolved within timeout ms; empty or "*"
+ * for any when passive): 0, or -1 when url is anything else (another scheme), or its name
+ * did not resolve in time, and it goes to nng. */
+static int
+plain_addr(const char *url, bool tls, bool passive, nng_duration timeout,
+           struct sockaddr_storage *ss, socklen_t *len)
 {
     struct addrinfo hints = { .ai_socktype = SOCK_STREAM,
                               .ai_flags    = AI_NUMERICHOST | AI_NUMERICSERV };
     struct addrinfo *res  = NULL;
     const char *port      = strrchr(url, ':');
     char h[ADDRESS_MAX + 1];
+    int rv;
 
     if (tls && strncmp(url, "tls+", 4) == 0) {
         url += 4;
@@ -78,8 +196,9 @@ plain_addr(const char *url, bool tls, bool passive, struct sockaddr_storage *ss,
         hints.ai_flags |= AI_PASSIVE;
         hints.ai_family = AF_INET;
     }
-    if (getaddrinfo(hints.ai_flags & AI_PASSIVE ? NULL : h, port + 1, &hints, &res) != 0) {
-        return -1;
+    if ((rv = getaddrinfo(hints.ai_flags & AI_PASSIVE ? NULL : h, port + 1, &hints, &res)) != 0) {
+        /* Not a numeric address: a name. */
+        return rv == EAI_NONAME ? resolve_bounded(h, port + 1, timeout, ss, len) : -1;
     }
     memcpy(ss, res->ai_addr, res->ai_addrlen);
     *len = res->ai_addrlen;
@@ -488,8 +607,10 @@ dlsock_dial(const char *url, struct dltls *tls, uint32_t timeout_ms, struct dlso
     int fd = -1, rv;
 
     *out = NULL;
-    if (plain_addr(url, tls != NULL, false, &ss, &len) == 0) {
-        if ((rv = plain_dial(&ss, len, timeout_ms, &fd)) != 0 || (rv = sock_of_fd(fd, out)) != 0) {
+    if (plain_addr(url, tls != NULL, false, (nng_duration)timeout_ms, &ss, &len) == 0) {
+        nng_duration left = time_left(start, (nng_duration)timeout_ms);
+        if ((rv = left > 0 ? plain_dial(&ss, len, (uint32_t)left, &fd) : NNG_ETIMEDOUT) != 0 ||
+            (rv = sock_of_fd(fd, out)) != 0) {
             return rv;
         }
         return tls != NULL ? sock_tls(out, tls, true, start, timeout_ms) : 0;
@@ -611,7 +732,7 @@ dlsock_listen(const char *url, struct dltls *tls, struct dlsock_listener **out, 
     }
     l->fd = -1;
     atomic_init(&l->closed, false);
-    if (plain_addr(url, tls != NULL, true, &ss, &len) == 0) {
+    if (plain_addr(url, tls != NULL, true, LISTEN_RESOLVE_MS, &ss, &len) == 0) {
         l->tls = tls != NULL ? dltls_hold(tls) : NULL;
         if ((l->fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
             setsockopt(l->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||

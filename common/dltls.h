@@ -15,8 +15,8 @@
  * read's bound, so a peer that stalls it holds no accepting thread), or at once by
  * dltls_handshake (a dialer's, within the dial's bound).
  *
- * A configuration also holds the nng one made from the same files (dltls_nng): links to a
- * host given by name go through nng, which resolves it within a dial's bound.
+ * A configuration also holds the nng one made from the same files (dltls_nng), for a link
+ * dlsock hands to nng (a name that did not resolve within the dial's bound).
  */
 #ifndef DEVCOORD_COMMON_DLTLS_H
 #define DEVCOORD_COMMON_DLTLS_H

@@ -6,9 +6,15 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <netdb.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include <nng/nng.h>
 #include <nng/supplemental/util/platform.h>
@@ -252,6 +258,40 @@ test_addresses(void **state)
     assert_null(s);
 }
 
+/* A host given by name is resolved (within the dial's bound) and dialled on a plain socket,
+ * not handed to nng: this machine's own name, when it resolves to an IPv4 loopback address
+ * first (else the test is skipped). */
+static void
+test_a_name_is_a_plain_socket(void **state)
+{
+    struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *res = NULL;
+    struct dlsock_listener *l;
+    struct dlsock *a, *b;
+    char name[256], url[320];
+    bool loopback;
+    int port;
+
+    (void)state;
+    if (gethostname(name, sizeof(name)) != 0 || getaddrinfo(name, NULL, &hints, &res) != 0) {
+        skip();
+    }
+    loopback = res->ai_family == AF_INET &&
+               (ntohl(((struct sockaddr_in *)res->ai_addr)->sin_addr.s_addr) >> 24) == 127;
+    freeaddrinfo(res);
+    if (!loopback) {
+        skip();
+    }
+    assert_int_equal(dlsock_listen("tcp://0.0.0.0:0", NULL, &l, &port), 0);
+    snprintf(url, sizeof(url), "tcp://%s:%d", name, port);
+    assert_int_equal(dlsock_dial(url, NULL, 2000, &a), 0);
+    assert_int_equal(dlsock_accept(l, &b), 0);
+    assert_true(dlsock_is_plain(a));
+    assert_true(dlsock_is_plain(b));
+    dlsock_free(a);
+    dlsock_free(b);
+    dlsock_listener_free(l);
+}
+
 int
 main(void)
 {
@@ -261,6 +301,7 @@ main(void)
         cmocka_unit_test(test_waits_ended_from_another_thread),
         cmocka_unit_test(test_dial_refused_and_nng_peer),
         cmocka_unit_test(test_addresses),
+        cmocka_unit_test(test_a_name_is_a_plain_socket),
     };
     int rv = cmocka_run_group_tests(tests, NULL, NULL);
 
