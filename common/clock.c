@@ -54,3 +54,14 @@ clock_sleep_unless(pthread_cond_t *cv, pthread_mutex_t *mtx, unsigned ms, const 
     }
     return *stop;
 }
+
+int32_t
+clock_left_ms(uint64_t start, int32_t bound, uint64_t now)
+{
+    uint64_t gone = now > start ? now - start : 0;
+
+    if (bound < 0) {
+        return bound;
+    }
+    return gone < (uint64_t)bound ? (int32_t)((uint64_t)bound - gone) : 0;
+}

@@ -26,6 +26,11 @@ struct timespec clock_deadline_ms(uint64_t ms);
  * milliseconds: the tick of the daemons' timer threads. */
 void clock_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mtx, unsigned ms);
 
+/* What is left at `now` of a bound of `bound` ms begun at `start` (monotonic ms, as
+ * nng_clock): 0 once it has passed; a negative bound (none) is returned as it is. A bound
+ * counted from a call's start, so that a peer trickling bytes does not stretch it. */
+int32_t clock_left_ms(uint64_t start, int32_t bound, uint64_t now);
+
 /* Waits on cv (mtx held) until *stop is set (and cv signalled) or ms milliseconds have
  * passed, whatever else wakes cv; returns *stop. A background thread's pause between rounds. */
 bool clock_sleep_unless(pthread_cond_t *cv, pthread_mutex_t *mtx, unsigned ms, const bool *stop);

@@ -22,6 +22,7 @@
 
 #include "address.h"
 #include "auth.h"
+#include "clock.h"
 #include "dltls.h"
 
 /* The bound on resolving a listener's host name (a dial's is its own bound). */
@@ -122,7 +123,7 @@ resolve_bounded(const char *host, const char *port, nng_duration timeout,
         return -1;
     }
     pthread_mutex_init(&r->mtx, NULL);
-    pthread_cond_init(&r->cv, NULL);
+    clock_cond_init(&r->cv);
     r->holds = 2;
     snprintf(r->host, sizeof(r->host), "%s", host);
     snprintf(r->port, sizeof(r->port), "%s", port);
@@ -135,15 +136,7 @@ resolve_bounded(const char *host, const char *port, nng_duration timeout,
         return -1;
     }
     pthread_attr_destroy(&attr);
-    clock_gettime(CLOCK_REALTIME, &until);
-    if (timeout >= 0) {
-        until.tv_sec += timeout / 1000;
-        until.tv_nsec += (long)(timeout % 1000) * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
-    }
+    until = clock_deadline_ms(timeout >= 0 ? (uint64_t)timeout : 0);
     pthread_mutex_lock(&r->mtx);
     while (!r->done) {
         if (timeout < 0) {
@@ -279,19 +272,12 @@ iov_copy(struct iovec *out, const nng_iov *iov, unsigned n)
     return k;
 }
 
-/* The milliseconds left of `timeout` counted from `start`: 0 once it has passed;
- * NNG_DURATION_INFINITE stays so. The bound is a whole call's, so a peer that trickles
- * bytes does not stretch it. */
+/* The milliseconds left of `timeout` counted from `start` (clock_left_ms): 0 once it has
+ * passed; NNG_DURATION_INFINITE stays so. */
 static nng_duration
 time_left(nng_time start, nng_duration timeout)
 {
-    nng_time gone;
-
-    if (timeout < 0) {
-        return timeout;
-    }
-    gone = nng_clock() - start;
-    return gone < (nng_time)timeout ? (nng_duration)((nng_time)timeout - gone) : 0;
+    return clock_left_ms(start, timeout, nng_clock());
 }
 
 /* Sets the plain socket's SO_RCVTIMEO to ms (> 0) rounded up to 100 ms, unless it is that

@@ -18,6 +18,8 @@
 
 #include <nng/supplemental/util/platform.h>
 
+#include "clock.h"
+
 struct dltls {
     atomic_uint holds;
     nng_tls_config *nng;
@@ -70,12 +72,20 @@ dltls_new(bool server, const char *ca_pem, const char *cert_pem, const char *key
     int ret;
 
     *out = NULL;
-    if (t == NULL || (server_name != NULL && (t->server_name = strdup(server_name)) == NULL)) {
+    /* Without a CA the server cannot be verified: refused rather than trusting anyone. */
+    if (!server && ca_pem == NULL) {
+        code = status_set(st, DC_INVALID_ARGUMENT,
+                          "a tls+tcp:// dialer needs a CA certificate to verify the server");
+    } else if (t == NULL ||
+               (server_name != NULL && (t->server_name = strdup(server_name)) == NULL)) {
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    if (code != DC_OK) {
         free(t);
         if (nng != NULL) {
             nng_tls_config_free(nng);
         }
-        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        return code;
     }
     atomic_init(&t->holds, 1);
     t->nng = nng;
@@ -123,11 +133,6 @@ dltls_new(bool server, const char *ca_pem, const char *cert_pem, const char *key
             code = pem_error(st, "certificate and key", ret);
             goto fail;
         }
-    }
-    if (!server && ca_pem == NULL) {
-        code = status_set(st, DC_INVALID_ARGUMENT,
-                          "a tls+tcp:// dialer needs a CA certificate to verify the server");
-        goto fail;
     }
     mbedtls_ssl_conf_authmode(&t->conf, !server || verify_peer ? MBEDTLS_SSL_VERIFY_REQUIRED
                                                                : MBEDTLS_SSL_VERIFY_NONE);
@@ -294,13 +299,7 @@ dltls_run(struct dltls_conn *c, enum tls_step step, uint8_t *buf, size_t len, si
         if (rv != 0 || p.events == 0) {
             return rv;
         }
-        if (timeout >= 0) {
-            nng_time gone = nng_clock() - start;
-            left          = gone < (nng_time)timeout ? (nng_duration)((nng_time)timeout - gone) : 0;
-        } else {
-            left = -1;
-        }
-        if (left == 0) {
+        if ((left = clock_left_ms(start, timeout, nng_clock())) == 0) {
             if (step != STEP_RECV) {
                 /* Part of a record or of the handshake may have gone: the stream is cut. */
                 pthread_mutex_lock(&c->mtx);

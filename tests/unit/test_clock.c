@@ -51,12 +51,28 @@ test_a_deadline_lies_ahead_on_the_monotonic_clock(void **state)
     assert_true(d.tv_sec - now.tv_sec >= 1 && d.tv_sec - now.tv_sec <= 3);
 }
 
+/* What is left of a bound: all of it at its start, the rest part way, 0 once past (never
+ * negative), a start after now counted as now, and no bound (negative) kept as it is. */
+static void
+test_what_is_left_of_a_bound(void **state)
+{
+    (void)state;
+    assert_int_equal(clock_left_ms(1000, 500, 1000), 500);
+    assert_int_equal(clock_left_ms(1000, 500, 1200), 300);
+    assert_int_equal(clock_left_ms(1000, 500, 1500), 0);
+    assert_int_equal(clock_left_ms(1000, 500, 9000), 0);
+    assert_int_equal(clock_left_ms(1000, 500, 900), 500);
+    assert_int_equal(clock_left_ms(1000, 0, 1000), 0);
+    assert_int_equal(clock_left_ms(1000, -1, 5000), -1);
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_pause_lasts_what_it_asks),
         cmocka_unit_test(test_a_deadline_lies_ahead_on_the_monotonic_clock),
+        cmocka_unit_test(test_what_is_left_of_a_bound),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

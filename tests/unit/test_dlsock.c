@@ -225,8 +225,26 @@ test_dial_refused_and_nng_peer(void **state)
     dlsock_listener_free(l);
 }
 
+/* Dials host on l's port and takes the connection: a plain socket on both ends. l freed. */
+static void
+assert_plain_both_ends(struct dlsock_listener *l, const char *host, int port)
+{
+    struct dlsock *a, *b;
+    char url[320];
+
+    snprintf(url, sizeof(url), "tcp://%s:%d", host, port);
+    assert_int_equal(dlsock_dial(url, NULL, 2000, &a), 0);
+    assert_int_equal(dlsock_accept(l, &b), 0);
+    assert_true(dlsock_is_plain(a));
+    assert_true(dlsock_is_plain(b));
+    dlsock_free(a);
+    dlsock_free(b);
+    dlsock_listener_free(l);
+}
+
 /* Which addresses get plain sockets: numeric ones (IPv4, bracketed IPv6) and localhost, on
- * both ends; a url that is no plain tcp:// address goes to nng, which refuses this one. */
+ * both ends (names: the next test); a url that is no tcp:// address goes to nng, which
+ * refuses this one. */
 static void
 test_addresses(void **state)
 {
@@ -236,7 +254,6 @@ test_addresses(void **state)
     (void)state;
     for (size_t i = 0; i < sizeof(hosts) / sizeof(hosts[0]); i++) {
         struct dlsock_listener *l;
-        struct dlsock *a, *b;
         char url[64];
         int port;
 
@@ -245,14 +262,7 @@ test_addresses(void **state)
             assert_string_equal(hosts[i], "[::1]"); /* a machine without IPv6 loopback */
             continue;
         }
-        snprintf(url, sizeof(url), "tcp://%s:%d", hosts[i], port);
-        assert_int_equal(dlsock_dial(url, NULL, 2000, &a), 0);
-        assert_int_equal(dlsock_accept(l, &b), 0);
-        assert_true(dlsock_is_plain(a));
-        assert_true(dlsock_is_plain(b));
-        dlsock_free(a);
-        dlsock_free(b);
-        dlsock_listener_free(l);
+        assert_plain_both_ends(l, hosts[i], port);
     }
     assert_int_not_equal(dlsock_dial("tcp://127.0.0.1:http", NULL, 500, &s), 0);
     assert_null(s);
@@ -266,8 +276,7 @@ test_a_name_is_a_plain_socket(void **state)
 {
     struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *res = NULL;
     struct dlsock_listener *l;
-    struct dlsock *a, *b;
-    char name[256], url[320];
+    char name[256];
     bool loopback;
     int port;
 
@@ -282,14 +291,7 @@ test_a_name_is_a_plain_socket(void **state)
         skip();
     }
     assert_int_equal(dlsock_listen("tcp://0.0.0.0:0", NULL, &l, &port), 0);
-    snprintf(url, sizeof(url), "tcp://%s:%d", name, port);
-    assert_int_equal(dlsock_dial(url, NULL, 2000, &a), 0);
-    assert_int_equal(dlsock_accept(l, &b), 0);
-    assert_true(dlsock_is_plain(a));
-    assert_true(dlsock_is_plain(b));
-    dlsock_free(a);
-    dlsock_free(b);
-    dlsock_listener_free(l);
+    assert_plain_both_ends(l, name, port);
 }
 
 int
