@@ -491,7 +491,11 @@ f_cordon_worker(CSVC *s, const Devcoord__V1__WorkerNameRequest *in,
     closure(&resp, cd);
 }
 
-/* Five devices in pages of two, out of order, named as the coordinator names them. */
+static char long_worker_name[DC_WORKER_NAME_MAX + 2];
+
+/* Five devices in pages of two, out of order, named as the coordinator names them. Label
+ * filter "fail=p2" fails the third page; "bad=p0" gives the first page's second device a
+ * worker name one byte too long. */
 static void
 f_list_devices(CSVC *s, const Devcoord__V1__ListDevicesRequest *in,
                Devcoord__V1__ListDevicesResponse_Closure closure, void *cd)
@@ -512,8 +516,12 @@ f_list_devices(CSVC *s, const Devcoord__V1__ListDevicesRequest *in,
         page = 0;
     } else if (strcmp(in->page_token, "p1") == 0) {
         page = 1;
-    } else if (strcmp(in->page_token, "p2") == 0) {
+    } else if (strcmp(in->page_token, "p2") == 0 && strcmp(in->label, "fail=p2") != 0) {
         page = 2;
+    } else if (strcmp(in->page_token, "p2") == 0) {
+        status_set(rpc_call_status(cd), DC_UNAVAILABLE, "page 2 is not to be had");
+        closure(NULL, cd);
+        return;
     } else {
         status_set(rpc_call_status(cd), DC_INVALID_ARGUMENT, "bad page token");
         closure(NULL, cd);
@@ -528,8 +536,11 @@ f_list_devices(CSVC *s, const Devcoord__V1__ListDevicesRequest *in,
         snprintf(names[i], sizeof(names[i]), "node-a/cuda:%u", index[first + i]);
         /* The last one is on another worker (the fake ignores the filter) and comes without
          * a name: the client makes it. */
-        info[i].name         = first + i == 4 ? "" : names[i];
-        info[i].worker       = first + i == 4 ? "node-b" : "node-a";
+        info[i].name   = first + i == 4 ? "" : names[i];
+        info[i].worker = first + i == 4 ? "node-b" : "node-a";
+        if (page == 0 && i == 1 && strcmp(in->label, "bad=p0") == 0) {
+            info[i].worker = long_worker_name; /* past DC_WORKER_NAME_MAX */
+        }
         info[i].device       = &dev[i];
         info[i].state        = DEVCOORD__V1__DEVICE_STATE__DEVICE_HEALTHY;
         info[i].memory_bytes = 80;
@@ -892,6 +903,23 @@ test_registry_calls(void **state)
     assert_int_equal(dl->devices[4].state, DC_DEVICE_HEALTHY);
     assert_int_equal(dl->devices[4].memory_bytes, 80);
     dc_device_list_free(dl);
+
+    /* A later page that fails fails the listing, with its status; the page fetched while
+     * the one before it was read is waited for and freed (a leak here shows under ASan). */
+    flt.label          = "fail=p2";
+    list_devices_calls = 0;
+    dl                 = (dc_device_list *)&flt; /* must come back NULL */
+    assert_int_equal(dc_list_devices(c, &flt, &dl, &st), DC_UNAVAILABLE);
+    assert_string_equal(st.message, "page 2 is not to be had");
+    assert_null(dl);
+    assert_int_equal(list_devices_calls, 3);
+    /* A bad device on the first page fails it while the second page is on its way. */
+    memset(long_worker_name, 'w', sizeof(long_worker_name) - 1);
+    flt.label = "bad=p0";
+    assert_int_equal(dc_list_devices(c, &flt, &dl, &st), DC_INTERNAL);
+    assert_prefix(st.message, "malformed reply: worker name longer than");
+    assert_null(dl);
+    flt.label = NULL;
 
     assert_int_equal(dc_get_device(c, "node-a/cpu", &di, &st), DC_OK);
     assert_string_equal(di.name, "node-a/cpu:0");
