@@ -53,6 +53,37 @@ struct dlsock_listener {
 
 /* ---- addresses --------------------------------------------------------------------------- */
 
+/* The addresses a url's host stands for, in the resolver's order: a dial tries them in turn
+ * (a name may stand for an IPv6 address first and the peer listen on IPv4 only), a listener
+ * takes the first. */
+#define ADDRS_MAX 8
+
+struct addrs {
+    struct sockaddr_storage ss[ADDRS_MAX];
+    socklen_t len[ADDRS_MAX];
+    unsigned n;
+};
+
+static void
+addrs_take(struct addrs *a, const struct addrinfo *res)
+{
+    for (a->n = 0; res != NULL && a->n < ADDRS_MAX; res = res->ai_next) {
+        if (res->ai_addr != NULL && res->ai_addrlen <= sizeof(a->ss[0])) {
+            memcpy(&a->ss[a->n], res->ai_addr, res->ai_addrlen);
+            a->len[a->n++] = res->ai_addrlen;
+        }
+    }
+}
+
+/* What resolves names (getaddrinfo, unless a test set another before any dial). */
+static dlsock_resolve_fn resolver = getaddrinfo;
+
+void
+dlsock_set_resolver(dlsock_resolve_fn fn)
+{
+    resolver = fn != NULL ? fn : getaddrinfo;
+}
+
 /* A name's resolution on a thread of its own, so that the caller can stop waiting for it:
  * getaddrinfo has no bound of its own (a DNS server that does not answer holds it for
  * seconds per try). The last of the caller and the thread to let go frees it. */
@@ -61,10 +92,8 @@ struct resolve {
     pthread_cond_t cv;
     unsigned holds; /* 2, then 1 once the caller or the thread lets go */
     bool done;
-    int rv; /* getaddrinfo's */
     char host[ADDRESS_MAX + 1], port[8];
-    struct sockaddr_storage ss;
-    socklen_t len;
+    struct addrs addrs; /* none: not resolved */
 };
 
 static void
@@ -88,13 +117,11 @@ resolve_main(void *arg)
     struct resolve *r     = arg;
     struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV };
     struct addrinfo *res  = NULL;
-    int rv                = getaddrinfo(r->host, r->port, &hints, &res);
+    int rv                = resolver(r->host, r->port, &hints, &res);
 
     pthread_mutex_lock(&r->mtx);
-    if ((r->rv = rv) == 0) {
-        /* The first address, as nng's resolver takes. */
-        memcpy(&r->ss, res->ai_addr, res->ai_addrlen);
-        r->len = res->ai_addrlen;
+    if (rv == 0) {
+        addrs_take(&r->addrs, res);
     }
     r->done = true;
     pthread_cond_signal(&r->cv);
@@ -106,11 +133,10 @@ resolve_main(void *arg)
     return NULL;
 }
 
-/* host's first address for port, resolved within timeout ms (< 0: no bound): 0, or -1 (not
+/* host's addresses for port, resolved within timeout ms (< 0: no bound): 0, or -1 (not
  * resolved in time, or not at all). */
 static int
-resolve_bounded(const char *host, const char *port, nng_duration timeout,
-                struct sockaddr_storage *ss, socklen_t *len)
+resolve_bounded(const char *host, const char *port, nng_duration timeout, struct addrs *out)
 {
     struct resolve *r = calloc(1, sizeof(*r));
     struct timespec until;
@@ -145,9 +171,8 @@ resolve_bounded(const char *host, const char *port, nng_duration timeout,
             break;
         }
     }
-    if (r->done && r->rv == 0) {
-        memcpy(ss, &r->ss, r->len);
-        *len = r->len;
+    if (r->done && r->addrs.n > 0) {
+        *out = r->addrs;
         rv   = 0;
     }
     pthread_mutex_unlock(&r->mtx);
@@ -155,13 +180,12 @@ resolve_bounded(const char *host, const char *port, nng_duration timeout,
     return rv;
 }
 
-/* The address of a "tcp://host:port" url, "tls+tcp://host:port" when tls (host: an IPv4 or
+/* The addresses of a "tcp://host:port" url, "tls+tcp://host:port" when tls (host: an IPv4 or
  * bracketed IPv6 address, "localhost", or a name resolved within timeout ms; empty or "*"
  * for any when passive): 0, or -1 when url is anything else (another scheme), or its name
  * did not resolve in time, and it goes to nng. */
 static int
-plain_addr(const char *url, bool tls, bool passive, nng_duration timeout,
-           struct sockaddr_storage *ss, socklen_t *len)
+plain_addr(const char *url, bool tls, bool passive, nng_duration timeout, struct addrs *out)
 {
     struct addrinfo hints = { .ai_socktype = SOCK_STREAM,
                               .ai_flags    = AI_NUMERICHOST | AI_NUMERICSERV };
@@ -191,15 +215,13 @@ plain_addr(const char *url, bool tls, bool passive, nng_duration timeout,
     }
     if ((rv = getaddrinfo(hints.ai_flags & AI_PASSIVE ? NULL : h, port + 1, &hints, &res)) != 0) {
         /* Not a numeric address: a name. */
-        return rv == EAI_NONAME ? resolve_bounded(h, port + 1, timeout, ss, len) : -1;
+        return rv == EAI_NONAME ? resolve_bounded(h, port + 1, timeout, out) : -1;
     }
-    memcpy(ss, res->ai_addr, res->ai_addrlen);
-    *len = res->ai_addrlen;
+    addrs_take(out, res);
     freeaddrinfo(res);
-    return 0;
+    return out->n > 0 ? 0 : -1;
 }
 
-/* nng's code for errno e. */
 static int
 nng_code(int e)
 {
@@ -585,18 +607,28 @@ sock_tls(struct dlsock **s, struct dltls *tls, bool dialer, nng_time start, uint
 int
 dlsock_dial(const char *url, struct dltls *tls, uint32_t timeout_ms, struct dlsock **out)
 {
-    struct sockaddr_storage ss;
+    struct addrs a;
     nng_stream_dialer *d = NULL;
     nng_aio *aio         = NULL;
     nng_time start       = nng_clock();
-    socklen_t len;
-    int fd = -1, rv;
+    int fd               = -1, rv;
 
     *out = NULL;
-    if (plain_addr(url, tls != NULL, false, (nng_duration)timeout_ms, &ss, &len) == 0) {
-        nng_duration left = time_left(start, (nng_duration)timeout_ms);
-        if ((rv = left > 0 ? plain_dial(&ss, len, (uint32_t)left, &fd) : NNG_ETIMEDOUT) != 0 ||
-            (rv = sock_of_fd(fd, out)) != 0) {
+    if (plain_addr(url, tls != NULL, false, (nng_duration)timeout_ms, &a) == 0) {
+        /* Each address in turn, with what is left of the bound: a refused one costs nothing,
+         * one that does not answer may take all of it. The last one's error. */
+        rv = NNG_ETIMEDOUT;
+        for (unsigned i = 0; i < a.n; i++) {
+            nng_duration left = time_left(start, (nng_duration)timeout_ms);
+            if (left <= 0) {
+                rv = NNG_ETIMEDOUT;
+                break;
+            }
+            if ((rv = plain_dial(&a.ss[i], a.len[i], (uint32_t)left, &fd)) == 0) {
+                break;
+            }
+        }
+        if (rv != 0 || (rv = sock_of_fd(fd, out)) != 0) {
             return rv;
         }
         return tls != NULL ? sock_tls(out, tls, true, start, timeout_ms) : 0;
@@ -709,6 +741,7 @@ dlsock_listen(const char *url, struct dltls *tls, struct dlsock_listener **out, 
 {
     struct dlsock_listener *l = calloc(1, sizeof(*l));
     struct sockaddr_storage ss;
+    struct addrs a;
     socklen_t len;
     int rv = 0, one = 1;
 
@@ -718,7 +751,9 @@ dlsock_listen(const char *url, struct dltls *tls, struct dlsock_listener **out, 
     }
     l->fd = -1;
     atomic_init(&l->closed, false);
-    if (plain_addr(url, tls != NULL, true, LISTEN_RESOLVE_MS, &ss, &len) == 0) {
+    if (plain_addr(url, tls != NULL, true, LISTEN_RESOLVE_MS, &a) == 0) {
+        ss     = a.ss[0];
+        len    = a.len[0];
         l->tls = tls != NULL ? dltls_hold(tls) : NULL;
         if ((l->fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
             setsockopt(l->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||

@@ -8,6 +8,7 @@
 
 #include <netdb.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -268,30 +269,138 @@ test_addresses(void **state)
     assert_null(s);
 }
 
+/* This machine's own name into name, when it resolves to an IPv4 loopback address first. */
+static bool
+own_name_on_loopback(char *name, size_t cap)
+{
+    struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *res = NULL;
+    bool loopback;
+
+    if (gethostname(name, cap) != 0 || getaddrinfo(name, NULL, &hints, &res) != 0) {
+        return false;
+    }
+    loopback = res->ai_family == AF_INET &&
+               (ntohl(((struct sockaddr_in *)res->ai_addr)->sin_addr.s_addr) >> 24) == 127;
+    freeaddrinfo(res);
+    return loopback;
+}
+
 /* A host given by name is resolved (within the dial's bound) and dialled on a plain socket,
  * not handed to nng: this machine's own name, when it resolves to an IPv4 loopback address
  * first (else the test is skipped). */
 static void
 test_a_name_is_a_plain_socket(void **state)
 {
-    struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *res = NULL;
     struct dlsock_listener *l;
     char name[256];
-    bool loopback;
     int port;
 
     (void)state;
-    if (gethostname(name, sizeof(name)) != 0 || getaddrinfo(name, NULL, &hints, &res) != 0) {
-        skip();
-    }
-    loopback = res->ai_family == AF_INET &&
-               (ntohl(((struct sockaddr_in *)res->ai_addr)->sin_addr.s_addr) >> 24) == 127;
-    freeaddrinfo(res);
-    if (!loopback) {
+    if (!own_name_on_loopback(name, sizeof(name))) {
         skip();
     }
     assert_int_equal(dlsock_listen("tcp://0.0.0.0:0", NULL, &l, &port), 0);
     assert_plain_both_ends(l, name, port);
+}
+
+static atomic_int resolved;
+
+/* "two.test" stands for 127.0.0.2, where nothing listens, then 127.0.0.1; "none.test" for
+ * 127.0.0.2 alone. A list of two glibc lists, which freeaddrinfo frees node by node. */
+static int
+two_addresses(const char *host, const char *port, const struct addrinfo *hints,
+              struct addrinfo **res)
+{
+    struct addrinfo numeric = *hints, *first = NULL, *second = NULL, *end;
+    bool two = strcmp(host, "two.test") == 0;
+
+    atomic_fetch_add(&resolved, 1);
+    if (!two && strcmp(host, "none.test") != 0) {
+        return EAI_NONAME;
+    }
+    numeric.ai_flags |= AI_NUMERICHOST;
+    if (getaddrinfo("127.0.0.2", port, &numeric, &first) != 0) {
+        return EAI_FAIL;
+    }
+    if (two && getaddrinfo("127.0.0.1", port, &numeric, &second) != 0) {
+        freeaddrinfo(first);
+        return EAI_FAIL;
+    }
+    for (end = first; end->ai_next != NULL; end = end->ai_next) {
+    }
+    end->ai_next = second;
+    *res         = first;
+    return 0;
+}
+
+/* A name's addresses are tried in turn: the first refuses, the second takes the connection. */
+static void
+test_a_name_tries_each_address(void **state)
+{
+    struct dlsock_listener *l;
+    struct dlsock *a = NULL;
+    char url[64];
+    int port;
+
+    (void)state;
+    atomic_store(&resolved, 0);
+    dlsock_set_resolver(two_addresses);
+    assert_int_equal(dlsock_listen("tcp://127.0.0.1:0", NULL, &l, &port), 0);
+    assert_plain_both_ends(l, "two.test", port); /* frees l */
+    assert_int_equal(atomic_load(&resolved), 1);
+    /* With no address that takes it, the last one's refusal. */
+    snprintf(url, sizeof(url), "tcp://none.test:%d", port);
+    assert_int_equal(dlsock_dial(url, NULL, 2000, &a), NNG_ECONNREFUSED);
+    assert_null(a);
+    assert_int_equal(atomic_load(&resolved), 2);
+    dlsock_set_resolver(NULL);
+}
+
+static atomic_int stalls_done;
+
+/* Answers as getaddrinfo, a second late. */
+static int
+stalled(const char *host, const char *port, const struct addrinfo *hints, struct addrinfo **res)
+{
+    int rv;
+
+    nng_msleep(1000);
+    rv = getaddrinfo(host, port, hints, res);
+    atomic_fetch_add(&stalls_done, 1);
+    return rv;
+}
+
+/* A name that does not resolve within the dial's bound goes to nng, which resolves it itself:
+ * the connection is made, as an nng stream. */
+static void
+test_a_name_not_resolved_in_time_goes_to_nng(void **state)
+{
+    struct dlsock_listener *l;
+    struct dlsock *a, *b;
+    char name[256], url[320];
+    int port;
+
+    (void)state;
+    if (!own_name_on_loopback(name, sizeof(name))) {
+        skip();
+    }
+    atomic_store(&stalls_done, 0);
+    dlsock_set_resolver(stalled);
+    assert_int_equal(dlsock_listen("tcp://0.0.0.0:0", NULL, &l, &port), 0);
+    snprintf(url, sizeof(url), "tcp://%s:%d", name, port);
+    assert_int_equal(dlsock_dial(url, NULL, 300, &a), 0);
+    assert_int_equal(dlsock_accept(l, &b), 0);
+    assert_false(dlsock_is_plain(a));
+    assert_int_equal(atomic_load(&stalls_done), 0); /* it was not waited for */
+    dlsock_free(a);
+    dlsock_free(b);
+    dlsock_listener_free(l);
+    /* The stalled resolution ends on its own thread, and frees what it holds. */
+    for (int i = 0; i < 500 && atomic_load(&stalls_done) == 0; i++) {
+        nng_msleep(10);
+    }
+    assert_int_equal(atomic_load(&stalls_done), 1);
+    dlsock_set_resolver(NULL);
 }
 
 int
@@ -304,6 +413,8 @@ main(void)
         cmocka_unit_test(test_dial_refused_and_nng_peer),
         cmocka_unit_test(test_addresses),
         cmocka_unit_test(test_a_name_is_a_plain_socket),
+        cmocka_unit_test(test_a_name_tries_each_address),
+        cmocka_unit_test(test_a_name_not_resolved_in_time_goes_to_nng),
     };
     int rv = cmocka_run_group_tests(tests, NULL, NULL);
 
