@@ -30,15 +30,19 @@ struct ha {
     pthread_cond_t cv;
     bool stop;
     enum ha_role role;
-    bool serving;        /* leader whose on_lead succeeded */
-    uint64_t term;       /* leader: ours; follower: the leader's */
-    uint64_t renewed_ms; /* when the last renewal that succeeded started (monotonic) */
+    bool serving;  /* leader whose on_lead succeeded */
+    uint64_t term; /* leader: ours; follower: the leader's */
+    /* When the last round that renewed the lease and found the leader key still ours started
+     * (monotonic): a renewal alone does not keep a leader serving, as its key may have been
+     * deleted and made again by another coordinator with a lease of its own. */
+    uint64_t renewed_ms;
     char leader[ADDRESS_MAX + 1];
     char why[160]; /* candidate: why no leader is known */
 
     /* Election thread only. */
     int64_t lease;
     bool renew_failing;     /* logged once per outage */
+    bool confirm_failing;   /* the leader key could not be read back: logged once */
     char grant_failed[160]; /* the last lease grant failure logged ("" when it succeeded) */
 };
 
@@ -176,9 +180,6 @@ ha_round(struct ha *h)
         }
         h->grant_failed[0] = '\0';
         h->lease           = id;
-        pthread_mutex_lock(&h->mu);
-        h->renewed_ms = started;
-        pthread_mutex_unlock(&h->mu);
         log_info("etcd lease %" PRIx64 " granted for %" PRId64 " s", (uint64_t)id, granted);
     } else {
         int64_t ttl = 0;
@@ -206,13 +207,23 @@ ha_round(struct ha *h)
             ha_set_why(h, "lease expired; campaigning again");
             return;
         }
-        pthread_mutex_lock(&h->mu);
-        h->renewed_ms = started;
-        pthread_mutex_unlock(&h->mu);
     }
     if (etcd_create(h->etcd, h->leader_key, h->advertise, h->lease, &won, &kv, &st) != DC_OK) {
-        ha_set_why(h, st.message);
+        pthread_mutex_lock(&h->mu);
+        bool leading = h->role == ROLE_LEADER;
+        snprintf(h->why, sizeof(h->why), "%.150s", st.message);
+        pthread_mutex_unlock(&h->mu);
+        if (leading && !h->confirm_failing) {
+            log_warn("cannot read the leader key back from etcd: %s (not serving once the last "
+                     "confirmation is stale)",
+                     st.message);
+        }
+        h->confirm_failing = true;
         return;
+    }
+    if (h->confirm_failing) {
+        log_info("the leader key is read back from etcd again");
+        h->confirm_failing = false;
     }
     if (won || (kv.lease == h->lease && kv.create_revision > 0)) {
         uint64_t term = (uint64_t)kv.create_revision;
@@ -225,8 +236,9 @@ ha_round(struct ha *h)
             ha_step_down(h, ROLE_CANDIDATE, "its term changed");
             pthread_mutex_lock(&h->mu);
         }
-        h->role = ROLE_LEADER;
-        h->term = term;
+        h->role       = ROLE_LEADER;
+        h->term       = term;
+        h->renewed_ms = started; /* the lease renewed and the key ours, both since started */
         snprintf(h->leader, sizeof(h->leader), "%s", h->advertise);
         pthread_mutex_unlock(&h->mu);
         if (new_term) {

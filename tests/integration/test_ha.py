@@ -7,12 +7,15 @@ etcd-server).
 """
 
 import base64
+import http.client
+import http.server
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import unittest
 import urllib.error
@@ -32,15 +35,65 @@ ETCD_USER = "devcoord"
 ETCD_ROOT_PASSWORD = "root-pw-for-the-test"
 
 
+class EtcdProxy:
+    """A plain HTTP proxy in front of etcd's gateway that answers one path with HTTP 503
+    while fail_path names it: etcd answering some of a coordinator's requests and not
+    others."""
+
+    def __init__(self, target_port):
+        self.fail_path = None
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if proxy.fail_path is not None and self.path == proxy.fail_path:
+                    status, out = 503, b'{"error": "failed by the test proxy", "code": 14}'
+                else:
+                    conn = http.client.HTTPConnection("127.0.0.1", target_port, timeout=5)
+                    try:
+                        conn.request(self.command, self.path, body,
+                                     {"Content-Type": "application/json"})
+                        r = conn.getresponse()
+                        status, out = r.status, r.read()
+                    finally:
+                        conn.close()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            do_GET = do_POST
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+
 class HACluster(harness.Cluster):
     """etcd, three coordinators on it, and workers (harness.Cluster's) listing all three.
 
     tls: etcd serves https:// with the harness's test PKI and asks for a client certificate
     (--client-cert-auth); the coordinators trust the test CA (ca="other": an unrelated CA) and present the
     test client certificate. auth: etcd has auth enabled with a user ETCD_USER allowed on
-    the prefix only; the coordinators log in with `password` (default the right one)."""
+    the prefix only; the coordinators log in with `password` (default the right one).
+    proxy: the coordinators reach etcd through an EtcdProxy (self.proxy), plain http only."""
 
-    def __init__(self, n_coordinators=3, tls=False, ca=None, auth=False, password=None):
+    def __init__(self, n_coordinators=3, tls=False, ca=None, auth=False, password=None,
+                 proxy=False):
         super().__init__(heartbeat_ms=HEARTBEAT_MS, dead_after_ms=4 * HEARTBEAT_MS,
                          tmp_prefix="devcoord-ha-")
         self.etcd_port, self.etcd_peer = free_port(), free_port()
@@ -66,10 +119,12 @@ class HACluster(harness.Cluster):
             args += ["--cert-file", self.pki.server, "--key-file", self.pki.server_key,
                      "--trusted-ca-file", self.pki.ca, "--client-cert-auth"]
         self.etcd = Daemon("etcd", args, self.path("etcd.log"))
+        self.proxy = EtcdProxy(self.etcd_port) if proxy else None
         self.coord_ports = [free_port() for _ in range(n_coordinators)]
         self.coords = []
         for i, port in enumerate(self.coord_ports):
-            state = {"backend": "etcd", "endpoints": [self.etcd_url],
+            state = {"backend": "etcd",
+                     "endpoints": [self.proxy.url if proxy else self.etcd_url],
                      "prefix": "/devcoord/test", "lease_ttl_ms": LEASE_TTL_MS}
             if tls:
                 state.update({"ca": self.pki.other_ca if ca == "other" else self.pki.ca,
@@ -214,6 +269,8 @@ class HACluster(harness.Cluster):
             harness.stop_groups([list(self.workers.values()), self.coords, [self.etcd]],
                                 problems, any_exit=[self.etcd])
         finally:
+            if self.proxy is not None:
+                self.proxy.close()
             for d in self.all_daemons():
                 d.kill_quietly()
             self.tails = self.log_tails()
@@ -425,6 +482,44 @@ class HATest(harness.ClusterTestCase):
         terms = re.findall(r"leading as \S+ \(term (\d+)\)", self.c.coords[i].log_text())
         self.assertTrue(terms, "coordinator %d never led" % i)
         return terms[-1]
+
+
+@unittest.skipUnless(os.path.exists(ETCD), "%s missing: install etcd-server "
+                     "(.ci/setup-debian.sh test) to run the HA tests" % ETCD)
+class HALeaderKeyTest(harness.ClusterTestCase):
+    def test_a_leader_that_cannot_read_its_key_back_stops_serving(self):
+        """etcd renews the leader's lease but fails every txn (the proxy answers 503): the
+        leader cannot see whether its leader key is still its own, and stops serving once
+        its last confirmation is two thirds of the TTL old (before, each renewal alone kept
+        it serving, also after another coordinator had deleted the key and made it again).
+        When the txns come back, it follows whoever holds the key now."""
+        c = HACluster(n_coordinators=1, proxy=True)
+        self._clusters.append(c)
+        self.addCleanup(c.close)
+        self.assertEqual(c.start(), 0)
+        c.proxy.fail_path = "/v3/kv/txn"
+        code, msg = wait_until(lambda: (lambda a: a if a[0] != "OK" else None)(c.answers(0)),
+                               LEASE_TTL_MS / 1000.0 * 3, "the leader to stop serving")
+        self.assertEqual(code, "UNAVAILABLE", msg)
+        self.assertIn("is not confirmed", msg)
+        self.assertIn("cannot read the leader key back from etcd", c.coords[0].log_text())
+
+        # Meanwhile another coordinator's key replaced it, with a lease of its own.
+        def b64(text):
+            return base64.b64encode(text.encode()).decode()
+        key = b64("/devcoord/test/leader")
+        status, granted = c.etcd_request("/v3/lease/grant", {"TTL": 60})
+        self.assertEqual(status, 200, granted)
+        self.assertEqual(c.etcd_request("/v3/kv/deleterange", {"key": key})[0], 200)
+        status, res = c.etcd_request("/v3/kv/put", {"key": key, "value": b64("tcp://10.9.9.9:1"),
+                                                    "lease": granted["ID"]})
+        self.assertEqual(status, 200, res)
+        c.proxy.fail_path = None
+        code, msg = wait_until(
+            lambda: (lambda a: a if "tcp://10.9.9.9:1" in a[1] else None)(c.answers(0)),
+            LEASE_TTL_MS / 1000.0 * 3, "the old leader to follow the new key's holder")
+        self.assertEqual(code, "UNAVAILABLE", msg)
+        self.assertIn("the leader key is read back from etcd again", c.coords[0].log_text())
 
 
 @unittest.skipUnless(os.path.exists(ETCD), "%s missing: install etcd-server "
