@@ -411,6 +411,29 @@ ha_load_intent(struct ha *h, struct registry *r, size_t *restored, dc_status *st
         return code;
     }
     code = state_load_text(h->intent_key, kv.value, kv.len, r, restored, st);
+    if (code == DC_DATA_LOSS) {
+        /* The next change would replace it: what it held is kept under a key of its own,
+         * for the operator (as the term allows: this runs as the leader starts). */
+        char kept[sizeof(h->intent_key) + sizeof(STATE_UNREADABLE_SUFFIX)];
+        size_t at = strlen(st->message);
+        dc_status put;
+        uint64_t term;
+
+        pthread_mutex_lock(&h->mu);
+        term = h->role == ROLE_LEADER ? h->term : 0;
+        pthread_mutex_unlock(&h->mu);
+        snprintf(kept, sizeof(kept), "%s%s", h->intent_key, STATE_UNREADABLE_SUFFIX);
+        status_clear(&put);
+        if (term == 0) {
+            status_set(&put, DC_UNAVAILABLE, "not the leader");
+        } else {
+            (void)etcd_put_guarded(h->etcd, kept, kv.value, kv.len, h->leader_key, (int64_t)term,
+                                   &put);
+        }
+        snprintf(st->message + at, sizeof(st->message) - at, "; %s %s%s%s",
+                 put.code == DC_OK ? "kept as" : "could not keep it as", kept,
+                 put.code == DC_OK ? "" : ": ", put.code == DC_OK ? "" : put.message);
+    }
     etcd_kv_clear(&kv);
     return code;
 }

@@ -77,7 +77,9 @@ void ha_describe(struct ha *h, char *buf, size_t cap);
 dc_code ha_save_intent(struct ha *h, const struct registry_intent_entry *entries, size_t n,
                        dc_status *st);
 
-/* Restores PREFIX/intent into r (nothing when there is none). */
+/* Restores PREFIX/intent into r (nothing when there is none). Intent that does not parse
+ * (DC_DATA_LOSS) is kept under PREFIX/intent.unreadable first, as the next change would
+ * replace it; st says where it went. */
 dc_code ha_load_intent(struct ha *h, struct registry *r, size_t *restored, dc_status *st);
 
 #endif

@@ -12,9 +12,13 @@
 #include "status.h"
 
 #define STATE_FILE "intent.state"
+/* Where unreadable intent is kept (a file's name, an etcd key's), as the next save would
+ * replace it. */
+#define STATE_UNREADABLE_SUFFIX ".unreadable"
 
 /* Restores intent from dir into r. DC_OK when there is no file; DC_DATA_LOSS (with st) when
- * the file is unusable — then nothing is restored. */
+ * the file is unusable — then nothing is restored, and a file that was read but does not
+ * parse is renamed with STATE_UNREADABLE_SUFFIX (st says where it went). */
 dc_code state_load(const char *dir, struct registry *r, size_t *restored, dc_status *st);
 
 /* Writes entries (every worker's intent) to dir atomically. DC_UNAVAILABLE with the path

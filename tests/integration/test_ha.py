@@ -521,6 +521,36 @@ class HALeaderKeyTest(harness.ClusterTestCase):
         self.assertEqual(code, "UNAVAILABLE", msg)
         self.assertIn("the leader key is read back from etcd again", c.coords[0].log_text())
 
+    def test_unreadable_intent_is_kept_aside_before_a_change_replaces_it(self):
+        """PREFIX/intent that does not parse: the leader leads without it, as before, but
+        first keeps it under PREFIX/intent.unreadable, which the next change (a cordon
+        here) leaves as it was (before, that change overwrote it and it was gone)."""
+        c = HACluster(n_coordinators=1)
+        self._clusters.append(c)
+        self.addCleanup(c.close)
+
+        def b64(text):
+            return base64.b64encode(text.encode()).decode()
+
+        def value(key):
+            status, res = c.etcd_request("/v3/kv/range", {"key": b64(key)})
+            self.assertEqual(status, 200, res)
+            kvs = res.get("kvs", [])
+            return base64.b64decode(kvs[0].get("value", "")).decode() if kvs else None
+        c.start_etcd()
+        garbage = "devcoord-intent 1\ncordon w9\n"  # cut: no end line
+        self.assertEqual(c.etcd_request("/v3/kv/put", {"key": b64("/devcoord/test/intent"),
+                                                       "value": b64(garbage)})[0], 200)
+        c.coords[0].start()
+        self.assertEqual(c.wait_leader(), 0)
+        self.assertIn("kept as /devcoord/test/intent.unreadable", c.coords[0].log_text())
+        self.assertEqual(value("/devcoord/test/intent.unreadable"), garbage)
+        c.add_worker("w1", [{"device": "cpu:0"}])
+        c.wait_registered(0, ["w1"])
+        c.ctl_ok("workers", "cordon", "w1")
+        self.assertIn("cordon w1", value("/devcoord/test/intent"))
+        self.assertEqual(value("/devcoord/test/intent.unreadable"), garbage)
+
 
 @unittest.skipUnless(os.path.exists(ETCD), "%s missing: install etcd-server "
                      "(.ci/setup-debian.sh test) to run the HA tests" % ETCD)

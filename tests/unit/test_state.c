@@ -295,11 +295,15 @@ test_corrupt_is_reported_and_ignored(void **state)
         "",                                             /* empty */
         "devcoord-intent 1\nend 0\ncordon node-a\n",    /* data after the end */
     };
-    char seen[256];
+    static const struct registry_intent_entry later[] = { { "node-z", INTENT_CORDON } };
+    char seen[256], path[256], kept[300], back[256];
     size_t n;
     dc_status st;
+    FILE *f;
 
     (void)state;
+    snprintf(path, sizeof(path), "%s/%s", dir, STATE_FILE);
+    snprintf(kept, sizeof(kept), "%s%s", path, STATE_UNREADABLE_SUFFIX);
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         struct registry *r = fresh();
         write_file(bad[i]);
@@ -310,7 +314,21 @@ test_corrupt_is_reported_and_ignored(void **state)
         registry_each_intent(r, collect, seen);
         assert_string_equal(seen, ""); /* nothing half-applied */
         registry_free(r);
+        /* What it held is kept beside it, and the message says where. */
+        assert_non_null(strstr(st.message, "; kept as "));
+        assert_non_null(strstr(st.message, kept));
+        assert_int_equal(access(path, F_OK), -1);
+        assert_non_null(f = fopen(kept, "r"));
+        n = fread(back, 1, sizeof(back) - 1, f);
+        fclose(f);
+        back[n] = '\0';
+        assert_string_equal(back, bad[i]);
     }
+    /* The next save writes a new file and leaves the kept one as it was. */
+    assert_int_equal(state_save(dir, later, 1, &st), DC_OK);
+    assert_int_equal(access(kept, F_OK), 0);
+    assert_int_equal(access(path, F_OK), 0);
+    unlink(kept);
 }
 
 int
