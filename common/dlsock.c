@@ -84,6 +84,53 @@ dlsock_set_resolver(dlsock_resolve_fn fn)
     resolver = fn != NULL ? fn : getaddrinfo;
 }
 
+/* Resolutions under way, threads that may outlive their dial (a DNS server that does not
+ * answer holds getaddrinfo for seconds per try): at most DLSOCK_RESOLVE_MAX at once, so a
+ * process that keeps dialling names that hang does not keep adding threads. A dial waits
+ * for one to end within its bound. */
+static struct {
+    pthread_mutex_t mtx;
+    pthread_cond_t cv;
+    unsigned running;
+} resolving                          = { .mtx = PTHREAD_MUTEX_INITIALIZER };
+static pthread_once_t resolving_once = PTHREAD_ONCE_INIT;
+
+static void
+resolving_init(void)
+{
+    clock_cond_init(&resolving.cv);
+}
+
+/* A place among the resolutions under way, waited for until `until` (timeout < 0: no
+ * bound); false when none came free in time. */
+static bool
+resolving_enter(nng_duration timeout, const struct timespec *until)
+{
+    bool in = true;
+
+    pthread_once(&resolving_once, resolving_init);
+    pthread_mutex_lock(&resolving.mtx);
+    while (resolving.running >= DLSOCK_RESOLVE_MAX && in) {
+        if (timeout < 0) {
+            pthread_cond_wait(&resolving.cv, &resolving.mtx);
+        } else if (pthread_cond_timedwait(&resolving.cv, &resolving.mtx, until) == ETIMEDOUT) {
+            in = false;
+        }
+    }
+    resolving.running += in;
+    pthread_mutex_unlock(&resolving.mtx);
+    return in;
+}
+
+static void
+resolving_leave(void)
+{
+    pthread_mutex_lock(&resolving.mtx);
+    resolving.running--;
+    pthread_cond_signal(&resolving.cv);
+    pthread_mutex_unlock(&resolving.mtx);
+}
+
 /* A name's resolution on a thread of its own, so that the caller can stop waiting for it:
  * getaddrinfo has no bound of its own (a DNS server that does not answer holds it for
  * seconds per try). The last of the caller and the thread to let go frees it. */
@@ -119,6 +166,7 @@ resolve_main(void *arg)
     struct addrinfo *res  = NULL;
     int rv                = resolver(r->host, r->port, &hints, &res);
 
+    resolving_leave();
     pthread_mutex_lock(&r->mtx);
     if (rv == 0) {
         addrs_take(&r->addrs, res);
@@ -134,7 +182,8 @@ resolve_main(void *arg)
 }
 
 /* host's addresses for port, resolved within timeout ms (< 0: no bound): 0, or -1 (not
- * resolved in time, or not at all). */
+ * resolved in time, waiting for a place among the resolutions under way included, or not at
+ * all). */
 static int
 resolve_bounded(const char *host, const char *port, nng_duration timeout, struct addrs *out)
 {
@@ -153,16 +202,22 @@ resolve_bounded(const char *host, const char *port, nng_duration timeout, struct
     r->holds = 2;
     snprintf(r->host, sizeof(r->host), "%s", host);
     snprintf(r->port, sizeof(r->port), "%s", port);
+    until = clock_deadline_ms(timeout >= 0 ? (uint64_t)timeout : 0);
+    if (!resolving_enter(timeout, &until)) {
+        r->holds = 1;
+        resolve_let_go(r);
+        return -1;
+    }
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     if (pthread_create(&t, &attr, resolve_main, r) != 0) {
         pthread_attr_destroy(&attr);
+        resolving_leave();
         r->holds = 1;
         resolve_let_go(r);
         return -1;
     }
     pthread_attr_destroy(&attr);
-    until = clock_deadline_ms(timeout >= 0 ? (uint64_t)timeout : 0);
     pthread_mutex_lock(&r->mtx);
     while (!r->done) {
         if (timeout < 0) {

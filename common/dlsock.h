@@ -28,6 +28,10 @@ struct dlsock;
 struct dlsock_listener;
 struct dltls;
 
+/* Names resolved at once, at most: each on a thread that may outlive its dial, as
+ * getaddrinfo has no bound of its own. A dial past it waits within its bound. */
+#define DLSOCK_RESOLVE_MAX 32
+
 /* Resolves host names as getaddrinfo does (its list freed with freeaddrinfo); for tests,
  * which set one before any dial (NULL: getaddrinfo again). Numeric addresses never reach
  * it. */

@@ -403,6 +403,101 @@ test_a_name_not_resolved_in_time_goes_to_nng(void **state)
     dlsock_set_resolver(NULL);
 }
 
+/* A resolver that holds every call until released, counting how many it holds at most. */
+static struct {
+    pthread_mutex_t mtx;
+    pthread_cond_t cv;
+    bool released;
+    unsigned in, most;
+} held = { .mtx = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
+
+static int
+held_resolver(const char *host, const char *port, const struct addrinfo *hints,
+              struct addrinfo **res)
+{
+    int rv;
+
+    pthread_mutex_lock(&held.mtx);
+    if (++held.in > held.most) {
+        held.most = held.in;
+    }
+    while (!held.released) {
+        pthread_cond_wait(&held.cv, &held.mtx);
+    }
+    pthread_mutex_unlock(&held.mtx);
+    rv = getaddrinfo(host, port, hints, res);
+    pthread_mutex_lock(&held.mtx);
+    held.in--;
+    pthread_cond_broadcast(&held.cv);
+    pthread_mutex_unlock(&held.mtx);
+    return rv;
+}
+
+struct dialer {
+    const char *url;
+    struct dlsock *s;
+    int rv;
+};
+
+static void *
+dial_one(void *arg)
+{
+    struct dialer *d = arg;
+
+    d->rv = dlsock_dial(d->url, NULL, 300, &d->s);
+    return NULL;
+}
+
+/* Names whose resolution hangs: at most DLSOCK_RESOLVE_MAX resolver threads at once, however
+ * many dials time out waiting for them (each left one behind before). The dials still end
+ * within their bounds, through nng. */
+static void
+test_resolutions_that_hang_hold_a_bounded_number_of_threads(void **state)
+{
+    enum { DIALS = DLSOCK_RESOLVE_MAX + 4 };
+    static struct dialer d[DIALS];
+    pthread_t t[DIALS];
+    struct dlsock_listener *l;
+    char name[256], url[320];
+    int port;
+
+    (void)state;
+    if (!own_name_on_loopback(name, sizeof(name))) {
+        skip();
+    }
+    held.released = false;
+    held.in = held.most = 0;
+    dlsock_set_resolver(held_resolver);
+    assert_int_equal(dlsock_listen("tcp://0.0.0.0:0", NULL, &l, &port), 0);
+    snprintf(url, sizeof(url), "tcp://%s:%d", name, port);
+    for (int i = 0; i < DIALS; i++) {
+        d[i] = (struct dialer){ .url = url };
+        assert_int_equal(pthread_create(&t[i], NULL, dial_one, &d[i]), 0);
+    }
+    for (int i = 0; i < DIALS; i++) {
+        pthread_join(t[i], NULL);
+    }
+    pthread_mutex_lock(&held.mtx);
+    assert_int_equal(held.most, DLSOCK_RESOLVE_MAX);
+    assert_int_equal(held.in, DLSOCK_RESOLVE_MAX);
+    held.released = true;
+    pthread_cond_broadcast(&held.cv);
+    while (held.in > 0) {
+        pthread_cond_wait(&held.cv, &held.mtx);
+    }
+    pthread_mutex_unlock(&held.mtx);
+    for (int i = 0; i < DIALS; i++) {
+        assert_int_equal(d[i].rv, 0); /* nng resolved the name itself */
+        assert_false(dlsock_is_plain(d[i].s));
+        dlsock_free(d[i].s);
+    }
+    dlsock_listener_free(l);
+    /* The places come free: a name resolves on a plain socket again. */
+    dlsock_set_resolver(NULL);
+    assert_int_equal(dlsock_listen("tcp://0.0.0.0:0", NULL, &l, &port), 0);
+    assert_plain_both_ends(l, name, port);
+}
+
 int
 main(void)
 {
@@ -415,6 +510,7 @@ main(void)
         cmocka_unit_test(test_a_name_is_a_plain_socket),
         cmocka_unit_test(test_a_name_tries_each_address),
         cmocka_unit_test(test_a_name_not_resolved_in_time_goes_to_nng),
+        cmocka_unit_test(test_resolutions_that_hang_hold_a_bounded_number_of_threads),
     };
     int rv = cmocka_run_group_tests(tests, NULL, NULL);
 
