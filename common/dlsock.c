@@ -75,13 +75,13 @@ addrs_take(struct addrs *a, const struct addrinfo *res)
     }
 }
 
-/* What resolves names (getaddrinfo, unless a test set another before any dial). */
-static dlsock_resolve_fn resolver = getaddrinfo;
+/* What resolves names (getaddrinfo, unless a test set another). */
+static _Atomic(dlsock_resolve_fn) resolver = getaddrinfo;
 
 void
 dlsock_set_resolver(dlsock_resolve_fn fn)
 {
-    resolver = fn != NULL ? fn : getaddrinfo;
+    atomic_store(&resolver, fn != NULL ? fn : getaddrinfo);
 }
 
 /* Resolutions under way, threads that may outlive their dial (a DNS server that does not
@@ -164,7 +164,7 @@ resolve_main(void *arg)
     struct resolve *r     = arg;
     struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV };
     struct addrinfo *res  = NULL;
-    int rv                = resolver(r->host, r->port, &hints, &res);
+    int rv                = atomic_load(&resolver)(r->host, r->port, &hints, &res);
 
     resolving_leave();
     pthread_mutex_lock(&r->mtx);
@@ -277,6 +277,7 @@ plain_addr(const char *url, bool tls, bool passive, nng_duration timeout, struct
     return out->n > 0 ? 0 : -1;
 }
 
+/* nng's code for errno e. */
 static int
 nng_code(int e)
 {
