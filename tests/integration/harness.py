@@ -517,9 +517,13 @@ class RpcConnection(SocketHolder):
 
     def __init__(self, port, timeout=5.0):
         self.sock = socket.create_connection((HOST, port), timeout=timeout)
-        self.sock.settimeout(timeout)
-        self.sock.sendall(sp_greeting(SP_REQ0))
-        peer = self.recv_exact(8)
+        try:
+            self.sock.settimeout(timeout)
+            self.sock.sendall(sp_greeting(SP_REQ0))
+            peer = self.recv_exact(8)
+        except BaseException:
+            self.close()  # a follower that refuses, a daemon going down: no socket left open
+            raise
         if peer != sp_greeting(SP_REP0):
             self.close()
             raise RpcError("unexpected SP greeting %r" % peer)
