@@ -181,9 +181,9 @@ resolve_main(void *arg)
     return NULL;
 }
 
-/* host's addresses for port, resolved within timeout ms (< 0: no bound): 0, or -1 (not
- * resolved in time, waiting for a place among the resolutions under way included, or not at
- * all). */
+/* host's addresses for port, resolved within timeout ms (< 0: no bound): 0; -2 when the
+ * bound passed first (waiting for a place among the resolutions under way included); -1 when
+ * it did not resolve (or no thread could be had). */
 static int
 resolve_bounded(const char *host, const char *port, nng_duration timeout, struct addrs *out)
 {
@@ -206,7 +206,7 @@ resolve_bounded(const char *host, const char *port, nng_duration timeout, struct
     if (!resolving_enter(timeout, &until)) {
         r->holds = 1;
         resolve_let_go(r);
-        return -1;
+        return -2;
     }
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
@@ -226,7 +226,9 @@ resolve_bounded(const char *host, const char *port, nng_duration timeout, struct
             break;
         }
     }
-    if (r->done && r->addrs.n > 0) {
+    if (!r->done) {
+        rv = -2;
+    } else if (r->addrs.n > 0) {
         *out = r->addrs;
         rv   = 0;
     }
@@ -237,8 +239,8 @@ resolve_bounded(const char *host, const char *port, nng_duration timeout, struct
 
 /* The addresses of a "tcp://host:port" url, "tls+tcp://host:port" when tls (host: an IPv4 or
  * bracketed IPv6 address, "localhost", or a name resolved within timeout ms; empty or "*"
- * for any when passive): 0, or -1 when url is anything else (another scheme), or its name
- * did not resolve in time, and it goes to nng. */
+ * for any when passive): 0; -1 when url is anything else (another scheme) or its name did
+ * not resolve, and it goes to nng; -2 when the name's resolution took all of timeout. */
 static int
 plain_addr(const char *url, bool tls, bool passive, nng_duration timeout, struct addrs *out)
 {
@@ -667,15 +669,19 @@ dlsock_dial(const char *url, struct dltls *tls, uint32_t timeout_ms, struct dlso
     nng_stream_dialer *d = NULL;
     nng_aio *aio         = NULL;
     nng_time start       = nng_clock();
-    int fd               = -1, rv;
+    nng_duration left;
+    int fd = -1, rv;
 
     *out = NULL;
-    if (plain_addr(url, tls != NULL, false, (nng_duration)timeout_ms, &a) == 0) {
+    if ((rv = plain_addr(url, tls != NULL, false, (nng_duration)timeout_ms, &a)) == -2) {
+        return NNG_ETIMEDOUT; /* nng's resolver, the same getaddrinfo, would not do better */
+    }
+    if (rv == 0) {
         /* Each address in turn, with what is left of the bound: a refused one costs nothing,
          * one that does not answer may take all of it. The last one's error. */
         rv = NNG_ETIMEDOUT;
         for (unsigned i = 0; i < a.n; i++) {
-            nng_duration left = time_left(start, (nng_duration)timeout_ms);
+            left = time_left(start, (nng_duration)timeout_ms);
             if (left <= 0) {
                 rv = NNG_ETIMEDOUT;
                 break;
@@ -697,7 +703,9 @@ dlsock_dial(const char *url, struct dltls *tls, uint32_t timeout_ms, struct dlso
     }
     (void)nng_stream_dialer_set_bool(d, NNG_OPT_TCP_NODELAY, true);
     (void)nng_stream_dialer_set_bool(d, NNG_OPT_TCP_KEEPALIVE, true); /* the system's timing */
-    nng_aio_set_timeout(aio, (nng_duration)timeout_ms);
+    /* What is left of the bound (a name that failed to resolve took some of it). */
+    left = time_left(start, (nng_duration)timeout_ms);
+    nng_aio_set_timeout(aio, left > 0 ? left : 1);
     nng_stream_dialer_dial(d, aio);
     nng_aio_wait(aio);
     if ((rv = nng_aio_result(aio)) == 0) {
