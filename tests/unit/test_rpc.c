@@ -856,6 +856,16 @@ test_connections_past_the_bound_are_closed(void **state)
     for (int i = 0; i < 4; i++) {
         open_client(&f, i < 3);
         c[i] = f.client;
+        /* The server counts a connection once it has added it, after the client's dial has
+         * returned: wait for it, or the fourth may be taken before the third and the third
+         * refused. */
+        for (int k = 0; i < 3 && k < 500; k++) {
+            rpc_server_connections(f.server, &conns);
+            if (conns.open == (unsigned)i + 1) {
+                break;
+            }
+            sleep_ms(10);
+        }
     }
     for (int i = 0; i < 3; i++) {
         assert_int_equal(get_device(c[i], "one-of-three", NULL, 0, 2000, &r, &st), DC_OK);
