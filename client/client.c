@@ -1065,9 +1065,7 @@ dc_list_devices(dc_client *c, const dc_device_filter *filter, dc_device_list **o
     list = NULL;
 out:
     if (fetch != NULL) {
-        struct rpc_reply left = { 0 };
-        page_fetch_join(fetch, &left, NULL); /* a page still coming when this one failed */
-        rpc_reply_free(&left);
+        page_fetch_join(fetch, &r, NULL); /* a page still coming when this one failed */
         free(fetch);
     }
     dc_device_list_free(list);

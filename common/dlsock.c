@@ -84,13 +84,14 @@ dlsock_set_resolver(dlsock_resolve_fn fn)
     atomic_store(&resolver, fn != NULL ? fn : getaddrinfo);
 }
 
-/* Resolutions under way, threads that may outlive their dial (a DNS server that does not
- * answer holds getaddrinfo for seconds per try): at most DLSOCK_RESOLVE_MAX at once, so a
- * process that keeps dialling names that hang does not keep adding threads. A dial waits
- * for one to end within its bound. */
+/* Names being resolved, each on a thread of its own that the dial may stop waiting for:
+ * getaddrinfo has no bound of its own (a DNS server that does not answer holds it for seconds
+ * per try). At most DLSOCK_RESOLVE_MAX at once, so a process that keeps dialling names that
+ * hang does not keep adding threads; a dial waits for a place within its bound. One lock and
+ * one condition for all of them: a resolution's end frees a place and may answer a dial. */
 static struct {
     pthread_mutex_t mtx;
-    pthread_cond_t cv;
+    pthread_cond_t cv; /* a resolution ended */
     unsigned running;
 } resolving                          = { .mtx = PTHREAD_MUTEX_INITIALIZER };
 static pthread_once_t resolving_once = PTHREAD_ONCE_INIT;
@@ -101,59 +102,19 @@ resolving_init(void)
     clock_cond_init(&resolving.cv);
 }
 
-/* A place among the resolutions under way, waited for until `until` (timeout < 0: no
- * bound); false when none came free in time. */
-static bool
-resolving_enter(nng_duration timeout, const struct timespec *until)
-{
-    bool in = true;
-
-    pthread_once(&resolving_once, resolving_init);
-    pthread_mutex_lock(&resolving.mtx);
-    while (resolving.running >= DLSOCK_RESOLVE_MAX && in) {
-        if (timeout < 0) {
-            pthread_cond_wait(&resolving.cv, &resolving.mtx);
-        } else if (pthread_cond_timedwait(&resolving.cv, &resolving.mtx, until) == ETIMEDOUT) {
-            in = false;
-        }
-    }
-    resolving.running += in;
-    pthread_mutex_unlock(&resolving.mtx);
-    return in;
-}
-
-static void
-resolving_leave(void)
-{
-    pthread_mutex_lock(&resolving.mtx);
-    resolving.running--;
-    pthread_cond_signal(&resolving.cv);
-    pthread_mutex_unlock(&resolving.mtx);
-}
-
-/* A name's resolution on a thread of its own, so that the caller can stop waiting for it:
- * getaddrinfo has no bound of its own (a DNS server that does not answer holds it for
- * seconds per try). The last of the caller and the thread to let go frees it. */
+/* A name's resolution, shared by the dial and the thread; the last to let go frees it. */
 struct resolve {
-    pthread_mutex_t mtx;
-    pthread_cond_t cv;
-    unsigned holds; /* 2, then 1 once the caller or the thread lets go */
+    unsigned holds; /* 2, then 1 once the dial or the thread lets go (resolving.mtx) */
     bool done;
     char host[ADDRESS_MAX + 1], port[8];
     struct addrs addrs; /* none: not resolved */
 };
 
+/* resolving.mtx held. */
 static void
 resolve_let_go(struct resolve *r)
 {
-    bool last;
-
-    pthread_mutex_lock(&r->mtx);
-    last = --r->holds == 0;
-    pthread_mutex_unlock(&r->mtx);
-    if (last) {
-        pthread_cond_destroy(&r->cv);
-        pthread_mutex_destroy(&r->mtx);
+    if (--r->holds == 0) {
         free(r);
     }
 }
@@ -166,19 +127,31 @@ resolve_main(void *arg)
     struct addrinfo *res  = NULL;
     int rv                = atomic_load(&resolver)(r->host, r->port, &hints, &res);
 
-    resolving_leave();
-    pthread_mutex_lock(&r->mtx);
+    pthread_mutex_lock(&resolving.mtx);
+    resolving.running--;
     if (rv == 0) {
         addrs_take(&r->addrs, res);
     }
     r->done = true;
-    pthread_cond_signal(&r->cv);
-    pthread_mutex_unlock(&r->mtx);
+    pthread_cond_broadcast(&resolving.cv);
+    resolve_let_go(r);
+    pthread_mutex_unlock(&resolving.mtx);
     if (res != NULL) {
         freeaddrinfo(res);
     }
-    resolve_let_go(r);
     return NULL;
+}
+
+/* Waits on resolving.cv (its mutex held) until `until`, or for good when timeout < 0; false
+ * once the bound has passed. */
+static bool
+resolving_wait(nng_duration timeout, const struct timespec *until)
+{
+    if (timeout < 0) {
+        pthread_cond_wait(&resolving.cv, &resolving.mtx);
+        return true;
+    }
+    return pthread_cond_timedwait(&resolving.cv, &resolving.mtx, until) != ETIMEDOUT;
 }
 
 /* host's addresses for port, resolved within timeout ms (< 0: no bound): 0; -2 when the
@@ -191,49 +164,50 @@ resolve_bounded(const char *host, const char *port, nng_duration timeout, struct
     struct timespec until;
     pthread_attr_t attr;
     pthread_t t;
-    int rv = -1;
+    bool started;
+    int rv = -2;
 
     if (r == NULL || strlen(host) >= sizeof(r->host) || strlen(port) >= sizeof(r->port)) {
         free(r);
         return -1;
     }
-    pthread_mutex_init(&r->mtx, NULL);
-    clock_cond_init(&r->cv);
     r->holds = 2;
     snprintf(r->host, sizeof(r->host), "%s", host);
     snprintf(r->port, sizeof(r->port), "%s", port);
     until = clock_deadline_ms(timeout >= 0 ? (uint64_t)timeout : 0);
-    if (!resolving_enter(timeout, &until)) {
-        r->holds = 1;
-        resolve_let_go(r);
-        return -2;
-    }
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    if (pthread_create(&t, &attr, resolve_main, r) != 0) {
-        pthread_attr_destroy(&attr);
-        resolving_leave();
-        r->holds = 1;
-        resolve_let_go(r);
-        return -1;
-    }
-    pthread_attr_destroy(&attr);
-    pthread_mutex_lock(&r->mtx);
-    while (!r->done) {
-        if (timeout < 0) {
-            pthread_cond_wait(&r->cv, &r->mtx);
-        } else if (pthread_cond_timedwait(&r->cv, &r->mtx, &until) == ETIMEDOUT) {
-            break;
+    pthread_once(&resolving_once, resolving_init);
+    pthread_mutex_lock(&resolving.mtx);
+    while (resolving.running >= DLSOCK_RESOLVE_MAX) {
+        if (!resolving_wait(timeout, &until)) {
+            pthread_mutex_unlock(&resolving.mtx);
+            free(r);
+            return -2;
         }
     }
-    if (!r->done) {
-        rv = -2;
-    } else if (r->addrs.n > 0) {
-        *out = r->addrs;
-        rv   = 0;
+    resolving.running++;
+    pthread_mutex_unlock(&resolving.mtx);
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    started = pthread_create(&t, &attr, resolve_main, r) == 0;
+    pthread_attr_destroy(&attr);
+    pthread_mutex_lock(&resolving.mtx);
+    if (!started) {
+        resolving.running--;
+        pthread_cond_broadcast(&resolving.cv);
+        pthread_mutex_unlock(&resolving.mtx);
+        free(r);
+        return -1;
     }
-    pthread_mutex_unlock(&r->mtx);
+    while (!r->done && resolving_wait(timeout, &until)) {
+    }
+    if (r->done) {
+        rv = r->addrs.n > 0 ? 0 : -1;
+        if (rv == 0) {
+            *out = r->addrs;
+        }
+    }
     resolve_let_go(r);
+    pthread_mutex_unlock(&resolving.mtx);
     return rv;
 }
 

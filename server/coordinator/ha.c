@@ -132,6 +132,31 @@ ha_set_why(struct ha *h, const char *why)
     pthread_mutex_unlock(&h->mu);
 }
 
+/* One of a round's etcd steps failed (message: why), or went through again (message NULL).
+ * A failure is the candidate's `why`; a leader logs the first of a run of them (`what`: why,
+ * not serving once `stale`) and the step's return (`what`), as *failing remembers. */
+static void
+ha_failing(struct ha *h, bool *failing, const char *what, const char *message, const char *stale)
+{
+    bool leading;
+
+    if (message == NULL) {
+        if (*failing) {
+            log_info("%s", what);
+        }
+        *failing = false;
+        return;
+    }
+    pthread_mutex_lock(&h->mu);
+    leading = h->role == ROLE_LEADER;
+    snprintf(h->why, sizeof(h->why), "%.150s", message);
+    pthread_mutex_unlock(&h->mu);
+    if (leading && !*failing) {
+        log_warn("%s: %s (not serving once %s)", what, message, stale);
+    }
+    *failing = true;
+}
+
 /* Leaves the leadership of term (if held): refuse first, then tell the owner. */
 static void
 ha_step_down(struct ha *h, enum ha_role next, const char *why)
@@ -186,21 +211,11 @@ ha_round(struct ha *h)
         if (etcd_lease_keepalive(h->etcd, h->lease, &ttl, &st) != DC_OK) {
             /* etcd unreachable: the lease may live on. ha_admit stops serving once it is
              * stale; the leadership itself is only given up when it is known lost. */
-            pthread_mutex_lock(&h->mu);
-            bool leading = h->role == ROLE_LEADER;
-            snprintf(h->why, sizeof(h->why), "%.150s", st.message);
-            pthread_mutex_unlock(&h->mu);
-            if (leading && !h->renew_failing) {
-                log_warn("etcd lease renewal failed: %s (not serving once the lease is stale)",
-                         st.message);
-            }
-            h->renew_failing = true;
+            ha_failing(h, &h->renew_failing, "etcd lease renewal failed", st.message,
+                       "the lease is stale");
             return;
         }
-        if (h->renew_failing) {
-            log_info("etcd lease renewed again");
-            h->renew_failing = false;
-        }
+        ha_failing(h, &h->renew_failing, "etcd lease renewed again", NULL, NULL);
         if (ttl <= 0) {
             h->lease = 0;
             ha_step_down(h, ROLE_CANDIDATE, "its etcd lease expired");
@@ -209,22 +224,11 @@ ha_round(struct ha *h)
         }
     }
     if (etcd_create(h->etcd, h->leader_key, h->advertise, h->lease, &won, &kv, &st) != DC_OK) {
-        pthread_mutex_lock(&h->mu);
-        bool leading = h->role == ROLE_LEADER;
-        snprintf(h->why, sizeof(h->why), "%.150s", st.message);
-        pthread_mutex_unlock(&h->mu);
-        if (leading && !h->confirm_failing) {
-            log_warn("cannot read the leader key back from etcd: %s (not serving once the last "
-                     "confirmation is stale)",
-                     st.message);
-        }
-        h->confirm_failing = true;
+        ha_failing(h, &h->confirm_failing, "cannot read the leader key back from etcd", st.message,
+                   "the last confirmation is stale");
         return;
     }
-    if (h->confirm_failing) {
-        log_info("the leader key is read back from etcd again");
-        h->confirm_failing = false;
-    }
+    ha_failing(h, &h->confirm_failing, "the leader key is read back from etcd again", NULL, NULL);
     if (won || (kv.lease == h->lease && kv.create_revision > 0)) {
         uint64_t term = (uint64_t)kv.create_revision;
         bool new_term;
@@ -415,7 +419,6 @@ ha_load_intent(struct ha *h, struct registry *r, size_t *restored, dc_status *st
         /* The next change would replace it: what it held is kept under a key of its own,
          * for the operator (as the term allows: this runs as the leader starts). */
         char kept[sizeof(h->intent_key) + sizeof(STATE_UNREADABLE_SUFFIX)];
-        size_t at = strlen(st->message);
         dc_status put;
         uint64_t term;
 
@@ -430,9 +433,7 @@ ha_load_intent(struct ha *h, struct registry *r, size_t *restored, dc_status *st
             (void)etcd_put_guarded(h->etcd, kept, kv.value, kv.len, h->leader_key, (int64_t)term,
                                    &put);
         }
-        snprintf(st->message + at, sizeof(st->message) - at, "; %s %s%s%s",
-                 put.code == DC_OK ? "kept as" : "could not keep it as", kept,
-                 put.code == DC_OK ? "" : ": ", put.code == DC_OK ? "" : put.message);
+        state_note_kept(st, kept, put.code == DC_OK ? NULL : put.message);
     }
     etcd_kv_clear(&kv);
     return code;

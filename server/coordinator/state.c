@@ -264,15 +264,20 @@ state_load(const char *dir, struct registry *r, size_t *restored, dc_status *st)
     if (code == DC_DATA_LOSS) {
         /* The next save would replace it: what it held stays beside it, for the operator. */
         char kept[4096 + sizeof(STATE_UNREADABLE_SUFFIX)];
-        size_t at = strlen(st->message);
-        int moved;
         snprintf(kept, sizeof(kept), "%s%s", path, STATE_UNREADABLE_SUFFIX);
-        moved = rename(path, kept);
-        snprintf(st->message + at, sizeof(st->message) - at, "; %s %s%s%s",
-                 moved == 0 ? "kept as" : "could not keep it as", kept, moved == 0 ? "" : ": ",
-                 moved == 0 ? "" : strerror(errno));
+        state_note_kept(st, kept, rename(path, kept) == 0 ? NULL : strerror(errno));
     }
     return code;
+}
+
+void
+state_note_kept(dc_status *st, const char *kept, const char *failed)
+{
+    size_t at = strnlen(st->message, sizeof(st->message) - 1);
+
+    snprintf(st->message + at, sizeof(st->message) - at, "; %s %s%s%s",
+             failed == NULL ? "kept as" : "could not keep it as", kept, failed == NULL ? "" : ": ",
+             failed == NULL ? "" : failed);
 }
 
 dc_code

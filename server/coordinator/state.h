@@ -21,6 +21,10 @@
  * parse is renamed with STATE_UNREADABLE_SUFFIX (st says where it went). */
 dc_code state_load(const char *dir, struct registry *r, size_t *restored, dc_status *st);
 
+/* Appends to st's message where unreadable intent was kept ("; kept as KEPT"), or why it
+ * could not be (failed: "; could not keep it as KEPT: FAILED"). */
+void state_note_kept(dc_status *st, const char *kept, const char *failed);
+
 /* Writes entries (every worker's intent) to dir atomically. DC_UNAVAILABLE with the path
  * and the system's reason ("No space left on device") when it cannot; the old file is then
  * left as it was. */
