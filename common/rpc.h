@@ -212,6 +212,9 @@ dc_code rpc_client_open(const struct rpc_client_opts *opts, struct rpc_client **
  * a completion callback. */
 void rpc_client_close(struct rpc_client *c);
 bool rpc_client_connected(const struct rpc_client *c);
+/* For tests: hook (NULL: none) runs on an asynchronous call's completion thread between its
+ * request's send and its reply's receive. */
+void rpc_client_set_sent_hook(void (*hook)(void));
 /* Changes the reconnect backoff of a running client. */
 void rpc_client_set_reconnect(struct rpc_client *c, uint32_t min_ms, uint32_t max_ms);
 

@@ -24,6 +24,9 @@ struct rpc_slot {
      * the slot's first synchronous call). */
     nng_aio *saio;
     bool receiving;
+    /* An rpc_call_async call not finished yet (cleared under the client's mtx as the slot
+     * is put back): rpc_client_close finishes one that its stop left unanswered. */
+    bool pending;
     bool raw_body; /* RPC_RAW_BODY: the reply's body is not decoded */
     uint64_t request_id;
     uint64_t deadline_ms;
@@ -57,6 +60,17 @@ struct rpc_client {
 };
 
 static void rpc_slot_cb(void *arg);
+static void rpc_slot_finish(struct rpc_slot *s, dc_code code, const dc_status *st,
+                            struct rpc_reply *r);
+
+/* For tests: run by a completion callback between a request's send and its reply's receive. */
+static _Atomic(void (*)(void)) sent_hook;
+
+void
+rpc_client_set_sent_hook(void (*hook)(void))
+{
+    atomic_store(&sent_hook, hook);
+}
 
 void
 rpc_reply_free(struct rpc_reply *r)
@@ -182,6 +196,24 @@ rpc_client_close(struct rpc_client *c)
     for (size_t i = 0; i < c->n_slots; i++) {
         nng_aio_stop(c->slots[i]->aio);
     }
+    /* A stop that came while a callback was between its send and nng_ctx_recv makes nng
+     * refuse that receive without running the callback again: the call is finished here. */
+    for (size_t i = 0; i < c->n_slots; i++) {
+        struct rpc_slot *s = c->slots[i];
+        struct rpc_reply r = { 0 };
+        dc_status st;
+        bool pending;
+
+        pthread_mutex_lock(&c->mtx);
+        pending = s->pending;
+        pthread_mutex_unlock(&c->mtx);
+        if (pending) {
+            status_set(&st, DC_CANCELLED, "%s: the client to %s was closed", s->method->name,
+                       c->url);
+            st.transport = true;
+            rpc_slot_finish(s, DC_CANCELLED, &st, &r);
+        }
+    }
     if (!rpc_close_bounded(c->sock)) {
         /* The close hangs (rpc_close_bounded): nng may still use the slots' aios and wake
          * the synchronous calls, so the client is left as it is (a leak, once; the daemon
@@ -255,6 +287,7 @@ rpc_slot_put(struct rpc_slot *s)
     struct rpc_client *c = s->client;
 
     pthread_mutex_lock(&c->mtx);
+    s->pending    = false;
     s->next_free  = c->free_slots;
     c->free_slots = s;
     pthread_mutex_unlock(&c->mtx);
@@ -394,6 +427,7 @@ rpc_slot_cb(void *arg)
     struct rpc_slot *s = arg;
     int rv             = nng_aio_result(s->aio);
     struct rpc_reply r = { 0 };
+    void (*hook)(void);
     dc_status st;
     dc_code code;
 
@@ -403,6 +437,9 @@ rpc_slot_cb(void *arg)
             code = rpc_send_failed(s, s->aio, rv, &st);
             rpc_slot_finish(s, code, &st, &r);
             return;
+        }
+        if ((hook = atomic_load(&sent_hook)) != NULL) {
+            hook();
         }
         s->receiving = true;
         nng_aio_set_timeout(s->aio, rpc_slot_remaining(s));
@@ -488,8 +525,9 @@ rpc_call_async(struct rpc_client *c, const ProtobufCServiceDescriptor *svc, unsi
                             &msg, st)) != DC_OK) {
         return code;
     }
-    s->done = done;
-    s->arg  = arg;
+    s->done    = done;
+    s->arg     = arg;
+    s->pending = true; /* published by nng_ctx_send */
     nng_aio_set_msg(s->aio, msg);
     nng_aio_set_timeout(s->aio, rpc_slot_remaining(s));
     nng_ctx_send(s->ctx, s->aio);

@@ -5,6 +5,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1203,6 +1204,75 @@ test_connection_lost_code(void **state)
     rpc_client_close(c);
 }
 
+/* The close below stops the call's aio while its callback is in this hook, between the
+ * request's send and its reply's receive. */
+static atomic_bool in_sent_hook;
+
+static void
+sent_hook_wait(void)
+{
+    atomic_store(&in_sent_hook, true);
+    sleep_ms(300);
+}
+
+struct close_done {
+    atomic_int calls;
+    dc_code code;
+};
+
+static void
+close_done_cb(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, bool *keep)
+{
+    struct close_done *d = arg;
+
+    (void)st;
+    (void)reply;
+    (void)keep;
+    d->code = code;
+    atomic_fetch_add(&d->calls, 1);
+}
+
+/* A close that comes after a request went and before its receive began still finishes the
+ * call, once: nng refuses a stopped aio's receive without running its callback again. */
+static void
+test_close_between_send_and_receive_finishes_the_call(void **state)
+{
+    nng_socket rep;
+    nng_listener l;
+    nng_sockaddr sa;
+    nng_msg *m;
+    struct rpc_client *c;
+    struct rpc_client_opts co          = { .connect_now = true };
+    Devcoord__V1__GetDeviceRequest req = DEVCOORD__V1__GET_DEVICE_REQUEST__INIT;
+    struct close_done d                = { 0 };
+    dc_status st;
+    char url[64];
+
+    (void)state;
+    assert_int_equal(nng_rep0_open(&rep), 0);
+    assert_int_equal(nng_listen(rep, "tcp://127.0.0.1:0", &l, 0), 0);
+    assert_int_equal(nng_listener_get_addr(l, NNG_OPT_LOCADDR, &sa), 0);
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", ntohs(sa.s_in.sa_port));
+    co.url = url;
+    assert_int_equal(rpc_client_open(&co, &c, &st), DC_OK);
+    atomic_store(&in_sent_hook, false);
+    rpc_client_set_sent_hook(sent_hook_wait);
+    req.name = "x";
+    assert_int_equal(rpc_call_async(c, SVC, M_COORDINATOR_GET_DEVICE, &req.base, NULL, 0, 10000,
+                                    close_done_cb, &d, &st),
+                     DC_OK);
+    while (!atomic_load(&in_sent_hook)) {
+        sleep_ms(1);
+    }
+    rpc_client_close(c);
+    rpc_client_set_sent_hook(NULL);
+    assert_int_equal(atomic_load(&d.calls), 1);
+    assert_int_equal(d.code, DC_CANCELLED);
+    assert_int_equal(nng_recvmsg(rep, &m, 0), 0); /* the request did go */
+    nng_msg_free(m);
+    nng_close(rep);
+}
+
 static void
 test_large_reply(void **state)
 {
@@ -1442,6 +1512,7 @@ main(void)
         cmocka_unit_test(test_connect_now_fails_fast),
         cmocka_unit_test(test_client_before_server),
         cmocka_unit_test(test_connection_lost_code),
+        cmocka_unit_test(test_close_between_send_and_receive_finishes_the_call),
         cmocka_unit_test(test_small_requests_of_an_inline_small_method_skip_the_threads),
         cmocka_unit_test(test_a_connection_that_never_reads_holds_few_contexts),
         cmocka_unit_test(test_connections_that_never_read_hold_few_contexts_together),
