@@ -46,6 +46,11 @@ struct rpc_client {
     void (*on_connection)(void *, bool);
     void *on_connection_arg;
     atomic_int pipes;
+    /* When a connection last came up, and how many in a row the server closed within
+     * RPC_CLOSED_AT_ONCE_MS of it (a server past its connection bound does that: rpc_server.c
+     * closes the connection as nng adds it); a longer-lived one resets the count. */
+    atomic_ullong added_ms;
+    atomic_uint closed_at_once;
     atomic_ullong next_id;
     /* rpc_client_close began: connection events reach the owner no more (a close nng
      * abandons may report one after the owner is gone). */
@@ -58,6 +63,9 @@ struct rpc_client {
     struct rpc_slot **slots;
     size_t n_slots, cap_slots;
 };
+
+#define RPC_CLOSED_AT_ONCE_MS 100
+#define RPC_AT_BOUND          "which a server at its connection bound (limits.max_connections) does"
 
 static void rpc_slot_cb(void *arg);
 static void rpc_slot_finish(struct rpc_slot *s, dc_code code, const dc_status *st,
@@ -96,11 +104,17 @@ rpc_client_pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
         return;
     }
     if (ev == NNG_PIPE_EV_ADD_POST) {
+        atomic_store(&c->added_ms, rpc_now_ms());
         before = atomic_fetch_add(&c->pipes, 1);
         if (before == 0 && c->on_connection != NULL) {
             c->on_connection(c->on_connection_arg, true);
         }
     } else if (ev == NNG_PIPE_EV_REM_POST) {
+        if (rpc_now_ms() - atomic_load(&c->added_ms) < RPC_CLOSED_AT_ONCE_MS) {
+            atomic_fetch_add(&c->closed_at_once, 1);
+        } else {
+            atomic_store(&c->closed_at_once, 0);
+        }
         before = atomic_fetch_sub(&c->pipes, 1);
         if (before == 1 && c->on_connection != NULL) {
             c->on_connection(c->on_connection_arg, false);
@@ -380,12 +394,19 @@ rpc_send_failed(struct rpc_slot *s, nng_aio *aio, int rv, dc_status *st)
 {
     struct rpc_client *c = s->client;
     dc_code code;
+    unsigned n;
 
     nng_msg_free(nng_aio_get_msg(aio));
     nng_aio_set_msg(aio, NULL);
     /* The deadline passed while waiting for a connection (calls wait for one, as gRPC's
      * wait-for-ready): a deadline, not a refusal. */
-    if (rv == NNG_ETIMEDOUT && !rpc_client_connected(c)) {
+    if (rv == NNG_ETIMEDOUT && !rpc_client_connected(c) &&
+        (n = atomic_load(&c->closed_at_once)) > 0) {
+        code = status_set(st, DC_UNAVAILABLE,
+                          "cannot reach %s within %u ms: the server closed the last %u "
+                          "connection(s) as they opened, " RPC_AT_BOUND,
+                          c->url, s->timeout_ms, n);
+    } else if (rv == NNG_ETIMEDOUT && !rpc_client_connected(c)) {
         code = status_set(st, DC_DEADLINE_EXCEEDED, "cannot reach %s within %u ms: not connected",
                           c->url, s->timeout_ms);
     } else {
@@ -406,6 +427,12 @@ rpc_reply_take(struct rpc_slot *s, nng_aio *aio, int rv, struct rpc_reply *r, dc
     if (rv == NNG_ETIMEDOUT) {
         code = status_set(st, DC_DEADLINE_EXCEEDED, "%s: no reply from %s within %u ms",
                           s->method->name, c->url, s->timeout_ms);
+    } else if ((rv == NNG_ECONNRESET || rv == NNG_ECONNSHUT) &&
+               rpc_now_ms() - atomic_load(&c->added_ms) < RPC_CLOSED_AT_ONCE_MS) {
+        code = status_set(
+            st, DC_UNAVAILABLE,
+            "%s: connection to %s lost: the server closed it as it opened, " RPC_AT_BOUND,
+            s->method->name, c->url);
     } else if (rv == NNG_ECONNRESET || rv == NNG_ECONNSHUT || rv == NNG_ECLOSED) {
         code = status_set(st, rv == NNG_ECLOSED ? DC_CANCELLED : DC_UNAVAILABLE,
                           "%s: connection to %s lost", s->method->name, c->url);

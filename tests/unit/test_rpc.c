@@ -872,7 +872,18 @@ test_connections_past_the_bound_are_closed(void **state)
         assert_int_equal(get_device(c[i], "one-of-three", NULL, 0, 2000, &r, &st), DC_OK);
         rpc_reply_free(&r);
     }
-    assert_int_not_equal(get_device(c[3], "the-fourth", NULL, 0, 1000, &r, &st), DC_OK);
+    /* The fourth hears why: its connection was closed as it opened. And once the server
+     * has closed it, a call made while it is not connected says so too (or, should the
+     * dialer come back in time, the connection it sent on is closed the same way). */
+    assert_int_equal(get_device(c[3], "the-fourth", NULL, 0, 1000, &r, &st), DC_UNAVAILABLE);
+    assert_non_null(strstr(st.message, "closed it as it opened"));
+    assert_non_null(strstr(st.message, "limits.max_connections"));
+    rpc_reply_free(&r);
+    rpc_client_set_reconnect(c[3], 5000, 5000);
+    sleep_ms(300);
+    assert_int_equal(get_device(c[3], "the-fourth", NULL, 0, 300, &r, &st), DC_UNAVAILABLE);
+    assert_non_null(strstr(st.message, "limits.max_connections"));
+    rpc_reply_free(&r);
     rpc_server_requests(f.server, &taken, &let_go);
     assert_int_equal(taken, 3);
     rpc_server_connections(f.server, &conns);
