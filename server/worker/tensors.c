@@ -29,6 +29,7 @@ struct tensors {
     struct executor *ex;
     size_t chunk; /* largest attachment a reply may carry */
     uint64_t max_tensor;
+    uint64_t idle_ms; /* UPLOAD_IDLE_MS, unless a test set it */
     pthread_mutex_t mtx;
     uint64_t pending; /* bytes of the uploads in progress */
     struct upload uploads[UPLOADS_MAX];
@@ -46,11 +47,20 @@ tensors_new(struct executor *ex, size_t max_message_bytes, uint64_t max_tensor_b
     }
     t->ex         = ex;
     t->max_tensor = max_tensor_bytes;
+    t->idle_ms    = UPLOAD_IDLE_MS;
     t->chunk = max_message_bytes > 2 * RPC_FRAME_OVERHEAD ? max_message_bytes - RPC_FRAME_OVERHEAD
                                                           : RPC_FRAME_OVERHEAD;
     pthread_mutex_init(&t->mtx, NULL);
     executor_set_reclaim(ex, tensors_reclaim, t);
     return t;
+}
+
+void
+tensors_set_upload_idle_ms(struct tensors *t, uint64_t ms)
+{
+    pthread_mutex_lock(&t->mtx);
+    t->idle_ms = ms;
+    pthread_mutex_unlock(&t->mtx);
 }
 
 void
@@ -86,12 +96,12 @@ tensor_name_check(const char *name, dc_status *st)
     return DC_OK;
 }
 
-/* Drops upload u if its client has left it idle for UPLOAD_IDLE_MS. t->mtx held. */
+/* Drops upload u if its client has left it idle for t->idle_ms. t->mtx held. */
 static void
 upload_drop_idle(struct tensors *t, struct upload *u, uint64_t now)
 {
     if (u->tensor != NULL && u->copying == 0 && now > u->touched_ms &&
-        now - u->touched_ms > UPLOAD_IDLE_MS) {
+        now - u->touched_ms > t->idle_ms) {
         t->pending -= u->tensor->size_bytes;
         tensor_release(u->tensor);
         u->tensor = NULL;

@@ -19,6 +19,8 @@ struct tensors;
 struct tensors *tensors_new(struct executor *ex, size_t max_message_bytes,
                             uint64_t max_tensor_bytes);
 void tensors_free(struct tensors *t);
+/* For tests: how long an upload may be left idle before it is dropped (UPLOAD_IDLE_MS). */
+void tensors_set_upload_idle_ms(struct tensors *t, uint64_t ms);
 
 void tensors_put(struct tensors *t, const Devcoord__V1__PutTensorRequest *in,
                  Devcoord__V1__PutTensorResponse_Closure closure, void *cd);
