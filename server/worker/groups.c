@@ -190,9 +190,18 @@ struct ppart {
  * all-gather steps (the finished segments travel on, landing straight in acc). Every worker
  * ends with the same bytes in acc; each sends and receives 2 (W - 1) / W of the part instead
  * of (W - 1) parts. Segments from the previous worker may come before this worker's own part
- * is ready: they wait in rs_in. */
+ * is ready: they wait in rs_in.
+ *
+ * A large reduce-scatter takes the reduce-scatter steps alone (scatter): worker pos ends
+ * holding segment (pos + 1) mod W reduced from every worker, so segment k is made of the
+ * blocks of worker k - 1's ranks (ring_scatter_fits: each worker's ranks are consecutive),
+ * and each worker sends and receives (W - 1) / W of the part instead of (W - 1) parts. Its
+ * frames carry RING_SCATTER beside their step. */
+#define RING_SCATTER 0x2000u /* a ring frame's flag: below it, step + 1 (2 (W - 1) < 8192) */
 struct ring {
     uint32_t n, pos, next, prev; /* workers; this one's place; its neighbours */
+    bool scatter;                /* a reduce-scatter: W - 1 steps, segments by worker */
+    size_t *seg;                 /* scatter: segment k's first byte seg[2k], its bytes seg[2k+1] */
     size_t elems, elem, bytes;
     struct pbuf *acc;   /* this worker's part, then the result (NULL until it is ready) */
     struct pbuf *rs_in; /* reduce-scatter segments from prev, each at its own offset */
@@ -278,6 +287,7 @@ struct wgroups {
     char dl_address[300]; /* what GroupLink tells peers */
     uint64_t link_bytes_out, link_bytes_in;
     uint64_t ring_calls_total;
+    uint64_t ring_scatter_total;   /* reduce-scatters round the ring */
     uint64_t ring_in_region_total; /* of those, run in the rank's region (no copy) */
     /* Where DLINK_FLAG_OP frames go (collective.c), and the reader threads inside it. */
     struct wgroups_op_sink op_sink;
@@ -518,6 +528,7 @@ wcall_free(struct wgroups *wg, struct wgroup *g, struct wcall *c)
         pbuf_drop(c->ring->acc);
         pbuf_drop(c->ring->rs_in);
         free(c->ring->got);
+        free(c->ring->seg);
         free(c->ring);
     }
     free(c);
@@ -1074,13 +1085,35 @@ wcall_finish_in_place(struct wgroups *wg, struct wgroup *g, struct wcall *c)
     histo_observe(&wg->call_seconds, out.elapsed_us);
 }
 
+/* Whether a reduce-scatter of g can go round the ring (struct ring): each worker's ranks
+ * are consecutive in rank order, so its blocks of the result are one segment. */
+static bool
+ring_scatter_fits(const struct wgroup *g)
+{
+    for (size_t w = 0; w < g->n_workers; w++) {
+        const struct gworker *gw = &g->workers[w];
+        for (size_t k = 1; k < gw->n_ranks; k++) {
+            if (gw->ranks[k] != gw->ranks[0] + k) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
 /* Whether a call of this kind, with a part of `bytes` per worker, goes round the ring of g's
- * workers: an all-reduce of at least GROUPS_RING_MIN_BYTES, 8 bytes a worker or more. */
+ * workers: an all-reduce of at least GROUPS_RING_MIN_BYTES, 8 bytes a worker or more, or a
+ * reduce-scatter of that size whose workers' ranks are consecutive. */
 static bool
 ring_fits(const struct wgroup *g, dc_op_kind kind, size_t bytes)
 {
-    return g->n_workers >= 2 && kind == DC_OP_ALL_REDUCE && bytes >= GROUPS_RING_MIN_BYTES &&
-           bytes / 8 >= g->n_workers;
+    if (g->n_workers < 2 || bytes < GROUPS_RING_MIN_BYTES) {
+        return false;
+    }
+    if (kind == DC_OP_REDUCE_SCATTER) {
+        return bytes % g->n == 0 && ring_scatter_fits(g);
+    }
+    return kind == DC_OP_ALL_REDUCE && bytes / 8 >= g->n_workers;
 }
 
 /* Whether c's ring can run in its rank's region: the only rank on this worker, in place on
@@ -1091,7 +1124,8 @@ wcall_ring_in_region(const struct wgroup *g, const struct wcall *c)
     const struct lpart *p = &c->local[0];
 
     return g->workers[g->self].n_ranks == 1 && p->in && p->reg != NULL && !p->reg->shrunk &&
-           p->out != NULL && p->out == p->data && ring_fits(g, p->d.kind, p->bytes);
+           p->out != NULL && p->out == p->data && p->d.kind == DC_OP_ALL_REDUCE &&
+           ring_fits(g, p->d.kind, p->bytes);
 }
 
 static dc_code
@@ -1267,12 +1301,17 @@ wcall_compute(struct wgroups *wg, struct wgroup *g, struct wcall *c, struct pbuf
     }
     if (c->ring != NULL && c->ring->acc != NULL && !c->ring->broken &&
         c->ring->done == ring_steps(c->ring) && c->ring->bytes == bytes) {
-        /* Round the ring: every worker holds the same reduced bytes already. The answers
-         * only read them (the sender may still be reading them too): no copy, one buffer
-         * fewer per call, but for a mean, which is finished in a buffer of its own. */
-        wg->ring_calls_total++;
-        wg->ring_in_region_total +=
-            c->mine_buf != NULL && c->mine_buf == c->ring->acc && c->mine_buf->reg != NULL;
+        /* Round the ring: every worker holds the same reduced bytes already (a scatter's:
+         * the blocks of this worker's ranks, where its answers read). The answers only read
+         * them (the sender may still be reading them too): no copy, one buffer fewer per
+         * call, but for a mean, which is finished in a buffer of its own. */
+        if (c->ring->scatter) {
+            wg->ring_scatter_total++;
+        } else {
+            wg->ring_calls_total++;
+            wg->ring_in_region_total +=
+                c->mine_buf != NULL && c->mine_buf == c->ring->acc && c->mine_buf->reg != NULL;
+        }
         if (d->reduce != DC_REDUCE_MEAN) {
             *res       = pbuf_hold(c->ring->acc);
             *res_bytes = bytes;
@@ -2150,23 +2189,33 @@ wgroups_set_control(struct wgroups *wg, const struct wgroups_control *control)
 /* ---- the ring ---------------------------------------------------------------------------- */
 
 /* Segment k's first byte: boundaries on multiples of 8 bytes, so on an element of every
- * dtype, the last segment taking the rest. */
+ * dtype, the last segment taking the rest; a scatter's from seg. */
 static size_t
 ring_off(const struct ring *r, uint32_t k)
 {
+    if (r->scatter) {
+        return r->seg[2 * k];
+    }
     return k >= r->n ? r->bytes : (size_t)(((uint64_t)(r->bytes / 8) * k / r->n) * 8);
 }
 
 static size_t
 ring_len(const struct ring *r, uint32_t k)
 {
-    return ring_off(r, k + 1) - ring_off(r, k);
+    return r->scatter ? r->seg[2 * k + 1] : ring_off(r, k + 1) - ring_off(r, k);
 }
 
 static uint32_t
 ring_steps(const struct ring *r)
 {
-    return 2 * (r->n - 1);
+    return r->scatter ? r->n - 1 : 2 * (r->n - 1);
+}
+
+/* A ring frame's step (its flags less RING_SCATTER, less one). */
+static uint32_t
+ring_frame_step(const struct dlink_hdr *h)
+{
+    return (uint32_t)(h->flags & ~RING_SCATTER) - 1;
 }
 
 /* The segment this worker receives at step s (and sends on at step s + 1). */
@@ -2185,30 +2234,46 @@ ring_wanted(const struct wgroup *g, const struct wcall *c)
     return c->mine != NULL && ring_fits(g, c->local[0].d.kind, c->mine_bytes);
 }
 
-/* c's ring, made for a part of `bytes` on first use (by this worker's part or the first
- * segment from the previous worker). NULL when out of memory. mtx held. */
+/* c's ring, made for a part of `bytes` (a reduce-scatter's: scatter) on first use (by this
+ * worker's part or the first segment from the previous worker). NULL when out of memory.
+ * mtx held. */
 static struct ring *
-ring_get(const struct wgroup *g, struct wcall *c, size_t bytes)
+ring_get(const struct wgroup *g, struct wcall *c, size_t bytes, bool scatter)
 {
     struct ring *r = c->ring;
 
     if (r != NULL) {
-        if (r->bytes != bytes) {
+        if (r->bytes != bytes || r->scatter != scatter) {
             r->broken = true;
         }
         return r;
     }
     if ((r = calloc(1, sizeof(*r))) == NULL ||
-        (r->got = calloc(2 * g->n_workers, sizeof(*r->got))) == NULL) {
+        (r->got = calloc(2 * g->n_workers, sizeof(*r->got))) == NULL ||
+        (scatter && (r->seg = calloc(2 * g->n_workers, sizeof(*r->seg))) == NULL)) {
+        if (r != NULL) {
+            free(r->got);
+        }
         free(r);
         return NULL;
     }
-    r->n     = (uint32_t)g->n_workers;
-    r->pos   = g->self;
-    r->next  = (g->self + 1) % r->n;
-    r->prev  = (g->self + r->n - 1) % r->n;
-    r->bytes = bytes;
-    c->ring  = r;
+    r->n       = (uint32_t)g->n_workers;
+    r->pos     = g->self;
+    r->next    = (g->self + 1) % r->n;
+    r->prev    = (g->self + r->n - 1) % r->n;
+    r->bytes   = bytes;
+    r->scatter = scatter;
+    if (scatter && (bytes % g->n != 0 || !ring_scatter_fits(g))) {
+        r->broken = true; /* not a ring this worker would go round: the descs will tell */
+    } else if (scatter) {
+        size_t block = bytes / g->n;
+        for (uint32_t k = 0; k < r->n; k++) {
+            const struct gworker *gw = &g->workers[(k + r->n - 1) % r->n];
+            r->seg[2 * k]            = (size_t)gw->ranks[0] * block;
+            r->seg[2 * k + 1]        = gw->n_ranks * block;
+        }
+    }
+    c->ring = r;
     return r;
 }
 
@@ -2250,7 +2315,9 @@ ring_advance(struct wgroups *wg, struct wgroup *g, struct wcall *c)
             r->rs_in = NULL;
         }
         if (s + 1 < ring_steps(r) && len > 0 &&
-            peer_queue_locked(g, c, r->next, r->acc, off, len, (uint16_t)(s + 2), &st) != DC_OK) {
+            peer_queue_locked(g, c, r->next, r->acc, off, len,
+                              (uint16_t)((s + 2) | (r->scatter ? RING_SCATTER : 0)),
+                              &st) != DC_OK) {
             group_end_locked(wg, g, &st);
             return;
         }
@@ -2262,7 +2329,8 @@ ring_advance(struct wgroups *wg, struct wgroup *g, struct wcall *c)
 static dc_code
 ring_start(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status *st)
 {
-    struct ring *r = ring_get(g, c, c->mine_bytes);
+    bool scatter   = c->local[0].d.kind == DC_OP_REDUCE_SCATTER;
+    struct ring *r = ring_get(g, c, c->mine_bytes, scatter);
 
     if (r == NULL) {
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
@@ -2273,8 +2341,8 @@ ring_start(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status *st)
     if (r->broken) {
         return DC_OK; /* the descs disagree: the call fails once they are all in */
     }
-    if (peer_queue_locked(g, c, r->next, r->acc, ring_off(r, r->pos), ring_len(r, r->pos), 1, st) !=
-        DC_OK) {
+    if (peer_queue_locked(g, c, r->next, r->acc, ring_off(r, r->pos), ring_len(r, r->pos),
+                          (uint16_t)(1 | (scatter ? RING_SCATTER : 0)), st) != DC_OK) {
         return st->code;
     }
     ring_advance(wg, g, c);
@@ -2302,8 +2370,8 @@ static uint8_t *
 ring_frame_dst(struct wgroups *wg, const struct wgroup *g, struct wcall *c,
                const struct dlink_hdr *h, struct pbuf **pin, dc_status *st)
 {
-    struct ring *r = ring_get(g, c, (size_t)h->total);
-    uint32_t s     = (uint32_t)h->flags - 1, k;
+    struct ring *r = ring_get(g, c, (size_t)h->total, (h->flags & RING_SCATTER) != 0);
+    uint32_t s     = ring_frame_step(h), k;
 
     if (r == NULL) {
         status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
@@ -3259,7 +3327,7 @@ link_frame_end(void *arg, const char *peer, const struct dlink_hdr *h, void *pin
     if (pin != NULL && ok && h->flags != 0 && (g = frame_group(wg, peer, h)) != NULL &&
         (c = wcall_find(g, h->seq)) != NULL && c->ring != NULL &&
         (pin == c->ring->rs_in || pin == c->ring->acc)) {
-        c->ring->got[h->flags - 1] += h->length;
+        c->ring->got[ring_frame_step(h)] += h->length;
         wg->link_bytes_in += h->length;
         pbuf_drop(pin); /* its bytes are in: wcall_try_finish may wait for no one else */
         pin = NULL;
@@ -3700,72 +3768,77 @@ wgroups_metrics_render(struct wgroups *wg, struct mbuf *b)
         mbuf_printf(b, "devcoord_group_calls_total{kind=\"%s\"} %llu\n",
                     dc_op_kind_name((dc_op_kind)k), (unsigned long long)wg->calls_total[k]);
     }
-    mbuf_printf(b,
-                "# HELP devcoord_group_stalls_total Group calls a rank was missing from for "
-                "longer than the stall warning.\n"
-                "# TYPE devcoord_group_stalls_total counter\n"
-                "devcoord_group_stalls_total %llu\n"
-                "# HELP devcoord_group_shm_calls_total Group calls of a rank made on shared "
-                "memory: no bytes in the request or the reply.\n"
-                "# TYPE devcoord_group_shm_calls_total counter\n"
-                "devcoord_group_shm_calls_total %llu\n"
-                "# HELP devcoord_group_in_place_calls_total All-reduces of one-worker groups "
-                "reduced in place in their ranks' shared memory, split across threads.\n"
-                "# TYPE devcoord_group_in_place_calls_total counter\n"
-                "devcoord_group_in_place_calls_total %llu\n"
-                "# HELP devcoord_group_call_bytes_received_total Bytes ranks sent in GroupCall "
-                "requests.\n"
-                "# TYPE devcoord_group_call_bytes_received_total counter\n"
-                "devcoord_group_call_bytes_received_total %llu\n"
-                "# HELP devcoord_group_call_bytes_sent_total Result bytes sent in GroupCall "
-                "replies.\n"
-                "# TYPE devcoord_group_call_bytes_sent_total counter\n"
-                "devcoord_group_call_bytes_sent_total %llu\n"
-                "# HELP devcoord_group_shm_mapped_bytes Ranks' shared memory this worker maps.\n"
-                "# TYPE devcoord_group_shm_mapped_bytes gauge\n"
-                "devcoord_group_shm_mapped_bytes %zu\n"
-                "# HELP devcoord_group_link_bytes_sent_total Bytes of group parts this worker "
-                "sent its peers over the data link.\n"
-                "# TYPE devcoord_group_link_bytes_sent_total counter\n"
-                "devcoord_group_link_bytes_sent_total %llu\n"
-                "# HELP devcoord_group_link_bytes_received_total Bytes of group parts this "
-                "worker received from its peers over the data link.\n"
-                "# TYPE devcoord_group_link_bytes_received_total counter\n"
-                "devcoord_group_link_bytes_received_total %llu\n"
-                "# HELP devcoord_group_link_refused_total Connections to the data port refused "
-                "(no or wrong HELLO, a malformed or oversized frame, too many connections).\n"
-                "# TYPE devcoord_group_link_refused_total counter\n"
-                "devcoord_group_link_refused_total %llu\n"
-                "# HELP devcoord_group_ring_calls_total Group all-reduces whose workers went "
-                "round the ring (reduce-scatter, then all-gather) on the data link.\n"
-                "# TYPE devcoord_group_ring_calls_total counter\n"
-                "devcoord_group_ring_calls_total %llu\n"
-                "# HELP devcoord_group_ring_in_region_calls_total Of those, calls whose ring "
-                "ran in the rank's shared memory (one rank on this worker, in place): no copy "
-                "in or out.\n"
-                "# TYPE devcoord_group_ring_in_region_calls_total counter\n"
-                "devcoord_group_ring_in_region_calls_total %llu\n"
-                "# HELP devcoord_group_call_link_calls_total Group calls of a rank taken on its "
-                "call link (frames on the data port) instead of a GroupCall RPC.\n"
-                "# TYPE devcoord_group_call_link_calls_total counter\n"
-                "devcoord_group_call_link_calls_total %llu\n"
-                "# HELP devcoord_group_link_parts_sent_total Parts of small group calls sent "
-                "whole on the data link (a frame each, no reply awaited).\n"
-                "# TYPE devcoord_group_link_parts_sent_total counter\n"
-                "devcoord_group_link_parts_sent_total %llu\n"
-                "# HELP devcoord_group_link_parts_received_total Parts of small group calls "
-                "taken whole from the data link.\n"
-                "# TYPE devcoord_group_link_parts_received_total counter\n"
-                "devcoord_group_link_parts_received_total %llu\n",
-                (unsigned long long)wg->stalls_total, (unsigned long long)wg->shm_calls_total,
-                (unsigned long long)wg->in_place_total, (unsigned long long)wg->call_bytes_in,
-                (unsigned long long)wg->call_bytes_out, wg->shm_mapped,
-                (unsigned long long)wg->link_bytes_out, (unsigned long long)wg->link_bytes_in,
-                (unsigned long long)(wg->dl != NULL ? dlink_server_refused(wg->dl) : 0),
-                (unsigned long long)wg->ring_calls_total,
-                (unsigned long long)wg->ring_in_region_total,
-                (unsigned long long)wg->link_calls_total, (unsigned long long)wg->parts_out,
-                (unsigned long long)wg->parts_in);
+    mbuf_printf(
+        b,
+        "# HELP devcoord_group_stalls_total Group calls a rank was missing from for "
+        "longer than the stall warning.\n"
+        "# TYPE devcoord_group_stalls_total counter\n"
+        "devcoord_group_stalls_total %llu\n"
+        "# HELP devcoord_group_shm_calls_total Group calls of a rank made on shared "
+        "memory: no bytes in the request or the reply.\n"
+        "# TYPE devcoord_group_shm_calls_total counter\n"
+        "devcoord_group_shm_calls_total %llu\n"
+        "# HELP devcoord_group_in_place_calls_total All-reduces of one-worker groups "
+        "reduced in place in their ranks' shared memory, split across threads.\n"
+        "# TYPE devcoord_group_in_place_calls_total counter\n"
+        "devcoord_group_in_place_calls_total %llu\n"
+        "# HELP devcoord_group_call_bytes_received_total Bytes ranks sent in GroupCall "
+        "requests.\n"
+        "# TYPE devcoord_group_call_bytes_received_total counter\n"
+        "devcoord_group_call_bytes_received_total %llu\n"
+        "# HELP devcoord_group_call_bytes_sent_total Result bytes sent in GroupCall "
+        "replies.\n"
+        "# TYPE devcoord_group_call_bytes_sent_total counter\n"
+        "devcoord_group_call_bytes_sent_total %llu\n"
+        "# HELP devcoord_group_shm_mapped_bytes Ranks' shared memory this worker maps.\n"
+        "# TYPE devcoord_group_shm_mapped_bytes gauge\n"
+        "devcoord_group_shm_mapped_bytes %zu\n"
+        "# HELP devcoord_group_link_bytes_sent_total Bytes of group parts this worker "
+        "sent its peers over the data link.\n"
+        "# TYPE devcoord_group_link_bytes_sent_total counter\n"
+        "devcoord_group_link_bytes_sent_total %llu\n"
+        "# HELP devcoord_group_link_bytes_received_total Bytes of group parts this "
+        "worker received from its peers over the data link.\n"
+        "# TYPE devcoord_group_link_bytes_received_total counter\n"
+        "devcoord_group_link_bytes_received_total %llu\n"
+        "# HELP devcoord_group_link_refused_total Connections to the data port refused "
+        "(no or wrong HELLO, a malformed or oversized frame, too many connections).\n"
+        "# TYPE devcoord_group_link_refused_total counter\n"
+        "devcoord_group_link_refused_total %llu\n"
+        "# HELP devcoord_group_ring_calls_total Group all-reduces whose workers went "
+        "round the ring (reduce-scatter, then all-gather) on the data link.\n"
+        "# TYPE devcoord_group_ring_calls_total counter\n"
+        "devcoord_group_ring_calls_total %llu\n"
+        "# HELP devcoord_group_ring_in_region_calls_total Of those, calls whose ring "
+        "ran in the rank's shared memory (one rank on this worker, in place): no copy "
+        "in or out.\n"
+        "# TYPE devcoord_group_ring_in_region_calls_total counter\n"
+        "devcoord_group_ring_in_region_calls_total %llu\n"
+        "# HELP devcoord_group_ring_reduce_scatter_calls_total Group reduce-scatters "
+        "whose workers went round the ring (its reduce-scatter steps alone) on the "
+        "data link.\n"
+        "# TYPE devcoord_group_ring_reduce_scatter_calls_total counter\n"
+        "devcoord_group_ring_reduce_scatter_calls_total %llu\n"
+        "# HELP devcoord_group_call_link_calls_total Group calls of a rank taken on its "
+        "call link (frames on the data port) instead of a GroupCall RPC.\n"
+        "# TYPE devcoord_group_call_link_calls_total counter\n"
+        "devcoord_group_call_link_calls_total %llu\n"
+        "# HELP devcoord_group_link_parts_sent_total Parts of small group calls sent "
+        "whole on the data link (a frame each, no reply awaited).\n"
+        "# TYPE devcoord_group_link_parts_sent_total counter\n"
+        "devcoord_group_link_parts_sent_total %llu\n"
+        "# HELP devcoord_group_link_parts_received_total Parts of small group calls "
+        "taken whole from the data link.\n"
+        "# TYPE devcoord_group_link_parts_received_total counter\n"
+        "devcoord_group_link_parts_received_total %llu\n",
+        (unsigned long long)wg->stalls_total, (unsigned long long)wg->shm_calls_total,
+        (unsigned long long)wg->in_place_total, (unsigned long long)wg->call_bytes_in,
+        (unsigned long long)wg->call_bytes_out, wg->shm_mapped,
+        (unsigned long long)wg->link_bytes_out, (unsigned long long)wg->link_bytes_in,
+        (unsigned long long)(wg->dl != NULL ? dlink_server_refused(wg->dl) : 0),
+        (unsigned long long)wg->ring_calls_total, (unsigned long long)wg->ring_in_region_total,
+        (unsigned long long)wg->ring_scatter_total, (unsigned long long)wg->link_calls_total,
+        (unsigned long long)wg->parts_out, (unsigned long long)wg->parts_in);
     pthread_mutex_unlock(&wg->mtx);
     bufcache_stats(wg->bufs, &bs);
     mbuf_printf(b,

@@ -161,13 +161,18 @@ big_calls(dc_group *g, const char *self, char *error, size_t cap)
             goto out;
         }
     }
-    /* Reduce-scatter of out (every rank the same): each rank gets n times its block. */
+    /* Reduce-scatter of out plus 7 x rank: each rank gets n times its block, plus 7 times
+     * the sum of the ranks (every rank's input counted once). */
+    for (size_t i = 0; i < (size_t)n * BIG_BLOCKED; i++) {
+        out[i] += 7 * (int64_t)rank;
+    }
     if (dc_reduce_scatter(g, out, in, BIG_BLOCKED, DC_DTYPE_I64, DC_REDUCE_SUM, &st) != DC_OK) {
         snprintf(error, cap, "%s: big reduce-scatter: %s", self, st.message);
         goto out;
     }
     for (size_t i = 0; i < BIG_BLOCKED; i++) {
-        if (in[i] != (int64_t)n * ((int64_t)rank * BIG_BLOCKED + (int64_t)i)) {
+        if (in[i] != (int64_t)n * ((int64_t)rank * BIG_BLOCKED + (int64_t)i) +
+                         7 * (int64_t)n * (n - 1) / 2) {
             snprintf(error, cap, "%s: big reduce-scatter: [%zu] = %lld", self, i, (long long)in[i]);
             goto out;
         }

@@ -682,8 +682,34 @@ class RingTest(DataPathTest):
             # ring runs there, no copy in or out.
             self.assertEqual(m["devcoord_group_ring_in_region_calls_total"], 3, name)
             self.assertGreater(m["devcoord_group_shm_calls_total"], 0, name)
-            # The big all-gather and reduce-scatter parts go to every worker on the data link.
+            # The big reduce-scatter goes round the ring too, its reduce-scatter steps alone
+            # (in two calls: its input and output overflow the rank's staging block); the
+            # small one goes to every worker directly.
+            calls = m['devcoord_group_calls_total{kind="reduce-scatter"}']
+            self.assertGreaterEqual(calls, 2, name)
+            self.assertEqual(m["devcoord_group_ring_reduce_scatter_calls_total"], calls - 1,
+                             name)
+            # The big all-gather's parts go to every worker on the data link.
             self.assertGreater(m["devcoord_group_link_bytes_sent_total"], 4 << 20, name)
+
+    @unittest.skipUnless(os.path.exists(os.environ.get("DEVCOORD_GROUP_THREADS") or ""),
+                         "devcoord-group-threads is not built")
+    def test_reduce_scatter_rings_with_two_ranks_on_a_worker(self):
+        # Two ranks on node-a, one on node-b: ranks go by worker name, so node-a's are 0 and
+        # 1, and their two blocks make one segment of node-a's ring (twice node-b's).
+        # group_threads checks each rank's block (rank-dependent inputs, each counted once).
+        c = self.start({"node-a": ["cuda:0", "cuda:1"], "node-b": ["cuda:0"]}, http=True)
+        p = subprocess.run([os.environ["DEVCOORD_GROUP_THREADS"], c.addr,
+                            "node-b/cuda:0,node-a/cuda:1,node-a/cuda:0", "1"],
+                           capture_output=True, timeout=300, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.strip(), "ok 3")
+        for name in ("node-a", "node-b"):
+            m = self.metrics(int(c.worker_specs[name]["http"].rsplit(":", 1)[1]))
+            calls = m['devcoord_group_calls_total{kind="reduce-scatter"}']
+            self.assertGreaterEqual(calls, 2, name)
+            self.assertEqual(m["devcoord_group_ring_reduce_scatter_calls_total"], calls - 1,
+                             name)
 
     @unittest.skipUnless(os.path.exists(os.environ.get("DEVCOORD_GROUP_THREADS") or ""),
                          "devcoord-group-threads is not built")
