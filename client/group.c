@@ -629,7 +629,8 @@ whole_agree(dc_group *g, const struct call *k, size_t bytes, bool *agreed, dc_st
 static dc_code
 group_call_piece_agreed(dc_group *g, const struct call *k, size_t per, dc_status *st)
 {
-    size_t bytes       = k->count * dc_dtype_size(k->dtype);
+    size_t bytes = k->count * dc_dtype_size(k->dtype) *
+                   (k->kind == DC_OP_REDUCE_SCATTER ? g->size : 1); /* the rank's input */
     struct call staged = *k;
     uint64_t send_off, recv_off;
     bool agreed;
@@ -735,16 +736,25 @@ order_give(dc_group *g, bool thread)
 }
 
 /* k, larger than one message, the group's order held: one call (group_call_whole) but for
- * all-gather and reduce-scatter, which go in parts (their blocks are per rank). */
+ * all-gather and reduce-scatter, which go in parts (their blocks are per rank, so a piece
+ * cannot be a range of the buffers); a reduce-scatter whose input is at most
+ * GROUP_WHOLE_MAX goes whole as one piece (across workers its ring keeps a copy of the
+ * input, as an all-reduce's does). */
 static dc_code
 group_call_split_held(dc_group *g, const struct call *whole, size_t per, dc_status *st)
 {
     struct call held = *whole;
+    size_t elem      = dc_dtype_size(held.dtype);
 
     held.in_split = true; /* its calls take their seqs without waiting for the order */
+    if (held.send == NULL || held.recv == NULL) {
+        return group_call_parts(g, &held, per, st); /* which refuses it */
+    }
+    if (held.kind == DC_OP_REDUCE_SCATTER && held.count <= GROUP_WHOLE_MAX / elem / g->size) {
+        return group_call_piece(g, &held, per, st);
+    }
     if (held.kind != DC_OP_ALL_GATHER && held.kind != DC_OP_REDUCE_SCATTER &&
-        held.count <= SIZE_MAX / dc_dtype_size(held.dtype) && held.send != NULL &&
-        held.recv != NULL) {
+        held.count <= SIZE_MAX / elem) {
         return group_call_whole(g, &held, per, st);
     }
     return group_call_parts(g, &held, per, st);

@@ -241,7 +241,8 @@ class OneWorkerWholeCallsTest(GroupsTestCase):
         # Every result checked in the program: small calls, _async ones, all-reduces past one
         # message (1300007 i32, 5.2 MB, blocking and _async; a mean of 900021 f64, 7.2 MB,
         # which makes the staging block grow), all-gather and reduce-scatter past one message
-        # too (those still go in parts: their blocks are per rank).
+        # too (all-gather still goes in parts: its blocks are per rank; the reduce-scatter,
+        # 3 x 300007 i64 in, goes whole through the staging block).
         p = subprocess.run([test_groups.THREADS, c.addr, ",".join(devices), "5"],
                            capture_output=True, timeout=300, text=True)
         self.assertEqual(p.returncode, 0, p.stderr)
@@ -249,7 +250,10 @@ class OneWorkerWholeCallsTest(GroupsTestCase):
         m = {k: v for k, v in self.worker_metrics(c, "node-a").items()
              if k.startswith("devcoord_group_")}
         self.assertEqual(m["devcoord_group_in_place_calls_total"], 3, m)  # the three big ones
-        self.assertEqual(m["devcoord_group_shm_calls_total"], 3 * 3, m)  # by each of 3 ranks
+        # Those and the big reduce-scatter, by each of 3 ranks.
+        self.assertEqual(m["devcoord_group_shm_calls_total"], 4 * 3, m)
+        # The big reduce-scatter as one call, and the small one.
+        self.assertEqual(m['devcoord_group_calls_total{kind="reduce-scatter"}'], 2, m)
         # The ranks left: their staging blocks went with the generation.
         harness.wait_until(
             lambda: self.worker_metrics(c, "node-a")["devcoord_group_shm_mapped_bytes"] == 0,
