@@ -22,6 +22,10 @@
  * paired rounds on the same cluster, one group call (every rank, started together) then one
  * dc_submit all-reduce by rank 0 over tensors of the same size parked on the same devices,
  * so both see the same load; the medians of the two series are compared.
+ *
+ * With --reduce-scatter (and --layout, for A/B runs) every call is dc_reduce_scatter instead:
+ * each rank passes the size's bytes and gets its 1/n block of their sum (f32) in a second
+ * buffer; bus bandwidth is then (n-1)/n * bytes / median, the bytes a ring moves per rank.
  */
 #include <math.h>
 #include <pthread.h>
@@ -49,11 +53,13 @@ static const char usage[] =
     "  --one-worker: only the one-worker (shared memory) layouts and the probe, no gloo\n"
     "  --plain: the multi-worker layouts pass malloc'd buffers, not dc_group_alloc ones\n"
     "  --layout RxW: only the layout of R ranks on W workers, no gloo (for A/B runs);\n"
-    "                1x1 (one rank: the call's own cost) only this way\n";
+    "                1x1 (one rank: the call's own cost) only this way\n"
+    "  --reduce-scatter: with --layout, time dc_reduce_scatter instead (no results written)\n";
 
 struct options {
     bool one_worker; /* for profiling the shared-memory path alone */
     bool plain;
+    bool scatter;            /* --reduce-scatter */
     unsigned ranks, workers; /* --layout: only this one (0: all) */
 };
 
@@ -69,6 +75,10 @@ extra_arg(int argc, char **argv, int i, void *arg)
     }
     if (strcmp(argv[i], "--plain") == 0) {
         o->plain = true;
+        return 1;
+    }
+    if (strcmp(argv[i], "--reduce-scatter") == 0) {
+        o->scatter = true;
         return 1;
     }
     if (strcmp(argv[i], "--layout") == 0 && i + 1 < argc) {
@@ -92,8 +102,9 @@ struct plan {
 
 struct layout {
     unsigned ranks, workers;
-    bool plain;  /* malloc'd buffers (never for one worker) */
-    bool paired; /* also the paired rounds against dc_submit (2x2 only) */
+    bool plain;   /* malloc'd buffers (never for one worker) */
+    bool paired;  /* also the paired rounds against dc_submit (2x2 only) */
+    bool scatter; /* --reduce-scatter */
     struct bench_timing dc[MAX_SIZES];
     struct bench_timing pair_group[MAX_SIZES], pair_submit[MAX_SIZES];
     int ran;
@@ -104,7 +115,8 @@ struct shared {
     const struct plan *p;
     const char *address;
     unsigned ranks;
-    bool shm; /* buffers from dc_group_alloc (all but --plain's multi-worker layouts) */
+    bool shm;     /* buffers from dc_group_alloc (all but --plain's multi-worker layouts) */
+    bool scatter; /* --reduce-scatter: the calls are reduce-scatters into a second buffer */
     char devices[512];
     char self[MAX_RANKS][64];
     pthread_barrier_t barrier;
@@ -125,6 +137,13 @@ static double
 busbw(unsigned n, uint64_t bytes, double seconds)
 {
     return seconds > 0 ? 2.0 * (n - 1) / n * (double)bytes / seconds : NAN;
+}
+
+/* A reduce-scatter's: each rank sends and receives (n-1)/n of its bytes round a ring. */
+static double
+busbw_scatter(unsigned n, uint64_t bytes, double seconds)
+{
+    return busbw(n, bytes, seconds) / 2;
 }
 
 static unsigned
@@ -153,24 +172,55 @@ timed_all_reduce(struct shared *sh, dc_group *g, float *buf, size_t count)
     return s;
 }
 
+/* --reduce-scatter's call: buf's count floats in, this rank's count / n of their sum in out. */
+static double
+timed_reduce_scatter(struct shared *sh, dc_group *g, const float *buf, float *out, size_t count)
+{
+    dc_status st;
+    uint64_t t0 = bench_now_ns();
+    dc_code code =
+        dc_reduce_scatter(g, buf, out, count / sh->ranks, DC_DTYPE_F32, DC_REDUCE_SUM, &st);
+    double s = (double)(bench_now_ns() - t0) / 1e9;
+
+    if (code != DC_OK) {
+        fprintf(stderr, "bench_group: rank %u: dc_reduce_scatter of %zu floats: %s: %s\n",
+                dc_group_rank(g), count, dc_status_name(code), st.message);
+        atomic_store(&sh->failed, 1);
+        return -1;
+    }
+    return s;
+}
+
+/* One timed call of the layout's kind: an all-reduce of buf, or a reduce-scatter of buf into
+ * out (--reduce-scatter). */
+static double
+timed_call(struct shared *sh, dc_group *g, float *buf, float *out, size_t count)
+{
+    return sh->scatter ? timed_reduce_scatter(sh, g, buf, out, count)
+                       : timed_all_reduce(sh, g, buf, count);
+}
+
 /* Warmup of one size, the first call checked; the fastest warmup time, or -1. */
 static double
-warmup(struct shared *sh, dc_group *g, float *buf, size_t count)
+warmup(struct shared *sh, dc_group *g, float *buf, float *out, size_t count)
 {
-    uint32_t rank = dc_group_rank(g);
-    float want    = (float)(sh->ranks * (sh->ranks + 1) / 2);
-    double warm   = INFINITY, s;
+    uint32_t rank  = dc_group_rank(g);
+    float want     = (float)(sh->ranks * (sh->ranks + 1) / 2);
+    double warm    = INFINITY, s;
+    const float *r = sh->scatter ? out : buf;
+    size_t n       = sh->scatter ? count / sh->ranks : count;
 
     for (size_t i = 0; i < count; i++) {
         buf[i] = (float)(rank + 1);
     }
     for (int k = 0; k < (count * sizeof(float) >= (16u << 20) ? 1 : 2); k++) {
-        if ((s = timed_all_reduce(sh, g, buf, count)) < 0) {
+        if ((s = timed_call(sh, g, buf, out, count)) < 0) {
             return -1;
         }
-        if (k == 0 && (buf[0] != want || buf[count / 2] != want || buf[count - 1] != want)) {
-            fprintf(stderr, "bench_group: rank %u: all-reduce of %zu floats gave %g, want %g\n",
-                    rank, count, (double)buf[0], (double)want);
+        if (k == 0 && (r[0] != want || r[n / 2] != want || r[n - 1] != want)) {
+            fprintf(stderr, "bench_group: rank %u: %s of %zu floats gave %g, want %g\n", rank,
+                    sh->scatter ? "reduce-scatter" : "all-reduce", count, (double)r[0],
+                    (double)want);
             atomic_store(&sh->failed, 1);
             return -1;
         }
@@ -282,14 +332,17 @@ run_sizes(struct shared *sh, dc_client *client, dc_group *g)
 
     for (size_t i = 0; i < p->n_sizes; i++) {
         size_t count = (size_t)(p->sizes[i] / sizeof(float));
-        float *buf   = NULL;
+        float *buf = NULL, *out = NULL;
         double warm = -1, *times = NULL;
         unsigned reps;
         dc_status st;
 
+        /* A reduce-scatter's output follows its input in the same block: one region, so the
+         * call carries no byte on shared memory. */
+        size_t alloc = (count + (sh->scatter ? count / sh->ranks : 0)) * sizeof(float);
+
         if (!atomic_load(&sh->failed) && g != NULL) {
-            buf = sh->shm ? dc_group_alloc(g, count * sizeof(float), &st)
-                          : malloc(count * sizeof(float));
+            buf = sh->shm ? dc_group_alloc(g, alloc, &st) : malloc(alloc);
             if (buf == NULL || (sh->shm && !dc_group_buffer_shared(g, buf))) {
                 fprintf(stderr, "bench_group: rank %u: no %s buffer of %zu bytes%s%s\n",
                         dc_group_rank(g), sh->shm ? "shared" : "", count * sizeof(float),
@@ -304,7 +357,8 @@ run_sizes(struct shared *sh, dc_client *client, dc_group *g)
         }
 
         if (buf != NULL) {
-            warm = warmup(sh, g, buf, count);
+            out  = sh->scatter ? buf + count : NULL;
+            warm = warmup(sh, g, buf, out, count);
         }
         pthread_barrier_wait(&sh->barrier);
         if (g != NULL && dc_group_rank(g) == 0) {
@@ -315,7 +369,7 @@ run_sizes(struct shared *sh, dc_client *client, dc_group *g)
         if (buf != NULL && !atomic_load(&sh->failed) &&
             (times = calloc(reps, sizeof(*times))) != NULL) {
             unsigned k = 0;
-            for (; k < reps && (times[k] = timed_all_reduce(sh, g, buf, count)) >= 0; k++) {
+            for (; k < reps && (times[k] = timed_call(sh, g, buf, out, count)) >= 0; k++) {
             }
             if (k == reps && dc_group_rank(g) == 0) {
                 timing_set(&sh->out[i], p->sizes[i], times, reps);
@@ -369,6 +423,7 @@ run_layout(const struct bench_args *a, const struct plan *p, struct layout *l)
     struct shared sh = { .p           = p,
                          .ranks       = l->ranks,
                          .shm         = !l->plain,
+                         .scatter     = l->scatter,
                          .out         = l->dc,
                          .paired      = l->paired,
                          .pair_group  = l->pair_group,
@@ -432,9 +487,12 @@ gloo_of(struct bench_timing gloo[][MAX_SIZES], unsigned ranks)
 static void
 print_table(const struct plan *p, const struct layout *l, const struct bench_timing *g)
 {
-    printf("\nGroup all-reduce f32 sum, %s; rank 0's time from the call to the result in its "
-           "buffer; bus bandwidth = 2(n-1)/n * bytes / median\n",
-           layout_text(l));
+    double (*bw)(unsigned, uint64_t, double) = l->scatter ? busbw_scatter : busbw;
+
+    printf("\nGroup %s f32 sum, %s; rank 0's time from the call to the result in its "
+           "buffer; bus bandwidth = %s(n-1)/n * bytes / median\n",
+           l->scatter ? "reduce-scatter (bytes: each rank's input)" : "all-reduce", layout_text(l),
+           l->scatter ? "" : "2");
     printf("%-8s | %12s %12s %12s %9s %5s | %12s %9s %5s | %8s\n", "size", "median", "min", "max",
            "GB/s", "reps", "gloo", "GB/s", "reps", "dc/gloo");
     for (size_t i = 0; i < p->n_sizes; i++) {
@@ -442,7 +500,7 @@ print_table(const struct plan *p, const struct layout *l, const struct bench_tim
         printf("%-8s | %9.1f us %9.1f us %9.1f us %9.3f %5u | %9.1f us %9.3f %5u | %7.2fx\n",
                bench_size_text(p->sizes[i]), d->ok ? d->median_s * 1e6 : NAN,
                d->ok ? d->min_s * 1e6 : NAN, d->ok ? d->max_s * 1e6 : NAN,
-               d->ok ? busbw(l->ranks, d->bytes, d->median_s) / GB : NAN, d->reps,
+               d->ok ? bw(l->ranks, d->bytes, d->median_s) / GB : NAN, d->reps,
                q->ok ? q->median_s * 1e6 : NAN,
                q->ok ? busbw(l->ranks, q->bytes, q->median_s) / GB : NAN, q->reps,
                d->ok && q->ok ? d->median_s / q->median_s : NAN);
@@ -664,19 +722,24 @@ main(int argc, char **argv)
     struct bench_timing gloo[2][MAX_SIZES] = { { { 0 } } };
     size_t nl                              = sizeof(ls) / sizeof(ls[0]);
     double probe_s, bidir = NAN, ring_s[5] = { -1, -1, -1, -1, -1 };
-    struct options o = { false, false, 0, 0 };
+    struct options o = { false, false, false, 0, 0 };
     int rv;
 
     bench_init();
     if ((rv = bench_parse_args(argc, argv, &a, usage, extra_arg, &o)) != 0) {
         return rv;
     }
+    if (o.scatter && o.ranks == 0) {
+        fprintf(stderr, "bench_group: --reduce-scatter wants --layout RxW\n");
+        return 2;
+    }
     if (o.ranks != 1 || o.workers != 1) {
         nl--; /* no 1x1 */
     }
     for (size_t k = 0; k < nl; k++) {
-        ls[k].plain  = o.plain && ls[k].workers > 1;
-        ls[k].paired = ls[k].ranks == 2 && ls[k].workers == 2;
+        ls[k].plain   = o.plain && ls[k].workers > 1;
+        ls[k].paired  = ls[k].ranks == 2 && ls[k].workers == 2 && !o.scatter;
+        ls[k].scatter = o.scatter;
     }
     p.budget_s = a.quick ? 0.5 : 2.0;
     p.min_reps = a.quick ? 3 : 5;
@@ -719,6 +782,8 @@ main(int argc, char **argv)
             print_paired(&p, &ls[k]);
         }
     }
-    write_results(&a, &p, ls, nl, gloo, probe_s, bidir, ring_s);
+    if (!o.scatter) {
+        write_results(&a, &p, ls, nl, gloo, probe_s, bidir, ring_s);
+    }
     return 0;
 }
