@@ -220,6 +220,10 @@ struct wcall {
     size_t n_peer_in;
     uint8_t *mine; /* this worker's part, once every local rank is in (mine_buf's bytes) */
     struct pbuf *mine_buf;
+    /* A reduce-scatter's ring reading the worker's only rank's input in its region, read-only
+     * (wcall_make_mine): step 0 sends from it and each reduce reads it beside the peer's
+     * segment, so mine_buf (the ring's acc) takes no copy of it. NULL otherwise. */
+    struct pbuf *in_buf;
     size_t mine_bytes;
     bool sent;
     bool noted;                     /* a partial note went to the peers */
@@ -521,6 +525,7 @@ wcall_free(struct wgroups *wg, struct wgroup *g, struct wcall *c)
     }
     free(c->local);
     pbuf_drop(c->mine_buf);
+    pbuf_drop(c->in_buf);
     if (c->ring != NULL) {
         if (c->ring->rs_in != NULL) {
             wg->held -= c->ring->bytes;
@@ -1163,10 +1168,20 @@ wcall_make_mine(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status
         /* fall through */
     case DC_OP_REDUCE:
     case DC_OP_REDUCE_SCATTER:
-        if (d->kind == DC_OP_ALL_REDUCE && c->local[0].buf != NULL) {
+        if (d->kind == DC_OP_REDUCE_SCATTER && me->n_ranks == 1 && c->local[0].buf == NULL &&
+            c->local[0].reg != NULL && ring_fits(g, d->kind, bytes)) {
+            /* Round the ring, read in place in the rank's region (in_buf): the ring's
+             * accumulator starts empty, each segment written once, by its reduce. */
+            /* in_buf is only read: sent from, and reduced from into mine_buf. */
+            if ((c->in_buf = pbuf_wrap(c->local[0].reg, (uint8_t *)c->local[0].data, bytes)) ==
+                    NULL ||
+                (c->mine_buf = pbuf_new(wg, bytes)) == NULL) {
+                return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+            }
+        } else if (d->kind != DC_OP_REDUCE && c->local[0].buf != NULL) {
             /* The first rank's bytes, read by its call link into a buffer of their own: the
-             * part is reduced in them, no copy (only an all-reduce: a reduce answers a rank
-             * that is not its root with its own bytes unchanged). */
+             * part is reduced in them, no copy (not for a reduce: it answers a rank that is
+             * not its root with its own bytes unchanged). */
             c->mine_buf = pbuf_hold(c->local[0].buf);
         } else if ((c->mine_buf = pbuf_new(wg, bytes)) == NULL) {
             return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
@@ -1208,6 +1223,8 @@ wcall_make_mine(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status
         if (region_shrank(g, c->local[i].reg, &c->shrunk)) {
             /* Zeros are no one's data: send none, the call fails here (and at the peers). */
             pbuf_drop(c->mine_buf);
+            pbuf_drop(c->in_buf);
+            c->in_buf     = NULL;
             c->mine_buf   = NULL;
             c->mine       = NULL;
             c->mine_bytes = 0;
@@ -1461,6 +1478,9 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
     if (c->ring != NULL && c->ring->done < ring_steps(c->ring) && !c->ring->broken &&
         c->shrunk.code == DC_OK && wcall_agrees(g, c)) {
         return; /* still going round the ring */
+    }
+    if (c->in_buf != NULL && c->shrunk.code == DC_OK && atomic_load(&c->in_buf->refs) > 1) {
+        return; /* a send from the rank's input is still going: its end calls this again */
     }
     if (c->mine_buf != NULL && c->ring != NULL && c->ring->acc == c->mine_buf &&
         c->shrunk.code == DC_OK && atomic_load(&c->mine_buf->refs) > 2 + wcall_aliases(g, c)) {
@@ -2298,7 +2318,10 @@ ring_advance(struct wgroups *wg, struct wgroup *g, struct wcall *c)
         if (len == 0 && r->got[s] < ring_len(r, k)) {
             return;
         }
-        if (s < r->n - 1 && len > 0) {
+        if (s < r->n - 1 && len > 0 && c->in_buf != NULL) {
+            reduce_pair(d->dtype, d->reduce, r->acc->data + off, c->in_buf->data + off,
+                        r->rs_in->data + off, len / r->elem);
+        } else if (s < r->n - 1 && len > 0) {
             reduce_into(d->dtype, d->reduce, r->acc->data + off, r->rs_in->data + off,
                         len / r->elem);
         }
@@ -2341,7 +2364,9 @@ ring_start(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status *st)
     if (r->broken) {
         return DC_OK; /* the descs disagree: the call fails once they are all in */
     }
-    if (peer_queue_locked(g, c, r->next, r->acc, ring_off(r, r->pos), ring_len(r, r->pos),
+    /* Step 0 sends this worker's own bytes: the rank's region when read in place. */
+    if (peer_queue_locked(g, c, r->next, c->in_buf != NULL ? c->in_buf : r->acc,
+                          ring_off(r, r->pos), ring_len(r, r->pos),
                           (uint16_t)(1 | (scatter ? RING_SCATTER : 0)), st) != DC_OK) {
         return st->code;
     }

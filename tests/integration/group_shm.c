@@ -2,7 +2,9 @@
  * Ranks as threads of one process on buffers of dc_group_alloc (issue 13): every thread joins
  * as one device of the list, allocates a block (shared memory when its worker is on this host)
  * and makes ITERATIONS all-reduces, then a broadcast, an all-gather and a reduce-scatter with
- * both buffers in the block, checking every result. Then the mix: an all-reduce on a plain
+ * both buffers in the block, checking every result; then a large reduce-scatter (a block of
+ * RS_BLOCK i64 per rank, 512 KiB: round the ring across workers) in a block of its own,
+ * its result checked and its input checked unchanged. Then the mix: an all-reduce on a plain
  * buffer and an all-gather from the block into a plain buffer (both copied as usual, 40 bytes
  * in each), and an all-reduce where even ranks pass the block and odd ones plain memory.
  * Then it allocates blocks until the worker's bound on regions refuses one: that
@@ -22,6 +24,7 @@
 #define COUNT      5
 #define MAX_RANKS  8
 #define MAX_BLOCKS 16 /* the worker's GROUPS_SHM_MAX_REGIONS */
+#define RS_BLOCK   65536
 
 struct rank_thread {
     pthread_t tid;
@@ -73,6 +76,8 @@ out:
         dc_group_free(g, extra[i]);
     }
 }
+
+static int big_reduce_scatter(dc_group *g, struct rank_thread *t);
 
 static void *
 rank_main(void *arg)
@@ -140,6 +145,9 @@ rank_main(void *arg)
         buf[3] != (int64_t)n * ((int64_t)rank * 100 + 3)) {
         FAIL(t, "%s: reduce-scatter: %s %lld", t->self, st.message, (long long)buf[3]);
     }
+    if (big_reduce_scatter(g, t) != 0) {
+        goto out;
+    }
     /* The mix: a plain buffer, and the block into a plain one. */
     for (int i = 0; i < COUNT; i++) {
         plain[i] = (int64_t)rank + i;
@@ -169,6 +177,47 @@ out:
     dc_group_free(g, buf);
     dc_group_leave(g, &st);
     return NULL;
+}
+
+/* A reduce-scatter of n blocks of RS_BLOCK i64, rank-dependent, into the RS_BLOCK after them
+ * in one dc_group_alloc block: each rank's block of the sum checked, and the input left as
+ * it was (the worker reads it in place). 0, or -1 with t->error set. */
+static int
+big_reduce_scatter(dc_group *g, struct rank_thread *t)
+{
+    uint32_t rank = dc_group_rank(g), n = dc_group_size(g);
+    size_t in_n = (size_t)n * RS_BLOCK;
+    int64_t *b  = dc_group_alloc(g, (in_n + RS_BLOCK) * sizeof(*b), NULL);
+    int rv      = -1;
+    dc_status st;
+
+    if (b == NULL) {
+        FAIL(t, "%s: big reduce-scatter: no block", t->self);
+    }
+    for (size_t i = 0; i < in_n; i++) {
+        b[i] = (int64_t)i * 3 + (int64_t)rank * 1000003;
+    }
+    if (dc_reduce_scatter(g, b, b + in_n, RS_BLOCK, DC_DTYPE_I64, DC_REDUCE_SUM, &st) != DC_OK) {
+        FAIL(t, "%s: big reduce-scatter: %s: %s", t->self, dc_status_name(st.code), st.message);
+    }
+    for (size_t i = 0; i < RS_BLOCK; i++) {
+        int64_t want = (int64_t)n * (((int64_t)rank * RS_BLOCK + (int64_t)i) * 3) +
+                       (int64_t)1000003 * n * (n - 1) / 2;
+        if (b[in_n + i] != want) {
+            FAIL(t, "%s: big reduce-scatter: [%zu] = %lld, want %lld", t->self, i,
+                 (long long)b[in_n + i], (long long)want);
+        }
+    }
+    for (size_t i = 0; i < in_n; i++) {
+        if (b[i] != (int64_t)i * 3 + (int64_t)rank * 1000003) {
+            FAIL(t, "%s: big reduce-scatter changed its input: [%zu] = %lld", t->self, i,
+                 (long long)b[i]);
+        }
+    }
+    rv = 0;
+out:
+    dc_group_free(g, b);
+    return rv;
 }
 
 int

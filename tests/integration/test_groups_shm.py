@@ -25,8 +25,9 @@ from test_groups import GroupsTestCase, call_desc, pb_msg, plan, setup_body
 SHM = os.environ.get("DEVCOORD_GROUP_SHM") or os.path.join(
     os.path.dirname(os.path.abspath(harness.CTL)), "..", "tests", "devcoord-group-shm")
 ITERATIONS = 20
-# Per rank: ITERATIONS all-reduces, a broadcast, an all-gather, a reduce-scatter on its block.
-SHM_CALLS = ITERATIONS + 3
+# Per rank: ITERATIONS all-reduces, a broadcast, an all-gather, a reduce-scatter on its block,
+# and a large reduce-scatter on a block of its own.
+SHM_CALLS = ITERATIONS + 4
 # Per rank: three plain calls of five i64 in (all-reduce, all-gather, all-reduce on the
 # block the worker's bound refused).
 PLAIN_BYTES = 3 * 5 * 8
