@@ -566,15 +566,32 @@ static dc_code group_call_parts(dc_group *g, const struct call *k, size_t per, d
  * several whole calls. */
 #define GROUP_WHOLE_MAX (64u * 1024 * 1024)
 
+/* The bytes of k's input on this rank (a reduce-scatter's: a block per rank). */
+static size_t
+call_in_bytes(const dc_group *g, const struct call *k)
+{
+    return k->count * dc_dtype_size(k->dtype) * (k->kind == DC_OP_REDUCE_SCATTER ? g->size : 1);
+}
+
+/* The bytes k takes in the staging block: its input, or its result when that is larger
+ * (an all-gather's, every rank's block). */
+static size_t
+call_stage_bytes(const dc_group *g, const struct call *k)
+{
+    size_t in = call_in_bytes(g, k);
+
+    return k->recv_bytes > in ? k->recv_bytes : in;
+}
+
 /* Whether this rank's buffers of k are in one block of dc_group_alloc, or its staging block
- * is (or can be made) as large as k. The group's order held. */
+ * is (or can be made) `bytes` large (call_stage_bytes). The group's order held. */
 static bool
 piece_ready(dc_group *g, const struct call *k, size_t bytes)
 {
     uint64_t send_off, recv_off;
     dc_status why;
 
-    return shm_place(g, k, bytes, &send_off, &recv_off) != 0 ||
+    return shm_place(g, k, call_in_bytes(g, k), &send_off, &recv_off) != 0 ||
            stage_reserve(g, bytes, &why) == DC_OK;
 }
 
@@ -629,8 +646,8 @@ whole_agree(dc_group *g, const struct call *k, size_t bytes, bool *agreed, dc_st
 static dc_code
 group_call_piece_agreed(dc_group *g, const struct call *k, size_t per, dc_status *st)
 {
-    size_t bytes = k->count * dc_dtype_size(k->dtype) *
-                   (k->kind == DC_OP_REDUCE_SCATTER ? g->size : 1); /* the rank's input */
+    size_t in_bytes    = call_in_bytes(g, k);
+    size_t bytes       = call_stage_bytes(g, k);
     struct call staged = *k;
     uint64_t send_off, recv_off;
     bool agreed;
@@ -642,13 +659,14 @@ group_call_piece_agreed(dc_group *g, const struct call *k, size_t per, dc_status
     if (!agreed) {
         return group_call_parts(g, k, per, st);
     }
-    if (shm_place(g, k, bytes, &send_off, &recv_off) != 0) {
+    if (shm_place(g, k, in_bytes, &send_off, &recv_off) != 0) {
         return group_call_run(g, k, NULL, st);
     }
     if (stage_reserve(g, bytes, st) != DC_OK) {
         return group_call_parts(g, k, per, st);
     }
-    memcpy(g->stage, k->send, bytes);
+    /* In place there: the worker reads the input before it writes the result over it. */
+    memcpy(g->stage, k->send, in_bytes);
     staged.send = g->stage;
     staged.recv = g->stage;
     if ((code = group_call_run(g, &staged, NULL, st)) == DC_OK && k->recv_bytes > 0) {
@@ -736,10 +754,11 @@ order_give(dc_group *g, bool thread)
 }
 
 /* k, larger than one message, the group's order held: one call (group_call_whole) but for
- * all-gather and reduce-scatter, which go in parts (their blocks are per rank, so a piece
- * cannot be a range of the buffers); a reduce-scatter whose input is at most
- * GROUP_WHOLE_MAX goes whole as one piece (across workers its ring keeps a copy of the
- * input, as an all-reduce's does). */
+ * all-gather and reduce-scatter, whose blocks are per rank, so that a piece cannot be a
+ * range of the buffers: one whose every rank's blocks (a reduce-scatter's input, an
+ * all-gather's result) are at most GROUP_WHOLE_MAX goes whole as one piece (across workers
+ * a reduce-scatter's ring keeps a copy of its input, as an all-reduce's does; an
+ * all-gather's worker holds the result), a larger one in parts. */
 static dc_code
 group_call_split_held(dc_group *g, const struct call *whole, size_t per, dc_status *st)
 {
@@ -750,7 +769,8 @@ group_call_split_held(dc_group *g, const struct call *whole, size_t per, dc_stat
     if (held.send == NULL || held.recv == NULL) {
         return group_call_parts(g, &held, per, st); /* which refuses it */
     }
-    if (held.kind == DC_OP_REDUCE_SCATTER && held.count <= GROUP_WHOLE_MAX / elem / g->size) {
+    if ((held.kind == DC_OP_REDUCE_SCATTER || held.kind == DC_OP_ALL_GATHER) &&
+        held.count <= GROUP_WHOLE_MAX / elem / g->size) {
         return group_call_piece(g, &held, per, st);
     }
     if (held.kind != DC_OP_ALL_GATHER && held.kind != DC_OP_REDUCE_SCATTER &&

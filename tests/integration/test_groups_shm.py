@@ -241,9 +241,9 @@ class OneWorkerWholeCallsTest(GroupsTestCase):
         devices = ["node-a/cuda:%d" % i for i in range(3)]
         # Every result checked in the program: small calls, _async ones, all-reduces past one
         # message (1300007 i32, 5.2 MB, blocking and _async; a mean of 900021 f64, 7.2 MB,
-        # which makes the staging block grow), all-gather and reduce-scatter past one message
-        # too (all-gather still goes in parts: its blocks are per rank; the reduce-scatter,
-        # 3 x 300007 i64 in, goes whole through the staging block).
+        # which makes the staging block grow), all-gathers and a reduce-scatter past one
+        # message too (300007 i64 a rank's block): these go whole through the staging block
+        # as well, one call each.
         p = subprocess.run([test_groups.THREADS, c.addr, ",".join(devices), "5"],
                            capture_output=True, timeout=300, text=True)
         self.assertEqual(p.returncode, 0, p.stderr)
@@ -251,10 +251,11 @@ class OneWorkerWholeCallsTest(GroupsTestCase):
         m = {k: v for k, v in self.worker_metrics(c, "node-a").items()
              if k.startswith("devcoord_group_")}
         self.assertEqual(m["devcoord_group_in_place_calls_total"], 3, m)  # the three big ones
-        # Those and the big reduce-scatter, by each of 3 ranks.
-        self.assertEqual(m["devcoord_group_shm_calls_total"], 4 * 3, m)
-        # The big reduce-scatter as one call, and the small one.
+        # Those, the big reduce-scatter and the two big all-gathers, by each of 3 ranks.
+        self.assertEqual(m["devcoord_group_shm_calls_total"], 6 * 3, m)
+        # The big reduce-scatter and all-gathers as one call each, and the small ones.
         self.assertEqual(m['devcoord_group_calls_total{kind="reduce-scatter"}'], 2, m)
+        self.assertEqual(m['devcoord_group_calls_total{kind="all-gather"}'], 3, m)
         # The ranks left: their staging blocks went with the generation.
         harness.wait_until(
             lambda: self.worker_metrics(c, "node-a")["devcoord_group_shm_mapped_bytes"] == 0,
