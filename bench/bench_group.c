@@ -154,50 +154,27 @@ reps_for(const struct plan *p, double warm_s)
     return r < p->min_reps ? p->min_reps : r > p->max_reps ? p->max_reps : (unsigned)r;
 }
 
-/* One timed call; seconds, or -1 (and sh->failed) on failure. */
-static double
-timed_all_reduce(struct shared *sh, dc_group *g, float *buf, size_t count)
-{
-    dc_status st;
-    uint64_t t0  = bench_now_ns();
-    dc_code code = dc_all_reduce(g, buf, count, DC_DTYPE_F32, DC_REDUCE_SUM, &st);
-    double s     = (double)(bench_now_ns() - t0) / 1e9;
-
-    if (code != DC_OK) {
-        fprintf(stderr, "bench_group: rank %u: dc_all_reduce of %zu floats: %s: %s\n",
-                dc_group_rank(g), count, dc_status_name(code), st.message);
-        atomic_store(&sh->failed, 1);
-        return -1;
-    }
-    return s;
-}
-
-/* --reduce-scatter's call: buf's count floats in, this rank's count / n of their sum in out. */
-static double
-timed_reduce_scatter(struct shared *sh, dc_group *g, const float *buf, float *out, size_t count)
-{
-    dc_status st;
-    uint64_t t0 = bench_now_ns();
-    dc_code code =
-        dc_reduce_scatter(g, buf, out, count / sh->ranks, DC_DTYPE_F32, DC_REDUCE_SUM, &st);
-    double s = (double)(bench_now_ns() - t0) / 1e9;
-
-    if (code != DC_OK) {
-        fprintf(stderr, "bench_group: rank %u: dc_reduce_scatter of %zu floats: %s: %s\n",
-                dc_group_rank(g), count, dc_status_name(code), st.message);
-        atomic_store(&sh->failed, 1);
-        return -1;
-    }
-    return s;
-}
-
-/* One timed call of the layout's kind: an all-reduce of buf, or a reduce-scatter of buf into
- * out (--reduce-scatter). */
+/* One timed call of the layout's kind, an all-reduce of buf in place or (--reduce-scatter)
+ * a reduce-scatter of buf's count floats into this rank's count / n in out; seconds, or -1
+ * (and sh->failed) on failure. */
 static double
 timed_call(struct shared *sh, dc_group *g, float *buf, float *out, size_t count)
 {
-    return sh->scatter ? timed_reduce_scatter(sh, g, buf, out, count)
-                       : timed_all_reduce(sh, g, buf, count);
+    dc_status st;
+    uint64_t t0  = bench_now_ns();
+    dc_code code = sh->scatter ? dc_reduce_scatter(g, buf, out, count / sh->ranks, DC_DTYPE_F32,
+                                                   DC_REDUCE_SUM, &st)
+                               : dc_all_reduce(g, buf, count, DC_DTYPE_F32, DC_REDUCE_SUM, &st);
+    double s     = (double)(bench_now_ns() - t0) / 1e9;
+
+    if (code != DC_OK) {
+        fprintf(stderr, "bench_group: rank %u: %s of %zu floats: %s: %s\n", dc_group_rank(g),
+                sh->scatter ? "dc_reduce_scatter" : "dc_all_reduce", count, dc_status_name(code),
+                st.message);
+        atomic_store(&sh->failed, 1);
+        return -1;
+    }
+    return s;
 }
 
 /* Warmup of one size, the first call checked; the fastest warmup time, or -1. */
@@ -299,7 +276,7 @@ run_paired(struct shared *sh, dc_client *client, dc_group *g, float *buf, size_t
     for (k = 0; k < reps; k++) {
         pthread_barrier_wait(&sh->barrier);
         if (buf != NULL && !atomic_load(&sh->failed)) {
-            double t = timed_all_reduce(sh, g, buf, count);
+            double t = timed_call(sh, g, buf, NULL, count);
             if (lead) {
                 tg[k] = t;
             }

@@ -1177,28 +1177,37 @@ lost_cb(void *arg, dc_code code, const dc_status *st, struct rpc_reply *reply, b
     *out = code;
 }
 
+/* A bare rep socket on a free port of 127.0.0.1, and a client connected to it. */
+static void
+bare_server_client(nng_socket *rep, struct rpc_client **c)
+{
+    struct rpc_client_opts co = { .connect_now = true };
+    nng_listener l;
+    nng_sockaddr sa;
+    dc_status st;
+    char url[64];
+
+    assert_int_equal(nng_rep0_open(rep), 0);
+    assert_int_equal(nng_listen(*rep, "tcp://127.0.0.1:0", &l, 0), 0);
+    assert_int_equal(nng_listener_get_addr(l, NNG_OPT_LOCADDR, &sa), 0);
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", ntohs(sa.s_in.sa_port));
+    co.url = url;
+    assert_int_equal(rpc_client_open(&co, c, &st), DC_OK);
+}
+
 static void
 test_connection_lost_code(void **state)
 {
     nng_socket rep;
-    nng_listener l;
-    nng_sockaddr sa;
     nng_msg *m;
     struct rpc_client *c;
-    struct rpc_client_opts co          = { .connect_now = true };
     Devcoord__V1__GetDeviceRequest req = DEVCOORD__V1__GET_DEVICE_REQUEST__INIT;
     dc_status st;
-    char url[64];
     volatile dc_code code = DC_OK;
     uint64_t t0;
 
     (void)state;
-    assert_int_equal(nng_rep0_open(&rep), 0);
-    assert_int_equal(nng_listen(rep, "tcp://127.0.0.1:0", &l, 0), 0);
-    assert_int_equal(nng_listener_get_addr(l, NNG_OPT_LOCADDR, &sa), 0);
-    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", ntohs(sa.s_in.sa_port));
-    co.url = url;
-    assert_int_equal(rpc_client_open(&co, &c, &st), DC_OK);
+    bare_server_client(&rep, &c);
     req.name = "x";
     assert_int_equal(rpc_call_async(c, SVC, M_COORDINATOR_GET_DEVICE, &req.base, NULL, 0, 10000,
                                     lost_cb, (void *)&code, &st),
@@ -1249,23 +1258,14 @@ static void
 test_close_between_send_and_receive_finishes_the_call(void **state)
 {
     nng_socket rep;
-    nng_listener l;
-    nng_sockaddr sa;
     nng_msg *m;
     struct rpc_client *c;
-    struct rpc_client_opts co          = { .connect_now = true };
     Devcoord__V1__GetDeviceRequest req = DEVCOORD__V1__GET_DEVICE_REQUEST__INIT;
     struct close_done d                = { 0 };
     dc_status st;
-    char url[64];
 
     (void)state;
-    assert_int_equal(nng_rep0_open(&rep), 0);
-    assert_int_equal(nng_listen(rep, "tcp://127.0.0.1:0", &l, 0), 0);
-    assert_int_equal(nng_listener_get_addr(l, NNG_OPT_LOCADDR, &sa), 0);
-    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", ntohs(sa.s_in.sa_port));
-    co.url = url;
-    assert_int_equal(rpc_client_open(&co, &c, &st), DC_OK);
+    bare_server_client(&rep, &c);
     atomic_store(&in_sent_hook, false);
     rpc_client_set_sent_hook(sent_hook_wait);
     req.name = "x";
