@@ -24,8 +24,9 @@
  * so both see the same load; the medians of the two series are compared.
  *
  * With --reduce-scatter (and --layout, for A/B runs) every call is dc_reduce_scatter instead:
- * each rank passes the size's bytes and gets its 1/n block of their sum (f32) in a second
- * buffer; bus bandwidth is then (n-1)/n * bytes / median, the bytes a ring moves per rank.
+ * each rank passes the size's bytes and gets its 1/n block of their sum (f32) right after
+ * them in the same block; bus bandwidth is then (n-1)/n * bytes / median, the bytes a ring
+ * moves per rank.
  */
 #include <math.h>
 #include <pthread.h>
@@ -137,13 +138,6 @@ static double
 busbw(unsigned n, uint64_t bytes, double seconds)
 {
     return seconds > 0 ? 2.0 * (n - 1) / n * (double)bytes / seconds : NAN;
-}
-
-/* A reduce-scatter's: each rank sends and receives (n-1)/n of its bytes round a ring. */
-static double
-busbw_scatter(unsigned n, uint64_t bytes, double seconds)
-{
-    return busbw(n, bytes, seconds) / 2;
 }
 
 static unsigned
@@ -322,7 +316,7 @@ run_sizes(struct shared *sh, dc_client *client, dc_group *g)
             buf = sh->shm ? dc_group_alloc(g, alloc, &st) : malloc(alloc);
             if (buf == NULL || (sh->shm && !dc_group_buffer_shared(g, buf))) {
                 fprintf(stderr, "bench_group: rank %u: no %s buffer of %zu bytes%s%s\n",
-                        dc_group_rank(g), sh->shm ? "shared" : "", count * sizeof(float),
+                        dc_group_rank(g), sh->shm ? "shared" : "", alloc,
                         sh->shm && buf == NULL ? ": " : "",
                         sh->shm && buf == NULL ? st.message : "");
                 atomic_store(&sh->failed, 1);
@@ -464,7 +458,8 @@ gloo_of(struct bench_timing gloo[][MAX_SIZES], unsigned ranks)
 static void
 print_table(const struct plan *p, const struct layout *l, const struct bench_timing *g)
 {
-    double (*bw)(unsigned, uint64_t, double) = l->scatter ? busbw_scatter : busbw;
+    /* A reduce-scatter's ring moves (n-1)/n of each rank's bytes, half an all-reduce's. */
+    double per_call = l->scatter ? 2 : 1;
 
     printf("\nGroup %s f32 sum, %s; rank 0's time from the call to the result in its "
            "buffer; bus bandwidth = %s(n-1)/n * bytes / median\n",
@@ -477,7 +472,7 @@ print_table(const struct plan *p, const struct layout *l, const struct bench_tim
         printf("%-8s | %9.1f us %9.1f us %9.1f us %9.3f %5u | %9.1f us %9.3f %5u | %7.2fx\n",
                bench_size_text(p->sizes[i]), d->ok ? d->median_s * 1e6 : NAN,
                d->ok ? d->min_s * 1e6 : NAN, d->ok ? d->max_s * 1e6 : NAN,
-               d->ok ? bw(l->ranks, d->bytes, d->median_s) / GB : NAN, d->reps,
+               d->ok ? busbw(l->ranks, d->bytes, d->median_s) / per_call / GB : NAN, d->reps,
                q->ok ? q->median_s * 1e6 : NAN,
                q->ok ? busbw(l->ranks, q->bytes, q->median_s) / GB : NAN, q->reps,
                d->ok && q->ok ? d->median_s / q->median_s : NAN);

@@ -204,20 +204,19 @@ rpc_client_close(struct rpc_client *c)
         return;
     }
     atomic_store(&c->closing, true);
-    /* Stop every slot first: a completion callback may still be inside nng_ctx_recv on
-     * another thread after its call was answered, and the socket must outlive it. Stopping
-     * also fails calls still in flight (their callbacks run now, with NNG_ECANCELED). */
-    for (size_t i = 0; i < c->n_slots; i++) {
-        nng_aio_stop(c->slots[i]->aio);
-    }
-    /* A stop that came while a callback was between its send and nng_ctx_recv makes nng
-     * refuse that receive without running the callback again: the call is finished here. */
+    /* Stop every slot before the socket closes: a completion callback may still be inside
+     * nng_ctx_recv on another thread after its call was answered, and the socket must
+     * outlive it. Stopping also fails calls still in flight (their callbacks run now, with
+     * NNG_ECANCELED), but for one whose callback was between its send and nng_ctx_recv: nng
+     * refuses that receive without running the callback again, so the call is finished
+     * here. */
     for (size_t i = 0; i < c->n_slots; i++) {
         struct rpc_slot *s = c->slots[i];
         struct rpc_reply r = { 0 };
         dc_status st;
         bool pending;
 
+        nng_aio_stop(s->aio);
         pthread_mutex_lock(&c->mtx);
         pending = s->pending;
         pthread_mutex_unlock(&c->mtx);

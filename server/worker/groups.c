@@ -1170,9 +1170,9 @@ wcall_make_mine(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status
     case DC_OP_REDUCE_SCATTER:
         if (d->kind == DC_OP_REDUCE_SCATTER && me->n_ranks == 1 && c->local[0].buf == NULL &&
             c->local[0].reg != NULL && ring_fits(g, d->kind, bytes)) {
-            /* Round the ring, read in place in the rank's region (in_buf): the ring's
-             * accumulator starts empty, each segment written once, by its reduce. */
-            /* in_buf is only read: sent from, and reduced from into mine_buf. */
+            /* Round the ring, read in place in the rank's region (in_buf, only read: sent
+             * from, and reduced from into mine_buf): the ring's accumulator starts empty,
+             * each segment written once, by its reduce. */
             if ((c->in_buf = pbuf_wrap(c->local[0].reg, (uint8_t *)c->local[0].data, bytes)) ==
                     NULL ||
                 (c->mine_buf = pbuf_new(wg, bytes)) == NULL) {
@@ -2283,7 +2283,7 @@ ring_get(const struct wgroup *g, struct wcall *c, size_t bytes, bool scatter)
     r->prev    = (g->self + r->n - 1) % r->n;
     r->bytes   = bytes;
     r->scatter = scatter;
-    if (scatter && (bytes % g->n != 0 || !ring_scatter_fits(g))) {
+    if (scatter && !ring_fits(g, DC_OP_REDUCE_SCATTER, bytes)) {
         r->broken = true; /* not a ring this worker would go round: the descs will tell */
     } else if (scatter) {
         size_t block = bytes / g->n;
@@ -3793,77 +3793,79 @@ wgroups_metrics_render(struct wgroups *wg, struct mbuf *b)
         mbuf_printf(b, "devcoord_group_calls_total{kind=\"%s\"} %llu\n",
                     dc_op_kind_name((dc_op_kind)k), (unsigned long long)wg->calls_total[k]);
     }
-    mbuf_printf(
-        b,
-        "# HELP devcoord_group_stalls_total Group calls a rank was missing from for "
-        "longer than the stall warning.\n"
-        "# TYPE devcoord_group_stalls_total counter\n"
-        "devcoord_group_stalls_total %llu\n"
-        "# HELP devcoord_group_shm_calls_total Group calls of a rank made on shared "
-        "memory: no bytes in the request or the reply.\n"
-        "# TYPE devcoord_group_shm_calls_total counter\n"
-        "devcoord_group_shm_calls_total %llu\n"
-        "# HELP devcoord_group_in_place_calls_total All-reduces of one-worker groups "
-        "reduced in place in their ranks' shared memory, split across threads.\n"
-        "# TYPE devcoord_group_in_place_calls_total counter\n"
-        "devcoord_group_in_place_calls_total %llu\n"
-        "# HELP devcoord_group_call_bytes_received_total Bytes ranks sent in GroupCall "
-        "requests.\n"
-        "# TYPE devcoord_group_call_bytes_received_total counter\n"
-        "devcoord_group_call_bytes_received_total %llu\n"
-        "# HELP devcoord_group_call_bytes_sent_total Result bytes sent in GroupCall "
-        "replies.\n"
-        "# TYPE devcoord_group_call_bytes_sent_total counter\n"
-        "devcoord_group_call_bytes_sent_total %llu\n"
-        "# HELP devcoord_group_shm_mapped_bytes Ranks' shared memory this worker maps.\n"
-        "# TYPE devcoord_group_shm_mapped_bytes gauge\n"
-        "devcoord_group_shm_mapped_bytes %zu\n"
-        "# HELP devcoord_group_link_bytes_sent_total Bytes of group parts this worker "
-        "sent its peers over the data link.\n"
-        "# TYPE devcoord_group_link_bytes_sent_total counter\n"
-        "devcoord_group_link_bytes_sent_total %llu\n"
-        "# HELP devcoord_group_link_bytes_received_total Bytes of group parts this "
-        "worker received from its peers over the data link.\n"
-        "# TYPE devcoord_group_link_bytes_received_total counter\n"
-        "devcoord_group_link_bytes_received_total %llu\n"
-        "# HELP devcoord_group_link_refused_total Connections to the data port refused "
-        "(no or wrong HELLO, a malformed or oversized frame, too many connections).\n"
-        "# TYPE devcoord_group_link_refused_total counter\n"
-        "devcoord_group_link_refused_total %llu\n"
-        "# HELP devcoord_group_ring_calls_total Group all-reduces whose workers went "
-        "round the ring (reduce-scatter, then all-gather) on the data link.\n"
-        "# TYPE devcoord_group_ring_calls_total counter\n"
-        "devcoord_group_ring_calls_total %llu\n"
-        "# HELP devcoord_group_ring_in_region_calls_total Of those, calls whose ring "
-        "ran in the rank's shared memory (one rank on this worker, in place): no copy "
-        "in or out.\n"
-        "# TYPE devcoord_group_ring_in_region_calls_total counter\n"
-        "devcoord_group_ring_in_region_calls_total %llu\n"
-        "# HELP devcoord_group_ring_reduce_scatter_calls_total Group reduce-scatters "
-        "whose workers went round the ring (its reduce-scatter steps alone) on the "
-        "data link.\n"
-        "# TYPE devcoord_group_ring_reduce_scatter_calls_total counter\n"
-        "devcoord_group_ring_reduce_scatter_calls_total %llu\n"
-        "# HELP devcoord_group_call_link_calls_total Group calls of a rank taken on its "
-        "call link (frames on the data port) instead of a GroupCall RPC.\n"
-        "# TYPE devcoord_group_call_link_calls_total counter\n"
-        "devcoord_group_call_link_calls_total %llu\n"
-        "# HELP devcoord_group_link_parts_sent_total Parts of small group calls sent "
-        "whole on the data link (a frame each, no reply awaited).\n"
-        "# TYPE devcoord_group_link_parts_sent_total counter\n"
-        "devcoord_group_link_parts_sent_total %llu\n"
-        "# HELP devcoord_group_link_parts_received_total Parts of small group calls "
-        "taken whole from the data link.\n"
-        "# TYPE devcoord_group_link_parts_received_total counter\n"
-        "devcoord_group_link_parts_received_total %llu\n",
-        (unsigned long long)wg->stalls_total, (unsigned long long)wg->shm_calls_total,
-        (unsigned long long)wg->in_place_total, (unsigned long long)wg->call_bytes_in,
-        (unsigned long long)wg->call_bytes_out, wg->shm_mapped,
-        (unsigned long long)wg->link_bytes_out, (unsigned long long)wg->link_bytes_in,
-        (unsigned long long)(wg->dl != NULL ? dlink_server_refused(wg->dl) : 0),
-        (unsigned long long)wg->ring_calls_total, (unsigned long long)wg->ring_in_region_total,
-        (unsigned long long)wg->ring_scatter_total, (unsigned long long)wg->link_calls_total,
-        (unsigned long long)wg->parts_out, (unsigned long long)wg->parts_in);
+    mbuf_printf(b,
+                "# HELP devcoord_group_stalls_total Group calls a rank was missing from for "
+                "longer than the stall warning.\n"
+                "# TYPE devcoord_group_stalls_total counter\n"
+                "devcoord_group_stalls_total %llu\n"
+                "# HELP devcoord_group_shm_calls_total Group calls of a rank made on shared "
+                "memory: no bytes in the request or the reply.\n"
+                "# TYPE devcoord_group_shm_calls_total counter\n"
+                "devcoord_group_shm_calls_total %llu\n"
+                "# HELP devcoord_group_in_place_calls_total All-reduces of one-worker groups "
+                "reduced in place in their ranks' shared memory, split across threads.\n"
+                "# TYPE devcoord_group_in_place_calls_total counter\n"
+                "devcoord_group_in_place_calls_total %llu\n"
+                "# HELP devcoord_group_call_bytes_received_total Bytes ranks sent in GroupCall "
+                "requests.\n"
+                "# TYPE devcoord_group_call_bytes_received_total counter\n"
+                "devcoord_group_call_bytes_received_total %llu\n"
+                "# HELP devcoord_group_call_bytes_sent_total Result bytes sent in GroupCall "
+                "replies.\n"
+                "# TYPE devcoord_group_call_bytes_sent_total counter\n"
+                "devcoord_group_call_bytes_sent_total %llu\n"
+                "# HELP devcoord_group_shm_mapped_bytes Ranks' shared memory this worker maps.\n"
+                "# TYPE devcoord_group_shm_mapped_bytes gauge\n"
+                "devcoord_group_shm_mapped_bytes %zu\n"
+                "# HELP devcoord_group_link_bytes_sent_total Bytes of group parts this worker "
+                "sent its peers over the data link.\n"
+                "# TYPE devcoord_group_link_bytes_sent_total counter\n"
+                "devcoord_group_link_bytes_sent_total %llu\n"
+                "# HELP devcoord_group_link_bytes_received_total Bytes of group parts this "
+                "worker received from its peers over the data link.\n"
+                "# TYPE devcoord_group_link_bytes_received_total counter\n"
+                "devcoord_group_link_bytes_received_total %llu\n"
+                "# HELP devcoord_group_link_refused_total Connections to the data port refused "
+                "(no or wrong HELLO, a malformed or oversized frame, too many connections).\n"
+                "# TYPE devcoord_group_link_refused_total counter\n"
+                "devcoord_group_link_refused_total %llu\n"
+                "# HELP devcoord_group_ring_calls_total Group all-reduces whose workers went "
+                "round the ring (reduce-scatter, then all-gather) on the data link.\n"
+                "# TYPE devcoord_group_ring_calls_total counter\n"
+                "devcoord_group_ring_calls_total %llu\n"
+                "# HELP devcoord_group_ring_in_region_calls_total Of those, calls whose ring "
+                "ran in the rank's shared memory (one rank on this worker, in place): no copy "
+                "in or out.\n"
+                "# TYPE devcoord_group_ring_in_region_calls_total counter\n"
+                "devcoord_group_ring_in_region_calls_total %llu\n"
+                "# HELP devcoord_group_call_link_calls_total Group calls of a rank taken on its "
+                "call link (frames on the data port) instead of a GroupCall RPC.\n"
+                "# TYPE devcoord_group_call_link_calls_total counter\n"
+                "devcoord_group_call_link_calls_total %llu\n"
+                "# HELP devcoord_group_link_parts_sent_total Parts of small group calls sent "
+                "whole on the data link (a frame each, no reply awaited).\n"
+                "# TYPE devcoord_group_link_parts_sent_total counter\n"
+                "devcoord_group_link_parts_sent_total %llu\n"
+                "# HELP devcoord_group_link_parts_received_total Parts of small group calls "
+                "taken whole from the data link.\n"
+                "# TYPE devcoord_group_link_parts_received_total counter\n"
+                "devcoord_group_link_parts_received_total %llu\n",
+                (unsigned long long)wg->stalls_total, (unsigned long long)wg->shm_calls_total,
+                (unsigned long long)wg->in_place_total, (unsigned long long)wg->call_bytes_in,
+                (unsigned long long)wg->call_bytes_out, wg->shm_mapped,
+                (unsigned long long)wg->link_bytes_out, (unsigned long long)wg->link_bytes_in,
+                (unsigned long long)(wg->dl != NULL ? dlink_server_refused(wg->dl) : 0),
+                (unsigned long long)wg->ring_calls_total,
+                (unsigned long long)wg->ring_in_region_total,
+                (unsigned long long)wg->link_calls_total, (unsigned long long)wg->parts_out,
+                (unsigned long long)wg->parts_in);
+    mbuf_printf(b,
+                "# HELP devcoord_group_ring_reduce_scatter_calls_total Group reduce-scatters "
+                "whose workers went round the ring (its reduce-scatter steps alone) on the "
+                "data link.\n"
+                "# TYPE devcoord_group_ring_reduce_scatter_calls_total counter\n"
+                "devcoord_group_ring_reduce_scatter_calls_total %llu\n",
+                (unsigned long long)wg->ring_scatter_total);
     pthread_mutex_unlock(&wg->mtx);
     bufcache_stats(wg->bufs, &bs);
     mbuf_printf(b,

@@ -187,12 +187,12 @@ big_reduce_scatter(dc_group *g, struct rank_thread *t)
 {
     uint32_t rank = dc_group_rank(g), n = dc_group_size(g);
     size_t in_n = (size_t)n * RS_BLOCK;
-    int64_t *b  = dc_group_alloc(g, (in_n + RS_BLOCK) * sizeof(*b), NULL);
-    int rv      = -1;
     dc_status st;
+    int64_t *b = dc_group_alloc(g, (in_n + RS_BLOCK) * sizeof(*b), &st);
+    int rv     = -1;
 
     if (b == NULL) {
-        FAIL(t, "%s: big reduce-scatter: no block", t->self);
+        FAIL(t, "%s: big reduce-scatter: no block: %s", t->self, st.message);
     }
     for (size_t i = 0; i < in_n; i++) {
         b[i] = (int64_t)i * 3 + (int64_t)rank * 1000003;
