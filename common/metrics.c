@@ -296,4 +296,15 @@ rpc_connections_render(struct mbuf *b, struct rpc_server *s)
                 "# TYPE devcoord_rpc_connections_refused_total counter\n"
                 "devcoord_rpc_connections_refused_total %llu\n",
                 c.open, c.max, (unsigned long long)c.refused);
+    mbuf_printf(b,
+                "# HELP devcoord_rpc_connections_closed_unread_total Connections closed for "
+                "taking none of their replies for 1 s while replies waiting held three quarters "
+                "of the RPC contexts.\n"
+                "# TYPE devcoord_rpc_connections_closed_unread_total counter\n"
+                "devcoord_rpc_connections_closed_unread_total %llu\n"
+                "# HELP devcoord_rpc_replies_waiting RPC replies waiting for their connections "
+                "to take them.\n"
+                "# TYPE devcoord_rpc_replies_waiting gauge\n"
+                "devcoord_rpc_replies_waiting %u\n",
+                (unsigned long long)c.closed_unread, c.replies_waiting);
 }

@@ -113,10 +113,14 @@ int rpc_server_port(const struct rpc_server *s);
  * is left to carry them. */
 void rpc_server_close(struct rpc_server *s);
 
-/* RPC connections open now, the bound (0: none) and those refused so far past it. */
+/* RPC connections open now, the bound (0: none), those refused so far past it, and those
+ * closed for not reading their replies while replies waiting held most of the contexts; and
+ * the replies waiting for their connections to take them now. */
 struct rpc_connections {
     unsigned open, max;
     uint64_t refused;
+    uint64_t closed_unread;
+    unsigned replies_waiting;
 };
 void rpc_server_connections(struct rpc_server *s, struct rpc_connections *out);
 

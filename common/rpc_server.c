@@ -56,6 +56,7 @@ struct rpc_pipe_load {
     size_t bytes;
     unsigned sending;     /* replies to it being sent */
     uint64_t progress_ms; /* when one of them last went, or the first began to wait */
+    bool closed;          /* closed by a sweep (rpc_server_sweep) */
 };
 
 /* nng holds a reply's context until its connection takes the reply: a client that sends
@@ -70,13 +71,20 @@ struct rpc_pipe_load {
  * client that sends thousands before it reads is still answered (the default of 16384
  * contexts leaves it 4096 replies waiting). Over connections: once three quarters of the
  * contexts are in replies waiting, a connection with RPC_STUCK_SENDING of them gets no more,
- * so four such clients (or a hundred) cannot take every context between them either. */
+ * so four such clients cannot take every context between them either. A few hundred could,
+ * RPC_STUCK_SENDING each, and hold them until their sends timed out (6 s and more), again and
+ * again. So once three quarters are in replies waiting, a server thread closes (every
+ * RPC_SWEEP_MS at most) the connections none of whose replies went for RPC_STUCK_MS: closing
+ * one ends its sends at once (nng counts them as sent), and a client that reads loses
+ * nothing, since its replies go. */
 #define RPC_STUCK_SENDING    16
 #define RPC_STUCK_MS         1000
 #define RPC_DEFAULT_CONTEXTS 16384
 #define RPC_REPLY_SLACK_MS   1000
 #define RPC_REPLY_MAX_MS     10000
 #define RPC_REPLY_MS         5000
+#define RPC_SWEEP_MS         100
+#define RPC_SWEEP_MAX        64 /* connections closed by one sweep at most */
 
 struct rpc_server {
     nng_socket sock;
@@ -119,6 +127,8 @@ struct rpc_server {
     void *on_disconnect_arg;
     size_t inflight_peak;    /* since in-flight bytes were last 0 */
     uint64_t dropped_unread; /* requests dropped: their connection took no replies */
+    uint64_t closed_unread;  /* connections closed by sweeps */
+    uint64_t swept_ms;       /* when the last sweep began */
     bool trim_due;           /* a burst ended: a server thread gives memory back */
     /* Request messages nng handed over, and those let go of since (freed, or reused as their
      * reply and handed back to nng): equal once the server is idle. A leak report at exit of
@@ -313,6 +323,13 @@ rpc_pipe_max_sending(const struct rpc_server *s)
     return s->max_calls / 4 > RPC_STUCK_SENDING ? s->max_calls / 4 : RPC_STUCK_SENDING;
 }
 
+/* Whether three quarters of the contexts are in replies waiting. mtx held. */
+static bool
+rpc_server_pressed(const struct rpc_server *s)
+{
+    return s->sending >= s->max_calls / 4 * 3;
+}
+
 /* Whether a request from a connection of this load gets no reply: the connection does not
  * take the replies it has (see RPC_STUCK_SENDING). mtx held. */
 static bool
@@ -320,8 +337,50 @@ rpc_pipe_unread(const struct rpc_server *s, const struct rpc_pipe_load *load)
 {
     return load->sending >= rpc_pipe_max_sending(s) ||
            (load->sending >= RPC_STUCK_SENDING &&
-            (s->sending >= s->max_calls / 4 * 3 ||
-             rpc_now_ms() - load->progress_ms >= RPC_STUCK_MS));
+            (rpc_server_pressed(s) || rpc_now_ms() - load->progress_ms >= RPC_STUCK_MS));
+}
+
+/* Whether a server thread should sweep now. mtx held. */
+static bool
+rpc_server_sweep_due(const struct rpc_server *s)
+{
+    return rpc_server_pressed(s) && !s->threads_exit && !s->closing &&
+           rpc_now_ms() - s->swept_ms >= RPC_SWEEP_MS;
+}
+
+/* Closes the connections none of whose replies went for RPC_STUCK_MS (RPC_SWEEP_MAX at most;
+ * the next sweep takes more). mtx held on entry, released on return. */
+static void
+rpc_server_sweep(struct rpc_server *s)
+{
+    uint32_t ids[RPC_SWEEP_MAX];
+    unsigned n = 0, sending = s->sending;
+    uint64_t now = rpc_now_ms(), before = s->closed_unread;
+
+    s->swept_ms = now;
+    for (size_t i = 0; i < s->pipes_cap && n < RPC_SWEEP_MAX; i++) {
+        struct rpc_pipe_load *load = &s->pipes[i];
+        if (load->pipe != 0 && load->sending > 0 && !load->closed &&
+            now - load->progress_ms >= RPC_STUCK_MS) {
+            load->closed = true;
+            ids[n++]     = load->pipe;
+        }
+    }
+    s->closed_unread += n;
+    pthread_mutex_unlock(&s->mtx);
+    for (uint64_t k = before + 1; k <= before + n; k++) {
+        if ((k & (k - 1)) == 0) { /* 1, 2, 4, ... */
+            log_warn("closed a connection that took none of its replies for %d ms while replies "
+                     "waiting held %u of %u contexts (%llu closed so far)",
+                     RPC_STUCK_MS, sending, s->max_calls, (unsigned long long)k);
+            break;
+        }
+    }
+    for (unsigned i = 0; i < n; i++) {
+        nng_pipe pipe = NNG_PIPE_INITIALIZER;
+        pipe.id       = ids[i];
+        nng_pipe_close(pipe); /* its waiting sends finish now, as sent */
+    }
 }
 
 /* The call is answered: its bytes are no longer in flight. */
@@ -581,7 +640,9 @@ rpc_call_answer(const ProtobufCMessage *body, void *data)
         if (load->sending++ == 0) {
             load->progress_ms = rpc_now_ms();
         }
-        s->sending++;
+        if (++s->sending == s->max_calls / 4 * 3) {
+            pthread_cond_signal(&s->cv); /* a server thread sweeps from now on */
+        }
         call->reply_pipe = pipe;
     }
     pthread_mutex_unlock(&s->mtx);
@@ -770,8 +831,16 @@ rpc_server_thread(void *arg)
     thread_name_set("dc-rpc");
     for (;;) {
         pthread_mutex_lock(&s->mtx);
-        while (s->head == NULL && !s->threads_exit && !s->trim_due) {
-            pthread_cond_wait(&s->cv, &s->mtx);
+        while (s->head == NULL && !s->threads_exit && !s->trim_due && !rpc_server_sweep_due(s)) {
+            if (rpc_server_pressed(s)) {
+                clock_cond_wait_ms(&s->cv, &s->mtx, RPC_SWEEP_MS);
+            } else {
+                pthread_cond_wait(&s->cv, &s->mtx);
+            }
+        }
+        if (rpc_server_sweep_due(s)) {
+            rpc_server_sweep(s);
+            continue;
         }
         if (s->trim_due && s->head == NULL && !s->threads_exit) {
             s->trim_due = false;
@@ -1193,6 +1262,10 @@ rpc_server_connections(struct rpc_server *s, struct rpc_connections *out)
     out->max     = s->max_conns;
     out->refused = s->conns_refused;
     pthread_mutex_unlock(&s->conn_mtx);
+    pthread_mutex_lock(&s->mtx);
+    out->closed_unread   = s->closed_unread;
+    out->replies_waiting = s->sending;
+    pthread_mutex_unlock(&s->mtx);
 }
 
 void

@@ -727,41 +727,75 @@ test_slow_calls_hold_contexts(void **state)
     assert_int_equal(done, 64);
 }
 
-/* A raw req connection that sends undecodable requests and never reads a reply. */
+/* A raw req connection that sends the same batch of requests again and again (at least
+ * `requests` of them) and never reads a reply. */
 struct flood {
     int fd;
+    const uint8_t *batch;
+    size_t batch_len;
     unsigned requests;
     bool all_sent;
+    bool cut; /* the server closed the connection */
 };
+
+enum { FLOOD_BATCH = 256 };
+
+/* FLOOD_BATCH requests as req0 frames (ids 1 to FLOOD_BATCH): 12 bytes of garbage each, or
+ * (body not NULL) each the body's len bytes. Sent in one call, their replies pile up at once. */
+static uint8_t *
+flood_batch(const uint8_t *body, size_t len, size_t *batch_len)
+{
+    static const uint8_t garbage[12] = { 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                         0xff, 0xff, 0xff, 0xff, 0xff, 0xff };
+    size_t one;
+    uint8_t *batch;
+
+    if (body == NULL) {
+        body = garbage;
+        len  = sizeof(garbage);
+    }
+    one        = 8 + 4 + len;
+    *batch_len = FLOOD_BATCH * one;
+    assert_non_null(batch = calloc(FLOOD_BATCH, one));
+    for (unsigned i = 0; i < FLOOD_BATCH; i++) {
+        uint8_t *p  = batch + i * one;
+        uint64_t n  = 4 + len;
+        uint32_t id = htonl((i + 1) | 0x80000000u);
+        for (int k = 7; k >= 0; k--, n >>= 8) {
+            p[k] = (uint8_t)n; /* length, big-endian: request id and body */
+        }
+        memcpy(p + 8, &id, 4);
+        memcpy(p + 12, body, len);
+    }
+    return batch;
+}
 
 static void *
 flood_thread(void *arg)
 {
     struct flood *fl          = arg;
     static const uint8_t hi[] = { 0x00, 'S', 'P', 0x00, 0x00, 0x30, 0x00, 0x00 }; /* req0 */
-    uint8_t one[8 + 4 + 12];
-    bool ok = send(fl->fd, hi, sizeof(hi), MSG_NOSIGNAL) == (ssize_t)sizeof(hi);
+    bool ok                   = send(fl->fd, hi, sizeof(hi), MSG_NOSIGNAL) == (ssize_t)sizeof(hi);
 
-    memset(one, 0xff, sizeof(one));
-    memset(one, 0, 8);
-    one[7] = 4 + 12; /* length: request id, 12 bytes of garbage */
-    for (unsigned i = 0; ok && i < fl->requests; i++) {
-        uint32_t id = htonl((i + 1) | 0x80000000u);
-        memcpy(one + 8, &id, 4);
-        ok = send(fl->fd, one, sizeof(one), MSG_NOSIGNAL) == (ssize_t)sizeof(one);
+    for (unsigned i = 0; ok && i < fl->requests; i += FLOOD_BATCH) {
+        ok = send(fl->fd, fl->batch, fl->batch_len, MSG_NOSIGNAL) == (ssize_t)fl->batch_len;
     }
     fl->all_sent = ok;
+    fl->cut      = !ok && (errno == EPIPE || errno == ECONNRESET);
     return NULL;
 }
 
 /* n_floods raw clients that send 50,000 requests each and never read their replies (4 KiB
- * receive buffers) against a server of max_contexts contexts: another client is answered
- * within 2 s while they go on, and the floods are read to their end (their requests past the
- * bounds are dropped). */
+ * receive buffers) against a server of max_contexts contexts: undecodable requests, or
+ * (big_replies) ListDevices of 1,000 devices, whose replies fill the sockets' buffers at
+ * once. Another client is answered within wait_ms while they go on, and the floods are read
+ * to their end (their requests past the bounds are dropped) or closed by the server (at
+ * least cut_at_least of them). */
 static void
-floods_leave_others_answered(unsigned max_contexts, unsigned n_floods)
+floods_leave_others_answered(unsigned max_contexts, unsigned n_floods, bool big_replies,
+                             int wait_ms, unsigned cut_at_least)
 {
-    enum { MAX_FLOODS = 8 };
+    enum { MAX_FLOODS = 32 };
     struct rpc_server_opts so = { .url          = "tcp://127.0.0.1:0",
                                   .service      = &test_service.base,
                                   .max_contexts = max_contexts };
@@ -772,31 +806,65 @@ floods_leave_others_answered(unsigned max_contexts, unsigned n_floods)
     struct rpc_reply r;
     pthread_t t[MAX_FLOODS];
     uint64_t taken = 0, let_go = 0;
+    struct rpc_connections c;
+    unsigned cut = 0;
+    uint8_t *batch;
+    size_t batch_len;
     dc_status st;
 
     assert_true(n_floods <= MAX_FLOODS);
+    if (big_replies) {
+        Devcoord__V1__ListDevicesRequest req = DEVCOORD__V1__LIST_DEVICES_REQUEST__INIT;
+        nng_msg *m;
+
+        req.page_size = 1000;
+        assert_int_equal(rpc_request_pack(SVC, M_COORDINATOR_LIST_DEVICES, &req.base, NULL, 0, NULL,
+                                          1, 5000, 1 << 20, &m, &st),
+                         DC_OK);
+        batch = flood_batch(nng_msg_body(m), nng_msg_len(m), &batch_len);
+        nng_msg_free(m);
+    } else {
+        batch = flood_batch(NULL, 0, &batch_len);
+    }
     assert_int_equal(rpc_server_start(&so, &f.server, &st), DC_OK);
     snprintf(f.url, sizeof(f.url), "tcp://127.0.0.1:%d", rpc_server_port(f.server));
     open_client(&f, true);
     a.sin_port = htons((uint16_t)rpc_server_port(f.server));
     for (unsigned i = 0; i < n_floods; i++) {
-        fl[i] = (struct flood){ .requests = 50000 };
+        fl[i] = (struct flood){ .batch = batch, .batch_len = batch_len, .requests = 50000 };
         assert_true((fl[i].fd = socket(AF_INET, SOCK_STREAM, 0)) >= 0);
         assert_int_equal(setsockopt(fl[i].fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small)), 0);
         assert_int_equal(connect(fl[i].fd, (struct sockaddr *)&a, sizeof(a)), 0);
         assert_int_equal(pthread_create(&t[i], NULL, flood_thread, &fl[i]), 0);
     }
-    sleep_ms(1500); /* their replies fill the sockets' buffers; the rest wait in sends */
+    /* Their replies fill the sockets' buffers; the rest wait in sends. Big replies do it
+     * soon: wait until they hold three quarters of the contexts (most of the rest within
+     * ms), so that another client is sure to be asked to wait. */
+    if (big_replies) {
+        c.replies_waiting = 0;
+        for (int i = 0; i < 1000 && c.replies_waiting < max_contexts / 4 * 3; i++) {
+            sleep_ms(10);
+            rpc_server_connections(f.server, &c);
+        }
+        assert_true(c.replies_waiting >= max_contexts / 4 * 3);
+    } else {
+        sleep_ms(1500);
+    }
     for (int i = 0; i < 5; i++) {
-        /* Well inside the 5 s a held reply's send may take. */
-        assert_int_equal(get_device(f.client, "still-here", NULL, 0, 2000, &r, &st), DC_OK);
+        /* Well inside the 6 s a held reply's send may take. */
+        assert_int_equal(get_device(f.client, "still-here", NULL, 0, wait_ms, &r, &st), DC_OK);
         rpc_reply_free(&r);
     }
     for (unsigned i = 0; i < n_floods; i++) {
         pthread_join(t[i], NULL);
-        assert_true(fl[i].all_sent);
+        assert_true(fl[i].all_sent || fl[i].cut);
+        cut += fl[i].cut;
         close(fl[i].fd);
     }
+    free(batch);
+    rpc_server_connections(f.server, &c);
+    assert_true(c.closed_unread >= cut_at_least);
+    assert_true(c.closed_unread >= cut);
     assert_int_equal(get_device(f.client, "still-here", NULL, 0, 2000, &r, &st), DC_OK);
     rpc_reply_free(&r);
     rpc_client_close(f.client);
@@ -821,7 +889,7 @@ static void
 test_a_connection_that_never_reads_holds_few_contexts(void **state)
 {
     (void)state;
-    floods_leave_others_answered(64, 1);
+    floods_leave_others_answered(64, 1, false, 2000, 0);
 }
 
 /* Several such clients together: once three quarters of the contexts are in replies waiting,
@@ -831,7 +899,18 @@ static void
 test_connections_that_never_read_hold_few_contexts_together(void **state)
 {
     (void)state;
-    floods_leave_others_answered(256, 6);
+    floods_leave_others_answered(256, 6, false, 2000, 0);
+}
+
+/* Enough of them to hold every context that way (three with 64, the rest with 16 each): once
+ * three quarters of the contexts are in replies waiting, a connection none of whose replies
+ * went for a second is closed, which ends its sends at once. Before, another client waited
+ * until those sends timed out, 6 s on. */
+static void
+test_many_connections_that_never_read_are_closed(void **state)
+{
+    (void)state;
+    floods_leave_others_answered(256, 32, true, 3000, 1);
 }
 
 /* A server bounded to 3 connections: three clients are answered; a fourth connection is
@@ -1527,6 +1606,7 @@ main(void)
         cmocka_unit_test(test_small_requests_of_an_inline_small_method_skip_the_threads),
         cmocka_unit_test(test_a_connection_that_never_reads_holds_few_contexts),
         cmocka_unit_test(test_connections_that_never_read_hold_few_contexts_together),
+        cmocka_unit_test(test_many_connections_that_never_read_are_closed),
     };
     int rv = cmocka_run_group_tests(tests, NULL, NULL);
     if (!rpc_server_abandoned()) {
