@@ -665,12 +665,17 @@ group_call_piece_agreed(dc_group *g, const struct call *k, size_t per, dc_status
     if (stage_reserve(g, bytes, st) != DC_OK) {
         return group_call_parts(g, k, per, st);
     }
-    /* In place there: the worker reads the input before it writes the result over it. */
+    /* In place there: the worker reads the input before it writes the result over it. On
+     * one worker a reduce-scatter's result goes over the rank's own block of its input,
+     * where the worker reduces it straight from every rank's stage (lreduce). */
     memcpy(g->stage, k->send, in_bytes);
     staged.send = g->stage;
     staged.recv = g->stage;
+    if (k->kind == DC_OP_REDUCE_SCATTER && g->n_workers == 1) {
+        staged.recv = (uint8_t *)g->stage + (size_t)g->rank * k->recv_bytes;
+    }
     if ((code = group_call_run(g, &staged, NULL, st)) == DC_OK && k->recv_bytes > 0) {
-        memcpy(k->recv, g->stage, k->recv_bytes);
+        memcpy(k->recv, staged.recv, k->recv_bytes);
     }
     return code;
 }

@@ -1023,37 +1023,72 @@ wcall_local_shared(const struct wgroup *g, const struct wcall *c)
     return true;
 }
 
+/* Whether bytes at a and at b, a_len and b_len of them, share any. */
+static bool
+bytes_overlap(const uint8_t *a, size_t a_len, const uint8_t *b, size_t b_len)
+{
+    return a < b + b_len && b < a + a_len;
+}
+
+/* Whether reduce-scatter c's results (each result block bytes) are fit for lreduce: each
+ * overlaps no input, or is exactly its rank's own block of its input. Each result is checked
+ * against every input: IN_PLACE_SCATTER_MAX ranks at most. mtx held. */
+#define IN_PLACE_SCATTER_MAX 64
+static bool
+scatter_outs_apart(const struct wgroup *g, const struct wcall *c, size_t block)
+{
+    const struct gworker *me = &g->workers[g->self];
+
+    if (me->n_ranks > IN_PLACE_SCATTER_MAX) {
+        return false;
+    }
+    for (size_t i = 0; i < me->n_ranks; i++) {
+        const uint8_t *out = c->local[i].out;
+        for (size_t k = 0; k < me->n_ranks; k++) {
+            const struct lpart *q = &c->local[k];
+            if (bytes_overlap(out, block, q->data, q->bytes) &&
+                !(k == i && out == q->data + (size_t)me->ranks[i] * block)) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
 /* Whether c runs in place in its ranks' shared memory (wcall_finish_in_place): an
- * all-reduce of a group whose ranks are all on this worker, every one on its region, all
- * agreeing and well formed, each result where its input is or overlapping it nowhere, rank
- * order's first result aligned for the dtype. Anything else takes the general path. mtx
- * held. */
+ * all-reduce or reduce-scatter of a group whose ranks are all on this worker, every one on its
+ * region, all agreeing and well formed. An all-reduce's results are where their inputs are or
+ * overlap them nowhere, rank order's first aligned for the dtype; a reduce-scatter's, as
+ * scatter_outs_apart. Anything else takes the general path. mtx held. */
 static bool
 wcall_in_place(const struct wgroups *wg, const struct wgroup *g, const struct wcall *c)
 {
     const struct gworker *me = &g->workers[g->self];
     const struct desc *d     = &c->local[0].d;
     size_t elem              = dc_dtype_size(d->dtype), bytes;
+    bool scatter             = d->kind == DC_OP_REDUCE_SCATTER;
     dc_status why;
 
-    if (g->n_workers != 1 || me->n_ranks != g->n || d->kind != DC_OP_ALL_REDUCE ||
+    if (g->n_workers != 1 || me->n_ranks != g->n || (d->kind != DC_OP_ALL_REDUCE && !scatter) ||
         c->shrunk.code != DC_OK || check_desc(wg, g, d, wcall_local_shared(g, c), &why) != DC_OK) {
         return false;
     }
-    bytes = (size_t)d->count * elem;
+    bytes = (size_t)d->count * elem * (scatter ? g->n : 1);
     for (size_t i = 0; i < me->n_ranks; i++) {
         const struct lpart *p = &c->local[i];
         if (!p->in || p->reg == NULL || p->data == NULL || p->out == NULL || p->bytes != bytes ||
             desc_differs(&p->d, d) ||
-            (p->out != p->data && p->out < p->data + bytes && p->data < p->out + bytes)) {
+            (!scatter && p->out != p->data && bytes_overlap(p->out, bytes, p->data, bytes))) {
             return false;
         }
     }
-    return (uintptr_t)c->local[0].out % elem == 0;
+    return scatter ? scatter_outs_apart(g, c, (size_t)d->count * elem)
+                   : (uintptr_t)c->local[0].out % elem == 0;
 }
 
 /* c (wcall_in_place) reduced straight from its ranks' regions into theirs, split over the
- * worker's reducing threads, and answered: no buffer, no copy but the results'. mtx held. */
+ * worker's reducing threads, and answered: no buffer, no copy but the results'. A
+ * reduce-scatter's inputs go in the ranks' order here, its results by rank. mtx held. */
 static void
 wcall_finish_in_place(struct wgroups *wg, struct wgroup *g, struct wcall *c)
 {
@@ -1065,11 +1100,16 @@ wcall_finish_in_place(struct wgroups *wg, struct wgroup *g, struct wcall *c)
                                             .n     = me->n_ranks,
                                             .in    = wg->lr_in,
                                             .out   = wg->lr_out };
+    dc_op_kind kind                     = c->local[0].d.kind;
     dc_status st;
 
     for (size_t i = 0; i < me->n_ranks; i++) {
-        wg->lr_in[i]  = c->local[i].data;
-        wg->lr_out[i] = c->local[i].out;
+        wg->lr_in[i]                                                = c->local[i].data;
+        wg->lr_out[kind == DC_OP_REDUCE_SCATTER ? me->ranks[i] : i] = c->local[i].out;
+    }
+    if (kind == DC_OP_REDUCE_SCATTER) {
+        j.block = j.count;
+        j.count *= me->n_ranks;
     }
     lreduce_all_reduce(wg->lr, &j, LREDUCE_MIN_SLICE_BYTES);
     for (size_t i = 0; i < me->n_ranks; i++) {
@@ -1086,7 +1126,7 @@ wcall_finish_in_place(struct wgroups *wg, struct wgroup *g, struct wcall *c)
     }
     g->calls_done++;
     wg->in_place_total++;
-    wg->calls_total[DC_OP_ALL_REDUCE]++;
+    wg->calls_total[kind]++;
     histo_observe(&wg->call_seconds, out.elapsed_us);
 }
 

@@ -57,6 +57,38 @@ lreduce_slices(size_t count, size_t elem, size_t max_slices, size_t min_slice_by
     return k;
 }
 
+/* Elements [lo, hi) of reduce-scatter j, a chunk at a time: reduced in rank order into a
+ * buffer on the stack (where it stays in cache), then copied to the out whose block holds
+ * them. Reading every input of a chunk before writing it lets an out be its rank's own
+ * input block. */
+static void
+slice_scatter(const struct lreduce_job *j, size_t lo, size_t hi)
+{
+    uint64_t tmp[CHUNK_BYTES / sizeof(uint64_t)]; /* 8-byte aligned, as every dtype needs */
+    size_t elem  = dc_dtype_size(j->dtype);
+    size_t chunk = CHUNK_BYTES / elem;
+
+    for (size_t a = lo, m; a < hi; a += m) {
+        size_t b = a / j->block, end = (b + 1) * j->block < hi ? (b + 1) * j->block : hi;
+        size_t off = a * elem;
+
+        m = end - a < chunk ? end - a : chunk;
+        if (j->n > 1) {
+            reduce_pair(j->dtype, j->op, tmp, j->in[0] + off, j->in[1] + off, m);
+        } else {
+            memcpy(tmp, j->in[0] + off, m * elem);
+        }
+        if (j->n > 2) {
+            reduce_into_many(j->dtype, j->op, tmp, (const void *const *)(j->in + 2), j->n - 2, off,
+                             m);
+        }
+        if (j->op == DC_REDUCE_MEAN) {
+            reduce_finish_mean(j->dtype, tmp, m, j->n);
+        }
+        memcpy(j->out[b] + (a - b * j->block) * elem, tmp, m * elem);
+    }
+}
+
 /* Elements [lo, hi) of j: in one pass that writes every out (reduce_fan), or reduced into
  * out[0] in rank order, then copied to the others (MEAN, or buffers not aligned). */
 static void
@@ -65,6 +97,10 @@ slice_run(const struct lreduce_job *j, size_t lo, size_t hi)
     size_t elem  = dc_dtype_size(j->dtype);
     size_t chunk = CHUNK_BYTES / elem;
 
+    if (j->block > 0) {
+        slice_scatter(j, lo, hi);
+        return;
+    }
     if (reduce_fan(j->dtype, j->op, (void *const *)j->out, (const void *const *)j->in, j->n, lo,
                    hi - lo)) {
         return;
@@ -170,7 +206,7 @@ lreduce_all_reduce(struct lreduce *lr, const struct lreduce_job *j, size_t min_s
     struct task t = { .job = j };
     size_t elem   = dc_dtype_size(j->dtype);
 
-    if (elem == 0 || j->n == 0) {
+    if (elem == 0 || j->n == 0 || (j->block > 0 && j->count != j->n * j->block)) {
         return;
     }
     t.n_slices =

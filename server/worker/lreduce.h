@@ -1,5 +1,6 @@
 /*
- * A worker's all-reduce across its own ranks straight in their buffers (issue 17): the
+ * A worker's all-reduce (or reduce-scatter) across its own ranks straight in their buffers
+ * (issue 17): the
  * ranks' shared memory regions are read and written in place, with no intermediate result
  * buffer, no zero-fill and one pass over the memory. The elements are split into slices,
  * one per thread (the caller and up to `helpers` threads of this pool, each slice at least
@@ -33,11 +34,16 @@ struct lreduce;
 struct lreduce_job {
     dc_dtype dtype;
     dc_reduce_op op;
-    size_t count; /* elements of every buffer */
+    size_t count; /* elements of every input */
     size_t n;     /* buffers: in[0..n-1], out[0..n-1] */
-    /* out[r] is in[r] or overlaps no buffer of the job; out[0] is aligned for dtype. */
+    /* All-reduce (block 0): out[r] is in[r] or overlaps no buffer of the job; out[0] is
+     * aligned for dtype. Reduce-scatter (block > 0, count = n * block): out[b] holds block
+     * elements, elements [b * block, (b + 1) * block) of the result, and overlaps no input
+     * but for being exactly in[b]'s own block b (a result written over its input, as
+     * torch's in-place reduce_scatter_tensor does); it needs no alignment. */
     const uint8_t *const *in;
     uint8_t *const *out;
+    size_t block;
 };
 
 /* A pool of `helpers` threads (at most LREDUCE_MAX_HELPERS; 0: the caller does all). NULL
@@ -46,7 +52,8 @@ struct lreduce *lreduce_new(unsigned helpers);
 void lreduce_free(struct lreduce *lr);
 
 /* Runs j over at most helpers+1 slices of at least min_slice_bytes; returns when every out
- * holds the result. One job at a time per pool (the caller serialises). */
+ * holds the result (a reduce-scatter's: its block of it). One job at a time per pool (the
+ * caller serialises). */
 void lreduce_all_reduce(struct lreduce *lr, const struct lreduce_job *j, size_t min_slice_bytes);
 
 /* The slices of `count` elements of `elem` bytes for at most max_slices threads, each at

@@ -155,11 +155,17 @@ def all_reduce_calls():
     return OPS * len(COUNTS + AR_COUNTS) * len(DTYPE_SIZES)
 
 
+def reduce_scatter_calls():
+    """The reduce-scatters it makes, in place too: one each."""
+    return OPS * len(COUNTS) * len(DTYPE_SIZES)
+
+
 @unittest.skipUnless(os.path.exists(NUMERIC), "devcoord-group-shm-numeric is not built")
 class InPlaceNumericTest(GroupsTestCase):
-    """Issue 17: a one-worker group's all-reduce on shared memory is reduced in place, split
-    across the worker's threads. Every kind x op x dtype checked element by element by the
-    ranks themselves; the worker's counters show the all-reduces took the in-place path."""
+    """Issue 17: a one-worker group's all-reduce and reduce-scatter on shared memory are
+    reduced in place, split across the worker's threads. Every kind x op x dtype checked
+    element by element by the ranks themselves; the worker's counters show the all-reduces and
+    reduce-scatters took the in-place path."""
     worker_metrics = ShmCallsTest.worker_metrics
 
     def run_numeric(self, n, as_processes):
@@ -187,7 +193,10 @@ class InPlaceNumericTest(GroupsTestCase):
             self.assertTrue(out.startswith("ok %d shared %d calls " % (ranks, ranks)), out)
         m = self.worker_metrics(c, "node-a")
         calls = all_reduce_calls()
-        self.assertEqual(m["devcoord_group_in_place_calls_total"], calls, m)
+        self.assertEqual(m["devcoord_group_in_place_calls_total"],
+                         calls + reduce_scatter_calls(), m)
+        self.assertEqual(m['devcoord_group_calls_total{kind="reduce-scatter"}'],
+                         reduce_scatter_calls(), m)
         self.assertEqual(m['devcoord_group_calls_total{kind="all-reduce"}'],
                          calls + agreements(), m)
         # No byte of the all-reduces went through the RPC; only the blocks of reduce-scatter
@@ -250,7 +259,9 @@ class OneWorkerWholeCallsTest(GroupsTestCase):
         self.assertEqual(p.stdout.strip(), "ok 3")
         m = {k: v for k, v in self.worker_metrics(c, "node-a").items()
              if k.startswith("devcoord_group_")}
-        self.assertEqual(m["devcoord_group_in_place_calls_total"], 3, m)  # the three big ones
+        # The three big all-reduces, and the big reduce-scatter: each rank's result over its
+        # own block of its input in the staging block.
+        self.assertEqual(m["devcoord_group_in_place_calls_total"], 4, m)
         # Those, the big reduce-scatter and the two big all-gathers, by each of 3 ranks.
         self.assertEqual(m["devcoord_group_shm_calls_total"], 6 * 3, m)
         # The big reduce-scatter and all-gathers as one call each, and the small ones.

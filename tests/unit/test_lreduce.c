@@ -1,7 +1,8 @@
-/* The worker's in-place local all-reduce (issue 17, lreduce.c): its slices, and results
- * bit-identical to reducing in rank order on one thread (the general path's order), in every
- * out, for every dtype and op, counts that no slice count divides and count 1, with the
- * results in place and apart, on 0, 1 and 3 helper threads. */
+/* The worker's in-place local all-reduce and reduce-scatter (issue 17, lreduce.c): its
+ * slices, and results bit-identical to reducing in rank order on one thread (the general
+ * path's order), in every out (a reduce-scatter's: its block), for every dtype and op, counts
+ * that no slice count divides and count 1, with the results in place (a reduce-scatter's
+ * over its rank's own block) and apart, on 0, 1 and 3 helper threads. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -89,33 +90,38 @@ fill(dc_dtype t, uint8_t *buf, size_t count, unsigned *seed)
     }
 }
 
+/* An all-reduce of count elements per rank, or (scatter) a reduce-scatter of count elements
+ * per rank's result. */
 static void
 check_job(struct lreduce *lr, dc_dtype t, dc_reduce_op op, size_t n, size_t count, bool in_place,
-          size_t min_slice, unsigned *seed)
+          bool scatter, size_t min_slice, unsigned *seed)
 {
-    size_t elem = dc_dtype_size(t), bytes = count * elem;
-    uint8_t *in[MAX_N], *out[MAX_N], *want = malloc(bytes);
-    struct lreduce_job j = { t, op, count, n, (const uint8_t *const *)in, out };
+    size_t elem = dc_dtype_size(t), out_bytes = count * elem, bytes = out_bytes * (scatter ? n : 1);
+    uint8_t *in[MAX_N], *out[MAX_N], *want                          = malloc(bytes);
+    struct lreduce_job j = {
+        t, op, bytes / elem, n, (const uint8_t *const *)in, out, scatter ? count : 0
+    };
 
     assert_non_null(want);
     for (size_t r = 0; r < n; r++) {
         in[r] = malloc(bytes);
         assert_non_null(in[r]);
-        fill(t, in[r], count, seed);
-        out[r] = in_place ? in[r] : malloc(bytes);
+        fill(t, in[r], bytes / elem, seed);
+        /* In place, a rank's block of the result goes over its own block of its input. */
+        out[r] = in_place ? in[r] + (scatter ? r * out_bytes : 0) : malloc(out_bytes);
         assert_non_null(out[r]);
     }
     /* The reference: rank order on one thread, as the general path computes it. */
     memcpy(want, in[0], bytes);
     for (size_t r = 1; r < n; r++) {
-        reduce_into(t, op, want, in[r], count);
+        reduce_into(t, op, want, in[r], bytes / elem);
     }
     if (op == DC_REDUCE_MEAN) {
-        reduce_finish_mean(t, want, count, n);
+        reduce_finish_mean(t, want, bytes / elem, n);
     }
     lreduce_all_reduce(lr, &j, min_slice);
     for (size_t r = 0; r < n; r++) {
-        assert_memory_equal(out[r], want, bytes);
+        assert_memory_equal(out[r], want + (scatter ? r * out_bytes : 0), out_bytes);
         if (!in_place) {
             free(out[r]);
         }
@@ -137,15 +143,19 @@ run_all(unsigned helpers)
             for (size_t n = 2; n <= MAX_N; n++) {
                 for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
                     /* min_slice 1: as many slices as threads, whatever the count. */
-                    check_job(lr, dtypes[d], ops[o], n, counts[c], true, 1, &seed);
-                    check_job(lr, dtypes[d], ops[o], n, counts[c], false, 1, &seed);
+                    for (int scatter = 0; scatter < 2; scatter++) {
+                        check_job(lr, dtypes[d], ops[o], n, counts[c], true, scatter, 1, &seed);
+                        check_job(lr, dtypes[d], ops[o], n, counts[c], false, scatter, 1, &seed);
+                    }
                 }
             }
         }
     }
     /* The default minimum on a count worth splitting. */
-    check_job(lr, DC_DTYPE_F32, DC_REDUCE_SUM, 4, (1u << 20) + 3, true, LREDUCE_MIN_SLICE_BYTES,
-              &seed);
+    check_job(lr, DC_DTYPE_F32, DC_REDUCE_SUM, 4, (1u << 20) + 3, true, false,
+              LREDUCE_MIN_SLICE_BYTES, &seed);
+    check_job(lr, DC_DTYPE_F32, DC_REDUCE_SUM, 4, (1u << 18) + 3, true, true,
+              LREDUCE_MIN_SLICE_BYTES, &seed);
     lreduce_free(lr);
 }
 
@@ -180,7 +190,7 @@ test_many_jobs(void **state)
     (void)state;
     assert_non_null(lr);
     for (int k = 0; k < 2000; k++) {
-        check_job(lr, DC_DTYPE_I32, DC_REDUCE_SUM, 2, 64 + (size_t)k % 61, true, 1, &seed);
+        check_job(lr, DC_DTYPE_I32, DC_REDUCE_SUM, 2, 64 + (size_t)k % 61, true, k % 2, 1, &seed);
     }
     lreduce_free(lr);
     lreduce_free(NULL);
