@@ -650,6 +650,7 @@ group_call_piece_agreed(dc_group *g, const struct call *k, size_t per, dc_status
     size_t bytes       = call_stage_bytes(g, k);
     struct call staged = *k;
     uint64_t send_off, recv_off;
+    uint8_t *in;
     bool agreed;
     dc_code code;
 
@@ -666,14 +667,18 @@ group_call_piece_agreed(dc_group *g, const struct call *k, size_t per, dc_status
         return group_call_parts(g, k, per, st);
     }
     /* In place there: the worker reads the input before it writes the result over it. On
-     * one worker a reduce-scatter's result goes over the rank's own block of its input,
-     * where the worker reduces it straight from every rank's stage (lreduce). */
-    memcpy(g->stage, k->send, in_bytes);
-    staged.send = g->stage;
+     * one worker a reduce-scatter's result goes over the rank's own block of its input, and
+     * an all-gather's input is the rank's own block of its result, where the worker
+     * reduces or gathers straight from every rank's stage (lreduce). */
+    in          = g->stage;
     staged.recv = g->stage;
     if (k->kind == DC_OP_REDUCE_SCATTER && g->n_workers == 1) {
-        staged.recv = (uint8_t *)g->stage + (size_t)g->rank * k->recv_bytes;
+        staged.recv = in + (size_t)g->rank * k->recv_bytes;
+    } else if (k->kind == DC_OP_ALL_GATHER && g->n_workers == 1) {
+        in += (size_t)g->rank * in_bytes;
     }
+    memcpy(in, k->send, in_bytes);
+    staged.send = in;
     if ((code = group_call_run(g, &staged, NULL, st)) == DC_OK && k->recv_bytes > 0) {
         memcpy(k->recv, staged.recv, k->recv_bytes);
     }

@@ -1030,24 +1030,28 @@ bytes_overlap(const uint8_t *a, size_t a_len, const uint8_t *b, size_t b_len)
     return a < b + b_len && b < a + a_len;
 }
 
-/* Whether reduce-scatter c's results (each result block bytes) are fit for lreduce: each
- * overlaps no input, or is exactly its rank's own block of its input. Each result is checked
- * against every input: IN_PLACE_SCATTER_MAX ranks at most. mtx held. */
-#define IN_PLACE_SCATTER_MAX 64
+/* Whether reduce-scatter or all-gather c's results (out_bytes each) are fit for lreduce: each
+ * overlaps no input, or is exactly its rank's own block (of block bytes) of its input (a
+ * reduce-scatter's), or its input is exactly its own block of it (an all-gather's). Each
+ * result is checked against every input: IN_PLACE_BLOCKS_MAX ranks at most. mtx held. */
+#define IN_PLACE_BLOCKS_MAX 64
 static bool
-scatter_outs_apart(const struct wgroup *g, const struct wcall *c, size_t block)
+block_outs_apart(const struct wgroup *g, const struct wcall *c, size_t block, size_t out_bytes)
 {
     const struct gworker *me = &g->workers[g->self];
+    bool gather              = c->local[0].d.kind == DC_OP_ALL_GATHER;
 
-    if (me->n_ranks > IN_PLACE_SCATTER_MAX) {
+    if (me->n_ranks > IN_PLACE_BLOCKS_MAX) {
         return false;
     }
     for (size_t i = 0; i < me->n_ranks; i++) {
-        const uint8_t *out = c->local[i].out;
+        const uint8_t *out = c->local[i].out, *own;
         for (size_t k = 0; k < me->n_ranks; k++) {
             const struct lpart *q = &c->local[k];
-            if (bytes_overlap(out, block, q->data, q->bytes) &&
-                !(k == i && out == q->data + (size_t)me->ranks[i] * block)) {
+            own                   = gather ? out + (size_t)me->ranks[i] * block
+                                           : q->data + (size_t)me->ranks[i] * block;
+            if (bytes_overlap(out, out_bytes, q->data, q->bytes) &&
+                !(k == i && (gather ? q->data == own : out == own))) {
                 return false;
             }
         }
@@ -1056,39 +1060,40 @@ scatter_outs_apart(const struct wgroup *g, const struct wcall *c, size_t block)
 }
 
 /* Whether c runs in place in its ranks' shared memory (wcall_finish_in_place): an
- * all-reduce or reduce-scatter of a group whose ranks are all on this worker, every one on its
- * region, all agreeing and well formed. An all-reduce's results are where their inputs are or
- * overlap them nowhere, rank order's first aligned for the dtype; a reduce-scatter's, as
- * scatter_outs_apart. Anything else takes the general path. mtx held. */
+ * all-reduce, reduce-scatter or all-gather of a group whose ranks are all on this worker,
+ * every one on its region, all agreeing and well formed. An all-reduce's results are where
+ * their inputs are or overlap them nowhere, rank order's first aligned for the dtype; the
+ * others', as block_outs_apart. Anything else takes the general path. mtx held. */
 static bool
 wcall_in_place(const struct wgroups *wg, const struct wgroup *g, const struct wcall *c)
 {
     const struct gworker *me = &g->workers[g->self];
     const struct desc *d     = &c->local[0].d;
-    size_t elem              = dc_dtype_size(d->dtype), bytes;
-    bool scatter             = d->kind == DC_OP_REDUCE_SCATTER;
+    size_t elem = dc_dtype_size(d->dtype), block = (size_t)d->count * elem, in_bytes, out_bytes;
+    bool blocks = d->kind == DC_OP_REDUCE_SCATTER || d->kind == DC_OP_ALL_GATHER;
     dc_status why;
 
-    if (g->n_workers != 1 || me->n_ranks != g->n || (d->kind != DC_OP_ALL_REDUCE && !scatter) ||
+    if (g->n_workers != 1 || me->n_ranks != g->n || (d->kind != DC_OP_ALL_REDUCE && !blocks) ||
         c->shrunk.code != DC_OK || check_desc(wg, g, d, wcall_local_shared(g, c), &why) != DC_OK) {
         return false;
     }
-    bytes = (size_t)d->count * elem * (scatter ? g->n : 1);
+    in_bytes  = d->kind == DC_OP_REDUCE_SCATTER ? block * g->n : block;
+    out_bytes = d->kind == DC_OP_ALL_GATHER ? block * g->n : block;
     for (size_t i = 0; i < me->n_ranks; i++) {
         const struct lpart *p = &c->local[i];
-        if (!p->in || p->reg == NULL || p->data == NULL || p->out == NULL || p->bytes != bytes ||
+        if (!p->in || p->reg == NULL || p->data == NULL || p->out == NULL || p->bytes != in_bytes ||
             desc_differs(&p->d, d) ||
-            (!scatter && p->out != p->data && bytes_overlap(p->out, bytes, p->data, bytes))) {
+            (!blocks && p->out != p->data && bytes_overlap(p->out, block, p->data, block))) {
             return false;
         }
     }
-    return scatter ? scatter_outs_apart(g, c, (size_t)d->count * elem)
-                   : (uintptr_t)c->local[0].out % elem == 0;
+    return blocks ? block_outs_apart(g, c, block, out_bytes)
+                  : (uintptr_t)c->local[0].out % elem == 0;
 }
 
-/* c (wcall_in_place) reduced straight from its ranks' regions into theirs, split over the
- * worker's reducing threads, and answered: no buffer, no copy but the results'. A
- * reduce-scatter's inputs go in the ranks' order here, its results by rank. mtx held. */
+/* c (wcall_in_place) reduced (or gathered) straight from its ranks' regions into theirs,
+ * split over the worker's reducing threads, and answered: no buffer, no copy but the
+ * results'. mtx held. */
 static void
 wcall_finish_in_place(struct wgroups *wg, struct wgroup *g, struct wcall *c)
 {
@@ -1104,12 +1109,15 @@ wcall_finish_in_place(struct wgroups *wg, struct wgroup *g, struct wcall *c)
     dc_status st;
 
     for (size_t i = 0; i < me->n_ranks; i++) {
-        wg->lr_in[i]                                                = c->local[i].data;
+        /* By rank where a rank's block is: a reduce-scatter's results, an all-gather's
+         * inputs. */
+        wg->lr_in[kind == DC_OP_ALL_GATHER ? me->ranks[i] : i]      = c->local[i].data;
         wg->lr_out[kind == DC_OP_REDUCE_SCATTER ? me->ranks[i] : i] = c->local[i].out;
     }
-    if (kind == DC_OP_REDUCE_SCATTER) {
-        j.block = j.count;
-        j.count *= me->n_ranks;
+    if (kind != DC_OP_ALL_REDUCE) {
+        j.block  = j.count;
+        j.count  = j.count * me->n_ranks;
+        j.gather = kind == DC_OP_ALL_GATHER;
     }
     lreduce_all_reduce(wg->lr, &j, LREDUCE_MIN_SLICE_BYTES);
     for (size_t i = 0; i < me->n_ranks; i++) {

@@ -89,6 +89,28 @@ slice_scatter(const struct lreduce_job *j, size_t lo, size_t hi)
     }
 }
 
+/* Elements [lo, hi) of all-gather j's result, a chunk at a time: read from the input whose
+ * block holds them once, then copied to every out from cache (but to the out it already is
+ * part of). */
+static void
+slice_gather(const struct lreduce_job *j, size_t lo, size_t hi)
+{
+    size_t elem  = dc_dtype_size(j->dtype);
+    size_t chunk = CHUNK_BYTES / elem;
+
+    for (size_t a = lo, m; a < hi; a += m) {
+        size_t b = a / j->block, end = (b + 1) * j->block < hi ? (b + 1) * j->block : hi;
+        const uint8_t *src = j->in[b] + (a - b * j->block) * elem;
+
+        m = end - a < chunk ? end - a : chunk;
+        for (size_t r = 0; r < j->n; r++) {
+            if (j->out[r] + a * elem != src) {
+                memcpy(j->out[r] + a * elem, src, m * elem);
+            }
+        }
+    }
+}
+
 /* Elements [lo, hi) of j: in one pass that writes every out (reduce_fan), or reduced into
  * out[0] in rank order, then copied to the others (MEAN, or buffers not aligned). */
 static void
@@ -98,7 +120,7 @@ slice_run(const struct lreduce_job *j, size_t lo, size_t hi)
     size_t chunk = CHUNK_BYTES / elem;
 
     if (j->block > 0) {
-        slice_scatter(j, lo, hi);
+        (j->gather ? slice_gather : slice_scatter)(j, lo, hi);
         return;
     }
     if (reduce_fan(j->dtype, j->op, (void *const *)j->out, (const void *const *)j->in, j->n, lo,

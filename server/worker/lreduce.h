@@ -1,6 +1,6 @@
 /*
- * A worker's all-reduce (or reduce-scatter) across its own ranks straight in their buffers
- * (issue 17): the
+ * A worker's all-reduce (or reduce-scatter, or all-gather) across its own ranks straight in
+ * their buffers (issue 17): the
  * ranks' shared memory regions are read and written in place, with no intermediate result
  * buffer, no zero-fill and one pass over the memory. The elements are split into slices,
  * one per thread (the caller and up to `helpers` threads of this pool, each slice at least
@@ -19,6 +19,7 @@
 #ifndef DEVCOORD_WORKER_LREDUCE_H
 #define DEVCOORD_WORKER_LREDUCE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -40,10 +41,14 @@ struct lreduce_job {
      * aligned for dtype. Reduce-scatter (block > 0, count = n * block): out[b] holds block
      * elements, elements [b * block, (b + 1) * block) of the result, and overlaps no input
      * but for being exactly in[b]'s own block b (a result written over its input, as
-     * torch's in-place reduce_scatter_tensor does); it needs no alignment. */
+     * torch's in-place reduce_scatter_tensor does); it needs no alignment. All-gather (block
+     * > 0, gather; op unused): in[b] holds block elements and every out[r] gets count = n *
+     * block, in[b] at block b; out[r] overlaps no input but for in[r] being exactly its block
+     * r (torch's in-place all_gather_into_tensor), which is then left as it is. */
     const uint8_t *const *in;
     uint8_t *const *out;
     size_t block;
+    bool gather;
 };
 
 /* A pool of `helpers` threads (at most LREDUCE_MAX_HELPERS; 0: the caller does all). NULL
@@ -51,9 +56,9 @@ struct lreduce_job {
 struct lreduce *lreduce_new(unsigned helpers);
 void lreduce_free(struct lreduce *lr);
 
-/* Runs j over at most helpers+1 slices of at least min_slice_bytes; returns when every out
- * holds the result (a reduce-scatter's: its block of it). One job at a time per pool (the
- * caller serialises). */
+/* Runs j over at most helpers+1 slices of at least min_slice_bytes (of the result's elements:
+ * count); returns when every out holds the result (a reduce-scatter's: its block of it). One
+ * job at a time per pool (the caller serialises). */
 void lreduce_all_reduce(struct lreduce *lr, const struct lreduce_job *j, size_t min_slice_bytes);
 
 /* The slices of `count` elements of `elem` bytes for at most max_slices threads, each at

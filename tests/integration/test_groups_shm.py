@@ -160,12 +160,17 @@ def reduce_scatter_calls():
     return OPS * len(COUNTS) * len(DTYPE_SIZES)
 
 
+def all_gather_calls():
+    """The all-gathers it makes (no op), in place too: one each."""
+    return len(COUNTS) * len(DTYPE_SIZES)
+
+
 @unittest.skipUnless(os.path.exists(NUMERIC), "devcoord-group-shm-numeric is not built")
 class InPlaceNumericTest(GroupsTestCase):
-    """Issue 17: a one-worker group's all-reduce and reduce-scatter on shared memory are
-    reduced in place, split across the worker's threads. Every kind x op x dtype checked
-    element by element by the ranks themselves; the worker's counters show the all-reduces and
-    reduce-scatters took the in-place path."""
+    """Issue 17: a one-worker group's all-reduce, reduce-scatter and all-gather on shared
+    memory run in place, split across the worker's threads. Every kind x op x dtype checked
+    element by element by the ranks themselves; the worker's counters show those three kinds
+    took the in-place path."""
     worker_metrics = ShmCallsTest.worker_metrics
 
     def run_numeric(self, n, as_processes):
@@ -194,9 +199,11 @@ class InPlaceNumericTest(GroupsTestCase):
         m = self.worker_metrics(c, "node-a")
         calls = all_reduce_calls()
         self.assertEqual(m["devcoord_group_in_place_calls_total"],
-                         calls + reduce_scatter_calls(), m)
+                         calls + reduce_scatter_calls() + all_gather_calls(), m)
         self.assertEqual(m['devcoord_group_calls_total{kind="reduce-scatter"}'],
                          reduce_scatter_calls(), m)
+        self.assertEqual(m['devcoord_group_calls_total{kind="all-gather"}'], all_gather_calls(),
+                         m)
         self.assertEqual(m['devcoord_group_calls_total{kind="all-reduce"}'],
                          calls + agreements(), m)
         # No byte of the all-reduces went through the RPC; only the blocks of reduce-scatter
@@ -259,9 +266,10 @@ class OneWorkerWholeCallsTest(GroupsTestCase):
         self.assertEqual(p.stdout.strip(), "ok 3")
         m = {k: v for k, v in self.worker_metrics(c, "node-a").items()
              if k.startswith("devcoord_group_")}
-        # The three big all-reduces, and the big reduce-scatter: each rank's result over its
-        # own block of its input in the staging block.
-        self.assertEqual(m["devcoord_group_in_place_calls_total"], 4, m)
+        # The three big all-reduces, the big reduce-scatter (each rank's result over its own
+        # block of its input in the staging block) and the two big all-gathers (each rank's
+        # input in its own block of the result there).
+        self.assertEqual(m["devcoord_group_in_place_calls_total"], 6, m)
         # Those, the big reduce-scatter and the two big all-gathers, by each of 3 ranks.
         self.assertEqual(m["devcoord_group_shm_calls_total"], 6 * 3, m)
         # The big reduce-scatter and all-gathers as one call each, and the small ones.

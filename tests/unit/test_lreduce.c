@@ -1,8 +1,9 @@
-/* The worker's in-place local all-reduce and reduce-scatter (issue 17, lreduce.c): its
- * slices, and results bit-identical to reducing in rank order on one thread (the general
- * path's order), in every out (a reduce-scatter's: its block), for every dtype and op, counts
- * that no slice count divides and count 1, with the results in place (a reduce-scatter's
- * over its rank's own block) and apart, on 0, 1 and 3 helper threads. */
+/* The worker's in-place local all-reduce, reduce-scatter and all-gather (issue 17,
+ * lreduce.c): its slices, and results bit-identical to reducing in rank order on one thread
+ * (the general path's order), in every out (a reduce-scatter's: its block), for every dtype
+ * and op, counts that no slice count divides and count 1, with the results in place (a
+ * reduce-scatter's over its rank's own block; an all-gather's input in its own block of its
+ * result) and apart, on 0, 1 and 3 helper threads. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -99,7 +100,7 @@ check_job(struct lreduce *lr, dc_dtype t, dc_reduce_op op, size_t n, size_t coun
     size_t elem = dc_dtype_size(t), out_bytes = count * elem, bytes = out_bytes * (scatter ? n : 1);
     uint8_t *in[MAX_N], *out[MAX_N], *want                          = malloc(bytes);
     struct lreduce_job j = {
-        t, op, bytes / elem, n, (const uint8_t *const *)in, out, scatter ? count : 0
+        t, op, bytes / elem, n, (const uint8_t *const *)in, out, scatter ? count : 0, false
     };
 
     assert_non_null(want);
@@ -130,6 +131,44 @@ check_job(struct lreduce *lr, dc_dtype t, dc_reduce_op op, size_t n, size_t coun
     free(want);
 }
 
+/* An all-gather of count elements per rank: every out holds every input, in rank order; in
+ * place, a rank's input is its own block of its out, and stays as it was. */
+static void
+check_gather(struct lreduce *lr, dc_dtype t, size_t n, size_t count, bool in_place,
+             size_t min_slice, unsigned *seed)
+{
+    size_t elem = dc_dtype_size(t), block = count * elem, bytes = block * n;
+    uint8_t *in[MAX_N], *out[MAX_N], *want                      = malloc(bytes);
+    struct lreduce_job j = { .dtype  = t,
+                             .count  = n * count,
+                             .n      = n,
+                             .in     = (const uint8_t *const *)in,
+                             .out    = out,
+                             .block  = count,
+                             .gather = true };
+
+    assert_non_null(want);
+    for (size_t r = 0; r < n; r++) {
+        out[r] = malloc(bytes);
+        assert_non_null(out[r]);
+        memset(out[r], 0xa5, bytes);
+        in[r] = in_place ? out[r] + r * block : malloc(block);
+        assert_non_null(in[r]);
+        fill(t, in[r], count, seed);
+        memcpy(want + r * block, in[r], block);
+    }
+    lreduce_all_reduce(lr, &j, min_slice);
+    for (size_t r = 0; r < n; r++) {
+        assert_memory_equal(out[r], want, bytes);
+        if (!in_place) {
+            assert_memory_equal(in[r], want + r * block, block);
+            free(in[r]);
+        }
+        free(out[r]);
+    }
+    free(want);
+}
+
 static void
 run_all(unsigned helpers)
 {
@@ -151,11 +190,20 @@ run_all(unsigned helpers)
             }
         }
     }
+    for (size_t d = 0; d < sizeof(dtypes) / sizeof(dtypes[0]); d++) {
+        for (size_t n = 1; n <= MAX_N; n++) {
+            for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+                check_gather(lr, dtypes[d], n, counts[c], true, 1, &seed);
+                check_gather(lr, dtypes[d], n, counts[c], false, 1, &seed);
+            }
+        }
+    }
     /* The default minimum on a count worth splitting. */
     check_job(lr, DC_DTYPE_F32, DC_REDUCE_SUM, 4, (1u << 20) + 3, true, false,
               LREDUCE_MIN_SLICE_BYTES, &seed);
     check_job(lr, DC_DTYPE_F32, DC_REDUCE_SUM, 4, (1u << 18) + 3, true, true,
               LREDUCE_MIN_SLICE_BYTES, &seed);
+    check_gather(lr, DC_DTYPE_F32, 4, (1u << 18) + 3, true, LREDUCE_MIN_SLICE_BYTES, &seed);
     lreduce_free(lr);
 }
 
