@@ -26,7 +26,9 @@
  * With --reduce-scatter (and --layout, for A/B runs) every call is dc_reduce_scatter instead:
  * each rank passes the size's bytes and gets its 1/n block of their sum (f32) right after
  * them in the same block; bus bandwidth is then (n-1)/n * bytes / median, the bytes a ring
- * moves per rank.
+ * moves per rank. With --all-gather, dc_all_gather: the size's bytes are the result, each
+ * rank's 1/n of it its input, in its own block of the result (as torch's in-place
+ * all_gather_into_tensor); bus bandwidth as for a reduce-scatter.
  */
 #include <math.h>
 #include <pthread.h>
@@ -55,12 +57,13 @@ static const char usage[] =
     "  --plain: the multi-worker layouts pass malloc'd buffers, not dc_group_alloc ones\n"
     "  --layout RxW: only the layout of R ranks on W workers, no gloo (for A/B runs);\n"
     "                1x1 (one rank: the call's own cost) only this way\n"
-    "  --reduce-scatter: with --layout, time dc_reduce_scatter instead (no results written)\n";
+    "  --reduce-scatter: with --layout, time dc_reduce_scatter instead (no results written)\n"
+    "  --all-gather: with --layout, time dc_all_gather instead (no results written)\n";
 
 struct options {
     bool one_worker; /* for profiling the shared-memory path alone */
     bool plain;
-    bool scatter;            /* --reduce-scatter */
+    dc_op_kind kind;         /* all-reduce, or --reduce-scatter, --all-gather */
     unsigned ranks, workers; /* --layout: only this one (0: all) */
 };
 
@@ -78,8 +81,8 @@ extra_arg(int argc, char **argv, int i, void *arg)
         o->plain = true;
         return 1;
     }
-    if (strcmp(argv[i], "--reduce-scatter") == 0) {
-        o->scatter = true;
+    if (strcmp(argv[i], "--reduce-scatter") == 0 || strcmp(argv[i], "--all-gather") == 0) {
+        o->kind = argv[i][2] == 'r' ? DC_OP_REDUCE_SCATTER : DC_OP_ALL_GATHER;
         return 1;
     }
     if (strcmp(argv[i], "--layout") == 0 && i + 1 < argc) {
@@ -103,9 +106,9 @@ struct plan {
 
 struct layout {
     unsigned ranks, workers;
-    bool plain;   /* malloc'd buffers (never for one worker) */
-    bool paired;  /* also the paired rounds against dc_submit (2x2 only) */
-    bool scatter; /* --reduce-scatter */
+    bool plain;  /* malloc'd buffers (never for one worker) */
+    bool paired; /* also the paired rounds against dc_submit (2x2 only) */
+    dc_op_kind kind;
     struct bench_timing dc[MAX_SIZES];
     struct bench_timing pair_group[MAX_SIZES], pair_submit[MAX_SIZES];
     int ran;
@@ -116,8 +119,10 @@ struct shared {
     const struct plan *p;
     const char *address;
     unsigned ranks;
-    bool shm;     /* buffers from dc_group_alloc (all but --plain's multi-worker layouts) */
-    bool scatter; /* --reduce-scatter: the calls are reduce-scatters into a second buffer */
+    bool shm; /* buffers from dc_group_alloc (all but --plain's multi-worker layouts) */
+    /* All-reduces in place, or reduce-scatters into a second buffer after the input, or
+     * all-gathers from the rank's own block of the result. */
+    dc_op_kind kind;
     char devices[512];
     char self[MAX_RANKS][64];
     pthread_barrier_t barrier;
@@ -148,23 +153,26 @@ reps_for(const struct plan *p, double warm_s)
     return r < p->min_reps ? p->min_reps : r > p->max_reps ? p->max_reps : (unsigned)r;
 }
 
-/* One timed call of the layout's kind, an all-reduce of buf in place or (--reduce-scatter)
- * a reduce-scatter of buf's count floats into this rank's count / n in out; seconds, or -1
- * (and sh->failed) on failure. */
+/* One timed call of the layout's kind: an all-reduce of buf in place, a reduce-scatter of
+ * buf's count floats into this rank's count / n in out, or an all-gather of this rank's
+ * count / n at its block of buf into buf; seconds, or -1 (and sh->failed) on failure. */
 static double
 timed_call(struct shared *sh, dc_group *g, float *buf, float *out, size_t count)
 {
+    size_t block = count / sh->ranks;
     dc_status st;
-    uint64_t t0  = bench_now_ns();
-    dc_code code = sh->scatter ? dc_reduce_scatter(g, buf, out, count / sh->ranks, DC_DTYPE_F32,
-                                                   DC_REDUCE_SUM, &st)
-                               : dc_all_reduce(g, buf, count, DC_DTYPE_F32, DC_REDUCE_SUM, &st);
-    double s     = (double)(bench_now_ns() - t0) / 1e9;
+    uint64_t t0 = bench_now_ns();
+    dc_code code =
+        sh->kind == DC_OP_REDUCE_SCATTER
+            ? dc_reduce_scatter(g, buf, out, block, DC_DTYPE_F32, DC_REDUCE_SUM, &st)
+        : sh->kind == DC_OP_ALL_GATHER
+            ? dc_all_gather(g, buf + dc_group_rank(g) * block, buf, block, DC_DTYPE_F32, &st)
+            : dc_all_reduce(g, buf, count, DC_DTYPE_F32, DC_REDUCE_SUM, &st);
+    double s = (double)(bench_now_ns() - t0) / 1e9;
 
     if (code != DC_OK) {
         fprintf(stderr, "bench_group: rank %u: %s of %zu floats: %s: %s\n", dc_group_rank(g),
-                sh->scatter ? "dc_reduce_scatter" : "dc_all_reduce", count, dc_status_name(code),
-                st.message);
+                dc_op_kind_name(sh->kind), count, dc_status_name(code), st.message);
         atomic_store(&sh->failed, 1);
         return -1;
     }
@@ -178,20 +186,25 @@ warmup(struct shared *sh, dc_group *g, float *buf, float *out, size_t count)
     uint32_t rank  = dc_group_rank(g);
     float want     = (float)(sh->ranks * (sh->ranks + 1) / 2);
     double warm    = INFINITY, s;
-    const float *r = sh->scatter ? out : buf;
-    size_t n       = sh->scatter ? count / sh->ranks : count;
+    const float *r = sh->kind == DC_OP_REDUCE_SCATTER ? out : buf;
+    size_t n       = sh->kind == DC_OP_REDUCE_SCATTER ? count / sh->ranks : count;
 
     for (size_t i = 0; i < count; i++) {
         buf[i] = (float)(rank + 1);
+    }
+    if (sh->kind == DC_OP_ALL_GATHER) {
+        want = (float)sh->ranks; /* the last rank's block; checked at r[n - 1] only */
+        n    = count;
     }
     for (int k = 0; k < (count * sizeof(float) >= (16u << 20) ? 1 : 2); k++) {
         if ((s = timed_call(sh, g, buf, out, count)) < 0) {
             return -1;
         }
-        if (k == 0 && (r[0] != want || r[n / 2] != want || r[n - 1] != want)) {
+        if (k == 0 &&
+            (sh->kind == DC_OP_ALL_GATHER ? r[0] != 1 || r[n - 1] != want
+                                          : r[0] != want || r[n / 2] != want || r[n - 1] != want)) {
             fprintf(stderr, "bench_group: rank %u: %s of %zu floats gave %g, want %g\n", rank,
-                    sh->scatter ? "reduce-scatter" : "all-reduce", count, (double)r[0],
-                    (double)want);
+                    dc_op_kind_name(sh->kind), count, (double)r[n - 1], (double)want);
             atomic_store(&sh->failed, 1);
             return -1;
         }
@@ -310,7 +323,8 @@ run_sizes(struct shared *sh, dc_client *client, dc_group *g)
 
         /* A reduce-scatter's output follows its input in the same block: one region, so the
          * call carries no byte on shared memory. */
-        size_t alloc = (count + (sh->scatter ? count / sh->ranks : 0)) * sizeof(float);
+        size_t alloc =
+            (count + (sh->kind == DC_OP_REDUCE_SCATTER ? count / sh->ranks : 0)) * sizeof(float);
 
         if (!atomic_load(&sh->failed) && g != NULL) {
             buf = sh->shm ? dc_group_alloc(g, alloc, &st) : malloc(alloc);
@@ -328,7 +342,7 @@ run_sizes(struct shared *sh, dc_client *client, dc_group *g)
         }
 
         if (buf != NULL) {
-            out  = sh->scatter ? buf + count : NULL;
+            out  = sh->kind == DC_OP_REDUCE_SCATTER ? buf + count : NULL;
             warm = warmup(sh, g, buf, out, count);
         }
         pthread_barrier_wait(&sh->barrier);
@@ -394,7 +408,7 @@ run_layout(const struct bench_args *a, const struct plan *p, struct layout *l)
     struct shared sh = { .p           = p,
                          .ranks       = l->ranks,
                          .shm         = !l->plain,
-                         .scatter     = l->scatter,
+                         .kind        = l->kind,
                          .out         = l->dc,
                          .paired      = l->paired,
                          .pair_group  = l->pair_group,
@@ -458,13 +472,16 @@ gloo_of(struct bench_timing gloo[][MAX_SIZES], unsigned ranks)
 static void
 print_table(const struct plan *p, const struct layout *l, const struct bench_timing *g)
 {
-    /* A reduce-scatter's ring moves (n-1)/n of each rank's bytes, half an all-reduce's. */
-    double per_call = l->scatter ? 2 : 1;
+    /* A reduce-scatter's or all-gather's ring moves (n-1)/n of the bytes per rank, half an
+     * all-reduce's. */
+    double per_call = l->kind != DC_OP_ALL_REDUCE ? 2 : 1;
 
     printf("\nGroup %s f32 sum, %s; rank 0's time from the call to the result in its "
            "buffer; bus bandwidth = %s(n-1)/n * bytes / median\n",
-           l->scatter ? "reduce-scatter (bytes: each rank's input)" : "all-reduce", layout_text(l),
-           l->scatter ? "" : "2");
+           l->kind == DC_OP_REDUCE_SCATTER ? "reduce-scatter (bytes: each rank's input)"
+           : l->kind == DC_OP_ALL_GATHER   ? "all-gather (bytes: each rank's result)"
+                                           : "all-reduce",
+           layout_text(l), l->kind != DC_OP_ALL_REDUCE ? "" : "2");
     printf("%-8s | %12s %12s %12s %9s %5s | %12s %9s %5s | %8s\n", "size", "median", "min", "max",
            "GB/s", "reps", "gloo", "GB/s", "reps", "dc/gloo");
     for (size_t i = 0; i < p->n_sizes; i++) {
@@ -694,24 +711,24 @@ main(int argc, char **argv)
     struct bench_timing gloo[2][MAX_SIZES] = { { { 0 } } };
     size_t nl                              = sizeof(ls) / sizeof(ls[0]);
     double probe_s, bidir = NAN, ring_s[5] = { -1, -1, -1, -1, -1 };
-    struct options o = { false, false, false, 0, 0 };
+    struct options o = { false, false, DC_OP_ALL_REDUCE, 0, 0 };
     int rv;
 
     bench_init();
     if ((rv = bench_parse_args(argc, argv, &a, usage, extra_arg, &o)) != 0) {
         return rv;
     }
-    if (o.scatter && o.ranks == 0) {
-        fprintf(stderr, "bench_group: --reduce-scatter wants --layout RxW\n");
+    if (o.kind != DC_OP_ALL_REDUCE && o.ranks == 0) {
+        fprintf(stderr, "bench_group: --reduce-scatter and --all-gather want --layout RxW\n");
         return 2;
     }
     if (o.ranks != 1 || o.workers != 1) {
         nl--; /* no 1x1 */
     }
     for (size_t k = 0; k < nl; k++) {
-        ls[k].plain   = o.plain && ls[k].workers > 1;
-        ls[k].paired  = ls[k].ranks == 2 && ls[k].workers == 2 && !o.scatter;
-        ls[k].scatter = o.scatter;
+        ls[k].plain  = o.plain && ls[k].workers > 1;
+        ls[k].paired = ls[k].ranks == 2 && ls[k].workers == 2 && o.kind == DC_OP_ALL_REDUCE;
+        ls[k].kind   = o.kind;
     }
     p.budget_s = a.quick ? 0.5 : 2.0;
     p.min_reps = a.quick ? 3 : 5;
@@ -754,7 +771,7 @@ main(int argc, char **argv)
             print_paired(&p, &ls[k]);
         }
     }
-    if (!o.scatter) {
+    if (o.kind == DC_OP_ALL_REDUCE) {
         write_results(&a, &p, ls, nl, gloo, probe_s, bidir, ring_s);
     }
     return 0;
