@@ -1059,11 +1059,46 @@ block_outs_apart(const struct wgroup *g, const struct wcall *c, size_t block, si
     return true;
 }
 
-/* Whether c runs in place in its ranks' shared memory (wcall_finish_in_place): an
- * all-reduce, reduce-scatter or all-gather of a group whose ranks are all on this worker,
- * every one on its region, all agreeing and well formed. An all-reduce's results are where
- * their inputs are or overlap them nowhere, rank order's first aligned for the dtype; the
- * others', as block_outs_apart. Anything else takes the general path. mtx held. */
+/* The local index of c's root (a reduce's or broadcast's) on this worker, or n_ranks. */
+static size_t
+wcall_root(const struct wgroup *g, const struct wcall *c)
+{
+    const struct gworker *me = &g->workers[g->self];
+    size_t i                 = 0;
+
+    while (i < me->n_ranks && me->ranks[i] != c->local[0].d.root) {
+        i++;
+    }
+    return i;
+}
+
+/* Whether reduce or broadcast c, each rank's buffer (bytes) its input and its result, has
+ * its root's buffer apart from every other rank's: the one written is never read. mtx
+ * held. */
+static bool
+rooted_apart(const struct wgroup *g, const struct wcall *c, size_t bytes)
+{
+    const struct gworker *me = &g->workers[g->self];
+    size_t root              = wcall_root(g, c);
+
+    if (root == me->n_ranks) {
+        return false;
+    }
+    for (size_t i = 0; i < me->n_ranks; i++) {
+        if (c->local[i].out != c->local[i].data ||
+            (i != root && bytes_overlap(c->local[root].data, bytes, c->local[i].data, bytes))) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Whether c runs in place in its ranks' shared memory (wcall_finish_in_place): a call of a
+ * group whose ranks are all on this worker, every one on its region, all agreeing and well
+ * formed, and any kind but a barrier. An all-reduce's results are where their inputs are or
+ * overlap them nowhere, rank order's first aligned for the dtype; a reduce-scatter's and
+ * all-gather's, as block_outs_apart; a reduce's and broadcast's, as rooted_apart. Anything
+ * else takes the general path. mtx held. */
 static bool
 wcall_in_place(const struct wgroups *wg, const struct wgroup *g, const struct wcall *c)
 {
@@ -1071,10 +1106,12 @@ wcall_in_place(const struct wgroups *wg, const struct wgroup *g, const struct wc
     const struct desc *d     = &c->local[0].d;
     size_t elem = dc_dtype_size(d->dtype), block = (size_t)d->count * elem, in_bytes, out_bytes;
     bool blocks = d->kind == DC_OP_REDUCE_SCATTER || d->kind == DC_OP_ALL_GATHER;
+    bool rooted = d->kind == DC_OP_REDUCE || d->kind == DC_OP_BROADCAST;
     dc_status why;
 
-    if (g->n_workers != 1 || me->n_ranks != g->n || (d->kind != DC_OP_ALL_REDUCE && !blocks) ||
-        c->shrunk.code != DC_OK || check_desc(wg, g, d, wcall_local_shared(g, c), &why) != DC_OK) {
+    if (g->n_workers != 1 || me->n_ranks != g->n ||
+        (d->kind != DC_OP_ALL_REDUCE && !blocks && !rooted) || c->shrunk.code != DC_OK ||
+        check_desc(wg, g, d, wcall_local_shared(g, c), &why) != DC_OK) {
         return false;
     }
     in_bytes  = d->kind == DC_OP_REDUCE_SCATTER ? block * g->n : block;
@@ -1087,8 +1124,9 @@ wcall_in_place(const struct wgroups *wg, const struct wgroup *g, const struct wc
             return false;
         }
     }
-    return blocks ? block_outs_apart(g, c, block, out_bytes)
-                  : (uintptr_t)c->local[0].out % elem == 0;
+    return blocks   ? block_outs_apart(g, c, block, out_bytes)
+           : rooted ? rooted_apart(g, c, block)
+                    : (uintptr_t)c->local[0].out % elem == 0;
 }
 
 /* c (wcall_in_place) reduced (or gathered) straight from its ranks' regions into theirs,
@@ -1114,10 +1152,27 @@ wcall_finish_in_place(struct wgroups *wg, struct wgroup *g, struct wcall *c)
         wg->lr_in[kind == DC_OP_ALL_GATHER ? me->ranks[i] : i]      = c->local[i].data;
         wg->lr_out[kind == DC_OP_REDUCE_SCATTER ? me->ranks[i] : i] = c->local[i].out;
     }
-    if (kind != DC_OP_ALL_REDUCE) {
+    switch (kind) {
+    case DC_OP_REDUCE_SCATTER:
+    case DC_OP_ALL_GATHER:
         j.block  = j.count;
         j.count  = j.count * me->n_ranks;
         j.gather = kind == DC_OP_ALL_GATHER;
+        break;
+    case DC_OP_REDUCE: /* every input into the root's buffer alone */
+        j.block       = j.count;
+        j.n_out       = 1;
+        wg->lr_out[0] = c->local[wcall_root(g, c)].out;
+        break;
+    case DC_OP_BROADCAST: /* the root's input into every buffer (but its own) */
+        j.block      = j.count;
+        j.gather     = true;
+        j.n          = 1;
+        j.n_out      = me->n_ranks;
+        wg->lr_in[0] = c->local[wcall_root(g, c)].data;
+        break;
+    default:
+        break;
     }
     lreduce_all_reduce(wg->lr, &j, LREDUCE_MIN_SLICE_BYTES);
     for (size_t i = 0; i < me->n_ranks; i++) {

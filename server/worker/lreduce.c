@@ -103,7 +103,7 @@ slice_gather(const struct lreduce_job *j, size_t lo, size_t hi)
         const uint8_t *src = j->in[b] + (a - b * j->block) * elem;
 
         m = end - a < chunk ? end - a : chunk;
-        for (size_t r = 0; r < j->n; r++) {
+        for (size_t r = 0; r < (j->n_out ? j->n_out : j->n); r++) {
             if (j->out[r] + a * elem != src) {
                 memcpy(j->out[r] + a * elem, src, m * elem);
             }
@@ -228,7 +228,9 @@ lreduce_all_reduce(struct lreduce *lr, const struct lreduce_job *j, size_t min_s
     struct task t = { .job = j };
     size_t elem   = dc_dtype_size(j->dtype);
 
-    if (elem == 0 || j->n == 0 || (j->block > 0 && j->count != j->n * j->block)) {
+    if (elem == 0 || j->n == 0 ||
+        (j->block > 0 && j->count != (j->gather || j->n_out == 0 ? j->n : j->n_out) * j->block) ||
+        (j->block == 0 && j->n_out != 0 && j->n_out != j->n)) {
         return;
     }
     t.n_slices =

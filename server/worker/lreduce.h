@@ -35,20 +35,24 @@ struct lreduce;
 struct lreduce_job {
     dc_dtype dtype;
     dc_reduce_op op;
-    size_t count; /* elements of every input */
-    size_t n;     /* buffers: in[0..n-1], out[0..n-1] */
+    size_t count; /* elements of every input (an all-gather's: of every out) */
+    size_t n;     /* inputs in[0..n-1]; outs out[0..n_out-1] (n_out 0: n) */
     /* All-reduce (block 0): out[r] is in[r] or overlaps no buffer of the job; out[0] is
-     * aligned for dtype. Reduce-scatter (block > 0, count = n * block): out[b] holds block
-     * elements, elements [b * block, (b + 1) * block) of the result, and overlaps no input
-     * but for being exactly in[b]'s own block b (a result written over its input, as
-     * torch's in-place reduce_scatter_tensor does); it needs no alignment. All-gather (block
-     * > 0, gather; op unused): in[b] holds block elements and every out[r] gets count = n *
-     * block, in[b] at block b; out[r] overlaps no input but for in[r] being exactly its block
-     * r (torch's in-place all_gather_into_tensor), which is then left as it is. */
+     * aligned for dtype.
+     * Reduce-scatter (block > 0, count = n_out * block): out[b] holds block elements,
+     * elements [b * block, (b + 1) * block) of the result, and overlaps no input but for
+     * being exactly that block of an input (a result written over its input, as torch's
+     * in-place reduce_scatter_tensor does); it needs no alignment. A reduce to one root is
+     * one of n_out 1 and block count.
+     * All-gather (block > 0, gather; op unused; count = n * block): in[b] holds block
+     * elements and every out[r] gets all count, in[b] at block b; out[r] overlaps no input but
+     * for an input being exactly its block of it (torch's in-place all_gather_into_tensor),
+     * which is then left as it is. A broadcast is one of n 1 and block count. */
     const uint8_t *const *in;
     uint8_t *const *out;
     size_t block;
     bool gather;
+    size_t n_out;
 };
 
 /* A pool of `helpers` threads (at most LREDUCE_MAX_HELPERS; 0: the caller does all). NULL

@@ -8,7 +8,7 @@
  * result itself, in rank order, and checks every element.
  *
  * For each count of COUNTS: all-reduce, reduce (root n-1; the others' buffers unchanged) and
- * reduce-scatter with every op, broadcast (root 0) and all-gather, in every dtype; for each
+ * reduce-scatter with every op, broadcast (root n/2) and all-gather, in every dtype; for each
  * of AR_COUNTS, all-reduce with every op and dtype (counts past one message go as one call
  * too: a group on one worker never splits them). Then one barrier. Prints "ok RANKS shared S calls
  * C" (S: ranks whose block was shared; C: calls made per rank) and exits 0, or names the first
@@ -61,7 +61,7 @@ struct rank_thread {
 static double
 input(uint32_t rank, size_t i)
 {
-    double m = (double)((i + 3 * (size_t)rank) % 3 + 1); /* 1, 2, 3 */
+    double m = (double)((i + (size_t)rank) % 3 + 1); /* 1, 2, 3 */
     return i % 2 ? -m : m;
 }
 
@@ -288,11 +288,12 @@ other_kinds(struct rank_thread *t, dc_group *g, uint8_t *buf, size_t count)
         for (size_t i = 0; i < count; i++) {
             put(dt, buf, i, input(rank, i));
         }
-        if (called(t, "broadcast", dt, count, dc_broadcast(g, buf, count, dt, 0, &st), &st) != 0) {
+        if (called(t, "broadcast", dt, count, dc_broadcast(g, buf, count, dt, n / 2, &st), &st) !=
+            0) {
             return -1;
         }
         for (size_t i = 0; i < count; i++) {
-            if (check(t, "broadcast", dt, 0, count, buf, i, input(0, i)) != 0) {
+            if (check(t, "broadcast", dt, 0, count, buf, i, input(n / 2, i)) != 0) {
                 return -1;
             }
         }

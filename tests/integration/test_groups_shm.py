@@ -156,21 +156,21 @@ def all_reduce_calls():
 
 
 def reduce_scatter_calls():
-    """The reduce-scatters it makes, in place too: one each."""
+    """The reduce-scatters it makes, and as many reduces, in place too: one each."""
     return OPS * len(COUNTS) * len(DTYPE_SIZES)
 
 
 def all_gather_calls():
-    """The all-gathers it makes (no op), in place too: one each."""
+    """The all-gathers it makes (no op), and as many broadcasts, in place too: one each."""
     return len(COUNTS) * len(DTYPE_SIZES)
 
 
 @unittest.skipUnless(os.path.exists(NUMERIC), "devcoord-group-shm-numeric is not built")
 class InPlaceNumericTest(GroupsTestCase):
-    """Issue 17: a one-worker group's all-reduce, reduce-scatter and all-gather on shared
-    memory run in place, split across the worker's threads. Every kind x op x dtype checked
-    element by element by the ranks themselves; the worker's counters show those three kinds
-    took the in-place path."""
+    """Issue 17: a one-worker group's calls on shared memory (all but the barrier) run in
+    place, split across the worker's threads. Every kind x op x dtype checked element by
+    element by the ranks themselves; the worker's counters show every kind took the in-place
+    path."""
     worker_metrics = ShmCallsTest.worker_metrics
 
     def run_numeric(self, n, as_processes):
@@ -199,10 +199,14 @@ class InPlaceNumericTest(GroupsTestCase):
         m = self.worker_metrics(c, "node-a")
         calls = all_reduce_calls()
         self.assertEqual(m["devcoord_group_in_place_calls_total"],
-                         calls + reduce_scatter_calls() + all_gather_calls(), m)
+                         calls + 2 * reduce_scatter_calls() + 2 * all_gather_calls(), m)
         self.assertEqual(m['devcoord_group_calls_total{kind="reduce-scatter"}'],
                          reduce_scatter_calls(), m)
         self.assertEqual(m['devcoord_group_calls_total{kind="all-gather"}'], all_gather_calls(),
+                         m)
+        self.assertEqual(m['devcoord_group_calls_total{kind="reduce"}'], reduce_scatter_calls(),
+                         m)
+        self.assertEqual(m['devcoord_group_calls_total{kind="broadcast"}'], all_gather_calls(),
                          m)
         self.assertEqual(m['devcoord_group_calls_total{kind="all-reduce"}'],
                          calls + agreements(), m)

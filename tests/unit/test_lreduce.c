@@ -1,9 +1,10 @@
-/* The worker's in-place local all-reduce, reduce-scatter and all-gather (issue 17,
- * lreduce.c): its slices, and results bit-identical to reducing in rank order on one thread
- * (the general path's order), in every out (a reduce-scatter's: its block), for every dtype
- * and op, counts that no slice count divides and count 1, with the results in place (a
- * reduce-scatter's over its rank's own block; an all-gather's input in its own block of its
- * result) and apart, on 0, 1 and 3 helper threads. */
+/* The worker's in-place local all-reduce, reduce-scatter, all-gather, reduce and broadcast
+ * (issue 17, lreduce.c): its slices, and results bit-identical to reducing in rank order on
+ * one thread (the general path's order), in every out (a reduce-scatter's: its block), for
+ * every dtype and op, counts that no slice count divides and count 1, with the results in
+ * place (a reduce-scatter's over its rank's own block; an all-gather's input in its own
+ * block of its result) and apart, and a reduce to a root and a broadcast from it in place,
+ * on 0, 1 and 3 helper threads. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -100,7 +101,7 @@ check_job(struct lreduce *lr, dc_dtype t, dc_reduce_op op, size_t n, size_t coun
     size_t elem = dc_dtype_size(t), out_bytes = count * elem, bytes = out_bytes * (scatter ? n : 1);
     uint8_t *in[MAX_N], *out[MAX_N], *want                          = malloc(bytes);
     struct lreduce_job j = {
-        t, op, bytes / elem, n, (const uint8_t *const *)in, out, scatter ? count : 0, false
+        t, op, bytes / elem, n, (const uint8_t *const *)in, out, scatter ? count : 0, false, 0
     };
 
     assert_non_null(want);
@@ -169,6 +170,49 @@ check_gather(struct lreduce *lr, dc_dtype t, size_t n, size_t count, bool in_pla
     free(want);
 }
 
+/* A reduce to root (the root's buffer becomes op over all, in rank order; the others stay)
+ * or a broadcast from it (every buffer becomes the root's), each rank's buffer its input and
+ * its result, as dc_reduce and dc_broadcast pass them. */
+static void
+check_rooted(struct lreduce *lr, dc_dtype t, dc_reduce_op op, size_t n, size_t count, size_t root,
+             bool broadcast, unsigned *seed)
+{
+    size_t elem = dc_dtype_size(t), bytes = count * elem;
+    uint8_t *buf[MAX_N], *was[MAX_N], *want = malloc(bytes);
+    struct lreduce_job j = { .dtype  = t,
+                             .op     = op,
+                             .count  = count,
+                             .n      = broadcast ? 1 : n,
+                             .in     = broadcast ? (const uint8_t *const *)&buf[root]
+                                                 : (const uint8_t *const *)buf,
+                             .out    = broadcast ? buf : &buf[root],
+                             .block  = count,
+                             .gather = broadcast,
+                             .n_out  = broadcast ? n : 1 };
+
+    assert_non_null(want);
+    for (size_t r = 0; r < n; r++) {
+        assert_non_null(buf[r] = malloc(bytes));
+        assert_non_null(was[r] = malloc(bytes));
+        fill(t, buf[r], count, seed);
+        memcpy(was[r], buf[r], bytes);
+    }
+    memcpy(want, buf[broadcast ? root : 0], bytes);
+    for (size_t r = 1; r < n && !broadcast; r++) {
+        reduce_into(t, op, want, buf[r], count);
+    }
+    if (op == DC_REDUCE_MEAN && !broadcast) {
+        reduce_finish_mean(t, want, count, n);
+    }
+    lreduce_all_reduce(lr, &j, 1);
+    for (size_t r = 0; r < n; r++) {
+        assert_memory_equal(buf[r], broadcast || r == root ? want : was[r], bytes);
+        free(buf[r]);
+        free(was[r]);
+    }
+    free(want);
+}
+
 static void
 run_all(unsigned helpers)
 {
@@ -195,6 +239,17 @@ run_all(unsigned helpers)
             for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
                 check_gather(lr, dtypes[d], n, counts[c], true, 1, &seed);
                 check_gather(lr, dtypes[d], n, counts[c], false, 1, &seed);
+            }
+        }
+    }
+    for (size_t d = 0; d < sizeof(dtypes) / sizeof(dtypes[0]); d++) {
+        for (size_t n = 2; n <= MAX_N; n++) {
+            for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+                for (size_t o = 0; o < sizeof(ops) / sizeof(ops[0]); o++) {
+                    check_rooted(lr, dtypes[d], ops[o], n, counts[c], c % n, false, &seed);
+                }
+                check_rooted(lr, dtypes[d], DC_REDUCE_SUM, n, counts[c], n - 1 - c % n, true,
+                             &seed);
             }
         }
     }
