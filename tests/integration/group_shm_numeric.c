@@ -8,7 +8,8 @@
  * result itself, in rank order, and checks every element.
  *
  * For each count of COUNTS: all-reduce, reduce (root n-1; the others' buffers unchanged) and
- * reduce-scatter with every op, broadcast (root n/2) and all-gather, in every dtype; for each
+ * reduce-scatter with every op, a reduce-scatter (sum) whose result is the start of its input
+ * (not in place for rank 1), broadcast (root n/2) and all-gather, in every dtype; for each
  * of AR_COUNTS, all-reduce with every op and dtype (counts past one message go as one call
  * too: a group on one worker never splits them). Then one barrier. Prints "ok RANKS shared S calls
  * C" (S: ranks whose block was shared; C: calls made per rank) and exits 0, or names the first
@@ -283,6 +284,22 @@ other_kinds(struct rank_thread *t, dc_group *g, uint8_t *buf, size_t count)
                           expected(dt, ops[o], n, (size_t)rank * count + i)) != 0) {
                     return -1;
                 }
+            }
+        }
+        /* Reduce-scatter with each rank's result over the start of its input: rank 1's is not
+         * its own block, so the worker cannot write the results while it reads the inputs;
+         * it must take its general path, with every result still right. */
+        for (size_t j = 0; j < (size_t)n * count; j++) {
+            put(dt, buf, j, input(rank, j));
+        }
+        if (called(t, "reduce-scatter over its input", dt, count,
+                   dc_reduce_scatter(g, buf, buf, count, dt, DC_REDUCE_SUM, &st), &st) != 0) {
+            return -1;
+        }
+        for (size_t i = 0; i < count; i++) {
+            if (check(t, "reduce-scatter over its input", dt, DC_REDUCE_SUM, count, buf, i,
+                      expected(dt, DC_REDUCE_SUM, n, (size_t)rank * count + i)) != 0) {
+                return -1;
             }
         }
         for (size_t i = 0; i < count; i++) {
