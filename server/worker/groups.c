@@ -1174,7 +1174,7 @@ wcall_finish_in_place(struct wgroups *wg, struct wgroup *g, struct wcall *c)
     default:
         break;
     }
-    lreduce_all_reduce(wg->lr, &j, LREDUCE_MIN_SLICE_BYTES);
+    lreduce_run(wg->lr, &j, LREDUCE_MIN_SLICE_BYTES);
     for (size_t i = 0; i < me->n_ranks; i++) {
         if (region_shrank(g, c->local[i].reg, &st)) {
             /* Zeros went into every rank's result: the call fails for all of them. */

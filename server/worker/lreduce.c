@@ -223,7 +223,7 @@ lreduce_free(struct lreduce *lr)
 }
 
 void
-lreduce_all_reduce(struct lreduce *lr, const struct lreduce_job *j, size_t min_slice_bytes)
+lreduce_run(struct lreduce *lr, const struct lreduce_job *j, size_t min_slice_bytes)
 {
     struct task t = { .job = j };
     size_t elem   = dc_dtype_size(j->dtype);

@@ -1,13 +1,14 @@
 /*
- * A worker's all-reduce (or reduce-scatter, or all-gather) across its own ranks straight in
- * their buffers (issue 17): the
+ * A worker's collectives across its own ranks straight in their buffers (issue 17): the
  * ranks' shared memory regions are read and written in place, with no intermediate result
  * buffer, no zero-fill and one pass over the memory. The elements are split into slices,
  * one per thread (the caller and up to `helpers` threads of this pool, each slice at least
- * min_slice_bytes), as the shared-memory probe of bench/ does: each thread combines its
- * slice of every input 64 bytes at a time and stores the result to every out at once
- * (reduce_fan; MEAN and misaligned buffers: reduced into out[0] and copied from there while
- * still in cache), so no thread waits for another until the end.
+ * min_slice_bytes), as the shared-memory probe of bench/ does. For an all-reduce each thread
+ * combines its slice of every input 64 bytes at a time and stores the result to every out at
+ * once (reduce_fan; MEAN and misaligned buffers: reduced into out[0] and copied from there
+ * while still in cache), so no thread waits for another until the end. A reduce-scatter (or
+ * reduce) goes 32 KiB at a time through a buffer on the stack to the out whose block it is;
+ * an all-gather (or broadcast) copies each 32 KiB of an input to every out while in cache.
  *
  * Every out gets the same bytes: in[0] op in[1] op ... op in[n-1], in that order, element
  * by element (reduce.c's kernels: f16 and bf16 combine in float, rounding once per
@@ -60,10 +61,10 @@ struct lreduce_job {
 struct lreduce *lreduce_new(unsigned helpers);
 void lreduce_free(struct lreduce *lr);
 
-/* Runs j over at most helpers+1 slices of at least min_slice_bytes (of the result's elements:
- * count); returns when every out holds the result (a reduce-scatter's: its block of it). One
- * job at a time per pool (the caller serialises). */
-void lreduce_all_reduce(struct lreduce *lr, const struct lreduce_job *j, size_t min_slice_bytes);
+/* Runs j over at most helpers+1 slices of its count elements, each of at least
+ * min_slice_bytes; returns when every out holds the result (a reduce-scatter's: its block of
+ * it). One job at a time per pool (the caller serialises). */
+void lreduce_run(struct lreduce *lr, const struct lreduce_job *j, size_t min_slice_bytes);
 
 /* The slices of `count` elements of `elem` bytes for at most max_slices threads, each at
  * least min_slice_bytes (except a lone one) and starting on a 64-byte boundary: slice i is

@@ -121,7 +121,7 @@ check_job(struct lreduce *lr, dc_dtype t, dc_reduce_op op, size_t n, size_t coun
     if (op == DC_REDUCE_MEAN) {
         reduce_finish_mean(t, want, bytes / elem, n);
     }
-    lreduce_all_reduce(lr, &j, min_slice);
+    lreduce_run(lr, &j, min_slice);
     for (size_t r = 0; r < n; r++) {
         assert_memory_equal(out[r], want + (scatter ? r * out_bytes : 0), out_bytes);
         if (!in_place) {
@@ -158,7 +158,7 @@ check_gather(struct lreduce *lr, dc_dtype t, size_t n, size_t count, bool in_pla
         fill(t, in[r], count, seed);
         memcpy(want + r * block, in[r], block);
     }
-    lreduce_all_reduce(lr, &j, min_slice);
+    lreduce_run(lr, &j, min_slice);
     for (size_t r = 0; r < n; r++) {
         assert_memory_equal(out[r], want, bytes);
         if (!in_place) {
@@ -204,7 +204,7 @@ check_rooted(struct lreduce *lr, dc_dtype t, dc_reduce_op op, size_t n, size_t c
     if (op == DC_REDUCE_MEAN && !broadcast) {
         reduce_finish_mean(t, want, count, n);
     }
-    lreduce_all_reduce(lr, &j, 1);
+    lreduce_run(lr, &j, 1);
     for (size_t r = 0; r < n; r++) {
         assert_memory_equal(buf[r], broadcast || r == root ? want : was[r], bytes);
         free(buf[r]);
