@@ -56,7 +56,8 @@ static const char usage[] =
     "  --one-worker: only the one-worker (shared memory) layouts and the probe, no gloo\n"
     "  --plain: the multi-worker layouts pass malloc'd buffers, not dc_group_alloc ones\n"
     "  --layout RxW: only the layout of R ranks on W workers, no gloo (for A/B runs);\n"
-    "                1x1 (one rank: the call's own cost) only this way\n"
+    "                1x1 (one rank: the call's own cost) and 4x2 (two ranks a worker)\n"
+    "                only this way\n"
     "  --reduce-scatter: with --layout, time dc_reduce_scatter instead (no results written)\n"
     "  --all-gather: with --layout, time dc_all_gather instead (no results written)\n";
 
@@ -418,20 +419,22 @@ run_layout(const struct bench_args *a, const struct plan *p, struct layout *l)
     struct cluster c;
     char tag[32];
     size_t used = 0, started = 0;
+    unsigned per = l->ranks / l->workers; /* ranks on each worker */
     int rv;
 
     snprintf(tag, sizeof(tag), "group%ur%uw", l->ranks, l->workers);
-    if (cluster_start(&c, a, tag, NULL) != 0 ||
-        (l->workers == 1 ? cluster_add_worker_devices(&c, l->ranks)
-                         : cluster_add_workers(&c, l->workers)) != 0) {
+    rv = cluster_start(&c, a, tag, NULL);
+    for (unsigned w = 0; w < l->workers && rv == 0; w++) {
+        rv = cluster_add_worker_devices(&c, per);
+    }
+    if (rv != 0) {
         cluster_stop(&c);
         return -1;
     }
     sh.address = c.address;
     for (unsigned r = 0; r < l->ranks; r++) {
-        /* Ranks on workers w0..: one cpu:0 each, or cpu:0..cpu:n-1 of w0. */
-        snprintf(sh.self[r], sizeof(sh.self[r]), "%s/cpu:%u",
-                 c.worker_names[l->workers == 1 ? 0 : r], l->workers == 1 ? r : 0);
+        /* per ranks on each worker w0..: cpu:0..cpu:per-1. */
+        snprintf(sh.self[r], sizeof(sh.self[r]), "%s/cpu:%u", c.worker_names[r / per], r % per);
         used += (size_t)snprintf(sh.devices + used, sizeof(sh.devices) - used, "%s%s", r ? "," : "",
                                  sh.self[r]);
     }
@@ -705,6 +708,9 @@ main(int argc, char **argv)
                            { .ranks = 4, .workers = 4 },
                            { .ranks = 2, .workers = 1 },
                            { .ranks = 4, .workers = 1 },
+                           /* Only with --layout 4x2: two ranks on each of two workers, as
+                            * nodes of two accelerators are run. */
+                           { .ranks = 4, .workers = 2 },
                            /* Only with --layout 1x1: one rank's call to its worker and back,
                             * nothing to wait for (the call's own cost). */
                            { .ranks = 1, .workers = 1 } };
@@ -722,8 +728,8 @@ main(int argc, char **argv)
         fprintf(stderr, "bench_group: --reduce-scatter and --all-gather want --layout RxW\n");
         return 2;
     }
-    if (o.ranks != 1 || o.workers != 1) {
-        nl--; /* no 1x1 */
+    if (o.ranks == 0) {
+        nl -= 2; /* no 4x2, no 1x1 */
     }
     for (size_t k = 0; k < nl; k++) {
         ls[k].plain  = o.plain && ls[k].workers > 1;
