@@ -1045,31 +1045,17 @@ block_outs_apart(const struct wgroup *g, const struct wcall *c, size_t block, si
         return false;
     }
     for (size_t i = 0; i < me->n_ranks; i++) {
-        const uint8_t *out = c->local[i].out, *own;
+        const struct lpart *p = &c->local[i];
+        size_t own            = (size_t)me->ranks[i] * block; /* its block's offset */
+        bool aliased          = gather ? p->data == p->out + own : p->out == p->data + own;
         for (size_t k = 0; k < me->n_ranks; k++) {
             const struct lpart *q = &c->local[k];
-            own                   = gather ? out + (size_t)me->ranks[i] * block
-                                           : q->data + (size_t)me->ranks[i] * block;
-            if (bytes_overlap(out, out_bytes, q->data, q->bytes) &&
-                !(k == i && (gather ? q->data == own : out == own))) {
+            if (bytes_overlap(p->out, out_bytes, q->data, q->bytes) && !(k == i && aliased)) {
                 return false;
             }
         }
     }
     return true;
-}
-
-/* The local index of c's root (a reduce's or broadcast's) on this worker, or n_ranks. */
-static size_t
-wcall_root(const struct wgroup *g, const struct wcall *c)
-{
-    const struct gworker *me = &g->workers[g->self];
-    size_t i                 = 0;
-
-    while (i < me->n_ranks && me->ranks[i] != c->local[0].d.root) {
-        i++;
-    }
-    return i;
 }
 
 /* Whether reduce or broadcast c, each rank's buffer (bytes) its input and its result, has
@@ -1079,9 +1065,10 @@ static bool
 rooted_apart(const struct wgroup *g, const struct wcall *c, size_t bytes)
 {
     const struct gworker *me = &g->workers[g->self];
-    size_t root              = wcall_root(g, c);
+    bool found;
+    size_t root = local_index(g, c->local[0].d.root, &found);
 
-    if (root == me->n_ranks) {
+    if (!found) {
         return false;
     }
     for (size_t i = 0; i < me->n_ranks; i++) {
@@ -1144,6 +1131,8 @@ wcall_finish_in_place(struct wgroups *wg, struct wgroup *g, struct wcall *c)
                                             .in    = wg->lr_in,
                                             .out   = wg->lr_out };
     dc_op_kind kind                     = c->local[0].d.kind;
+    bool found;
+    size_t root = local_index(g, c->local[0].d.root, &found); /* a reduce's, a broadcast's */
     dc_status st;
 
     for (size_t i = 0; i < me->n_ranks; i++) {
@@ -1162,19 +1151,27 @@ wcall_finish_in_place(struct wgroups *wg, struct wgroup *g, struct wcall *c)
     case DC_OP_REDUCE: /* every input into the root's buffer alone */
         j.block       = j.count;
         j.n_out       = 1;
-        wg->lr_out[0] = c->local[wcall_root(g, c)].out;
+        wg->lr_out[0] = c->local[root].out;
         break;
     case DC_OP_BROADCAST: /* the root's input into every buffer (but its own) */
         j.block      = j.count;
         j.gather     = true;
         j.n          = 1;
         j.n_out      = me->n_ranks;
-        wg->lr_in[0] = c->local[wcall_root(g, c)].data;
+        wg->lr_in[0] = c->local[root].data;
         break;
     default:
         break;
     }
-    lreduce_run(wg->lr, &j, LREDUCE_MIN_SLICE_BYTES);
+    if (!lreduce_run(wg->lr, &j, LREDUCE_MIN_SLICE_BYTES)) {
+        /* wcall_in_place let through a call whose job does not add up: none was touched. */
+        status_set(&st, DC_INTERNAL,
+                   "group %s call %llu: the worker's in-place %s of %zu elements for %zu ranks "
+                   "does not add up (a bug: please report it)",
+                   g->id, (unsigned long long)c->seq, dc_op_kind_name(kind), j.count, j.n);
+        wcall_fail_locals(g, c, &st);
+        return;
+    }
     for (size_t i = 0; i < me->n_ranks; i++) {
         if (region_shrank(g, c->local[i].reg, &st)) {
             /* Zeros went into every rank's result: the call fails for all of them. */

@@ -222,7 +222,7 @@ lreduce_free(struct lreduce *lr)
     free(lr);
 }
 
-void
+bool
 lreduce_run(struct lreduce *lr, const struct lreduce_job *j, size_t min_slice_bytes)
 {
     struct task t = { .job = j };
@@ -231,13 +231,13 @@ lreduce_run(struct lreduce *lr, const struct lreduce_job *j, size_t min_slice_by
     if (elem == 0 || j->n == 0 ||
         (j->block > 0 && j->count != (j->gather || j->n_out == 0 ? j->n : j->n_out) * j->block) ||
         (j->block == 0 && j->n_out != 0 && j->n_out != j->n)) {
-        return;
+        return false;
     }
     t.n_slices =
         lreduce_slices(j->count, elem, (size_t)lr->n_threads + 1, min_slice_bytes, t.bounds);
     if (t.n_slices == 1) {
         slice_run(j, 0, j->count); /* no one to wake */
-        return;
+        return true;
     }
     pthread_mutex_lock(&lr->mtx);
     lr->task = &t;
@@ -248,4 +248,5 @@ lreduce_run(struct lreduce *lr, const struct lreduce_job *j, size_t min_slice_by
     }
     lr->task = NULL;
     pthread_mutex_unlock(&lr->mtx);
+    return true;
 }

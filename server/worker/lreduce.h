@@ -62,9 +62,11 @@ struct lreduce *lreduce_new(unsigned helpers);
 void lreduce_free(struct lreduce *lr);
 
 /* Runs j over at most helpers+1 slices of its count elements, each of at least
- * min_slice_bytes; returns when every out holds the result (a reduce-scatter's: its block of
- * it). One job at a time per pool (the caller serialises). */
-void lreduce_run(struct lreduce *lr, const struct lreduce_job *j, size_t min_slice_bytes);
+ * min_slice_bytes; returns true when every out holds the result (a reduce-scatter's: its
+ * block of it), false, touching nothing, for a job that does not add up (no dtype size, no
+ * input, a count not its outs' or inputs' blocks, n_out not n for an all-reduce). One job at
+ * a time per pool (the caller serialises). */
+bool lreduce_run(struct lreduce *lr, const struct lreduce_job *j, size_t min_slice_bytes);
 
 /* The slices of `count` elements of `elem` bytes for at most max_slices threads, each at
  * least min_slice_bytes (except a lone one) and starting on a 64-byte boundary: slice i is

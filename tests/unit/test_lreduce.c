@@ -121,7 +121,7 @@ check_job(struct lreduce *lr, dc_dtype t, dc_reduce_op op, size_t n, size_t coun
     if (op == DC_REDUCE_MEAN) {
         reduce_finish_mean(t, want, bytes / elem, n);
     }
-    lreduce_run(lr, &j, min_slice);
+    assert_true(lreduce_run(lr, &j, min_slice));
     for (size_t r = 0; r < n; r++) {
         assert_memory_equal(out[r], want + (scatter ? r * out_bytes : 0), out_bytes);
         if (!in_place) {
@@ -158,7 +158,7 @@ check_gather(struct lreduce *lr, dc_dtype t, size_t n, size_t count, bool in_pla
         fill(t, in[r], count, seed);
         memcpy(want + r * block, in[r], block);
     }
-    lreduce_run(lr, &j, min_slice);
+    assert_true(lreduce_run(lr, &j, min_slice));
     for (size_t r = 0; r < n; r++) {
         assert_memory_equal(out[r], want, bytes);
         if (!in_place) {
@@ -204,7 +204,7 @@ check_rooted(struct lreduce *lr, dc_dtype t, dc_reduce_op op, size_t n, size_t c
     if (op == DC_REDUCE_MEAN && !broadcast) {
         reduce_finish_mean(t, want, count, n);
     }
-    lreduce_run(lr, &j, 1);
+    assert_true(lreduce_run(lr, &j, 1));
     for (size_t r = 0; r < n; r++) {
         assert_memory_equal(buf[r], broadcast || r == root ? want : was[r], bytes);
         free(buf[r]);
@@ -283,6 +283,40 @@ test_three_helpers(void **state)
     run_all(3);
 }
 
+/* A job that does not add up is refused and touches nothing: a count that is not its outs'
+ * blocks, an all-reduce with fewer outs than inputs, no input. */
+static void
+test_refused_jobs(void **state)
+{
+    struct lreduce *lr = lreduce_new(1);
+    float a[8] = { 1, 2, 3, 4, 5, 6, 7, 8 }, b[8] = { 1, 1, 1, 1, 1, 1, 1, 1 }, out[8] = { 0 };
+    const uint8_t *in[2]       = { (const uint8_t *)a, (const uint8_t *)b };
+    uint8_t *outs[2]           = { (uint8_t *)out, (uint8_t *)out };
+    struct lreduce_job j       = { .dtype = DC_DTYPE_F32,
+                                   .op    = DC_REDUCE_SUM,
+                                   .count = 7,
+                                   .n     = 2,
+                                   .in    = in,
+                                   .out   = outs,
+                                   .block = 4 };
+    static const float zero[8] = { 0 };
+
+    (void)state;
+    assert_non_null(lr);
+    assert_false(lreduce_run(lr, &j, 1)); /* 7 elements are not 2 blocks of 4 */
+    j.block = 0;
+    j.n_out = 1;
+    assert_false(lreduce_run(lr, &j, 1)); /* an all-reduce writes every input's out */
+    j.n_out = 0;
+    j.n     = 0;
+    assert_false(lreduce_run(lr, &j, 1));
+    assert_memory_equal(out, zero, sizeof(out));
+    j.n = 2;
+    assert_true(lreduce_run(lr, &j, 1));
+    assert_true(out[0] == 2 && out[6] == 8 && out[7] == 0);
+    lreduce_free(lr);
+}
+
 /* Many jobs in a row on one pool: no wake-up lost, none left running. */
 static void
 test_many_jobs(void **state)
@@ -305,7 +339,7 @@ main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_slices),     cmocka_unit_test(test_no_helper),
         cmocka_unit_test(test_one_helper), cmocka_unit_test(test_three_helpers),
-        cmocka_unit_test(test_many_jobs),
+        cmocka_unit_test(test_many_jobs),  cmocka_unit_test(test_refused_jobs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
