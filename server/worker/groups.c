@@ -224,6 +224,12 @@ struct wcall {
      * (wcall_make_mine): step 0 sends from it and each reduce reads it beside the peer's
      * segment, so mine_buf (the ring's acc) takes no copy of it. NULL otherwise. */
     struct pbuf *in_buf;
+    /* An all-reduce's ring in the first local rank's region with more ranks on this worker
+     * (wcall_ring_in_region): the other ranks' inputs, each reduced into a segment of acc as
+     * that segment is first reduced, then the last slot the ring's rs_in (ring_advance). */
+    const void **fold;
+    size_t n_fold;
+    bool outs_written; /* and each segment copied to their results once final (not a MEAN) */
     size_t mine_bytes;
     bool sent;
     bool noted;                     /* a partial note went to the peers */
@@ -526,6 +532,7 @@ wcall_free(struct wgroups *wg, struct wgroup *g, struct wcall *c)
     free(c->local);
     pbuf_drop(c->mine_buf);
     pbuf_drop(c->in_buf);
+    free(c->fold);
     if (c->ring != NULL) {
         if (c->ring->rs_in != NULL) {
             wg->held -= c->ring->bytes;
@@ -1221,16 +1228,31 @@ ring_fits(const struct wgroup *g, dc_op_kind kind, size_t bytes)
     return kind == DC_OP_ALL_REDUCE && bytes / 8 >= g->n_workers;
 }
 
-/* Whether c's ring can run in its rank's region: the only rank on this worker, in place on
- * shared memory, a call for the ring. mtx held. */
+/* Whether c's ring can run in its first local rank's region: an all-reduce for the ring,
+ * every rank of this worker in place on shared memory, no two ranks' buffers overlapping
+ * (IN_PLACE_BLOCKS_MAX ranks at most: the check is quadratic). mtx held. */
 static bool
 wcall_ring_in_region(const struct wgroup *g, const struct wcall *c)
 {
-    const struct lpart *p = &c->local[0];
+    size_t n = g->workers[g->self].n_ranks;
 
-    return g->workers[g->self].n_ranks == 1 && p->in && p->reg != NULL && !p->reg->shrunk &&
-           p->out != NULL && p->out == p->data && p->d.kind == DC_OP_ALL_REDUCE &&
-           ring_fits(g, p->d.kind, p->bytes);
+    if (n > IN_PLACE_BLOCKS_MAX || c->local[0].d.kind != DC_OP_ALL_REDUCE ||
+        !ring_fits(g, c->local[0].d.kind, c->local[0].bytes)) {
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const struct lpart *p = &c->local[i];
+        if (!p->in || p->reg == NULL || p->reg->shrunk || p->out == NULL || p->out != p->data ||
+            p->bytes != c->local[0].bytes) {
+            return false;
+        }
+        for (size_t j = 0; j < i; j++) {
+            if (bytes_overlap(p->data, p->bytes, c->local[j].data, c->local[j].bytes)) {
+                return false;
+            }
+        }
+    }
+    return true;
 }
 
 static dc_code
@@ -1256,13 +1278,20 @@ wcall_make_mine(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status
     switch (d->kind) {
     case DC_OP_ALL_REDUCE:
         if (wcall_ring_in_region(g, c)) {
-            /* The ring reduces straight in the rank's region, which ends holding the result:
-             * no copy in or out (wcall_try_finish answers once no send reads it any more). */
-            if ((c->mine_buf = pbuf_wrap(c->local[0].reg, c->local[0].out, bytes)) == NULL) {
+            /* The ring reduces straight in the first rank's region, which ends holding the
+             * result: no copy in, none out for that rank (wcall_try_finish answers it last,
+             * once no send reads it any more). The other ranks' inputs are reduced in
+             * segment by segment with the ring's (c->fold): one pass over each. */
+            if ((c->mine_buf = pbuf_wrap(c->local[0].reg, c->local[0].out, bytes)) == NULL ||
+                (me->n_ranks > 1 && (c->fold = calloc(me->n_ranks, sizeof(*c->fold))) == NULL)) {
                 return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
             }
-            c->mine       = c->mine_buf->data;
-            c->mine_bytes = bytes;
+            for (size_t i = 1; i < me->n_ranks; i++) {
+                c->fold[c->n_fold++] = c->local[i].data;
+            }
+            c->outs_written = c->n_fold > 0 && d->reduce != DC_REDUCE_MEAN;
+            c->mine         = c->mine_buf->data;
+            c->mine_bytes   = bytes;
             break;
         }
         /* fall through */
@@ -1602,9 +1631,13 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
         wcall_fail_locals(g, c, &st);
     } else {
         const uint8_t *result = res != NULL ? res->data : NULL;
-        out.elapsed_us        = rpc_now_us() - c->first_us;
+        /* The ring ran in the first rank's region (wcall_ring_in_region): the others copy
+         * from it, so it is answered last, or its next call could write it first. */
+        size_t first   = result != NULL && result == c->local[0].out && me->n_ranks > 1;
+        out.elapsed_us = rpc_now_us() - c->first_us;
         wcall_let_go_of_part(c);
-        for (size_t i = 0; i < me->n_ranks; i++) {
+        for (size_t j = 0; j < me->n_ranks; j++) {
+            size_t i        = (j + first) % me->n_ranks;
             struct lpart *p = &c->local[i];
             const uint8_t *give;
             size_t give_bytes;
@@ -1625,12 +1658,12 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
             if (!unchanged) {
                 /* The last rank takes the call's own hold of the result: once its answer is
                  * written, nothing here holds the buffer for the rank's next call to wait on. */
-                ref = i + 1 == me->n_ranks ? res : res != NULL ? pbuf_hold(res) : NULL;
-                res = i + 1 == me->n_ranks ? NULL : res;
+                ref = j + 1 == me->n_ranks ? res : res != NULL ? pbuf_hold(res) : NULL;
+                res = j + 1 == me->n_ranks ? NULL : res;
             }
             if (p->out != NULL) {
                 /* Shared memory: the result in place, checked against the region at the call. */
-                if (give != p->out && give_bytes > 0) {
+                if (give != p->out && give_bytes > 0 && !c->outs_written) {
                     memmove(p->out, give, give_bytes);
                 }
                 wg->shm_calls_total++;
@@ -2421,9 +2454,21 @@ ring_advance(struct wgroups *wg, struct wgroup *g, struct wcall *c)
         if (s < r->n - 1 && len > 0 && c->in_buf != NULL) {
             reduce_pair(d->dtype, d->reduce, r->acc->data + off, c->in_buf->data + off,
                         r->rs_in->data + off, len / r->elem);
+        } else if (s < r->n - 1 && len > 0 && c->n_fold > 0) {
+            /* The other local ranks' inputs, then the previous worker's segment. */
+            c->fold[c->n_fold] = r->rs_in->data;
+            reduce_into_many(d->dtype, d->reduce, r->acc->data + off, c->fold, c->n_fold + 1, off,
+                             len / r->elem);
         } else if (s < r->n - 1 && len > 0) {
             reduce_into(d->dtype, d->reduce, r->acc->data + off, r->rs_in->data + off,
                         len / r->elem);
+        }
+        if (c->outs_written && s + 2 >= r->n && len > 0) {
+            /* Final bytes (the last reduce-scatter step's, an all-gather step's): to the other
+             * local ranks' results now, from cache, while the next frame is on the wire. */
+            for (size_t i = 1; i <= c->n_fold; i++) {
+                memcpy(c->local[i].out + off, r->acc->data + off, len);
+            }
         }
         r->part += len;
         if (r->part == ring_len(r, k)) {
@@ -2463,6 +2508,12 @@ ring_start(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status *st)
     r->acc   = pbuf_hold(c->mine_buf);
     if (r->broken) {
         return DC_OK; /* the descs disagree: the call fails once they are all in */
+    }
+    if (c->n_fold > 0) {
+        /* This worker's own segment, sent at step 0: every local rank's input in it. */
+        reduce_into_many(c->local[0].d.dtype, c->local[0].d.reduce,
+                         r->acc->data + ring_off(r, r->pos), c->fold, c->n_fold,
+                         ring_off(r, r->pos), ring_len(r, r->pos) / r->elem);
     }
     /* Step 0 sends this worker's own bytes: the rank's region when read in place. */
     if (peer_queue_locked(g, c, r->next, c->in_buf != NULL ? c->in_buf : r->acc,

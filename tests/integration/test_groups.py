@@ -705,6 +705,11 @@ class RingTest(DataPathTest):
             m = self.metrics(int(c.worker_specs[name]["http"].rsplit(":", 1)[1]))
             self.assertEqual(m['devcoord_group_calls_total{kind="reduce-scatter"}'], 2, name)
             self.assertEqual(m["devcoord_group_ring_reduce_scatter_calls_total"], 1, name)
+            # The three big all-reduces go round the ring in place, on node-a in rank 0's
+            # region with rank 1's input reduced in segment by segment (group_threads
+            # checks every rank's result; its inputs depend on the rank).
+            self.assertEqual(m["devcoord_group_ring_calls_total"], 3, name)
+            self.assertEqual(m["devcoord_group_ring_in_region_calls_total"], 3, name)
 
     @unittest.skipUnless(os.path.exists(os.environ.get("DEVCOORD_GROUP_THREADS") or ""),
                          "devcoord-group-threads is not built")

@@ -173,9 +173,12 @@ class InPlaceNumericTest(GroupsTestCase):
     path."""
     worker_metrics = ShmCallsTest.worker_metrics
 
-    def run_numeric(self, n, as_processes):
-        devices = ["node-a/cuda:%d" % i for i in range(n)]
-        c = self.start({"node-a": ["cuda:%d" % i for i in range(n)]}, http=True)
+    def run_numeric(self, n, as_processes, workers=("node-a",)):
+        """n ranks, as many on each of workers, run devcoord-group-shm-numeric (as one
+        process of threads, or one process each); then, on one worker, its counters."""
+        per = n // len(workers)
+        devices = ["%s/cuda:%d" % (w, i) for w in workers for i in range(per)]
+        c = self.start({w: ["cuda:%d" % i for i in range(per)] for w in workers}, http=True)
         lst = ",".join(devices)
         counts = ",".join(map(str, COUNTS))
         ar = ",".join(map(str, AR_COUNTS))
@@ -196,6 +199,8 @@ class InPlaceNumericTest(GroupsTestCase):
             self.assertEqual(rc, 0, err)
             ranks = 1 if as_processes else n
             self.assertTrue(out.startswith("ok %d shared %d calls " % (ranks, ranks)), out)
+        if len(workers) > 1:
+            return c
         m = self.worker_metrics(c, "node-a")
         calls = all_reduce_calls()
         self.assertEqual(m["devcoord_group_in_place_calls_total"],
@@ -249,6 +254,18 @@ class InPlaceNumericTest(GroupsTestCase):
 
     def test_four_ranks_as_processes(self):
         self.run_numeric(4, as_processes=True)
+
+    def test_two_ranks_on_each_of_two_workers(self):
+        # Every all-reduce of AR_COUNTS goes round the ring of the two workers in place: in
+        # each worker's first rank's region, the other rank's input reduced in segment by
+        # segment and the final segments copied to its result as they come (a MEAN's after
+        # the division). Each rank checks every element of every result.
+        c = self.run_numeric(4, as_processes=True, workers=("node-a", "node-b"))
+        rings = OPS * len(AR_COUNTS) * len(DTYPE_SIZES)
+        for name in ("node-a", "node-b"):
+            m = self.worker_metrics(c, name)
+            self.assertEqual(m["devcoord_group_ring_calls_total"], rings, m)
+            self.assertEqual(m["devcoord_group_ring_in_region_calls_total"], rings, m)
 
 
 @unittest.skipUnless(os.path.exists(test_groups.THREADS), "devcoord-group-threads is not built")
