@@ -1255,6 +1255,23 @@ wcall_ring_in_region(const struct wgroup *g, const struct wcall *c)
     return true;
 }
 
+/* Whether reduce-scatter c (a part of bytes) goes round the ring reading its inputs in place:
+ * every rank of this worker's on shared memory, whole. mtx held. */
+static bool
+wcall_scatter_in_regions(const struct wgroup *g, const struct wcall *c, size_t bytes)
+{
+    if (c->local[0].d.kind != DC_OP_REDUCE_SCATTER || !ring_fits(g, DC_OP_REDUCE_SCATTER, bytes)) {
+        return false;
+    }
+    for (size_t i = 0; i < g->workers[g->self].n_ranks; i++) {
+        const struct lpart *p = &c->local[i];
+        if (!p->in || p->buf != NULL || p->reg == NULL || p->reg->shrunk) {
+            return false;
+        }
+    }
+    return true;
+}
+
 static dc_code
 wcall_make_mine(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status *st)
 {
@@ -1297,15 +1314,19 @@ wcall_make_mine(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status
         /* fall through */
     case DC_OP_REDUCE:
     case DC_OP_REDUCE_SCATTER:
-        if (d->kind == DC_OP_REDUCE_SCATTER && me->n_ranks == 1 && c->local[0].buf == NULL &&
-            c->local[0].reg != NULL && ring_fits(g, d->kind, bytes)) {
-            /* Round the ring, read in place in the rank's region (in_buf, only read: sent
-             * from, and reduced from into mine_buf): the ring's accumulator starts empty,
-             * each segment written once, by its reduce. */
+        if (wcall_scatter_in_regions(g, c, bytes)) {
+            /* Round the ring, read in place in the ranks' regions (in_buf the first's, the
+             * others' in c->fold; only read: reduced from into mine_buf, and sent from when
+             * alone): the ring's accumulator starts empty, each segment written once, by its
+             * reduce (ring_start, ring_advance). */
             if ((c->in_buf = pbuf_wrap(c->local[0].reg, (uint8_t *)c->local[0].data, bytes)) ==
                     NULL ||
-                (c->mine_buf = pbuf_new(wg, bytes)) == NULL) {
+                (c->mine_buf = pbuf_new(wg, bytes)) == NULL ||
+                (me->n_ranks > 1 && (c->fold = calloc(me->n_ranks, sizeof(*c->fold))) == NULL)) {
                 return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+            }
+            for (size_t i = 1; i < me->n_ranks; i++) {
+                c->fold[c->n_fold++] = c->local[i].data;
             }
         } else if (d->kind != DC_OP_REDUCE && c->local[0].buf != NULL) {
             /* The first rank's bytes, read by its call link into a buffer of their own: the
@@ -1318,7 +1339,7 @@ wcall_make_mine(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status
             memcpy(c->mine_buf->data, c->local[0].data, bytes);
         }
         c->mine = c->mine_buf->data;
-        for (size_t i = 1; i < me->n_ranks; i++) {
+        for (size_t i = 1; i < me->n_ranks && c->in_buf == NULL; i++) {
             reduce_into(d->dtype, d->reduce, c->mine, c->local[i].data, input_elements(d, g->n));
         }
         c->mine_bytes = bytes;
@@ -2451,7 +2472,15 @@ ring_advance(struct wgroups *wg, struct wgroup *g, struct wcall *c)
         if (len == 0 && r->got[s] < ring_len(r, k)) {
             return;
         }
-        if (s < r->n - 1 && len > 0 && c->in_buf != NULL) {
+        if (s < r->n - 1 && len > 0 && c->in_buf != NULL && c->n_fold > 0) {
+            /* A reduce-scatter's: the first rank's input op the second's, then the others'
+             * and the previous worker's segment. */
+            c->fold[c->n_fold] = r->rs_in->data;
+            reduce_pair(d->dtype, d->reduce, r->acc->data + off, c->in_buf->data + off,
+                        (const uint8_t *)c->fold[0] + off, len / r->elem);
+            reduce_into_many(d->dtype, d->reduce, r->acc->data + off, c->fold + 1, c->n_fold, off,
+                             len / r->elem);
+        } else if (s < r->n - 1 && len > 0 && c->in_buf != NULL) {
             reduce_pair(d->dtype, d->reduce, r->acc->data + off, c->in_buf->data + off,
                         r->rs_in->data + off, len / r->elem);
         } else if (s < r->n - 1 && len > 0 && c->n_fold > 0) {
@@ -2510,13 +2539,19 @@ ring_start(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status *st)
         return DC_OK; /* the descs disagree: the call fails once they are all in */
     }
     if (c->n_fold > 0) {
-        /* This worker's own segment, sent at step 0: every local rank's input in it. */
-        reduce_into_many(c->local[0].d.dtype, c->local[0].d.reduce,
-                         r->acc->data + ring_off(r, r->pos), c->fold, c->n_fold,
-                         ring_off(r, r->pos), ring_len(r, r->pos) / r->elem);
+        /* This worker's own segment, sent at step 0: every local rank's input in it (a
+         * reduce-scatter's accumulator starts empty: the first two inputs make it). */
+        const struct desc *dd = &c->local[0].d;
+        size_t off = ring_off(r, r->pos), n = ring_len(r, r->pos) / r->elem;
+        if (c->in_buf != NULL) {
+            reduce_pair(dd->dtype, dd->reduce, r->acc->data + off, c->in_buf->data + off,
+                        (const uint8_t *)c->fold[0] + off, n);
+        }
+        reduce_into_many(dd->dtype, dd->reduce, r->acc->data + off, c->fold + (c->in_buf != NULL),
+                         c->n_fold - (c->in_buf != NULL), off, n);
     }
-    /* Step 0 sends this worker's own bytes: the rank's region when read in place. */
-    if (peer_queue_locked(g, c, r->next, c->in_buf != NULL ? c->in_buf : r->acc,
+    /* Step 0 sends this worker's own bytes: the rank's region when read in place alone. */
+    if (peer_queue_locked(g, c, r->next, c->in_buf != NULL && c->n_fold == 0 ? c->in_buf : r->acc,
                           ring_off(r, r->pos), ring_len(r, r->pos),
                           (uint16_t)(1 | (scatter ? RING_SCATTER : 0)), st) != DC_OK) {
         return st->code;
