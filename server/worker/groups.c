@@ -230,6 +230,9 @@ struct wcall {
     const void **fold;
     size_t n_fold;
     bool outs_written; /* and each segment copied to their results once final (not a MEAN) */
+    /* An all-gather whose ranks here are all on shared memory: each rank's result is put
+     * together in its region from the parts (wcall_gather_into), not copied from one. */
+    bool gather_direct;
     size_t mine_bytes;
     bool sent;
     bool noted;                     /* a partial note went to the peers */
@@ -1398,6 +1401,37 @@ part_data(const struct wgroup *g, const struct wcall *c, size_t w, size_t *bytes
     return c->peer[w].has_data ? c->peer[w].data : NULL;
 }
 
+/* Whether every local rank of c takes its result in its region. mtx held. */
+static bool
+wcall_outs_shared(const struct wgroup *g, const struct wcall *c)
+{
+    for (size_t i = 0; i < g->workers[g->self].n_ranks; i++) {
+        if (c->local[i].out == NULL) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* All-gather c's result (bytes a rank) put together at out from every worker's part (this
+ * worker's own the copy wcall_make_mine made: no source is in a rank's region), but for
+ * block `skip` when that block is already there (the rank's input is it). mtx held. */
+static void
+wcall_gather_into(const struct wgroup *g, const struct wcall *c, uint8_t *out, size_t bytes,
+                  size_t skip)
+{
+    for (size_t w = 0; w < g->n_workers; w++) {
+        size_t nb;
+        const uint8_t *p         = part_data(g, c, w, &nb);
+        const struct gworker *gw = &g->workers[w];
+        for (size_t k = 0; k < gw->n_ranks; k++) {
+            if (gw->ranks[k] != skip) {
+                memcpy(out + (size_t)gw->ranks[k] * bytes, p + k * bytes, bytes);
+            }
+        }
+    }
+}
+
 /* Every rank's desc in rank order, from this worker's calls and the peers' parts. */
 static void
 wcall_descs(const struct wgroup *g, const struct wcall *c, struct desc *out)
@@ -1509,6 +1543,11 @@ wcall_compute(struct wgroups *wg, struct wgroup *g, struct wcall *c, struct pbuf
         }
     }
     nb = d->kind == DC_OP_ALL_GATHER ? bytes * g->n : bytes;
+    if (d->kind == DC_OP_ALL_GATHER && wcall_outs_shared(g, c)) {
+        c->gather_direct = true; /* every part checked above */
+        *res_bytes       = nb;
+        goto out;
+    }
     if ((*res = pbuf_new(wg, nb)) == NULL) {
         rv = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
         goto out;
@@ -1656,7 +1695,9 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
          * from it, so it is answered last, or its next call could write it first. */
         size_t first   = result != NULL && result == c->local[0].out && me->n_ranks > 1;
         out.elapsed_us = rpc_now_us() - c->first_us;
-        wcall_let_go_of_part(c);
+        if (!c->gather_direct) {
+            wcall_let_go_of_part(c); /* a direct all-gather reads this worker's part below */
+        }
         for (size_t j = 0; j < me->n_ranks; j++) {
             size_t i        = (j + first) % me->n_ranks;
             struct lpart *p = &c->local[i];
@@ -1684,7 +1725,11 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
             }
             if (p->out != NULL) {
                 /* Shared memory: the result in place, checked against the region at the call. */
-                if (give != p->out && give_bytes > 0 && !c->outs_written) {
+                if (c->gather_direct) {
+                    size_t block = give_bytes / g->n, own = me->ranks[i];
+                    wcall_gather_into(g, c, p->out, block,
+                                      p->data == p->out + own * block ? own : SIZE_MAX);
+                } else if (give != p->out && give_bytes > 0 && !c->outs_written) {
                     memmove(p->out, give, give_bytes);
                 }
                 wg->shm_calls_total++;
