@@ -629,7 +629,8 @@ worker_forgettable(const struct registry *r, const struct reg_worker *w, uint64_
  * Dead workers are forgotten rather than kept forever: a registry that only grows lets any
  * peer with a worker token fill the coordinator's memory with names that never come back
  * (issue 12). Their operator intent stays in r->intents (and in the state file), so a
- * returning worker is cordoned or draining again as it was left.
+ * returning worker is cordoned or draining again as it was left, unless an uncordon of the
+ * name cleared it meanwhile (registry_set_intent).
  */
 size_t
 registry_sweep(struct registry *r, uint64_t now_ms)
@@ -1063,6 +1064,22 @@ registry_cluster_status(struct registry *r, struct arena *a,
 
 /* ---- intent ------------------------------------------------------------------------------ */
 
+/* What an uncordon answers for a name not registered: the name, dead, nothing else. */
+static Devcoord__V1__WorkerInfo *
+absent_info(const char *name, struct arena *a)
+{
+    Devcoord__V1__WorkerInfo *wi = arena_alloc(a, sizeof(*wi));
+
+    if (wi == NULL) {
+        return NULL;
+    }
+    devcoord__v1__worker_info__init(wi);
+    wi->name    = arena_strdup(a, name);
+    wi->address = arena_strdup(a, "");
+    wi->state   = DEVCOORD__V1__WORKER_STATE__WORKER_DEAD;
+    return wi->name != NULL && wi->address != NULL ? wi : NULL;
+}
+
 /* Every worker's intent as it will be once `name` has `intent`: what the store saves.
  * Lock held. The caller frees *out. */
 static bool
@@ -1111,7 +1128,10 @@ registry_set_intent(struct registry *r, const char *name, enum registry_intent i
 
     pthread_mutex_lock(&r->intent_mu);
     pthread_rwlock_wrlock(&r->lock);
-    if (strmap_get(&r->workers, name) == NULL) {
+    if (strmap_get(&r->workers, name) == NULL &&
+        (intent != INTENT_NONE || intent_of(r, name) == INTENT_NONE)) {
+        /* Only an uncordon reaches a name not registered: it clears the intent kept for a
+         * worker that was forgotten (or deregistered), which nothing else could. */
         pthread_rwlock_unlock(&r->lock);
         pthread_mutex_unlock(&r->intent_mu);
         return status_set(st, DC_NOT_FOUND, "worker %.64s is not registered", name);
@@ -1146,7 +1166,13 @@ registry_set_intent(struct registry *r, const char *name, enum registry_intent i
         code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
     if (code == DC_OK && out != NULL) {
-        if ((w = strmap_get(&r->workers, name)) == NULL) {
+        if ((w = strmap_get(&r->workers, name)) == NULL && intent == INTENT_NONE) {
+            /* Not registered (or it left meanwhile): nothing kept for it any more. */
+            if ((*out = absent_info(name, a)) == NULL) {
+                code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory describing worker %s",
+                                  name);
+            }
+        } else if (w == NULL) {
             /* It deregistered (or was forgotten) while the lock was not held. */
             code = status_set(st, DC_NOT_FOUND,
                               "worker %s left meanwhile; its intent is kept for its return", name);

@@ -720,6 +720,32 @@ class RegistryBoundsTest(CliMixin, ClusterTestCase):
         self.poll_worker_state("node-b", "cordoned", 20.0)
         self.assert_refused("node-z", 1, "limits.max_workers (2) reached, 0 of them dead")
 
+    def test_a_forgotten_workers_cordon_can_be_cleared(self):
+        # A cordon is kept for a forgotten worker; an operator who retired the name clears it
+        # with uncordon (answered with the name, dead). Only an uncordon reaches a name not
+        # registered: a cordon or drain of one, and an uncordon of one with nothing kept,
+        # stay NOT_FOUND.
+        c = self.cluster
+        c.ctl_ok("workers", "cordon", "node-b")
+        killed_at = time.monotonic()
+        c.kill_worker("node-b")
+        self.poll_worker_state("node-b", "absent",
+                               c.dead_after_s + c.heartbeat_s + self.FORGET_MS / 1000.0
+                               + 2 * SLACK_S, since=killed_at)
+        out = c.ctl_ok("workers", "uncordon", "node-b")
+        self.assertEqual(out["worker"]["name"], "node-b", out)
+        self.assertEqual(out["worker"]["state"], "dead", out)
+        self.assertIn("worker node-b uncordoned by an operator", c.coordinator.log_text())
+        for verb, name in (("cordon", "node-b"), ("drain", "node-b"), ("uncordon", "node-b"),
+                           ("cordon", "node-z"), ("uncordon", "node-z")):
+            r = c.ctl("workers", verb, name)
+            self.assertNotEqual(r.rc, 0, r)
+            self.assertIn("NOT_FOUND", r.err, r)
+            self.assertIn("worker %s is not registered" % name, r.err, r)
+        # Back, it takes ops: nothing is kept for it any more.
+        c.restart_worker("node-b")
+        self.poll_worker_state("node-b", "alive", 20.0)
+
 
 class ConfigErrorTest(unittest.TestCase):
     """A bad config stops a daemon at once with file:line:column and the key."""

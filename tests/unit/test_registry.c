@@ -351,6 +351,7 @@ test_dead_workers_are_forgotten_with_their_intent_kept(void **state)
     struct registry *r                = registry_new(&o);
     Devcoord__V1__HeartbeatRequest hb = DEVCOORD__V1__HEARTBEAT_REQUEST__INIT;
     Devcoord__V1__DeviceInfo *dev;
+    Devcoord__V1__WorkerInfo *wi;
     struct arena *a = arena_new((size_t)1 << 20);
     char names[256];
     dc_worker_state ws;
@@ -382,13 +383,34 @@ test_dead_workers_are_forgotten_with_their_intent_kept(void **state)
     hb.epoch = sa.epoch;
     set_secret(&hb.session_secret, &sa);
     assert_int_equal(registry_heartbeat(r, &hb, 2700, &ws, &st), DC_NOT_FOUND);
-    assert_int_equal(registry_set_intent(r, "node-a", INTENT_NONE, 2700, NULL, NULL, &st),
+    assert_int_equal(registry_set_intent(r, "node-a", INTENT_CORDON, 2700, NULL, NULL, &st),
                      DC_NOT_FOUND);
     assert_int_equal(saves, 1); /* forgetting is no change of intent */
     /* Its room is free again, and when it comes back it is draining, as it was left. */
     reg_session(r, "node-a", 2, 2800, &sa);
     assert_string_equal(listed(r, 2800, names, sizeof(names)), "node-a=draining,node-b=alive");
     assert_int_equal(registry_get_device(r, "node-a/cuda:0", a, &dev, &st), DC_OK);
+    /* Forgotten again, its drain is cleared by an uncordon (saved; answered with the name,
+     * dead); it comes back taking ops. An uncordon with nothing kept is NOT_FOUND. */
+    hb.name  = "node-b";
+    hb.epoch = sb.epoch;
+    set_secret(&hb.session_secret, &sb);
+    for (uint64_t now = 2900; now <= 5000; now += 100) {
+        assert_int_equal(registry_heartbeat(r, &hb, now, &ws, &st), DC_OK);
+        registry_sweep(r, now);
+    }
+    assert_string_equal(listed(r, 5000, names, sizeof(names)), "node-b=alive");
+    assert_int_equal(registry_set_intent(r, "node-a", INTENT_NONE, 5000, a, &wi, &st), DC_OK);
+    assert_int_equal(saves, 2);
+    assert_string_equal(wi->name, "node-a");
+    assert_int_equal(wi->state, DEVCOORD__V1__WORKER_STATE__WORKER_DEAD);
+    assert_int_equal(registry_set_intent(r, "node-a", INTENT_NONE, 5000, a, &wi, &st),
+                     DC_NOT_FOUND);
+    assert_int_equal(registry_set_intent(r, "node-z", INTENT_NONE, 5000, a, &wi, &st),
+                     DC_NOT_FOUND);
+    assert_int_equal(saves, 2);
+    reg_session(r, "node-a", 2, 5100, &sa);
+    assert_string_equal(listed(r, 5100, names, sizeof(names)), "node-a=alive,node-b=alive");
     arena_free(a);
     registry_free(r);
 }
