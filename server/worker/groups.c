@@ -1527,6 +1527,7 @@ wcall_compute(struct wgroups *wg, struct wgroup *g, struct wcall *c, struct pbuf
         reduce_finish_mean(d->dtype, (*res)->data, input_elements(d, g->n), g->n);
         goto out;
     }
+    c->outs_written = false; /* not round the ring: the results are copied from res below */
     for (size_t w = 0; w < g->n_workers; w++) {
         size_t want      = d->kind == DC_OP_ALL_GATHER ? bytes * g->workers[w].n_ranks : bytes;
         const uint8_t *p = part_data(g, c, w, &nb);
