@@ -224,9 +224,11 @@ struct wcall {
      * (wcall_make_mine): step 0 sends from it and each reduce reads it beside the peer's
      * segment, so mine_buf (the ring's acc) takes no copy of it. NULL otherwise. */
     struct pbuf *in_buf;
-    /* An all-reduce's ring in the first local rank's region with more ranks on this worker
-     * (wcall_ring_in_region): the other ranks' inputs, each reduced into a segment of acc as
-     * that segment is first reduced, then the last slot the ring's rs_in (ring_advance). */
+    /* A ring reading the inputs of several ranks of this worker in their regions: the ranks'
+     * but the first's (an all-reduce's ring runs in the first's region, wcall_ring_in_region;
+     * a reduce-scatter's reads it as in_buf, wcall_scatter_in_regions), each reduced into a
+     * segment of acc as that segment is first reduced, then the last slot the ring's rs_in
+     * (ring_start, ring_advance). */
     const void **fold;
     size_t n_fold;
     bool outs_written; /* and each segment copied to their results once final (not a MEAN) */
