@@ -27,6 +27,10 @@
 /* The most bytes one call carries each way (the default message limit less the envelope);
  * a blocking call larger than that is split into several. */
 #define GROUP_CALL_BYTES_MAX TENSOR_CHUNK_MAX
+/* A blocking call of one message whose plain buffers hold this many bytes or more goes
+ * through the staging block (group_call_small): copying them costs less than carrying them
+ * to the worker and back. */
+#define GROUP_STAGE_MIN_BYTES (64u * 1024)
 /* The call link's setup (GroupCallLink, then the dial) is bounded by this. */
 #define LINK_DIAL_MS 2000u
 
@@ -58,6 +62,9 @@ struct dc_group {
      * with the worker; used with the group's order held, as large as the largest call. */
     void *stage;
     size_t stage_bytes;
+    /* The worker could not map a staging block: calls of one message carry their bytes
+     * (group_call_small). Used with the group's order held. */
+    bool stage_small_off;
     /* Agreed by every rank (whole_agree): calls of up to whole_yes bytes can be made whole,
      * of whole_no or more (0: none yet) cannot. Used with the group's order held. */
     size_t whole_yes, whole_no;
@@ -556,9 +563,13 @@ part_elements(const dc_group *g, const struct call *k)
 
 static dc_request *group_call_async(dc_group *g, const struct call *k, dc_status *st);
 
-static dc_code stage_reserve(dc_group *g, size_t bytes, dc_status *st);
+/* What a call does when stage_reserve fails, for its message. */
+#define IN_PARTS "this call goes in parts"
+static dc_code stage_reserve(dc_group *g, size_t bytes, const char *then, dc_status *st);
 static void stage_drop(dc_group *g);
 static dc_code group_call_parts(dc_group *g, const struct call *k, size_t per, dc_status *st);
+static dc_code group_call_staged(dc_group *g, const struct call *k, size_t in_bytes, dc_status *st);
+static bool worker_is_local(const char *address);
 
 /* The most bytes a worker holds of one whole call in a group across workers (what peers send
  * it is bounded by its limits.max_inflight_bytes): an all-reduce's ring keeps a copy of its
@@ -592,7 +603,7 @@ piece_ready(dc_group *g, const struct call *k, size_t bytes)
     dc_status why;
 
     return shm_place(g, k, call_in_bytes(g, k), &send_off, &recv_off) != 0 ||
-           stage_reserve(g, bytes, &why) == DC_OK;
+           stage_reserve(g, bytes, IN_PARTS, &why) == DC_OK;
 }
 
 /* Whether every rank can make k, of `bytes`, whole (group_call_piece): known from an earlier
@@ -646,11 +657,9 @@ whole_agree(dc_group *g, const struct call *k, size_t bytes, bool *agreed, dc_st
 static dc_code
 group_call_piece_agreed(dc_group *g, const struct call *k, size_t per, dc_status *st)
 {
-    size_t in_bytes    = call_in_bytes(g, k);
-    size_t bytes       = call_stage_bytes(g, k);
-    struct call staged = *k;
+    size_t in_bytes = call_in_bytes(g, k);
+    size_t bytes    = call_stage_bytes(g, k);
     uint64_t send_off, recv_off;
-    uint8_t *in;
     bool agreed;
     dc_code code;
 
@@ -663,9 +672,21 @@ group_call_piece_agreed(dc_group *g, const struct call *k, size_t per, dc_status
     if (shm_place(g, k, in_bytes, &send_off, &recv_off) != 0) {
         return group_call_run(g, k, NULL, st);
     }
-    if (stage_reserve(g, bytes, st) != DC_OK) {
+    if (stage_reserve(g, bytes, IN_PARTS, st) != DC_OK) {
         return group_call_parts(g, k, per, st);
     }
+    return group_call_staged(g, k, in_bytes, st);
+}
+
+/* k through the group's staging block (reserved for it, the group's order held): its input
+ * copied in, the call in place there, the result copied out. */
+static dc_code
+group_call_staged(dc_group *g, const struct call *k, size_t in_bytes, dc_status *st)
+{
+    struct call staged = *k;
+    uint8_t *in;
+    dc_code code;
+
     /* In place there: the worker reads the input before it writes the result over it. On
      * one worker a reduce-scatter's result goes over the rank's own block of its input, and
      * an all-gather's input is the rank's own block of its result, where the worker
@@ -926,6 +947,40 @@ group_call_async_split(dc_group *g, const struct call *k, size_t per, dc_status 
     return rq;
 }
 
+/* Blocking call k of one message at most: through the staging block when its buffers are
+ * plain memory of GROUP_STAGE_MIN_BYTES or more and the worker is on this host (copied in,
+ * the call in place there, where the worker reduces without a byte through a socket: lreduce
+ * on one worker, the ring in the rank's region across workers; the result copied out), else
+ * with its bytes in the call. Each rank chooses alone: ranks of both ways may meet in a call
+ * of one message. A worker that cannot map the block is asked once: calls carry their bytes
+ * from then on. */
+static dc_code
+group_call_small(dc_group *g, const struct call *k, dc_status *st)
+{
+    size_t in_bytes = call_in_bytes(g, k), bytes = call_stage_bytes(g, k);
+    struct call held = *k;
+    uint64_t send_off, recv_off;
+    dc_code code;
+
+    if (bytes < GROUP_STAGE_MIN_BYTES || k->send == NULL || k->recv == NULL ||
+        !worker_is_local(g->worker) || shm_place(g, k, in_bytes, &send_off, &recv_off) != 0) {
+        return group_call_run(g, k, NULL, st);
+    }
+    order_take(g, false);
+    if (g->stage_small_off ||
+        (bytes > g->stage_bytes &&
+         stage_reserve(g, bytes, "calls of one message carry their bytes", st) != DC_OK)) {
+        g->stage_small_off = true;
+        order_give(g, false);
+        status_clear(st);
+        return group_call_run(g, k, NULL, st);
+    }
+    held.in_split = true; /* the order is held here: its seq is taken without waiting */
+    code          = group_call_staged(g, &held, in_bytes, st);
+    order_give(g, false);
+    return code;
+}
+
 /* A blocking call: one message, or split into several when it is larger. */
 static dc_code
 group_call(dc_group *g, const struct call *k, dc_status *st)
@@ -936,9 +991,11 @@ group_call(dc_group *g, const struct call *k, dc_status *st)
     if (st == NULL) {
         st = &local; /* the paths below read back what they set (st->transport) */
     }
-    if (g == NULL || k->kind == DC_OP_BARRIER || dc_dtype_size(k->dtype) == 0 ||
-        k->count <= (per = part_elements(g, k))) {
+    if (g == NULL || k->kind == DC_OP_BARRIER || dc_dtype_size(k->dtype) == 0) {
         return group_call_run(g, k, NULL, st);
+    }
+    if (k->count <= (per = part_elements(g, k))) {
+        return k->in_split ? group_call_run(g, k, NULL, st) : group_call_small(g, k, st);
     }
     return group_call_split(g, k, per, st);
 }
@@ -1357,9 +1414,10 @@ stage_drop(dc_group *g)
 }
 
 /* g's staging block, at least bytes large and shared with its worker: kept, or made anew
- * (the smaller one freed). The group's order held. */
+ * (the smaller one freed); when it cannot be shared, stderr says so and what the call does
+ * then. The group's order held. */
 static dc_code
-stage_reserve(dc_group *g, size_t bytes, dc_status *st)
+stage_reserve(dc_group *g, size_t bytes, const char *then, dc_status *st)
 {
     struct block *b;
 
@@ -1377,8 +1435,8 @@ stage_reserve(dc_group *g, size_t bytes, dc_status *st)
     if (block_share(g, b, st) != DC_OK) {
         fprintf(stderr,
                 "devcoord: group %s rank %u: no staging block of %zu bytes shared with worker "
-                "%s (%s: %s): this call goes in parts\n",
-                g->id, g->rank, bytes, g->worker, dc_status_name(st->code), st->message);
+                "%s (%s: %s): %s\n",
+                g->id, g->rank, bytes, g->worker, dc_status_name(st->code), st->message, then);
         free(b);
         return st->code;
     }

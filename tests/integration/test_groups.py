@@ -759,7 +759,10 @@ class BufferCacheTest(DataPathTest):
             time.sleep(0.05)
 
     def test_calls_of_one_size_reuse_their_buffers(self):
-        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]}, http=True)
+        # The workers map no shared memory, so the ranks' bytes come on the call link, into
+        # buffers of the cache (with it, the library would stage them: test_groups_shm).
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]}, http=True,
+                       worker_extra={"groups": {"shm_max_bytes": 0}})
         devs = "node-a/cuda:0,node-b/cuda:0"
         ports = {n: int(c.worker_specs[n]["http"].rsplit(":", 1)[1]) for n in c.worker_specs}
         # 20,000 f32 (80 KB): parts over the data link to each other directly. Each rank's

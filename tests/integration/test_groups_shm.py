@@ -304,6 +304,54 @@ class OneWorkerWholeCallsTest(GroupsTestCase):
             10, "the staging blocks unmapped")
 
 
+class StagedPlainCallsTest(GroupsTestCase):
+    """Issue 17: a blocking call of one message whose plain buffers hold 64 KiB or more goes
+    through the library's staging block when the worker is on the rank's host: none of its
+    bytes on the call link either way, the worker reading and writing them in place (across
+    workers the ring runs in the rank's block). A smaller one carries its bytes."""
+    worker_metrics = ShmCallsTest.worker_metrics
+
+    def collective(self, c, devs, args):
+        procs = [test_groups.ctl_popen(c, "--timeout", "60s", "collective", "all-reduce",
+                                       "--devices", devs, "--self", d, "--dtype", "f32",
+                                       "--reduce", "sum", *args(d))
+                 for d in devs.split(",")]
+        return [test_groups.finish(p, timeout=120) for p in procs]
+
+    def test_plain_calls_of_one_message_go_through_the_staging_block(self):
+        c = self.start({"node-a": ["cuda:0"], "node-b": ["cuda:0"]}, http=True)
+        devs = "node-a/cuda:0,node-b/cuda:0"
+        # 20,000 f32 (80 KB), each rank's own values: staged, the parts exchanged directly
+        # (below the ring's 256 KiB).
+        n = 20000
+        vals = {"node-a/cuda:0": [float(i % 7) for i in range(n)],
+                "node-b/cuda:0": [(i % 5) * 0.5 for i in range(n)]}
+        want = [a + b for a, b in zip(vals["node-a/cuda:0"], vals["node-b/cuda:0"])]
+        for r in self.collective(c, devs, lambda d: ["--repeat", "5", "--values",
+                                                     ",".join("%g" % v for v in vals[d])]):
+            self.assertEqual(r.rc, 0, r)
+            self.assertEqual(r.out["calls"], 5, r)
+            self.assertEqual(r.out["values"], want)
+        # 2^18 f32 (1 MiB): round the ring, in each rank's staging block.
+        for r in self.collective(c, devs, lambda d: ["--count", str(1 << 18), "--repeat", "5"]):
+            self.assertEqual(r.rc, 0, r)
+            self.assertEqual(r.out["calls"], 5, r)
+        for name in ("node-a", "node-b"):
+            m = self.worker_metrics(c, name)
+            self.assertEqual(m["devcoord_group_shm_calls_total"], 10, m)
+            self.assertEqual(m["devcoord_group_call_bytes_received_total"], 0, m)
+            self.assertEqual(m["devcoord_group_call_bytes_sent_total"], 0, m)
+            self.assertEqual(m["devcoord_group_ring_calls_total"], 5, m)
+            self.assertEqual(m["devcoord_group_ring_in_region_calls_total"], 5, m)
+        # 1,000 f32 (4 KB) carry their bytes, 4 KB each way a call.
+        for r in self.collective(c, devs, lambda d: ["--count", "1000", "--repeat", "3"]):
+            self.assertEqual(r.rc, 0, r)
+        for name in ("node-a", "node-b"):
+            m = self.worker_metrics(c, name)
+            self.assertEqual(m["devcoord_group_shm_calls_total"], 10, m)
+            self.assertEqual(m["devcoord_group_call_bytes_received_total"], 3 * 4000, m)
+
+
 class HostileMapTest(GroupsTestCase):
     call = test_groups.PeerInputTest.call
 
