@@ -968,8 +968,7 @@ group_call_small(dc_group *g, const struct call *k, dc_status *st)
     }
     order_take(g, false);
     if (g->stage_small_off ||
-        (bytes > g->stage_bytes &&
-         stage_reserve(g, bytes, "calls of one message carry their bytes", st) != DC_OK)) {
+        stage_reserve(g, bytes, "calls of one message carry their bytes", st) != DC_OK) {
         g->stage_small_off = true;
         order_give(g, false);
         status_clear(st);

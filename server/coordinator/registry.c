@@ -1074,10 +1074,9 @@ absent_info(const char *name, struct arena *a)
         return NULL;
     }
     devcoord__v1__worker_info__init(wi);
-    wi->name    = arena_strdup(a, name);
-    wi->address = arena_strdup(a, "");
-    wi->state   = DEVCOORD__V1__WORKER_STATE__WORKER_DEAD;
-    return wi->name != NULL && wi->address != NULL ? wi : NULL;
+    wi->name  = arena_strdup(a, name);
+    wi->state = DEVCOORD__V1__WORKER_STATE__WORKER_DEAD;
+    return wi->name != NULL ? wi : NULL;
 }
 
 /* Every worker's intent as it will be once `name` has `intent`: what the store saves.

@@ -231,10 +231,6 @@ struct wcall {
      * (ring_start, ring_advance). */
     const void **fold;
     size_t n_fold;
-    bool outs_written; /* and each segment copied to their results once final (not a MEAN) */
-    /* An all-gather whose ranks here are all on shared memory: each rank's result is put
-     * together in its region from the parts (wcall_gather_into), not copied from one. */
-    bool gather_direct;
     size_t mine_bytes;
     bool sent;
     bool noted;                     /* a partial note went to the peers */
@@ -1277,6 +1273,22 @@ wcall_scatter_in_regions(const struct wgroup *g, const struct wcall *c, size_t b
     return true;
 }
 
+/* Lists in c->fold the inputs of this worker's ranks but the first, with a slot after them
+ * for the ring's rs_in (none with one rank). false when out of memory. mtx held. */
+static bool
+wcall_fold_others(const struct wgroup *g, struct wcall *c)
+{
+    size_t n = g->workers[g->self].n_ranks;
+
+    if (n > 1 && (c->fold = calloc(n, sizeof(*c->fold))) == NULL) {
+        return false;
+    }
+    for (size_t i = 1; i < n; i++) {
+        c->fold[c->n_fold++] = c->local[i].data;
+    }
+    return true;
+}
+
 static dc_code
 wcall_make_mine(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status *st)
 {
@@ -1305,15 +1317,11 @@ wcall_make_mine(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status
              * once no send reads it any more). The other ranks' inputs are reduced in
              * segment by segment with the ring's (c->fold): one pass over each. */
             if ((c->mine_buf = pbuf_wrap(c->local[0].reg, c->local[0].out, bytes)) == NULL ||
-                (me->n_ranks > 1 && (c->fold = calloc(me->n_ranks, sizeof(*c->fold))) == NULL)) {
+                !wcall_fold_others(g, c)) {
                 return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
             }
-            for (size_t i = 1; i < me->n_ranks; i++) {
-                c->fold[c->n_fold++] = c->local[i].data;
-            }
-            c->outs_written = c->n_fold > 0 && d->reduce != DC_REDUCE_MEAN;
-            c->mine         = c->mine_buf->data;
-            c->mine_bytes   = bytes;
+            c->mine       = c->mine_buf->data;
+            c->mine_bytes = bytes;
             break;
         }
         /* fall through */
@@ -1326,12 +1334,8 @@ wcall_make_mine(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status
              * reduce (ring_start, ring_advance). */
             if ((c->in_buf = pbuf_wrap(c->local[0].reg, (uint8_t *)c->local[0].data, bytes)) ==
                     NULL ||
-                (c->mine_buf = pbuf_new(wg, bytes)) == NULL ||
-                (me->n_ranks > 1 && (c->fold = calloc(me->n_ranks, sizeof(*c->fold))) == NULL)) {
+                (c->mine_buf = pbuf_new(wg, bytes)) == NULL || !wcall_fold_others(g, c)) {
                 return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
-            }
-            for (size_t i = 1; i < me->n_ranks; i++) {
-                c->fold[c->n_fold++] = c->local[i].data;
             }
         } else if (d->kind != DC_OP_REDUCE && c->local[0].buf != NULL) {
             /* The first rank's bytes, read by its call link into a buffer of their own: the
@@ -1529,7 +1533,6 @@ wcall_compute(struct wgroups *wg, struct wgroup *g, struct wcall *c, struct pbuf
         reduce_finish_mean(d->dtype, (*res)->data, input_elements(d, g->n), g->n);
         goto out;
     }
-    c->outs_written = false; /* not round the ring: the results are copied from res below */
     for (size_t w = 0; w < g->n_workers; w++) {
         size_t want      = d->kind == DC_OP_ALL_GATHER ? bytes * g->workers[w].n_ranks : bytes;
         const uint8_t *p = part_data(g, c, w, &nb);
@@ -1547,8 +1550,7 @@ wcall_compute(struct wgroups *wg, struct wgroup *g, struct wcall *c, struct pbuf
     }
     nb = d->kind == DC_OP_ALL_GATHER ? bytes * g->n : bytes;
     if (d->kind == DC_OP_ALL_GATHER && wcall_outs_shared(g, c)) {
-        c->gather_direct = true; /* every part checked above */
-        *res_bytes       = nb;
+        *res_bytes = nb; /* no res: wcall_gather_into puts each rank's result together */
         goto out;
     }
     if ((*res = pbuf_new(wg, nb)) == NULL) {
@@ -1694,12 +1696,15 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
         wcall_fail_locals(g, c, &st);
     } else {
         const uint8_t *result = res != NULL ? res->data : NULL;
-        /* The ring ran in the first rank's region (wcall_ring_in_region): the others copy
-         * from it, so it is answered last, or its next call could write it first. */
-        size_t first   = result != NULL && result == c->local[0].out && me->n_ranks > 1;
+        /* The ring ran in the first rank's region (wcall_ring_in_region), which the others'
+         * results were copied from as they came (ring_copies_out): it is answered last, or
+         * its next call could write it first. */
+        size_t first = result != NULL && result == c->local[0].out && me->n_ranks > 1;
+        /* An all-gather with no result buffer (every result in a region, wcall_compute). */
+        bool gather    = kind == DC_OP_ALL_GATHER && result == NULL && res_bytes > 0;
         out.elapsed_us = rpc_now_us() - c->first_us;
-        if (!c->gather_direct) {
-            wcall_let_go_of_part(c); /* a direct all-gather reads this worker's part below */
+        if (!gather) {
+            wcall_let_go_of_part(c); /* wcall_gather_into reads this worker's part below */
         }
         for (size_t j = 0; j < me->n_ranks; j++) {
             size_t i        = (j + first) % me->n_ranks;
@@ -1728,11 +1733,11 @@ wcall_try_finish(struct wgroups *wg, struct wgroup *g, struct wcall *c)
             }
             if (p->out != NULL) {
                 /* Shared memory: the result in place, checked against the region at the call. */
-                if (c->gather_direct) {
+                if (gather) {
                     size_t block = give_bytes / g->n, own = me->ranks[i];
                     wcall_gather_into(g, c, p->out, block,
                                       p->data == p->out + own * block ? own : SIZE_MAX);
-                } else if (give != p->out && give_bytes > 0 && !c->outs_written) {
+                } else if (give != p->out && give_bytes > 0 && !first) {
                     memmove(p->out, give, give_bytes);
                 }
                 wg->shm_calls_total++;
@@ -2499,6 +2504,39 @@ ring_get(const struct wgroup *g, struct wcall *c, size_t bytes, bool scatter)
     return r;
 }
 
+/* c's ring's acc over n elements from byte off, with several ranks on this worker
+ * (c->fold): op every local input there, then, with peer, the previous worker's segment
+ * (rs_in). An all-reduce's acc is the first rank's region, holding its input; a
+ * reduce-scatter's starts empty, made by the first rank's input (in_buf) op the second's. In
+ * rank order either way. mtx held. */
+static void
+ring_fold(struct wcall *c, size_t off, size_t n, bool peer)
+{
+    const struct desc *d = &c->local[0].d;
+    struct ring *r       = c->ring;
+    size_t first = 0, n_src = c->n_fold;
+
+    if (peer) {
+        c->fold[n_src++] = r->rs_in->data;
+    }
+    if (c->in_buf != NULL) {
+        reduce_pair(d->dtype, d->reduce, r->acc->data + off, c->in_buf->data + off,
+                    (const uint8_t *)c->fold[0] + off, n);
+        first = 1;
+    }
+    reduce_into_many(d->dtype, d->reduce, r->acc->data + off, c->fold + first, n_src - first, off,
+                     n);
+}
+
+/* Whether c's ring copies each final segment to the other local ranks' results as it lands:
+ * an all-reduce in the first rank's region with more ranks here (an in_buf is a
+ * reduce-scatter's), but for a MEAN, divided once the ring is done. */
+static bool
+ring_copies_out(const struct wcall *c)
+{
+    return c->n_fold > 0 && c->in_buf == NULL && c->local[0].d.reduce != DC_REDUCE_MEAN;
+}
+
 /* Processes the steps whose segment is in, in order, and queues what each lets this worker
  * send; ends the generation when a send cannot be queued. mtx held. */
 static void
@@ -2520,27 +2558,16 @@ ring_advance(struct wgroups *wg, struct wgroup *g, struct wcall *c)
         if (len == 0 && r->got[s] < ring_len(r, k)) {
             return;
         }
-        if (s < r->n - 1 && len > 0 && c->in_buf != NULL && c->n_fold > 0) {
-            /* A reduce-scatter's: the first rank's input op the second's, then the others'
-             * and the previous worker's segment. */
-            c->fold[c->n_fold] = r->rs_in->data;
-            reduce_pair(d->dtype, d->reduce, r->acc->data + off, c->in_buf->data + off,
-                        (const uint8_t *)c->fold[0] + off, len / r->elem);
-            reduce_into_many(d->dtype, d->reduce, r->acc->data + off, c->fold + 1, c->n_fold, off,
-                             len / r->elem);
+        if (s < r->n - 1 && len > 0 && c->n_fold > 0) {
+            ring_fold(c, off, len / r->elem, true);
         } else if (s < r->n - 1 && len > 0 && c->in_buf != NULL) {
             reduce_pair(d->dtype, d->reduce, r->acc->data + off, c->in_buf->data + off,
                         r->rs_in->data + off, len / r->elem);
-        } else if (s < r->n - 1 && len > 0 && c->n_fold > 0) {
-            /* The other local ranks' inputs, then the previous worker's segment. */
-            c->fold[c->n_fold] = r->rs_in->data;
-            reduce_into_many(d->dtype, d->reduce, r->acc->data + off, c->fold, c->n_fold + 1, off,
-                             len / r->elem);
         } else if (s < r->n - 1 && len > 0) {
             reduce_into(d->dtype, d->reduce, r->acc->data + off, r->rs_in->data + off,
                         len / r->elem);
         }
-        if (c->outs_written && s + 2 >= r->n && len > 0) {
+        if (ring_copies_out(c) && s + 2 >= r->n && len > 0) {
             /* Final bytes (the last reduce-scatter step's, an all-gather step's): to the other
              * local ranks' results now, from cache, while the next frame is on the wire. */
             for (size_t i = 1; i <= c->n_fold; i++) {
@@ -2587,16 +2614,8 @@ ring_start(struct wgroups *wg, struct wgroup *g, struct wcall *c, dc_status *st)
         return DC_OK; /* the descs disagree: the call fails once they are all in */
     }
     if (c->n_fold > 0) {
-        /* This worker's own segment, sent at step 0: every local rank's input in it (a
-         * reduce-scatter's accumulator starts empty: the first two inputs make it). */
-        const struct desc *dd = &c->local[0].d;
-        size_t off = ring_off(r, r->pos), n = ring_len(r, r->pos) / r->elem;
-        if (c->in_buf != NULL) {
-            reduce_pair(dd->dtype, dd->reduce, r->acc->data + off, c->in_buf->data + off,
-                        (const uint8_t *)c->fold[0] + off, n);
-        }
-        reduce_into_many(dd->dtype, dd->reduce, r->acc->data + off, c->fold + (c->in_buf != NULL),
-                         c->n_fold - (c->in_buf != NULL), off, n);
+        /* This worker's own segment, sent at step 0: every local rank's input in it. */
+        ring_fold(c, ring_off(r, r->pos), ring_len(r, r->pos) / r->elem, false);
     }
     /* Step 0 sends this worker's own bytes: the rank's region when read in place alone. */
     if (peer_queue_locked(g, c, r->next, c->in_buf != NULL && c->n_fold == 0 ? c->in_buf : r->acc,
