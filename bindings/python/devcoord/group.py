@@ -9,6 +9,7 @@ arrays, array.array, any C-contiguous writable buffer, and contiguous CPU torch 
 """
 
 import ctypes
+import threading
 import weakref
 
 from . import _lib
@@ -80,37 +81,52 @@ def _buffer(obj, what, writable=True):
 
 class Request:
     """A call started by a Group's *_async method: wait() finishes it (raising its error),
-    test() says whether it has ended. The buffers stay referenced until wait() returns."""
+    test() says whether it has ended. The buffers stay referenced until wait() returns.
+    Threads may wait for one request at once (Group.leave() does beside the thread that
+    started it): the library's request is finished once, and every wait() sees its
+    outcome."""
 
     def __init__(self, handle, keep):
         self._h = handle
         self._keep = keep
         self._error = None
+        self._lock = threading.Lock()  # held while the library's request is used
+        self._ended = False  # dc_wait has returned
 
     def test(self):
         """True when the call has ended (wait() then returns at once); raises its error if
-        it failed."""
-        if not self._h:
+        it failed. False while another thread waits inside wait() for it to end."""
+        if self._ended:
             return True
-        done = ctypes.c_bool(False)
-        st = _lib.Status()
-        code = lib.dc_test(self._h, ctypes.byref(done), ctypes.byref(st))
-        if done.value and code != 0:
-            self.wait()
-        return bool(done.value)
+        if not self._lock.acquire(blocking=False):
+            return self._ended
+        try:
+            if not self._h:
+                return True
+            done = ctypes.c_bool(False)
+            st = _lib.Status()
+            code = lib.dc_test(self._h, ctypes.byref(done), ctypes.byref(st))
+            if not done.value or code == 0:
+                return bool(done.value)
+        finally:
+            self._lock.release()
+        self.wait()  # ended: finished here, raising its error if it failed
+        return True
 
     def wait(self):
         """Waits for the call to end; raises its devcoord.Error if it failed. Idempotent."""
-        h, self._h = self._h, None
-        if h:
-            st = _lib.Status()
-            code = lib.dc_wait(h, ctypes.byref(st))
-            self._keep = None
-            if code != 0:
-                try:
-                    _raise(code, st)
-                except Exception as e:  # kept so that a later wait() raises it again
-                    self._error = e
+        with self._lock:
+            h, self._h = self._h, None
+            if h:
+                st = _lib.Status()
+                code = lib.dc_wait(h, ctypes.byref(st))
+                self._keep = None
+                self._ended = True
+                if code != 0:
+                    try:
+                        _raise(code, st)
+                    except Exception as e:  # kept so that a later wait() raises it again
+                        self._error = e
         if self._error is not None:
             raise self._error
 
@@ -135,6 +151,8 @@ class Group:
         self._g = None
         self._client = client  # the group uses the client's connection
         self._pending = weakref.WeakSet()  # Requests not waited for yet
+        self._calls = 0  # blocking calls in the library now (other threads' too)
+        self._idle = threading.Condition()  # _calls fell to 0; guards _calls and _g
         self._blocks = {}  # address -> ctypes array of each alloc() block not freed
         if not client._h:
             raise error_for(9, "the client is closed")
@@ -171,15 +189,19 @@ class Group:
         return [text(lib.dc_group_device(g, r)) for r in range(lib.dc_group_size(g))]
 
     def leave(self):
-        """Waits for the calls still in flight (their errors are left to their requests),
-        then tells the coordinator this rank leaves; idempotent. Raises if that call fails
-        (the membership is gone either way). Client.close() leaves the client's groups."""
+        """Waits for the calls still in flight (their errors are left to their requests;
+        blocking calls other threads are making end first), then tells the coordinator this
+        rank leaves; idempotent. Raises if that call fails (the membership is gone either
+        way). Client.close() leaves the client's groups."""
         for req in list(self._pending):
             try:
                 req.wait()
             except Exception:
                 pass
-        g, self._g = self._g, None
+        with self._idle:
+            while self._calls > 0:
+                self._idle.wait()
+            g, self._g = self._g, None
         self._blocks.clear()  # dc_group_leave frees them
         if g:
             st = _lib.Status()
@@ -248,16 +270,24 @@ class Group:
         return self._g
 
     def _run(self, name, async_, args, keep):
-        g = self._handle()
         st = _lib.Status()
-        if async_:
-            req = getattr(lib, "dc_%s_async" % name)(g, *args, ctypes.byref(st))
-            if not req:
-                _raise(st.code or 2, st)
-            r = Request(req, keep)
-            self._pending.add(r)
-            return r
-        _check(getattr(lib, "dc_" + name)(g, *args, ctypes.byref(st)), st)
+        with self._idle:  # leave() must not free the group under this call
+            g = self._handle()
+            self._calls += 1
+        try:
+            if async_:
+                req = getattr(lib, "dc_%s_async" % name)(g, *args, ctypes.byref(st))
+                if not req:
+                    _raise(st.code or 2, st)
+                r = Request(req, keep)
+                self._pending.add(r)
+                return r
+            code = getattr(lib, "dc_" + name)(g, *args, ctypes.byref(st))
+        finally:
+            with self._idle:
+                self._calls -= 1
+                self._idle.notify_all()
+        _check(code, st)
         return None
 
     def _pair(self, send, recv, send_per_recv):

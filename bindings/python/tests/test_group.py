@@ -249,6 +249,27 @@ class GroupTest(unittest.TestCase):
             self.assertEqual(b, [1.0] * 3)
             self.assertEqual(err, "INVALID_ARGUMENT")
 
+    def test_one_request_waited_for_by_several_threads(self):
+        """Threads waiting for one request at once (Group.leave() does beside the owner's
+        wait): the library's request is finished once, each thread sees the outcome."""
+        def fn(g):
+            good = 0
+            for k in range(30):
+                a = array.array("q", [g.rank + k])
+                req = g.all_reduce_async(a, "sum")
+                seen = []
+                threads = [threading.Thread(target=lambda: seen.append(
+                    (req.wait(), req.test(), a[0]))) for _ in range(3)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(30)
+                good += seen == [(None, True, 2 * k + 1)] * 3
+            return good
+
+        out = self.ranks([A1, B0], fn)
+        self.assertEqual(list(out.values()), [30, 30])
+
     def test_leave_waits_for_calls_and_close_leaves(self):
         def rank(me, out):
             c = devcoord.Client(self.cluster.addr, timeout_ms=30000)
