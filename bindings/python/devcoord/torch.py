@@ -8,7 +8,17 @@ bucket through a devcoord Group instead of DDP's process group::
     model.register_comm_hook(devcoord.torch.HookState(group), devcoord.torch.allreduce_hook)
 
 The state is a HookState, any object with a ``group`` attribute, or the Group itself.
+
+The hook starts the bucket's all-reduce and returns at once with a future that a thread of
+this module completes when the call ends, as DDP's own hooks do: the backward pass goes on
+computing the next buckets' gradients while this one is averaged. With
+``HookState(group, overlap=False)`` it waits for the call instead (the future is complete
+when returned).
 """
+
+import collections
+import threading
+import weakref
 
 import torch
 
@@ -16,22 +26,83 @@ from .group import Group
 
 
 class HookState:
-    """The state DDP passes to allreduce_hook: the devcoord Group of this rank, and how many
-    buckets the hook has averaged (calls)."""
+    """The state DDP passes to allreduce_hook: the devcoord Group of this rank, whether
+    buckets overlap the backward pass (overlap), and how many buckets the hook has started
+    (calls)."""
 
-    def __init__(self, group):
+    def __init__(self, group, overlap=True):
         self.group = group
+        self.overlap = overlap
         self.calls = 0
+
+
+class _Caller:
+    """The hook's calls of one group, made blocking on a thread of their own in the order
+    the hook was called (the order every rank's DDP calls it in), each completing its
+    future. A blocking call takes the library's fastest way for plain memory (through the
+    group's staging block when the worker is on this host) and releases the GIL while it
+    runs. The thread ends when no call is left (one thread per group, so ranks of one
+    process never wait behind each other)."""
+
+    def __init__(self):
+        self._q = collections.deque()
+        self._lock = threading.Lock()
+        self._running = False
+
+    def put(self, group, buf, fut):
+        with self._lock:
+            self._q.append((group, buf, fut))
+            if self._running:
+                return
+            self._running = True
+        try:
+            threading.Thread(target=self._run, name="devcoord-hook", daemon=True).start()
+        except BaseException:
+            with self._lock:
+                self._q.pop()
+                self._running = False
+            raise
+
+    def _run(self):
+        while True:
+            with self._lock:
+                if not self._q:
+                    self._running = False
+                    return
+                group, buf, fut = self._q.popleft()
+            try:
+                group.all_reduce(buf, "mean")
+            except BaseException as e:  # the call's devcoord.Error, raised where DDP waits
+                fut.set_exception(e)
+            else:
+                fut.set_result(buf)
+            del group, buf, fut
+
+
+_callers = weakref.WeakKeyDictionary()  # Group -> its _Caller
+_callers_lock = threading.Lock()
+
+
+def _caller(group):
+    with _callers_lock:
+        c = _callers.get(group)
+        if c is None:
+            c = _callers[group] = _Caller()
+        return c
 
 
 def allreduce_hook(state, bucket):
     """Averages bucket.buffer() in place over the group (one all-reduce "mean") and returns a
-    completed torch.futures.Future holding it; a failed call raises its devcoord.Error."""
+    torch.futures.Future holding it, completed when the call ends; a failed call sets its
+    devcoord.Error on the future (DDP raises it when it waits for the bucket). With a state
+    whose overlap is false it returns once the call has ended (raising its error)."""
     group = state if isinstance(state, Group) else state.group
+    overlap = getattr(state, "overlap", True)
     buf = bucket.buffer()
-    group.all_reduce(buf, "mean")
+    fut = torch.futures.Future()
+    _caller(group).put(group, buf, fut)  # after the calls still queued, as every rank
     if hasattr(state, "calls"):
         state.calls += 1
-    fut = torch.futures.Future()
-    fut.set_result(buf)
+    if not overlap:
+        fut.wait()  # raises the call's error here
     return fut

@@ -356,6 +356,64 @@ class GroupTest(unittest.TestCase):
             self.assertEqual(i, [0, 1, 2, 3])
             self.assertIn("contiguous", err)
 
+    def test_ddp_hook_overlaps_in_order(self):
+        """devcoord.torch.allreduce_hook as DDP calls it: buckets of several sizes (the
+        larger ones through the staging block) started back to back, each future holding the
+        mean once its call ends; a failed call's error on its future, the group usable
+        after; overlap=False complete on return; leave() waiting for a call still in flight
+        on the hook's thread (rank 1 comes 0.5 s late, rank 0 leaves at once)."""
+        if torch is None:
+            self.skipTest("torch is not importable (Debian: apt-get install python3-torch)")
+        import time
+
+        import devcoord.torch as dt
+
+        class Bucket:
+            def __init__(self, t):
+                self.t = t
+
+            def buffer(self):
+                return self.t
+
+        sizes = [3, 70000, 300000, 5, 1100000]
+
+        def fn(g):
+            r = g.rank
+            state = dt.HookState(g)
+            futs = [dt.allreduce_hook(state, Bucket(torch.full((n,), (r + 1.0) * (k + 1))))
+                    for k, n in enumerate(sizes)]
+            means = [f.wait() for f in futs]
+            ok = [bool(torch.all(m == 1.5 * (k + 1))) and m.numel() == n
+                  for k, (m, n) in enumerate(zip(means, sizes))]
+            bad = dt.allreduce_hook(state, Bucket(torch.ones(4, dtype=(
+                torch.float32 if r == 0 else torch.float64))))
+            try:
+                bad.wait()
+                err = None
+            except devcoord.InvalidArgument as e:
+                err = e.message
+            blocking = dt.allreduce_hook(dt.HookState(g, overlap=False),
+                                         Bucket(torch.full((8,), r + 1.0)))
+            done_on_return = blocking.done()
+            after = blocking.wait().tolist()
+            if r == 1:
+                time.sleep(0.5)
+            last = dt.allreduce_hook(g, Bucket(torch.full((6,), 4.0 * r)))
+            return ok, state.calls, err, done_on_return, after, last
+
+        out = self.ranks([A0, B0], fn)
+        for res in out.values():
+            self.assertNotIsInstance(res, Exception, res)
+            ok, calls, err, done_on_return, after, last = res
+            self.assertEqual(ok, [True] * len(sizes))
+            self.assertEqual(calls, len(sizes) + 1)
+            self.assertIsNotNone(err)
+            self.assertIn("rank 0 passed", err)
+            self.assertTrue(done_on_return)
+            self.assertEqual(after, [1.5] * 8)
+            self.assertTrue(last.done())  # leave() waited for it
+            self.assertEqual(last.wait().tolist(), [2.0] * 6)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""DistributedDataParallel's time per training step with gradients averaged by gloo (DDP's
+own all-reduce), by devcoord.torch.allreduce_hook waiting for each bucket (overlap=False)
+and by the hook overlapping the backward pass (the default): 2 ranks, one process each,
+on 2 workers (TCP between them) or both on 1 worker.
+
+Starts a coordinator and the workers from a build tree with the integration tests' harness.
+The model is an MLP of `--depth` hidden layers of `--width` (4 MiB of f32 gradients a layer
+at 1024), a small batch so that the gradients' exchange weighs against the computation.
+The three ways run in interleaved rounds on the same cluster and the same processes; each
+round's figure is the median step (after 3 warm-up steps) of the slower rank; the medians
+of the rounds are printed. Needs Debian's python3-torch.
+
+    /usr/bin/python3 bench/ddp_hook.py [--build DIR] [--workers 2] [--width 1024]
+        [--depth 4] [--bucket-mb 4] [--batch 2] [--steps 20] [--rounds 5]
+"""
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+WAYS = ("gloo", "hook, waiting", "hook, overlapped")
+
+
+def make_model(width, depth):
+    import torch
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(256, width), torch.nn.Tanh()]
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 1))
+
+
+def train(rank, a, state):
+    """a.steps steps; the median step time (s) after 3 warm-up steps, and the parameters."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+    import devcoord.torch
+    model = DistributedDataParallel(make_model(a.width, a.depth), bucket_cap_mb=a.bucket_mb)
+    if state is not None:
+        model.register_comm_hook(state, devcoord.torch.allreduce_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(100 + rank)
+    times = []
+    for _ in range(a.steps):
+        x = torch.randn(a.batch, 256, generator=gen)
+        y = torch.randn(a.batch, 1, generator=gen)
+        t = time.perf_counter()
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times[3:]), torch.cat([p.detach().flatten()
+                                                    for p in model.parameters()])
+
+
+def rank_main(rank, a, devices, port, results):
+    import torch
+    import torch.distributed as dist
+    import devcoord
+    import devcoord.torch
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
+                            world_size=2)
+    steps = {w: [] for w in WAYS}
+    params = {}
+    try:
+        with devcoord.Client(a.address, timeout_ms=60000) as c:
+            with devcoord.Group(c, devices, devices[rank], timeout_ms=60000) as g:
+                for _ in range(a.rounds):
+                    for w in WAYS:
+                        state = None if w == "gloo" else devcoord.torch.HookState(
+                            g, overlap=w.endswith("overlapped"))
+                        s, params[w] = train(rank, a, state)
+                        steps[w].append(s)
+    finally:
+        dist.destroy_process_group()
+    agree = bool(torch.equal(params["hook, waiting"], params["hook, overlapped"]))
+    results.put((rank, steps, agree))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default=os.path.join(REPO, "build-bench"))
+    ap.add_argument("--workers", type=int, choices=(1, 2), default=2)
+    ap.add_argument("--width", type=int, default=1024)
+    ap.add_argument("--depth", type=int, default=4)
+    ap.add_argument("--bucket-mb", type=float, default=4)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=5)
+    a = ap.parse_args()
+    build = os.path.abspath(a.build)
+    os.environ["DEVCOORD_BUILD_DIR"] = build
+    os.environ.setdefault("DEVCOORD_LIB", os.path.join(build, "client", "libdevcoord.so"))
+    sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
+    sys.path.insert(0, os.path.join(REPO, "bindings", "python"))
+    import harness  # noqa: E402  (reads DEVCOORD_BUILD_DIR)
+    import torch.multiprocessing as mp
+
+    c = harness.Cluster(heartbeat_ms=1000, dead_after_ms=10000, tmp_prefix="devcoord-ddp-")
+    try:
+        c.start_coordinator()
+        names = ["node-a", "node-b"][:a.workers]
+        for n in names:
+            c.add_worker(n, [{"device": "cuda:0", "memory": "8GiB"},
+                             {"device": "cuda:1", "memory": "8GiB"}])
+        c.wait_workers(names)
+        a.address = c.addr
+        devices = ["node-a/cuda:0", "node-b/cuda:0" if a.workers == 2 else "node-a/cuda:1"]
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        results = mp.get_context("spawn").SimpleQueue()
+        mp.spawn(rank_main, args=(a, devices, port, results), nprocs=2, join=True)
+        got = [results.get() for _ in range(2)]
+    finally:
+        c.close()
+    print("DDP, 2 ranks on %d worker%s, MLP 256-%d x%d, batch %d, buckets of %g MiB: step "
+          "time, median of %d rounds (each the slower rank's median of %d steps)"
+          % (a.workers, "s" if a.workers > 1 else "", a.width, a.depth, a.batch, a.bucket_mb,
+             a.rounds, a.steps - 3))
+    for w in WAYS:
+        per_round = [max(r[1][w][k] for r in got) for k in range(a.rounds)]
+        print("  %-17s %7.1f ms   (rounds: %s)" % (w, statistics.median(per_round) * 1e3,
+                                                 " ".join("%.1f" % (x * 1e3) for x in per_round)))
+    if not all(r[2] for r in got):
+        print("the waiting and the overlapped hook's parameters differ")
+        return 1
+    print("  the waiting and the overlapped hook's parameters are equal")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
