@@ -269,6 +269,18 @@ class Group:
             raise error_for(9, "the client is closed")
         return self._g
 
+    def _hold(self):
+        """Counts work another thread will do on this group (devcoord.torch's hook calls
+        queued): leave() waits for it as for a call in flight. Raises once left."""
+        with self._idle:
+            self._handle()
+            self._calls += 1
+
+    def _release(self):
+        with self._idle:
+            self._calls -= 1
+            self._idle.notify_all()
+
     def _run(self, name, async_, args, keep):
         st = _lib.Status()
         with self._idle:  # leave() must not free the group under this call

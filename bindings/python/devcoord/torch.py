@@ -50,6 +50,7 @@ class _Caller:
         self._running = False
 
     def put(self, group, buf, fut):
+        group._hold()  # leave() waits for the call (released once its future is set)
         with self._lock:
             self._q.append((group, buf, fut))
             if self._running:
@@ -61,6 +62,7 @@ class _Caller:
             with self._lock:
                 self._q.pop()
                 self._running = False
+            group._release()
             raise
 
     def _run(self):
@@ -76,6 +78,7 @@ class _Caller:
                 fut.set_exception(e)
             else:
                 fut.set_result(buf)
+            group._release()
             del group, buf, fut
 
 

@@ -360,8 +360,8 @@ class GroupTest(unittest.TestCase):
         """devcoord.torch.allreduce_hook as DDP calls it: buckets of several sizes (the
         larger ones through the staging block) started back to back, each future holding the
         mean once its call ends; a failed call's error on its future, the group usable
-        after; overlap=False complete on return; leave() waiting for a call still in flight
-        on the hook's thread (rank 1 comes 0.5 s late, rank 0 leaves at once)."""
+        after; overlap=False complete on return; leave() waiting for the calls in flight and
+        queued on the hook's thread (rank 1 comes 0.5 s late, rank 0 leaves at once)."""
         if torch is None:
             self.skipTest("torch is not importable (Debian: apt-get install python3-torch)")
         import time
@@ -398,7 +398,10 @@ class GroupTest(unittest.TestCase):
             after = blocking.wait().tolist()
             if r == 1:
                 time.sleep(0.5)
-            last = dt.allreduce_hook(g, Bucket(torch.full((6,), 4.0 * r)))
+            # Three more, rank 0 leaving at once: leave() waits for the one in flight and
+            # for those still queued. Each is read as it is set (on the hook's thread).
+            last = [dt.allreduce_hook(g, Bucket(torch.full((6,), 4.0 * r + k))).then(
+                lambda f: f.value().tolist()) for k in range(3)]
             return ok, state.calls, err, done_on_return, after, last
 
         out = self.ranks([A0, B0], fn)
@@ -411,8 +414,8 @@ class GroupTest(unittest.TestCase):
             self.assertIn("rank 0 passed", err)
             self.assertTrue(done_on_return)
             self.assertEqual(after, [1.5] * 8)
-            self.assertTrue(last.done())  # leave() waited for it
-            self.assertEqual(last.wait().tolist(), [2.0] * 6)
+            self.assertEqual([f.done() for f in last], [True] * 3)  # leave() waited
+            self.assertEqual([f.wait() for f in last], [[2.0 + k] * 6 for k in range(3)])
 
 
 if __name__ == "__main__":
