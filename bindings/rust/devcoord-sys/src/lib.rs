@@ -529,6 +529,12 @@ extern "C" {
     pub fn dc_group_device(g: *const dc_group, rank: u32) -> *const c_char;
     /// `dc_group_leave`.
     pub fn dc_group_leave(g: *mut dc_group, st: *mut dc_status) -> dc_code;
+    /// `dc_group_alloc`.
+    pub fn dc_group_alloc(g: *mut dc_group, bytes: usize, st: *mut dc_status) -> *mut c_void;
+    /// `dc_group_free`.
+    pub fn dc_group_free(g: *mut dc_group, buf: *mut c_void);
+    /// `dc_group_buffer_shared`.
+    pub fn dc_group_buffer_shared(g: *mut dc_group, buf: *const c_void) -> bool;
     /// `dc_all_reduce`.
     pub fn dc_all_reduce(
         g: *mut dc_group,

@@ -20,7 +20,7 @@ fn main() -> Result<(), devcoord::Error> {
     let ranks = vec![Device::Cuda(0).on("node-a"), Device::Cuda(0).on("node-b")];
     let weights = std::thread::scope(|s| {
         let threads: Vec<_> = ranks.iter().map(|me| s.spawn(|| {
-            let mut group = Group::join(&client, &ranks, me)?;
+            let group = Group::join(&client, &ranks, me)?;
             let mut w = vec![0.0f32; 2];
             for step in 0..5 {
                 let mut grad = gradient(&w, group.rank(), step);

@@ -105,28 +105,28 @@ impl<'c> Group<'c> {
             .collect()
     }
 
-    fn call(&mut self, f: impl FnOnce(*mut sys::dc_group, *mut sys::dc_status) -> i32) -> Result<()> {
+    fn call(&self, f: impl FnOnce(*mut sys::dc_group, *mut sys::dc_status) -> i32) -> Result<()> {
         let mut st = crate::client::status();
         let code = f(self.raw.as_ptr(), &mut st);
         check(code, &st)
     }
 
     /// Every rank's `buf` becomes `op` over all ranks' bufs.
-    pub fn all_reduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+    pub fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
         let (p, n) = (buf.as_mut_ptr() as *mut c_void, buf.len());
         // SAFETY: buf is valid for n elements of T's dtype during the call.
         self.call(|g, st| unsafe { sys::dc_all_reduce(g, p, n, T::DTYPE, op as i32, st) })
     }
 
     /// The root's `buf` becomes `op` over all ranks' bufs; the others' stay as they were.
-    pub fn reduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp, root: u32) -> Result<()> {
+    pub fn reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: u32) -> Result<()> {
         let (p, n) = (buf.as_mut_ptr() as *mut c_void, buf.len());
         // SAFETY: as all_reduce.
         self.call(|g, st| unsafe { sys::dc_reduce(g, p, n, T::DTYPE, op as i32, root, st) })
     }
 
     /// Every rank's `buf` becomes the root's.
-    pub fn broadcast<T: Element>(&mut self, buf: &mut [T], root: u32) -> Result<()> {
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: u32) -> Result<()> {
         let (p, n) = (buf.as_mut_ptr() as *mut c_void, buf.len());
         // SAFETY: as all_reduce.
         self.call(|g, st| unsafe { sys::dc_broadcast(g, p, n, T::DTYPE, root, st) })
@@ -144,7 +144,7 @@ impl<'c> Group<'c> {
     }
 
     /// `recv` (size x `send.len()` elements) gets every rank's `send`, in rank order.
-    pub fn all_gather<T: Element>(&mut self, send: &[T], recv: &mut [T]) -> Result<()> {
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
         self.sizes(recv.len(), send.len(), "recv")?;
         let (s, r, n) = (send.as_ptr() as *const c_void, recv.as_mut_ptr() as *mut c_void, send.len());
         // SAFETY: send holds n and recv size * n elements (checked above).
@@ -153,7 +153,7 @@ impl<'c> Group<'c> {
 
     /// `send` (size x `recv.len()` elements) is reduced with `op` over all ranks; `recv` gets
     /// this rank's block of the result.
-    pub fn reduce_scatter<T: Element>(&mut self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
         self.sizes(send.len(), recv.len(), "send")?;
         let (s, r, n) = (send.as_ptr() as *const c_void, recv.as_mut_ptr() as *mut c_void, recv.len());
         // SAFETY: recv holds n and send size * n elements (checked above).
@@ -161,14 +161,14 @@ impl<'c> Group<'c> {
     }
 
     /// Returns when every rank has called it.
-    pub fn barrier(&mut self) -> Result<()> {
+    pub fn barrier(&self) -> Result<()> {
         // SAFETY: the group is valid.
         self.call(|g, st| unsafe { sys::dc_barrier(g, st) })
     }
 
     /// Starts an all-reduce without waiting; the returned [`Request`] borrows `buf` (and the
     /// group) until it is waited for, or dropped (which waits).
-    pub fn all_reduce_async<'a, T: Element>(&'a mut self, buf: &'a mut [T], op: ReduceOp) -> Result<Request<'a>> {
+    pub fn all_reduce_async<'a, T: Element>(&'a self, buf: &'a mut [T], op: ReduceOp) -> Result<Request<'a>> {
         let mut st = crate::client::status();
         // SAFETY: buf stays borrowed by the request until dc_wait returns.
         let req = unsafe {
@@ -178,6 +178,65 @@ impl<'c> Group<'c> {
             Some(raw) => Ok(Request { raw: Some(raw), _borrow: PhantomData }),
             None => Err(Error::from_status(if st.code == 0 { 2 } else { st.code }, &st)),
         }
+    }
+}
+
+impl Group<'_> {
+    /// A zeroed buffer of `len` elements in memory from `dc_group_alloc`: when this rank's
+    /// worker runs on this host it is shared memory the worker maps too, so a call on it
+    /// (the whole buffer or a range of it) moves no byte between this process and the
+    /// worker, on one worker or across workers ([`SharedBuf::is_shared`] says whether it
+    /// is). It derefs to `[T]`, borrows the group (so the group outlives it) and is freed
+    /// on drop.
+    pub fn alloc<T: Element>(&self, len: usize) -> Result<SharedBuf<'_, T>> {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or_else(|| Error::new(Code::InvalidArgument, format!("{} elements: too many", len)))?;
+        let mut st = crate::client::status();
+        // SAFETY: the group is valid; the block is freed by SharedBuf's drop.
+        let p = unsafe { sys::dc_group_alloc(self.raw.as_ptr(), bytes.max(1), &mut st) } as *mut T;
+        let ptr = NonNull::new(p).ok_or_else(|| Error::from_status(if st.code == 0 { 8 } else { st.code }, &st))?;
+        // SAFETY: the block holds `bytes` bytes; zeroed, every element is a valid T (0).
+        unsafe { ptr::write_bytes(ptr.as_ptr() as *mut u8, 0, bytes) };
+        Ok(SharedBuf { ptr, len, group: self.raw, _group: PhantomData })
+    }
+}
+
+/// A buffer from [`Group::alloc`], freed on drop.
+pub struct SharedBuf<'g, T: Element> {
+    ptr: NonNull<T>,
+    len: usize,
+    group: NonNull<sys::dc_group>,
+    _group: PhantomData<&'g ()>,
+}
+
+impl<T: Element> SharedBuf<'_, T> {
+    /// Whether the worker maps this memory too (calls on it then carry no bytes).
+    pub fn is_shared(&self) -> bool {
+        // SAFETY: the group outlives the buffer; the pointer is its block's.
+        unsafe { sys::dc_group_buffer_shared(self.group.as_ptr(), self.ptr.as_ptr() as *const c_void) }
+    }
+}
+
+impl<T: Element> std::ops::Deref for SharedBuf<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: len initialized elements, alive until drop; aliasing follows &self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T: Element> std::ops::DerefMut for SharedBuf<'_, T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: as deref, exclusive through &mut self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T: Element> Drop for SharedBuf<'_, T> {
+    fn drop(&mut self) {
+        // SAFETY: allocated by dc_group_alloc on this group, which is still joined (borrowed).
+        unsafe { sys::dc_group_free(self.group.as_ptr(), self.ptr.as_ptr() as *mut c_void) };
     }
 }
 

@@ -30,7 +30,7 @@ pub use client::{
 };
 pub use device::{Device, DeviceRef, LibTorchKind, WgpuKind};
 pub use error::{Code, Error, Result};
-pub use group::{Group, GroupOptions, Request};
+pub use group::{Group, GroupOptions, Request, SharedBuf};
 
 #[cfg(test)]
 mod tests {

@@ -282,3 +282,35 @@ fn group_every_call_and_a_mismatch() {
         assert!(mismatch.message.contains("rank 1"), "{}", mismatch);
     }
 }
+
+#[test]
+fn group_alloc_is_shared_with_the_worker() {
+    let cluster = two_nodes();
+    let out = two_ranks(&cluster, |g| {
+        let r = g.rank() as f32;
+        // 5M f32 (20 MiB, more than one message: one call on shared memory, the ring in the
+        // rank's block), then a range of it, then i64 of one message.
+        let mut big = g.alloc::<f32>(5 << 20).unwrap();
+        let zeroed = big.iter().all(|&x| x == 0.0);
+        big.iter_mut().enumerate().for_each(|(i, x)| *x = r + (i % 7) as f32);
+        g.all_reduce(&mut big, ReduceOp::Sum).unwrap();
+        let big_ok = big.iter().enumerate().all(|(i, &x)| x == 1.0 + 2.0 * (i % 7) as f32);
+        g.all_reduce(&mut big[1000..3000], ReduceOp::Sum).unwrap();
+        // the range doubled (both ranks hold the same values), the rest untouched
+        let range_ok = big.iter().enumerate().all(|(i, &x)| {
+            x == (1.0 + 2.0 * (i % 7) as f32) * if (1000..3000).contains(&i) { 2.0 } else { 1.0 }
+        });
+        let mut small = g.alloc::<i64>(3).unwrap();
+        small.copy_from_slice(&[r as i64, 5, -(r as i64)]);
+        g.broadcast(&mut small, 1).unwrap();
+        let shared = (big.is_shared(), small.is_shared());
+        (zeroed, big_ok, range_ok, small.to_vec(), shared)
+    });
+    for (zeroed, big_ok, range_ok, small, shared) in out {
+        assert!(zeroed);
+        assert!(big_ok);
+        assert!(range_ok);
+        assert_eq!(small, vec![1, 5, -1]);
+        assert_eq!(shared, (true, true));
+    }
+}
