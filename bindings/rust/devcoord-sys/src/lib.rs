@@ -593,6 +593,46 @@ extern "C" {
         op: dc_reduce_op,
         st: *mut dc_status,
     ) -> *mut dc_request;
+    /// `dc_reduce_async`.
+    pub fn dc_reduce_async(
+        g: *mut dc_group,
+        buf: *mut c_void,
+        count: usize,
+        dtype: dc_dtype,
+        op: dc_reduce_op,
+        root: u32,
+        st: *mut dc_status,
+    ) -> *mut dc_request;
+    /// `dc_broadcast_async`.
+    pub fn dc_broadcast_async(
+        g: *mut dc_group,
+        buf: *mut c_void,
+        count: usize,
+        dtype: dc_dtype,
+        root: u32,
+        st: *mut dc_status,
+    ) -> *mut dc_request;
+    /// `dc_all_gather_async`.
+    pub fn dc_all_gather_async(
+        g: *mut dc_group,
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dtype: dc_dtype,
+        st: *mut dc_status,
+    ) -> *mut dc_request;
+    /// `dc_reduce_scatter_async`.
+    pub fn dc_reduce_scatter_async(
+        g: *mut dc_group,
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dtype: dc_dtype,
+        op: dc_reduce_op,
+        st: *mut dc_status,
+    ) -> *mut dc_request;
+    /// `dc_barrier_async`.
+    pub fn dc_barrier_async(g: *mut dc_group, st: *mut dc_status) -> *mut dc_request;
     /// `dc_wait`.
     pub fn dc_wait(req: *mut dc_request, st: *mut dc_status) -> dc_code;
     /// `dc_test`.

@@ -166,18 +166,58 @@ impl<'c> Group<'c> {
         self.call(|g, st| unsafe { sys::dc_barrier(g, st) })
     }
 
-    /// Starts an all-reduce without waiting; the returned [`Request`] borrows `buf` (and the
-    /// group) until it is waited for, or dropped (which waits).
-    pub fn all_reduce_async<'a, T: Element>(&'a self, buf: &'a mut [T], op: ReduceOp) -> Result<Request<'a>> {
+    fn start<'a>(&'a self, f: impl FnOnce(*mut sys::dc_group, *mut sys::dc_status) -> *mut sys::dc_request) -> Result<Request<'a>> {
         let mut st = crate::client::status();
-        // SAFETY: buf stays borrowed by the request until dc_wait returns.
-        let req = unsafe {
-            sys::dc_all_reduce_async(self.raw.as_ptr(), buf.as_mut_ptr() as *mut c_void, buf.len(), T::DTYPE, op as i32, &mut st)
-        };
-        match NonNull::new(req) {
+        match NonNull::new(f(self.raw.as_ptr(), &mut st)) {
             Some(raw) => Ok(Request { raw: Some(raw), _borrow: PhantomData }),
             None => Err(Error::from_status(if st.code == 0 { 2 } else { st.code }, &st)),
         }
+    }
+
+    /// Starts an all-reduce without waiting; the returned [`Request`] borrows `buf` (and the
+    /// group) until it is waited for, or dropped (which waits). Several may be in flight; the
+    /// k-th call a rank starts or makes is matched with the others' k-th.
+    pub fn all_reduce_async<'a, T: Element>(&'a self, buf: &'a mut [T], op: ReduceOp) -> Result<Request<'a>> {
+        let (p, n) = (buf.as_mut_ptr() as *mut c_void, buf.len());
+        // SAFETY: buf stays borrowed by the request until dc_wait returns.
+        self.start(|g, st| unsafe { sys::dc_all_reduce_async(g, p, n, T::DTYPE, op as i32, st) })
+    }
+
+    /// [`Group::reduce`] without waiting (as [`Group::all_reduce_async`]).
+    pub fn reduce_async<'a, T: Element>(&'a self, buf: &'a mut [T], op: ReduceOp, root: u32) -> Result<Request<'a>> {
+        let (p, n) = (buf.as_mut_ptr() as *mut c_void, buf.len());
+        // SAFETY: as all_reduce_async.
+        self.start(|g, st| unsafe { sys::dc_reduce_async(g, p, n, T::DTYPE, op as i32, root, st) })
+    }
+
+    /// [`Group::broadcast`] without waiting (as [`Group::all_reduce_async`]).
+    pub fn broadcast_async<'a, T: Element>(&'a self, buf: &'a mut [T], root: u32) -> Result<Request<'a>> {
+        let (p, n) = (buf.as_mut_ptr() as *mut c_void, buf.len());
+        // SAFETY: as all_reduce_async.
+        self.start(|g, st| unsafe { sys::dc_broadcast_async(g, p, n, T::DTYPE, root, st) })
+    }
+
+    /// [`Group::all_gather`] without waiting (as [`Group::all_reduce_async`]; `send` is
+    /// borrowed too: the library reads it until the call ends).
+    pub fn all_gather_async<'a, T: Element>(&'a self, send: &'a [T], recv: &'a mut [T]) -> Result<Request<'a>> {
+        self.sizes(recv.len(), send.len(), "recv")?;
+        let (s, r, n) = (send.as_ptr() as *const c_void, recv.as_mut_ptr() as *mut c_void, send.len());
+        // SAFETY: as all_gather; both stay borrowed until dc_wait returns.
+        self.start(|g, st| unsafe { sys::dc_all_gather_async(g, s, r, n, T::DTYPE, st) })
+    }
+
+    /// [`Group::reduce_scatter`] without waiting (as [`Group::all_gather_async`]).
+    pub fn reduce_scatter_async<'a, T: Element>(&'a self, send: &'a [T], recv: &'a mut [T], op: ReduceOp) -> Result<Request<'a>> {
+        self.sizes(send.len(), recv.len(), "send")?;
+        let (s, r, n) = (send.as_ptr() as *const c_void, recv.as_mut_ptr() as *mut c_void, recv.len());
+        // SAFETY: as reduce_scatter; both stay borrowed until dc_wait returns.
+        self.start(|g, st| unsafe { sys::dc_reduce_scatter_async(g, s, r, n, T::DTYPE, op as i32, st) })
+    }
+
+    /// [`Group::barrier`] without waiting.
+    pub fn barrier_async(&self) -> Result<Request<'_>> {
+        // SAFETY: the group is valid.
+        self.start(|g, st| unsafe { sys::dc_barrier_async(g, st) })
     }
 }
 

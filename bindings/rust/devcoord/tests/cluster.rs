@@ -314,3 +314,41 @@ fn group_alloc_is_shared_with_the_worker() {
         assert_eq!(shared, (true, true));
     }
 }
+
+#[test]
+fn group_every_async_call_in_flight_at_once() {
+    let cluster = two_nodes();
+    let out = two_ranks(&cluster, |g| {
+        let r = g.rank() as i64;
+        let mut sum = vec![r + 1, -r];
+        let mut red = vec![r as f64 + 2.0];
+        let mut bc = vec![r as i32 * 7; 3];
+        let send = [r as f32, 0.5];
+        let mut gathered = vec![0f32; 4];
+        let rs_send: Vec<f64> = (0..4).map(|i| (r * 10 + i) as f64).collect();
+        let mut mine = vec![0f64; 2];
+        // Started in this order on every rank, waited for in the reverse one.
+        let reqs = vec![
+            g.all_reduce_async(&mut sum, ReduceOp::Sum).unwrap(),
+            g.reduce_async(&mut red, ReduceOp::Prod, 0).unwrap(),
+            g.broadcast_async(&mut bc, 1).unwrap(),
+            g.all_gather_async(&send, &mut gathered).unwrap(),
+            g.reduce_scatter_async(&rs_send, &mut mine, ReduceOp::Sum).unwrap(),
+            g.barrier_async().unwrap(),
+        ];
+        for req in reqs.into_iter().rev() {
+            req.wait().unwrap();
+        }
+        let refused = g.all_gather_async(&send, &mut [0f32; 3]).err().map(|e| e.code);
+        (r, sum, red, bc, gathered, mine, refused)
+    });
+    for (r, sum, red, bc, gathered, mine, refused) in out {
+        assert_eq!(sum, vec![3, -1]);
+        assert_eq!(red, if r == 0 { vec![6.0] } else { vec![3.0] });
+        assert_eq!(bc, vec![7; 3]);
+        assert_eq!(gathered, vec![0.0, 0.5, 1.0, 0.5]);
+        // sum over ranks of r * 10 + i is 10 + 2i; rank r gets elements [2r, 2r + 2)
+        assert_eq!(mine, vec![10.0 + 4.0 * r as f64, 12.0 + 4.0 * r as f64]);
+        assert_eq!(refused, Some(Code::InvalidArgument));
+    }
+}
