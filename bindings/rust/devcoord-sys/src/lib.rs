@@ -110,7 +110,7 @@ pub const DC_REDUCE_MAX: dc_reduce_op = 4;
 /// `DC_REDUCE_PROD` of the C headers.
 pub const DC_REDUCE_PROD: dc_reduce_op = 5;
 
-/// `dc_dtype` values (F16 = 5 and BF16 = 6 as the C library adds them).
+/// `DC_DTYPE_F32` of the C headers.
 pub const DC_DTYPE_F32: dc_dtype = 1;
 /// `DC_DTYPE_F64` of the C headers.
 pub const DC_DTYPE_F64: dc_dtype = 2;
@@ -118,6 +118,10 @@ pub const DC_DTYPE_F64: dc_dtype = 2;
 pub const DC_DTYPE_I32: dc_dtype = 3;
 /// `DC_DTYPE_I64` of the C headers.
 pub const DC_DTYPE_I64: dc_dtype = 4;
+/// `DC_DTYPE_F16` of the C headers (IEEE 754 binary16, reduced in float).
+pub const DC_DTYPE_F16: dc_dtype = 5;
+/// `DC_DTYPE_BF16` of the C headers (bfloat16, reduced in float).
+pub const DC_DTYPE_BF16: dc_dtype = 6;
 
 /// Opaque client handle (`dc_client`); safe to use from many threads at once.
 #[repr(C)]

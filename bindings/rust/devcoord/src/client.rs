@@ -404,7 +404,7 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// Element types tensors can hold: `f32`, `f64`, `i32`, `i64`.
+/// Element types tensors can hold: `f32`, `f64`, `i32`, `i64`, [`F16`], [`BF16`].
 pub trait Element: sealed::Sealed + Copy + Default {
     /// The library's dtype number.
     const DTYPE: i32;
@@ -422,6 +422,8 @@ element!(f32, sys::DC_DTYPE_F32);
 element!(f64, sys::DC_DTYPE_F64);
 element!(i32, sys::DC_DTYPE_I32);
 element!(i64, sys::DC_DTYPE_I64);
+element!(crate::half::F16, sys::DC_DTYPE_F16);
+element!(crate::half::BF16, sys::DC_DTYPE_BF16);
 
 // ---- the client --------------------------------------------------------------------------
 

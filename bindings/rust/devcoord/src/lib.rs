@@ -23,6 +23,7 @@ mod client;
 mod device;
 mod error;
 mod group;
+mod half;
 
 pub use client::{
     version, Client, ClusterStatus, DeviceInfo, Element, OpKind, OpRequest, OpResult, Options, PlanWorker, ReduceOp, Tensor,
@@ -31,6 +32,7 @@ pub use client::{
 pub use device::{Device, DeviceRef, LibTorchKind, WgpuKind};
 pub use error::{Code, Error, Result};
 pub use group::{Group, GroupOptions, Request, SharedBuf};
+pub use half::{BF16, F16};
 
 #[cfg(test)]
 mod tests {

@@ -352,3 +352,28 @@ fn group_every_async_call_in_flight_at_once() {
         assert_eq!(refused, Some(Code::InvalidArgument));
     }
 }
+
+#[test]
+fn group_f16_and_bf16() {
+    use devcoord::{BF16, F16};
+    let cluster = two_nodes();
+    let out = two_ranks(&cluster, |g| {
+        let r = g.rank() as f32;
+        let xs = [1.5 + 0.75 * r, -2.0 * (r + 1.0), 0.1 + 0.1 * r, 60000.0];
+        let mut h: Vec<F16> = xs.iter().map(|&x| F16::from_f32(x)).collect();
+        g.all_reduce(&mut h, ReduceOp::Sum).unwrap();
+        let mut b: Vec<BF16> = xs.iter().map(|&x| BF16::from_f32(x)).collect();
+        g.all_reduce(&mut b, ReduceOp::Max).unwrap();
+        let mut shared = g.alloc::<F16>(3).unwrap();
+        shared.copy_from_slice(&[F16::from(r), F16::from(1.0), F16::from(-r)]);
+        g.all_reduce(&mut shared, ReduceOp::Min).unwrap();
+        (h, b, shared.to_vec())
+    });
+    // Reduced in f32, rounded once: the sum of the two ranks' f16 values, rounded.
+    let sum = |a: f32, b: f32| F16::from_f32(F16::from_f32(a).to_f32() + F16::from_f32(b).to_f32());
+    for (h, b, shared) in out {
+        assert_eq!(h, vec![F16::from(3.75), F16::from(-6.0), sum(0.1, 0.2), F16(0x7c00)]);
+        assert_eq!(b, vec![BF16::from(2.25), BF16::from(-2.0), BF16::from(0.2), BF16::from(60000.0)]);
+        assert_eq!(shared, vec![F16::from(0.0), F16::from(1.0), F16::from(-1.0)]);
+    }
+}

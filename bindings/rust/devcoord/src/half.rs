@@ -1,0 +1,172 @@
+//! 16-bit floats as the library takes them ([`F16`], [`BF16`]): the bits, with conversions
+//! from and to `f32` (round to nearest, ties to even). The workers reduce them in `f32` and
+//! round once. Both are `#[repr(transparent)]` over `u16`, the layout of the `half` crate's
+//! `f16` and `bf16` (and burn's), so a slice of those can be viewed as a slice of these.
+
+/// IEEE 754 binary16: 1 sign, 5 exponent, 10 fraction bits.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct F16(pub u16);
+
+/// bfloat16: the upper half of an `f32` (1 sign, 8 exponent, 7 fraction bits).
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct BF16(pub u16);
+
+impl F16 {
+    /// The nearest binary16 (ties to even); out of range: infinity; NaN stays a NaN.
+    pub fn from_f32(x: f32) -> F16 {
+        let b = x.to_bits();
+        let sign = ((b >> 16) & 0x8000) as u16;
+        let exp = ((b >> 23) & 0xff) as i32;
+        let frac = b & 0x7f_ffff;
+        if exp == 0xff {
+            return F16(sign | 0x7c00 | if frac != 0 { 0x200 | (frac >> 13) as u16 } else { 0 });
+        }
+        let e = exp - 127 + 15;
+        if e >= 0x1f {
+            return F16(sign | 0x7c00);
+        }
+        if e <= 0 {
+            if e < -10 {
+                return F16(sign); // below half the smallest subnormal: zero
+            }
+            // A subnormal: the fraction with its implicit bit, shifted into 10 bits.
+            let m = frac | 0x80_0000;
+            let shift = (14 - e) as u32;
+            let half = 1u32 << (shift - 1);
+            let rest = m & ((1u32 << shift) - 1);
+            let mut v = m >> shift;
+            if rest > half || (rest == half && v & 1 == 1) {
+                v += 1;
+            }
+            return F16(sign | v as u16);
+        }
+        let mut v = ((e as u32) << 10) | (frac >> 13);
+        let rest = frac & 0x1fff;
+        if rest > 0x1000 || (rest == 0x1000 && v & 1 == 1) {
+            v += 1; // may carry into the exponent, up to infinity: still right
+        }
+        F16(sign | v as u16)
+    }
+
+    /// The exact `f32`.
+    pub fn to_f32(self) -> f32 {
+        let h = self.0 as u32;
+        let sign = (h & 0x8000) << 16;
+        let exp = (h >> 10) & 0x1f;
+        let frac = h & 0x3ff;
+        let bits = match (exp, frac) {
+            (0, 0) => sign,
+            (0, _) => {
+                // Subnormal: normalise.
+                let mut e = 127 - 15 + 1;
+                let mut f = frac;
+                while f & 0x400 == 0 {
+                    f <<= 1;
+                    e -= 1;
+                }
+                sign | ((e as u32) << 23) | ((f & 0x3ff) << 13)
+            }
+            (0x1f, _) => sign | 0x7f80_0000 | (frac << 13),
+            _ => sign | ((exp + 127 - 15) << 23) | (frac << 13),
+        };
+        f32::from_bits(bits)
+    }
+}
+
+impl BF16 {
+    /// The nearest bfloat16 (ties to even); NaN stays a (quiet) NaN.
+    pub fn from_f32(x: f32) -> BF16 {
+        let b = x.to_bits();
+        if x.is_nan() {
+            return BF16(((b >> 16) | 0x40) as u16);
+        }
+        BF16((b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16)
+    }
+
+    /// The exact `f32`.
+    pub fn to_f32(self) -> f32 {
+        f32::from_bits((self.0 as u32) << 16)
+    }
+}
+
+impl From<f32> for F16 {
+    fn from(x: f32) -> F16 {
+        F16::from_f32(x)
+    }
+}
+
+impl From<F16> for f32 {
+    fn from(x: F16) -> f32 {
+        x.to_f32()
+    }
+}
+
+impl From<f32> for BF16 {
+    fn from(x: f32) -> BF16 {
+        BF16::from_f32(x)
+    }
+}
+
+impl From<BF16> for f32 {
+    fn from(x: BF16) -> f32 {
+        x.to_f32()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_known_values() {
+        for (x, bits) in [
+            (0.0f32, 0x0000u16),
+            (-0.0, 0x8000),
+            (1.0, 0x3c00),
+            (-2.0, 0xc000),
+            (0.5, 0x3800),
+            (65504.0, 0x7bff),          // the largest
+            (65520.0, 0x7c00),          // rounds up to infinity
+            (6.103_515_6e-5, 0x0400),   // the smallest normal
+            (5.960_464_5e-8, 0x0001),   // the smallest subnormal
+            (2.980_232_2e-8, 0x0000),   // half of it: ties to even (0)
+            (1.0 + 1.0 / 2048.0, 0x3c00), // halfway between 1 and the next: to even
+            (1.0 + 3.0 / 2048.0, 0x3c02), // halfway, odd below: up
+            (f32::INFINITY, 0x7c00),
+        ] {
+            assert_eq!(F16::from_f32(x).0, bits, "{}", x);
+        }
+        assert!(F16::from_f32(f32::NAN).to_f32().is_nan());
+    }
+
+    #[test]
+    fn f16_round_trips_every_finite_value() {
+        for bits in 0..=0xffffu16 {
+            let h = F16(bits);
+            let x = h.to_f32();
+            if x.is_nan() {
+                assert_eq!(bits & 0x7c00, 0x7c00);
+                continue;
+            }
+            assert_eq!(F16::from_f32(x), h, "{:#06x} -> {}", bits, x);
+        }
+    }
+
+    #[test]
+    fn bf16_rounds_to_nearest_even() {
+        assert_eq!(BF16::from_f32(1.0).0, 0x3f80);
+        assert_eq!(BF16::from_f32(f32::from_bits(0x3f80_8000)).0, 0x3f80); // tie, even below
+        assert_eq!(BF16::from_f32(f32::from_bits(0x3f81_8000)).0, 0x3f82); // tie, odd below
+        assert_eq!(BF16::from_f32(f32::from_bits(0x3f80_8001)).0, 0x3f81);
+        assert_eq!(BF16(0x4049).to_f32(), 3.140_625);
+        assert!(BF16::from_f32(f32::NAN).to_f32().is_nan());
+        for bits in 0..=0xffffu16 {
+            let x = BF16(bits).to_f32();
+            if !x.is_nan() {
+                assert_eq!(BF16::from_f32(x).0, bits);
+            }
+        }
+    }
+}
