@@ -51,8 +51,9 @@ class _Caller:
 
     def put(self, group, buf, fut):
         group._hold()  # leave() waits for the call (released once its future is set)
+        item = (group, buf, fut)
         with self._lock:
-            self._q.append((group, buf, fut))
+            self._q.append(item)
             if self._running:
                 return
             self._running = True
@@ -60,8 +61,11 @@ class _Caller:
             threading.Thread(target=self._run, name="devcoord-hook", daemon=True).start()
         except BaseException:
             with self._lock:
-                self._q.pop()
                 self._running = False
+                for i, queued in enumerate(self._q):
+                    if queued is item:
+                        del self._q[i]
+                        break
             group._release()
             raise
 
