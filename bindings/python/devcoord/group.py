@@ -247,16 +247,20 @@ class Group:
         return arr
 
     def _address(self, buf):
+        if _is_torch(buf):
+            return buf.data_ptr()
         if _np is not None and isinstance(buf, _np.ndarray):
             return buf.ctypes.data
         return ctypes.addressof(ctypes.c_char.from_buffer(buf))
 
     def shared(self, buf):
-        """Whether buf (from alloc) is memory this rank's worker maps too."""
+        """Whether buf (from alloc, or devcoord.torch.empty) is memory this rank's worker
+        maps too."""
         return bool(lib.dc_group_buffer_shared(self._handle(), self._address(buf)))
 
     def free(self, buf):
-        """Gives back an array from alloc (before leave(), which frees the rest)."""
+        """Gives back an array from alloc, or a tensor from devcoord.torch.empty (before
+        leave(), which frees the rest)."""
         ptr = self._address(buf)
         if ptr in self._blocks:
             del self._blocks[ptr]

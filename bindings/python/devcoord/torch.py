@@ -98,6 +98,30 @@ def _caller(group):
         return c
 
 
+_DTYPES = {torch.float32: "f32", torch.float64: "f64", torch.int32: "i32", torch.int64: "i64",
+           torch.float16: "f16", torch.bfloat16: "bf16"}
+
+
+def empty(group, shape, dtype=torch.float32):
+    """A zeroed CPU tensor of `shape` (an int or a tuple) and `dtype` in the group's
+    dc_group_alloc memory (Group.alloc): shared with this rank's worker when it runs on
+    this host (group.shared(t) says whether it is), so a call on it, or on a contiguous
+    slice of it, moves no byte between this process and the worker. Valid until
+    group.free(t) or leave(), which frees what is left: do not use it after that."""
+    if dtype not in _DTYPES:
+        raise TypeError("devcoord.torch.empty: dtype %s: one of %s"
+                        % (dtype, ", ".join(str(d) for d in _DTYPES)))
+    arr = group.alloc(shape, _DTYPES[dtype])
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    count = 1
+    for n in shape:
+        count *= n
+    if count == 0:
+        group.free(arr)  # nothing to share
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(arr, dtype=dtype, count=count).view(shape)
+
+
 def allreduce_hook(state, bucket):
     """Averages bucket.buffer() in place over the group (one all-reduce "mean") and returns a
     torch.futures.Future holding it, completed when the call ends; a failed call sets its

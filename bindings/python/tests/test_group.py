@@ -356,6 +356,44 @@ class GroupTest(unittest.TestCase):
             self.assertEqual(i, [0, 1, 2, 3])
             self.assertIn("contiguous", err)
 
+    def test_torch_empty_is_shared_with_the_worker(self):
+        """devcoord.torch.empty: tensors of every dtype in the group's shared memory, zeroed,
+        reduced in place (a whole one and a slice), shared() and free() taking them."""
+        if torch is None:
+            self.skipTest("torch is not importable (Debian: apt-get install python3-torch)")
+        import devcoord.torch as dt
+
+        def fn(g):
+            r = g.rank
+            out = []
+            for dtype in (torch.float32, torch.float64, torch.int32, torch.int64,
+                          torch.float16, torch.bfloat16):
+                t = dt.empty(g, (2, 3), dtype)
+                zeroed = bool(torch.all(t == 0))
+                t += torch.arange(6, dtype=dtype).view(2, 3) + r
+                g.all_reduce(t, "sum")
+                g.all_reduce(t[1], "sum")  # a contiguous slice of the block: doubled
+                out.append((str(dtype), zeroed, g.shared(t), t.tolist()))
+                g.free(t)
+            big = dt.empty(g, 300000)
+            big.fill_(r + 1.0)
+            g.all_reduce(big, "sum")
+            out.append(("big", g.shared(big), bool(torch.all(big == 3.0))))
+            try:
+                dt.empty(g, 3, torch.uint8)
+            except TypeError as e:
+                out.append(str(e)[:28])
+            return out
+
+        res = self.ranks([A0, B0], fn)
+        for out in res.values():
+            for name, zeroed, shared, values in out[:6]:
+                self.assertTrue(zeroed, name)
+                self.assertTrue(shared, name)
+                self.assertEqual(values, [[1, 3, 5], [14, 18, 22]], name)
+            self.assertEqual(out[6], ("big", True, True))
+            self.assertEqual(out[7], "devcoord.torch.empty: dtype ")
+
     def test_ddp_hook_overlaps_in_order(self):
         """devcoord.torch.allreduce_hook as DDP calls it: buckets of several sizes (the
         larger ones through the staging block) started back to back, each future holding the
