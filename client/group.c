@@ -33,6 +33,9 @@
 #define GROUP_STAGE_MIN_BYTES (64u * 1024)
 /* The call link's setup (GroupCallLink, then the dial) is bounded by this. */
 #define LINK_DIAL_MS 2000u
+/* Asynchronous calls of one message on plain memory in flight at once through staging
+ * blocks of their own (group_call_async); more go with their bytes. */
+#define ASYNC_STAGES 4
 
 /* A block of dc_group_alloc: shared memory the worker maps as region (0: plain memory). */
 struct block {
@@ -40,6 +43,14 @@ struct block {
     size_t bytes;
     uint64_t region;
     struct block *next;
+};
+
+/* A staging block of asynchronous calls (one of the group's blocks), taken by one call from
+ * its start until its result is copied out (request_done). */
+struct astage {
+    uint8_t *base;
+    size_t bytes;
+    bool busy;
 };
 
 struct dc_group {
@@ -74,6 +85,10 @@ struct dc_group {
     struct dlink_out *link;
     struct dltls *link_tls;
     bool link_off; /* calls go as RPCs: turned off, or the link could not be opened */
+    /* Staging blocks of asynchronous calls; off once the worker could not map one. */
+    pthread_mutex_t astage_mtx;
+    struct astage astage[ASYNC_STAGES];
+    bool astage_off;
 };
 
 static uint32_t
@@ -97,6 +112,7 @@ group_free(dc_group *g)
         dlink_out_close(g->link);
         dltls_free(g->link_tls);
         pthread_mutex_destroy(&g->link_mtx);
+        pthread_mutex_destroy(&g->astage_mtx);
         pthread_mutex_destroy(&g->blocks_mtx);
         pthread_cond_destroy(&g->order_cv);
         pthread_mutex_destroy(&g->mtx);
@@ -126,6 +142,7 @@ group_from_reply(dc_client *c, const Devcoord__V1__GroupJoinResponse *resp,
     clock_cond_init(&g->order_cv);
     pthread_mutex_init(&g->blocks_mtx, NULL);
     pthread_mutex_init(&g->link_mtx, NULL);
+    pthread_mutex_init(&g->astage_mtx, NULL);
     if (getenv("DEVCOORD_GROUP_CALL_LINK") != NULL &&
         strcmp(getenv("DEVCOORD_GROUP_CALL_LINK"), "0") == 0) {
         g->link_off = true;
@@ -306,7 +323,16 @@ struct dc_request {
     dc_status st;
     void *recv;
     size_t recv_bytes;
+    /* Made in staging block `stage` of g (-1: none): its result, out_bytes at stage_out,
+     * goes to out once the reply is in. */
+    dc_group *g;
+    int stage;
+    const uint8_t *stage_out;
+    void *out;
+    size_t out_bytes;
 };
+
+static void astage_give(dc_group *g, int slot);
 
 /* The result of a call's reply into recv: DC_INTERNAL when its size is not recv_bytes. */
 static dc_code
@@ -333,6 +359,12 @@ request_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *rep
     (void)keep;
     if (code == DC_OK) {
         code = take_result(reply, rq->recv, rq->recv_bytes, &out);
+    }
+    if (rq->stage >= 0) {
+        if (code == DC_OK && rq->out_bytes > 0) {
+            memcpy(rq->out, rq->stage_out, rq->out_bytes);
+        }
+        astage_give(rq->g, rq->stage);
     }
     pthread_mutex_lock(&rq->mtx);
     rq->code = code;
@@ -678,32 +710,107 @@ group_call_piece_agreed(dc_group *g, const struct call *k, size_t per, dc_status
     return group_call_staged(g, k, in_bytes, st);
 }
 
+/* *staged: k made in place in the staging block at base (call_stage_bytes large), its input
+ * copied there. The worker reads the input before it writes the result over it. On one
+ * worker a reduce-scatter's result goes over the rank's own block of its input, and an
+ * all-gather's input is the rank's own block of its result, where the worker reduces or
+ * gathers straight from every rank's stage (lreduce). */
+static void
+stage_in(const dc_group *g, const struct call *k, size_t in_bytes, uint8_t *base,
+         struct call *staged)
+{
+    uint8_t *in = base;
+
+    *staged      = *k;
+    staged->recv = base;
+    if (k->kind == DC_OP_REDUCE_SCATTER && g->n_workers == 1) {
+        staged->recv = base + (size_t)g->rank * k->recv_bytes;
+    } else if (k->kind == DC_OP_ALL_GATHER && g->n_workers == 1) {
+        in += (size_t)g->rank * in_bytes;
+    }
+    memcpy(in, k->send, in_bytes);
+    staged->send = in;
+}
+
 /* k through the group's staging block (reserved for it, the group's order held): its input
  * copied in, the call in place there, the result copied out. */
 static dc_code
 group_call_staged(dc_group *g, const struct call *k, size_t in_bytes, dc_status *st)
 {
-    struct call staged = *k;
-    uint8_t *in;
+    struct call staged;
     dc_code code;
 
-    /* In place there: the worker reads the input before it writes the result over it. On
-     * one worker a reduce-scatter's result goes over the rank's own block of its input, and
-     * an all-gather's input is the rank's own block of its result, where the worker
-     * reduces or gathers straight from every rank's stage (lreduce). */
-    in          = g->stage;
-    staged.recv = g->stage;
-    if (k->kind == DC_OP_REDUCE_SCATTER && g->n_workers == 1) {
-        staged.recv = in + (size_t)g->rank * k->recv_bytes;
-    } else if (k->kind == DC_OP_ALL_GATHER && g->n_workers == 1) {
-        in += (size_t)g->rank * in_bytes;
-    }
-    memcpy(in, k->send, in_bytes);
-    staged.send = in;
+    stage_in(g, k, in_bytes, g->stage, &staged);
     if ((code = group_call_run(g, &staged, NULL, st)) == DC_OK && k->recv_bytes > 0) {
         memcpy(k->recv, staged.recv, k->recv_bytes);
     }
     return code;
+}
+
+/* A free staging block of asynchronous calls holding `bytes`, taken (made, or made larger,
+ * when none is: the smaller one freed); -1 when all ASYNC_STAGES are busy or the worker
+ * cannot map one (then never again: one stderr line, from dc_group_alloc). */
+static int
+astage_take(dc_group *g, size_t bytes)
+{
+    int slot = -1;
+    struct astage *a;
+    dc_status why;
+    void *base;
+    /* Sizes rounded up to a power of two (from 256 KiB), so that calls of a few sizes do
+     * not remap their blocks over and over. */
+    size_t want = 256u * 1024;
+
+    while (want < bytes && want <= SIZE_MAX / 2) {
+        want *= 2;
+    }
+    bytes = want >= bytes ? want : bytes;
+    pthread_mutex_lock(&g->astage_mtx);
+    for (int i = 0; i < ASYNC_STAGES && !g->astage_off; i++) {
+        a = &g->astage[i];
+        if (!a->busy && (slot < 0 || a->bytes >= bytes)) {
+            slot = i;
+            if (a->bytes >= bytes) {
+                break;
+            }
+        }
+    }
+    if (slot >= 0) {
+        g->astage[slot].busy = true;
+    }
+    pthread_mutex_unlock(&g->astage_mtx);
+    if (slot < 0 || g->astage[slot].bytes >= bytes) {
+        return slot;
+    }
+    /* Busy: the slot is this thread's alone until astage_give. */
+    a = &g->astage[slot];
+    if (a->base != NULL) {
+        dc_group_free(g, a->base);
+        a->base  = NULL;
+        a->bytes = 0;
+    }
+    if ((base = dc_group_alloc(g, bytes, &why)) != NULL && !dc_group_buffer_shared(g, base)) {
+        dc_group_free(g, base);
+        base = NULL;
+    }
+    pthread_mutex_lock(&g->astage_mtx);
+    a->base  = base;
+    a->bytes = base != NULL ? bytes : 0;
+    if (base == NULL) {
+        a->busy       = false;
+        g->astage_off = true;
+        slot          = -1;
+    }
+    pthread_mutex_unlock(&g->astage_mtx);
+    return slot;
+}
+
+static void
+astage_give(dc_group *g, int slot)
+{
+    pthread_mutex_lock(&g->astage_mtx);
+    g->astage[slot].busy = false;
+    pthread_mutex_unlock(&g->astage_mtx);
 }
 
 /* group_call_piece_agreed; a call the workers refuse because the ranks' calls do not match
@@ -928,7 +1035,8 @@ group_call_async_split(dc_group *g, const struct call *k, size_t per, dc_status 
     }
     pthread_mutex_init(&rq->mtx, NULL);
     clock_cond_init(&rq->cv);
-    *j = (struct split_job){ .g = g, .k = *k, .per = per, .rq = rq };
+    rq->stage = -1; /* finished by split_thread, not request_done */
+    *j        = (struct split_job){ .g = g, .k = *k, .per = per, .rq = rq };
     order_take(g, true);
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
@@ -999,11 +1107,38 @@ group_call(dc_group *g, const struct call *k, dc_status *st)
     return group_call_split(g, k, per, st);
 }
 
+/* For an asynchronous call of one message k: the staging block it is made in (*staged, its
+ * input copied there), when its buffers are plain memory of GROUP_STAGE_MIN_BYTES or more and
+ * the worker is on this host, as a blocking call's (group_call_small) but each call in a
+ * block of its own, taken until its reply is in; else -1 (its bytes go in the call). */
+static int
+async_stage(dc_group *g, const struct call *k, struct call *staged)
+{
+    size_t in_bytes, bytes;
+    uint64_t send_off, recv_off;
+    int slot;
+
+    if (g == NULL || k->kind == DC_OP_BARRIER || k->count == 0 || k->send == NULL ||
+        k->recv == NULL || dc_dtype_size(k->dtype) == 0) {
+        return -1;
+    }
+    in_bytes = call_in_bytes(g, k);
+    bytes    = call_stage_bytes(g, k);
+    if (bytes < GROUP_STAGE_MIN_BYTES || !worker_is_local(g->worker) ||
+        shm_place(g, k, in_bytes, &send_off, &recv_off) != 0 ||
+        (slot = astage_take(g, bytes)) < 0) {
+        return -1;
+    }
+    stage_in(g, k, in_bytes, g->astage[slot].base, staged);
+    return slot;
+}
+
 /* Starts k; NULL (st says why) when it could not start. */
 static dc_request *
 group_call_async(dc_group *g, const struct call *k, dc_status *st)
 {
     dc_status local;
+    struct call staged;
     dc_request *rq;
     size_t per;
 
@@ -1023,7 +1158,19 @@ group_call_async(dc_group *g, const struct call *k, dc_status *st)
     clock_cond_init(&rq->cv);
     rq->recv       = k->recv;
     rq->recv_bytes = k->recv_bytes;
+    rq->g          = g;
+    rq->stage      = async_stage(g, k, &staged);
+    if (rq->stage >= 0) {
+        /* In place in its staging block, the result copied out when the reply is in. */
+        rq->stage_out = staged.recv;
+        rq->out       = k->recv;
+        rq->out_bytes = k->recv_bytes;
+        k             = &staged;
+    }
     if (group_call_run(g, k, rq, st) != DC_OK) {
+        if (rq->stage >= 0) {
+            astage_give(g, rq->stage);
+        }
         pthread_cond_destroy(&rq->cv);
         pthread_mutex_destroy(&rq->mtx);
         free(rq);

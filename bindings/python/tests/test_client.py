@@ -34,15 +34,21 @@ except ImportError:
 A, B = "node-a/cuda:0", "node-b/cuda:0"
 
 
-def start_cluster(cluster, tc):
+def start_cluster(cluster, tc, http=False):
     """Coordinator and workers node-a, node-b (cuda:0 and cuda:1 each) on `cluster`, closed
-    at the end of the test class `tc`."""
+    at the end of the test class `tc`. http: each worker serves /metrics on a port of its
+    own, cluster.worker_http[name]."""
     tc.addClassCleanup(cluster.close)
     cluster.start_coordinator()
+    cluster.worker_http = {}
     for name in ("node-a", "node-b"):
+        extra = None
+        if http:
+            cluster.worker_http[name] = harness.free_port()
+            extra = {"http": "127.0.0.1:%d" % cluster.worker_http[name]}
         cluster.add_worker(name, [{"device": "cuda:0", "memory": "8GiB"},
                                   {"device": "cuda:1", "memory": "8GiB"}],
-                           labels={"rack": name[-1]})
+                           labels={"rack": name[-1]}, extra=extra)
     cluster.wait_workers(["node-a", "node-b"])
     return cluster
 
