@@ -533,6 +533,14 @@ extern "C" {
     pub fn dc_group_device(g: *const dc_group, rank: u32) -> *const c_char;
     /// `dc_group_leave`.
     pub fn dc_group_leave(g: *mut dc_group, st: *mut dc_status) -> dc_code;
+    /// `dc_f16_to_float`.
+    pub fn dc_f16_to_float(bits: u16) -> f32;
+    /// `dc_float_to_f16`.
+    pub fn dc_float_to_f16(value: f32) -> u16;
+    /// `dc_bf16_to_float`.
+    pub fn dc_bf16_to_float(bits: u16) -> f32;
+    /// `dc_float_to_bf16`.
+    pub fn dc_float_to_bf16(value: f32) -> u16;
     /// `dc_group_alloc`.
     pub fn dc_group_alloc(g: *mut dc_group, bytes: usize, st: *mut dc_status) -> *mut c_void;
     /// `dc_group_free`.

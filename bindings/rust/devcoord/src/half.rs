@@ -1,7 +1,10 @@
-//! 16-bit floats as the library takes them ([`F16`], [`BF16`]): the bits, with conversions
-//! from and to `f32` (round to nearest, ties to even). The workers reduce them in `f32` and
-//! round once. Both are `#[repr(transparent)]` over `u16`, the layout of the `half` crate's
-//! `f16` and `bf16` (and burn's), so a slice of those can be viewed as a slice of these.
+//! 16-bit floats as the library takes them ([`F16`], [`BF16`]): the bits, with the C
+//! library's conversions from and to `f32` (round to nearest, ties to even). The workers
+//! reduce them in `f32` and round once. Both are `#[repr(transparent)]` over `u16`, the
+//! layout of the `half` crate's `f16` and `bf16` (and burn's), so a slice of those can be
+//! viewed as a slice of these.
+
+use devcoord_sys as sys;
 
 /// IEEE 754 binary16: 1 sign, 5 exponent, 10 fraction bits.
 #[repr(transparent)]
@@ -14,80 +17,31 @@ pub struct F16(pub u16);
 pub struct BF16(pub u16);
 
 impl F16 {
-    /// The nearest binary16 (ties to even); out of range: infinity; NaN stays a NaN.
+    /// The nearest binary16 (ties to even); too large: infinity; NaN stays a NaN
+    /// (`dc_float_to_f16`).
     pub fn from_f32(x: f32) -> F16 {
-        let b = x.to_bits();
-        let sign = ((b >> 16) & 0x8000) as u16;
-        let exp = ((b >> 23) & 0xff) as i32;
-        let frac = b & 0x7f_ffff;
-        if exp == 0xff {
-            return F16(sign | 0x7c00 | if frac != 0 { 0x200 | (frac >> 13) as u16 } else { 0 });
-        }
-        let e = exp - 127 + 15;
-        if e >= 0x1f {
-            return F16(sign | 0x7c00);
-        }
-        if e <= 0 {
-            if e < -10 {
-                return F16(sign); // below half the smallest subnormal: zero
-            }
-            // A subnormal: the fraction with its implicit bit, shifted into 10 bits.
-            let m = frac | 0x80_0000;
-            let shift = (14 - e) as u32;
-            let half = 1u32 << (shift - 1);
-            let rest = m & ((1u32 << shift) - 1);
-            let mut v = m >> shift;
-            if rest > half || (rest == half && v & 1 == 1) {
-                v += 1;
-            }
-            return F16(sign | v as u16);
-        }
-        let mut v = ((e as u32) << 10) | (frac >> 13);
-        let rest = frac & 0x1fff;
-        if rest > 0x1000 || (rest == 0x1000 && v & 1 == 1) {
-            v += 1; // may carry into the exponent, up to infinity: still right
-        }
-        F16(sign | v as u16)
+        // SAFETY: a pure function of its argument.
+        F16(unsafe { sys::dc_float_to_f16(x) })
     }
 
-    /// The exact `f32`.
+    /// The exact `f32` (`dc_f16_to_float`).
     pub fn to_f32(self) -> f32 {
-        let h = self.0 as u32;
-        let sign = (h & 0x8000) << 16;
-        let exp = (h >> 10) & 0x1f;
-        let frac = h & 0x3ff;
-        let bits = match (exp, frac) {
-            (0, 0) => sign,
-            (0, _) => {
-                // Subnormal: normalise.
-                let mut e = 127 - 15 + 1;
-                let mut f = frac;
-                while f & 0x400 == 0 {
-                    f <<= 1;
-                    e -= 1;
-                }
-                sign | ((e as u32) << 23) | ((f & 0x3ff) << 13)
-            }
-            (0x1f, _) => sign | 0x7f80_0000 | (frac << 13),
-            _ => sign | ((exp + 127 - 15) << 23) | (frac << 13),
-        };
-        f32::from_bits(bits)
+        // SAFETY: as from_f32.
+        unsafe { sys::dc_f16_to_float(self.0) }
     }
 }
 
 impl BF16 {
-    /// The nearest bfloat16 (ties to even); NaN stays a (quiet) NaN.
+    /// The nearest bfloat16 (ties to even); NaN stays a NaN (`dc_float_to_bf16`).
     pub fn from_f32(x: f32) -> BF16 {
-        let b = x.to_bits();
-        if x.is_nan() {
-            return BF16(((b >> 16) | 0x40) as u16);
-        }
-        BF16((b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16)
+        // SAFETY: a pure function of its argument.
+        BF16(unsafe { sys::dc_float_to_bf16(x) })
     }
 
-    /// The exact `f32`.
+    /// The exact `f32` (`dc_bf16_to_float`).
     pub fn to_f32(self) -> f32 {
-        f32::from_bits((self.0 as u32) << 16)
+        // SAFETY: as from_f32.
+        unsafe { sys::dc_bf16_to_float(self.0) }
     }
 }
 
