@@ -87,6 +87,7 @@ struct dc_group {
     bool link_off; /* calls go as RPCs: turned off, or the link could not be opened */
     /* Staging blocks of asynchronous calls; off once the worker could not map one. */
     pthread_mutex_t astage_mtx;
+    pthread_cond_t astage_cv; /* a block given back (dc_group_leave waits for all) */
     struct astage astage[ASYNC_STAGES];
     bool astage_off;
 };
@@ -112,6 +113,7 @@ group_free(dc_group *g)
         dlink_out_close(g->link);
         dltls_free(g->link_tls);
         pthread_mutex_destroy(&g->link_mtx);
+        pthread_cond_destroy(&g->astage_cv);
         pthread_mutex_destroy(&g->astage_mtx);
         pthread_mutex_destroy(&g->blocks_mtx);
         pthread_cond_destroy(&g->order_cv);
@@ -143,6 +145,7 @@ group_from_reply(dc_client *c, const Devcoord__V1__GroupJoinResponse *resp,
     pthread_mutex_init(&g->blocks_mtx, NULL);
     pthread_mutex_init(&g->link_mtx, NULL);
     pthread_mutex_init(&g->astage_mtx, NULL);
+    clock_cond_init(&g->astage_cv);
     if (getenv("DEVCOORD_GROUP_CALL_LINK") != NULL &&
         strcmp(getenv("DEVCOORD_GROUP_CALL_LINK"), "0") == 0) {
         g->link_off = true;
@@ -285,9 +288,24 @@ dc_group_leave(dc_group *g, dc_status *st)
         pthread_cond_wait(&g->order_cv, &g->mtx);
     }
     pthread_mutex_unlock(&g->mtx);
+    /* So does an asynchronous call in its staging block: its reply copies the result out of
+     * it (request_done). Any other request left unfinished touches only its own memory. */
+    pthread_mutex_lock(&g->astage_mtx);
+    for (int i = 0; i < ASYNC_STAGES; i++) {
+        while (g->astage[i].busy) {
+            pthread_cond_wait(&g->astage_cv, &g->astage_mtx);
+        }
+    }
+    pthread_mutex_unlock(&g->astage_mtx);
     if (g->stage != NULL) {
         dc_group_free(g, g->stage); /* the worker unmaps it now, not at the generation's end */
         g->stage = NULL;
+    }
+    for (int i = 0; i < ASYNC_STAGES; i++) {
+        if (g->astage[i].base != NULL) {
+            dc_group_free(g, g->astage[i].base);
+            g->astage[i].base = NULL;
+        }
     }
     req.group_id   = g->id;
     req.generation = g->generation;
@@ -810,6 +828,7 @@ astage_give(dc_group *g, int slot)
 {
     pthread_mutex_lock(&g->astage_mtx);
     g->astage[slot].busy = false;
+    pthread_cond_broadcast(&g->astage_cv);
     pthread_mutex_unlock(&g->astage_mtx);
 }
 

@@ -8,7 +8,9 @@
  * buffer and an all-gather from the block into a plain buffer (both copied as usual, 40 bytes
  * in each), and an all-reduce where even ranks pass the block and odd ones plain memory.
  * Then it allocates blocks until the worker's bound on regions refuses one: that
- * block is plain memory, and an all-reduce on it (40 bytes in) still works. Prints
+ * block is plain memory, and an all-reduce on it (40 bytes in) still works. Last, when its
+ * block was shared, an asynchronous all-reduce of 80 KB of plain memory (staged) that rank 0
+ * leaves the group under before the others have called (leave_with_a_staged_call). Prints
  * "ok N shared S" (S: ranks whose first block was shared) and exits 0 when every result was
  * right, else names the first wrong one and exits 1.
  *
@@ -18,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "devcoord/devcoord.h"
 
@@ -78,6 +81,7 @@ out:
 }
 
 static int big_reduce_scatter(dc_group *g, struct rank_thread *t);
+static void leave_with_a_staged_call(dc_group **g, int64_t **buf, struct rank_thread *t);
 
 static void *
 rank_main(void *arg)
@@ -173,10 +177,54 @@ rank_main(void *arg)
         }
     }
     blocks_to_the_bound(g, t);
+    if (t->error[0] == '\0' && t->shared) {
+        leave_with_a_staged_call(&g, &buf, t);
+    }
 out:
     dc_group_free(g, buf);
     dc_group_leave(g, &st);
     return NULL;
+}
+
+/* An asynchronous call of 80 KB on plain memory (in a staging block of its own when the
+ * worker is on this host) that rank 0 leaves the group under, before the others have made
+ * it (they wait 300 ms): dc_group_leave waits for its reply, which copies the result out of
+ * the block, and the request is finished after it. *g and *buf are the group's, NULL once
+ * left. */
+static void
+leave_with_a_staged_call(dc_group **g, int64_t **buf, struct rank_thread *t)
+{
+    enum { N = 20000 };
+    uint32_t rank = dc_group_rank(*g), n = dc_group_size(*g);
+    float *a = malloc(N * sizeof(*a));
+    dc_request *rq;
+    dc_status st;
+    dc_code code;
+
+    if (a == NULL) {
+        FAIL(t, "%s: out of memory", t->self);
+    }
+    for (int i = 0; i < N; i++) {
+        a[i] = (float)rank + 1;
+    }
+    if (rank != 0) {
+        nanosleep(&(struct timespec){ .tv_nsec = 300 * 1000 * 1000 }, NULL);
+    }
+    if ((rq = dc_all_reduce_async(*g, a, N, DC_DTYPE_F32, DC_REDUCE_SUM, &st)) == NULL) {
+        FAIL(t, "%s: staged async all-reduce: %s", t->self, st.message);
+    }
+    if (rank == 0) {
+        dc_group_free(*g, *buf);
+        *buf = NULL;
+        dc_group_leave(*g, &st); /* the others' calls still to come */
+        *g = NULL;
+    }
+    if ((code = dc_wait(rq, &st)) != DC_OK || a[N - 1] != (float)(n * (n + 1) / 2)) {
+        FAIL(t, "%s: staged async all-reduce left behind: %s: %s, %g", t->self,
+             dc_status_name(code), st.message, (double)a[N - 1]);
+    }
+out:
+    free(a);
 }
 
 /* A reduce-scatter of n blocks of RS_BLOCK i64, rank-dependent, into the RS_BLOCK after them

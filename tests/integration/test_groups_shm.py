@@ -26,8 +26,9 @@ SHM = os.environ.get("DEVCOORD_GROUP_SHM") or os.path.join(
     os.path.dirname(os.path.abspath(harness.CTL)), "..", "tests", "devcoord-group-shm")
 ITERATIONS = 20
 # Per rank: ITERATIONS all-reduces, a broadcast, an all-gather, a reduce-scatter on its block,
-# and a large reduce-scatter on a block of its own.
-SHM_CALLS = ITERATIONS + 4
+# a large reduce-scatter on a block of its own, and last an asynchronous all-reduce of 80 KB
+# of plain memory in a staging block, rank 0 leaving under it (leave_with_a_staged_call).
+SHM_CALLS = ITERATIONS + 5
 # Per rank: three plain calls of five i64 in (all-reduce, all-gather, all-reduce on the
 # block the worker's bound refused).
 PLAIN_BYTES = 3 * 5 * 8
