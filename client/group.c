@@ -3,6 +3,7 @@
  * buffer of dc_group_alloc on the worker's host, in shared memory both map. */
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,9 +88,15 @@ struct dc_group {
     bool link_off; /* calls go as RPCs: turned off, or the link could not be opened */
     /* Staging blocks of asynchronous calls; off once the worker could not map one. */
     pthread_mutex_t astage_mtx;
-    pthread_cond_t astage_cv; /* a block given back (dc_group_leave waits for all) */
+    pthread_cond_t astage_cv; /* a request ended (dc_group_leave waits for all) */
     struct astage astage[ASYNC_STAGES];
     bool astage_off;
+    /* Asynchronous requests whose reply uses g (a staging block, or a whole call whose
+     * refusal must reach whole_forget); astage_mtx. */
+    unsigned async_pending;
+    /* An asynchronous whole call was refused because the ranks' calls did not match: the
+     * next holder of the group's order forgets what was agreed (group_call_piece's rule). */
+    atomic_bool whole_forget;
 };
 
 static uint32_t
@@ -288,13 +295,11 @@ dc_group_leave(dc_group *g, dc_status *st)
         pthread_cond_wait(&g->order_cv, &g->mtx);
     }
     pthread_mutex_unlock(&g->mtx);
-    /* So does an asynchronous call in its staging block: its reply copies the result out of
-     * it (request_done). Any other request left unfinished touches only its own memory. */
+    /* So does an asynchronous call whose reply uses g (request_done: a staging block to copy
+     * out of, a refusal to note). Any other request left unfinished touches only its own. */
     pthread_mutex_lock(&g->astage_mtx);
-    for (int i = 0; i < ASYNC_STAGES; i++) {
-        while (g->astage[i].busy) {
-            pthread_cond_wait(&g->astage_cv, &g->astage_mtx);
-        }
+    while (g->async_pending > 0) {
+        pthread_cond_wait(&g->astage_cv, &g->astage_mtx);
     }
     pthread_mutex_unlock(&g->astage_mtx);
     if (g->stage != NULL) {
@@ -342,8 +347,10 @@ struct dc_request {
     void *recv;
     size_t recv_bytes;
     /* Made in staging block `stage` of g (-1: none): its result, out_bytes at stage_out,
-     * goes to out once the reply is in. */
+     * goes to out once the reply is in. g: set when the reply uses the group (counted in
+     * g->async_pending), NULL otherwise. whole: an asynchronous whole call. */
     dc_group *g;
+    bool whole;
     int stage;
     const uint8_t *stage_out;
     void *out;
@@ -351,6 +358,7 @@ struct dc_request {
 };
 
 static void astage_give(dc_group *g, int slot);
+static void async_end(dc_group *g);
 
 /* The result of a call's reply into recv: DC_INTERNAL when its size is not recv_bytes. */
 static dc_code
@@ -383,6 +391,14 @@ request_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *rep
             memcpy(rq->out, rq->stage_out, rq->out_bytes);
         }
         astage_give(rq->g, rq->stage);
+    }
+    /* wcall_compute's words for calls that do not match (group_call_piece). */
+    if (rq->whole && code == DC_INVALID_ARGUMENT &&
+        strstr(out.message, ", rank 0 passed ") != NULL) {
+        atomic_store(&rq->g->whole_forget, true);
+    }
+    if (rq->g != NULL) {
+        async_end(rq->g); /* g is not touched after this: dc_group_leave may free it */
     }
     pthread_mutex_lock(&rq->mtx);
     rq->code = code;
@@ -674,6 +690,10 @@ whole_agree(dc_group *g, const struct call *k, size_t bytes, bool *agreed, dc_st
                       .in_split   = true };
     dc_code code;
 
+    if (atomic_exchange(&g->whole_forget, false)) {
+        g->whole_yes = 0; /* an asynchronous whole call was refused (request_done) */
+        g->whole_no  = 0;
+    }
     if (bytes <= g->whole_yes) {
         *agreed = true;
         return DC_OK;
@@ -828,6 +848,24 @@ astage_give(dc_group *g, int slot)
 {
     pthread_mutex_lock(&g->astage_mtx);
     g->astage[slot].busy = false;
+    pthread_mutex_unlock(&g->astage_mtx);
+}
+
+/* rq's reply will use g (request_done ends it with async_end). */
+static void
+async_begin(dc_group *g, dc_request *rq)
+{
+    rq->g = g;
+    pthread_mutex_lock(&g->astage_mtx);
+    g->async_pending++;
+    pthread_mutex_unlock(&g->astage_mtx);
+}
+
+static void
+async_end(dc_group *g)
+{
+    pthread_mutex_lock(&g->astage_mtx);
+    g->async_pending--;
     pthread_cond_broadcast(&g->astage_cv);
     pthread_mutex_unlock(&g->astage_mtx);
 }
@@ -1152,6 +1190,45 @@ async_stage(dc_group *g, const struct call *k, struct call *staged)
     return slot;
 }
 
+/* Whether k, larger than one message, can start as one asynchronous call that holds the
+ * group's order only until it has its seq: an all-reduce, reduce or broadcast of one piece
+ * (group_call_whole) of at most GROUP_WHOLE_MAX bytes, of a size the ranks agreed on before
+ * (whole_yes; the first call of a size goes through group_call_async_split, which votes), on
+ * shared memory as it is or through a staging block of its own (*stage, its input copied
+ * there). true: the order is taken, *staged is the call to make (in_split). */
+static bool
+async_whole_take(dc_group *g, const struct call *k, struct call *staged, int *stage)
+{
+    size_t elem = dc_dtype_size(k->dtype), in_bytes = call_in_bytes(g, k);
+    size_t held  = k->kind == DC_OP_REDUCE && g->n_workers > 1 ? g->n_workers - 1 : 1;
+    size_t bytes = call_stage_bytes(g, k);
+    uint64_t send_off, recv_off;
+
+    *stage = -1;
+    if ((k->kind != DC_OP_ALL_REDUCE && k->kind != DC_OP_REDUCE && k->kind != DC_OP_BROADCAST) ||
+        k->send == NULL || k->recv == NULL || bytes > GROUP_WHOLE_MAX ||
+        (g->n_workers > 1 && k->count > GROUP_WHOLE_MAX / held / elem) ||
+        !worker_is_local(g->worker)) {
+        return false;
+    }
+    order_take(g, false);
+    if (atomic_exchange(&g->whole_forget, false)) {
+        g->whole_yes = 0;
+        g->whole_no  = 0;
+    }
+    *staged = *k;
+    if (bytes > g->whole_yes || (shm_place(g, k, in_bytes, &send_off, &recv_off) == 0 &&
+                                 (*stage = astage_take(g, bytes)) < 0)) {
+        order_give(g, false);
+        return false;
+    }
+    if (*stage >= 0) {
+        stage_in(g, k, in_bytes, g->astage[*stage].base, staged);
+    }
+    staged->in_split = true; /* the order is held: its seq is taken without waiting */
+    return true;
+}
+
 /* Starts k; NULL (st says why) when it could not start. */
 static dc_request *
 group_call_async(dc_group *g, const struct call *k, dc_status *st)
@@ -1160,6 +1237,9 @@ group_call_async(dc_group *g, const struct call *k, dc_status *st)
     struct call staged;
     dc_request *rq;
     size_t per;
+    bool whole = false;
+    int stage  = -1;
+    dc_code code;
 
     if (st == NULL) {
         st = &local;
@@ -1167,32 +1247,49 @@ group_call_async(dc_group *g, const struct call *k, dc_status *st)
     status_clear(st);
     if (g != NULL && !k->in_split && k->kind != DC_OP_BARRIER && dc_dtype_size(k->dtype) != 0 &&
         k->count > (per = part_elements(g, k))) {
-        return group_call_async_split(g, k, per, st);
+        if (!async_whole_take(g, k, &staged, &stage)) {
+            return group_call_async_split(g, k, per, st);
+        }
+        whole = true;
+    } else {
+        stage = async_stage(g, k, &staged);
     }
     if ((rq = calloc(1, sizeof(*rq))) == NULL) {
-        status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
-        return NULL;
-    }
-    pthread_mutex_init(&rq->mtx, NULL);
-    clock_cond_init(&rq->cv);
-    rq->recv       = k->recv;
-    rq->recv_bytes = k->recv_bytes;
-    rq->g          = g;
-    rq->stage      = async_stage(g, k, &staged);
-    if (rq->stage >= 0) {
-        /* In place in its staging block, the result copied out when the reply is in. */
-        rq->stage_out = staged.recv;
-        rq->out       = k->recv;
-        rq->out_bytes = k->recv_bytes;
-        k             = &staged;
-    }
-    if (group_call_run(g, k, rq, st) != DC_OK) {
-        if (rq->stage >= 0) {
-            astage_give(g, rq->stage);
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    } else {
+        pthread_mutex_init(&rq->mtx, NULL);
+        clock_cond_init(&rq->cv);
+        rq->recv       = k->recv;
+        rq->recv_bytes = k->recv_bytes;
+        rq->stage      = stage;
+        rq->whole      = whole;
+        if (stage >= 0) {
+            /* In place in its staging block, the result copied out when the reply is in. */
+            rq->stage_out = staged.recv;
+            rq->out       = k->recv;
+            rq->out_bytes = k->recv_bytes;
         }
-        pthread_cond_destroy(&rq->cv);
-        pthread_mutex_destroy(&rq->mtx);
-        free(rq);
+        if (stage >= 0 || whole) {
+            async_begin(g, rq);
+            k = &staged;
+        }
+        code = group_call_run(g, k, rq, st);
+    }
+    if (whole) {
+        order_give(g, false); /* its seq is taken */
+    }
+    if (code != DC_OK) {
+        if (stage >= 0) {
+            astage_give(g, stage);
+        }
+        if (rq != NULL) {
+            if (rq->g != NULL) {
+                async_end(g);
+            }
+            pthread_cond_destroy(&rq->cv);
+            pthread_mutex_destroy(&rq->mtx);
+            free(rq);
+        }
         return NULL;
     }
     return rq;

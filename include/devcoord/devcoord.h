@@ -345,13 +345,17 @@ dc_code dc_barrier(dc_group *g, dc_status *st);
 /* The same calls started without waiting: each returns a request to finish with dc_wait
  * (NULL, st saying why, when it could not start). Several may be in flight on one group;
  * the k-th started by a rank is matched with the k-th of the others. Buffers must stay
- * valid, and untouched, until dc_wait returns. One of a message at most whose plain buffers
- * hold 64 KiB or more goes through a staging block of its own when the worker is on this
- * host (four such in flight per group; more carry their bytes). One larger than a message is
- * made as parts by a thread of the library (when every rank shares memory with its worker, an
- * all-reduce, reduce or broadcast as one call on shared memory, through a staging block when its
- * buffers are plain memory); calls this rank starts after it wait (inside their own call) until it
- * is made. Finish every request before dc_group_leave, which waits for such threads. */
+ * valid, and untouched, until dc_wait returns. When the worker is on this host, one whose
+ * plain buffers hold 64 KiB or more goes through a staging block of its own (four such in
+ * flight per group; more carry their bytes, or go as below). An all-reduce, reduce or
+ * broadcast larger than one message, of at most 64 MiB and no larger than a call this
+ * group has made whole before (the ranks agree on a size once), starts as one call too, on shared
+ * memory or through such a block. Any other call larger than a message is made as parts by a thread
+ * of the library (when every rank shares memory with its worker, an all-reduce, reduce or
+ * broadcast as one call on shared memory, through the group's staging block when its
+ * buffers are plain memory); calls this rank starts after it wait (inside their own call)
+ * until it is made. Finish every request before dc_group_leave, which waits for such threads
+ * and for calls in staging blocks. */
 typedef struct dc_request dc_request;
 
 dc_request *dc_all_reduce_async(dc_group *g, void *buf, size_t count, dc_dtype dtype,

@@ -529,6 +529,53 @@ class AsyncStagedTest(unittest.TestCase):
         # Rank 1's calls may find a block free again: its fifth is staged or carries its bytes.
         self.assertIn(got["node-b"], ([84000, 84000, 4], [4000, 4000, 5]))
 
+    def test_large_async_calls_start_without_waiting_for_each_other(self):
+        """Asynchronous all-reduces larger than one message (5 MiB), of a size the ranks have
+        agreed on before: each starts as one call that holds the group's order only until it
+        has its seq (on plain memory through a staging block of its own, on a block of
+        alloc() as it is), so a rank can start the next before the others have made the
+        first. Rank 1 makes its calls only once rank 0 has started all three: were a start
+        to wait for the call before it to end, which waits for rank 1, the ranks would wait
+        for each other until the calls' deadline."""
+        started = threading.Event()
+
+        def fn(g):
+            r = g.rank
+            n = 5 << 18  # f32: 5 MiB
+            first = numpy.full(n, r + 1.0, dtype=numpy.float32)
+            g.all_reduce(first, "sum")  # blocking: the ranks agree on the size here
+            bufs = [numpy.full(n, (r + 1.0) * (k + 1), dtype=numpy.float32) for k in range(2)]
+            shm = g.alloc(n, "f32")
+            shm[:] = r + 10.0
+            if r == 1:
+                started.wait(60)
+            reqs = [g.all_reduce_async(b, "sum") for b in bufs]
+            reqs.append(g.all_reduce_async(shm, "max"))
+            if r == 0:
+                started.set()
+            for q in reqs:
+                q.wait()
+            ok = [bool(numpy.all(first == 3.0))]
+            ok += [bool(numpy.all(b == 3.0 * (k + 1))) for k, b in enumerate(bufs)]
+            ok.append(bool(numpy.all(shm == 11.0)))
+            g.free(shm)
+            # Calls that do not match (rank 1 one element short): refused for both ranks,
+            # which then forget what they agreed; the next call is agreed on again and works.
+            bad = numpy.ones(n - r, dtype=numpy.float32)
+            try:
+                g.all_reduce_async(bad, "sum").wait()
+                ok.append("no refusal")
+            except devcoord.InvalidArgument as e:
+                ok.append("rank 0 passed" in e.message)
+            again = numpy.full(n, r + 1.0, dtype=numpy.float32)
+            g.all_reduce_async(again, "sum").wait()
+            ok.append(bool(numpy.all(again == 3.0)))
+            return ok
+
+        out = run_ranks(self.cluster.addr, [A0, B0], fn)
+        for res in out.values():
+            self.assertEqual(res, [True] * 6)
+
 
 if __name__ == "__main__":
     unittest.main()
