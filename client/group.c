@@ -347,18 +347,27 @@ struct dc_request {
     void *recv;
     size_t recv_bytes;
     /* Made in staging block `stage` of g (-1: none): its result, out_bytes at stage_out,
-     * goes to out once the reply is in. g: set when the reply uses the group (counted in
-     * g->async_pending), NULL otherwise. whole: an asynchronous whole call. */
+     * goes to recv once the reply is in (group_call_run cleared recv_bytes: the reply
+     * carries none). g: set when the reply uses the group (counted in g->async_pending),
+     * NULL otherwise. whole: an asynchronous whole call. */
     dc_group *g;
     bool whole;
     int stage;
     const uint8_t *stage_out;
-    void *out;
     size_t out_bytes;
 };
 
 static void astage_give(dc_group *g, int slot);
 static void async_end(dc_group *g);
+
+/* Whether a call was refused because the ranks' calls do not match (wcall_compute's words:
+ * "rank N (device) passed X, rank 0 passed Y (group ...)"): every rank then forgets what
+ * the group agreed (group_call_piece). */
+static bool
+calls_differ(dc_code code, const dc_status *st)
+{
+    return code == DC_INVALID_ARGUMENT && strstr(st->message, ", rank 0 passed ") != NULL;
+}
 
 /* The result of a call's reply into recv: DC_INTERNAL when its size is not recv_bytes. */
 static dc_code
@@ -388,14 +397,12 @@ request_done(void *arg, dc_code code, const dc_status *st, struct rpc_reply *rep
     }
     if (rq->stage >= 0) {
         if (code == DC_OK && rq->out_bytes > 0) {
-            memcpy(rq->out, rq->stage_out, rq->out_bytes);
+            memcpy(rq->recv, rq->stage_out, rq->out_bytes);
         }
         astage_give(rq->g, rq->stage);
     }
-    /* wcall_compute's words for calls that do not match (group_call_piece). */
-    if (rq->whole && code == DC_INVALID_ARGUMENT &&
-        strstr(out.message, ", rank 0 passed ") != NULL) {
-        atomic_store(&rq->g->whole_forget, true);
+    if (rq->whole && calls_differ(code, &out)) {
+        atomic_store(&rq->g->whole_forget, true); /* for the next holder of the order */
     }
     if (rq->g != NULL) {
         async_end(rq->g); /* g is not touched after this: dc_group_leave may free it */
@@ -632,6 +639,7 @@ static dc_request *group_call_async(dc_group *g, const struct call *k, dc_status
 /* What a call does when stage_reserve fails, for its message. */
 #define IN_PARTS "this call goes in parts"
 static dc_code stage_reserve(dc_group *g, size_t bytes, const char *then, dc_status *st);
+static uint8_t *stage_block_new(dc_group *g, size_t bytes, const char *then, dc_status *st);
 static void stage_drop(dc_group *g);
 static dc_code group_call_parts(dc_group *g, const struct call *k, size_t per, dc_status *st);
 static dc_code group_call_staged(dc_group *g, const struct call *k, size_t in_bytes, dc_status *st);
@@ -672,6 +680,24 @@ piece_ready(dc_group *g, const struct call *k, size_t bytes)
            stage_reserve(g, bytes, IN_PARTS, &why) == DC_OK;
 }
 
+/* Forgets what the group agreed (whole_yes, whole_no). The group's order held. */
+static void
+whole_forget_now(dc_group *g)
+{
+    g->whole_yes = 0;
+    g->whole_no  = 0;
+}
+
+/* whole_forget_now, when an asynchronous whole call's refusal asked for it (request_done).
+ * The group's order held. */
+static void
+whole_forget_pending(dc_group *g)
+{
+    if (atomic_exchange(&g->whole_forget, false)) {
+        whole_forget_now(g);
+    }
+}
+
 /* Whether every rank can make k, of `bytes`, whole (group_call_piece): known from an earlier
  * agreement of this group made for as many bytes or fewer (yes) or as many or more (no),
  * else agreed now by a one-element all-reduce (MIN of each rank's piece_ready), which every
@@ -690,10 +716,7 @@ whole_agree(dc_group *g, const struct call *k, size_t bytes, bool *agreed, dc_st
                       .in_split   = true };
     dc_code code;
 
-    if (atomic_exchange(&g->whole_forget, false)) {
-        g->whole_yes = 0; /* an asynchronous whole call was refused (request_done) */
-        g->whole_no  = 0;
-    }
+    whole_forget_pending(g);
     if (bytes <= g->whole_yes) {
         *agreed = true;
         return DC_OK;
@@ -786,15 +809,15 @@ group_call_staged(dc_group *g, const struct call *k, size_t in_bytes, dc_status 
 }
 
 /* A free staging block of asynchronous calls holding `bytes`, taken (made, or made larger,
- * when none is: the smaller one freed); -1 when all ASYNC_STAGES are busy or the worker
- * cannot map one (then never again: one stderr line, from dc_group_alloc). */
+ * when none is: the smaller one freed); -1 when all ASYNC_STAGES are busy or a block cannot
+ * be made (then never again; a refused mapping is said on stderr, stage_block_new). */
 static int
 astage_take(dc_group *g, size_t bytes)
 {
     int slot = -1;
     struct astage *a;
     dc_status why;
-    void *base;
+    uint8_t *base;
     /* Sizes rounded up to a power of two (from 256 KiB), so that calls of a few sizes do
      * not remap their blocks over and over. */
     size_t want = 256u * 1024;
@@ -827,10 +850,7 @@ astage_take(dc_group *g, size_t bytes)
         a->base  = NULL;
         a->bytes = 0;
     }
-    if ((base = dc_group_alloc(g, bytes, &why)) != NULL && !dc_group_buffer_shared(g, base)) {
-        dc_group_free(g, base);
-        base = NULL;
-    }
+    base = stage_block_new(g, bytes, "asynchronous calls carry their bytes from now on", &why);
     pthread_mutex_lock(&g->astage_mtx);
     a->base  = base;
     a->bytes = base != NULL ? bytes : 0;
@@ -883,12 +903,22 @@ group_call_piece(dc_group *g, const struct call *k, size_t per, dc_status *st)
 {
     dc_code code = group_call_piece_agreed(g, k, per, st);
 
-    /* wcall_compute's words: "rank N (device) passed X, rank 0 passed Y (group ...)". */
-    if (code == DC_INVALID_ARGUMENT && strstr(st->message, ", rank 0 passed ") != NULL) {
-        g->whole_yes = 0;
-        g->whole_no  = 0;
+    if (calls_differ(code, st)) {
+        whole_forget_now(g);
     }
     return code;
+}
+
+/* The most elements of one whole call of k (group_call_whole): all of them on one worker;
+ * across workers GROUP_WHOLE_MAX bytes a worker holds of it (a reduce's part from every other
+ * worker), at least one. */
+static size_t
+whole_piece_most(const dc_group *g, const struct call *k)
+{
+    size_t held = k->kind == DC_OP_REDUCE && g->n_workers > 1 ? g->n_workers - 1 : 1;
+    size_t most = g->n_workers == 1 ? k->count : GROUP_WHOLE_MAX / held / dc_dtype_size(k->dtype);
+
+    return most > 0 ? most : 1;
 }
 
 /* A call on shared memory carries no byte in a message, so a large all-reduce, reduce or
@@ -900,12 +930,9 @@ group_call_piece(dc_group *g, const struct call *k, size_t per, dc_status *st)
 static dc_code
 group_call_whole(dc_group *g, const struct call *k, size_t per, dc_status *st)
 {
-    size_t elem  = dc_dtype_size(k->dtype);
-    size_t held  = k->kind == DC_OP_REDUCE && g->n_workers > 1 ? g->n_workers - 1 : 1;
-    size_t most  = g->n_workers == 1 ? k->count : GROUP_WHOLE_MAX / held / elem;
+    size_t elem = dc_dtype_size(k->dtype), most = whole_piece_most(g, k);
     dc_code code = DC_OK;
 
-    most = most > 0 ? most : 1;
     for (size_t off = 0, len; off < k->count && code == DC_OK; off += len) {
         struct call piece = *k;
 
@@ -1112,6 +1139,19 @@ group_call_async_split(dc_group *g, const struct call *k, size_t per, dc_status 
     return rq;
 }
 
+/* Whether k of one message (in_bytes of input, bytes in a staging block) is worth copying
+ * through a staging block: its buffers are plain memory of GROUP_STAGE_MIN_BYTES or more
+ * and the worker is on this host (copying costs less than carrying the bytes to the worker
+ * and back). */
+static bool
+stage_worth(dc_group *g, const struct call *k, size_t in_bytes, size_t bytes)
+{
+    uint64_t send_off, recv_off;
+
+    return bytes >= GROUP_STAGE_MIN_BYTES && k->send != NULL && k->recv != NULL &&
+           worker_is_local(g->worker) && shm_place(g, k, in_bytes, &send_off, &recv_off) == 0;
+}
+
 /* Blocking call k of one message at most: through the staging block when its buffers are
  * plain memory of GROUP_STAGE_MIN_BYTES or more and the worker is on this host (copied in,
  * the call in place there, where the worker reduces without a byte through a socket: lreduce
@@ -1124,11 +1164,9 @@ group_call_small(dc_group *g, const struct call *k, dc_status *st)
 {
     size_t in_bytes = call_in_bytes(g, k), bytes = call_stage_bytes(g, k);
     struct call held = *k;
-    uint64_t send_off, recv_off;
     dc_code code;
 
-    if (bytes < GROUP_STAGE_MIN_BYTES || k->send == NULL || k->recv == NULL ||
-        !worker_is_local(g->worker) || shm_place(g, k, in_bytes, &send_off, &recv_off) != 0) {
+    if (!stage_worth(g, k, in_bytes, bytes)) {
         return group_call_run(g, k, NULL, st);
     }
     order_take(g, false);
@@ -1172,18 +1210,14 @@ static int
 async_stage(dc_group *g, const struct call *k, struct call *staged)
 {
     size_t in_bytes, bytes;
-    uint64_t send_off, recv_off;
     int slot;
 
-    if (g == NULL || k->kind == DC_OP_BARRIER || k->count == 0 || k->send == NULL ||
-        k->recv == NULL || dc_dtype_size(k->dtype) == 0) {
+    if (g == NULL || k->kind == DC_OP_BARRIER || k->count == 0 || dc_dtype_size(k->dtype) == 0) {
         return -1;
     }
     in_bytes = call_in_bytes(g, k);
     bytes    = call_stage_bytes(g, k);
-    if (bytes < GROUP_STAGE_MIN_BYTES || !worker_is_local(g->worker) ||
-        shm_place(g, k, in_bytes, &send_off, &recv_off) != 0 ||
-        (slot = astage_take(g, bytes)) < 0) {
+    if (!stage_worth(g, k, in_bytes, bytes) || (slot = astage_take(g, bytes)) < 0) {
         return -1;
     }
     stage_in(g, k, in_bytes, g->astage[slot].base, staged);
@@ -1199,23 +1233,17 @@ async_stage(dc_group *g, const struct call *k, struct call *staged)
 static bool
 async_whole_take(dc_group *g, const struct call *k, struct call *staged, int *stage)
 {
-    size_t elem = dc_dtype_size(k->dtype), in_bytes = call_in_bytes(g, k);
-    size_t held  = k->kind == DC_OP_REDUCE && g->n_workers > 1 ? g->n_workers - 1 : 1;
-    size_t bytes = call_stage_bytes(g, k);
+    size_t in_bytes = call_in_bytes(g, k), bytes = call_stage_bytes(g, k);
     uint64_t send_off, recv_off;
 
     *stage = -1;
     if ((k->kind != DC_OP_ALL_REDUCE && k->kind != DC_OP_REDUCE && k->kind != DC_OP_BROADCAST) ||
         k->send == NULL || k->recv == NULL || bytes > GROUP_WHOLE_MAX ||
-        (g->n_workers > 1 && k->count > GROUP_WHOLE_MAX / held / elem) ||
-        !worker_is_local(g->worker)) {
+        k->count > whole_piece_most(g, k) || !worker_is_local(g->worker)) {
         return false;
     }
     order_take(g, false);
-    if (atomic_exchange(&g->whole_forget, false)) {
-        g->whole_yes = 0;
-        g->whole_no  = 0;
-    }
+    whole_forget_pending(g);
     *staged = *k;
     if (bytes > g->whole_yes || (shm_place(g, k, in_bytes, &send_off, &recv_off) == 0 &&
                                  (*stage = astage_take(g, bytes)) < 0)) {
@@ -1266,7 +1294,6 @@ group_call_async(dc_group *g, const struct call *k, dc_status *st)
         if (stage >= 0) {
             /* In place in its staging block, the result copied out when the reply is in. */
             rq->stage_out = staged.recv;
-            rq->out       = k->recv;
             rq->out_bytes = k->recv_bytes;
         }
         if (stage >= 0 || whole) {
@@ -1675,23 +1702,21 @@ stage_drop(dc_group *g)
     }
 }
 
-/* g's staging block, at least bytes large and shared with its worker: kept, or made anew
- * (the smaller one freed); when it cannot be shared, stderr says so and what the call does
- * then. The group's order held. */
-static dc_code
-stage_reserve(dc_group *g, size_t bytes, const char *then, dc_status *st)
+/* A new staging block of `bytes`, one of g's blocks, shared with its worker; NULL when it
+ * cannot be (the worker remote, out of memory, the mapping refused: the refusal said on
+ * stderr with what the calls do then). */
+static uint8_t *
+stage_block_new(dc_group *g, size_t bytes, const char *then, dc_status *st)
 {
     struct block *b;
 
-    if (g->stage != NULL && g->stage_bytes >= bytes) {
-        return DC_OK;
-    }
-    stage_drop(g);
     if (!worker_is_local(g->worker)) {
-        return status_set(st, DC_UNAVAILABLE, "worker %s is not on this host", g->worker);
+        status_set(st, DC_UNAVAILABLE, "worker %s is not on this host", g->worker);
+        return NULL;
     }
     if ((b = calloc(1, sizeof(*b))) == NULL) {
-        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
     }
     b->bytes = bytes;
     if (block_share(g, b, st) != DC_OK) {
@@ -1700,13 +1725,28 @@ stage_reserve(dc_group *g, size_t bytes, const char *then, dc_status *st)
                 "%s (%s: %s): %s\n",
                 g->id, g->rank, bytes, g->worker, dc_status_name(st->code), st->message, then);
         free(b);
-        return st->code;
+        return NULL;
     }
     pthread_mutex_lock(&g->blocks_mtx);
     b->next   = g->blocks;
     g->blocks = b;
     pthread_mutex_unlock(&g->blocks_mtx);
-    g->stage       = b->base;
+    return b->base;
+}
+
+/* g's staging block, at least bytes large and shared with its worker: kept, or made anew
+ * (the smaller one freed); when it cannot be shared, stderr says so and what the call does
+ * then. The group's order held. */
+static dc_code
+stage_reserve(dc_group *g, size_t bytes, const char *then, dc_status *st)
+{
+    if (g->stage != NULL && g->stage_bytes >= bytes) {
+        return DC_OK;
+    }
+    stage_drop(g);
+    if ((g->stage = stage_block_new(g, bytes, then, st)) == NULL) {
+        return st->code;
+    }
     g->stage_bytes = bytes;
     return DC_OK;
 }

@@ -560,21 +560,34 @@ class AsyncStagedTest(unittest.TestCase):
             ok.append(bool(numpy.all(shm == 11.0)))
             g.free(shm)
             # Calls that do not match (rank 1 one element short): refused for both ranks,
-            # which then forget what they agreed; the next call is agreed on again and works.
+            # which then forget what they agreed, so the next call of the size is voted on
+            # again (a one-element i64 all-reduce: its 8 bytes in a call, to each worker)
+            # and works.
             bad = numpy.ones(n - r, dtype=numpy.float32)
             try:
                 g.all_reduce_async(bad, "sum").wait()
                 ok.append("no refusal")
             except devcoord.InvalidArgument as e:
                 ok.append("rank 0 passed" in e.message)
+            synced.wait()
+            if r == 0:
+                carried.append(self.call_bytes())
+            synced.wait()
             again = numpy.full(n, r + 1.0, dtype=numpy.float32)
             g.all_reduce_async(again, "sum").wait()
             ok.append(bool(numpy.all(again == 3.0)))
+            synced.wait()
+            if r == 0:
+                carried.append(self.call_bytes())
             return ok
 
+        synced = threading.Barrier(2, timeout=60)
+        carried = []
         out = run_ranks(self.cluster.addr, [A0, B0], fn)
         for res in out.values():
             self.assertEqual(res, [True] * 6)
+        for name in ("node-a", "node-b"):
+            self.assertEqual(carried[1][name][0] - carried[0][name][0], 8, name)
 
 
 if __name__ == "__main__":
