@@ -24,13 +24,12 @@ host).
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+import benchutil
+
 WAYS = ("gloo", "waiting", "overlapped")
 LABEL = {"gloo": "gloo", "waiting": "hook, waiting", "overlapped": "hook, overlapped"}
 
@@ -98,7 +97,7 @@ def rank_main(rank, a, devices, port, results):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--build", default=os.path.join(REPO, "build-bench"))
+    ap.add_argument("--build", default=os.path.join(benchutil.REPO, "build-bench"))
     ap.add_argument("--workers", type=int, choices=(1, 2), default=2)
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--depth", type=int, default=4)
@@ -111,35 +110,19 @@ def main():
                     "(to profile one)")
     a = ap.parse_args()
     a.ways = [w for w in WAYS if w in a.ways.split(",")]
-    build = os.path.abspath(a.build)
-    os.environ["DEVCOORD_BUILD_DIR"] = build
-    os.environ.setdefault("DEVCOORD_LIB", os.path.join(build, "client", "libdevcoord.so"))
-    sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
-    sys.path.insert(0, os.path.join(REPO, "bindings", "python"))
-    import harness  # noqa: E402  (reads DEVCOORD_BUILD_DIR)
+    harness = benchutil.use_build(a.build)
     import torch.multiprocessing as mp
 
-    c = harness.Cluster(heartbeat_ms=1000, dead_after_ms=10000, tmp_prefix="devcoord-ddp-")
+    c, http = benchutil.start_cluster(harness, ["node-a", "node-b"][:a.workers],
+                                      ["cuda:0", "cuda:1"], "devcoord-ddp-")
     try:
-        c.start_coordinator()
-        names = ["node-a", "node-b"][:a.workers]
-        http = {}
-        for n in names:
-            http[n] = harness.free_port()
-            c.add_worker(n, [{"device": "cuda:0", "memory": "8GiB"},
-                             {"device": "cuda:1", "memory": "8GiB"}],
-                         extra={"http": "127.0.0.1:%d" % http[n]})
-        c.wait_workers(names)
         a.address = c.addr
         devices = ["node-a/cuda:0", "node-b/cuda:0" if a.workers == 2 else "node-a/cuda:1"]
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = harness.free_port()  # gloo's rendezvous
         results = mp.get_context("spawn").SimpleQueue()
         mp.spawn(rank_main, args=(a, devices, port, results), nprocs=2, join=True)
         got = [results.get() for _ in range(2)]
-        call_link = sum(harness.metrics(http[n]).get(
-            "devcoord_group_call_bytes_received_total", 0) for n in names)
+        call_link = benchutil.call_bytes(harness, http)
     finally:
         c.close()
     print("DDP, 2 ranks on %d worker%s, MLP 256-%d x%d, batch %d, buckets of %g MiB: step "
@@ -152,7 +135,7 @@ def main():
         print("  %-17s %7.1f ms   (rounds: %s); CPU of both rank processes %.1f ms a step"
               % (LABEL[w], statistics.median(per_round) * 1e3,
                  " ".join("%.1f" % (x * 1e3) for x in per_round), cpu * 1e3))
-    print("  gradient bytes the ranks sent their workers on the call link: %.0f a step (0 when "
+    print("  gradient bytes the ranks' calls carried to their workers: %.0f a step (0 when "
           "every bucket went through shared memory)"
           % (call_link / max(1, len(a.ways) - ("gloo" in a.ways)) / a.rounds / a.steps))
     if not all(r[2] for r in got):

@@ -17,35 +17,25 @@ import sys
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+import benchutil
+
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--build", default=os.path.join(REPO, "build-bench"))
+    ap.add_argument("--build", default=os.path.join(benchutil.REPO, "build-bench"))
     ap.add_argument("--inflight", type=int, default=4)
     ap.add_argument("--sizes", default="262144:30,20000:30,1000:10")
     a = ap.parse_args()
     sizes = [tuple(int(x) for x in s.split(":")) for s in a.sizes.split(",")]
-    build = os.path.abspath(a.build)
-    os.environ["DEVCOORD_BUILD_DIR"] = build
-    os.environ.setdefault("DEVCOORD_LIB", os.path.join(build, "client", "libdevcoord.so"))
-    sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
-    sys.path.insert(0, os.path.join(REPO, "bindings", "python"))
-    import harness  # noqa: E402  (reads DEVCOORD_BUILD_DIR)
+    harness = benchutil.use_build(a.build)
     import numpy  # noqa: E402
     import devcoord  # noqa: E402
 
-    c = harness.Cluster(heartbeat_ms=1000, dead_after_ms=10000, tmp_prefix="devcoord-async-")
-    http, out, errors = {}, {}, []
+    c, http = benchutil.start_cluster(harness, ["node-a", "node-b"], ["cuda:0"],
+                                      "devcoord-async-")
+    out, errors = {}, []
     try:
-        c.start_coordinator()
-        for n in ("node-a", "node-b"):
-            http[n] = harness.free_port()
-            c.add_worker(n, [{"device": "cuda:0", "memory": "8GiB"}],
-                         extra={"http": "127.0.0.1:%d" % http[n]})
-        c.wait_workers(list(http))
         devs = ["node-a/cuda:0", "node-b/cuda:0"]
 
         def rank(me):
@@ -71,8 +61,7 @@ def main():
             t.start()
         for t in threads:
             t.join()
-        carried = sum(harness.metrics(p)["devcoord_group_call_bytes_received_total"]
-                      for p in http.values())
+        carried = benchutil.call_bytes(harness, http)
     finally:
         c.close()
     if errors:

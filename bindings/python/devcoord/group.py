@@ -274,8 +274,8 @@ class Group:
         return self._g
 
     def _hold(self):
-        """Counts work another thread will do on this group (devcoord.torch's hook calls
-        queued): leave() waits for it as for a call in flight. Raises once left."""
+        """Counts a call in flight, or one another thread will make (devcoord.torch's hook
+        calls queued): leave() waits until none is left. Raises once left."""
         with self._idle:
             self._handle()
             self._calls += 1
@@ -287,9 +287,8 @@ class Group:
 
     def _run(self, name, async_, args, keep):
         st = _lib.Status()
-        with self._idle:  # leave() must not free the group under this call
-            g = self._handle()
-            self._calls += 1
+        self._hold()  # leave() must not free the group under this call
+        g = self._g
         try:
             if async_:
                 req = getattr(lib, "dc_%s_async" % name)(g, *args, ctypes.byref(st))
@@ -300,9 +299,7 @@ class Group:
                 return r
             code = getattr(lib, "dc_" + name)(g, *args, ctypes.byref(st))
         finally:
-            with self._idle:
-                self._calls -= 1
-                self._idle.notify_all()
+            self._release()
         _check(code, st)
         return None
 

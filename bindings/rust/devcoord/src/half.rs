@@ -45,29 +45,23 @@ impl BF16 {
     }
 }
 
-impl From<f32> for F16 {
-    fn from(x: f32) -> F16 {
-        F16::from_f32(x)
-    }
-}
+macro_rules! from_f32 {
+    ($t:ident) => {
+        impl From<f32> for $t {
+            fn from(x: f32) -> $t {
+                $t::from_f32(x)
+            }
+        }
 
-impl From<F16> for f32 {
-    fn from(x: F16) -> f32 {
-        x.to_f32()
-    }
+        impl From<$t> for f32 {
+            fn from(x: $t) -> f32 {
+                x.to_f32()
+            }
+        }
+    };
 }
-
-impl From<f32> for BF16 {
-    fn from(x: f32) -> BF16 {
-        BF16::from_f32(x)
-    }
-}
-
-impl From<BF16> for f32 {
-    fn from(x: BF16) -> f32 {
-        x.to_f32()
-    }
-}
+from_f32!(F16);
+from_f32!(BF16);
 
 #[cfg(test)]
 mod tests {
