@@ -859,6 +859,16 @@ floods_leave_others_answered(unsigned max_contexts, unsigned n_floods, bool big_
         pthread_join(t[i], NULL);
         assert_true(fl[i].all_sent || fl[i].cut);
         cut += fl[i].cut;
+    }
+    /* The floods stay open, unread, until the server has closed as many as it should: the
+     * sweep closes a connection none of whose replies went for 1 s, and floods that were
+     * done sending and closed sooner (a loaded machine) would leave it nothing to close. */
+    rpc_server_connections(f.server, &c);
+    for (int i = 0; i < 1000 && c.closed_unread < cut_at_least; i++) {
+        sleep_ms(10);
+        rpc_server_connections(f.server, &c);
+    }
+    for (unsigned i = 0; i < n_floods; i++) {
         close(fl[i].fd);
     }
     free(batch);
@@ -1579,8 +1589,12 @@ test_wire_pack_into(void **state)
     nng_msg_free(m);
 }
 
+/* With --floods, the tests of connections that never read their replies, alone; without, the
+ * rest. Those floods close pipes mid-receive, which makes nng 1.5.2's socket close hang (the
+ * server abandons it, rpc_close_bounded) and nng_fini cannot run: nng's own objects are then
+ * left at exit, which the sanitizer build reports unless told (tests/CMakeLists.txt). */
 int
-main(void)
+main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_method_numbers_match_descriptor),
@@ -1608,7 +1622,14 @@ main(void)
         cmocka_unit_test(test_connections_that_never_read_hold_few_contexts_together),
         cmocka_unit_test(test_many_connections_that_never_read_are_closed),
     };
-    int rv = cmocka_run_group_tests(tests, NULL, NULL);
+    int rv;
+
+    if (argc > 1 && strcmp(argv[1], "--floods") == 0) {
+        cmocka_set_test_filter("*never_read*");
+    } else {
+        cmocka_set_skip_filter("*never_read*");
+    }
+    rv = cmocka_run_group_tests(tests, NULL, NULL);
     if (!rpc_server_abandoned()) {
         nng_fini(); /* it would wait for the abandoned close too */
     }
