@@ -589,6 +589,41 @@ class AsyncStagedTest(unittest.TestCase):
         for name in ("node-a", "node-b"):
             self.assertEqual(carried[1][name][0] - carried[0][name][0], 8, name)
 
+    def test_large_async_calls_with_one_rank_on_shared_memory(self):
+        """Five asynchronous all-reduces of 5 MiB, rank 0's buffers in blocks of alloc(),
+        rank 1's plain memory. Rank 1 starts all five first: four through staging blocks of
+        its own, the fifth (none free: no call can end before rank 0 makes it) through the
+        group's one staging block in a thread of its own, still one whole call, as rank 0's
+        five are on its blocks. The ranks' calls stay matched and every result is right."""
+        started = threading.Event()
+
+        def fn(g):
+            r = g.rank
+            n = 5 << 18  # f32: 5 MiB
+            first = numpy.full(n, r + 1.0, dtype=numpy.float32)
+            g.all_reduce(first, "sum")  # blocking: the ranks agree on the size here
+            if r == 0:
+                bufs = [g.alloc(n, "f32") for _ in range(5)]
+                for k, b in enumerate(bufs):
+                    b[:] = k + 1.0
+                started.wait(60)
+            else:
+                bufs = [numpy.full(n, 2.0 * (k + 1), dtype=numpy.float32) for k in range(5)]
+            reqs = [g.all_reduce_async(b, "sum") for b in bufs]
+            if r == 1:
+                started.set()
+            for q in reqs:
+                q.wait()
+            ok = [bool(numpy.all(first == 3.0))]
+            ok += [bool(numpy.all(b == 3.0 * (k + 1))) for k, b in enumerate(bufs)]
+            if r == 0:
+                for b in bufs:
+                    g.free(b)
+            return ok
+
+        out = run_ranks(self.cluster.addr, [A0, B0], fn)
+        for res in out.values():
+            self.assertEqual(res, [True] * 6)
 
 if __name__ == "__main__":
     unittest.main()
