@@ -85,6 +85,16 @@ fn registry_tensors_and_all_reduce() {
     c.submit(&OpRequest::all_reduce(pair(), "g", ReduceOp::Sum)).unwrap();
     assert_eq!(c.get::<f32>(B, "g").unwrap().data, vec![22.0, 44.0, 66.0]);
     assert_eq!(c.cordon("node-q").unwrap_err().code, Code::NotFound);
+
+    // Three ops done (two all-reduces and a broadcast), one failed (the broadcast of a
+    // tensor node-b lacks); the refusal while node-b was cordoned was never an op. list_ops
+    // gives the newest first, as many as asked.
+    let s = c.cluster_status().unwrap();
+    assert_eq!((s.ops_in_flight, s.ops_done, s.ops_failed), (0, 3, 1));
+    let newest = c.list_ops(1).unwrap();
+    assert_eq!(newest.len(), 1);
+    assert_eq!((newest[0].kind.as_str(), newest[0].state.as_str()), ("all-reduce", "done"));
+    assert_eq!(c.list_ops(0).unwrap().len(), 4);
 }
 
 #[test]
@@ -375,5 +385,38 @@ fn group_f16_and_bf16() {
         assert_eq!(h, vec![F16::from(3.75), F16::from(-6.0), sum(0.1, 0.2), F16(0x7c00)]);
         assert_eq!(b, vec![BF16::from(2.25), BF16::from(-2.0), BF16::from(0.2), BF16::from(60000.0)]);
         assert_eq!(shared, vec![F16::from(0.0), F16::from(1.0), F16::from(-1.0)]);
+    }
+}
+
+#[test]
+fn group_request_dropped_waits_and_test_reports_a_refusal() {
+    let cluster = two_nodes();
+    let out = two_ranks(&cluster, |g| {
+        let r = g.rank() as i64;
+        // Rank 1 makes its call 300 ms late: dropping rank 0's request must wait for the
+        // result, which is in the buffer once the drop returns.
+        if r == 1 {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        let mut sum = vec![r + 1; 4];
+        drop(g.all_reduce_async(&mut sum, ReduceOp::Sum).unwrap());
+        let after_drop = sum.clone();
+        // Calls that do not match (rank 1 one element longer): test() reports the refusal.
+        let mut bad = vec![1.0f32; 2 + r as usize];
+        let req = g.all_reduce_async(&mut bad, ReduceOp::Sum).unwrap();
+        let polled = loop {
+            match req.test() {
+                Ok(false) => std::thread::sleep(std::time::Duration::from_millis(5)),
+                Ok(true) => break None,
+                Err(e) => break Some(e),
+            }
+        };
+        let waited = req.wait().err().map(|e| e.code);
+        (after_drop, polled.map(|e| (e.code, e.message.contains("rank 1"))), waited)
+    });
+    for (after_drop, polled, waited) in out {
+        assert_eq!(after_drop, vec![3; 4]);
+        assert_eq!(polled, Some((Code::InvalidArgument, true)));
+        assert_eq!(waited, Some(Code::InvalidArgument));
     }
 }
