@@ -71,7 +71,10 @@ def _buffer(obj, what, writable=True):
     if mv.readonly:
         if writable or not isinstance(mv.obj, bytes):
             raise error_for(3, "%s: the buffer is read-only" % what)
-        return mv.obj, count, dt, mv
+        # ctypes passes a bytes object as a pointer to its start: a view of part of it is
+        # copied out (a send buffer is only read).
+        raw = mv.obj if mv.nbytes == len(mv.obj) else mv.tobytes()
+        return raw, count, dt, (mv, raw)
     if mv.nbytes == 0:
         return None, 0, dt, mv
     flat = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
@@ -97,6 +100,7 @@ class Request:
         """True when the call has ended (wait() then returns at once); raises its error if
         it failed. False while another thread waits inside wait() for it to end."""
         if self._ended:
+            self.wait()  # raises its error again if it failed
             return True
         if not self._lock.acquire(blocking=False):
             return self._ended
@@ -236,7 +240,7 @@ class Group:
         st = _lib.Status()
         ptr = lib.dc_group_alloc(self._handle(), nbytes, ctypes.byref(st))
         if not ptr:
-            _raise(st)
+            _raise(st.code or 8, st)
         ctypes.memset(ptr, 0, nbytes)
         raw = (ctypes.c_char * nbytes).from_address(ptr)
         self._blocks[ptr] = raw

@@ -75,6 +75,9 @@ class ClientTest(unittest.TestCase):
         self.assertEqual([d.name for d in self.client.devices(worker="node-b")],
                          ["node-b/cuda:0", "node-b/cuda:1"])
         self.assertEqual(self.client.devices(backend="rocm"), [])
+        self.assertEqual([d.name for d in self.client.devices(label="rack=a")],
+                         ["node-a/cuda:0", "node-a/cuda:1"])
+        self.assertEqual(self.client.devices(label="rack=z"), [])
         self.assertEqual(self.client.device("node-b/cuda:1").worker, "node-b")
         status = self.client.cluster_status()
         self.assertEqual((status.workers_alive, status.devices_by_backend["cuda"], status.ready),
@@ -101,6 +104,11 @@ class ClientTest(unittest.TestCase):
         self.client.put(A, "mat", m)
         listed = {t.name: t for t in self.client.tensors(A)}
         self.assertEqual((listed["mat"].dtype, listed["mat"].shape), ("i32", [2, 3]))
+        # shape= given: stored with that shape, the elements as they were
+        self.client.put(A, "shaped", [1, 2, 3, 4, 5, 6], dtype="i64", shape=[3, 2])
+        listed = {t.name: t for t in self.client.tensors(A)}
+        self.assertEqual((listed["shaped"].dtype, listed["shaped"].shape), ("i64", [3, 2]))
+        self.assertEqual(self.client.get(A, "shaped").tolist(), [1, 2, 3, 4, 5, 6])
         self.client.put(A, "raw", bytes(array.array("f", [9.0, 8.0])), dtype="f32")
         self.assertEqual(self.client.get(A, "raw").tolist(), [9.0, 8.0])
         self.client.delete(A, "raw")
@@ -153,6 +161,41 @@ class ClientTest(unittest.TestCase):
             self.assertEqual(self.client.get(dev, "g").tolist(), [11.0, 22.0, 33.0])
         self.assertEqual(self.client.get_op(op.op_id).state, "done")
         self.assertIn(op.op_id, [o.op_id for o in self.client.list_ops()])
+        # plan(): the same op checked and planned, not run: no worker answered, the tensors
+        # are as the all-reduce left them
+        plan = self.client.plan("all-reduce", [A, B], "g", reduce="sum")
+        self.assertEqual((plan.devices, plan.results), ([A, B], []))
+        self.assertNotEqual(plan.state, "done")
+        for dev in (A, B):
+            self.assertEqual(self.client.get(dev, "g").tolist(), [11.0, 22.0, 33.0])
+
+    def test_rooted_ops_output_tensor_and_list_limit(self):
+        """submit passes root (broadcast from rank 1; reduce into rank 1 only) and
+        output_tensor (all-gather's output under that name, Op.tensor / Op.output_tensor
+        each the right one), and list_ops(limit) returns that many, newest first."""
+        self.client.put(A, "bc", [1.0, 2.0])
+        self.client.put(B, "bc", [3.0, 4.0])
+        op = self.client.submit("broadcast", [A, B], "bc", root=1)
+        self.assertEqual((op.kind, op.root, op.state), ("broadcast", 1, "done"))
+        for dev in (A, B):
+            self.assertEqual(self.client.get(dev, "bc").tolist(), [3.0, 4.0])
+        self.client.put(A, "rd", [1.0, 2.0])
+        self.client.put(B, "rd", [3.0, 4.0])
+        reduced = self.client.submit("reduce", [A, B], "rd", reduce="sum", root=1)
+        self.assertEqual((reduced.reduce, reduced.root), ("sum", 1))
+        self.assertEqual(self.client.get(B, "rd").tolist(), [4.0, 6.0])
+        self.assertEqual(self.client.get(A, "rd").tolist(), [1.0, 2.0])  # not the root
+        self.client.put(A, "ag", [1.0, 2.0])
+        self.client.put(B, "ag", [3.0, 4.0])
+        gathered = self.client.submit("all-gather", [A, B], "ag", output_tensor="ag-out")
+        self.assertEqual((gathered.tensor, gathered.output_tensor), ("ag", "ag-out"))
+        self.assertEqual(self.client.get_op(gathered.op_id).output_tensor, "ag-out")
+        for dev, mine in ((A, [1.0, 2.0]), (B, [3.0, 4.0])):
+            self.assertEqual(self.client.get(dev, "ag-out").tolist(), [1.0, 2.0, 3.0, 4.0])
+            self.assertEqual(self.client.get(dev, "ag").tolist(), mine)  # the input, as it was
+        self.assertEqual([o.op_id for o in self.client.list_ops(limit=2)],
+                         [gathered.op_id, reduced.op_id])
+        self.assertEqual([o.op_id for o in self.client.list_ops(1)], [gathered.op_id])
 
     def test_plan_refuses_nested_autodiff(self):
         plan = self.client.plan("all-reduce", ["node-a/autodiff(cuda:0)",
@@ -188,6 +231,11 @@ class ClientTest(unittest.TestCase):
                 self.client.submit("all-reduce", [A, B], "g", reduce="sum")
             self.assertEqual(cm.exception.code, "FAILED_PRECONDITION")
             self.assertIn("cordoned", cm.exception.message)
+            refused = cm.exception.op  # the coordinator answered: its Op is on the error
+            self.assertIsNotNone(refused)
+            self.assertEqual((refused.kind, refused.tensor, refused.state, refused.code),
+                             ("all-reduce", "g", "failed", "FAILED_PRECONDITION"))
+            self.assertEqual(refused.message, cm.exception.message)
         finally:
             self.assertEqual(self.client.uncordon("node-b").state, "alive")
         self.assertEqual(self.client.drain("node-b").state, "draining")

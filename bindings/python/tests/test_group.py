@@ -188,14 +188,15 @@ class GroupTest(unittest.TestCase):
             g.all_reduce(x, "sum")
             got = x.tolist() if numpy is not None else x.cast("B").cast("f").tolist()
             plain = array.array("f", [1.0])
-            res = (x_shared, g.shared(plain), got == want, got)
             g.free(x)
+            # shared() only looks the address up: once freed it is no block of the group's
+            res = (x_shared, g.shared(plain), got == want, g.shared(x), got)
             return res
 
         out = run_ranks(self.cluster.addr, [A0, A1], fn)
         for me, res in out.items():
             self.assertNotIsInstance(res, Exception, (me, res))
-            self.assertEqual(res[:3], (True, False, True), (me, res))
+            self.assertEqual(res[:4], (True, False, True, False), (me, res))
 
     def test_f16_through_numpy(self):
         def fn(g):
@@ -250,6 +251,54 @@ class GroupTest(unittest.TestCase):
             self.assertEqual(b, [1.0] * 3)
             self.assertEqual(err, "INVALID_ARGUMENT")
 
+    def test_request_test_before_the_end_and_on_failure(self):
+        """Request.test(): False while the call cannot have ended (rank 1 makes its call only
+        once rank 0 has tested its own), True once waited for; on a call that fails (the
+        ranks' sizes differ) it raises the call's error, as wait() then does too."""
+        tested = threading.Event()
+
+        def fn(g):
+            r = g.rank
+            a = array.array("q", [r + 1, 10 * (r + 1)])
+            if r == 1:
+                tested.wait(60)
+                req = g.all_reduce_async(a, "sum")
+                early = None
+            else:
+                try:
+                    req = g.all_reduce_async(a, "sum")
+                    early = req.test()
+                finally:
+                    tested.set()
+            req.wait()
+            ended = req.test()
+            bad = g.all_reduce_async(array.array("f", [1.0] * (2 + r)), "sum")
+            while True:  # ends: the call's deadline bounds it
+                try:
+                    if bad.test():
+                        raised = "ended without an error"
+                        break
+                except devcoord.InvalidArgument as e:
+                    raised = e.code
+                    break
+                time.sleep(0.002)
+            again = []
+            for call in (bad.wait, bad.test):  # both raise it again, every time
+                try:
+                    call()
+                    again.append(None)
+                except devcoord.InvalidArgument as e:
+                    again.append(e.code)
+            return r, early, ended, a.tolist(), raised, again
+
+        out = self.ranks([A1, B0], fn)
+        for r, early, ended, a, raised, again in out.values():
+            self.assertEqual(early, None if r == 1 else False)
+            self.assertTrue(ended)
+            self.assertEqual(a, [3, 30])
+            self.assertEqual(raised, "INVALID_ARGUMENT")
+            self.assertEqual(again, ["INVALID_ARGUMENT"] * 2)
+
     def test_one_request_waited_for_by_several_threads(self):
         """Threads waiting for one request at once (Group.leave() does beside the owner's
         wait): the library's request is finished once, each thread sees the outcome."""
@@ -272,12 +321,18 @@ class GroupTest(unittest.TestCase):
         self.assertEqual(list(out.values()), [30, 30])
 
     def test_leave_waits_for_calls_and_close_leaves(self):
+        """leave() waits for the requests in flight (rank 1 starts its call 0.5 s late): once
+        it returns the request has ended and its result is in place before wait(); calls
+        after leave() and on the groups close() left are refused."""
         def rank(me, out):
             c = devcoord.Client(self.cluster.addr, timeout_ms=30000)
             g = devcoord.Group(c, [A0, B0], me, timeout_ms=20000)
             a = array.array("f", [g.rank + 1.0] * 2)
+            if g.rank == 1:
+                time.sleep(0.5)
             req = g.all_reduce_async(a, "sum")
             g.leave()  # waits for the call first
+            after_leave = (req.test(), a.tolist())
             try:
                 g.barrier()
             except devcoord.FailedPrecondition as e:
@@ -289,7 +344,7 @@ class GroupTest(unittest.TestCase):
             except devcoord.FailedPrecondition as e:
                 closed = e.message
             req.wait()
-            out[me] = (a.tolist(), left, closed)
+            out[me] = (a.tolist(), left, closed, after_leave)
 
         out = {}
         threads = [threading.Thread(target=rank, args=(me, out)) for me in (A0, B0)]
@@ -298,19 +353,64 @@ class GroupTest(unittest.TestCase):
         for t in threads:
             t.join(90)
         self.assertEqual(sorted(out), [A0, B0])
-        for a, left, closed in out.values():
+        for a, left, closed, after_leave in out.values():
             self.assertEqual(a, [3.0, 3.0])
+            self.assertEqual(after_leave, (True, [3.0, 3.0]))
             self.assertEqual(left, "the group has been left")
             self.assertEqual(closed, "the group has been left")
 
+    def test_read_only_views_and_a_failed_alloc(self):
+        """A send buffer that is a read-only view of part of a bytes object sends that part
+        (all_gather, reduce_scatter), not the object from its start; an alloc the library
+        cannot make raises a devcoord.Error."""
+        def fn(g):
+            r = g.rank
+            whole = array.array("f", [100.0 + r, 1.0 + r, 2.0 + r]).tobytes()
+            part = memoryview(whole).cast("f")[1:]  # read-only, 4 bytes into the object
+            every = array.array("f", [0.0] * 4)
+            g.all_gather(part, every)
+            blocks = array.array("d", [-1.0, 10.0 * r, 20.0 * r]).tobytes()
+            mine = array.array("d", [0.0])
+            g.reduce_scatter(memoryview(blocks).cast("d")[1:], mine, "sum")
+            try:
+                g.alloc(1 << 58, "f32")  # 1 EiB
+                failed = None
+            except devcoord.Error as e:
+                failed = (type(e).__name__, e.message)
+            return every.tolist(), mine.tolist(), failed
+
+        out = run_ranks(self.cluster.addr, [A0, B0], fn)
+        for me, res in out.items():
+            self.assertNotIsInstance(res, Exception, (me, res))
+        got = {me: res for me, res in out.items()}
+        self.assertEqual(got[A0][0], [1.0, 2.0, 2.0, 3.0])
+        self.assertEqual(got[B0][0], [1.0, 2.0, 2.0, 3.0])
+        self.assertEqual((got[A0][1], got[B0][1]), ([10.0], [20.0]))
+        for me in (A0, B0):
+            self.assertEqual(got[me][2][0], "ResourceExhausted", (me, got[me][2]))
+
     def test_local_refusals(self):
+        """Calls the package refuses before the library sees them: a read-only buffer (a
+        bytes object or a read-only numpy array) for an in-place call, an unknown reduce op,
+        all_gather's recv / reduce_scatter's send of the wrong size, send and recv of two
+        dtypes, a numpy array that is not C-contiguous."""
         def fn(g):
             errs = []
-            for call in (lambda: g.all_reduce(memoryview(array.array("f", [1.0])).toreadonly()),
-                         lambda: g.all_reduce(array.array("f", [1.0]), "avg"),
-                         lambda: g.all_gather(array.array("f", [1.0]), array.array("f", [0.0])),
-                         lambda: g.all_gather(array.array("f", [1.0]),
-                                              array.array("d", [0.0, 0.0]))):
+            calls = [lambda: g.all_reduce(memoryview(array.array("f", [1.0])).toreadonly()),
+                     lambda: g.all_reduce(array.array("f", [1.0]), "avg"),
+                     lambda: g.all_gather(array.array("f", [1.0]), array.array("f", [0.0])),
+                     lambda: g.all_gather(array.array("f", [1.0]),
+                                          array.array("d", [0.0, 0.0])),
+                     lambda: g.all_reduce(memoryview(array.array("f", [1.0]).tobytes())
+                                          .cast("f")),
+                     lambda: g.reduce_scatter(array.array("f", [1.0] * 3),
+                                              array.array("f", [0.0]))]
+            if numpy is not None:
+                frozen = numpy.ones(2, numpy.float32)
+                frozen.flags.writeable = False
+                calls += [lambda: g.all_reduce(frozen),
+                          lambda: g.all_reduce(numpy.zeros((2, 4), numpy.float32)[:, ::2])]
+            for call in calls:
                 try:
                     call()
                     errs.append(None)
@@ -325,6 +425,11 @@ class GroupTest(unittest.TestCase):
             self.assertIn("unknown reduce op 'avg'", errs[1])
             self.assertIn("recv has 1 elements, expected 2", errs[2])
             self.assertIn("send is f32 but recv is f64", errs[3])
+            self.assertIn("read-only", errs[4])  # a bytes object is never written to
+            self.assertIn("send has 3 elements, expected 2", errs[5])
+            if numpy is not None:
+                self.assertIn("the numpy array is read-only", errs[6])
+                self.assertIn("not C-contiguous", errs[7])
 
     def test_torch_tensor_in_place(self):
         if torch is None:
