@@ -562,6 +562,14 @@ class GroupTest(unittest.TestCase):
 
 
 @unittest.skipIf(numpy is None, "numpy is not importable (Debian: apt-get install python3-numpy)")
+def agree_on_size(g, n):
+    """A blocking all-reduce of n f32 on plain memory, rank r's elements r + 1: the ranks
+    agree here whether calls of that size go whole. Whether its result is right."""
+    first = numpy.full(n, g.rank + 1.0, dtype=numpy.float32)
+    g.all_reduce(first, "sum")
+    return bool(numpy.all(first == 3.0))
+
+
 class AsyncStagedTest(unittest.TestCase):
     """Asynchronous calls of one message on plain memory of 64 KiB or more, the worker on the
     rank's host: each through a staging block of its own (up to four in flight), none of
@@ -647,8 +655,7 @@ class AsyncStagedTest(unittest.TestCase):
         def fn(g):
             r = g.rank
             n = 5 << 18  # f32: 5 MiB
-            first = numpy.full(n, r + 1.0, dtype=numpy.float32)
-            g.all_reduce(first, "sum")  # blocking: the ranks agree on the size here
+            first = agree_on_size(g, n)
             bufs = [numpy.full(n, (r + 1.0) * (k + 1), dtype=numpy.float32) for k in range(2)]
             shm = g.alloc(n, "f32")
             shm[:] = r + 10.0
@@ -660,7 +667,7 @@ class AsyncStagedTest(unittest.TestCase):
                 started.set()
             for q in reqs:
                 q.wait()
-            ok = [bool(numpy.all(first == 3.0))]
+            ok = [first]
             ok += [bool(numpy.all(b == 3.0 * (k + 1))) for k, b in enumerate(bufs)]
             ok.append(bool(numpy.all(shm == 11.0)))
             g.free(shm)
@@ -705,8 +712,7 @@ class AsyncStagedTest(unittest.TestCase):
         def fn(g):
             r = g.rank
             n = 5 << 18  # f32: 5 MiB
-            first = numpy.full(n, r + 1.0, dtype=numpy.float32)
-            g.all_reduce(first, "sum")  # blocking: the ranks agree on the size here
+            first = agree_on_size(g, n)
             if r == 0:
                 bufs = [g.alloc(n, "f32") for _ in range(5)]
                 for k, b in enumerate(bufs):
@@ -719,7 +725,7 @@ class AsyncStagedTest(unittest.TestCase):
                 started.set()
             for q in reqs:
                 q.wait()
-            ok = [bool(numpy.all(first == 3.0))]
+            ok = [first]
             ok += [bool(numpy.all(b == 3.0 * (k + 1))) for k, b in enumerate(bufs)]
             if r == 0:
                 for b in bufs:
