@@ -1,9 +1,11 @@
 /* Groups in libdevcoord (design §13): join and leave through the coordinator, then every call
  * straight to this rank's worker (GroupCall), its bytes in the attachment both ways, or, for a
  * buffer of dc_group_alloc on the worker's host, in shared memory both map. */
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1591,15 +1593,17 @@ group_map_rpc(dc_group *g, const char *name, size_t bytes, uint64_t unmap, uint6
 
 /* b as shared memory the worker maps: created here (exclusive, 0600), opened by the worker,
  * then unlinked at once whatever happened, so no name outlives this call even if a process
- * dies later; the two mappings keep the memory until both are gone. */
+ * dies later; the two mappings keep the memory until both are gone. Its pages are allocated
+ * now: a file only sized would map, and the first touch of a page /dev/shm cannot hold (a
+ * container's is 64 MiB by default) would kill the process with SIGBUS. */
 static dc_code
 block_share(dc_group *g, struct block *b, dc_status *st)
 {
     char name[sizeof(SHM_PREFIX) + SHM_HEX];
     unsigned char rnd[SHM_HEX / 2];
-    void *base;
+    void *base = MAP_FAILED;
     dc_code code;
-    int fd;
+    int fd, rv;
 
     if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
         return status_set(st, DC_UNAVAILABLE, "no random bytes for a shared memory name");
@@ -1611,11 +1615,18 @@ block_share(dc_group *g, struct block *b, dc_status *st)
     if ((fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600)) < 0) {
         return status_set(st, DC_UNAVAILABLE, "shm_open %s failed", name);
     }
-    if (ftruncate(fd, (off_t)b->bytes) != 0 ||
-        (base = mmap(NULL, b->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+    if (b->bytes > (size_t)INT64_MAX) {
+        rv = EFBIG;
+    } else if ((rv = posix_fallocate(fd, 0, (off_t)b->bytes)) == 0 &&
+               (base = mmap(NULL, b->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
+                   MAP_FAILED) {
+        rv = errno;
+    }
+    if (rv != 0) {
         close(fd);
         shm_unlink(name);
-        return status_set(st, DC_RESOURCE_EXHAUSTED, "cannot size or map shared memory %s", name);
+        return status_set(st, DC_RESOURCE_EXHAUSTED,
+                          "cannot allocate %zu bytes of shared memory: %s", b->bytes, strerror(rv));
     }
     close(fd);
     code = group_map_rpc(g, name, b->bytes, 0, &b->region, st);

@@ -5,6 +5,7 @@ torch tensors in place (skipped only when torch is not importable)."""
 import array
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -735,6 +736,59 @@ class AsyncStagedTest(unittest.TestCase):
         out = run_ranks(self.cluster.addr, [A0, B0], fn)
         for res in out.values():
             self.assertEqual(res, [True] * 6)
+
+class SmallShmTest(unittest.TestCase):
+    """A /dev/shm smaller than what ranks ask for (a container's is 64 MiB by default; here a
+    16 MiB tmpfs in a mount namespace of its own, cluster and ranks inside it): a block of
+    alloc() that does not fit is plain memory and a call on it works, as does a call whose
+    staging block does not fit; a block that fits is still shared. Had the library only sized
+    the memory, the rank would die of SIGBUS writing past what /dev/shm holds. Needs root
+    (unshare -m, mount); skipped otherwise."""
+
+    INNER = "DEVCOORD_TEST_SMALL_SHM"
+
+    def test_blocks_past_what_dev_shm_holds(self):
+        if os.environ.get(self.INNER):
+            return self.inside()
+        if numpy is None:
+            self.skipTest("needs numpy")
+        if os.geteuid() != 0 or shutil.which("unshare") is None:
+            self.skipTest("needs root and unshare for a /dev/shm of its own")
+        script = 'mount -t tmpfs -o size=16m tmpfs /dev/shm && exec "$@"'
+        p = subprocess.run(
+            ["unshare", "-m", "sh", "-c", script, "sh", sys.executable, "-m", "unittest", "-v",
+             "test_group.SmallShmTest"],
+            env={**os.environ, self.INNER: "1"}, cwd=HERE, capture_output=True, text=True,
+            timeout=240)
+        self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
+        self.assertIn("Ran 1 test", p.stderr)
+
+    def inside(self):
+        self.assertLessEqual(os.statvfs("/dev/shm").f_blocks * os.statvfs("/dev/shm").f_frsize,
+                             16 << 20)
+        cluster = harness.Cluster(heartbeat_ms=500, dead_after_ms=5000)
+        start_cluster(cluster, type(self))
+
+        def fn(g):
+            r = g.rank
+            big = g.alloc(8 << 20, "f32")  # 32 MiB: more than /dev/shm holds
+            big[:] = r + 1.0
+            g.all_reduce(big, "sum")
+            plain = numpy.full(6 << 20, r + 2.0, dtype=numpy.float32)  # 24 MiB, staged if it fit
+            g.all_reduce(plain, "max")
+            small = g.alloc(1 << 18, "f32")  # 1 MiB: fits
+            small[:] = r
+            g.all_reduce(small, "sum")
+            res = (g.shared(big), bool(numpy.all(big == 3.0)), bool(numpy.all(plain == 3.0)),
+                   g.shared(small), bool(numpy.all(small == 1.0)))
+            g.free(big)
+            g.free(small)
+            return res
+
+        out = run_ranks(cluster.addr, [A0, A1], fn)
+        for me, res in out.items():
+            self.assertEqual(res, (False, True, True, True, True), me)
+
 
 if __name__ == "__main__":
     unittest.main()
