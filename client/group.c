@@ -1626,7 +1626,10 @@ block_share(dc_group *g, struct block *b, dc_status *st)
         close(fd);
         shm_unlink(name);
         return status_set(st, DC_RESOURCE_EXHAUSTED,
-                          "cannot allocate %zu bytes of shared memory: %s", b->bytes, strerror(rv));
+                          "cannot allocate %zu bytes of shared memory: %s", b->bytes,
+                          rv == ENOSPC ? "/dev/shm has no room for them (a container's holds 64 "
+                                         "MiB unless --shm-size says more)"
+                                       : strerror(rv));
     }
     close(fd);
     code = group_map_rpc(g, name, b->bytes, 0, &b->region, st);

@@ -762,6 +762,10 @@ class SmallShmTest(unittest.TestCase):
             timeout=240)
         self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
         self.assertIn("Ran 1 test", p.stderr)
+        # The library's line on stderr says why the 32 MiB block is not shared.
+        self.assertIn("33554432 bytes not shared with worker", p.stderr)
+        self.assertIn("cannot allocate 33554432 bytes of shared memory: /dev/shm has no room",
+                      p.stderr)
 
     def inside(self):
         self.assertLessEqual(os.statvfs("/dev/shm").f_blocks * os.statvfs("/dev/shm").f_frsize,
