@@ -1,5 +1,6 @@
 //! [`Group`]: one rank's membership of a group and its in-place collectives (README, "Groups").
 
+use std::cell::RefCell;
 use std::ffi::CStr;
 use std::marker::PhantomData;
 use std::os::raw::c_void;
@@ -38,6 +39,27 @@ impl Drop for Group<'_> {
         let mut st = crate::client::status();
         // SAFETY: joined by dc_group_join, freed once (dc_group_leave frees it even on error).
         unsafe { sys::dc_group_leave(self.raw.as_ptr(), &mut st) };
+    }
+}
+
+/// Ok when `big` is the group's size times `small` (an all-gather's recv, a reduce-scatter's
+/// send), else the INVALID_ARGUMENT the blocking and async calls give alike.
+fn sizes(group: NonNull<sys::dc_group>, big: usize, small: usize, what: &str) -> Result<()> {
+    // SAFETY: the group is joined while a call on it is made.
+    let size = unsafe { sys::dc_group_size(group.as_ptr()) } as usize;
+    match small.checked_mul(size) {
+        Some(want) if want == big => Ok(()),
+        want => Err(Error::new(
+            Code::InvalidArgument,
+            format!(
+                "{} has {} elements, expected {} (group size {} x {})",
+                what,
+                big,
+                want.map_or("more than fit in memory".to_string(), |w| w.to_string()),
+                size,
+                small
+            ),
+        )),
     }
 }
 
@@ -133,14 +155,7 @@ impl<'c> Group<'c> {
     }
 
     fn sizes(&self, big: usize, small: usize, what: &str) -> Result<()> {
-        let size = self.size() as usize;
-        if big != small * size {
-            return Err(Error::new(
-                Code::InvalidArgument,
-                format!("{} has {} elements, expected {} (group size {} x {})", what, big, small * size, size, small),
-            ));
-        }
-        Ok(())
+        sizes(self.raw, big, small, what)
     }
 
     /// `recv` (size x `send.len()` elements) gets every rank's `send`, in rank order.
@@ -166,57 +181,163 @@ impl<'c> Group<'c> {
         self.call(|g, st| unsafe { sys::dc_barrier(g, st) })
     }
 
-    fn start<'a>(&'a self, f: impl FnOnce(*mut sys::dc_group, *mut sys::dc_status) -> *mut sys::dc_request) -> Result<Request<'a>> {
+    /// Runs `f` with a [`Scope`] in which calls start without waiting (`*_async`). Every
+    /// call started in it has ended when `scope` returns, even if `f` panics or a
+    /// [`Request`] was leaked (`std::mem::forget`): the library writes into a call's
+    /// buffers until the call ends, so they are borrowed for the whole scope, as
+    /// `std::thread::scope` borrows what its threads use. The k-th call a rank starts or
+    /// makes is matched with the others' k-th, blocking or not.
+    pub fn scope<'env, F, R>(&'env self, f: F) -> R
+    where
+        F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> R,
+    {
+        let scope = Scope { group: self.raw, calls: RefCell::new(Calls::default()), _scope: PhantomData, _env: PhantomData };
+        // Dropped after f, whether f returns or unwinds: ends every call still in flight.
+        struct EndAll<'s, 'scope, 'env>(&'s Scope<'scope, 'env>);
+        impl Drop for EndAll<'_, '_, '_> {
+            fn drop(&mut self) {
+                let n = self.0.calls.borrow().slots.len();
+                for index in 0..n {
+                    let _ = Calls::finish(&self.0.calls, index);
+                }
+            }
+        }
+        let end = EndAll(&scope);
+        let out = f(end.0);
+        drop(end);
+        out
+    }
+}
+
+/// The calls a [`Scope`] started: each slot holds the library's request while the call is
+/// in flight; ended calls' slots are used again. A [`Request`] knows its call by slot, so
+/// one leaked with `mem::forget` leaks nothing and its call still ends with the scope.
+#[derive(Default)]
+struct Calls {
+    slots: Vec<Option<NonNull<sys::dc_request>>>,
+    free: Vec<usize>,
+}
+
+impl Calls {
+    /// Ends the call in slot `index` of `calls` if it is still in flight (dc_wait, once) and
+    /// returns its result; the slot is free again.
+    fn finish(calls: &RefCell<Calls>, index: usize) -> Result<()> {
+        let raw = {
+            let mut c = calls.borrow_mut();
+            match c.slots[index].take() {
+                None => return Ok(()),
+                Some(raw) => {
+                    c.free.push(index);
+                    raw
+                }
+            }
+        };
         let mut st = crate::client::status();
-        match NonNull::new(f(self.raw.as_ptr(), &mut st)) {
-            Some(raw) => Ok(Request { raw: Some(raw), _borrow: PhantomData }),
+        // SAFETY: the request is valid until dc_wait, which frees it; taken from its slot once.
+        let code = unsafe { sys::dc_wait(raw.as_ptr(), &mut st) };
+        check(code, &st)
+    }
+}
+
+/// Calls that start without waiting, from [`Group::scope`]: each `*_async` returns a
+/// [`Request`]; the buffers stay borrowed until the scope ends, when every call has ended.
+///
+/// ```no_run
+/// # fn step(g: &devcoord::Group, grads: &mut [Vec<f32>]) -> devcoord::Result<()> {
+/// g.scope(|s| {
+///     let reqs = grads
+///         .iter_mut()
+///         .map(|b| s.all_reduce_async(b, devcoord::ReduceOp::Sum))
+///         .collect::<devcoord::Result<Vec<_>>>()?;
+///     reqs.into_iter().try_for_each(|r| r.wait())
+/// })
+/// # }
+/// ```
+///
+/// A buffer that does not outlive the scope cannot be lent to a call, even one whose
+/// request is leaked:
+///
+/// ```compile_fail,E0597
+/// # fn step(g: &devcoord::Group) {
+/// g.scope(|s| {
+///     let mut local = vec![1.0f32; 4];
+///     std::mem::forget(s.all_reduce_async(&mut local, devcoord::ReduceOp::Sum));
+/// });
+/// # }
+/// ```
+pub struct Scope<'scope, 'env: 'scope> {
+    group: NonNull<sys::dc_group>,
+    calls: RefCell<Calls>,
+    // Invariant in both: 'scope cannot shrink to let a shorter-lived buffer in.
+    _scope: PhantomData<&'scope mut &'scope ()>,
+    _env: PhantomData<&'env mut &'env ()>,
+}
+
+impl<'scope, 'env> Scope<'scope, 'env> {
+    fn start(&'scope self, f: impl FnOnce(*mut sys::dc_group, *mut sys::dc_status) -> *mut sys::dc_request) -> Result<Request<'scope>> {
+        let mut st = crate::client::status();
+        match NonNull::new(f(self.group.as_ptr(), &mut st)) {
+            Some(raw) => {
+                let mut calls = self.calls.borrow_mut();
+                let index = match calls.free.pop() {
+                    Some(i) => i,
+                    None => {
+                        calls.slots.push(None);
+                        calls.slots.len() - 1
+                    }
+                };
+                calls.slots[index] = Some(raw);
+                Ok(Request { calls: &self.calls, index })
+            }
             None => Err(Error::from_status(if st.code == 0 { 2 } else { st.code }, &st)),
         }
     }
 
-    /// Starts an all-reduce without waiting; the returned [`Request`] borrows `buf` (and the
-    /// group) until it is waited for, or dropped (which waits). Several may be in flight; the
-    /// k-th call a rank starts or makes is matched with the others' k-th.
-    pub fn all_reduce_async<'a, T: Element>(&'a self, buf: &'a mut [T], op: ReduceOp) -> Result<Request<'a>> {
+    /// Starts [`Group::all_reduce`] without waiting; `buf` is borrowed until the scope ends.
+    pub fn all_reduce_async<T: Element>(&'scope self, buf: &'scope mut [T], op: ReduceOp) -> Result<Request<'scope>> {
         let (p, n) = (buf.as_mut_ptr() as *mut c_void, buf.len());
-        // SAFETY: buf stays borrowed by the request until dc_wait returns.
+        // SAFETY: buf stays borrowed until the scope ends, by when the call has ended.
         self.start(|g, st| unsafe { sys::dc_all_reduce_async(g, p, n, T::DTYPE, op as i32, st) })
     }
 
-    /// [`Group::reduce`] without waiting (as [`Group::all_reduce_async`]).
-    pub fn reduce_async<'a, T: Element>(&'a self, buf: &'a mut [T], op: ReduceOp, root: u32) -> Result<Request<'a>> {
+    /// [`Group::reduce`] without waiting (as [`Scope::all_reduce_async`]).
+    pub fn reduce_async<T: Element>(&'scope self, buf: &'scope mut [T], op: ReduceOp, root: u32) -> Result<Request<'scope>> {
         let (p, n) = (buf.as_mut_ptr() as *mut c_void, buf.len());
         // SAFETY: as all_reduce_async.
         self.start(|g, st| unsafe { sys::dc_reduce_async(g, p, n, T::DTYPE, op as i32, root, st) })
     }
 
-    /// [`Group::broadcast`] without waiting (as [`Group::all_reduce_async`]).
-    pub fn broadcast_async<'a, T: Element>(&'a self, buf: &'a mut [T], root: u32) -> Result<Request<'a>> {
+    /// [`Group::broadcast`] without waiting (as [`Scope::all_reduce_async`]).
+    pub fn broadcast_async<T: Element>(&'scope self, buf: &'scope mut [T], root: u32) -> Result<Request<'scope>> {
         let (p, n) = (buf.as_mut_ptr() as *mut c_void, buf.len());
         // SAFETY: as all_reduce_async.
         self.start(|g, st| unsafe { sys::dc_broadcast_async(g, p, n, T::DTYPE, root, st) })
     }
 
-    /// [`Group::all_gather`] without waiting (as [`Group::all_reduce_async`]; `send` is
+    fn sizes(&self, big: usize, small: usize, what: &str) -> Result<()> {
+        sizes(self.group, big, small, what)
+    }
+
+    /// [`Group::all_gather`] without waiting (as [`Scope::all_reduce_async`]; `send` is
     /// borrowed too: the library reads it until the call ends).
-    pub fn all_gather_async<'a, T: Element>(&'a self, send: &'a [T], recv: &'a mut [T]) -> Result<Request<'a>> {
+    pub fn all_gather_async<T: Element>(&'scope self, send: &'scope [T], recv: &'scope mut [T]) -> Result<Request<'scope>> {
         self.sizes(recv.len(), send.len(), "recv")?;
         let (s, r, n) = (send.as_ptr() as *const c_void, recv.as_mut_ptr() as *mut c_void, send.len());
-        // SAFETY: as all_gather; both stay borrowed until dc_wait returns.
+        // SAFETY: as all_gather; both stay borrowed until the scope ends.
         self.start(|g, st| unsafe { sys::dc_all_gather_async(g, s, r, n, T::DTYPE, st) })
     }
 
-    /// [`Group::reduce_scatter`] without waiting (as [`Group::all_gather_async`]).
-    pub fn reduce_scatter_async<'a, T: Element>(&'a self, send: &'a [T], recv: &'a mut [T], op: ReduceOp) -> Result<Request<'a>> {
+    /// [`Group::reduce_scatter`] without waiting (as [`Scope::all_gather_async`]).
+    pub fn reduce_scatter_async<T: Element>(&'scope self, send: &'scope [T], recv: &'scope mut [T], op: ReduceOp) -> Result<Request<'scope>> {
         self.sizes(send.len(), recv.len(), "send")?;
         let (s, r, n) = (send.as_ptr() as *const c_void, recv.as_mut_ptr() as *mut c_void, recv.len());
-        // SAFETY: as reduce_scatter; both stay borrowed until dc_wait returns.
+        // SAFETY: as reduce_scatter; both stay borrowed until the scope ends.
         self.start(|g, st| unsafe { sys::dc_reduce_scatter_async(g, s, r, n, T::DTYPE, op as i32, st) })
     }
 
     /// [`Group::barrier`] without waiting.
-    pub fn barrier_async(&self) -> Result<Request<'_>> {
-        // SAFETY: the group is valid.
+    pub fn barrier_async(&'scope self) -> Result<Request<'scope>> {
+        // SAFETY: the group outlives the scope.
         self.start(|g, st| unsafe { sys::dc_barrier_async(g, st) })
     }
 }
@@ -280,22 +401,23 @@ impl<T: Element> Drop for SharedBuf<'_, T> {
     }
 }
 
-/// A call in flight, from an `_async` method: [`Request::wait`] finishes it.
-pub struct Request<'a> {
-    raw: Option<NonNull<sys::dc_request>>,
-    _borrow: PhantomData<&'a mut ()>,
+/// A call in flight, from a [`Scope`]'s `*_async` method: [`Request::wait`] ends it and
+/// returns its result; dropped, it waits too (a request leaked instead ends with its scope).
+pub struct Request<'scope> {
+    calls: &'scope RefCell<Calls>,
+    index: usize,
 }
 
 impl Request<'_> {
-    /// Whether the call has ended (then `wait` returns at once).
+    /// Whether the call has ended (then `wait` returns at once); its error if it failed.
     pub fn test(&self) -> Result<bool> {
-        let raw = match self.raw {
+        let raw = match self.calls.borrow().slots[self.index] {
             Some(r) => r,
             None => return Ok(true),
         };
         let mut done = false;
         let mut st = crate::client::status();
-        // SAFETY: the request is valid until dc_wait.
+        // SAFETY: the request is valid until dc_wait, which only Calls::finish calls.
         let code = unsafe { sys::dc_test(raw.as_ptr(), &mut done, &mut st) };
         if done {
             check(code, &st)?;
@@ -304,26 +426,14 @@ impl Request<'_> {
     }
 
     /// Waits for the call to end and returns its result.
-    pub fn wait(mut self) -> Result<()> {
-        self.finish()
-    }
-
-    fn finish(&mut self) -> Result<()> {
-        match self.raw.take() {
-            None => Ok(()),
-            Some(raw) => {
-                let mut st = crate::client::status();
-                // SAFETY: dc_wait frees the request, called once.
-                let code = unsafe { sys::dc_wait(raw.as_ptr(), &mut st) };
-                check(code, &st)
-            }
-        }
+    pub fn wait(self) -> Result<()> {
+        Calls::finish(self.calls, self.index)
     }
 }
 
 impl Drop for Request<'_> {
     fn drop(&mut self) {
         // The library writes into the borrowed buffer until the call ends.
-        let _ = self.finish();
+        let _ = Calls::finish(self.calls, self.index);
     }
 }

@@ -31,7 +31,7 @@ pub use client::{
 };
 pub use device::{Device, DeviceRef, LibTorchKind, WgpuKind};
 pub use error::{Code, Error, Result};
-pub use group::{Group, GroupOptions, Request, SharedBuf};
+pub use group::{Group, GroupOptions, Request, Scope, SharedBuf};
 pub use half::{BF16, F16};
 
 #[cfg(test)]

@@ -271,8 +271,7 @@ fn group_every_call_and_a_mismatch() {
         g.reduce_scatter(&send, &mut mine, ReduceOp::Max).unwrap();
         g.barrier().unwrap();
         let mut a = vec![r as f32; 3];
-        let req = g.all_reduce_async(&mut a, ReduceOp::Max).unwrap();
-        req.wait().unwrap();
+        g.scope(|s| s.all_reduce_async(&mut a, ReduceOp::Max).unwrap().wait()).unwrap();
         let local = g.all_gather(&[1.0f32], &mut [0.0f32; 3]).unwrap_err();
         let mut bad = vec![1.0f32; 2 + r as usize];
         let mismatch = g.all_reduce(&mut bad, ReduceOp::Sum).unwrap_err();
@@ -338,18 +337,21 @@ fn group_every_async_call_in_flight_at_once() {
         let rs_send: Vec<f64> = (0..4).map(|i| (r * 10 + i) as f64).collect();
         let mut mine = vec![0f64; 2];
         // Started in this order on every rank, waited for in the reverse one.
-        let reqs = vec![
-            g.all_reduce_async(&mut sum, ReduceOp::Sum).unwrap(),
-            g.reduce_async(&mut red, ReduceOp::Prod, 0).unwrap(),
-            g.broadcast_async(&mut bc, 1).unwrap(),
-            g.all_gather_async(&send, &mut gathered).unwrap(),
-            g.reduce_scatter_async(&rs_send, &mut mine, ReduceOp::Sum).unwrap(),
-            g.barrier_async().unwrap(),
-        ];
-        for req in reqs.into_iter().rev() {
-            req.wait().unwrap();
-        }
-        let refused = g.all_gather_async(&send, &mut [0f32; 3]).err().map(|e| e.code);
+        let mut short = [0f32; 3];
+        let refused = g.scope(|s| {
+            let reqs = vec![
+                s.all_reduce_async(&mut sum, ReduceOp::Sum).unwrap(),
+                s.reduce_async(&mut red, ReduceOp::Prod, 0).unwrap(),
+                s.broadcast_async(&mut bc, 1).unwrap(),
+                s.all_gather_async(&send, &mut gathered).unwrap(),
+                s.reduce_scatter_async(&rs_send, &mut mine, ReduceOp::Sum).unwrap(),
+                s.barrier_async().unwrap(),
+            ];
+            for req in reqs.into_iter().rev() {
+                req.wait().unwrap();
+            }
+            s.all_gather_async(&send, &mut short).err().map(|e| e.code)
+        });
         (r, sum, red, bc, gathered, mine, refused)
     });
     for (r, sum, red, bc, gathered, mine, refused) in out {
@@ -389,33 +391,55 @@ fn group_f16_and_bf16() {
 }
 
 #[test]
-fn group_request_dropped_waits_and_test_reports_a_refusal() {
+fn group_scope_ends_its_calls_and_test_reports_a_refusal() {
     let cluster = two_nodes();
     let out = two_ranks(&cluster, |g| {
         let r = g.rank() as i64;
-        // Rank 1 makes its call 300 ms late: dropping rank 0's request must wait for the
-        // result, which is in the buffer once the drop returns.
+        // Rank 1 makes its calls 300 ms late, so rank 0's are in flight when its scopes end:
+        // a request leaked with mem::forget, one dropped (which waits), and one left in
+        // flight by a panic; each has its result in place once the scope is over.
         if r == 1 {
             std::thread::sleep(std::time::Duration::from_millis(300));
         }
         let mut sum = vec![r + 1; 4];
-        drop(g.all_reduce_async(&mut sum, ReduceOp::Sum).unwrap());
-        let after_drop = sum.clone();
+        let mut dropped = vec![10 * (r + 1); 2];
+        g.scope(|s| {
+            drop(s.all_reduce_async(&mut dropped, ReduceOp::Sum).unwrap());
+            std::mem::forget(s.all_reduce_async(&mut sum, ReduceOp::Sum).unwrap());
+        });
+        let (sum, dropped) = (sum.clone(), dropped.clone()); // as the scope left them
+        let mut max = vec![r; 3];
+        if r == 1 {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            g.scope(|s| {
+                std::mem::forget(s.all_reduce_async(&mut max, ReduceOp::Max).unwrap());
+                if r == 0 {
+                    panic!("a rank's step fails with a call in flight");
+                }
+            })
+        }))
+        .is_err();
+        let max = max.clone(); // as the unwound scope left it
         // Calls that do not match (rank 1 one element longer): test() reports the refusal.
         let mut bad = vec![1.0f32; 2 + r as usize];
-        let req = g.all_reduce_async(&mut bad, ReduceOp::Sum).unwrap();
-        let polled = loop {
-            match req.test() {
-                Ok(false) => std::thread::sleep(std::time::Duration::from_millis(5)),
-                Ok(true) => break None,
-                Err(e) => break Some(e),
-            }
-        };
-        let waited = req.wait().err().map(|e| e.code);
-        (after_drop, polled.map(|e| (e.code, e.message.contains("rank 1"))), waited)
+        let (polled, waited) = g.scope(|s| {
+            let req = s.all_reduce_async(&mut bad, ReduceOp::Sum).unwrap();
+            let polled = loop {
+                match req.test() {
+                    Ok(false) => std::thread::sleep(std::time::Duration::from_millis(5)),
+                    Ok(true) => break None,
+                    Err(e) => break Some(e),
+                }
+            };
+            (polled, req.wait().err().map(|e| e.code))
+        });
+        (r, sum, dropped, max, panicked, polled.map(|e| (e.code, e.message.contains("rank 1"))), waited)
     });
-    for (after_drop, polled, waited) in out {
-        assert_eq!(after_drop, vec![3; 4]);
+    for (r, sum, dropped, max, panicked, polled, waited) in out {
+        assert_eq!((sum, dropped, max), (vec![3; 4], vec![30; 2], vec![1; 3]));
+        assert_eq!(panicked, r == 0);
         assert_eq!(polled, Some((Code::InvalidArgument, true)));
         assert_eq!(waited, Some(Code::InvalidArgument));
     }
