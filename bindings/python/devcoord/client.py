@@ -8,6 +8,7 @@ during each call); close() must not race with calls in flight.
 
 import array
 import ctypes
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
@@ -225,28 +226,48 @@ def _lookup(fn, what, value):
 def _as_buffer(data, dtype, shape):
     """(pointer argument, byte count, DType, shape, objects to keep alive) for put."""
     dt = _dtype(dtype) if dtype is not None else None
+    if isinstance(shape, int):
+        shape = [shape]
+    elif shape is not None:
+        try:
+            shape = [int(n) for n in shape]
+        except (TypeError, ValueError):
+            raise error_for(3, "shape %r: expected a list of ints" % (shape,)) from None
     if _np is not None and isinstance(data, _np.ndarray):
-        dt = dt or _dtype(data.dtype)
+        # Any byte order: ascontiguousarray converts to this machine's.
+        dt = dt or _dtype(data.dtype.newbyteorder("="))
         if dt.name == "bf16" and data.dtype != _np.uint16:
             raise error_for(3, "bf16 tensors are put from numpy arrays of uint16 bit patterns")
         arr = _np.ascontiguousarray(data, dtype=dt.numpy)
         return (ctypes.c_void_p(arr.ctypes.data), arr.nbytes, dt,
-                shape or (list(arr.shape) or [1]), arr)
+                shape if shape is not None else list(data.shape), arr)  # arr is 1-d at least
     if isinstance(data, (list, tuple)):
         dt = dt or DTYPES["f32"]
         if dt.typecode == "H":
             raise error_for(3, "%s tensors are put from a numpy array or a buffer of "
                             "16-bit patterns, not from a list" % dt.name)
-        arr = array.array(dt.typecode, data)  # converted in C, no Python loop
-        data = arr
-    mv = memoryview(data)
+        try:
+            data = array.array(dt.typecode, data)  # converted in C, no Python loop
+        except (TypeError, ValueError, OverflowError) as e:
+            raise error_for(3, "cannot put the list as %s: %s" % (dt.name, e)) from None
+    try:
+        mv = memoryview(data)
+    except TypeError:
+        raise error_for(3, "put takes a list, a numpy array or a buffer, not %s"
+                        % type(data).__name__) from None
     if not mv.c_contiguous:
         raise error_for(3, "put needs a C-contiguous buffer")
+    held = from_format(mv.format, mv.itemsize)
     if dt is None:
-        dt = from_format(mv.format, mv.itemsize)
+        dt = held
         if dt is None:
             raise error_for(3, "cannot tell the dtype of a buffer of format %r; pass "
                             "dtype=" % mv.format)
+    elif held is not None and held is not dt:
+        # Its bytes would be read as the other type's, not converted as a list's or numpy's.
+        raise error_for(3, "the buffer holds %s elements (format %r), not %s: convert them "
+                        "(a list or numpy array is converted), or pass its bytes"
+                        % (held.name, mv.format, dt.name))
     if mv.nbytes % dt.size:
         raise error_for(3, "%d bytes are not a whole number of %s elements"
                         % (mv.nbytes, dt.name))
@@ -282,6 +303,9 @@ class Client:
                  timeout_ms=None, token_file=None, tls_server_name=None, fail_fast=False):
         self._h = None
         self._groups = weakref.WeakSet()  # devcoord.Group joined through this client
+        self._live = {}  # id(Group) -> its library handle, until left (Group.leave)
+        # Reentrant: a finalizer the collector runs while it is held (Group.__del__) takes it.
+        self._live_lock = threading.RLock()
         opts = _lib.ClientOptions(_b(token), _b(token_file), timeout_ms or 0, fail_fast,
                                   _b(tls_ca), _b(tls_cert), _b(tls_key), _b(tls_server_name))
         handle = ctypes.c_void_p()
@@ -298,6 +322,13 @@ class Client:
                 group.leave()
             except Exception:  # the membership is gone either way
                 pass
+        # Groups the cycle collector took out of _groups before finalizing this client: left
+        # here, while the client they use is still open (their own leave() then skips it).
+        with getattr(self, "_live_lock", threading.RLock()):
+            live = getattr(self, "_live", {})
+            self._live = {}
+        for g in list(live.values()):
+            lib.dc_group_leave(g, ctypes.byref(_lib.Status()))
         h, self._h = self._h, None
         if h:
             lib.dc_client_close(h)

@@ -6,6 +6,7 @@ their elements come back as raw 16-bit patterns ("H"); numpy holds f16 as float1
 as uint16 patterns.
 """
 
+import sys
 import array
 from dataclasses import dataclass
 
@@ -55,13 +56,27 @@ def dtype(value):
         return DTYPES[value]
     name = getattr(value, "name", None)
     if name in _FROM_NUMPY:
+        if getattr(value, "isnative", True) is False:
+            # ">f4" is named "float32" too: its bytes would be read in the wrong order.
+            raise error_for(3, "dtype %r is not in this machine's byte order (%s-endian); "
+                               "convert it first (e.g. arr.astype(arr.dtype.newbyteorder('=')))"
+                            % (value, sys.byteorder))
         return _FROM_NUMPY[name]
     raise error_for(3, "unknown dtype %r (expected one of %s)"
                      % (value, ", ".join(DTYPES)))
 
 
+# Format prefixes that name the other byte order than this machine's.
+_FOREIGN_ORDER = ">!" if sys.byteorder == "little" else "<"
+
+
 def from_format(fmt, itemsize):
-    """The DType of a buffer-protocol format ("f", "<d", "q", ...) and item size, or None."""
+    """The DType of a buffer-protocol format ("f", "<d", "q", ...) and item size, or None;
+    raises devcoord.InvalidArgument for a format in the other byte order than this
+    machine's, whose bytes the library would read wrong."""
+    if fmt[:1] and fmt[0] in _FOREIGN_ORDER:
+        raise error_for(3, "the buffer's format %r is not in this machine's byte order "
+                           "(%s-endian); convert it first" % (fmt, sys.byteorder))
     kind = _FORMAT_KINDS.get(fmt.lstrip("@=<>!"))
     if kind is None:
         return None

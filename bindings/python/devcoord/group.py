@@ -169,28 +169,40 @@ class Group:
                                  ctypes.byref(handle), ctypes.byref(st)), st)
         self._g = handle
         client._groups.add(self)
+        with client._live_lock:
+            # Strong, unlike _groups: the cycle collector clears weak references before it
+            # finalizes, so a Client collected with this Group still leaves it first.
+            client._live[id(self)] = handle
+
+    def _with(self, fn, *args):
+        """fn(the library's group, *args), with leave() held off until it returns."""
+        self._hold()
+        try:
+            return fn(self._g, *args)
+        finally:
+            self._release()
 
     @property
     def rank(self):
-        return lib.dc_group_rank(self._handle())
+        return self._with(lib.dc_group_rank)
 
     @property
     def size(self):
-        return lib.dc_group_size(self._handle())
+        return self._with(lib.dc_group_size)
 
     @property
     def group_id(self):
-        return text(lib.dc_group_id(self._handle()))
+        return text(self._with(lib.dc_group_id))
 
     @property
     def generation(self):
-        return lib.dc_group_generation(self._handle())
+        return self._with(lib.dc_group_generation)
 
     @property
     def devices(self):
         """Cluster names of the ranks, in rank order."""
-        g = self._handle()
-        return [text(lib.dc_group_device(g, r)) for r in range(lib.dc_group_size(g))]
+        return self._with(
+            lambda g: [text(lib.dc_group_device(g, r)) for r in range(lib.dc_group_size(g))])
 
     def leave(self):
         """Waits for the calls still in flight (their errors are left to their requests;
@@ -208,8 +220,11 @@ class Group:
             g, self._g = self._g, None
         self._blocks.clear()  # dc_group_leave frees them
         if g:
-            st = _lib.Status()
-            _check(lib.dc_group_leave(g, ctypes.byref(st)), st)
+            with self._client._live_lock:
+                mine = self._client._live.pop(id(self), None) is not None
+            if mine:  # else the client's close() has left it already
+                st = _lib.Status()
+                _check(lib.dc_group_leave(g, ctypes.byref(st)), st)
 
     def __enter__(self):
         return self
@@ -238,11 +253,12 @@ class Group:
             count *= n
         nbytes = max(count * d.size, 1)
         st = _lib.Status()
-        ptr = lib.dc_group_alloc(self._handle(), nbytes, ctypes.byref(st))
+        ptr = self._with(lib.dc_group_alloc, nbytes, ctypes.byref(st))
         if not ptr:
             _raise(st.code or 8, st)
         ctypes.memset(ptr, 0, nbytes)
         raw = (ctypes.c_char * nbytes).from_address(ptr)
+        raw._group = self  # the array (its base) keeps the group, so the block, alive
         self._blocks[ptr] = raw
         if _np is not None:
             arr = _np.frombuffer(raw, dtype=d.numpy, count=count).reshape(shape)
@@ -255,20 +271,23 @@ class Group:
             return buf.data_ptr()
         if _np is not None and isinstance(buf, _np.ndarray):
             return buf.ctypes.data
-        return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+        try:
+            return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+        except (TypeError, ValueError):  # read-only, empty, or no buffer at all
+            raise error_for(3, "%s is no array from alloc()" % type(buf).__name__) from None
 
     def shared(self, buf):
         """Whether buf (from alloc, or devcoord.torch.empty) is memory this rank's worker
         maps too."""
-        return bool(lib.dc_group_buffer_shared(self._handle(), self._address(buf)))
+        return bool(self._with(lib.dc_group_buffer_shared, self._address(buf)))
 
     def free(self, buf):
         """Gives back an array from alloc, or a tensor from devcoord.torch.empty (before
         leave(), which frees the rest)."""
         ptr = self._address(buf)
         if ptr in self._blocks:
+            self._with(lib.dc_group_free, ptr)
             del self._blocks[ptr]
-            lib.dc_group_free(self._handle(), ptr)
 
     def _handle(self):
         if not self._g:

@@ -84,6 +84,33 @@ class ClientTest(unittest.TestCase):
                          (2, 4, True))
         self.assertTrue(self.client.health())
 
+    def test_put_refuses_what_it_would_store_wrong(self):
+        """put refuses, with devcoord.InvalidArgument, what it cannot store as given: a typed
+        buffer whose elements are not the dtype= asked for (its bytes would be read as the
+        other type's), a buffer in the other byte order, values a list cannot hold as that
+        dtype, an object that is no buffer. A numpy array in the other byte order is
+        converted; a 0-d one keeps its shape (); an int shape is one dimension."""
+        import ctypes
+        bad = [lambda: self.client.put(A, "x", array.array("f", [1.0, 2.0]), dtype="f64"),
+               lambda: self.client.put(A, "x", array.array("i", [1, 2]), dtype="f32"),
+               lambda: self.client.put(A, "x", (ctypes.c_float.__ctype_be__ * 2)(1.0, 2.0)),
+               lambda: self.client.put(A, "x", [2 ** 40], dtype="i32"),
+               lambda: self.client.put(A, "x", [1.5], dtype="i32"),
+               lambda: self.client.put(A, "x", ["a"]),
+               lambda: self.client.put(A, "x", 7)]
+        for i, call in enumerate(bad):
+            with self.subTest(case=i):
+                with self.assertRaises(devcoord.InvalidArgument):
+                    call()
+        self.client.put(A, "int-shape", [1.0, 2.0, 3.0], shape=3)
+        self.assertEqual({t.name: t.shape for t in self.client.tensors(A)}["int-shape"], [3])
+        if numpy is not None:
+            self.client.put(A, "be", numpy.array([1.0, 2.0, 3.0], dtype=">f4"))
+            self.assertEqual(self.client.get(A, "be").tolist(), [1.0, 2.0, 3.0])
+            self.client.put(A, "scalar", numpy.array(2.5, dtype=numpy.float64))
+            got = self.client.get(A, "scalar", numpy=True)
+            self.assertEqual((got.shape, float(got)), ((), 2.5))
+
     def test_put_get_every_dtype(self):
         cases = {"f32": [1.5, -2.25, 3.0e10], "f64": [1.0 / 3, -1e300, 0.0],
                  "i32": [-(2 ** 31), 2 ** 31 - 1, 7], "i64": [-(2 ** 63), 2 ** 63 - 1, 7]}

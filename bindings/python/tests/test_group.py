@@ -118,6 +118,65 @@ class GroupTest(unittest.TestCase):
             if numpy is not None:
                 self.assertEqual(res[7], [float(i * 2) for i in range(6)])
 
+    def test_objects_collected_together_or_out_of_order(self):
+        """In a process of its own (a crash would end it): a Client and a Group unreachable
+        together in a reference cycle (a caught exception kept in a local: frame and
+        traceback), which the collector finalizes in any order after clearing weak
+        references; and an array from alloc() used after its Group's last reference is gone.
+        Neither may touch freed memory: the first crashed with SIGSEGV (dc_group_leave after
+        dc_client_close), the second too (the block freed under the array)."""
+        script = r"""
+import gc, os, sys
+import devcoord
+addr, me = os.environ["DEVCOORD_ADDR"], sys.argv[1]
+
+def cycle():
+    c = devcoord.Client(addr, timeout_ms=20000)
+    g = devcoord.Group(c, [me], me, timeout_ms=20000)
+    try:
+        raise RuntimeError("kept")
+    except RuntimeError as e:
+        saved = e  # saved -> traceback -> this frame -> saved
+
+gc.disable()
+for _ in range(3):
+    cycle()
+    gc.collect()
+c = devcoord.Client(addr, timeout_ms=20000)
+x = devcoord.Group(c, [me], me, timeout_ms=20000).alloc(1 << 20)
+gc.collect()
+x[:] = 2.0
+print("sum", float(x.sum()) if hasattr(x, "sum") else None)
+"""
+        env = dict(os.environ, DEVCOORD_ADDR=self.cluster.addr, PYTHONPATH=os.path.dirname(HERE))
+        p = subprocess.run([sys.executable, "-c", script, A0], env=env, capture_output=True,
+                           text=True, timeout=120, stdin=subprocess.DEVNULL)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertIn("sum %s" % (2.0 * (1 << 20) if numpy is not None else None), p.stdout)
+
+    def test_foreign_byte_order_is_refused(self):
+        """A buffer in the other byte order than this machine's (numpy ">f4" on x86, a
+        big-endian ctypes array) is refused: its bytes would be reduced as this machine's."""
+        import ctypes
+
+        def fn(g):
+            errs = []
+            calls = [lambda: g.all_reduce((ctypes.c_float.__ctype_be__ * 3)(1.0, 2.0, 3.0))]
+            if numpy is not None:
+                calls.append(lambda: g.all_reduce(numpy.arange(3, dtype=">f4")))
+            for call in calls:
+                try:
+                    call()
+                    errs.append(None)
+                except devcoord.InvalidArgument as e:
+                    errs.append(e.message)
+            return errs
+
+        out = self.ranks([A0, B0], fn)
+        for errs in out.values():
+            for e in errs:
+                self.assertIn("byte order", e or "accepted")
+
     def test_processes_all_reduce(self):
         devices = [A0, B0]
         env = dict(os.environ, DEVCOORD_ADDR=self.cluster.addr,
