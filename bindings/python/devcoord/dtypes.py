@@ -54,6 +54,9 @@ def dtype(value):
         return value
     if isinstance(value, str) and value in DTYPES:
         return DTYPES[value]
+    meta = getattr(value, "metadata", None)  # a numpy dtype of alloc(..., "bf16")
+    if meta and meta.get("devcoord") in DTYPES:
+        return DTYPES[meta["devcoord"]]
     name = getattr(value, "name", None)
     if name in _FROM_NUMPY:
         if getattr(value, "isnative", True) is False:

@@ -261,7 +261,9 @@ class Group:
         raw._group = self  # the array (its base) keeps the group, so the block, alive
         self._blocks[ptr] = raw
         if _np is not None:
-            arr = _np.frombuffer(raw, dtype=d.numpy, count=count).reshape(shape)
+            # numpy has no bf16: uint16 bit patterns, marked so that calls take them as bf16.
+            nd = _np.dtype(d.numpy, metadata={"devcoord": d.name}) if d.name == "bf16" else d.numpy
+            arr = _np.frombuffer(raw, dtype=nd, count=count).reshape(shape)
         else:
             arr = memoryview(raw).cast("B").cast(d.typecode, shape) if shape else memoryview(raw)
         return arr

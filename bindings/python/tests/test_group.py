@@ -258,6 +258,23 @@ print("sum", float(x.sum()) if hasattr(x, "sum") else None)
             self.assertNotIsInstance(res, Exception, (me, res))
             self.assertEqual(res[:4], (True, False, True, False), (me, res))
 
+    def test_bf16_block_of_alloc(self):
+        """alloc(n, "bf16") gives uint16 bit patterns (numpy has no bf16) that the calls take
+        as bf16, as they would a torch.bfloat16 tensor: 1.0 + 1.0 is 2.0 (0x4000)."""
+        if numpy is None:
+            self.skipTest("needs numpy")
+
+        def fn(g):
+            x = g.alloc(4, "bf16")
+            x[:] = 0x3F80  # 1.0
+            g.all_reduce(x, "sum")
+            y = x[1:3]  # a view keeps the dtype
+            g.all_reduce(y, "max")
+            return x.tolist()
+
+        for got in self.ranks([A0, B0], fn).values():
+            self.assertEqual(got, [0x4000] * 4)
+
     def test_f16_through_numpy(self):
         def fn(g):
             x = numpy.array([0.5, 1.25, -2.0, 1000.0], dtype=numpy.float16) * (g.rank + 1)
