@@ -324,9 +324,8 @@ class Client:
                 pass
         # Groups the cycle collector took out of _groups before finalizing this client: left
         # here, while the client they use is still open (their own leave() then skips it).
-        with getattr(self, "_live_lock", threading.RLock()):
-            live = getattr(self, "_live", {})
-            self._live = {}
+        with self._live_lock:
+            live, self._live = self._live, {}
         for g in list(live.values()):
             lib.dc_group_leave(g, ctypes.byref(_lib.Status()))
         h, self._h = self._h, None

@@ -6,8 +6,8 @@ their elements come back as raw 16-bit patterns ("H"); numpy holds f16 as float1
 as uint16 patterns.
 """
 
-import sys
 import array
+import sys
 from dataclasses import dataclass
 
 from .errors import error_for

@@ -154,13 +154,9 @@ impl<'c> Group<'c> {
         self.call(|g, st| unsafe { sys::dc_broadcast(g, p, n, T::DTYPE, root, st) })
     }
 
-    fn sizes(&self, big: usize, small: usize, what: &str) -> Result<()> {
-        sizes(self.raw, big, small, what)
-    }
-
     /// `recv` (size x `send.len()` elements) gets every rank's `send`, in rank order.
     pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        self.sizes(recv.len(), send.len(), "recv")?;
+        sizes(self.raw, recv.len(), send.len(), "recv")?;
         let (s, r, n) = (send.as_ptr() as *const c_void, recv.as_mut_ptr() as *mut c_void, send.len());
         // SAFETY: send holds n and recv size * n elements (checked above).
         self.call(|g, st| unsafe { sys::dc_all_gather(g, s, r, n, T::DTYPE, st) })
@@ -169,7 +165,7 @@ impl<'c> Group<'c> {
     /// `send` (size x `recv.len()` elements) is reduced with `op` over all ranks; `recv` gets
     /// this rank's block of the result.
     pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
-        self.sizes(send.len(), recv.len(), "send")?;
+        sizes(self.raw, send.len(), recv.len(), "send")?;
         let (s, r, n) = (send.as_ptr() as *const c_void, recv.as_mut_ptr() as *mut c_void, recv.len());
         // SAFETY: recv holds n and send size * n elements (checked above).
         self.call(|g, st| unsafe { sys::dc_reduce_scatter(g, s, r, n, T::DTYPE, op as i32, st) })
@@ -314,14 +310,10 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         self.start(|g, st| unsafe { sys::dc_broadcast_async(g, p, n, T::DTYPE, root, st) })
     }
 
-    fn sizes(&self, big: usize, small: usize, what: &str) -> Result<()> {
-        sizes(self.group, big, small, what)
-    }
-
     /// [`Group::all_gather`] without waiting (as [`Scope::all_reduce_async`]; `send` is
     /// borrowed too: the library reads it until the call ends).
     pub fn all_gather_async<T: Element>(&'scope self, send: &'scope [T], recv: &'scope mut [T]) -> Result<Request<'scope>> {
-        self.sizes(recv.len(), send.len(), "recv")?;
+        sizes(self.group, recv.len(), send.len(), "recv")?;
         let (s, r, n) = (send.as_ptr() as *const c_void, recv.as_mut_ptr() as *mut c_void, send.len());
         // SAFETY: as all_gather; both stay borrowed until the scope ends.
         self.start(|g, st| unsafe { sys::dc_all_gather_async(g, s, r, n, T::DTYPE, st) })
@@ -329,7 +321,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
 
     /// [`Group::reduce_scatter`] without waiting (as [`Scope::all_gather_async`]).
     pub fn reduce_scatter_async<T: Element>(&'scope self, send: &'scope [T], recv: &'scope mut [T], op: ReduceOp) -> Result<Request<'scope>> {
-        self.sizes(send.len(), recv.len(), "send")?;
+        sizes(self.group, send.len(), recv.len(), "send")?;
         let (s, r, n) = (send.as_ptr() as *const c_void, recv.as_mut_ptr() as *mut c_void, recv.len());
         // SAFETY: as reduce_scatter; both stay borrowed until the scope ends.
         self.start(|g, st| unsafe { sys::dc_reduce_scatter_async(g, s, r, n, T::DTYPE, op as i32, st) })
