@@ -138,6 +138,8 @@ bool rpc_server_abandoned(void);
  * wait forever for a read under way, rpc_server.c): true when it closed; false when it was
  * abandoned, and then whatever nng may still touch of the socket's must stay as it is. */
 bool rpc_close_bounded(nng_socket sock);
+/* Keeps p, left behind by an abandoned close, reachable until the process ends. */
+void rpc_left_behind(void *p);
 
 /* Where a frame's reply goes (rpc_server_serve_frame): the reply frame's bytes, valid during
  * the call, or NULL and 0 when not even an error reply could be built. Any thread. */

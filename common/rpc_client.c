@@ -12,6 +12,7 @@
 #include "rpc.h"
 #include "wire.h"
 #include "clock.h"
+#include "log.h"
 
 /* A reusable nng context and aio for one call at a time. Slots go back to a free list when
  * their call completes and are freed only with the client, never inside their callback. */
@@ -231,6 +232,10 @@ rpc_client_close(struct rpc_client *c)
         /* The close hangs (rpc_close_bounded): nng may still use the slots' aios and wake
          * the synchronous calls, so the client is left as it is (a leak, once; the daemon
          * then skips nng_fini, as rpc_server_abandoned says). */
+        log_warn("rpc client: closing the socket to %s did not finish within 3 s (nng 1.5.2); "
+                 "left behind",
+                 c->url);
+        rpc_left_behind(c);
         return;
     }
     /* Closing failed the synchronous calls still waiting; they give their slots back. */
