@@ -8,6 +8,7 @@ arrays, array.array, any C-contiguous writable buffer, and contiguous CPU torch 
 (float16 and torch.bfloat16 are f16 and bf16) or buffer format / array typecode.
 """
 
+import copy
 import ctypes
 import threading
 import weakref
@@ -132,7 +133,9 @@ class Request:
                     except Exception as e:  # kept so that a later wait() raises it again
                         self._error = e
         if self._error is not None:
-            raise self._error
+            # A copy each time: raising the kept object again would add to its traceback
+            # with every wait(), and threads waiting at once would share one traceback.
+            raise copy.copy(self._error)
 
     def __del__(self):
         # The library may still write into the buffers: never let them go before the end.

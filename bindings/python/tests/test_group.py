@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import unittest
 
 from test_client import HERE, REPO, start_cluster
@@ -337,22 +338,25 @@ print("sum", float(x.sum()) if hasattr(x, "sum") else None)
                     raised = e.code
                     break
                 time.sleep(0.002)
-            again = []
-            for call in (bad.wait, bad.test):  # both raise it again, every time
+            again, depths = [], set()
+            for call in (bad.wait, bad.test) * 3:  # both raise it again, every time
                 try:
                     call()
                     again.append(None)
                 except devcoord.InvalidArgument as e:
                     again.append(e.code)
-            return r, early, ended, a.tolist(), raised, again
+                    # as raised by this call: its traceback does not grow with each raise
+                    depths.add((call, len(traceback.extract_tb(e.__traceback__))))
+            return r, early, ended, a.tolist(), raised, again, len(depths)
 
         out = self.ranks([A1, B0], fn)
-        for r, early, ended, a, raised, again in out.values():
+        for r, early, ended, a, raised, again, depths in out.values():
             self.assertEqual(early, None if r == 1 else False)
             self.assertTrue(ended)
             self.assertEqual(a, [3, 30])
             self.assertEqual(raised, "INVALID_ARGUMENT")
-            self.assertEqual(again, ["INVALID_ARGUMENT"] * 2)
+            self.assertEqual(again, ["INVALID_ARGUMENT"] * 6)
+            self.assertEqual(depths, 2)
 
     def test_one_request_waited_for_by_several_threads(self):
         """Threads waiting for one request at once (Group.leave() does beside the owner's
