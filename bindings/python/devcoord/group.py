@@ -50,6 +50,15 @@ def _buffer(obj, what, writable=True):
             raise error_for(3, "%s: only contiguous CPU torch tensors are supported (got a %s "
                             "tensor%s)" % (what, obj.device.type,
                                            "" if obj.is_contiguous() else ", not contiguous"))
+        if writable:
+            # Written in place: bump autograd's version counter (shared with views and
+            # detach()) as torch's in-place ops do, so that backward() through a tensor saved
+            # before the call raises instead of using the new values. An in-place op on an
+            # empty view costs ~2 us; Debian's torch 1.13 has no increment_version. An
+            # inference tensor has no version counter (and refuses in-place ops outside
+            # inference mode).
+            if not obj.is_inference():
+                obj.detach().view(-1)[:0].zero_()
         return ctypes.c_void_p(obj.data_ptr()), obj.numel(), DTYPES[name], obj
     if _np is not None and isinstance(obj, _np.ndarray):
         if not obj.flags.c_contiguous:

@@ -515,10 +515,31 @@ print("sum", float(x.sum()) if hasattr(x, "sum") else None)
                 err = None
             except devcoord.InvalidArgument as e:
                 err = e.message
-            return (t.tolist(), t.data_ptr() == ptr, h.tolist(), bf.tolist(), i.tolist(), err)
+            # Written in place as torch's own in-place ops write: a tensor autograd saved for
+            # backward (sin saves its input), then changed by a call, makes backward() raise
+            # rather than compute with the new values; so does a call's recv.
+            stale = []
+            for call in (lambda x: g.all_reduce(x, "sum"), lambda x: g.broadcast(x, 0),
+                         lambda x: g.all_gather(torch.ones(1), x)):
+                w = torch.ones(2, requires_grad=True)
+                x = w * 2
+                y = x.sin()
+                call(x.detach())  # detach() shares x's version counter, as views do
+                try:
+                    y.sum().backward()
+                    stale.append("backward used the changed tensor")
+                except RuntimeError as e:
+                    stale.append("modified by an inplace operation" in str(e))
+            with torch.inference_mode():  # no version counter: still written, no error
+                inf = torch.ones(2) * (r + 1)
+            g.all_reduce(inf, "sum")
+            stale.append(inf.tolist())
+            return (t.tolist(), t.data_ptr() == ptr, h.tolist(), bf.tolist(), i.tolist(), err,
+                    stale)
 
         out = self.ranks([A0, B0], fn)
-        for t, same, h, bf, i, err in out.values():
+        for t, same, h, bf, i, err, stale in out.values():
+            self.assertEqual(stale, [True] * 3 + [[3.0, 3.0]])
             self.assertEqual(t, [3.0, 6.0, 9.0])
             self.assertTrue(same)
             self.assertEqual(h, [1.5, -4.5])
