@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """DistributedDataParallel's time per training step with gradients averaged by gloo (DDP's
-own all-reduce), by devcoord.torch.allreduce_hook waiting for each bucket (overlap=False)
-and by the hook overlapping the backward pass (the default): 2 ranks, one process each,
-on 2 workers (TCP between them) or both on 1 worker.
+own all-reduce), by devcoord.torch.allreduce_hook waiting for each bucket (overlap=False),
+by the hook overlapping the backward pass (the default), and overlapping with its results
+copied back into DDP's buckets (shared_results=False, as the hook did before its shared
+block): 2 ranks, one process each, on 2 workers (TCP between them) or both on 1 worker.
 
 Starts a coordinator and the workers from a build tree with the integration tests' harness.
 The model is an MLP of `--depth` hidden layers of `--width` (4 MiB of f32 gradients a layer
@@ -13,7 +14,7 @@ of the rounds are printed. Needs Debian's python3-torch.
 
     /usr/bin/python3 bench/ddp_hook.py [--build DIR] [--workers 2] [--width 1024]
         [--depth 4] [--bucket-mb 4] [--batch 2] [--steps 20] [--rounds 5]
-        [--ways gloo,waiting,overlapped]
+        [--ways gloo,waiting,overlapped,copied]
 
 Beside each way's step time it prints the CPU both rank processes used a step (all their
 threads, the median over rounds: a figure that compares builds on a noisy machine), and
@@ -30,8 +31,9 @@ import time
 
 import benchutil
 
-WAYS = ("gloo", "waiting", "overlapped")
-LABEL = {"gloo": "gloo", "waiting": "hook, waiting", "overlapped": "hook, overlapped"}
+WAYS = ("gloo", "waiting", "overlapped", "copied")
+LABEL = {"gloo": "gloo", "waiting": "hook, waiting", "overlapped": "hook, overlapped",
+         "copied": "hook, copied back"}
 
 
 def make_model(width, depth):
@@ -85,7 +87,7 @@ def rank_main(rank, a, devices, port, results):
                 for _ in range(a.rounds):
                     for w in a.ways:
                         state = None if w == "gloo" else devcoord.torch.HookState(
-                            g, overlap=w == "overlapped")
+                            g, overlap=w != "waiting", shared_results=w != "copied")
                         s, params[w] = train(rank, a, state)
                         steps[w].append(s)
     finally:
@@ -106,7 +108,7 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--ways", default=",".join(WAYS),
-                    help="which of gloo, waiting, overlapped to run, comma-separated "
+                    help="which of gloo, waiting, overlapped, copied to run, comma-separated "
                     "(to profile one)")
     a = ap.parse_args()
     a.ways = [w for w in WAYS if w in a.ways.split(",")]
@@ -141,7 +143,7 @@ def main():
     if not all(r[2] for r in got):
         print("the waiting and the overlapped hook's parameters differ")
         return 1
-    if len(a.ways) == 3:
+    if {"waiting", "overlapped"} <= set(a.ways):
         print("  the waiting and the overlapped hook's parameters are equal")
     return 0
 

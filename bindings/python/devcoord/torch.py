@@ -27,13 +27,103 @@ from .group import Group
 
 class HookState:
     """The state DDP passes to allreduce_hook: the devcoord Group of this rank, whether
-    buckets overlap the backward pass (overlap), and how many buckets the hook has started
-    (calls)."""
+    buckets overlap the backward pass (overlap), how many buckets the hook has started
+    (calls) and how many of them went through the shared block below (shared_calls).
 
-    def __init__(self, group, overlap=True):
+    With shared_results (the default), once DDP's buckets are the same two steps running
+    (DDP rebuilds them after the first), the hook makes one block of the group's shared
+    memory holding every bucket (devcoord.torch.empty), copies each bucket there and
+    all-reduces it in place: the worker reads and writes it where it lies, and the future's
+    result is that bucket's view of the block, from which DDP copies the gradients as it
+    would from its own bucket. That saves copying each result back into DDP's bucket. When
+    the block cannot be shared (the worker on another host, no room in /dev/shm or the
+    worker's groups.shm_max_bytes), or the buckets change again more than once, buckets go
+    as before. The block is the gradients' size, kept until the group is left (a later
+    HookState of the group takes it over once this one is collected)."""
+
+    # Blocks one state makes at most (a second when DDP's buckets change after the first).
+    BLOCKS_MAX = 2
+
+    def __init__(self, group, overlap=True, shared_results=True):
         self.group = group
         self.overlap = overlap
         self.calls = 0
+        self.shared_calls = 0
+        self.shared_results = shared_results
+        self._step = {}  # bucket index -> (numel, dtype) of this step's buckets so far
+        self._last = None  # the last whole step's
+        self._views = None  # bucket index -> its view of the block, while the buckets fit
+        self._blocks = 0
+
+    def _result_view(self, group, bucket, buf):
+        """buf's view of the shared block, or None: the bucket goes as it is (also for an
+        object that is no GradBucket: no index() or is_last())."""
+        if not (hasattr(bucket, "index") and hasattr(bucket, "is_last")):
+            return None
+        index, key = bucket.index(), (buf.numel(), buf.dtype)
+        view = None
+        if self._views is not None:
+            view = self._views.get(index)
+            if view is None or (view.numel(), view.dtype) != key:
+                self._views = view = None  # the buckets changed: learned again
+        self._step[index] = key
+        if bucket.is_last():
+            step, self._step = self._step, {}
+            if self._views is None and step == self._last and self._blocks < self.BLOCKS_MAX:
+                self._views = self._make_block(group, step)
+            self._last = step
+        self.shared_calls += view is not None
+        return view
+
+    def _make_block(self, group, step):
+        """{bucket index: its view} of a new block of the group's shared memory holding
+        every bucket of step (each 64-byte aligned), or None: then never again."""
+        dtypes = {dtype for _, dtype in step.values()}
+        if len(dtypes) != 1 or next(iter(dtypes)) not in _DTYPES or not any(
+                n for n, _ in step.values()):
+            self._blocks = self.BLOCKS_MAX  # mixed or unknown dtypes, or nothing: never
+            return None
+        dtype = dtypes.pop()
+        align = max(64 // torch.empty((), dtype=dtype).element_size(), 1)
+        offsets, total = {}, 0
+        for index in sorted(step):
+            offsets[index] = total
+            total += -(-step[index][0] // align) * align
+        self._blocks += 1
+        block = _block_take(group, self, total, dtype)
+        if block is None:  # no room, or the worker is not on this host: as before
+            self._blocks = self.BLOCKS_MAX
+            return None
+        return {i: block[off:off + step[i][0]] for i, off in offsets.items()}
+
+
+_hook_blocks_lock = threading.Lock()
+
+
+def _block_take(group, state, count, dtype):
+    """A block of `count` elements of `dtype` in the group's shared memory for state: one a
+    collected HookState had (its DDP model, which held it, is gone with its futures), or a
+    new one. Blocks are never freed before the group is left, so no tensor a hook returned
+    ever points at memory unmapped. None when it cannot be shared."""
+    with _hook_blocks_lock:
+        # [[block, weakref to its HookState]], on the group (a block, through its array,
+        # holds the group: a cycle the collector can take, where a table here would keep
+        # every group alive).
+        blocks = group.__dict__.setdefault("_hook_blocks", [])
+        for entry in blocks:
+            if entry[1]() is None and entry[0].dtype == dtype and entry[0].numel() >= count:
+                entry[1] = weakref.ref(state)
+                return entry[0]
+    try:
+        block = empty(group, count, dtype)
+    except Exception:  # no room in /dev/shm or the worker's groups.shm_max_bytes
+        return None
+    if not group.shared(block):  # the worker is not on this host
+        group.free(block)
+        return None
+    with _hook_blocks_lock:
+        blocks.append([block, weakref.ref(state)])
+    return block
 
 
 class _Caller:
@@ -49,9 +139,9 @@ class _Caller:
         self._lock = threading.Lock()
         self._running = False
 
-    def put(self, group, buf, fut):
+    def put(self, group, buf, fut, view=None):
         group._hold()  # leave() waits for the call (released once its future is set)
-        item = (group, buf, fut)
+        item = (group, buf, fut, view)
         with self._lock:
             self._q.append(item)
             if self._running:
@@ -75,15 +165,18 @@ class _Caller:
                 if not self._q:
                     self._running = False
                     return
-                group, buf, fut = self._q.popleft()
+                group, buf, fut, view = self._q.popleft()
             try:
+                if view is not None:  # in place in shared memory, the result left there
+                    view.copy_(buf)
+                    buf = view
                 group.all_reduce(buf, "mean")
             except BaseException as e:  # the call's devcoord.Error, raised where DDP waits
                 fut.set_exception(e)
             else:
                 fut.set_result(buf)
             group._release()
-            del group, buf, fut
+            del group, buf, fut, view
 
 
 _callers = weakref.WeakKeyDictionary()  # Group -> its _Caller
@@ -130,8 +223,11 @@ def allreduce_hook(state, bucket):
     group = state if isinstance(state, Group) else state.group
     overlap = getattr(state, "overlap", True)
     buf = bucket.buffer()
+    view = None
+    if isinstance(state, HookState) and state.shared_results:
+        view = state._result_view(group, bucket, buf)
     fut = torch.futures.Future()
-    _caller(group).put(group, buf, fut)  # after the calls still queued, as every rank
+    _caller(group).put(group, buf, fut, view)  # after the calls still queued, as every rank
     if hasattr(state, "calls"):
         state.calls += 1
     if not overlap:

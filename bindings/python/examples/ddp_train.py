@@ -65,7 +65,7 @@ def rank_main(rank, args, port, results):
                 state = devcoord.torch.HookState(group)
                 dc_params, dc_step = train(rank, args.steps, state)
         results.put((rank, gloo_params.tolist(), dc_params.tolist(), gloo_step, dc_step,
-                     state.calls))
+                     state.calls, state.shared_calls))
     finally:
         dist.destroy_process_group()
 
@@ -93,14 +93,14 @@ def main():
     got = sorted(results.get() for _ in range(WORLD))
     gloo = torch.tensor(got[0][1])
     dc = torch.tensor(got[0][2])
-    for _, g, d, _, _, _ in got[1:]:  # DDP keeps every rank's replica identical
+    for _, g, d, _, _, _, _ in got[1:]:  # DDP keeps every rank's replica identical
         if not (torch.equal(torch.tensor(g), gloo) and torch.equal(torch.tensor(d), dc)):
             print("ranks disagree")
             return 1
     rel = ((gloo - dc).abs().max() / gloo.abs().max()).item()
     print("gloo all-reduce: %.3f ms/step" % (1000 * max(r[3] for r in got)))
-    print("devcoord hook:   %.3f ms/step (%d bucket all-reduces on rank 0)"
-          % (1000 * max(r[4] for r in got), got[0][5]))
+    print("devcoord hook:   %.3f ms/step (%d bucket all-reduces on rank 0, %d of them in "
+          "shared memory)" % (1000 * max(r[4] for r in got), got[0][5], got[0][6]))
     print("%d steps, %d parameters, max relative difference %.3g: %s"
           % (args.steps, gloo.numel(), rel, "agree" if rel <= 1e-5 else "DISAGREE"))
     return 0 if rel <= 1e-5 else 1

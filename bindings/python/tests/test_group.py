@@ -645,6 +645,73 @@ print("sum", float(x.sum()) if hasattr(x, "sum") else None)
             self.assertEqual([f.done() for f in last], [True] * 3)  # leave() waited
             self.assertEqual([f.wait() for f in last], [[2.0 + k] * 6 for k in range(3)])
 
+    def test_ddp_hook_results_in_shared_memory(self):
+        """HookState's shared block: buckets as DDP hands them (GradBucket's index(),
+        is_last(), buffer()), ten steps of four layouts. Once a step's buckets are the
+        last step's, one block holds them all, and from the next step each bucket is copied
+        there and its future's result is its view of the block, shared with the worker; a
+        changed layout goes as before and is learned again, once (BLOCKS_MAX: 2). Every
+        mean is right, whichever way; shared_results=False never shares; a state made once
+        the first is collected takes over one of its blocks."""
+        if torch is None:
+            self.skipTest("torch is not importable (Debian: apt-get install python3-torch)")
+
+        import devcoord.torch as dt
+
+        class GradBucket:
+            def __init__(self, index, last, t):
+                self.i, self.last, self.t = index, last, t
+
+            def index(self):
+                return self.i
+
+            def is_last(self):
+                return self.last
+
+            def buffer(self):
+                return self.t
+
+        # The layouts of steps 1..10: DDP's first buckets, its rebuilt ones (twice), a
+        # change (three times), another change (three times).
+        first, rebuilt, changed, again = [1000, 300000, 7], [1200, 300000], [5000], [10, 20]
+        steps = [first, rebuilt, rebuilt, rebuilt, changed, changed, changed, again, again,
+                 again]
+
+        def fn(g):
+            r = g.rank
+            seen = []
+            for shared_results in (True, False):
+                state = dt.HookState(g, shared_results=shared_results)
+                for step, sizes in enumerate(steps):
+                    bufs = [torch.full((n,), (r + 1.0) * (k + 1) + step)
+                            for k, n in enumerate(sizes)]
+                    futs = [dt.allreduce_hook(state, GradBucket(k, k == len(sizes) - 1, b))
+                            for k, b in enumerate(bufs)]
+                    res = [f.wait() for f in futs]
+                    right = all(bool(torch.all(m == 1.5 * (k + 1) + step)) and m.numel() == n
+                                for k, (m, n) in enumerate(zip(res, sizes)))
+                    shared = {g.shared(m) and m.data_ptr() != b.data_ptr()
+                              for m, b in zip(res, bufs)}
+                    seen.append((right, shared.pop() if len(shared) == 1 else "mixed"))
+                seen.append(state.shared_calls)
+            # The first state is gone: a new one takes over a block of it (no third).
+            seen.append(len(g._hook_blocks))
+            state = dt.HookState(g)
+            for step in range(4):
+                buf = torch.full((1000,), r + 1.0 + step)
+                fut = dt.allreduce_hook(state, GradBucket(0, True, buf))
+                seen.append((bool(torch.all(fut.wait() == 1.5 + step)), g.shared(fut.wait())))
+            seen.append(len(g._hook_blocks))
+            return seen
+
+        out = self.ranks([A0, B0], fn)
+        shared = [False, False, False, True, False, False, True, False, False, False]
+        for seen in out.values():
+            self.assertEqual(seen[:11], [(True, s) for s in shared] + [2 + 1])
+            self.assertEqual(seen[11:22], [(True, False)] * 10 + [0])
+            self.assertEqual(seen[22:], [2, (True, False), (True, False), (True, True),
+                                         (True, True), 2])
+
 
 @unittest.skipIf(numpy is None, "numpy is not importable (Debian: apt-get install python3-numpy)")
 def agree_on_size(g, n):
