@@ -73,7 +73,11 @@ def _buffer(obj, what, writable=True):
                         % (what, type(obj).__name__)) from None
     if not mv.c_contiguous:
         raise error_for(3, "%s: the buffer is not C-contiguous" % what)
-    dt = from_format(mv.format, mv.itemsize)
+    # An alloc() block without numpy: its memoryview's format cannot say f16 or bf16 (both
+    # "H"), the block remembers which.
+    dt = getattr(mv.obj, "_dtype", None)
+    if dt is None or mv.format != dt.typecode:
+        dt = from_format(mv.format, mv.itemsize)
     if dt is None:
         raise error_for(3, "%s: cannot tell the dtype of a buffer of format %r"
                         % (what, mv.format))
@@ -254,8 +258,10 @@ class Group:
         """A zeroed array of `shape` (an int or a tuple) and `dtype` in memory from
         dc_group_alloc: shared with this rank's worker when it runs on this host, so a call on
         it moves no byte between this process and the worker (shared() says whether it is).
-        A numpy array when numpy is present, else a memoryview of that shape. Valid until
-        free(array) or leave(), which frees what is left: do not use it after that."""
+        A numpy array when numpy is present, else a memoryview of that shape (flat when the
+        shape has a 0; f16 and bf16 as "H", 16-bit patterns, which calls take as the dtype
+        asked for). Valid until free(array) or leave(), which frees what is left: do not
+        use it after that."""
         d = _dtype(dtype)
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         count = 1
@@ -271,13 +277,16 @@ class Group:
         ctypes.memset(ptr, 0, nbytes)
         raw = (ctypes.c_char * nbytes).from_address(ptr)
         raw._group = self  # the array (its base) keeps the group, so the block, alive
+        raw._dtype = d
         self._blocks[ptr] = raw
         if _np is not None:
             # numpy has no bf16: uint16 bit patterns, marked so that calls take them as bf16.
             nd = _np.dtype(d.numpy, metadata={"devcoord": d.name}) if d.name == "bf16" else d.numpy
             arr = _np.frombuffer(raw, dtype=nd, count=count).reshape(shape)
+        elif count == 0:  # memoryview has no zero in a shape: a flat empty one
+            arr = memoryview(raw).cast("B")[:0].cast(d.typecode)
         else:
-            arr = memoryview(raw).cast("B").cast(d.typecode, shape) if shape else memoryview(raw)
+            arr = memoryview(raw).cast("B").cast(d.typecode, shape)
         return arr
 
     def _address(self, buf):

@@ -237,6 +237,46 @@ print("sum", float(x.sum()) if hasattr(x, "sum") else None)
             self.assertNotIsInstance(res, Exception, (me, res))
             self.assertEqual(res[:4], (True, False, True, False), (me, res))
 
+    def test_alloc_without_numpy(self):
+        """alloc() where numpy is missing (the package's numpy taken away for the test):
+        memoryviews of the shape; f16 and bf16 as 16-bit patterns that calls take as the
+        dtype asked for; a 0-d block; a shape with a 0 as a flat empty view."""
+        import struct
+        import devcoord.group as dg
+
+        def halves(fmt, m):  # 16-bit patterns <-> values: f16 is struct's "e"
+            if fmt == "e":
+                return [struct.unpack("e", struct.pack("H", b))[0] for b in m.tolist()]
+            return [struct.unpack("f", struct.pack("I", b << 16))[0] for b in m.tolist()]
+
+        def fn(g):
+            r = g.rank
+            x = g.alloc((2, 3), "f32")
+            x.cast("B").cast("f")[:] = array.array("f", [r + 1.0] * 6)
+            g.all_reduce(x, "sum")
+            h = g.alloc(3, "f16")
+            h[:] = array.array("H", struct.unpack("3H", struct.pack("3e", 0.5, -1.5, r + 1.0)))
+            g.all_reduce(h, "sum")
+            b = g.alloc(2, "bf16")  # bf16 is the upper half of an f32
+            b[:] = array.array("H", [struct.unpack("I", struct.pack("f", v))[0] >> 16
+                                     for v in (1.0, 2.0 * (r + 1))])
+            g.all_reduce(b, "max")
+            s = g.alloc((), "i64")
+            s.cast("B").cast("q")[0] = 10 * (r + 1)
+            g.all_reduce(s, "sum")
+            z = g.alloc((0, 3), "f32")
+            return (x.shape, x.cast("B").cast("f").tolist(), halves("e", h), halves("b", b),
+                    s.shape, s.cast("B").cast("q").tolist(), z.shape, z.nbytes)
+
+        saved, dg._np = dg._np, None
+        try:
+            out = self.ranks([A0, B0], fn)
+        finally:
+            dg._np = saved
+        for res in out.values():
+            self.assertEqual(res, ((2, 3), [3.0] * 6, [1.0, -3.0, 3.0], [1.0, 4.0], (), [30],
+                                   (0,), 0))
+
     def test_bf16_block_of_alloc(self):
         """alloc(n, "bf16") gives uint16 bit patterns (numpy has no bf16) that the calls take
         as bf16, as they would a torch.bfloat16 tensor: 1.0 + 1.0 is 2.0 (0x4000)."""
