@@ -92,8 +92,11 @@ def rank_main(rank, a, devices, port, results):
                         steps[w].append(s)
     finally:
         dist.destroy_process_group()
-    agree = not {"waiting", "overlapped"} <= params.keys() or bool(
-        torch.equal(params["waiting"], params["overlapped"]))
+    # Every way's last round trained the same model on the same data: the hook's parameters
+    # must be gloo's, to 1e-5 relative.
+    ref = params.get("gloo")
+    agree = ref is None or all(
+        ((p - ref).abs().max() / ref.abs().max()).item() <= 1e-5 for p in params.values())
     results.put((rank, steps, agree))
 
 
@@ -141,10 +144,10 @@ def main():
           "every bucket went through shared memory)"
           % (call_link / max(1, len(a.ways) - ("gloo" in a.ways)) / a.rounds / a.steps))
     if not all(r[2] for r in got):
-        print("the waiting and the overlapped hook's parameters differ")
+        print("the hook's parameters differ from gloo's")
         return 1
-    if {"waiting", "overlapped"} <= set(a.ways):
-        print("  the waiting and the overlapped hook's parameters are equal")
+    if "gloo" in a.ways:
+        print("  every way's parameters are gloo's (to 1e-5 relative)")
     return 0
 
 

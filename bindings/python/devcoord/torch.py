@@ -31,17 +31,18 @@ class HookState:
     (calls) and how many of them went through the shared block below (shared_calls).
 
     With shared_results (the default), once DDP's buckets are the same two steps running
-    (DDP rebuilds them after the first), the hook makes one block of the group's shared
-    memory holding every bucket (devcoord.torch.empty), copies each bucket there and
-    all-reduces it in place: the worker reads and writes it where it lies, and the future's
-    result is that bucket's view of the block, from which DDP copies the gradients as it
-    would from its own bucket. That saves copying each result back into DDP's bucket. When
-    the block cannot be shared (the worker on another host, no room in /dev/shm or the
-    worker's groups.shm_max_bytes), or the buckets change again more than once, buckets go
-    as before. The block is the gradients' size, kept until the group is left (a later
-    HookState of the group takes it over once this one is collected)."""
+    (DDP rebuilds them once, after its first step, or its second with static_graph), the
+    hook takes one block of the group's shared memory (Group.alloc) holding every bucket,
+    copies each bucket there and all-reduces it in place: the worker reads and writes it
+    where it lies, and the future's result is that bucket's part of the block, from which
+    DDP copies the gradients as it would from its own bucket. That saves copying each
+    result back into DDP's bucket. When the block cannot be shared (the worker on another
+    host, no room in /dev/shm or the worker's groups.shm_max_bytes), or the buckets change
+    again more than once, buckets go as before. The block is the gradients' size (rounded
+    up to a MiB), kept until the group is left: the state takes it again when DDP's buckets
+    change, and a later HookState of the group once this one is collected."""
 
-    # Blocks one state makes at most (a second when DDP's buckets change after the first).
+    # Blocks one state takes at most (a second time when DDP's buckets change).
     BLOCKS_MAX = 2
 
     def __init__(self, group, overlap=True, shared_results=True):
@@ -52,11 +53,11 @@ class HookState:
         self.shared_results = shared_results
         self._step = {}  # bucket index -> (numel, dtype) of this step's buckets so far
         self._last = None  # the last whole step's
-        self._views = None  # bucket index -> its view of the block, while the buckets fit
+        self._views = None  # bucket index -> its part of the block, while the buckets fit
         self._blocks = 0
 
     def _result_view(self, group, bucket, buf):
-        """buf's view of the shared block, or None: the bucket goes as it is (also for an
+        """buf's part of the shared block, or None: the bucket goes as it is (also for an
         object that is no GradBucket: no index() or is_last())."""
         if not (hasattr(bucket, "index") and hasattr(bucket, "is_last")):
             return None
@@ -76,54 +77,74 @@ class HookState:
         return view
 
     def _make_block(self, group, step):
-        """{bucket index: its view} of a new block of the group's shared memory holding
-        every bucket of step (each 64-byte aligned), or None: then never again."""
+        """{bucket index: its tensor} in a block of the group's shared memory holding every
+        bucket of step, or None: then never again. Each bucket's tensor is a storage of its
+        own (torch.frombuffer at its offset), not a slice of one: DDP takes the gradients
+        from the result with as_strided, whose offsets count from the storage's start."""
         dtypes = {dtype for _, dtype in step.values()}
         if len(dtypes) != 1 or next(iter(dtypes)) not in _DTYPES or not any(
                 n for n, _ in step.values()):
             self._blocks = self.BLOCKS_MAX  # mixed or unknown dtypes, or nothing: never
             return None
         dtype = dtypes.pop()
-        align = max(64 // torch.empty((), dtype=dtype).element_size(), 1)
+        size = torch.empty((), dtype=dtype).element_size()
         offsets, total = {}, 0
-        for index in sorted(step):
+        for index in sorted(step):  # each bucket 64-byte aligned
             offsets[index] = total
-            total += -(-step[index][0] // align) * align
+            total += -(-step[index][0] * size // 64) * 64
         self._blocks += 1
-        block = _block_take(group, self, total, dtype)
-        if block is None:  # no room, or the worker is not on this host: as before
+        arr = _block_take(group, self, total, dtype)
+        if arr is None:  # no room, or the worker is not on this host: as before
             self._blocks = self.BLOCKS_MAX
             return None
-        return {i: block[off:off + step[i][0]] for i, off in offsets.items()}
+        return {i: torch.frombuffer(arr, dtype=dtype, count=step[i][0], offset=off)
+                if step[i][0] > 0 else torch.empty(0, dtype=dtype) for i, off in offsets.items()}
 
 
 _hook_blocks_lock = threading.Lock()
+# Rounding of a block's size: a layout DDP rebuilds (the same gradients, more or fewer
+# buckets, so other padding) still fits the block made for the first.
+_BLOCK_ROUND = 1 << 20
 
 
-def _block_take(group, state, count, dtype):
-    """A block of `count` elements of `dtype` in the group's shared memory for state: one a
-    collected HookState had (its DDP model, which held it, is gone with its futures), or a
-    new one. Blocks are never freed before the group is left, so no tensor a hook returned
-    ever points at memory unmapped. None when it cannot be shared."""
+def _gone():
+    return None
+
+
+def _block_take(group, state, nbytes, dtype):
+    """An array from group.alloc of at least nbytes for state: the one state had before (a
+    state makes a block only while none of its buckets' results is in one, and DDP has
+    copied the last step's), one a collected HookState had (its DDP model, which held it,
+    is gone with its futures), or a new one. Blocks are never freed before the group is
+    left, so no tensor a hook returned ever points at memory unmapped. None when it cannot
+    be shared."""
     with _hook_blocks_lock:
-        # [[block, weakref to its HookState]], on the group (a block, through its array,
-        # holds the group: a cycle the collector can take, where a table here would keep
-        # every group alive).
+        # [[array, bytes, weakref to its HookState]], on the group (an array holds the
+        # group: a cycle the collector can take, where a table here would keep every group
+        # alive).
         blocks = group.__dict__.setdefault("_hook_blocks", [])
-        for entry in blocks:
-            if entry[1]() is None and entry[0].dtype == dtype and entry[0].numel() >= count:
-                entry[1] = weakref.ref(state)
+        own = [e for e in blocks if e[2]() is state]
+        free = [e for e in blocks if e[2]() is None]
+        for entry in own + free:
+            if entry[1] >= nbytes:
+                for other in own:
+                    other[2] = _gone  # the state's other block, for others to take
+                entry[2] = weakref.ref(state)
                 return entry[0]
+        for other in own:
+            other[2] = _gone
+    nbytes = -(-nbytes // _BLOCK_ROUND) * _BLOCK_ROUND
+    elsize = torch.empty((), dtype=dtype).element_size()
     try:
-        block = empty(group, count, dtype)
+        arr = group.alloc(nbytes // elsize, _DTYPES[dtype])
     except Exception:  # no room in /dev/shm or the worker's groups.shm_max_bytes
         return None
-    if not group.shared(block):  # the worker is not on this host
-        group.free(block)
+    if not group.shared(arr):  # the worker is not on this host
+        group.free(arr)
         return None
     with _hook_blocks_lock:
-        blocks.append([block, weakref.ref(state)])
-    return block
+        blocks.append([arr, nbytes, weakref.ref(state)])
+    return arr
 
 
 class _Caller:
