@@ -295,6 +295,9 @@ class Group:
         if _np is not None and isinstance(buf, _np.ndarray):
             return buf.ctypes.data
         try:
+            mv = memoryview(buf)
+            if mv.nbytes == 0 and isinstance(mv.obj, ctypes.Array):
+                return ctypes.addressof(mv.obj)  # an empty view of a block (alloc without numpy)
             return ctypes.addressof(ctypes.c_char.from_buffer(buf))
         except (TypeError, ValueError):  # read-only, empty, or no buffer at all
             raise error_for(3, "%s is no array from alloc()" % type(buf).__name__) from None

@@ -240,7 +240,8 @@ print("sum", float(x.sum()) if hasattr(x, "sum") else None)
     def test_alloc_without_numpy(self):
         """alloc() where numpy is missing (the package's numpy taken away for the test):
         memoryviews of the shape; f16 and bf16 as 16-bit patterns that calls take as the
-        dtype asked for; a 0-d block; a shape with a 0 as a flat empty view."""
+        dtype asked for; a 0-d block; a shape with a 0 as a flat empty view, which shared()
+        and free() take."""
         import struct
         import devcoord.group as dg
 
@@ -265,8 +266,11 @@ print("sum", float(x.sum()) if hasattr(x, "sum") else None)
             s.cast("B").cast("q")[0] = 10 * (r + 1)
             g.all_reduce(s, "sum")
             z = g.alloc((0, 3), "f32")
+            z_shared = g.shared(z)
+            g.free(z)  # gone from the group's blocks
             return (x.shape, x.cast("B").cast("f").tolist(), halves("e", h), halves("b", b),
-                    s.shape, s.cast("B").cast("q").tolist(), z.shape, z.nbytes)
+                    s.shape, s.cast("B").cast("q").tolist(), z.shape, z.nbytes, z_shared,
+                    len(g._blocks))
 
         saved, dg._np = dg._np, None
         try:
@@ -275,7 +279,7 @@ print("sum", float(x.sum()) if hasattr(x, "sum") else None)
             dg._np = saved
         for res in out.values():
             self.assertEqual(res, ((2, 3), [3.0] * 6, [1.0, -3.0, 3.0], [1.0, 4.0], (), [30],
-                                   (0,), 0))
+                                   (0,), 0, True, 4))
 
     def test_bf16_block_of_alloc(self):
         """alloc(n, "bf16") gives uint16 bit patterns (numpy has no bf16) that the calls take
