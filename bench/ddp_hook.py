@@ -13,7 +13,7 @@ round's figure is the median step (after 3 warm-up steps) of the slower rank; th
 of the rounds are printed. Needs Debian's python3-torch.
 
     /usr/bin/python3 bench/ddp_hook.py [--build DIR] [--workers 2] [--width 1024]
-        [--depth 4] [--bucket-mb 4] [--batch 2] [--steps 20] [--rounds 5]
+        [--depth 4] [--bucket-mb 4] [--bucket-view] [--batch 2] [--steps 20] [--rounds 5]
         [--ways gloo,waiting,overlapped,copied]
 
 Beside each way's step time it prints the CPU both rank processes used a step (all their
@@ -50,7 +50,8 @@ def train(rank, a, state):
     import torch
     from torch.nn.parallel import DistributedDataParallel
     import devcoord.torch
-    model = DistributedDataParallel(make_model(a.width, a.depth), bucket_cap_mb=a.bucket_mb)
+    model = DistributedDataParallel(make_model(a.width, a.depth), bucket_cap_mb=a.bucket_mb,
+                                    gradient_as_bucket_view=a.bucket_view)
     if state is not None:
         model.register_comm_hook(state, devcoord.torch.allreduce_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -108,6 +109,8 @@ def main():
     ap.add_argument("--depth", type=int, default=4)
     ap.add_argument("--bucket-mb", type=float, default=4)
     ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--bucket-view", action="store_true",
+                    help="DDP's gradient_as_bucket_view: gradients live in the buckets")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--ways", default=",".join(WAYS),
@@ -130,10 +133,10 @@ def main():
         call_link = benchutil.call_bytes(harness, http)
     finally:
         c.close()
-    print("DDP, 2 ranks on %d worker%s, MLP 256-%d x%d, batch %d, buckets of %g MiB: step "
+    print("DDP, 2 ranks on %d worker%s, MLP 256-%d x%d, batch %d, buckets of %g MiB%s: step "
           "time, median of %d rounds (each the slower rank's median of %d steps)"
           % (a.workers, "s" if a.workers > 1 else "", a.width, a.depth, a.batch, a.bucket_mb,
-             a.rounds, a.steps - 3))
+             " (gradients as bucket views)" if a.bucket_view else "", a.rounds, a.steps - 3))
     for w in a.ways:
         per_round = [max(r[1][w][k][0] for r in got) for k in range(a.rounds)]
         cpu = statistics.median(sum(r[1][w][k][1] for r in got) for k in range(a.rounds))

@@ -38,7 +38,9 @@ class HookState:
     DDP copies the gradients as it would from its own bucket. That saves copying each
     result back into DDP's bucket. When the block cannot be shared (the worker on another
     host, no room in /dev/shm or the worker's groups.shm_max_bytes), or the buckets change
-    again more than once, buckets go as before. The block is the gradients' size (rounded
+    again more than once, buckets go as before; so do they with DDP's
+    gradient_as_bucket_view (the gradients are then the bucket, into which DDP would copy
+    the result anyway: no copy to save). The block is the gradients' size (rounded
     up to a MiB), kept until the group is left: the state takes it again when DDP's buckets
     change, and a later HookState of the group once this one is collected."""
 
@@ -60,6 +62,10 @@ class HookState:
         """buf's part of the shared block, or None: the bucket goes as it is (also for an
         object that is no GradBucket: no index() or is_last())."""
         if not (hasattr(bucket, "index") and hasattr(bucket, "is_last")):
+            return None
+        if _grads_in_bucket(bucket, buf):
+            # gradient_as_bucket_view: the gradients are DDP's bucket, so a result left in the
+            # block would be copied into it anyway; the copy back costs the same, no block.
             return None
         index, key = bucket.index(), (buf.numel(), buf.dtype)
         view = None
@@ -99,6 +105,17 @@ class HookState:
             return None
         return {i: torch.frombuffer(arr, dtype=dtype, count=step[i][0], offset=off)
                 if step[i][0] > 0 else torch.empty(0, dtype=dtype) for i, off in offsets.items()}
+
+
+def _grads_in_bucket(bucket, buf):
+    """Whether the bucket's first parameter's gradient lies in buf (DDP's
+    gradient_as_bucket_view)."""
+    params = bucket.parameters() if hasattr(bucket, "parameters") else None
+    grad = params[0].grad if params else None
+    if grad is None or grad.device.type != "cpu":
+        return False
+    start = buf.data_ptr()
+    return start <= grad.data_ptr() < start + buf.numel() * buf.element_size()
 
 
 _hook_blocks_lock = threading.Lock()

@@ -760,6 +760,51 @@ print("sum", float(x.sum()) if hasattr(x, "sum") else None)
             self.assertEqual(seen[22:], [1, (True, False), (True, False), (True, True),
                                          (True, True), 1])
 
+    def test_ddp_hook_no_block_for_gradients_as_bucket_views(self):
+        """With DDP's gradient_as_bucket_view the gradients are views of the bucket: the hook
+        makes no shared block (DDP would copy a result from it into the bucket anyway), and
+        the means land in the bucket; with gradients of their own it does."""
+        if torch is None:
+            self.skipTest("torch is not importable (Debian: apt-get install python3-torch)")
+
+        import devcoord.torch as dt
+
+        class GradBucket:
+            def __init__(self, t, params):
+                self.t, self.params = t, params
+
+            def index(self):
+                return 0
+
+            def is_last(self):
+                return True
+
+            def buffer(self):
+                return self.t
+
+            def parameters(self):
+                return self.params
+
+        def fn(g):
+            r = g.rank
+            seen = []
+            for as_views in (True, False):
+                state = dt.HookState(g)
+                p = torch.nn.Parameter(torch.zeros(1000))
+                for step in range(5):
+                    buf = torch.full((1000,), r + 1.0 + step)
+                    p.grad = buf.view(-1) if as_views else torch.zeros(1000)
+                    res = dt.allreduce_hook(state, GradBucket(buf, [p])).wait()
+                    seen.append((bool(torch.all(res == 1.5 + step)),
+                                 res.data_ptr() == buf.data_ptr()))
+                seen.append(state.shared_calls)
+            return seen
+
+        out = self.ranks([A0, B0], fn)
+        for seen in out.values():
+            self.assertEqual(seen, [(True, True)] * 5 + [0] +
+                             [(True, True)] * 2 + [(True, False)] * 3 + [3])
+
 
 @unittest.skipIf(numpy is None, "numpy is not importable (Debian: apt-get install python3-numpy)")
 def agree_on_size(g, n):
