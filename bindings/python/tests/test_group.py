@@ -32,6 +32,26 @@ except ImportError:
 A0, A1, B0 = "node-a/cuda:0", "node-a/cuda:1", "node-b/cuda:0"
 
 
+class GradBucket:
+    """What DDP hands its communication hook (torch.distributed.GradBucket), as far as
+    devcoord.torch uses it."""
+
+    def __init__(self, index, last, t, params=()):
+        self.i, self.last, self.t, self.params = index, last, t, list(params)
+
+    def index(self):
+        return self.i
+
+    def is_last(self):
+        return self.last
+
+    def buffer(self):
+        return self.t
+
+    def parameters(self):
+        return self.params
+
+
 def run_ranks(addr, devices, fn, selves=None):
     """Runs fn(group) in one thread per rank (each with its own Client and Group of
     `devices`); returns {self device: fn's result or the exception it raised}."""
@@ -703,19 +723,6 @@ print("sum", float(x.sum()) if hasattr(x, "sum") else None)
 
         import devcoord.torch as dt
 
-        class GradBucket:
-            def __init__(self, index, last, t):
-                self.i, self.last, self.t = index, last, t
-
-            def index(self):
-                return self.i
-
-            def is_last(self):
-                return self.last
-
-            def buffer(self):
-                return self.t
-
         # The layouts of steps 1..10: DDP's first buckets, its rebuilt ones (twice), a
         # change (three times), another change (three times).
         first, rebuilt, changed, again = [1000, 300000, 7], [1200, 300000], [5000], [10, 20]
@@ -769,22 +776,6 @@ print("sum", float(x.sum()) if hasattr(x, "sum") else None)
 
         import devcoord.torch as dt
 
-        class GradBucket:
-            def __init__(self, t, params):
-                self.t, self.params = t, params
-
-            def index(self):
-                return 0
-
-            def is_last(self):
-                return True
-
-            def buffer(self):
-                return self.t
-
-            def parameters(self):
-                return self.params
-
         def fn(g):
             r = g.rank
             seen = []
@@ -794,7 +785,7 @@ print("sum", float(x.sum()) if hasattr(x, "sum") else None)
                 for step in range(5):
                     buf = torch.full((1000,), r + 1.0 + step)
                     p.grad = buf.view(-1) if as_views else torch.zeros(1000)
-                    res = dt.allreduce_hook(state, GradBucket(buf, [p])).wait()
+                    res = dt.allreduce_hook(state, GradBucket(0, True, buf, [p])).wait()
                     seen.append((bool(torch.all(res == 1.5 + step)),
                                  res.data_ptr() == buf.data_ptr()))
                 seen.append(state.shared_calls)
