@@ -134,10 +134,14 @@ void rpc_server_free(struct rpc_server *s);
 /* Whether an rpc_server_free gave up waiting for nng_close (nng 1.5.2's hang on a connection
  * closed mid-read); then nng_fini would wait forever too and must not be called. */
 bool rpc_server_abandoned(void);
-/* nng_close(sock) on a thread of its own, waited for at most 3 s (nng 1.5.2's tcp close can
- * wait forever for a read under way, rpc_server.c): true when it closed; false when it was
- * abandoned, and then whatever nng may still touch of the socket's must stay as it is. */
+/* nng_close(sock) on a thread of its own, waited for at most RPC_CLOSE_BOUND_MS (nng 1.5.2's
+ * tcp close can wait forever for a read under way, rpc_server.c): true when it closed; false
+ * when it was abandoned, and then whatever nng may still touch of the socket's must stay as it
+ * is. */
+#define RPC_CLOSE_BOUND_MS 3000
 bool rpc_close_bounded(nng_socket sock);
+/* For tests: the bound from now on (0: abandon every close not already done). */
+void rpc_close_bound_set(unsigned ms);
 /* Keeps p, left behind by an abandoned close, reachable until the process ends. */
 void rpc_left_behind(void *p);
 

@@ -232,9 +232,9 @@ rpc_client_close(struct rpc_client *c)
         /* The close hangs (rpc_close_bounded): nng may still use the slots' aios and wake
          * the synchronous calls, so the client is left as it is (a leak, once; the daemon
          * then skips nng_fini, as rpc_server_abandoned says). */
-        log_warn("rpc client: closing the socket to %s did not finish within 3 s (nng 1.5.2); "
-                 "left behind",
-                 c->url);
+        log_warn("rpc client: closing the socket to %s did not finish within %d ms (nng "
+                 "1.5.2); left behind",
+                 c->url, RPC_CLOSE_BOUND_MS);
         rpc_left_behind(c);
         return;
     }

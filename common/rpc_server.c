@@ -1182,34 +1182,33 @@ rpc_server_close(struct rpc_server *s)
  * nng 1.5.2's tcp transport can start reading a request body on a connection that is already
  * closed (tcptran_pipe_recv_cb; fixed in nng 1.6.0, PR #1636), and nng_close then waits for
  * that read forever. So the close runs on a thread of its own and is waited for at most
- * RPC_CLOSE_BOUND_MS; past that it is abandoned (rpc_server_abandoned() says so, and nng_fini,
- * which would wait for it too, must not be called).
+ * RPC_CLOSE_BOUND_MS (rpc.h); past that it is abandoned (rpc_server_abandoned() says so, and
+ * nng_fini, which would wait for it too, must not be called).
  */
-#define RPC_CLOSE_BOUND_MS 3000
-
+static atomic_uint close_bound_ms = RPC_CLOSE_BOUND_MS;
 static atomic_bool close_abandoned;
+
+void
+rpc_close_bound_set(unsigned ms)
+{
+    atomic_store(&close_bound_ms, ms);
+}
 
 /* What an abandoned close left behind (a server, a client): nng may still touch it, so it is
  * never freed. Kept here so that it stays reachable: a leak checker then tells it from a real
  * leak (valgrind's "still reachable", not "definitely lost"). One close a socket, and only when
- * nng 1.5.2 hangs: a few at most in a process's life. */
-static void **left_behind;
-static size_t n_left_behind, cap_left_behind;
+ * nng 1.5.2 hangs: a few in a process's life; past RPC_LEFT_BEHIND_MAX a leak checker reports
+ * them. */
+#define RPC_LEFT_BEHIND_MAX 64
+static void *left_behind[RPC_LEFT_BEHIND_MAX];
+static size_t n_left_behind;
 static pthread_mutex_t left_behind_mtx = PTHREAD_MUTEX_INITIALIZER;
 
 void
 rpc_left_behind(void *p)
 {
     pthread_mutex_lock(&left_behind_mtx);
-    if (n_left_behind == cap_left_behind) {
-        size_t cap  = cap_left_behind == 0 ? 8 : 2 * cap_left_behind;
-        void **grow = realloc(left_behind, cap * sizeof(*grow));
-        if (grow != NULL) {
-            left_behind     = grow;
-            cap_left_behind = cap;
-        }
-    }
-    if (n_left_behind < cap_left_behind) {
+    if (n_left_behind < RPC_LEFT_BEHIND_MAX) {
         left_behind[n_left_behind++] = p;
     }
     pthread_mutex_unlock(&left_behind_mtx);
@@ -1262,7 +1261,7 @@ rpc_close_bounded(nng_socket sock)
         closer_run(c);
         done = true;
     } else {
-        uint64_t until = rpc_now_ms() + RPC_CLOSE_BOUND_MS, left;
+        uint64_t until = rpc_now_ms() + atomic_load(&close_bound_ms), left;
         pthread_mutex_lock(&c->mtx);
         while (!c->done && (left = rpc_ms_until(until)) > 0) {
             clock_cond_wait_ms(&c->cv, &c->mtx, (unsigned)left + 1);
