@@ -22,6 +22,7 @@ import weakref
 
 import torch
 
+from .dtypes import DTYPES
 from .group import Group
 
 
@@ -93,13 +94,13 @@ class HookState:
             self._blocks = self.BLOCKS_MAX  # mixed or unknown dtypes, or nothing: never
             return None
         dtype = dtypes.pop()
-        size = torch.empty((), dtype=dtype).element_size()
+        size = DTYPES[_DTYPES[dtype]].size
         offsets, total = {}, 0
         for index in sorted(step):  # each bucket 64-byte aligned
             offsets[index] = total
             total += -(-step[index][0] * size // 64) * 64
         self._blocks += 1
-        arr = _block_take(group, self, total, dtype)
+        arr = _block_take(group, self, total)
         if arr is None:  # no room, or the worker is not on this host: as before
             self._blocks = self.BLOCKS_MAX
             return None
@@ -124,11 +125,7 @@ _hook_blocks_lock = threading.Lock()
 _BLOCK_ROUND = 1 << 20
 
 
-def _gone():
-    return None
-
-
-def _block_take(group, state, nbytes, dtype):
+def _block_take(group, state, nbytes):
     """An array from group.alloc of at least nbytes for state: the one state had before (a
     state makes a block only while none of its buckets' results is in one, and DDP has
     copied the last step's), one a collected HookState had (its DDP model, which held it,
@@ -136,24 +133,21 @@ def _block_take(group, state, nbytes, dtype):
     left, so no tensor a hook returned ever points at memory unmapped. None when it cannot
     be shared."""
     with _hook_blocks_lock:
-        # [[array, bytes, weakref to its HookState]], on the group (an array holds the
-        # group: a cycle the collector can take, where a table here would keep every group
-        # alive).
+        # [[array, bytes, weakref to its HookState or None]], on the group (an array holds
+        # the group: a cycle the collector can take, where a table here would keep every
+        # group alive).
         blocks = group.__dict__.setdefault("_hook_blocks", [])
-        own = [e for e in blocks if e[2]() is state]
-        free = [e for e in blocks if e[2]() is None]
-        for entry in own + free:
-            if entry[1] >= nbytes:
-                for other in own:
-                    other[2] = _gone  # the state's other block, for others to take
-                entry[2] = weakref.ref(state)
-                return entry[0]
-        for other in own:
-            other[2] = _gone
+        own = [e for e in blocks if e[2] is not None and e[2]() is state]
+        free = [e for e in blocks if e[2] is None or e[2]() is None]
+        fits = [e for e in own + free if e[1] >= nbytes]
+        for entry in own:
+            entry[2] = None  # the state's blocks, for any state to take
+        if fits:
+            fits[0][2] = weakref.ref(state)
+            return fits[0][0]
     nbytes = -(-nbytes // _BLOCK_ROUND) * _BLOCK_ROUND
-    elsize = torch.empty((), dtype=dtype).element_size()
     try:
-        arr = group.alloc(nbytes // elsize, _DTYPES[dtype])
+        arr = group.alloc(nbytes // 4, "f32")  # bytes: each bucket's tensor has its dtype
     except Exception:  # no room in /dev/shm or the worker's groups.shm_max_bytes
         return None
     if not group.shared(arr):  # the worker is not on this host
