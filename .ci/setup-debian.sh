@@ -17,7 +17,7 @@ set -euo pipefail
 
 groups=("$@")
 pkgs=(build-essential cmake pkg-config libprotobuf-c-dev protobuf-c-compiler libnng-dev
-      libmbedtls-dev libyaml-dev libcmocka-dev python3 python3-prometheus-client curl procps
+      libmbedtls-dev libssl-dev libyaml-dev libcmocka-dev python3 python3-prometheus-client curl procps
       iproute2 openssl libcjson-dev)
 for g in "${groups[@]}"; do
     case "$g" in

@@ -711,13 +711,14 @@ bool
 dlsock_idle_end(struct dlsock *s)
 {
     if (s->fd >= 0) {
-        /* Anything to read (a byte, the peer's close, an error) makes the link unfit. */
+        /* Anything to read (a byte, the peer's close, an error, records TLS read ahead)
+         * makes the link unfit. */
         struct pollfd p = { .fd = s->fd, .events = POLLIN };
         int rv;
 
         while ((rv = poll(&p, 1, 0)) < 0 && errno == EINTR) {
         }
-        return rv == 0 && !atomic_load(&s->closed);
+        return rv == 0 && !atomic_load(&s->closed) && (s->tls == NULL || !dltls_pending(s->tls));
     }
     if (!s->idle_on) {
         return true;

@@ -1,16 +1,21 @@
 /*
- * TLS for the raw links (dlsock.h) on plain sockets: mbedTLS driven on the caller's thread.
+ * TLS for the raw links (dlsock.h) on plain sockets: OpenSSL driven on the caller's thread.
  *
  * nng 1.5.2's TLS streams move at most 16 KiB through a ring buffer per TCP send and wake
  * nng's poller thread for every completion: a data link on tls+tcp:// ran at 0.05-0.08 GB/s
  * per direction against 1.8-2.7 GB/s plain, and a profile showed the time in thread
  * wake-ups, not in the cipher. Here a connection's records are read and written by the
- * thread that reads or writes it, with mbedTLS (the library nng's TLS is built on), TLS 1.2
- * as nng's, AES-GCM first among the suites (AES-NI), ChaCha20-Poly1305 after.
+ * thread that reads or writes it, with OpenSSL: TLS 1.2 as nng's (so either end may be
+ * nng's), AEAD suites with forward secrecy, AES-128-GCM first. mbedTLS 2.28 (the library
+ * nng's TLS is built on) was used here first: its ciphers held the link at 0.15-0.17 GB/s.
  *
- * A connection may have one reader and one writer at once (dlsock.h): mbedTLS's context is
- * not for two threads, so every call into it holds the connection's lock and never blocks
- * (its socket I/O does not wait); the waiting for the socket is done outside the lock. The
+ * The dialer checks the server's certificate against the CA and the name it dialed: a DNS
+ * name of the certificate (its common name when it has none), as nng's mbedTLS checks it,
+ * or, for an IP address, an IP address of the certificate too.
+ *
+ * A connection may have one reader and one writer at once (dlsock.h): an SSL object is not
+ * for two threads, so every call into it holds the connection's lock and never blocks (its
+ * socket I/O does not wait); the waiting for the socket is done outside the lock. The
  * handshake is made by the first read or write (a server's by its first read, within that
  * read's bound, so a peer that stalls it holds no accepting thread), or at once by
  * dltls_handshake (a dialer's, within the dial's bound).
@@ -67,6 +72,9 @@ int dltls_handshake(struct dltls_conn *c, nng_time start, nng_duration timeout,
 /* Reads at most len bytes of the peer's data (*done: how many; at least one on success). */
 int dltls_recv(struct dltls_conn *c, uint8_t *buf, size_t len, size_t *done, nng_time start,
                nng_duration timeout, const atomic_bool *closed);
+/* Whether bytes the peer sent are held unread in c (records read ahead of the reads): a poll
+ * of the socket does not see them. */
+bool dltls_pending(struct dltls_conn *c);
 /* Writes at most len bytes (*done: how many; at least one on success, at most a record's). */
 int dltls_send(struct dltls_conn *c, const uint8_t *buf, size_t len, size_t *done, nng_time start,
                nng_duration timeout, const atomic_bool *closed);

@@ -28,10 +28,11 @@ REBUILD="${REBUILD:-0}"
 
 # Runtime libraries (the Debian runtime packages behind libnng-dev,
 # libprotobuf-c-dev, libyaml-dev; libnng1 1.5.2 links mbedTLS 2.28:
-# libmbedtls14, libmbedx509-1, libmbedcrypto7) plus procps for
+# libmbedtls14, libmbedx509-1, libmbedcrypto7), libssl3 (TLS on the workers'
+# data link, common/dltls.c) plus procps for
 # pgrep/ps-based health checks. No ca-certificates: devcoord does not use TLS
 # to the outside world.
-RUNTIME_PACKAGES="libnng1,libmbedtls14,libmbedx509-1,libmbedcrypto7,libprotobuf-c1,libyaml-0-2,procps"
+RUNTIME_PACKAGES="libnng1,libmbedtls14,libmbedx509-1,libmbedcrypto7,libssl3,libprotobuf-c1,libyaml-0-2,procps"
 INCLUDE="${RUNTIME_PACKAGES}${EXTRA_PACKAGES:+,${EXTRA_PACKAGES}}"
 
 log() { printf '[base-image] %s\n' "$*" >&2; }

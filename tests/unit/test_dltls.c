@@ -53,19 +53,30 @@ make_ca(const char *name)
     assert_int_equal(system(cmd), 0);
 }
 
+/* `who`.pem/.key for CN=cn with subjectAltName san (NULL: DNS:cn), signed by ca. */
 static void
-make_cert(const char *ca, const char *who, const char *cn)
+make_cert_san(const char *ca, const char *who, const char *cn, const char *san)
 {
-    char cmd[1024];
+    char cmd[1024], dns[128];
 
+    if (san == NULL) {
+        snprintf(dns, sizeof(dns), "DNS:%s", cn);
+        san = dns;
+    }
     snprintf(cmd, sizeof(cmd),
-             "cd %s && printf 'subjectAltName=DNS:%s\\n' > %s.cnf && "
+             "cd %s && printf 'subjectAltName=%s\\n' > %s.cnf && "
              "openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
              "-keyout %s.key -out %s.csr -subj /CN=%s >/dev/null 2>&1 && "
              "openssl x509 -req -in %s.csr -CA %s.pem -CAkey %s.key -CAcreateserial -out %s.pem "
              "-days 1 -extfile %s.cnf >/dev/null 2>&1",
-             dir, cn, who, who, who, cn, who, ca, ca, who, who);
+             dir, san, who, who, who, cn, who, ca, ca, who, who);
     assert_int_equal(system(cmd), 0);
+}
+
+static void
+make_cert(const char *ca, const char *who, const char *cn)
+{
+    make_cert_san(ca, who, cn, NULL);
 }
 
 static int
@@ -82,6 +93,7 @@ setup(void **state)
     make_cert("ca", "server", "127.0.0.1");
     make_cert("other-ca", "stranger", "127.0.0.1");
     make_cert("ca", "client", "a-client");
+    make_cert_san("ca", "by-ip", "a-host", "IP:127.0.0.1");
     snprintf(cmd, sizeof(cmd), "test -s %s/client.pem", dir);
     return system(cmd) == 0 ? 0 : -1;
 }
@@ -317,6 +329,23 @@ test_a_server_the_client_cannot_verify_is_refused(void **state)
     dltls_free(elsewhere);
 }
 
+/* A certificate that names its host by IP address only (no DNS name, a common name that is
+ * not the address) is taken for that address, and refused for another. */
+static void
+test_a_server_named_by_ip_address(void **state)
+{
+    struct dltls *srv   = server_tls("by-ip", false);
+    struct dltls *cli   = client_tls("ca.pem", "127.0.0.1", false);
+    struct dltls *other = client_tls("ca.pem", "127.0.0.2", false);
+
+    (void)state;
+    expect_pair(srv, cli, 0, true);
+    expect_pair(srv, other, NNG_EPEERAUTH, false);
+    dltls_free(srv);
+    dltls_free(cli);
+    dltls_free(other);
+}
+
 /* A server that requires a client certificate takes nothing from a client without one, and
  * talks to a client whose certificate its CA signed. */
 static void
@@ -409,6 +438,37 @@ test_a_read_times_out_and_a_shutdown_ends_one(void **state)
     dlsock_shutdown(p.b);
     pthread_join(t, NULL);
     assert_int_equal(r.rv, NNG_ECLOSED);
+    pair_close(&p);
+    dltls_free(srv);
+    dltls_free(cli);
+}
+
+/* Two writes that land together, one read of the first's bytes: the second's record, read
+ * ahead by TLS and in no socket buffer, still makes the idle link unfit; read, it is fit. */
+static void
+test_records_read_ahead_make_an_idle_link_unfit(void **state)
+{
+    struct dltls *srv = server_tls("server", false),
+                 *cli = client_tls("ca.pem", "127.0.0.1", false);
+    uint8_t one[3] = { 1, 2, 3 }, two[4] = { 4, 5, 6, 7 }, in[4];
+    nng_iov o1 = { one, sizeof(one) }, o2 = { two, sizeof(two) }, i = { in, sizeof(one) };
+    struct pair p;
+
+    (void)state;
+    pair_open(&p, srv, cli);
+    assert_int_equal(p.accept_read_rv, 0);
+    assert_int_equal(dlsock_send_all(p.a, &o1, 1, 3000), 0);
+    assert_int_equal(dlsock_send_all(p.a, &o2, 1, 3000), 0);
+    nng_msleep(100); /* both records in b's socket before its read */
+    assert_int_equal(dlsock_recv_all(p.b, &i, 1, 3000), 0);
+    assert_memory_equal(in, one, sizeof(one));
+    dlsock_idle_begin(p.b);
+    assert_false(dlsock_idle_end(p.b));
+    i = (nng_iov){ in, sizeof(two) };
+    assert_int_equal(dlsock_recv_all(p.b, &i, 1, 3000), 0);
+    assert_memory_equal(in, two, sizeof(two));
+    dlsock_idle_begin(p.b);
+    assert_true(dlsock_idle_end(p.b));
     pair_close(&p);
     dltls_free(srv);
     dltls_free(cli);
@@ -579,9 +639,11 @@ main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bytes_both_ways_at_once),
         cmocka_unit_test(test_a_server_the_client_cannot_verify_is_refused),
+        cmocka_unit_test(test_a_server_named_by_ip_address),
         cmocka_unit_test(test_a_required_client_certificate),
         cmocka_unit_test(test_garbage_instead_of_a_client_hello),
         cmocka_unit_test(test_a_read_times_out_and_a_shutdown_ends_one),
+        cmocka_unit_test(test_records_read_ahead_make_an_idle_link_unfit),
         cmocka_unit_test(test_nng_tls_at_the_other_end),
         cmocka_unit_test(test_configurations_that_cannot_work),
     };
