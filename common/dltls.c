@@ -74,6 +74,18 @@ pem_error(dc_status *st, const char *what)
                       ssl_error_text(msg, sizeof(msg)));
 }
 
+/* OpenSSL's passphrase callback: none is asked for (its default prompts on the terminal, or
+ * reads stdin, and waits). */
+static int
+no_passphrase(char *buf, int size, int rwflag, void *arg)
+{
+    (void)buf;
+    (void)size;
+    (void)rwflag;
+    (void)arg;
+    return -1;
+}
+
 /* Every certificate in pem (at least one) into the context's trust store. */
 static dc_code
 load_ca(SSL_CTX *ctx, const char *pem, dc_status *st)
@@ -87,7 +99,7 @@ load_ca(SSL_CTX *ctx, const char *pem, dc_status *st)
     if (b == NULL) {
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
-    while ((x = PEM_read_bio_X509(b, NULL, NULL, NULL)) != NULL) {
+    while ((x = PEM_read_bio_X509(b, NULL, no_passphrase, NULL)) != NULL) {
         int ok = X509_STORE_add_cert(store, x);
         X509_free(x);
         if (!ok) {
@@ -108,54 +120,64 @@ load_ca(SSL_CTX *ctx, const char *pem, dc_status *st)
 static dc_code
 load_own(SSL_CTX *ctx, const char *cert_pem, const char *key_pem, dc_status *st)
 {
-    BIO *b = BIO_new_mem_buf(cert_pem, -1);
+    BIO *b        = BIO_new_mem_buf(cert_pem, -1);
+    EVP_PKEY *key = NULL;
     X509 *x;
-    EVP_PKEY *key;
     dc_code code = DC_OK;
 
     ERR_clear_error();
     if (b == NULL) {
         return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
     }
-    if ((x = PEM_read_bio_X509(b, NULL, NULL, NULL)) == NULL) {
+    if ((x = PEM_read_bio_X509(b, NULL, no_passphrase, NULL)) == NULL) {
         BIO_free(b);
         return pem_error(st, "certificate");
     }
     if (!SSL_CTX_use_certificate(ctx, x)) {
         code = pem_error(st, "certificate");
     }
-    X509_free(x);
-    while (code == DC_OK && (x = PEM_read_bio_X509(b, NULL, NULL, NULL)) != NULL) {
-        if (!SSL_CTX_add0_chain_cert(ctx, x)) {
-            X509_free(x);
+    while (code == DC_OK) {
+        X509 *chain = PEM_read_bio_X509(b, NULL, no_passphrase, NULL);
+        if (chain == NULL) {
+            break;
+        }
+        if (!SSL_CTX_add0_chain_cert(ctx, chain)) {
+            X509_free(chain);
             code = pem_error(st, "certificate chain");
         }
     }
     BIO_free(b);
-    if (code != DC_OK) {
-        return code;
-    }
-    ERR_clear_error();
-    if ((b = BIO_new_mem_buf(key_pem, -1)) == NULL) {
-        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
-    }
-    key = PEM_read_bio_PrivateKey(b, NULL, NULL, NULL);
-    BIO_free(b);
-    if (key == NULL) {
-        return pem_error(st, "key");
-    }
-    if (!SSL_CTX_use_PrivateKey(ctx, key) || !SSL_CTX_check_private_key(ctx)) {
-        code = pem_error(st, "certificate and key");
+    ERR_clear_error(); /* the end of the PEM text */
+    if (code == DC_OK && (b = BIO_new_mem_buf(key_pem, -1)) == NULL) {
+        code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    } else if (code == DC_OK) {
+        key = PEM_read_bio_PrivateKey(b, NULL, no_passphrase, NULL);
+        BIO_free(b);
+        if (key == NULL && strstr(key_pem, "ENCRYPTED") != NULL) {
+            ERR_clear_error();
+            code =
+                status_set(st, DC_INVALID_ARGUMENT,
+                           "TLS: the key is encrypted: a key with a passphrase is not supported");
+        } else if (key == NULL) {
+            code = pem_error(st, "key");
+        } else if (!X509_check_private_key(x, key)) {
+            ERR_clear_error();
+            code = status_set(st, DC_INVALID_ARGUMENT,
+                              "TLS: the key is not the certificate's (their public keys differ)");
+        } else if (!SSL_CTX_use_PrivateKey(ctx, key) || !SSL_CTX_check_private_key(ctx)) {
+            code = pem_error(st, "certificate and key");
+        }
     }
     EVP_PKEY_free(key);
+    X509_free(x);
     return code;
 }
 
 static bool is_ip_literal(const char *name);
 
 /* The server's certificate must name server_name (the SSL's app data: its connection) as a
- * DNS name (or as the common name when it has none), as nng's mbedTLS checks it, or, for an
- * IP address, as an IP address too. */
+ * DNS name (or as its common name when it has no subjectAltName), as nng's mbedTLS checks
+ * it, or, for an IP address, as an IP address too. */
 static int
 verify_name(int ok, X509_STORE_CTX *x)
 {
@@ -167,7 +189,13 @@ verify_name(int ok, X509_STORE_CTX *x)
     if (!ok || name == NULL || X509_STORE_CTX_get_error_depth(x) != 0) {
         return ok;
     }
-    if (cert == NULL || (X509_check_host(cert, name, 0, 0, NULL) != 1 &&
+    /* mbedTLS reads the common name only when the certificate has no subjectAltName at all,
+     * and takes no partial wildcards (f*.example). */
+    unsigned flags = X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS;
+    if (cert != NULL && X509_get_ext_by_NID(cert, NID_subject_alt_name, -1) >= 0) {
+        flags |= X509_CHECK_FLAG_NEVER_CHECK_SUBJECT;
+    }
+    if (cert == NULL || (X509_check_host(cert, name, 0, flags, NULL) != 1 &&
                          (!is_ip_literal(name) || X509_check_ip_asc(cert, name, 0) != 1))) {
         X509_STORE_CTX_set_error(x, X509_V_ERR_HOSTNAME_MISMATCH);
         return 0;
@@ -215,10 +243,10 @@ dltls_new(bool server, const char *ca_pem, const char *cert_pem, const char *key
                           ssl_error_text(msg, sizeof(msg)));
         goto fail;
     }
-    /* A peer's close without close_notify ends reads as a close does (the data link's
-     * frames say where they end); no renegotiation, no sessions kept. */
-    SSL_CTX_set_options(t->ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION | SSL_OP_NO_TICKET |
-                                    SSL_OP_IGNORE_UNEXPECTED_EOF);
+    /* No renegotiation, no sessions kept. (A peer's close without close_notify ends reads as
+     * a close does, NNG_ECLOSED: our BIO says it is at no end of file, so OpenSSL answers
+     * SSL_ERROR_SYSCALL with no errno; the data link's frames say where they end.) */
+    SSL_CTX_set_options(t->ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION | SSL_OP_NO_TICKET);
     SSL_CTX_set_session_cache_mode(t->ctx, SSL_SESS_CACHE_OFF);
     /* A write takes a record at a time and may be retried from another place. */
     SSL_CTX_set_mode(t->ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
@@ -417,6 +445,9 @@ conn_error(const struct dltls_conn *c, int err)
 
 enum tls_step { STEP_HANDSHAKE, STEP_RECV, STEP_SEND };
 
+/* How long a write that waits for the handshake's input polls before it looks again. */
+#define HANDSHAKE_SLICE_MS 10
+
 /* One step under the lock, then waits for the socket outside it, until the step is done. */
 static int
 dltls_run(struct dltls_conn *c, enum tls_step step, uint8_t *buf, size_t len, size_t *done,
@@ -458,6 +489,12 @@ dltls_run(struct dltls_conn *c, enum tls_step step, uint8_t *buf, size_t len, si
                 pthread_mutex_unlock(&c->mtx);
             }
             return NNG_ETIMEDOUT;
+        }
+        if (step != STEP_RECV && p.events == POLLIN && (left < 0 || left > HANDSHAKE_SLICE_MS)) {
+            /* A write (or dltls_handshake) waits for the handshake's input: a read of the other
+             * thread may take that input and end the handshake meanwhile, leaving nothing to
+             * wake this poll. It looks again every slice. */
+            left = HANDSHAKE_SLICE_MS;
         }
         /* dlsock_shutdown's shutdown(2) wakes it (the socket reads its end). */
         do {

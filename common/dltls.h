@@ -10,8 +10,12 @@
  * nng's TLS is built on) was used here first: its ciphers held the link at 0.15-0.17 GB/s.
  *
  * The dialer checks the server's certificate against the CA and the name it dialed: a DNS
- * name of the certificate (its common name when it has none), as nng's mbedTLS checks it,
- * or, for an IP address, an IP address of the certificate too.
+ * name of the certificate (its common name when it has no subjectAltName; no partial
+ * wildcards), as nng's mbedTLS checks it, or, for an IP address, an IP address of the
+ * certificate too. A key with a passphrase is refused (never prompted for).
+ *
+ * A write that waits for the handshake's input looks again every 10 ms: the other thread's
+ * read may take that input and end the handshake while the write waits.
  *
  * A connection may have one reader and one writer at once (dlsock.h): an SSL object is not
  * for two threads, so every call into it holds the connection's lock and never blocks (its

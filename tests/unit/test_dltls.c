@@ -94,6 +94,14 @@ setup(void **state)
     make_cert("other-ca", "stranger", "127.0.0.1");
     make_cert("ca", "client", "a-client");
     make_cert_san("ca", "by-ip", "a-host", "IP:127.0.0.1");
+    make_cert_san("ca", "part-wild", "part-wild", "DNS:f*.example.test");
+    snprintf(cmd, sizeof(cmd),
+             "cd %s && openssl pkcs8 -topk8 -v2 aes-256-cbc -passout pass:secret -in server.key "
+             "-out encrypted.key >/dev/null 2>&1",
+             dir);
+    if (system(cmd) != 0) {
+        return -1;
+    }
     snprintf(cmd, sizeof(cmd), "test -s %s/client.pem", dir);
     return system(cmd) == 0 ? 0 : -1;
 }
@@ -211,6 +219,7 @@ struct pump {
     struct dlsock *s;
     size_t len;
     unsigned seed;
+    bool slow; /* pump_recv: in small reads, with pauses */
     int rv;
 };
 
@@ -234,14 +243,24 @@ pump_send(void *arg)
     return NULL;
 }
 
+/* Reads the stream whole, or, slow, in 64 KiB reads with a pause every 16 (the writer finds
+ * the socket full again and again); checks its pattern. */
 static void *
 pump_recv(void *arg)
 {
     struct pump *x = arg;
     uint8_t *buf   = malloc(x->len);
-    nng_iov iov    = { buf, x->len };
+    size_t step    = x->slow ? 64u << 10 : x->len;
 
-    x->rv = dlsock_recv_all(x->s, &iov, 1, 10000);
+    for (size_t off = 0, k = 0; off < x->len && x->rv == 0; k++) {
+        size_t n    = x->len - off < step ? x->len - off : step;
+        nng_iov iov = { buf + off, n };
+        x->rv       = dlsock_recv_all(x->s, &iov, 1, 10000);
+        off += n;
+        if (x->slow && k % 16 == 15) {
+            nng_msleep(2);
+        }
+    }
     for (size_t i = 0; i < x->len && x->rv == 0; i++) {
         if (buf[i] != (uint8_t)(i * x->seed + (i >> 13))) {
             x->rv = -1;
@@ -280,6 +299,37 @@ test_bytes_both_ways_at_once(void **state)
     assert_int_equal(ar.rv, 0); /* a got b's stream, whole and in order */
     assert_int_equal(br.rv, 0);
     assert_true(dltls_nng(srv) != NULL && dltls_nng(cli) != NULL);
+    pair_close(&p);
+    dltls_free(srv);
+    dltls_free(cli);
+}
+
+/* One write of 8 MiB (records that the socket takes in part) to a reader that takes it
+ * slowly: every byte arrives, in order. */
+static void
+test_one_large_write_to_a_slow_reader(void **state)
+{
+    struct dltls *srv = server_tls("server", false),
+                 *cli = client_tls("ca.pem", "127.0.0.1", false);
+    const size_t len  = 8u << 20;
+    struct pump r     = { .len = len, .seed = 5, .slow = true };
+    uint8_t *buf      = malloc(len);
+    nng_iov iov       = { buf, len };
+    struct pair p;
+    pthread_t t;
+
+    (void)state;
+    for (size_t i = 0; i < len; i++) {
+        buf[i] = (uint8_t)(i * 5 + (i >> 13));
+    }
+    pair_open(&p, srv, cli);
+    assert_int_equal(p.accept_read_rv, 0);
+    r.s = p.b;
+    assert_int_equal(pthread_create(&t, NULL, pump_recv, &r), 0);
+    assert_int_equal(dlsock_send_all(p.a, &iov, 1, 10000), 0);
+    pthread_join(t, NULL);
+    assert_int_equal(r.rv, 0);
+    free(buf);
     pair_close(&p);
     dltls_free(srv);
     dltls_free(cli);
@@ -341,9 +391,26 @@ test_a_server_named_by_ip_address(void **state)
     (void)state;
     expect_pair(srv, cli, 0, true);
     expect_pair(srv, other, NNG_EPEERAUTH, false);
+    dltls_free(other);
+    /* Its common name is not read: it has a subjectAltName (as mbedTLS checks it). */
+    other = client_tls("ca.pem", "a-host", false);
+    expect_pair(srv, other, NNG_EPEERAUTH, false);
+    dltls_free(other);
     dltls_free(srv);
     dltls_free(cli);
-    dltls_free(other);
+}
+
+/* A partial wildcard (f*.example.test) names no host, as mbedTLS has it. */
+static void
+test_a_partial_wildcard_names_no_host(void **state)
+{
+    struct dltls *srv = server_tls("part-wild", false);
+    struct dltls *cli = client_tls("ca.pem", "foo.example.test", false);
+
+    (void)state;
+    expect_pair(srv, cli, NNG_EPEERAUTH, false);
+    dltls_free(srv);
+    dltls_free(cli);
 }
 
 /* A server that requires a client certificate takes nothing from a client without one, and
@@ -470,6 +537,66 @@ test_records_read_ahead_make_an_idle_link_unfit(void **state)
     dlsock_idle_begin(p.b);
     assert_true(dlsock_idle_end(p.b));
     pair_close(&p);
+    dltls_free(srv);
+    dltls_free(cli);
+}
+
+struct one_op {
+    struct dlsock *s;
+    bool recv;
+    int rv;
+};
+
+static void *
+one_byte(void *arg)
+{
+    struct one_op *o = arg;
+    uint8_t byte     = 9;
+    nng_iov iov      = { &byte, 1 };
+
+    o->rv = o->recv ? dlsock_recv_all(o->s, &iov, 1, 5000) : dlsock_send_all(o->s, &iov, 1, 5000);
+    return NULL;
+}
+
+/* An accepted end whose first calls are a write and a read at once (either may make the
+ * handshake; the read may end it while the write waits for its input): the write's byte
+ * reaches the dialer at once, every time. */
+static void
+test_a_write_and_a_read_racing_into_the_handshake(void **state)
+{
+    struct dltls *srv = server_tls("server", false),
+                 *cli = client_tls("ca.pem", "127.0.0.1", false);
+    struct dlsock_listener *l;
+    int port;
+
+    (void)state;
+    assert_int_equal(dlsock_listen("tls+tcp://127.0.0.1:0", srv, &l, &port), 0);
+    for (int k = 0; k < 10; k++) {
+        struct dialer d = { .tls = cli };
+        struct one_op w = { .recv = false }, r = { .recv = true };
+        pthread_t td, tw, tr;
+        uint8_t byte = 0;
+        nng_iov iov  = { &byte, 1 };
+        struct dlsock *b;
+
+        snprintf(d.url, sizeof(d.url), "tls+tcp://127.0.0.1:%d", port);
+        assert_int_equal(pthread_create(&td, NULL, dial_main, &d), 0);
+        assert_int_equal(dlsock_accept(l, &b), 0);
+        w.s = r.s = b;
+        assert_int_equal(pthread_create(&tw, NULL, one_byte, &w), 0);
+        assert_int_equal(pthread_create(&tr, NULL, one_byte, &r), 0);
+        pthread_join(td, NULL); /* dialed, and its hello byte sent: r takes it */
+        assert_int_equal(d.rv, 0);
+        assert_int_equal(dlsock_recv_all(d.s, &iov, 1, 2000), 0); /* w's, well before its bound */
+        assert_int_equal(byte, 9);
+        pthread_join(tw, NULL);
+        pthread_join(tr, NULL);
+        assert_int_equal(w.rv, 0);
+        assert_int_equal(r.rv, 0);
+        dlsock_free(d.s);
+        dlsock_free(b);
+    }
+    dlsock_listener_free(l);
     dltls_free(srv);
     dltls_free(cli);
 }
@@ -633,19 +760,61 @@ test_configurations_that_cannot_work(void **state)
     assert_null(t);
 }
 
+/* The whole of file `name` in dir, NUL-terminated (the caller frees it). */
+static char *
+slurp(const char *name)
+{
+    FILE *f   = fopen(at(name), "r");
+    char *buf = calloc(1, 1 << 16);
+    size_t n;
+
+    assert_non_null(f);
+    assert_non_null(buf);
+    n = fread(buf, 1, (1 << 16) - 1, f);
+    fclose(f);
+    assert_true(n > 0);
+    return buf;
+}
+
+/* A key with a passphrase is refused as such at once (OpenSSL would prompt for it on the
+ * terminal and wait), and so is a key that is not the certificate's. */
+static void
+test_keys_that_cannot_be_used(void **state)
+{
+    char *cert = slurp("server.pem"), *enc = slurp("encrypted.key"), *other = slurp("client.key");
+    struct dltls *t = NULL;
+    dc_status st;
+
+    (void)state;
+    assert_int_equal(dltls_new(true, NULL, cert, enc, false, NULL, NULL, &t, &st),
+                     DC_INVALID_ARGUMENT);
+    assert_non_null(strstr(st.message, "encrypted"));
+    assert_int_equal(dltls_new(true, NULL, cert, other, false, NULL, NULL, &t, &st),
+                     DC_INVALID_ARGUMENT);
+    assert_non_null(strstr(st.message, "not the certificate's"));
+    assert_null(t);
+    free(cert);
+    free(enc);
+    free(other);
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bytes_both_ways_at_once),
+        cmocka_unit_test(test_one_large_write_to_a_slow_reader),
         cmocka_unit_test(test_a_server_the_client_cannot_verify_is_refused),
         cmocka_unit_test(test_a_server_named_by_ip_address),
+        cmocka_unit_test(test_a_partial_wildcard_names_no_host),
+        cmocka_unit_test(test_a_write_and_a_read_racing_into_the_handshake),
         cmocka_unit_test(test_a_required_client_certificate),
         cmocka_unit_test(test_garbage_instead_of_a_client_hello),
         cmocka_unit_test(test_a_read_times_out_and_a_shutdown_ends_one),
         cmocka_unit_test(test_records_read_ahead_make_an_idle_link_unfit),
         cmocka_unit_test(test_nng_tls_at_the_other_end),
         cmocka_unit_test(test_configurations_that_cannot_work),
+        cmocka_unit_test(test_keys_that_cannot_be_used),
     };
     int rv = cmocka_run_group_tests(tests, setup, teardown);
 
