@@ -1545,13 +1545,17 @@ block_release(struct block *b)
     free(b);
 }
 
-/* Whether the worker at address is on this host: only then can it open our shared memory. */
+/* Whether the worker at address is on this host: only then can it open our shared memory.
+ * TLS or not (it guards the bytes on the network; shared memory never leaves the host). */
 static bool
 worker_is_local(const char *address)
 {
     static const char *const local[] = { "tcp://127.",
                                          "tcp://localhost:", "tcp://[::1]:", "ipc://" };
 
+    if (strncmp(address, "tls+tcp://", 10) == 0) {
+        address += 4; /* as tcp:// */
+    }
     for (size_t i = 0; i < sizeof(local) / sizeof(local[0]); i++) {
         if (strncmp(address, local[i], strlen(local[i])) == 0) {
             return true;
