@@ -20,10 +20,17 @@ def use_build(build):
     return harness
 
 
-def start_cluster(harness, names, devices, prefix):
+def start_cluster(harness, names, devices, prefix, tls=False):
     """A coordinator and workers `names`, each with `devices` (["cuda:0", ...], 8 GiB each)
-    and /metrics on a port of its own: (cluster, {name: port}). Close the cluster after."""
-    c = harness.Cluster(heartbeat_ms=1000, dead_after_ms=10000, tmp_prefix=prefix)
+    and /metrics on a port of its own: (cluster, {name: port}). Close the cluster after.
+    tls: every listener and dialer on tls+tcp:// (the integration tests' certificates; a
+    client needs tls_ca=cluster.pki.ca)."""
+    if tls:
+        import secutil  # beside harness, in tests/integration
+        c = secutil.SecureCluster(tls=True, heartbeat_ms=1000, dead_after_ms=10000,
+                                  tmp_prefix=prefix)
+    else:
+        c = harness.Cluster(heartbeat_ms=1000, dead_after_ms=10000, tmp_prefix=prefix)
     http = {}
     try:
         c.start_coordinator()

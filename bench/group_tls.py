@@ -44,25 +44,25 @@ def rank_main(rank, address, ca, count, reps, results):
         results.put((rank, None, False, repr(e)))
 
 
-def one_round(secutil, tls, count, reps):
+def one_round(harness, tls, count, reps):
     """Rank 0's median seconds a call on a fresh cluster (tls: every hop on tls+tcp://)."""
-    c = secutil.SecureCluster(tls=tls, heartbeat_ms=1000, dead_after_ms=10000,
-                              tmp_prefix="devcoord-tls-bench-")
+    c, _ = benchutil.start_cluster(harness, ["node-a", "node-b"], ["cuda:0"],
+                                   "devcoord-tls-bench-", tls=tls)
     try:
-        c.start_coordinator()
-        for name in ("node-a", "node-b"):
-            c.add_worker(name, [{"device": "cuda:0", "memory": "8GiB"}])
-        c.wait_workers(["node-a", "node-b"])
         ctx = multiprocessing.get_context("spawn")
-        results = ctx.SimpleQueue()
+        results = ctx.Queue()
         procs = [ctx.Process(target=rank_main,
                              args=(r, c.addr, c.pki.ca if tls else None, count, reps, results))
                  for r in range(2)]
         for p in procs:
             p.start()
-        got = dict((r[0], r[1:]) for r in (results.get() for _ in procs))
-        for p in procs:
-            p.join()
+        try:  # a rank that died without a word must not hang the bench
+            got = {r[0]: r[1:] for r in (results.get(timeout=600) for _ in procs)}
+        finally:
+            for p in procs:
+                p.join(10)
+                if p.is_alive():
+                    p.kill()
     finally:
         c.close()
     for rank, (_, ok, err) in sorted(got.items()):
@@ -78,13 +78,12 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
-    benchutil.use_build(a.build)
-    import secutil
+    harness = benchutil.use_build(a.build)
     count = int(a.mib * (1 << 20)) // 4
     figures = {False: [], True: []}
     for _ in range(a.rounds):
         for tls in (False, True):
-            figures[tls].append(one_round(secutil, tls, count, a.reps))
+            figures[tls].append(one_round(harness, tls, count, a.reps))
     print("Group all-reduce f32 mean, %g MiB, 2 ranks on 2 workers, Group.alloc buffers: rank "
           "0's time a call, median of %d rounds (each the median of %d calls)"
           % (a.mib, a.rounds, a.reps))

@@ -26,7 +26,6 @@ struct dltls {
     atomic_uint holds;
     nng_tls_config *nng;
     SSL_CTX *ctx;
-    bool server;
     char *server_name;
 };
 
@@ -57,7 +56,7 @@ ssl_error_text(char *buf, size_t len)
     unsigned long e = ERR_get_error();
 
     if (e == 0) {
-        snprintf(buf, len, "no PEM data in it");
+        snprintf(buf, len, "OpenSSL gave no reason");
     } else {
         ERR_error_string_n(e, buf, len);
     }
@@ -173,7 +172,14 @@ load_own(SSL_CTX *ctx, const char *cert_pem, const char *key_pem, dc_status *st)
     return code;
 }
 
-static bool is_ip_literal(const char *name);
+/* Whether name is an IP address (sent as no server name: RFC 6066 names hosts only). */
+static bool
+is_ip_literal(const char *name)
+{
+    unsigned char addr[16];
+
+    return inet_pton(AF_INET, name, addr) == 1 || inet_pton(AF_INET6, name, addr) == 1;
+}
 
 /* The server's certificate must name server_name (the SSL's app data: its connection) as a
  * DNS name (or as its common name when it has no subjectAltName), as nng's mbedTLS checks
@@ -186,12 +192,13 @@ verify_name(int ok, X509_STORE_CTX *x)
     const char *name           = c != NULL ? c->t->server_name : NULL;
     X509 *cert                 = X509_STORE_CTX_get_current_cert(x);
 
-    if (!ok || name == NULL || X509_STORE_CTX_get_error_depth(x) != 0) {
-        return ok;
-    }
     /* mbedTLS reads the common name only when the certificate has no subjectAltName at all,
      * and takes no partial wildcards (f*.example). */
     unsigned flags = X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS;
+
+    if (!ok || name == NULL || X509_STORE_CTX_get_error_depth(x) != 0) {
+        return ok;
+    }
     if (cert != NULL && X509_get_ext_by_NID(cert, NID_subject_alt_name, -1) >= 0) {
         flags |= X509_CHECK_FLAG_NEVER_CHECK_SUBJECT;
     }
@@ -209,30 +216,27 @@ dltls_new(bool server, const char *ca_pem, const char *cert_pem, const char *key
           dc_status *st)
 {
     struct dltls *t = calloc(1, sizeof(*t));
-    dc_code code    = DC_OK;
+    dc_code code;
 
     *out = NULL;
+    if (t == NULL) {
+        if (nng != NULL) {
+            nng_tls_config_free(nng);
+        }
+        return status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    atomic_init(&t->holds, 1);
+    t->nng = nng; /* dltls_free frees it from here on */
     /* Without a CA the server cannot be verified: refused rather than trusting anyone. */
     if (!server && ca_pem == NULL) {
         code = status_set(st, DC_INVALID_ARGUMENT,
                           "a tls+tcp:// dialer needs a CA certificate to verify the server");
-    } else if (t == NULL ||
-               (server_name != NULL && (t->server_name = strdup(server_name)) == NULL)) {
+        goto fail;
+    }
+    if (server_name != NULL && (t->server_name = strdup(server_name)) == NULL) {
         code = status_set(st, DC_RESOURCE_EXHAUSTED, "out of memory");
+        goto fail;
     }
-    if (code != DC_OK) {
-        if (t != NULL) {
-            free(t->server_name);
-        }
-        free(t);
-        if (nng != NULL) {
-            nng_tls_config_free(nng);
-        }
-        return code;
-    }
-    atomic_init(&t->holds, 1);
-    t->nng    = nng;
-    t->server = server;
     ERR_clear_error();
     if ((t->ctx = SSL_CTX_new(server ? TLS_server_method() : TLS_client_method())) == NULL ||
         !SSL_CTX_set_min_proto_version(t->ctx, TLS1_2_VERSION) ||
@@ -372,15 +376,6 @@ bio_method_make(void)
     }
 }
 
-/* Whether name is an IP address (sent as no server name: RFC 6066 names hosts only). */
-static bool
-is_ip_literal(const char *name)
-{
-    unsigned char addr[16];
-
-    return inet_pton(AF_INET, name, addr) == 1 || inet_pton(AF_INET6, name, addr) == 1;
-}
-
 struct dltls_conn *
 dltls_conn_new(struct dltls *t, int fd)
 {
@@ -403,7 +398,7 @@ dltls_conn_new(struct dltls *t, int fd)
     BIO_set_data(bio, c);
     SSL_set_app_data(c->ssl, c);   /* verify_name's */
     SSL_set_bio(c->ssl, bio, bio); /* the SSL owns it now */
-    if (t->server) {
+    if (SSL_is_server(c->ssl)) {   /* as its context's method says */
         SSL_set_accept_state(c->ssl);
     } else {
         SSL_set_connect_state(c->ssl);

@@ -54,6 +54,28 @@ def start_cluster(cluster, tc, http=False):
     return cluster
 
 
+def run_ranks(addr, devices, fn, selves=None, **client_kw):
+    """Runs fn(group) in one thread per rank (each with its own Client, made with client_kw,
+    and Group of `devices`); returns {self device: fn's result or the exception it raised}."""
+    out = {}
+
+    def rank(me):
+        try:
+            with devcoord.Client(addr, timeout_ms=30000, **client_kw) as c:
+                with devcoord.Group(c, devices, me, timeout_ms=20000,
+                                    call_timeout_ms=10000) as g:
+                    out[me] = fn(g)
+        except Exception as e:  # reported to the test
+            out[me] = e
+
+    threads = [threading.Thread(target=rank, args=(me,)) for me in (selves or devices)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    return out
+
+
 class ClientTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -434,34 +456,26 @@ class TlsTest(unittest.TestCase):
         # A rank whose worker is on this host shares Group.alloc memory with it on
         # tls+tcp:// as on tcp://: the 4 MiB go round the ring between the workers (on TLS)
         # and never over a rank's call link.
-        pki, results = self.cluster.pki, {}
-        devices = ["node-a/cuda:0", "node-b/cuda:0"]
-        before = sum(harness.metrics(p)["devcoord_group_call_bytes_received_total"]
-                     for p in self.cluster.worker_http.values())
+        pki = self.cluster.pki
 
-        def rank(me):
-            try:
-                with devcoord.Client(self.cluster.addr, tls_ca=pki.ca, tls_cert=pki.client,
-                                     tls_key=pki.client_key, timeout_ms=30000) as c:
-                    with devcoord.Group(c, devices, me, timeout_ms=20000) as g:
-                        x = g.alloc(1 << 20, "f32")
-                        x[:] = g.rank + 1
-                        g.all_reduce(x, "sum")
-                        results[me] = (g.shared(x), bool((x == 3).all()))
-            except Exception as e:  # reported below
-                results[me] = e
+        def carried():  # bytes the ranks' calls carried to the workers on their call links
+            return sum(harness.metrics(p)["devcoord_group_call_bytes_received_total"]
+                       for p in self.cluster.worker_http.values())
 
-        threads = [threading.Thread(target=rank, args=(me,)) for me in devices]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(90)
-        for me in devices:
-            self.assertEqual(results.get(me), (True, True), me)
-        after = sum(harness.metrics(p)["devcoord_group_call_bytes_received_total"]
-                    for p in self.cluster.worker_http.values())
+        before = carried()
+
+        def fn(g):
+            x = g.alloc(1 << 20, "f32")
+            x[:] = g.rank + 1
+            g.all_reduce(x, "sum")
+            return g.shared(x), bool((x == 3).all())
+
+        out = run_ranks(self.cluster.addr, [A, B], fn, tls_ca=pki.ca, tls_cert=pki.client,
+                        tls_key=pki.client_key)
+        for me in (A, B):
+            self.assertEqual(out.get(me), (True, True), me)
         # The group's own small calls carry a few bytes; the 8 MiB of the ranks' blocks none.
-        self.assertLess(after - before, 4096)
+        self.assertLess(carried() - before, 4096)
 
     def test_tls(self):
         pki = self.cluster.pki

@@ -14,7 +14,7 @@ import time
 import traceback
 import unittest
 
-from test_client import HERE, REPO, start_cluster
+from test_client import HERE, REPO, run_ranks, start_cluster
 
 import harness
 
@@ -50,28 +50,6 @@ class GradBucket:
 
     def parameters(self):
         return self.params
-
-
-def run_ranks(addr, devices, fn, selves=None):
-    """Runs fn(group) in one thread per rank (each with its own Client and Group of
-    `devices`); returns {self device: fn's result or the exception it raised}."""
-    out = {}
-
-    def rank(me):
-        try:
-            with devcoord.Client(addr, timeout_ms=30000) as c:
-                with devcoord.Group(c, devices, me, timeout_ms=20000,
-                                    call_timeout_ms=10000) as g:
-                    out[me] = fn(g)
-        except Exception as e:  # reported to the test
-            out[me] = e
-
-    threads = [threading.Thread(target=rank, args=(me,)) for me in (selves or devices)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(90)
-    return out
 
 
 # One rank as its own process: joins, all-reduces [rank+1, 10*(rank+1), -rank] (i64 then
